@@ -1,0 +1,182 @@
+//! The one generic adapter from a compare-and-set [`RecordStore`] to a [`LockStore`].
+//!
+//! Every step is read → decide ([`crate::decide`]) → conditional write; a write that loses the race
+//! (version mismatch) re-reads and decides again, so concurrent acquirers, renewals, waiter
+//! registrations and releases serialise on the record's version. Expiry is judged on the acquirer's
+//! wall clock against the `expires` time written by the holder: bounded clock skew between machines
+//! shortens or lengthens a lease by that skew (see the README's guarantees).
+
+use crate::decide::{self, Current, Now};
+use crate::error::{Error, Result};
+use crate::key::Key;
+use crate::record::{now_ms, LeaseRecord};
+use crate::store::{
+    AcquireOutcome, AcquireRequest, Capabilities, ChangeWatch, CleanupReport, Inspection,
+    LockStore, RecordStore, ReleaseOutcome, RenewOutcome, Stored,
+};
+use async_trait::async_trait;
+use std::time::Duration;
+
+/// How many lost races one call tolerates before reporting the store as too contended.
+const MAX_RACES: usize = 64;
+
+/// A [`LockStore`] over any [`RecordStore`].
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// use leasehold::{adapter::RecordLockStore, memory::RecordMemoryStore, Locks};
+/// let locks = Locks::new(RecordLockStore::new(RecordMemoryStore::new()));
+/// let guard = locks.lock("job")?.try_acquire().await?.expect("free");
+/// assert!(guard.fence() > 0);
+/// # guard.release().await?; Ok::<(), leasehold::Error>(()) }).unwrap();
+/// ```
+#[derive(Debug)]
+pub struct RecordLockStore<R> {
+    inner: R,
+}
+
+impl<R: RecordStore> RecordLockStore<R> {
+    /// Wraps a record store.
+    pub fn new(inner: R) -> Self {
+        RecordLockStore { inner }
+    }
+
+    /// The wrapped record store.
+    pub fn inner(&self) -> &R {
+        &self.inner
+    }
+
+    /// Reads, decides with `f`, writes conditionally; retries lost races.
+    async fn cas<T>(
+        &self,
+        key: &Key,
+        mut f: impl FnMut(Option<&Stored>) -> (T, Option<LeaseRecord>),
+    ) -> Result<T> {
+        for _ in 0..MAX_RACES {
+            let cur = self.inner.get(key).await?;
+            let (out, write) = f(cur.as_ref());
+            let Some(write) = write else { return Ok(out) };
+            let won = match &cur {
+                None => self.inner.create(key, &write).await?.is_some(),
+                Some(Stored::Record { version, .. }) | Some(Stored::Corrupt { version, .. }) => {
+                    self.inner.replace(key, &write, version).await?.is_some()
+                }
+            };
+            if won {
+                return Ok(out);
+            }
+            tokio::task::yield_now().await;
+        }
+        Err(Error::Store {
+            store: self.inner.describe(),
+            detail: format!("{MAX_RACES} conditional writes in a row lost their race on {key}"),
+            retryable: true,
+        })
+    }
+}
+
+fn record(s: Option<&Stored>) -> Option<&LeaseRecord> {
+    match s {
+        Some(Stored::Record { record, .. }) => Some(record),
+        _ => None,
+    }
+}
+
+#[async_trait]
+impl<R: RecordStore> LockStore for RecordLockStore<R> {
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+
+    async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome> {
+        self.cas(&req.key, |cur| {
+            let current = match cur {
+                None => Current::Missing,
+                Some(Stored::Record { record, .. }) => Current::Record(record),
+                Some(Stored::Corrupt { salvaged_fence, .. }) => Current::Corrupt {
+                    salvaged_fence: *salvaged_fence,
+                },
+            };
+            decide::acquire(current, req, Now::wall(), false)
+        })
+        .await
+    }
+
+    async fn renew(&self, key: &Key, token: &str, ttl: Duration) -> Result<RenewOutcome> {
+        let ttl_ms = ttl.as_millis() as u64;
+        self.cas(key, |cur| {
+            decide::renew(record(cur), token, ttl_ms, now_ms())
+        })
+        .await
+    }
+
+    async fn release(&self, key: &Key, token: &str) -> Result<ReleaseOutcome> {
+        self.cas(key, |cur| decide::release(record(cur), token, now_ms()))
+            .await
+    }
+
+    async fn withdraw_waiter(&self, key: &Key, token: &str) -> Result<()> {
+        self.cas(key, |cur| ((), decide::withdraw_waiter(record(cur), token)))
+            .await
+    }
+
+    async fn inspect(&self, key: &Key) -> Result<Option<Inspection>> {
+        Ok(self
+            .inner
+            .get(key)
+            .await?
+            .map(|s| to_inspection(key.as_str().to_owned(), s)))
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<Inspection>> {
+        Ok(self
+            .inner
+            .list(prefix)
+            .await?
+            .into_iter()
+            .map(|(n, s)| to_inspection(n, s))
+            .collect())
+    }
+
+    async fn force_release(&self, key: &Key) -> Result<Option<LeaseRecord>> {
+        self.cas(key, |cur| match record(cur) {
+            Some(r) if r.token.is_some() => (Some(r.clone()), Some(decide::freed(r, now_ms()))),
+            Some(r) => (Some(r.clone()), None),
+            None => (None, None),
+        })
+        .await
+    }
+
+    async fn cleanup(&self, older_than: Duration) -> Result<CleanupReport> {
+        let mut report = CleanupReport::default();
+        let now = now_ms();
+        for (_, stored) in self.inner.list("").await? {
+            if let Stored::Record { record, version } = stored {
+                let key = Key::new(&record.key)?;
+                if decide::removable(&record, now, older_than.as_millis() as u64)
+                    && self.inner.delete(&key, &version).await?
+                {
+                    report.removed += 1;
+                    continue;
+                }
+            }
+            report.kept += 1;
+        }
+        Ok(report)
+    }
+
+    async fn subscribe(&self, key: &Key) -> Result<Option<Box<dyn ChangeWatch>>> {
+        self.inner.subscribe(key).await
+    }
+}
+
+fn to_inspection(name: String, s: Stored) -> Inspection {
+    match s {
+        Stored::Record { record, .. } => Inspection::Record(record),
+        Stored::Corrupt { detail, .. } => Inspection::Corrupt { name, detail },
+    }
+}

@@ -1,0 +1,406 @@
+//! The user's entry point: [`Locks`] over a store, [`LockBuilder`] per key.
+
+use crate::error::{Error, Result};
+use crate::guard::LeaseGuard;
+use crate::holder::{new_token, HolderId};
+use crate::key::Key;
+use crate::local::LocalLocks;
+use crate::metrics::Metrics;
+use crate::options::{Backoff, LockOptions, Wait};
+use crate::record::now_ms;
+use crate::store::{AcquireOutcome, AcquireRequest, LockStore};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+use tracing::Instrument;
+
+/// Locks over one store: hands out [`LockBuilder`]s. Cheap to clone; clones share the store, the
+/// local layer and the metrics.
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// use std::time::Duration;
+/// let locks = leasehold::Locks::new(leasehold::memory::MemoryStore::new());
+/// let guard = locks
+///     .lock("user:alice")?
+///     .ttl(Duration::from_secs(30))
+///     .wait(Duration::from_secs(10))
+///     .acquire()
+///     .await?;
+/// guard.release().await?;
+/// # Ok::<(), leasehold::Error>(()) }).unwrap();
+/// ```
+#[derive(Debug, Clone)]
+pub struct Locks {
+    store: Arc<dyn LockStore>,
+    holder: HolderId,
+    local: Option<Arc<LocalLocks>>,
+    metrics: Option<Metrics>,
+    defaults: LockOptions,
+}
+
+impl Locks {
+    /// Locks over `store`, with the holder id from the environment ([`HolderId::from_env`]) and the
+    /// local layer on.
+    pub fn new(store: impl LockStore) -> Self {
+        Self::from_arc(Arc::new(store))
+    }
+
+    /// Locks over a shared store.
+    pub fn from_arc(store: Arc<dyn LockStore>) -> Self {
+        Locks {
+            store,
+            holder: HolderId::from_env(),
+            local: Some(LocalLocks::new()),
+            metrics: None,
+            defaults: LockOptions::default(),
+        }
+    }
+
+    /// Uses `holder` as this process's identity.
+    pub fn with_holder(mut self, holder: HolderId) -> Self {
+        self.holder = holder;
+        self
+    }
+
+    /// Turns the in-process layer off (every task talks to the store) or on (default).
+    pub fn with_local_layer(mut self, on: bool) -> Self {
+        self.local = on.then(LocalLocks::new);
+        self
+    }
+
+    /// Records Prometheus metrics.
+    pub fn with_metrics(mut self, metrics: Metrics) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// Default options for every lock made from here.
+    pub fn with_defaults(mut self, defaults: LockOptions) -> Self {
+        self.defaults = defaults;
+        self
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<dyn LockStore> {
+        &self.store
+    }
+
+    /// This process's holder id.
+    pub fn holder(&self) -> &HolderId {
+        &self.holder
+    }
+
+    /// A lock on `key` with the default options.
+    ///
+    /// # Errors
+    /// [`Error::InvalidKey`] for a key [`Key::new`] refuses.
+    pub fn lock(&self, key: impl AsRef<str>) -> Result<LockBuilder> {
+        Ok(self.lock_key(Key::new(key)?))
+    }
+
+    /// A lock on an already validated key.
+    pub fn lock_key(&self, key: Key) -> LockBuilder {
+        LockBuilder {
+            locks: self.clone(),
+            key,
+            opts: self.defaults.clone(),
+        }
+    }
+}
+
+/// One lock's options, then [`try_acquire`](LockBuilder::try_acquire) or
+/// [`acquire`](LockBuilder::acquire).
+#[derive(Debug, Clone)]
+#[must_use = "a lock builder does nothing until acquired"]
+pub struct LockBuilder {
+    locks: Locks,
+    key: Key,
+    opts: LockOptions,
+}
+
+impl LockBuilder {
+    /// Time to live (default 30 s).
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.opts.ttl = ttl;
+        self
+    }
+
+    /// Renewal period (default TTL/3).
+    pub fn renew_every(mut self, period: Duration) -> Self {
+        self.opts.renew_every = Some(period);
+        self
+    }
+
+    /// Whether the guard renews by itself (default true). Without renewal the lease lives one TTL.
+    pub fn auto_renew(mut self, on: bool) -> Self {
+        self.opts.auto_renew = on;
+        self
+    }
+
+    /// Waits at most `limit` in [`acquire`](Self::acquire).
+    pub fn wait(mut self, limit: Duration) -> Self {
+        self.opts.wait = Wait::For(limit);
+        self
+    }
+
+    /// Sets the wait policy.
+    pub fn wait_policy(mut self, wait: Wait) -> Self {
+        self.opts.wait = wait;
+        self
+    }
+
+    /// Backoff between attempts while waiting.
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.opts.backoff = backoff;
+        self
+    }
+
+    /// Whether waiting registers as waiter (default true).
+    pub fn register_waiter(mut self, on: bool) -> Self {
+        self.opts.register_waiter = on;
+        self
+    }
+
+    /// Waiter registration lifetime (default `min(ttl, 5 s)`).
+    pub fn waiter_ttl(mut self, ttl: Duration) -> Self {
+        self.opts.waiter_ttl = Some(ttl);
+        self
+    }
+
+    /// Adds a label stored with the lease (task id, purpose …).
+    pub fn label(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.opts.labels.insert(name.into(), value.into());
+        self
+    }
+
+    /// Replaces all options.
+    pub fn options(mut self, opts: LockOptions) -> Self {
+        self.opts = opts;
+        self
+    }
+
+    /// The options in effect.
+    pub fn current_options(&self) -> &LockOptions {
+        &self.opts
+    }
+
+    /// Takes the lease if it is free, without waiting.
+    ///
+    /// `Ok(None)` when another holder has it (or another task of this process holds the key).
+    ///
+    /// # Errors
+    /// Invalid options, or a store failure.
+    ///
+    /// # Cancel safety
+    /// If cancelled while the store call is in flight the lease may have been taken; it then
+    /// expires after its TTL.
+    pub async fn try_acquire(self) -> Result<Option<LeaseGuard>> {
+        let mut me = self;
+        me.opts.wait = Wait::No;
+        match me.run().await {
+            Ok(g) => Ok(Some(g)),
+            Err(AcquireError::Held) => Ok(None),
+            Err(AcquireError::Failed(e)) => Err(e),
+        }
+    }
+
+    /// Takes the lease, waiting for it up to the wait limit (default: no limit).
+    ///
+    /// Waiters wake on the store's change notification where it has one (inotify for files, a
+    /// channel in memory), else poll with capped exponential backoff and jitter. While waiting the
+    /// caller is registered as waiter (unless disabled): the holder's `handoff_requested()` fires and,
+    /// once freed, the lease is reserved for this waiter.
+    ///
+    /// # Errors
+    /// [`Error::Timeout`] naming the holder when the wait limit passes (or at once with
+    /// [`Wait::No`]); invalid options; a store failure that is not retryable (retryable ones are
+    /// retried until the limit).
+    ///
+    /// # Cancel safety
+    /// Dropping the future stops waiting; a waiter registration lapses after its `waiter_ttl`, and
+    /// a lease granted by an in-flight store call expires after its TTL.
+    pub async fn acquire(self) -> Result<LeaseGuard> {
+        let key = self.key.clone();
+        let started = Instant::now();
+        match self.run().await {
+            Ok(g) => Ok(g),
+            Err(AcquireError::Held) => Err(Error::Timeout {
+                key: key.to_string(),
+                holder: "another task of this process".into(),
+                waited: started.elapsed(),
+            }),
+            Err(AcquireError::Failed(e)) => Err(e),
+        }
+    }
+
+    async fn run(self) -> std::result::Result<LeaseGuard, AcquireError> {
+        self.opts.validate().map_err(AcquireError::Failed)?;
+        let started = Instant::now();
+        let metrics = self.locks.metrics.clone();
+        if let Some(m) = &metrics {
+            m.attempts.inc();
+        }
+        let result = self.run_inner(started).await;
+        if let Some(m) = &metrics {
+            m.acquire_seconds.observe(started.elapsed().as_secs_f64());
+            match &result {
+                Ok(_) => m.successes.inc(),
+                Err(AcquireError::Held) | Err(AcquireError::Failed(Error::Timeout { .. })) => {
+                    m.failures.with_label_values(&["contention"]).inc()
+                }
+                Err(AcquireError::Failed(_)) => {
+                    m.failures.with_label_values(&["store_error"]).inc()
+                }
+            }
+        }
+        result
+    }
+
+    async fn run_inner(self, started: Instant) -> std::result::Result<LeaseGuard, AcquireError> {
+        let LockBuilder { locks, key, opts } = self;
+        let deadline = match opts.wait {
+            Wait::No => Some(started),
+            Wait::For(d) => Some(started + d),
+            Wait::Forever => None,
+        };
+        let waiting = opts.wait != Wait::No;
+        let timeout = |holder: String| {
+            AcquireError::Failed(Error::Timeout {
+                key: key.to_string(),
+                holder,
+                waited: started.elapsed(),
+            })
+        };
+
+        // Layer 1: queue behind this process's other tasks on the key.
+        let local = match &locks.local {
+            None => None,
+            Some(l) if !waiting => Some(l.try_lock(key.as_str()).ok_or(AcquireError::Held)?),
+            Some(l) => match deadline {
+                None => Some(l.lock(key.as_str()).await),
+                Some(d) => match tokio::time::timeout_at(d, l.lock(key.as_str())).await {
+                    Ok(g) => Some(g),
+                    Err(_) => return Err(timeout("another task of this process".into())),
+                },
+            },
+        };
+
+        let store = locks.store.clone();
+        let mut req = AcquireRequest::new(key.clone(), locks.holder.as_str(), opts.ttl);
+        req.token = new_token();
+        req.labels = opts.labels.clone();
+        if waiting && opts.register_waiter {
+            req.waiter_ttl = Some(opts.waiter_lifetime());
+        }
+        let mut watch = if waiting {
+            match store.subscribe(&key).await {
+                Ok(w) => w,
+                Err(e) => {
+                    tracing::debug!(key = %key, error = %e, "no change notification; polling");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let mut attempt = 0u32;
+        let mut registered = false;
+        loop {
+            let sent = Instant::now();
+            let res = store
+                .acquire(&req)
+                .instrument(tracing::debug_span!("leasehold.store", op = "acquire", key = %key))
+                .await;
+            let (wait_hint, last_holder) = match res {
+                Ok(AcquireOutcome::Granted(rec)) => {
+                    tracing::debug!(key = %key, fence = rec.fence, "lease acquired");
+                    return Ok(LeaseGuard::new(
+                        store,
+                        rec,
+                        key,
+                        req.token,
+                        opts,
+                        sent,
+                        locks.metrics.clone(),
+                        local,
+                    ));
+                }
+                Ok(AcquireOutcome::Held(rec)) => {
+                    if !waiting {
+                        return Err(AcquireError::Held);
+                    }
+                    registered |= rec.waiter_token.as_deref() == Some(req.token.as_str());
+                    let now = now_ms();
+                    let who = match (&rec.holder, rec.is_held(now)) {
+                        (Some(h), true) => h.clone(),
+                        _ => format!(
+                            "nobody (reserved for waiter {})",
+                            rec.waiter.clone().unwrap_or_default()
+                        ),
+                    };
+                    // Wake no later than the holder's expiry (+1 ms) to take over a dead lease.
+                    let hint = if rec.is_held(now) {
+                        Some(rec.remaining(now) + Duration::from_millis(1))
+                    } else {
+                        None
+                    };
+                    (hint, who)
+                }
+                Err(e) if waiting && e.is_retryable() => {
+                    tracing::debug!(key = %key, error = %e, "acquire failed; retrying");
+                    (None, format!("unknown (store error: {e})"))
+                }
+                Err(e) => {
+                    withdraw(&*store, &key, &req.token, registered).await;
+                    return Err(AcquireError::Failed(e));
+                }
+            };
+            let now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
+                withdraw(&*store, &key, &req.token, registered).await;
+                return Err(timeout(last_holder));
+            }
+            let mut pause = opts.backoff.delay(attempt);
+            if watch.is_some() {
+                // With notifications the timer is only a safety net.
+                pause = opts.backoff.max;
+            }
+            if let Some(h) = wait_hint {
+                pause = pause.min(h);
+            }
+            if req.waiter_ttl.is_some() {
+                pause = pause.min(opts.waiter_lifetime() / 3);
+            }
+            let mut until = now + pause;
+            if let Some(d) = deadline {
+                until = until.min(d);
+            }
+            match watch.as_mut() {
+                Some(w) => {
+                    tokio::select! {
+                        _ = w.changed() => {}
+                        _ = tokio::time::sleep_until(until) => { attempt = attempt.saturating_add(1); }
+                    }
+                }
+                None => {
+                    tokio::time::sleep_until(until).await;
+                    attempt = attempt.saturating_add(1);
+                }
+            }
+        }
+    }
+}
+
+async fn withdraw(store: &dyn LockStore, key: &Key, token: &str, registered: bool) {
+    if registered {
+        if let Err(e) = store.withdraw_waiter(key, token).await {
+            tracing::debug!(key = %key, error = %e, "could not withdraw waiter registration; it lapses");
+        }
+    }
+}
+
+enum AcquireError {
+    Held,
+    Failed(Error),
+}

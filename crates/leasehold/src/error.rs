@@ -1,0 +1,145 @@
+//! The one error type of leasehold.
+//!
+//! Contention is not an error: [`crate::LockBuilder::try_acquire`] answers `Ok(None)` when another
+//! holder has the lease. Errors say what went wrong and whether a retry can help
+//! ([`Error::is_retryable`]).
+
+use std::time::Duration;
+
+/// Result alias used across the crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong, by meaning. Each store converts its private errors into these.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The key is not acceptable (empty, too long, contains NUL or control characters, not UTF-8).
+    #[error("invalid key {key}: {reason}")]
+    InvalidKey {
+        /// The offending key, escaped for display and cut to 80 characters.
+        key: String,
+        /// Why it was refused.
+        reason: String,
+    },
+    /// The store URL could not be understood.
+    #[error("invalid store URL {url:?}: {reason}")]
+    InvalidUrl {
+        /// The URL as given (credentials removed).
+        url: String,
+        /// Why it was refused.
+        reason: String,
+    },
+    /// An option has a value that cannot work (for example a TTL of zero).
+    #[error("invalid option {name}: {reason}")]
+    InvalidOption {
+        /// The option's name.
+        name: &'static str,
+        /// Why it was refused.
+        reason: String,
+    },
+    /// The URL names a store whose Cargo feature is not compiled in.
+    #[error("store scheme {scheme:?} needs the Cargo feature {feature:?} of leasehold")]
+    FeatureNotEnabled {
+        /// The URL scheme.
+        scheme: String,
+        /// The feature to enable.
+        feature: &'static str,
+    },
+    /// `acquire` waited for its whole wait limit and the lease was still held.
+    #[error("timed out after {waited:?} waiting for {key}: held by {holder}")]
+    Timeout {
+        /// The key waited for.
+        key: String,
+        /// The holder seen last (or `"unknown"`).
+        holder: String,
+        /// How long we waited.
+        waited: Duration,
+    },
+    /// The record stored for a key cannot be understood.
+    #[error("corrupt record for {key}: {detail}")]
+    Corrupt {
+        /// The key.
+        key: String,
+        /// What is wrong with it.
+        detail: String,
+    },
+    /// An operating-system I/O error on a local resource.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// On which path.
+        path: String,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The store could not be reached or did not answer in time; a retry may help.
+    #[error("store {store} unavailable: {detail}")]
+    Unavailable {
+        /// The store (URL without credentials).
+        store: String,
+        /// What happened.
+        detail: String,
+    },
+    /// The store answered something leasehold does not understand or refused the request.
+    #[error("store {store} error: {detail}")]
+    Store {
+        /// The store (URL without credentials).
+        store: String,
+        /// What happened.
+        detail: String,
+        /// Whether a retry can help.
+        retryable: bool,
+    },
+    /// The store cannot honour the requested guarantee; it never weakens it silently.
+    #[error("not supported by {store}: {what}")]
+    NotSupported {
+        /// The store.
+        store: String,
+        /// What is not supported.
+        what: String,
+    },
+}
+
+impl Error {
+    /// Whether retrying the same call later can succeed (the store was unreachable, busy, or a
+    /// transient I/O error happened). Input errors, corrupt records and timeouts are not retryable.
+    ///
+    /// ```
+    /// let e = leasehold::Error::Unavailable { store: "redis://x".into(), detail: "refused".into() };
+    /// assert!(e.is_retryable());
+    /// ```
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Error::Unavailable { .. } => true,
+            Error::Store { retryable, .. } => *retryable,
+            Error::Io { source, .. } => matches!(
+                source.kind(),
+                std::io::ErrorKind::Interrupted
+                    | std::io::ErrorKind::WouldBlock
+                    | std::io::ErrorKind::TimedOut
+            ),
+            _ => false,
+        }
+    }
+
+    pub(crate) fn io(
+        op: &'static str,
+        path: impl std::fmt::Display,
+        source: std::io::Error,
+    ) -> Self {
+        Error::Io {
+            op,
+            path: path.to_string(),
+            source,
+        }
+    }
+
+    pub(crate) fn option(name: &'static str, reason: impl Into<String>) -> Self {
+        Error::InvalidOption {
+            name,
+            reason: reason.into(),
+        }
+    }
+}

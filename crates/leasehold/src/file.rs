@@ -1,0 +1,851 @@
+//! The file store (`file:///path/to/dir`), the embedded default: one JSON record file per key.
+//!
+//! Checklist — native TTL: no (expiry judged on the host's wall clock, which every process on the
+//! host shares); watch: yes (inotify on the record file); liveness: yes (a kernel lock); fence:
+//! `max(previous + 1, now in µs)` kept in the record, so it survives release, expiry and restarts;
+//! after `cleanup` deleted a record or a record was damaged beyond repair, the µs clock floor keeps it
+//! increasing unless the wall clock was set back past the last grant.
+//!
+//! # How it works
+//! Each key has a file `<name>.lease` (see [`crate::Naming::file`]) holding the record as pretty JSON.
+//! Two open-file-description (OFD) locks on it, both released by the kernel when the process dies:
+//! * byte 1, the **mutation lock**, is taken around every read-decide-write of the record, so
+//!   processes on the host serialise their changes;
+//! * byte 0, the **holder lock**, is held by the lease holder for as long as it holds the lease. An
+//!   acquirer that can take it while the record says the holder had it knows the holder is dead
+//!   (SIGKILL, crash) and takes the lease at once. A holder that is alive but stopped (SIGSTOP) keeps
+//!   the kernel lock, so its lease is taken over by the TTL; the new holder then holds the lease
+//!   without the kernel lock (`"kernel_lock": "none"` in the record) and picks it up at a renewal.
+//!
+//! Records are rewritten in place (padded with spaces, never truncated), so a reader never sees a
+//! missing file while a lease exists. A torn record (crash mid-write, disk trouble, a hand edit) is
+//! reported by `inspect` as corrupt and recovered by `acquire`, taking the largest fence found in the
+//! damaged bytes or the µs clock, whichever is larger.
+//!
+//! # Durability
+//! By default records are not fsynced: leases are about live processes, and without an OS crash the
+//! page cache is as durable as the disk for every process on the host. With `?fsync=true` each write
+//! is followed by `fdatasync`, which keeps fences monotonic across power loss too, at the cost
+//! measured in the README.
+//!
+//! # Security
+//! Names never contain `/` nor start with `.`; files are opened with `O_NOFOLLOW`, created with mode
+//! 0600 (`?mode=0640` to share with a group); the directory is created (0700 plus group/other
+//! search bits matching the mode) if missing.
+
+use crate::decide::{self, Current, Now};
+use crate::error::{Error, Result};
+use crate::key::{Key, Naming};
+use crate::record::{now_ms, LeaseRecord};
+use crate::store::{
+    AcquireOutcome, AcquireRequest, Capabilities, ChangeWatch, CleanupReport, Inspection,
+    LockStore, ReleaseOutcome, RenewOutcome,
+};
+use async_trait::async_trait;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::unix::AsyncFd;
+
+const HOLD: i64 = 0;
+const MUTATE: i64 = 1;
+const EXT: &str = ".lease";
+const KERNEL_LOCK: &str = "kernel_lock";
+
+/// Options of the file store.
+#[derive(Debug, Clone)]
+pub struct FileOptions {
+    /// Mode of created record files (default 0o600).
+    pub mode: u32,
+    /// `fdatasync` after every record write (default false).
+    pub fsync: bool,
+}
+
+impl Default for FileOptions {
+    fn default() -> Self {
+        FileOptions {
+            mode: 0o600,
+            fsync: false,
+        }
+    }
+}
+
+/// The file store. See the [module docs](self).
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// let dir = tempfile::tempdir().unwrap();
+/// let store = leasehold::file::FileStore::open(dir.path(), Default::default())?;
+/// let locks = leasehold::Locks::new(store);
+/// let guard = locks.lock("user:alice")?.try_acquire().await?.expect("free");
+/// guard.release().await?;
+/// # Ok::<(), leasehold::Error>(()) }).unwrap();
+/// ```
+#[derive(Debug, Clone)]
+pub struct FileStore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    dir: PathBuf,
+    opts: FileOptions,
+    naming: Naming,
+    /// Open record files of the leases this store holds, by owner token.
+    held: Mutex<HashMap<String, Held>>,
+}
+
+#[derive(Debug)]
+struct Held {
+    file: Arc<File>,
+    kernel: bool,
+}
+
+/// What was found in a record file.
+enum Found {
+    Missing,
+    Corrupt {
+        detail: String,
+        salvaged: Option<u64>,
+    },
+    Record(LeaseRecord),
+}
+
+impl Found {
+    fn current(&self) -> Current<'_> {
+        match self {
+            Found::Missing => Current::Missing,
+            Found::Corrupt { salvaged, .. } => Current::Corrupt {
+                salvaged_fence: *salvaged,
+            },
+            Found::Record(r) => Current::Record(r),
+        }
+    }
+    fn record(&self) -> Option<&LeaseRecord> {
+        match self {
+            Found::Record(r) => Some(r),
+            _ => None,
+        }
+    }
+}
+
+fn ofd_lock(fd: RawFd, start: i64, typ: libc::c_int, wait: bool) -> io::Result<bool> {
+    // SAFETY: an all-zero flock is a valid value; the fields we need are set below.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = typ as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    fl.l_start = start as libc::off_t;
+    fl.l_len = 1;
+    let cmd = if wait {
+        libc::F_OFD_SETLKW
+    } else {
+        libc::F_OFD_SETLK
+    };
+    loop {
+        // SAFETY: fd is an open descriptor owned by the caller; fl lives across the call.
+        let rc = unsafe { libc::fcntl(fd, cmd, &mut fl as *mut libc::flock) };
+        if rc == 0 {
+            return Ok(true);
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EINTR) => continue,
+            Some(libc::EAGAIN) | Some(libc::EACCES) if !wait => return Ok(false),
+            _ => return Err(e),
+        }
+    }
+}
+
+impl Inner {
+    fn path(&self, key: &Key) -> PathBuf {
+        let mut name = self.naming.name(key);
+        name.push_str(EXT);
+        self.dir.join(name)
+    }
+
+    fn io_err(&self, op: &'static str, path: &Path, e: io::Error) -> Error {
+        Error::io(op, path.display(), e)
+    }
+
+    fn open(&self, path: &Path, create: bool) -> Result<Option<File>> {
+        let mut o = OpenOptions::new();
+        o.read(true)
+            .write(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC);
+        if create {
+            o.create(true).mode(self.opts.mode);
+        }
+        match o.open(path) {
+            Ok(f) => Ok(Some(f)),
+            Err(e) if !create && e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => Err(Error::Corrupt {
+                key: path.display().to_string(),
+                detail: "is a symbolic link; refusing to follow it".into(),
+            }),
+            Err(e) => Err(self.io_err("open", path, e)),
+        }
+    }
+
+    /// Takes the mutation lock of `file`, checks the file is still linked, runs `f`, writes what it
+    /// returns, unlocks. `Ok(None)`: the lock was busy and `wait` was false, or the file was unlinked
+    /// by cleanup (the caller reopens).
+    fn mutate<T>(
+        &self,
+        path: &Path,
+        file: &File,
+        wait: bool,
+        f: impl FnOnce(&Found) -> (T, Option<LeaseRecord>),
+    ) -> Result<Option<Step<T>>> {
+        let fd = file.as_raw_fd();
+        if !ofd_lock(fd, MUTATE, libc::F_WRLCK as libc::c_int, wait)
+            .map_err(|e| self.io_err("lock", path, e))?
+        {
+            return Ok(None);
+        }
+        let res = (|| {
+            let meta = file.metadata().map_err(|e| self.io_err("stat", path, e))?;
+            if std::os::unix::fs::MetadataExt::nlink(&meta) == 0 {
+                return Ok(Step::Unlinked);
+            }
+            let (found, len) = read_record(file).map_err(|e| self.io_err("read", path, e))?;
+            let (out, write) = f(&found);
+            if let Some(rec) = write {
+                self.write_record(path, file, &rec, len)?;
+            }
+            Ok(Step::Done(out))
+        })();
+        let _ = ofd_lock(fd, MUTATE, libc::F_UNLCK as libc::c_int, false);
+        res.map(Some)
+    }
+
+    fn write_record(
+        &self,
+        path: &Path,
+        file: &File,
+        rec: &LeaseRecord,
+        old_len: usize,
+    ) -> Result<()> {
+        let mut bytes = serde_json::to_vec_pretty(rec).map_err(|e| Error::Store {
+            store: self.describe(),
+            detail: e.to_string(),
+            retryable: false,
+        })?;
+        bytes.push(b'\n');
+        if bytes.len() < old_len {
+            bytes.resize(old_len, b' ');
+        }
+        file.write_all_at(&bytes, 0)
+            .map_err(|e| self.io_err("write", path, e))?;
+        if self.opts.fsync {
+            file.sync_data()
+                .map_err(|e| self.io_err("fdatasync", path, e))?;
+        }
+        Ok(())
+    }
+
+    fn describe(&self) -> String {
+        format!("file://{}", self.dir.display())
+    }
+
+    fn acquire(&self, req: &AcquireRequest, wait: bool) -> Result<Option<AcquireOutcome>> {
+        let path = self.path(&req.key);
+        loop {
+            let Some(file) = self.open(&path, true)? else {
+                continue;
+            };
+            let fd = file.as_raw_fd();
+            let kernel = ofd_lock(fd, HOLD, libc::F_WRLCK as libc::c_int, false)
+                .map_err(|e| self.io_err("lock", &path, e))?;
+            let step = self.mutate(&path, &file, wait, |found| {
+                let dead = kernel
+                    && found.record().is_some_and(|r| {
+                        r.token.is_some()
+                            && r.store.get(KERNEL_LOCK).map(String::as_str) == Some("held")
+                    });
+                let (out, write) = decide::acquire(found.current(), req, Now::wall(), dead);
+                match (out, write) {
+                    (AcquireOutcome::Granted(mut r), Some(_)) => {
+                        r.store.insert(
+                            KERNEL_LOCK.into(),
+                            if kernel { "held" } else { "none" }.into(),
+                        );
+                        (AcquireOutcome::Granted(r.clone()), Some(r))
+                    }
+                    other => other,
+                }
+            })?;
+            match step {
+                None => return Ok(None),
+                Some(Step::Unlinked) => continue,
+                Some(Step::Done(out)) => {
+                    if let AcquireOutcome::Granted(_) = &out {
+                        self.held.lock().insert(
+                            req.token.clone(),
+                            Held {
+                                file: Arc::new(file),
+                                kernel,
+                            },
+                        );
+                    }
+                    return Ok(Some(out));
+                }
+            }
+        }
+    }
+
+    fn held_file(&self, token: &str) -> Option<(Arc<File>, bool)> {
+        self.held
+            .lock()
+            .get(token)
+            .map(|h| (h.file.clone(), h.kernel))
+    }
+
+    fn renew(
+        &self,
+        key: &Key,
+        token: &str,
+        ttl: Duration,
+        wait: bool,
+    ) -> Result<Option<RenewOutcome>> {
+        let path = self.path(key);
+        let (file, kernel) = match self.held_file(token) {
+            Some(h) => h,
+            None => match self.open(&path, false)? {
+                Some(f) => (Arc::new(f), false),
+                None => return Ok(Some(RenewOutcome::Lost(crate::LostReason::Released))),
+            },
+        };
+        let mut upgraded = false;
+        let step = self.mutate(&path, &file, wait, |found| {
+            let (out, write) =
+                decide::renew(found.record(), token, ttl.as_millis() as u64, now_ms());
+            match (out, write) {
+                (RenewOutcome::Renewed(mut r), Some(_)) => {
+                    if !kernel
+                        && ofd_lock(file.as_raw_fd(), HOLD, libc::F_WRLCK as libc::c_int, false)
+                            .unwrap_or(false)
+                    {
+                        upgraded = true;
+                        r.store.insert(KERNEL_LOCK.into(), "held".into());
+                    }
+                    (RenewOutcome::Renewed(r.clone()), Some(r))
+                }
+                other => other,
+            }
+        })?;
+        match step {
+            None => Ok(None),
+            Some(Step::Unlinked) => {
+                self.held.lock().remove(token);
+                Ok(Some(RenewOutcome::Lost(crate::LostReason::Released)))
+            }
+            Some(Step::Done(out)) => {
+                match &out {
+                    RenewOutcome::Lost(_) => {
+                        self.held.lock().remove(token);
+                    }
+                    RenewOutcome::Renewed(_) if upgraded => {
+                        if let Some(h) = self.held.lock().get_mut(token) {
+                            h.kernel = true;
+                        }
+                    }
+                    _ => {}
+                }
+                Ok(Some(out))
+            }
+        }
+    }
+
+    fn release(&self, key: &Key, token: &str, wait: bool) -> Result<Option<ReleaseOutcome>> {
+        let path = self.path(key);
+        let file = match self.held_file(token) {
+            Some((f, _)) => f,
+            None => match self.open(&path, false)? {
+                Some(f) => Arc::new(f),
+                None => return Ok(Some(ReleaseOutcome::NotHeld)),
+            },
+        };
+        let step = self.mutate(&path, &file, wait, |found| {
+            let (out, write) = decide::release(found.record(), token, now_ms());
+            if write.is_some() {
+                // Drop the holder lock while the mutation lock is still ours, so the next acquirer
+                // sees a free record and a free kernel lock together.
+                let _ = ofd_lock(file.as_raw_fd(), HOLD, libc::F_UNLCK as libc::c_int, false);
+            }
+            (out, write)
+        })?;
+        match step {
+            None => Ok(None),
+            Some(Step::Unlinked) => {
+                self.held.lock().remove(token);
+                Ok(Some(ReleaseOutcome::NotHeld))
+            }
+            Some(Step::Done(out)) => {
+                self.held.lock().remove(token);
+                Ok(Some(out))
+            }
+        }
+    }
+
+    fn simple<T>(
+        &self,
+        key: &Key,
+        wait: bool,
+        missing: T,
+        f: impl FnOnce(&Found) -> (T, Option<LeaseRecord>),
+    ) -> Result<Option<T>> {
+        let path = self.path(key);
+        let Some(file) = self.open(&path, false)? else {
+            return Ok(Some(missing));
+        };
+        match self.mutate(&path, &file, wait, f)? {
+            None => Ok(None),
+            Some(Step::Unlinked) => Ok(Some(missing)),
+            Some(Step::Done(t)) => Ok(Some(t)),
+        }
+    }
+
+    fn read_shared(&self, path: &Path) -> Result<Option<Found>> {
+        let file = match OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(path)
+        {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(self.io_err("open", path, e)),
+        };
+        let fd = file.as_raw_fd();
+        ofd_lock(fd, MUTATE, libc::F_RDLCK as libc::c_int, true)
+            .map_err(|e| self.io_err("lock", path, e))?;
+        let res = read_record(&file).map_err(|e| self.io_err("read", path, e));
+        let _ = ofd_lock(fd, MUTATE, libc::F_UNLCK as libc::c_int, false);
+        Ok(Some(res?.0))
+    }
+
+    fn inspection(&self, name: String, found: Found) -> Option<Inspection> {
+        match found {
+            Found::Missing => None,
+            Found::Record(r) => Some(Inspection::Record(r)),
+            Found::Corrupt { detail, .. } => Some(Inspection::Corrupt { name, detail }),
+        }
+    }
+
+    fn entries(&self) -> Result<Vec<(String, PathBuf)>> {
+        let rd = match std::fs::read_dir(&self.dir) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(vec![]),
+            Err(e) => return Err(self.io_err("read directory", &self.dir, e)),
+        };
+        let mut out = vec![];
+        for entry in rd {
+            let entry = entry.map_err(|e| self.io_err("read directory", &self.dir, e))?;
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else { continue };
+            if name.starts_with('.') || !name.ends_with(EXT) {
+                continue;
+            }
+            out.push((name.to_owned(), entry.path()));
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    fn list(&self, prefix: &str) -> Result<Vec<Inspection>> {
+        let mut out = vec![];
+        for (name, path) in self.entries()? {
+            let Some(found) = self.read_shared(&path)? else {
+                continue;
+            };
+            if let Found::Record(r) = &found {
+                if !r.key.starts_with(prefix) {
+                    continue;
+                }
+            } else if !prefix.is_empty() {
+                // A corrupt record has no readable key; it shows under an empty prefix only.
+                if !matches!(found, Found::Corrupt { .. }) {
+                    continue;
+                }
+            }
+            if let Some(i) = self.inspection(name, found) {
+                out.push(i);
+            }
+        }
+        Ok(out)
+    }
+
+    fn cleanup(&self, older_than: Duration) -> Result<CleanupReport> {
+        let mut report = CleanupReport::default();
+        let now = now_ms();
+        for (_, path) in self.entries()? {
+            let Some(file) = self.open(&path, false)? else {
+                continue;
+            };
+            let fd = file.as_raw_fd();
+            // A live holder keeps the kernel lock: never remove its file.
+            if !ofd_lock(fd, HOLD, libc::F_WRLCK as libc::c_int, false)
+                .map_err(|e| self.io_err("lock", &path, e))?
+            {
+                report.kept += 1;
+                continue;
+            }
+            let step = self.mutate(&path, &file, true, |found| {
+                let remove = match found {
+                    Found::Missing => true,
+                    Found::Record(r) => decide::removable(r, now, older_than.as_millis() as u64),
+                    Found::Corrupt { .. } => false,
+                };
+                // Unlink while the mutation lock is held: anyone who opened the old file before
+                // sees nlink == 0 under the lock and reopens.
+                let removed = remove && std::fs::remove_file(&path).is_ok();
+                (removed, None)
+            })?;
+            match step {
+                Some(Step::Done(true)) => report.removed += 1,
+                _ => report.kept += 1,
+            }
+        }
+        Ok(report)
+    }
+}
+
+enum Step<T> {
+    Done(T),
+    Unlinked,
+}
+
+fn read_record(file: &File) -> io::Result<(Found, usize)> {
+    let mut buf = vec![0u8; 4096];
+    let mut len = 0;
+    loop {
+        let n = file.read_at(&mut buf[len..], len as u64)?;
+        len += n;
+        // Under the mutation lock nobody writes: a short read is the end of the file.
+        if n == 0 || len < buf.len() || len >= 1 << 20 {
+            break;
+        }
+        buf.resize(len * 2, 0);
+    }
+    let bytes = &buf[..len];
+    if bytes.iter().all(|b| b.is_ascii_whitespace()) {
+        return Ok((Found::Missing, len));
+    }
+    let found = match serde_json::from_slice::<LeaseRecord>(bytes) {
+        Ok(r) => Found::Record(r),
+        Err(e) => Found::Corrupt {
+            detail: e.to_string(),
+            salvaged: decide::salvage_fence(bytes),
+        },
+    };
+    Ok((found, len))
+}
+
+impl FileStore {
+    /// Opens (creating if missing) the store directory `dir`.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when the directory cannot be created or is not a directory;
+    /// [`Error::InvalidOption`] for a mode without owner read/write.
+    pub fn open(dir: impl AsRef<Path>, opts: FileOptions) -> Result<Self> {
+        let dir = dir.as_ref().to_path_buf();
+        if opts.mode & 0o600 != 0o600 || opts.mode > 0o777 {
+            return Err(Error::option(
+                "mode",
+                format!("{:o}: must be ≤ 0777 and include 0600", opts.mode),
+            ));
+        }
+        let dir_mode = 0o700 | ((opts.mode & 0o044) >> 2) | (opts.mode & 0o044);
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(dir_mode)
+            .create(&dir)
+            .map_err(|e| Error::io("create directory", dir.display(), e))?;
+        let meta = std::fs::metadata(&dir).map_err(|e| Error::io("stat", dir.display(), e))?;
+        if !meta.is_dir() {
+            return Err(Error::io(
+                "open store",
+                dir.display(),
+                io::Error::other("not a directory"),
+            ));
+        }
+        Ok(FileStore {
+            inner: Arc::new(Inner {
+                dir,
+                opts,
+                naming: Naming::file(),
+                held: Mutex::new(HashMap::new()),
+            }),
+        })
+    }
+
+    /// Parses the query of a `file://` URL: `mode` (octal) and `fsync` (`true`/`false`).
+    pub(crate) fn from_url(url: &url::Url) -> Result<Self> {
+        let bad = |reason: String| Error::InvalidUrl {
+            url: url.to_string(),
+            reason,
+        };
+        if !matches!(url.host_str(), None | Some("") | Some("localhost")) {
+            return Err(bad(
+                "a file:// URL names a local directory: file:///path/to/dir".into(),
+            ));
+        }
+        let path = url
+            .to_file_path()
+            .map_err(|()| bad("not an absolute directory path".into()))?;
+        let mut opts = FileOptions::default();
+        for (k, v) in url.query_pairs() {
+            match &*k {
+                "mode" => {
+                    opts.mode = u32::from_str_radix(&v, 8)
+                        .map_err(|_| bad(format!("mode {v:?} is not octal")))?
+                }
+                "fsync" => {
+                    opts.fsync = match &*v {
+                        "true" | "1" | "yes" => true,
+                        "false" | "0" | "no" => false,
+                        _ => return Err(bad(format!("fsync {v:?} is not true/false"))),
+                    }
+                }
+                other => {
+                    return Err(bad(format!(
+                        "unknown parameter {other:?} (known: mode, fsync)"
+                    )))
+                }
+            }
+        }
+        Self::open(path, opts)
+    }
+
+    /// The store directory.
+    pub fn dir(&self) -> &Path {
+        &self.inner.dir
+    }
+
+    /// The path of `key`'s record file.
+    pub fn record_path(&self, key: &Key) -> PathBuf {
+        self.inner.path(key)
+    }
+
+    /// Runs `op` without blocking on the mutation lock; if it is busy, runs it on the blocking pool
+    /// where it waits for the lock.
+    async fn run<T: Send + 'static>(
+        &self,
+        op: impl Fn(&Inner, bool) -> Result<Option<T>> + Send + 'static,
+    ) -> Result<T> {
+        if let Some(t) = op(&self.inner, false)? {
+            return Ok(t);
+        }
+        let inner = self.inner.clone();
+        let store = self.inner.describe();
+        match tokio::task::spawn_blocking(move || op(&inner, true)).await {
+            Ok(Ok(Some(t))) => Ok(t),
+            Ok(Ok(None)) => Err(Error::Store {
+                store,
+                detail: "mutation lock not obtained".into(),
+                retryable: true,
+            }),
+            Ok(Err(e)) => Err(e),
+            Err(e) => Err(Error::Store {
+                store,
+                detail: format!("blocking task failed: {e}"),
+                retryable: true,
+            }),
+        }
+    }
+}
+
+#[async_trait]
+impl LockStore for FileStore {
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            native_ttl: false,
+            watch: true,
+            liveness: true,
+            fence_source: "max(previous + 1, µs clock), kept in the record file",
+        }
+    }
+
+    async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome> {
+        let req = req.clone();
+        self.run(move |inner, wait| inner.acquire(&req, wait)).await
+    }
+
+    async fn renew(&self, key: &Key, token: &str, ttl: Duration) -> Result<RenewOutcome> {
+        let (key, token) = (key.clone(), token.to_owned());
+        self.run(move |inner, wait| inner.renew(&key, &token, ttl, wait))
+            .await
+    }
+
+    async fn release(&self, key: &Key, token: &str) -> Result<ReleaseOutcome> {
+        let (key, token) = (key.clone(), token.to_owned());
+        self.run(move |inner, wait| inner.release(&key, &token, wait))
+            .await
+    }
+
+    async fn withdraw_waiter(&self, key: &Key, token: &str) -> Result<()> {
+        let (key, token) = (key.clone(), token.to_owned());
+        self.run(move |inner, wait| {
+            inner.simple(&key, wait, (), |found| {
+                ((), decide::withdraw_waiter(found.record(), &token))
+            })
+        })
+        .await
+    }
+
+    async fn inspect(&self, key: &Key) -> Result<Option<Inspection>> {
+        let inner = self.inner.clone();
+        let key = key.clone();
+        blocking(&self.inner, move || {
+            let path = inner.path(&key);
+            let name = path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            Ok(inner
+                .read_shared(&path)?
+                .and_then(|f| inner.inspection(name, f)))
+        })
+        .await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<Inspection>> {
+        let inner = self.inner.clone();
+        let prefix = prefix.to_owned();
+        blocking(&self.inner, move || inner.list(&prefix)).await
+    }
+
+    async fn force_release(&self, key: &Key) -> Result<Option<LeaseRecord>> {
+        let key = key.clone();
+        self.run(move |inner, wait| {
+            inner.simple(&key, wait, None, |found| match found.record() {
+                Some(r) if r.token.is_some() => (Some(r.clone()), Some(decide::freed(r, now_ms()))),
+                other => (other.cloned(), None),
+            })
+        })
+        .await
+    }
+
+    async fn cleanup(&self, older_than: Duration) -> Result<CleanupReport> {
+        let inner = self.inner.clone();
+        blocking(&self.inner, move || inner.cleanup(older_than)).await
+    }
+
+    async fn subscribe(&self, key: &Key) -> Result<Option<Box<dyn ChangeWatch>>> {
+        let path = self.inner.path(key);
+        // The file must exist to be watched; creating an empty one is what acquire does anyway.
+        drop(self.inner.open(&path, true)?);
+        Ok(Some(Box::new(
+            Inotify::new(&path).map_err(|e| Error::io("inotify", path.display(), e))?,
+        )))
+    }
+}
+
+async fn blocking<T: Send + 'static>(
+    inner: &Inner,
+    f: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    let store = inner.describe();
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Error::Store {
+            store,
+            detail: format!("blocking task failed: {e}"),
+            retryable: true,
+        })?
+}
+
+/// An inotify watch on one record file: wakes on writes, on a writer closing (a holder that
+/// exits or dies closes its descriptor), and on deletion.
+#[derive(Debug)]
+struct Inotify {
+    fd: AsyncFd<OwnedFd>,
+    gone: bool,
+}
+
+impl Inotify {
+    fn new(path: &Path) -> io::Result<Self> {
+        use std::os::unix::ffi::OsStrExt;
+        // SAFETY: plain syscall; the result is checked.
+        let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: fd was just returned by inotify_init1 and is owned by nobody else.
+        let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+        let mut cpath = path.as_os_str().as_bytes().to_vec();
+        cpath.push(0);
+        let mask = libc::IN_MODIFY
+            | libc::IN_CLOSE_WRITE
+            | libc::IN_DELETE_SELF
+            | libc::IN_MOVE_SELF
+            | libc::IN_ATTRIB;
+        // SAFETY: cpath is NUL-terminated and outlives the call.
+        let wd = unsafe { libc::inotify_add_watch(fd, cpath.as_ptr().cast(), mask) };
+        if wd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `owned` is a fresh inotify descriptor nobody else uses; AsyncFd owns it from here on.
+        let fd = unsafe { AsyncFd::register(owned) }?;
+        Ok(Inotify { fd, gone: false })
+    }
+}
+
+#[async_trait]
+impl ChangeWatch for Inotify {
+    async fn changed(&mut self) {
+        if self.gone {
+            // The file was removed (cleanup): nothing more will be reported; poll gently.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            return;
+        }
+        loop {
+            let Ok(mut guard) = self.fd.readable().await else {
+                self.gone = true;
+                return;
+            };
+            let mut buf = [0u8; 4096];
+            // SAFETY: buf is valid for its length; the fd is a non-blocking inotify descriptor.
+            let n = unsafe {
+                libc::read(
+                    guard.get_inner().as_raw_fd(),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                )
+            };
+            if n > 0 {
+                let mut off = 0usize;
+                let n = n as usize;
+                while off + std::mem::size_of::<libc::inotify_event>() <= n {
+                    // SAFETY: the kernel wrote whole events; read_unaligned copes with alignment.
+                    let ev: libc::inotify_event =
+                        unsafe { std::ptr::read_unaligned(buf[off..].as_ptr().cast()) };
+                    if ev.mask & (libc::IN_IGNORED | libc::IN_DELETE_SELF | libc::IN_MOVE_SELF) != 0
+                    {
+                        self.gone = true;
+                    }
+                    off += std::mem::size_of::<libc::inotify_event>() + ev.len as usize;
+                }
+                return;
+            }
+            guard.clear_ready();
+            if n == 0 {
+                continue;
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::WouldBlock && e.kind() != io::ErrorKind::Interrupted {
+                self.gone = true;
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,401 @@
+//! The held lease.
+
+use crate::error::Result;
+use crate::key::Key;
+use crate::local::LocalGuard;
+use crate::metrics::Metrics;
+use crate::options::LockOptions;
+use crate::record::{now_ms, LeaseRecord};
+use crate::store::{LockStore, LostReason, ReleaseOutcome, RenewOutcome};
+use parking_lot::Mutex;
+use std::fmt;
+use std::sync::Arc;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tracing::Instrument;
+
+/// What [`LeaseGuard::release`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Released {
+    /// The lease was ours and is free now.
+    Released,
+    /// An earlier `release` already freed it (release is idempotent).
+    AlreadyReleased,
+    /// The lease was no longer ours when we released it.
+    Lost(LostReason),
+}
+
+#[derive(Debug, Clone)]
+struct State {
+    lost: Option<LostReason>,
+    handoff: Option<String>,
+    released: bool,
+    /// The lease is surely ours until then (local monotonic clock, drift subtracted).
+    valid_until: Instant,
+}
+
+#[derive(Debug)]
+struct Shared {
+    store: Arc<dyn LockStore>,
+    key: Key,
+    token: String,
+    record: LeaseRecord,
+    opts: LockOptions,
+    state: watch::Sender<State>,
+    metrics: Option<Metrics>,
+    acquired_at: Instant,
+}
+
+impl Shared {
+    fn mark_lost(&self, reason: LostReason) {
+        let mut fired = false;
+        self.state.send_if_modified(|s| {
+            if s.lost.is_none() && !s.released {
+                tracing::warn!(key = %self.key, fence = self.record.fence, %reason, "lease lost");
+                s.lost = Some(reason);
+                fired = true;
+                true
+            } else {
+                false
+            }
+        });
+        if fired {
+            if let Some(m) = &self.metrics {
+                m.lost.inc();
+                m.hold_seconds
+                    .observe(self.acquired_at.elapsed().as_secs_f64());
+            }
+        }
+    }
+}
+
+/// A held lease. Renews itself (unless disabled), tells when it is lost or wanted, and releases on
+/// [`release`](LeaseGuard::release) or, in the background, on drop.
+///
+/// # Expiry
+/// The guard renews every `renew_every` (default TTL/3). If renewal is refused (the lease was taken
+/// over, force-released or has expired) or keeps failing until the lease could have expired
+/// (`acquired/renewed + TTL − drift` on this process's monotonic clock, measured from when the
+/// request was *sent*), [`lost`](LeaseGuard::lost) fires and renewal stops: it fires before another
+/// holder could be granted the lease, as long as clocks drift less than the drift margin.
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// use leasehold::{memory::MemoryStore, Locks};
+/// let locks = Locks::new(MemoryStore::new());
+/// let guard = locks.lock("report")?.acquire().await?;
+/// let fence = guard.fence(); // pass it to the resource you write to
+/// tokio::select! {
+///     _ = guard.lost() => { /* stop writing */ }
+///     _ = tokio::time::sleep(std::time::Duration::from_millis(5)) => { /* work done */ }
+/// }
+/// assert_eq!(guard.release().await?, leasehold::Released::Released);
+/// assert_eq!(guard.release().await?, leasehold::Released::AlreadyReleased);
+/// # let _ = fence; Ok::<(), leasehold::Error>(()) }).unwrap();
+/// ```
+#[must_use = "the lease is released when the guard is dropped"]
+pub struct LeaseGuard {
+    shared: Arc<Shared>,
+    renewer: Option<JoinHandle<()>>,
+    local: Mutex<Option<LocalGuard>>,
+}
+
+impl fmt::Debug for LeaseGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeaseGuard")
+            .field("key", &self.shared.key)
+            .field("fence", &self.shared.record.fence)
+            .field("current", &self.is_current())
+            .finish()
+    }
+}
+
+impl LeaseGuard {
+    pub(crate) fn new(
+        store: Arc<dyn LockStore>,
+        record: LeaseRecord,
+        key: Key,
+        token: String,
+        opts: LockOptions,
+        sent_at: Instant,
+        metrics: Option<Metrics>,
+        local: Option<LocalGuard>,
+    ) -> Self {
+        let valid_until = sent_at + opts.ttl.saturating_sub(opts.drift());
+        let (state, _) = watch::channel(State {
+            lost: None,
+            handoff: None,
+            released: false,
+            valid_until,
+        });
+        let shared = Arc::new(Shared {
+            store,
+            key,
+            token,
+            record,
+            opts,
+            state,
+            metrics,
+            acquired_at: Instant::now(),
+        });
+        let renewer = if shared.opts.auto_renew {
+            let span = tracing::debug_span!("leasehold.renewer", key = %shared.key);
+            Some(tokio::spawn(renew_loop(shared.clone()).instrument(span)))
+        } else {
+            None
+        };
+        LeaseGuard {
+            shared,
+            renewer,
+            local: Mutex::new(local),
+        }
+    }
+
+    /// The fence of this acquisition: strictly greater than every earlier fence of this key.
+    pub fn fence(&self) -> u64 {
+        self.shared.record.fence
+    }
+
+    /// The key held.
+    pub fn key(&self) -> &Key {
+        &self.shared.key
+    }
+
+    /// The record as written when the lease was granted.
+    pub fn record(&self) -> &LeaseRecord {
+        &self.shared.record
+    }
+
+    /// The owner token of this acquisition.
+    pub fn token(&self) -> &str {
+        &self.shared.token
+    }
+
+    /// Whether the lease is surely still ours: not lost, not released, and not past the time up
+    /// to which the last successful renewal vouches.
+    pub fn is_current(&self) -> bool {
+        let s = self.shared.state.borrow();
+        s.lost.is_none() && !s.released && Instant::now() < s.valid_until
+    }
+
+    /// Completes when the lease is lost, with the reason. Never completes after `release`.
+    ///
+    /// # Cancel safety
+    /// Cancel safe; call it again to wait again.
+    pub async fn lost(&self) -> LostReason {
+        let mut rx = self.shared.state.subscribe();
+        loop {
+            let deadline = {
+                let s = rx.borrow_and_update();
+                if let Some(r) = &s.lost {
+                    return r.clone();
+                }
+                if !self.shared.opts.auto_renew && !s.released {
+                    Some(s.valid_until)
+                } else {
+                    None
+                }
+            };
+            match deadline {
+                Some(d) => {
+                    if tokio::time::timeout_at(d, rx.changed()).await.is_err() {
+                        self.shared.mark_lost(LostReason::Expired);
+                    }
+                }
+                None => {
+                    if rx.changed().await.is_err() {
+                        std::future::pending::<()>().await;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Completes when a waiter has registered for this lease (seed 001's "someone is waiting:
+    /// checkpoint and hand over"), with the waiter's identity. Fires within one renewal period of
+    /// the registration. Releasing then hands the lease to that waiter.
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn handoff_requested(&self) -> String {
+        let mut rx = self.shared.state.subscribe();
+        loop {
+            if let Some(w) = &rx.borrow_and_update().handoff {
+                return w.clone();
+            }
+            if rx.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    /// Whether a waiter has asked for the lease.
+    pub fn is_handoff_requested(&self) -> bool {
+        self.shared.state.borrow().handoff.is_some()
+    }
+
+    /// Releases the lease. Idempotent: later calls answer [`Released::AlreadyReleased`].
+    ///
+    /// # Errors
+    /// A store error; the lease then expires by its TTL (and, on the file store, at once if this
+    /// process exits).
+    ///
+    /// # Cancel safety
+    /// If cancelled, the lease is still marked released locally and expires by its TTL.
+    pub async fn release(&self) -> Result<Released> {
+        let mut first = false;
+        let prior_loss = {
+            let mut lost = None;
+            self.shared.state.send_if_modified(|s| {
+                if s.released {
+                    return false;
+                }
+                s.released = true;
+                first = true;
+                lost = s.lost.clone();
+                true
+            });
+            lost
+        };
+        if !first {
+            return Ok(Released::AlreadyReleased);
+        }
+        if let Some(h) = &self.renewer {
+            h.abort();
+        }
+        let local = self.local.lock().take();
+        let out = release_in_store(&self.shared, prior_loss).await;
+        drop(local);
+        out
+    }
+}
+
+async fn release_in_store(shared: &Shared, prior_loss: Option<LostReason>) -> Result<Released> {
+    let outcome = shared
+        .store
+        .release(&shared.key, &shared.token)
+        .instrument(tracing::debug_span!("leasehold.store", op = "release", key = %shared.key))
+        .await?;
+    if let Some(m) = &shared.metrics {
+        m.releases.inc();
+        if prior_loss.is_none() {
+            m.hold_seconds
+                .observe(shared.acquired_at.elapsed().as_secs_f64());
+        }
+    }
+    Ok(match (outcome, prior_loss) {
+        (_, Some(reason)) => Released::Lost(reason),
+        (ReleaseOutcome::Released, None) => Released::Released,
+        (ReleaseOutcome::NotHeld, None) => Released::Lost(LostReason::Expired),
+    })
+}
+
+impl Drop for LeaseGuard {
+    fn drop(&mut self) {
+        if let Some(h) = &self.renewer {
+            h.abort();
+        }
+        let mut first = false;
+        let mut prior = None;
+        self.shared.state.send_if_modified(|s| {
+            if s.released {
+                return false;
+            }
+            s.released = true;
+            first = true;
+            prior = s.lost.clone();
+            true
+        });
+        if !first {
+            return;
+        }
+        let local = self.local.lock().take();
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            let shared = self.shared.clone();
+            handle.spawn(async move {
+                if let Err(e) = release_in_store(&shared, prior).await {
+                    tracing::warn!(key = %shared.key, error = %e, "background release failed; the lease expires by its TTL");
+                }
+                drop(local);
+            });
+        }
+    }
+}
+
+async fn renew_loop(shared: Arc<Shared>) {
+    let period = shared.opts.renew_period();
+    let ttl = shared.opts.ttl;
+    let drift = shared.opts.drift();
+    let mut last_ok = shared.state.borrow().valid_until - ttl.saturating_sub(drift);
+    loop {
+        tokio::time::sleep_until(last_ok + period).await;
+        let mut attempt = 0u32;
+        loop {
+            let valid_until = shared.state.borrow().valid_until;
+            let now = Instant::now();
+            if now >= valid_until {
+                shared.mark_lost(LostReason::Unreachable {
+                    detail: "renewal did not succeed before expiry".into(),
+                });
+                return;
+            }
+            let sent = Instant::now();
+            let call = shared
+                .store
+                .renew(&shared.key, &shared.token, ttl)
+                .instrument(
+                    tracing::debug_span!("leasehold.store", op = "renew", key = %shared.key),
+                );
+            match tokio::time::timeout_at(valid_until, call).await {
+                Ok(Ok(RenewOutcome::Renewed(rec))) => {
+                    if let Some(m) = &shared.metrics {
+                        m.renewals.inc();
+                    }
+                    let waiter = (rec.has_live_waiter(now_ms())
+                        && rec.waiter_token.as_deref() != Some(shared.token.as_str()))
+                    .then(|| rec.waiter.clone().unwrap_or_default());
+                    let mut raised = false;
+                    shared.state.send_if_modified(|s| {
+                        s.valid_until = sent + ttl.saturating_sub(drift);
+                        if s.handoff.is_none() && waiter.is_some() {
+                            s.handoff = waiter.clone();
+                            raised = true;
+                        }
+                        true
+                    });
+                    if raised {
+                        if let Some(m) = &shared.metrics {
+                            m.handoffs.inc();
+                        }
+                    }
+                    last_ok = sent;
+                    break;
+                }
+                Ok(Ok(RenewOutcome::Lost(reason))) => {
+                    shared.mark_lost(reason);
+                    return;
+                }
+                Ok(Err(e)) if e.is_retryable() => {
+                    tracing::debug!(key = %shared.key, error = %e, "renewal failed; retrying");
+                    let left = valid_until.saturating_duration_since(Instant::now());
+                    let pause = shared.opts.backoff.delay(attempt).min(left / 4);
+                    attempt += 1;
+                    tokio::time::sleep(pause).await;
+                }
+                Ok(Err(e)) => {
+                    shared.mark_lost(LostReason::Unreachable {
+                        detail: e.to_string(),
+                    });
+                    return;
+                }
+                Err(_) => {
+                    shared.mark_lost(LostReason::Unreachable {
+                        detail: "renewal did not answer before expiry".into(),
+                    });
+                    return;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,129 @@
+//! # leasehold — distributed locks and leases with fencing tokens
+//!
+//! One async API over many stores: [`try_acquire`](LockBuilder::try_acquire) (never waits),
+//! [`acquire`](LockBuilder::acquire) (waits up to a limit), a [`LeaseGuard`] that renews itself,
+//! signals when the lease is [lost](LeaseGuard::lost) or [wanted](LeaseGuard::handoff_requested), and
+//! releases — with a **fencing token** ([`LeaseGuard::fence`]) strictly increasing per key on every
+//! store.
+//!
+//! ```
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! # let dir = tempfile::tempdir().unwrap();
+//! # let url = format!("file://{}", dir.path().display());
+//! use std::time::Duration;
+//! let locks = leasehold::connect(&url).await?; // file:///var/lib/myapp/locks, memory://, …
+//! let guard = locks.lock("user:alice")?.ttl(Duration::from_secs(30)).wait(Duration::from_secs(10)).acquire().await?;
+//! let fence = guard.fence(); // hand it to the resource: it rejects writes with an older fence
+//! tokio::select! {
+//!     reason = guard.lost() => eprintln!("lost: {reason}"),
+//!     waiter = guard.handoff_requested() => eprintln!("{waiter} waits: checkpoint and hand over"),
+//!     _ = tokio::time::sleep(Duration::from_millis(1)) => {}
+//! }
+//! guard.release().await?; // idempotent; dropping the guard releases in the background too
+//! # let _ = fence; Ok::<(), leasehold::Error>(()) }).unwrap();
+//! ```
+//!
+//! ## Stores
+//! | URL | module | feature |
+//! |---|---|---|
+//! | `file:///path/to/dir[?mode=0640&fsync=true]` | [`file`] | `file` (default) |
+//! | `memory://` | [`memory`] | `memory` (default) |
+//! | `record-memory://` (the generic record adapter over memory) | [`memory`], [`adapter`] | `memory` |
+//!
+//! Contention is not an error: `try_acquire` answers `Ok(None)`. Store failures are [`Error`]s,
+//! with [`Error::is_retryable`].
+
+pub mod adapter;
+pub mod decide;
+pub mod error;
+pub mod file;
+pub mod guard;
+pub mod holder;
+pub mod key;
+pub mod local;
+pub mod memory;
+pub mod metrics;
+pub mod options;
+pub mod record;
+pub mod store;
+
+mod client;
+
+pub use client::{LockBuilder, Locks};
+pub use error::{Error, Result};
+pub use guard::{LeaseGuard, Released};
+pub use holder::HolderId;
+pub use key::{Key, Naming};
+pub use local::{LocalGuard, LocalLocks};
+pub use metrics::Metrics;
+pub use options::{Backoff, LockOptions, Wait};
+pub use record::LeaseRecord;
+pub use store::{
+    AcquireOutcome, AcquireRequest, Capabilities, ChangeWatch, CleanupReport, Inspection,
+    LockStore, LostReason, RecordStore, ReleaseOutcome, RenewOutcome, Stored,
+};
+
+use std::sync::Arc;
+
+/// Removes `user:password@` from a URL for messages.
+pub fn redact_url(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut u) => {
+            if u.password().is_some() {
+                let _ = u.set_password(Some("***"));
+            }
+            u.to_string()
+        }
+        Err(_) => match (url.find("://"), url.rfind('@')) {
+            (Some(s), Some(at)) if at > s => format!("{}***{}", &url[..s + 3], &url[at..]),
+            _ => url.to_owned(),
+        },
+    }
+}
+
+/// Opens the store a URL names (see the table in the crate docs).
+///
+/// # Errors
+/// [`Error::InvalidUrl`] for a URL that does not parse or has unknown parameters,
+/// [`Error::FeatureNotEnabled`] for a store compiled out, and the store's own errors (a file store
+/// directory that cannot be created).
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// assert!(leasehold::open_store("memory://").await.is_ok());
+/// assert!(matches!(leasehold::open_store("nope://x").await, Err(leasehold::Error::InvalidUrl { .. })));
+/// # });
+/// ```
+pub async fn open_store(url: &str) -> Result<Arc<dyn LockStore>> {
+    let bad = |reason: &str| Error::InvalidUrl {
+        url: redact_url(url),
+        reason: reason.into(),
+    };
+    let parsed = url::Url::parse(url).map_err(|e| bad(&e.to_string()))?;
+    let scheme = parsed.scheme().to_ascii_lowercase();
+    let not_enabled = |feature: &'static str| Error::FeatureNotEnabled {
+        scheme: scheme.clone(),
+        feature,
+    };
+    match scheme.as_str() {
+        "memory" => Ok(Arc::new(memory::MemoryStore::new())),
+        "record-memory" => Ok(Arc::new(adapter::RecordLockStore::new(memory::RecordMemoryStore::new()))),
+        "file" => Ok(Arc::new(file::FileStore::from_url(&parsed)?)),
+        "redis" | "rediss" => Err(not_enabled("redis")),
+        "redlock" => Err(not_enabled("redlock")),
+        "k8s" | "kubernetes" => Err(not_enabled("kubernetes")),
+        "gs" | "gcs" => Err(not_enabled("gcs")),
+        "s3" => Err(not_enabled("s3")),
+        "postgres" | "postgresql" => Err(not_enabled("postgres")),
+        "etcd" => Err(not_enabled("etcd")),
+        _ => Err(bad("unknown scheme (known: file, memory, record-memory, redis, rediss, redlock, k8s, gs, s3, postgres, etcd)")),
+    }
+}
+
+/// Opens the store a URL names and returns [`Locks`] over it.
+///
+/// # Errors
+/// As [`open_store`].
+pub async fn connect(url: &str) -> Result<Locks> {
+    Ok(Locks::from_arc(open_store(url).await?))
+}

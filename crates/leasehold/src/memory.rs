@@ -1,0 +1,305 @@
+//! In-process stores: [`MemoryStore`] (lock-level) and [`RecordMemoryStore`] (record-level, used
+//! through the generic adapter).
+//!
+//! Checklist — native TTL: no (expiry judged on this process's wall clock); watch: yes for
+//! [`MemoryStore`] (per-key change channel), no for [`RecordMemoryStore`] (waiters poll, which tests
+//! the polling path); liveness: not applicable; fence: `max(previous + 1, now in µs)` per key, the
+//! common rule of [`crate::decide`].
+//!
+//! Both are for tests, single-process programs and as a reference; nothing survives the process.
+
+use crate::decide::{self, Current, Now};
+use crate::error::Result;
+use crate::key::Key;
+use crate::record::{now_ms, LeaseRecord};
+use crate::store::{
+    AcquireOutcome, AcquireRequest, Capabilities, ChangeWatch, CleanupReport, Inspection,
+    LockStore, RecordStore, ReleaseOutcome, RenewOutcome, Stored,
+};
+use async_trait::async_trait;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::time::Duration;
+use tokio::sync::watch;
+
+#[derive(Debug)]
+struct Slot {
+    record: Option<LeaseRecord>,
+    tx: watch::Sender<()>,
+}
+
+impl Slot {
+    fn new() -> Self {
+        Slot {
+            record: None,
+            tx: watch::Sender::new(()),
+        }
+    }
+}
+
+/// The in-process lock store.
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// use leasehold::{memory::MemoryStore, Locks};
+/// let locks = Locks::new(MemoryStore::new());
+/// let a = locks.lock("job")?.try_acquire().await?.expect("free");
+/// assert!(locks.lock("job")?.try_acquire().await?.is_none());
+/// a.release().await?;
+/// # Ok::<(), leasehold::Error>(()) }).unwrap();
+/// ```
+#[derive(Debug, Default)]
+pub struct MemoryStore {
+    slots: Mutex<HashMap<String, Slot>>,
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn step<T>(
+        &self,
+        key: &Key,
+        f: impl FnOnce(Option<&LeaseRecord>) -> (T, Option<LeaseRecord>),
+    ) -> T {
+        let mut slots = self.slots.lock();
+        let slot = slots.get(key.as_str());
+        let (out, write) = f(slot.and_then(|s| s.record.as_ref()));
+        if let Some(write) = write {
+            let slot = slots
+                .entry(key.as_str().to_owned())
+                .or_insert_with(Slot::new);
+            slot.record = Some(write);
+            slot.tx.send_replace(());
+        }
+        out
+    }
+}
+
+#[derive(Debug)]
+struct MemoryWatch(watch::Receiver<()>);
+
+#[async_trait]
+impl ChangeWatch for MemoryWatch {
+    async fn changed(&mut self) {
+        if self.0.changed().await.is_err() {
+            // The slot was removed: the key changed (cleanup). Do not spin.
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+#[async_trait]
+impl LockStore for MemoryStore {
+    fn describe(&self) -> String {
+        "memory://".into()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            native_ttl: false,
+            watch: true,
+            liveness: false,
+            fence_source: "max(previous + 1, µs clock) per key",
+        }
+    }
+
+    async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome> {
+        Ok(self.step(&req.key, |cur| {
+            let current = cur.map_or(Current::Missing, Current::Record);
+            decide::acquire(current, req, Now::wall(), false)
+        }))
+    }
+
+    async fn renew(&self, key: &Key, token: &str, ttl: Duration) -> Result<RenewOutcome> {
+        Ok(self.step(key, |cur| {
+            decide::renew(cur, token, ttl.as_millis() as u64, now_ms())
+        }))
+    }
+
+    async fn release(&self, key: &Key, token: &str) -> Result<ReleaseOutcome> {
+        Ok(self.step(key, |cur| decide::release(cur, token, now_ms())))
+    }
+
+    async fn withdraw_waiter(&self, key: &Key, token: &str) -> Result<()> {
+        self.step(key, |cur| ((), decide::withdraw_waiter(cur, token)));
+        Ok(())
+    }
+
+    async fn inspect(&self, key: &Key) -> Result<Option<Inspection>> {
+        let slots = self.slots.lock();
+        Ok(slots
+            .get(key.as_str())
+            .and_then(|s| s.record.clone())
+            .map(Inspection::Record))
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<Inspection>> {
+        let slots = self.slots.lock();
+        let mut out: Vec<LeaseRecord> = slots
+            .iter()
+            .filter(|(k, _)| k.starts_with(prefix))
+            .filter_map(|(_, s)| s.record.clone())
+            .collect();
+        out.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(out.into_iter().map(Inspection::Record).collect())
+    }
+
+    async fn force_release(&self, key: &Key) -> Result<Option<LeaseRecord>> {
+        Ok(self.step(key, |cur| match cur {
+            Some(r) if r.token.is_some() => (Some(r.clone()), Some(decide::freed(r, now_ms()))),
+            other => (other.cloned(), None),
+        }))
+    }
+
+    async fn cleanup(&self, older_than: Duration) -> Result<CleanupReport> {
+        let now = now_ms();
+        let mut report = CleanupReport::default();
+        self.slots.lock().retain(|_, s| {
+            let remove = match &s.record {
+                Some(r) => decide::removable(r, now, older_than.as_millis() as u64),
+                None => s.tx.receiver_count() == 0,
+            };
+            if remove {
+                report.removed += usize::from(s.record.is_some());
+            } else {
+                report.kept += 1;
+            }
+            !remove
+        });
+        Ok(report)
+    }
+
+    async fn subscribe(&self, key: &Key) -> Result<Option<Box<dyn ChangeWatch>>> {
+        let mut slots = self.slots.lock();
+        let slot = slots
+            .entry(key.as_str().to_owned())
+            .or_insert_with(Slot::new);
+        Ok(Some(Box::new(MemoryWatch(slot.tx.subscribe()))))
+    }
+}
+
+/// An in-process [`RecordStore`]: records kept as JSON bytes with a version counter, so the generic
+/// adapter is exercised exactly as over a remote compare-and-set store, corrupt records included
+/// ([`RecordMemoryStore::put_raw`]).
+#[derive(Debug, Default)]
+pub struct RecordMemoryStore {
+    objects: Mutex<(u64, HashMap<String, (Vec<u8>, u64)>)>,
+}
+
+impl RecordMemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Overwrites the stored bytes of `key` unconditionally (to test corrupt-record recovery).
+    pub fn put_raw(&self, key: &Key, bytes: &[u8]) {
+        let mut g = self.objects.lock();
+        g.0 += 1;
+        let v = g.0;
+        g.1.insert(key.as_str().to_owned(), (bytes.to_vec(), v));
+    }
+}
+
+fn parse(bytes: &[u8], version: u64) -> Stored {
+    match serde_json::from_slice::<LeaseRecord>(bytes) {
+        Ok(record) => Stored::Record {
+            record,
+            version: version.to_string(),
+        },
+        Err(e) => Stored::Corrupt {
+            version: version.to_string(),
+            detail: e.to_string(),
+            salvaged_fence: decide::salvage_fence(bytes),
+        },
+    }
+}
+
+fn encode(record: &LeaseRecord) -> Result<Vec<u8>> {
+    serde_json::to_vec(record).map_err(|e| crate::Error::Store {
+        store: "record-memory://".into(),
+        detail: e.to_string(),
+        retryable: false,
+    })
+}
+
+#[async_trait]
+impl RecordStore for RecordMemoryStore {
+    fn describe(&self) -> String {
+        "record-memory://".into()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            native_ttl: false,
+            watch: false,
+            liveness: false,
+            fence_source: "max(previous + 1, µs clock), kept in the record",
+        }
+    }
+
+    async fn get(&self, key: &Key) -> Result<Option<Stored>> {
+        Ok(self
+            .objects
+            .lock()
+            .1
+            .get(key.as_str())
+            .map(|(b, v)| parse(b, *v)))
+    }
+
+    async fn create(&self, key: &Key, record: &LeaseRecord) -> Result<Option<String>> {
+        let bytes = encode(record)?;
+        let mut g = self.objects.lock();
+        if g.1.contains_key(key.as_str()) {
+            return Ok(None);
+        }
+        g.0 += 1;
+        let v = g.0;
+        g.1.insert(key.as_str().to_owned(), (bytes, v));
+        Ok(Some(v.to_string()))
+    }
+
+    async fn replace(
+        &self,
+        key: &Key,
+        record: &LeaseRecord,
+        version: &str,
+    ) -> Result<Option<String>> {
+        let bytes = encode(record)?;
+        let mut g = self.objects.lock();
+        g.0 += 1;
+        let v = g.0;
+        match g.1.get_mut(key.as_str()) {
+            Some(slot) if slot.1.to_string() == version => {
+                *slot = (bytes, v);
+                Ok(Some(v.to_string()))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    async fn delete(&self, key: &Key, version: &str) -> Result<bool> {
+        let mut g = self.objects.lock();
+        match g.1.get(key.as_str()) {
+            Some((_, v)) if v.to_string() == version => {
+                g.1.remove(key.as_str());
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<(String, Stored)>> {
+        let g = self.objects.lock();
+        let mut out: Vec<(String, Stored)> =
+            g.1.iter()
+                .filter(|(k, _)| k.starts_with(prefix))
+                .map(|(k, (b, v))| (k.clone(), parse(b, *v)))
+                .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(out)
+    }
+}

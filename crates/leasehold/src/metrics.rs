@@ -1,0 +1,118 @@
+//! Prometheus metrics.
+//!
+//! Names are `<prefix>_<name>`; the prefix is yours (default `leasehold`). Register once per
+//! registry and hand the [`Metrics`] to [`crate::Locks::with_metrics`].
+//!
+//! | metric | type | meaning |
+//! |---|---|---|
+//! | `acquire_attempts_total` | counter | calls of `try_acquire`/`acquire` |
+//! | `acquire_success_total` | counter | leases obtained |
+//! | `acquire_failures_total{reason}` | counter | `contention` (held elsewhere, wait ran out) or `store_error` |
+//! | `acquire_duration_seconds` | histogram | from the call to the lease (or the failure) |
+//! | `hold_duration_seconds` | histogram | from acquisition to release or loss |
+//! | `releases_total` | counter | releases (explicit or on drop) |
+//! | `renewals_total` | counter | successful renewals |
+//! | `lost_total` | counter | leases lost (refused renewal, unreachable store until expiry) |
+//! | `handoffs_requested_total` | counter | handoff signals raised by a waiter |
+
+use crate::error::{Error, Result};
+use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts, Registry};
+
+/// The metric set; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    pub(crate) attempts: IntCounter,
+    pub(crate) successes: IntCounter,
+    pub(crate) failures: IntCounterVec,
+    pub(crate) acquire_seconds: Histogram,
+    pub(crate) hold_seconds: Histogram,
+    pub(crate) releases: IntCounter,
+    pub(crate) renewals: IntCounter,
+    pub(crate) lost: IntCounter,
+    pub(crate) handoffs: IntCounter,
+}
+
+impl Metrics {
+    /// Creates the metrics named `<prefix>_…` and registers them in `registry`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOption`] when the prefix is not a valid metric name or the metrics are
+    /// already registered there.
+    ///
+    /// ```
+    /// let registry = prometheus::Registry::new();
+    /// let m = leasehold::Metrics::register("myapp_locks", &registry).unwrap();
+    /// # let _ = m;
+    /// assert!(leasehold::Metrics::register("myapp_locks", &registry).is_err());
+    /// ```
+    pub fn register(prefix: &str, registry: &Registry) -> Result<Self> {
+        let e = |err: prometheus::Error| Error::option("metrics prefix", err.to_string());
+        let c = |name: &str, help: &str| {
+            IntCounter::with_opts(Opts::new(format!("{prefix}_{name}"), help))
+        };
+        let buckets = vec![
+            0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0, 120.0, 600.0,
+            3600.0,
+        ];
+        let m = Metrics {
+            attempts: c("acquire_attempts_total", "Lease acquisition calls").map_err(e)?,
+            successes: c("acquire_success_total", "Leases obtained").map_err(e)?,
+            failures: IntCounterVec::new(
+                Opts::new(
+                    format!("{prefix}_acquire_failures_total"),
+                    "Failed acquisitions by reason",
+                ),
+                &["reason"],
+            )
+            .map_err(e)?,
+            acquire_seconds: Histogram::with_opts(
+                HistogramOpts::new(
+                    format!("{prefix}_acquire_duration_seconds"),
+                    "Time to obtain a lease",
+                )
+                .buckets(buckets.clone()),
+            )
+            .map_err(e)?,
+            hold_seconds: Histogram::with_opts(
+                HistogramOpts::new(
+                    format!("{prefix}_hold_duration_seconds"),
+                    "Time a lease was held",
+                )
+                .buckets(buckets),
+            )
+            .map_err(e)?,
+            releases: c("releases_total", "Leases released").map_err(e)?,
+            renewals: c("renewals_total", "Successful renewals").map_err(e)?,
+            lost: c("lost_total", "Leases lost").map_err(e)?,
+            handoffs: c(
+                "handoffs_requested_total",
+                "Handoff requests seen by holders",
+            )
+            .map_err(e)?,
+        };
+        registry.register(Box::new(m.attempts.clone())).map_err(e)?;
+        registry
+            .register(Box::new(m.successes.clone()))
+            .map_err(e)?;
+        registry.register(Box::new(m.failures.clone())).map_err(e)?;
+        registry
+            .register(Box::new(m.acquire_seconds.clone()))
+            .map_err(e)?;
+        registry
+            .register(Box::new(m.hold_seconds.clone()))
+            .map_err(e)?;
+        registry.register(Box::new(m.releases.clone())).map_err(e)?;
+        registry.register(Box::new(m.renewals.clone())).map_err(e)?;
+        registry.register(Box::new(m.lost.clone())).map_err(e)?;
+        registry.register(Box::new(m.handoffs.clone())).map_err(e)?;
+        Ok(m)
+    }
+
+    /// The registry's metrics in the Prometheus text format.
+    pub fn render(registry: &Registry) -> String {
+        use prometheus::Encoder;
+        let mut buf = vec![];
+        let _ = prometheus::TextEncoder::new().encode(&registry.gather(), &mut buf);
+        String::from_utf8_lossy(&buf).into_owned()
+    }
+}

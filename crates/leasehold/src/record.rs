@@ -1,0 +1,189 @@
+//! The lease record every store keeps, and time helpers.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Milliseconds since the Unix epoch on this machine's wall clock.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Microseconds since the Unix epoch on this machine's wall clock.
+pub(crate) fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+/// One key's state as a store keeps it. Free records (released or expired) keep their `fence` so the
+/// next acquisition continues from it.
+///
+/// Times are Unix milliseconds of the clock that judges expiry (the store's own where it has one,
+/// else the acquirer's wall clock); the serialised form also carries them as RFC 3339 strings for
+/// people reading the record with `cat`, `redis-cli GET`, `kubectl describe` and the like.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct LeaseRecord {
+    /// The key, as the user wrote it.
+    pub key: String,
+    /// The holder's identity, `None` when the lease is free.
+    pub holder: Option<String>,
+    /// The owner token of the current acquisition (unique per acquisition), `None` when free.
+    pub token: Option<String>,
+    /// The fence of the latest acquisition; strictly increasing per key.
+    pub fence: u64,
+    /// When the current holder acquired the lease.
+    #[serde(rename = "acquired", alias = "acquired_ms", with = "ms_time")]
+    pub acquired_ms: u64,
+    /// When the current holder last renewed the lease.
+    #[serde(rename = "renewed", alias = "renewed_ms", with = "ms_time")]
+    pub renewed_ms: u64,
+    /// When the lease expires unless renewed.
+    #[serde(rename = "expires", alias = "expires_ms", with = "ms_time")]
+    pub expires_ms: u64,
+    /// The lease's time to live in milliseconds.
+    pub ttl_ms: u64,
+    /// The registered waiter's identity, if any.
+    #[serde(default)]
+    pub waiter: Option<String>,
+    /// The registered waiter's token.
+    #[serde(default)]
+    pub waiter_token: Option<String>,
+    /// When the waiter registration lapses unless renewed.
+    #[serde(default, rename = "waiter_expires", with = "opt_ms_time")]
+    pub waiter_expires_ms: Option<u64>,
+    /// The holder's process id.
+    #[serde(default)]
+    pub pid: Option<u32>,
+    /// The holder's host.
+    #[serde(default)]
+    pub host: Option<String>,
+    /// Free labels (task id, purpose …).
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// Store-specific detail (the file store records whether the holder owns the kernel lock).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub store: BTreeMap<String, String>,
+}
+
+impl LeaseRecord {
+    /// A free record that has issued no fence yet (or whose fence floor is `fence`).
+    pub fn free(key: &str, fence: u64) -> Self {
+        LeaseRecord {
+            key: key.to_owned(),
+            holder: None,
+            token: None,
+            fence,
+            acquired_ms: 0,
+            renewed_ms: 0,
+            expires_ms: 0,
+            ttl_ms: 0,
+            waiter: None,
+            waiter_token: None,
+            waiter_expires_ms: None,
+            pid: None,
+            host: None,
+            labels: BTreeMap::new(),
+            store: BTreeMap::new(),
+        }
+    }
+
+    /// Whether a live holder has the lease at `now_ms`.
+    pub fn is_held(&self, now_ms: u64) -> bool {
+        self.token.is_some() && self.expires_ms > now_ms
+    }
+
+    /// Whether a waiter registration is live at `now_ms`.
+    pub fn has_live_waiter(&self, now_ms: u64) -> bool {
+        self.waiter_token.is_some() && self.waiter_expires_ms.is_some_and(|t| t > now_ms)
+    }
+
+    /// Time left before expiry at `now_ms` (zero when free or expired).
+    pub fn remaining(&self, now_ms: u64) -> Duration {
+        if self.token.is_none() {
+            return Duration::ZERO;
+        }
+        Duration::from_millis(self.expires_ms.saturating_sub(now_ms))
+    }
+}
+
+fn fmt_ms(ms: u64) -> String {
+    humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
+}
+
+fn parse_ms(s: &str) -> Result<u64, String> {
+    let t = humantime::parse_rfc3339_weak(s).map_err(|e| format!("bad time {s:?}: {e}"))?;
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .map_err(|e| e.to_string())
+}
+
+/// Serialises Unix milliseconds as an RFC 3339 string (0 as `null`), reads both forms back.
+mod ms_time {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Either {
+        Num(u64),
+        Str(String),
+        Null(()),
+    }
+
+    pub(super) fn serialize<S: Serializer>(ms: &u64, s: S) -> Result<S::Ok, S::Error> {
+        if *ms == 0 {
+            s.serialize_none()
+        } else {
+            s.serialize_str(&super::fmt_ms(*ms))
+        }
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+        match Either::deserialize(d)? {
+            Either::Num(n) => Ok(n),
+            Either::Str(s) => super::parse_ms(&s).map_err(serde::de::Error::custom),
+            Either::Null(()) => Ok(0),
+        }
+    }
+}
+
+mod opt_ms_time {
+    use serde::{Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(ms: &Option<u64>, s: S) -> Result<S::Ok, S::Error> {
+        match ms {
+            Some(ms) => s.serialize_str(&super::fmt_ms(*ms)),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+        let v = super::ms_time::deserialize(d)?;
+        Ok(if v == 0 { None } else { Some(v) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn record_round_trips_through_readable_json() {
+        let mut r = LeaseRecord::free("user:alice", 7);
+        r.holder = Some("pod-1".into());
+        r.token = Some("t".into());
+        r.acquired_ms = 1_790_000_000_123;
+        r.renewed_ms = r.acquired_ms;
+        r.expires_ms = r.acquired_ms + 30_000;
+        r.waiter_expires_ms = Some(r.acquired_ms + 1);
+        let json = serde_json::to_string_pretty(&r).unwrap();
+        assert!(json.contains("\"expires\": \"20"), "{json}");
+        let back: LeaseRecord = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, r);
+    }
+}

@@ -1,0 +1,264 @@
+//! The store contract: a lock-level trait ([`LockStore`]) that stores with server-side atomics
+//! implement directly, and a record-level compare-and-set trait ([`RecordStore`]) that stores with
+//! only conditional writes implement; [`crate::adapter::RecordLockStore`] turns the second into the
+//! first, so the lock algorithm of that family is written (and tested) once.
+
+use crate::error::Result;
+use crate::key::Key;
+use crate::record::LeaseRecord;
+use async_trait::async_trait;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+/// What a store can do, filled in by each store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Capabilities {
+    /// The store expires records by itself (server-side TTL) rather than by readers comparing times.
+    pub native_ttl: bool,
+    /// The store can wake waiters on change ([`LockStore::subscribe`] returns a watch).
+    pub watch: bool,
+    /// A dead holder process frees its lease at once, not only after the TTL (a kernel lock, a
+    /// session): true for the file store.
+    pub liveness: bool,
+    /// Where fences come from, in a few words.
+    pub fence_source: &'static str,
+}
+
+/// One acquisition attempt.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct AcquireRequest {
+    /// The key.
+    pub key: Key,
+    /// Who asks.
+    pub holder: String,
+    /// The owner token this acquisition will hold the lease under (unique per acquisition).
+    pub token: String,
+    /// The lease's time to live.
+    pub ttl: Duration,
+    /// When set and the lease is held, register as its waiter for this long (the holder's
+    /// `handoff_requested()` fires and the lease is reserved for us once freed).
+    pub waiter_ttl: Option<Duration>,
+    /// Labels stored with the lease.
+    pub labels: BTreeMap<String, String>,
+}
+
+impl AcquireRequest {
+    /// A request with a fresh owner token and no labels.
+    pub fn new(key: Key, holder: impl Into<String>, ttl: Duration) -> Self {
+        AcquireRequest {
+            key,
+            holder: holder.into(),
+            token: crate::holder::new_token(),
+            ttl,
+            waiter_ttl: None,
+            labels: BTreeMap::new(),
+        }
+    }
+
+    /// Registers as waiter for `ttl` when the lease is held.
+    pub fn waiter(mut self, ttl: Duration) -> Self {
+        self.waiter_ttl = Some(ttl);
+        self
+    }
+}
+
+/// The answer to an acquisition attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AcquireOutcome {
+    /// The lease is ours; the record as written (with the new fence).
+    Granted(LeaseRecord),
+    /// Someone else holds the lease (or it is reserved for another waiter); the record seen.
+    Held(LeaseRecord),
+}
+
+/// The answer to a renewal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RenewOutcome {
+    /// Still ours; the record as written (its waiter fields drive the handoff signal).
+    Renewed(LeaseRecord),
+    /// No longer ours.
+    Lost(LostReason),
+}
+
+/// Why a lease is no longer ours.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LostReason {
+    /// It expired before it was renewed.
+    Expired,
+    /// Another acquisition holds it now (takeover after expiry, or an overwrite).
+    TakenOver {
+        /// The new holder.
+        holder: String,
+    },
+    /// The record is gone or free: force-released by an operator, or deleted.
+    Released,
+    /// Renewal failed for longer than the lease could still be valid.
+    Unreachable {
+        /// The last error seen.
+        detail: String,
+    },
+}
+
+impl fmt::Display for LostReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LostReason::Expired => f.write_str("expired before renewal"),
+            LostReason::TakenOver { holder } => write!(f, "taken over by {holder}"),
+            LostReason::Released => {
+                f.write_str("released by someone else (force-release or deletion)")
+            }
+            LostReason::Unreachable { detail } => {
+                write!(f, "store unreachable until expiry: {detail}")
+            }
+        }
+    }
+}
+
+/// The answer to a release.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReleaseOutcome {
+    /// The lease was ours and is now free.
+    Released,
+    /// The lease was no longer ours (expired, taken over, force-released or already released).
+    NotHeld,
+}
+
+/// A record as read for `inspect` and `list`: sound, or corrupt (reported, never fatal).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Inspection {
+    /// A record that parsed.
+    Record(LeaseRecord),
+    /// A record that does not parse; the next `acquire` of its key recovers it.
+    Corrupt {
+        /// The store's name for it (file name, object name).
+        name: String,
+        /// What is wrong.
+        detail: String,
+    },
+}
+
+/// What `cleanup` did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CleanupReport {
+    /// Records removed.
+    pub removed: usize,
+    /// Records kept because they are held, waited for, or younger than the limit.
+    pub kept: usize,
+}
+
+/// A subscription to changes of one key, taken *before* an acquisition attempt so that no change
+/// between the attempt and the wait is missed.
+#[async_trait]
+pub trait ChangeWatch: Send + fmt::Debug {
+    /// Completes when the key may have changed since the subscription or the previous call.
+    /// Spurious wake-ups are allowed. Cancel safe.
+    async fn changed(&mut self);
+}
+
+/// The lock-level store contract. See the crate docs and ARCHITECTURE.md for what every
+/// implementation guarantees; the conformance suite in `leasehold-testkit` checks it.
+///
+/// All methods are cancel safe in the sense that dropping the future leaves the store consistent:
+/// a cancelled `acquire` may still have taken the lease, which then expires after its TTL.
+#[async_trait]
+pub trait LockStore: Send + Sync + fmt::Debug + 'static {
+    /// A description for messages (the URL without credentials).
+    fn describe(&self) -> String;
+
+    /// What this store can do.
+    fn capabilities(&self) -> Capabilities;
+
+    /// Takes the lease if it is free, expired, or its holder is known dead; otherwise reports who
+    /// holds it and, if asked, registers the caller as waiter. Contention is `Ok(Held)`.
+    async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome>;
+
+    /// Extends the lease held under `token` to `ttl` from now; refuses if it is no longer ours.
+    async fn renew(&self, key: &Key, token: &str, ttl: Duration) -> Result<RenewOutcome>;
+
+    /// Frees the lease held under `token`, keeping its fence. Idempotent.
+    async fn release(&self, key: &Key, token: &str) -> Result<ReleaseOutcome>;
+
+    /// Removes the waiter registration made under `token`, if it is still there.
+    async fn withdraw_waiter(&self, key: &Key, token: &str) -> Result<()>;
+
+    /// The record of `key`, if there is one.
+    async fn inspect(&self, key: &Key) -> Result<Option<Inspection>>;
+
+    /// All records whose key starts with `prefix`.
+    async fn list(&self, prefix: &str) -> Result<Vec<Inspection>>;
+
+    /// Frees the lease whoever holds it (an operator's action); returns the record as it was.
+    /// The holder's next renewal is refused and its `lost()` fires.
+    async fn force_release(&self, key: &Key) -> Result<Option<LeaseRecord>>;
+
+    /// Removes records that are free (or expired) and were last touched longer than `older_than`
+    /// ago. Fences stay monotonic for every key (see each store's fence notes).
+    async fn cleanup(&self, older_than: Duration) -> Result<CleanupReport>;
+
+    /// Subscribes to changes of `key` for fast wake-up of waiters; `None` when the store has no
+    /// notification (waiters then poll with backoff).
+    async fn subscribe(&self, _key: &Key) -> Result<Option<Box<dyn ChangeWatch>>> {
+        Ok(None)
+    }
+}
+
+/// A record read from a [`RecordStore`], with the version that conditions the next write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stored {
+    /// A record that parsed.
+    Record {
+        /// The record.
+        record: LeaseRecord,
+        /// The store's version (resourceVersion, generation, ETag, …).
+        version: String,
+    },
+    /// An object that is there but does not parse.
+    Corrupt {
+        /// The store's version of the corrupt object.
+        version: String,
+        /// What is wrong.
+        detail: String,
+        /// A fence number recovered from the damaged bytes, if any.
+        salvaged_fence: Option<u64>,
+    },
+}
+
+/// The record-level compare-and-set contract for stores with only conditional writes.
+#[async_trait]
+pub trait RecordStore: Send + Sync + fmt::Debug + 'static {
+    /// A description for messages.
+    fn describe(&self) -> String;
+
+    /// What this store can do (`native_ttl` is always false here: expiry is judged from records).
+    fn capabilities(&self) -> Capabilities;
+
+    /// Reads the record of `key`.
+    async fn get(&self, key: &Key) -> Result<Option<Stored>>;
+
+    /// Creates the record if there is none; `Ok(None)` if one exists already.
+    async fn create(&self, key: &Key, record: &LeaseRecord) -> Result<Option<String>>;
+
+    /// Replaces the record if its version is still `version`; `Ok(None)` on a version mismatch.
+    async fn replace(
+        &self,
+        key: &Key,
+        record: &LeaseRecord,
+        version: &str,
+    ) -> Result<Option<String>>;
+
+    /// Deletes the record if its version is still `version`; `Ok(false)` on a mismatch.
+    async fn delete(&self, key: &Key, version: &str) -> Result<bool>;
+
+    /// All records whose key starts with `prefix`, with their store names.
+    async fn list(&self, prefix: &str) -> Result<Vec<(String, Stored)>>;
+
+    /// Change notification, if the store has one.
+    async fn subscribe(&self, _key: &Key) -> Result<Option<Box<dyn ChangeWatch>>> {
+        Ok(None)
+    }
+}
