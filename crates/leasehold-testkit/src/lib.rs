@@ -1,1 +1,47 @@
+//! The leasehold test kit: the conformance suite every store passes, and helpers that start real
+//! processes for multi-process tests.
+//!
+//! Each suite function is a `pub async fn` over `Arc<dyn LockStore>`; it works on its own random key
+//! prefix, so all of them can run against one store in parallel. A store's integration test calls
+//! them all through [`conformance_tests!`].
 
+pub mod suite;
+
+use std::path::PathBuf;
+
+/// A random prefix for a test's keys.
+pub fn prefix(name: &str) -> String {
+    format!("t{:08x}/{name}", fastrand::u32(..))
+}
+
+/// The path of a binary built by this workspace (next to the running test's executable).
+pub fn workspace_bin(name: &str) -> PathBuf {
+    let mut p = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("."));
+    p.pop();
+    if p.ends_with("deps") {
+        p.pop();
+    }
+    p.join(name)
+}
+
+/// Generates one `#[tokio::test]` per conformance-suite function for a store made by `$make`
+/// (an async expression returning `Arc<dyn LockStore>`).
+#[macro_export]
+macro_rules! conformance_tests {
+    ($make:expr) => {
+        $crate::conformance_tests!(@each $make;
+            exclusion, reentry_is_refused, expiry_takeover, renewal_keeps_alive, lost_on_force_release,
+            lost_on_takeover, fencing_is_monotonic, owner_only, idempotent_release, waiter_handoff,
+            waiter_withdraws_on_timeout, hostile_keys, racing_workers, inspect_list_cleanup,
+            try_acquire_never_waits, drop_releases);
+    };
+    (@each $make:expr; $($name:ident),*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $name() {
+                let store = $make;
+                $crate::suite::$name(store).await;
+            }
+        )*
+    };
+}

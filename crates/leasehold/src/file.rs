@@ -487,14 +487,6 @@ impl Inner {
             let Some(file) = self.open(&path, false)? else {
                 continue;
             };
-            let fd = file.as_raw_fd();
-            // A live holder keeps the kernel lock: never remove its file.
-            if !ofd_lock(fd, HOLD, libc::F_WRLCK as libc::c_int, false)
-                .map_err(|e| self.io_err("lock", &path, e))?
-            {
-                report.kept += 1;
-                continue;
-            }
             let step = self.mutate(&path, &file, true, |found| {
                 let remove = match found {
                     Found::Missing => true,
@@ -502,7 +494,9 @@ impl Inner {
                     Found::Corrupt { .. } => false,
                 };
                 // Unlink while the mutation lock is held: anyone who opened the old file before
-                // sees nlink == 0 under the lock and reopens.
+                // (an acquirer between its kernel-lock try and its mutation, a stale holder that
+                // was taken over) sees nlink == 0 under the lock and reopens or learns it lost.
+                // Held records are never removable, so the holder lock need not be consulted.
                 let removed = remove && std::fs::remove_file(&path).is_ok();
                 (removed, None)
             })?;

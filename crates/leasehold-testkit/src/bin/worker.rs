@@ -1,1 +1,99 @@
-fn main() {}
+//! A worker process for multi-process tests.
+//!
+//! `leasehold-worker count STORE KEY ITERATIONS DIR`: ITERATIONS times, acquire KEY, then in the
+//! critical section create `DIR/inside` exclusively (failing means another process is inside),
+//! read `DIR/counter`, write it back plus one, remove `DIR/inside`, release. Exit 0, or 3 on an
+//! overlap.
+//!
+//! `leasehold-worker hold STORE KEY TTL_MS`: acquire KEY, print `held FENCE`, then wait; print
+//! `lost REASON` and exit 4 when the lease is lost; exit 0 on SIGTERM after releasing.
+
+use std::io::Write;
+use std::time::Duration;
+
+fn fail(msg: String) -> ! {
+    eprintln!("leasehold-worker: {msg}");
+    std::process::exit(1)
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let arg = |i: usize| {
+        args.get(i)
+            .cloned()
+            .unwrap_or_else(|| fail(format!("missing argument {i}")))
+    };
+    let locks = match leasehold::connect(&arg(2)).await {
+        Ok(l) => l,
+        Err(e) => fail(e.to_string()),
+    };
+    let key = leasehold::Key::new(arg(3)).unwrap_or_else(|e| fail(e.to_string()));
+    match arg(1).as_str() {
+        "count" => {
+            let n: u32 = arg(4)
+                .parse()
+                .unwrap_or_else(|_| fail("bad iterations".into()));
+            let dir = std::path::PathBuf::from(arg(5));
+            for _ in 0..n {
+                let g = locks
+                    .lock_key(key.clone())
+                    .ttl(Duration::from_secs(10))
+                    .wait(Duration::from_secs(120))
+                    .acquire()
+                    .await
+                    .unwrap_or_else(|e| fail(e.to_string()));
+                let inside = dir.join("inside");
+                if std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .open(&inside)
+                    .is_err()
+                {
+                    eprintln!("OVERLAP: another process is inside the critical section");
+                    std::process::exit(3);
+                }
+                let counter = dir.join("counter");
+                let v: u64 = std::fs::read_to_string(&counter)
+                    .ok()
+                    .and_then(|s| s.trim().parse().ok())
+                    .unwrap_or(0);
+                // Widen the window a racing process would need.
+                std::thread::sleep(Duration::from_micros(200));
+                std::fs::write(&counter, format!("{}\n", v + 1))
+                    .unwrap_or_else(|e| fail(e.to_string()));
+                std::fs::remove_file(&inside).unwrap_or_else(|e| fail(e.to_string()));
+                if let Err(e) = g.release().await {
+                    fail(e.to_string());
+                }
+            }
+        }
+        "hold" => {
+            let ttl: u64 = arg(4).parse().unwrap_or_else(|_| fail("bad ttl".into()));
+            // Before "held" is printed, so a SIGTERM right after it is handled.
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                    .unwrap_or_else(|e| fail(e.to_string()));
+            let g = locks
+                .lock_key(key)
+                .ttl(Duration::from_millis(ttl))
+                .wait(Duration::from_secs(30))
+                .acquire()
+                .await
+                .unwrap_or_else(|e| fail(e.to_string()));
+            println!("held {}", g.fence());
+            let _ = std::io::stdout().flush();
+            tokio::select! {
+                reason = g.lost() => {
+                    println!("lost {reason}");
+                    let _ = std::io::stdout().flush();
+                    std::process::exit(4);
+                }
+                _ = term.recv() => {
+                    let _ = g.release().await;
+                }
+            }
+        }
+        other => fail(format!("unknown mode {other}")),
+    }
+}

@@ -1,0 +1,638 @@
+//! The conformance suite: the contracts of ARCHITECTURE.md as executable checks.
+//!
+//! Every function panics with a message saying which contract broke. TTLs are short (≤ 2 s); where
+//! a test must wait for time (expiry) it sleeps only for the TTL, never to let a condition settle.
+
+use leasehold::{
+    AcquireOutcome, AcquireRequest, Error, HolderId, Inspection, Key, LockStore, Locks, LostReason,
+    ReleaseOutcome, Released, RenewOutcome,
+};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const MS: Duration = Duration::from_millis(1);
+
+fn key(name: &str) -> Key {
+    Key::new(crate::prefix(name)).expect("test keys are valid")
+}
+
+/// A client acting as its own holder, with the local layer off so it talks to the store like
+/// another process would.
+pub fn client(store: &Arc<dyn LockStore>, holder: &str) -> Locks {
+    Locks::from_arc(store.clone())
+        .with_holder(HolderId::new(holder))
+        .with_local_layer(false)
+}
+
+async fn raw_acquire(
+    store: &Arc<dyn LockStore>,
+    k: &Key,
+    holder: &str,
+    ttl: Duration,
+) -> (String, u64) {
+    let req = AcquireRequest::new(k.clone(), holder, ttl);
+    match store.acquire(&req).await.expect("store acquire") {
+        AcquireOutcome::Granted(r) => (req.token, r.fence),
+        AcquireOutcome::Held(r) => panic!("expected {k} to be free, held by {:?}", r.holder),
+    }
+}
+
+/// At most one live holder per key; a second acquirer gets `None`; after release it gets the lease.
+pub async fn exclusion(store: Arc<dyn LockStore>) {
+    let k = key("exclusion");
+    let (a, b) = (client(&store, "a"), client(&store, "b"));
+    let ga = a
+        .lock_key(k.clone())
+        .ttl(2000 * MS)
+        .try_acquire()
+        .await
+        .expect("a")
+        .expect("free");
+    assert!(ga.is_current());
+    assert!(
+        b.lock_key(k.clone())
+            .try_acquire()
+            .await
+            .expect("b")
+            .is_none(),
+        "second holder while held"
+    );
+    assert_eq!(ga.release().await.expect("release"), Released::Released);
+    let gb = b
+        .lock_key(k.clone())
+        .try_acquire()
+        .await
+        .expect("b")
+        .expect("free after release");
+    assert!(gb.fence() > ga.fence());
+    gb.release().await.expect("release");
+}
+
+/// The same holder id acquiring a held key again is refused, never granted twice.
+pub async fn reentry_is_refused(store: Arc<dyn LockStore>) {
+    let k = key("reentry");
+    let a = client(&store, "same");
+    let g = a
+        .lock_key(k.clone())
+        .try_acquire()
+        .await
+        .expect("a")
+        .expect("free");
+    assert!(
+        a.lock_key(k.clone())
+            .try_acquire()
+            .await
+            .expect("again")
+            .is_none(),
+        "reentrant grant"
+    );
+    // Also through the local layer of one `Locks`.
+    let with_local = Locks::from_arc(store.clone()).with_holder(HolderId::new("same"));
+    assert!(with_local
+        .lock_key(k.clone())
+        .try_acquire()
+        .await
+        .expect("again")
+        .is_none());
+    g.release().await.expect("release");
+}
+
+/// A holder that stops renewing (crashed or stopped) loses the lease after its TTL, never before.
+pub async fn expiry_takeover(store: Arc<dyn LockStore>) {
+    let k = key("expiry");
+    let ttl = 600 * MS;
+    let t0 = Instant::now();
+    let (_token, fence) = raw_acquire(&store, &k, "stopped", ttl).await;
+    let b = client(&store, "b");
+    assert!(
+        b.lock_key(k.clone())
+            .try_acquire()
+            .await
+            .expect("b")
+            .is_none(),
+        "taken before expiry"
+    );
+    let g = b
+        .lock_key(k.clone())
+        .wait(3000 * MS)
+        .acquire()
+        .await
+        .expect("taken after expiry");
+    let waited = t0.elapsed();
+    assert!(
+        waited >= ttl - 20 * MS,
+        "taken over after {waited:?}, before the {ttl:?} TTL"
+    );
+    assert!(waited < ttl + 1500 * MS, "takeover took {waited:?}");
+    assert!(g.fence() > fence);
+    g.release().await.expect("release");
+}
+
+/// Renewal keeps a lease alive well past its TTL; a lease renewed by nobody dies.
+pub async fn renewal_keeps_alive(store: Arc<dyn LockStore>) {
+    let k = key("renewal");
+    let a = client(&store, "a");
+    let g = a
+        .lock_key(k.clone())
+        .ttl(300 * MS)
+        .try_acquire()
+        .await
+        .expect("a")
+        .expect("free");
+    tokio::time::sleep(1000 * MS).await; // three TTLs
+    assert!(g.is_current(), "renewed lease no longer current");
+    assert!(client(&store, "b")
+        .lock_key(k.clone())
+        .try_acquire()
+        .await
+        .expect("b")
+        .is_none());
+    g.release().await.expect("release");
+
+    let k2 = key("unrenewed");
+    let g2 = a
+        .lock_key(k2.clone())
+        .ttl(300 * MS)
+        .auto_renew(false)
+        .try_acquire()
+        .await
+        .expect("a")
+        .expect("free");
+    let reason = tokio::time::timeout(2000 * MS, g2.lost())
+        .await
+        .expect("lost fires for an unrenewed lease");
+    assert_eq!(reason, LostReason::Expired);
+    assert!(!g2.is_current());
+    let taken = client(&store, "b")
+        .lock_key(k2.clone())
+        .wait(2000 * MS)
+        .acquire()
+        .await
+        .expect("b takes it");
+    taken.release().await.expect("release");
+}
+
+/// A force-release fires the holder's `lost()` at its next renewal, and release then says so.
+pub async fn lost_on_force_release(store: Arc<dyn LockStore>) {
+    let k = key("force");
+    let a = client(&store, "a");
+    let g = a
+        .lock_key(k.clone())
+        .ttl(900 * MS)
+        .try_acquire()
+        .await
+        .expect("a")
+        .expect("free");
+    let old = store
+        .force_release(&k)
+        .await
+        .expect("force")
+        .expect("a record");
+    assert_eq!(old.holder.as_deref(), Some("a"));
+    let t = Instant::now();
+    let reason = tokio::time::timeout(1500 * MS, g.lost())
+        .await
+        .expect("lost within a renewal period");
+    assert!(
+        t.elapsed() <= 900 * MS,
+        "lost fired after {:?}",
+        t.elapsed()
+    );
+    assert!(
+        matches!(reason, LostReason::Released | LostReason::TakenOver { .. }),
+        "{reason:?}"
+    );
+    assert!(!g.is_current());
+    assert!(matches!(
+        g.release().await.expect("release"),
+        Released::Lost(_)
+    ));
+}
+
+/// A lease taken over after expiry (the holder was stopped) fires `lost()` at the next renewal,
+/// and before the new holder got it the old one was no longer current.
+pub async fn lost_on_takeover(store: Arc<dyn LockStore>) {
+    let k = key("takeover");
+    let (token, fence) = raw_acquire(&store, &k, "old", 300 * MS).await;
+    tokio::time::sleep(350 * MS).await;
+    let g = client(&store, "new")
+        .lock_key(k.clone())
+        .try_acquire()
+        .await
+        .expect("new")
+        .expect("expired");
+    assert!(g.fence() > fence);
+    match store.renew(&k, &token, 300 * MS).await.expect("renew") {
+        RenewOutcome::Lost(LostReason::TakenOver { holder }) => assert_eq!(holder, "new"),
+        other => panic!("old holder renewed a taken-over lease: {other:?}"),
+    }
+    assert_eq!(
+        store.release(&k, &token).await.expect("release"),
+        ReleaseOutcome::NotHeld
+    );
+    assert!(
+        g.is_current(),
+        "the old holder's release must not free the new holder's lease"
+    );
+    g.release().await.expect("release");
+}
+
+/// Fences strictly increase across release, expiry, takeover, force-release and cleanup.
+pub async fn fencing_is_monotonic(store: Arc<dyn LockStore>) {
+    let k = key("fence");
+    let a = client(&store, "a");
+    let mut last = 0u64;
+    let mut check = |f: u64, how: &str| {
+        assert!(f > last, "fence {f} after {how} is not above {last}");
+        last = f;
+    };
+    for _ in 0..5 {
+        let g = a
+            .lock_key(k.clone())
+            .try_acquire()
+            .await
+            .expect("a")
+            .expect("free");
+        check(g.fence(), "release");
+        g.release().await.expect("release");
+    }
+    let (_, f) = raw_acquire(&store, &k, "x", 200 * MS).await;
+    check(f, "release");
+    tokio::time::sleep(250 * MS).await;
+    let g = a
+        .lock_key(k.clone())
+        .try_acquire()
+        .await
+        .expect("a")
+        .expect("expired");
+    check(g.fence(), "expiry");
+    store.force_release(&k).await.expect("force");
+    let g2 = client(&store, "b")
+        .lock_key(k.clone())
+        .try_acquire()
+        .await
+        .expect("b")
+        .expect("forced free");
+    check(g2.fence(), "force-release");
+    drop(g);
+    g2.release().await.expect("release");
+    let report = store.cleanup(Duration::ZERO).await.expect("cleanup");
+    assert!(report.removed >= 1, "cleanup removed nothing: {report:?}");
+    assert!(
+        store.inspect(&k).await.expect("inspect").is_none(),
+        "record not removed"
+    );
+    let g3 = a
+        .lock_key(k.clone())
+        .try_acquire()
+        .await
+        .expect("a")
+        .expect("free");
+    check(g3.fence(), "cleanup deleted the record");
+    g3.release().await.expect("release");
+}
+
+/// Only the owner renews or releases.
+pub async fn owner_only(store: Arc<dyn LockStore>) {
+    let k = key("owner");
+    let g = client(&store, "a")
+        .lock_key(k.clone())
+        .try_acquire()
+        .await
+        .expect("a")
+        .expect("free");
+    assert_eq!(
+        store.release(&k, "not-the-token").await.expect("release"),
+        ReleaseOutcome::NotHeld
+    );
+    assert!(matches!(
+        store
+            .renew(&k, "not-the-token", 1000 * MS)
+            .await
+            .expect("renew"),
+        RenewOutcome::Lost(_)
+    ));
+    assert!(
+        client(&store, "b")
+            .lock_key(k.clone())
+            .try_acquire()
+            .await
+            .expect("b")
+            .is_none(),
+        "freed by a stranger"
+    );
+    let missing = key("never-held");
+    assert_eq!(
+        store.release(&missing, "x").await.expect("release"),
+        ReleaseOutcome::NotHeld
+    );
+    g.release().await.expect("release");
+}
+
+/// Release is idempotent and says whether the lease was still ours.
+pub async fn idempotent_release(store: Arc<dyn LockStore>) {
+    let k = key("idem");
+    let g = client(&store, "a")
+        .lock_key(k.clone())
+        .try_acquire()
+        .await
+        .expect("a")
+        .expect("free");
+    assert_eq!(g.release().await.expect("1st"), Released::Released);
+    assert_eq!(g.release().await.expect("2nd"), Released::AlreadyReleased);
+    let (token, _) = raw_acquire(&store, &k, "raw", 2000 * MS).await;
+    assert_eq!(
+        store.release(&k, &token).await.expect("1st"),
+        ReleaseOutcome::Released
+    );
+    assert_eq!(
+        store.release(&k, &token).await.expect("2nd"),
+        ReleaseOutcome::NotHeld
+    );
+}
+
+/// A waiter makes the holder's `handoff_requested()` fire within one renewal period; once the
+/// holder releases, the waiter gets the lease and a third party arriving later does not.
+pub async fn waiter_handoff(store: Arc<dyn LockStore>) {
+    let k = key("handoff");
+    let a = client(&store, "holder");
+    let ga = a
+        .lock_key(k.clone())
+        .ttl(1500 * MS)
+        .renew_every(100 * MS)
+        .try_acquire()
+        .await
+        .expect("a")
+        .expect("free");
+    let b = client(&store, "waiter");
+    let kb = k.clone();
+    let registered_at = Instant::now();
+    let waiter = tokio::spawn(async move {
+        b.lock_key(kb)
+            .ttl(1500 * MS)
+            .wait(5000 * MS)
+            .acquire()
+            .await
+    });
+    let who = tokio::time::timeout(2000 * MS, ga.handoff_requested())
+        .await
+        .expect("handoff_requested fires");
+    assert_eq!(who, "waiter");
+    assert!(
+        registered_at.elapsed() < 1000 * MS,
+        "handoff signal took {:?}",
+        registered_at.elapsed()
+    );
+    assert_eq!(ga.release().await.expect("release"), Released::Released);
+    // A third party arriving after the release must not jump the queue.
+    let c = client(&store, "latecomer");
+    let stolen = c.lock_key(k.clone()).try_acquire().await.expect("c");
+    let gb = waiter
+        .await
+        .expect("task")
+        .expect("the waiter gets the lease");
+    assert!(
+        stolen.is_none(),
+        "a latecomer took the lease reserved for the waiter"
+    );
+    assert!(gb.fence() > ga.fence());
+    assert!(!gb.is_handoff_requested());
+    gb.release().await.expect("release");
+}
+
+/// A waiter that gives up withdraws; the holder's release then frees the lease for anyone, and
+/// the timeout error names the holder.
+pub async fn waiter_withdraws_on_timeout(store: Arc<dyn LockStore>) {
+    let k = key("withdraw");
+    let g = client(&store, "busy-holder")
+        .lock_key(k.clone())
+        .try_acquire()
+        .await
+        .expect("a")
+        .expect("free");
+    let t = Instant::now();
+    let err = client(&store, "impatient")
+        .lock_key(k.clone())
+        .wait(300 * MS)
+        .acquire()
+        .await
+        .expect_err("held");
+    assert!(
+        t.elapsed() >= 290 * MS && t.elapsed() < 1500 * MS,
+        "waited {:?}",
+        t.elapsed()
+    );
+    match &err {
+        Error::Timeout { holder, .. } => assert_eq!(holder, "busy-holder"),
+        other => panic!("expected a timeout, got {other}"),
+    }
+    assert!(err.to_string().contains("busy-holder"));
+    g.release().await.expect("release");
+    let other = client(&store, "other")
+        .lock_key(k.clone())
+        .try_acquire()
+        .await
+        .expect("c");
+    assert!(
+        other.is_some(),
+        "a withdrawn waiter still reserves the lease"
+    );
+}
+
+/// Hostile keys are refused with a typed error or handled safely; never a panic.
+pub async fn hostile_keys(store: Arc<dyn LockStore>) {
+    for bad in ["", "a\0b", "a\nb"] {
+        assert!(
+            matches!(Key::new(bad), Err(Error::InvalidKey { .. })),
+            "{bad:?} accepted"
+        );
+    }
+    assert!(matches!(
+        Key::new("x".repeat(10 * 1024)),
+        Err(Error::InvalidKey { .. })
+    ));
+    assert!(matches!(
+        Key::from_bytes(b"\xff\xfe"),
+        Err(Error::InvalidKey { .. })
+    ));
+    let locks = client(&store, "a");
+    assert!(matches!(locks.lock(""), Err(Error::InvalidKey { .. })));
+    let p = crate::prefix("hostile");
+    let long = format!("{p}/{}", "y".repeat(900));
+    let odd = [
+        format!("{p}/../x"),
+        format!("{p}/../../etc/passwd"),
+        format!("{p}/.."),
+        format!("{p}/ä ö/🔒"),
+        format!("{p}/a\\b"),
+        format!("{p}/--0123456789abcdef0123456789abcdef"),
+        long,
+    ];
+    let mut fences = vec![];
+    for s in &odd {
+        let k = Key::new(s).expect("valid key");
+        let g = locks
+            .lock_key(k.clone())
+            .try_acquire()
+            .await
+            .expect("acquire")
+            .expect("free");
+        fences.push(g.fence());
+        match store.inspect(&k).await.expect("inspect") {
+            Some(Inspection::Record(r)) => assert_eq!(&r.key, s),
+            other => panic!("inspect {s:?}: {other:?}"),
+        }
+        g.release().await.expect("release");
+    }
+    // Distinct keys are distinct locks.
+    let a = locks
+        .lock(&odd[0])
+        .expect("k")
+        .try_acquire()
+        .await
+        .expect("a")
+        .expect("free");
+    let b = locks
+        .lock(&odd[1])
+        .expect("k")
+        .try_acquire()
+        .await
+        .expect("b");
+    assert!(b.is_some(), "two keys share one lock");
+    a.release().await.expect("release");
+    if let Some(b) = b {
+        b.release().await.expect("release");
+    }
+}
+
+/// N workers racing on one key never overlap; every increment of a non-atomic counter lands.
+pub async fn racing_workers(store: Arc<dyn LockStore>) {
+    let k = key("race");
+    let inside = Arc::new(AtomicBool::new(false));
+    let counter = Arc::new(AtomicU64::new(0));
+    let workers = 12;
+    let iterations = 25;
+    let mut tasks = vec![];
+    for w in 0..workers {
+        let locks = client(&store, &format!("worker-{w}"));
+        let (k, inside, counter) = (k.clone(), inside.clone(), counter.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..iterations {
+                let g = locks
+                    .lock_key(k.clone())
+                    .ttl(2000 * MS)
+                    .wait(20_000 * MS)
+                    .acquire()
+                    .await
+                    .expect("acquire");
+                assert!(
+                    !inside.swap(true, Ordering::SeqCst),
+                    "two workers inside at once"
+                );
+                let v = counter.load(Ordering::SeqCst);
+                tokio::task::yield_now().await;
+                counter.store(v + 1, Ordering::SeqCst);
+                inside.store(false, Ordering::SeqCst);
+                g.release().await.expect("release");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("worker");
+    }
+    assert_eq!(
+        counter.load(Ordering::SeqCst),
+        (workers * iterations) as u64
+    );
+}
+
+/// Operators see holder, fence and expiry; list filters by prefix; cleanup keeps held records.
+pub async fn inspect_list_cleanup(store: Arc<dyn LockStore>) {
+    let p = crate::prefix("ls");
+    let locks = client(&store, "lister");
+    let held = locks
+        .lock(format!("{p}/held"))
+        .expect("k")
+        .label("task", "42")
+        .try_acquire()
+        .await
+        .expect("a")
+        .expect("free");
+    let freed = locks
+        .lock(format!("{p}/freed"))
+        .expect("k")
+        .try_acquire()
+        .await
+        .expect("a")
+        .expect("free");
+    freed.release().await.expect("release");
+    let list = store.list(&p).await.expect("list");
+    let keys: Vec<&str> = list
+        .iter()
+        .filter_map(|i| match i {
+            Inspection::Record(r) => Some(r.key.as_str()),
+            Inspection::Corrupt { .. } => None,
+        })
+        .collect();
+    assert_eq!(keys.len(), 2, "{list:?}");
+    assert!(store.list(&format!("{p}/h")).await.expect("list").len() == 1);
+    let Some(Inspection::Record(r)) = store.inspect(held.key()).await.expect("inspect") else {
+        panic!("no record")
+    };
+    assert_eq!(r.holder.as_deref(), Some("lister"));
+    assert_eq!(r.fence, held.fence());
+    assert!(r.expires_ms > leasehold::record::now_ms());
+    assert_eq!(r.labels.get("task").map(String::as_str), Some("42"));
+    store.cleanup(Duration::ZERO).await.expect("cleanup");
+    assert!(
+        store.inspect(held.key()).await.expect("inspect").is_some(),
+        "cleanup removed a held lease"
+    );
+    assert!(held.is_current());
+    held.release().await.expect("release");
+}
+
+/// `try_acquire` answers at once when held, however long the wait options say.
+pub async fn try_acquire_never_waits(store: Arc<dyn LockStore>) {
+    let k = key("nowait");
+    let g = client(&store, "a")
+        .lock_key(k.clone())
+        .try_acquire()
+        .await
+        .expect("a")
+        .expect("free");
+    let t = Instant::now();
+    let r = client(&store, "b")
+        .lock_key(k.clone())
+        .wait(5000 * MS)
+        .try_acquire()
+        .await
+        .expect("b");
+    assert!(r.is_none());
+    assert!(
+        t.elapsed() < 500 * MS,
+        "try_acquire waited {:?}",
+        t.elapsed()
+    );
+    g.release().await.expect("release");
+}
+
+/// Dropping a guard releases the lease in the background.
+pub async fn drop_releases(store: Arc<dyn LockStore>) {
+    let k = key("drop");
+    let g = client(&store, "a")
+        .lock_key(k.clone())
+        .try_acquire()
+        .await
+        .expect("a")
+        .expect("free");
+    drop(g);
+    let got = client(&store, "b")
+        .lock_key(k.clone())
+        .wait(1000 * MS)
+        .acquire()
+        .await
+        .expect("freed by drop");
+    got.release().await.expect("release");
+}

@@ -1,0 +1,27 @@
+//! The conformance suite against memory, record-memory (through the generic adapter) and file.
+
+use leasehold::LockStore;
+use std::sync::Arc;
+
+mod memory {
+    use super::*;
+    leasehold_testkit::conformance_tests!(
+        Arc::new(leasehold::memory::MemoryStore::new()) as Arc<dyn LockStore>
+    );
+}
+
+mod record_memory {
+    use super::*;
+    leasehold_testkit::conformance_tests!(Arc::new(leasehold::adapter::RecordLockStore::new(
+        leasehold::memory::RecordMemoryStore::new()
+    )) as Arc<dyn LockStore>);
+}
+
+mod file {
+    use super::*;
+    fn store() -> Arc<dyn LockStore> {
+        let dir = tempfile::tempdir().expect("tempdir").keep();
+        Arc::new(leasehold::file::FileStore::open(dir, Default::default()).expect("file store"))
+    }
+    leasehold_testkit::conformance_tests!(store());
+}

@@ -1,0 +1,380 @@
+//! File-store behaviour with real processes: exclusion across 8 OS processes, SIGKILL and SIGSTOP
+//! of a holder, fences across restarts, hostile keys, corrupt records, modes.
+
+use leasehold::file::{FileOptions, FileStore};
+use leasehold::{Inspection, Key, LockStore, Locks};
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::PermissionsExt;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const WORKER: &str = env!("CARGO_BIN_EXE_leasehold-worker");
+
+fn url(dir: &std::path::Path) -> String {
+    format!("file://{}", dir.display())
+}
+
+/// Starts `leasehold-worker hold` and waits for its `held FENCE` line.
+fn hold(
+    dir: &std::path::Path,
+    key: &str,
+    ttl_ms: u64,
+) -> (Child, u64, BufReader<std::process::ChildStdout>) {
+    let mut child = Command::new(WORKER)
+        .args(["hold", &url(dir), key, &ttl_ms.to_string()])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn worker");
+    let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    out.read_line(&mut line).expect("read worker");
+    let fence = line
+        .trim()
+        .strip_prefix("held ")
+        .and_then(|f| f.parse().ok())
+        .unwrap_or_else(|| panic!("worker said {line:?}"));
+    (child, fence, out)
+}
+
+fn signal(child: &Child, sig: i32) {
+    // SAFETY: plain kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, sig) }, 0);
+}
+
+#[test]
+fn eight_processes_never_overlap_and_count_to_400() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = dir.path().join("locks");
+    let work = dir.path().join("work");
+    std::fs::create_dir(&work).expect("mkdir");
+    let t = Instant::now();
+    let children: Vec<Child> = (0..8)
+        .map(|_| {
+            Command::new(WORKER)
+                .args([
+                    "count",
+                    &url(&store),
+                    "counter",
+                    "50",
+                    work.to_str().expect("utf8"),
+                ])
+                .spawn()
+                .expect("spawn worker")
+        })
+        .collect();
+    for mut c in children {
+        let status = c.wait().expect("wait");
+        assert!(
+            status.success(),
+            "worker failed ({status}); exit 3 means two processes were inside at once"
+        );
+    }
+    let count = std::fs::read_to_string(work.join("counter")).expect("counter");
+    assert_eq!(count.trim(), "400");
+    eprintln!("8 × 50 critical sections in {:?}", t.elapsed());
+}
+
+#[tokio::test]
+async fn a_holder_killed_with_sigkill_frees_the_lease_at_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mut child, fence, _out) = hold(dir.path(), "job", 30_000);
+    let locks = leasehold::connect(&url(dir.path())).await.expect("connect");
+    assert!(locks
+        .lock("job")
+        .expect("k")
+        .try_acquire()
+        .await
+        .expect("try")
+        .is_none());
+    signal(&child, libc::SIGKILL);
+    child.wait().expect("wait");
+    let t = Instant::now();
+    let g = locks
+        .lock("job")
+        .expect("k")
+        .try_acquire()
+        .await
+        .expect("try")
+        .expect("freed by the kernel at once");
+    assert!(t.elapsed() < Duration::from_secs(1));
+    assert!(g.fence() > fence);
+    g.release().await.expect("release");
+}
+
+#[tokio::test]
+async fn a_stopped_holder_loses_the_lease_by_ttl_and_learns_it_on_resume() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mut child, fence, mut out) = hold(dir.path(), "job", 800);
+    signal(&child, libc::SIGSTOP);
+    let locks = leasehold::connect(&url(dir.path())).await.expect("connect");
+    let t = Instant::now();
+    let g = locks
+        .lock("job")
+        .expect("k")
+        .ttl(Duration::from_secs(2))
+        .wait(Duration::from_secs(5))
+        .acquire()
+        .await
+        .expect("taken over after TTL");
+    assert!(
+        t.elapsed() < Duration::from_secs(3),
+        "took {:?}",
+        t.elapsed()
+    );
+    assert!(g.fence() > fence);
+    let Some(Inspection::Record(r)) = locks.store().inspect(g.key()).await.expect("inspect") else {
+        panic!()
+    };
+    assert_eq!(
+        r.store.get("kernel_lock").map(String::as_str),
+        Some("none"),
+        "the stopped process still has the kernel lock"
+    );
+    signal(&child, libc::SIGCONT);
+    let mut line = String::new();
+    out.read_line(&mut line).expect("read");
+    assert!(line.starts_with("lost"), "resumed holder said {line:?}");
+    assert_eq!(child.wait().expect("wait").code(), Some(4));
+    // Our lease survives the old holder's exit: it no longer had the lease, its kernel lock going
+    // away must not make us look dead; and at our next renewal we pick the kernel lock up.
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    assert!(g.is_current());
+    let Some(Inspection::Record(r)) = locks.store().inspect(g.key()).await.expect("inspect") else {
+        panic!()
+    };
+    assert_eq!(r.store.get("kernel_lock").map(String::as_str), Some("held"));
+    let other = Locks::from_arc(locks.store().clone()).with_local_layer(false);
+    assert!(other
+        .lock("job")
+        .expect("k")
+        .try_acquire()
+        .await
+        .expect("try")
+        .is_none());
+    g.release().await.expect("release");
+}
+
+#[tokio::test]
+async fn sigterm_releases_and_the_waiter_takes_over() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mut child, fence, _out) = hold(dir.path(), "job", 30_000);
+    let locks = leasehold::connect(&url(dir.path())).await.expect("connect");
+    let waiter = tokio::spawn({
+        let locks = locks.clone();
+        async move {
+            locks
+                .lock("job")
+                .expect("k")
+                .wait(Duration::from_secs(10))
+                .acquire()
+                .await
+        }
+    });
+    signal(&child, libc::SIGTERM);
+    assert!(child.wait().expect("wait").success());
+    let g = waiter.await.expect("task").expect("waiter gets the lease");
+    assert!(g.fence() > fence);
+    g.release().await.expect("release");
+}
+
+#[tokio::test]
+async fn fences_survive_restarts_and_cleanup() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut last = 0;
+    for _ in 0..3 {
+        // A new process each time.
+        let (mut child, fence, _out) = hold(dir.path(), "job", 30_000);
+        assert!(
+            fence > last,
+            "fence {fence} after restart is not above {last}"
+        );
+        last = fence;
+        signal(&child, libc::SIGTERM);
+        child.wait().expect("wait");
+    }
+    let store = FileStore::open(dir.path(), FileOptions::default()).expect("open");
+    store.cleanup(Duration::ZERO).await.expect("cleanup");
+    assert_eq!(
+        std::fs::read_dir(dir.path()).expect("ls").count(),
+        0,
+        "cleanup left the free record"
+    );
+    let (mut child, fence, _out) = hold(dir.path(), "job", 30_000);
+    assert!(
+        fence > last,
+        "fence {fence} after cleanup is not above {last}"
+    );
+    signal(&child, libc::SIGKILL);
+    child.wait().expect("wait");
+}
+
+#[tokio::test]
+async fn hostile_keys_stay_inside_the_directory() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let dir = root.path().join("a/b/locks");
+    let store = FileStore::open(&dir, FileOptions::default()).expect("open creates the directory");
+    let locks = Locks::new(store.clone());
+    for k in [
+        "../x",
+        "../../x",
+        "/etc/passwd",
+        "..",
+        ".",
+        ".hidden",
+        "a/b",
+        "x\\y",
+        "🔒",
+        &"z".repeat(1024),
+    ] {
+        let g = locks
+            .lock(k)
+            .expect("valid key")
+            .try_acquire()
+            .await
+            .expect("acquire")
+            .expect("free");
+        let path = store.record_path(g.key());
+        assert_eq!(path.parent(), Some(dir.as_path()), "{k:?} → {path:?}");
+        g.release().await.expect("release");
+    }
+    let mut outside: Vec<_> = walk(root.path())
+        .into_iter()
+        .filter(|p| !p.starts_with(&dir))
+        .collect();
+    outside.sort();
+    assert_eq!(
+        outside,
+        vec![root.path().join("a"), root.path().join("a/b")]
+    );
+    for p in walk(&dir) {
+        let mode = std::fs::metadata(&p).expect("stat").permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{p:?} has mode {mode:o}");
+        let text = std::fs::read_to_string(&p).expect("read");
+        let v: serde_json::Value = serde_json::from_str(&text).expect("records are JSON");
+        for field in [
+            "key", "holder", "fence", "acquired", "expires", "waiter", "pid", "host", "labels",
+        ] {
+            assert!(v.get(field).is_some(), "{field} missing in {text}");
+        }
+    }
+}
+
+fn walk(p: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = vec![];
+    for e in std::fs::read_dir(p).expect("ls").flatten() {
+        let path = e.path();
+        out.push(path.clone());
+        if path.is_dir() {
+            out.extend(walk(&path));
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn symlinks_are_not_followed() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let store = FileStore::open(root.path().join("locks"), FileOptions::default()).expect("open");
+    let target = root.path().join("precious");
+    std::fs::write(&target, "do not touch").expect("write");
+    let key = Key::new("job").expect("k");
+    std::os::unix::fs::symlink(&target, store.record_path(&key)).expect("symlink");
+    let locks = Locks::new(store);
+    let err = locks
+        .lock_key(key)
+        .try_acquire()
+        .await
+        .expect_err("a symlinked record is refused");
+    assert!(err.to_string().contains("symbolic link"), "{err}");
+    assert_eq!(
+        std::fs::read_to_string(&target).expect("read"),
+        "do not touch"
+    );
+}
+
+#[tokio::test]
+async fn corrupt_and_truncated_records_are_reported_and_recovered() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = FileStore::open(dir.path(), FileOptions::default()).expect("open");
+    let locks = Locks::new(store.clone());
+    let key = Key::new("job").expect("k");
+    let g = locks
+        .lock_key(key.clone())
+        .try_acquire()
+        .await
+        .expect("a")
+        .expect("free");
+    let fence = g.fence();
+    g.release().await.expect("release");
+    let path = store.record_path(&key);
+    let full = std::fs::read(&path).expect("read");
+    for damaged in [
+        full[..full.len() / 2].to_vec(),
+        b"\0\0\0garbage".to_vec(),
+        b"{\"fence\": 18446744073709551000, \"x\"".to_vec(),
+    ] {
+        std::fs::write(&path, &damaged).expect("damage");
+        match store.inspect(&key).await.expect("inspect") {
+            Some(Inspection::Corrupt { name, detail }) => {
+                assert!(name.ends_with(".lease") && !detail.is_empty())
+            }
+            other => panic!("damaged record inspected as {other:?}"),
+        }
+        assert!(store
+            .list("")
+            .await
+            .expect("list")
+            .iter()
+            .any(|i| matches!(i, Inspection::Corrupt { .. })));
+        let g = locks
+            .lock_key(key.clone())
+            .try_acquire()
+            .await
+            .expect("recovers")
+            .expect("free");
+        assert!(g.fence() > fence, "fence went backwards after corruption");
+        if damaged.starts_with(b"{\"fence\"") {
+            assert!(g.fence() > 18446744073709551000);
+        }
+        g.release().await.expect("release");
+    }
+}
+
+#[tokio::test]
+async fn a_configured_mode_is_used_and_bad_urls_are_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let locks = leasehold::connect(&format!("file://{}/shared?mode=0640", dir.path().display()))
+        .await
+        .expect("connect");
+    let g = locks
+        .lock("job")
+        .expect("k")
+        .try_acquire()
+        .await
+        .expect("a")
+        .expect("free");
+    let store = FileStore::open(dir.path().join("shared"), FileOptions::default()).expect("open");
+    let mode = std::fs::metadata(store.record_path(g.key()))
+        .expect("stat")
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o640);
+    g.release().await.expect("release");
+    for bad in [
+        "file://host/x",
+        "file:///x?mode=99",
+        "file:///x?fsync=maybe",
+        "file:///x?colour=red",
+        "file:///x?mode=0400",
+    ] {
+        let err = leasehold::open_store(bad).await.expect_err(bad);
+        assert!(
+            matches!(
+                err,
+                leasehold::Error::InvalidUrl { .. } | leasehold::Error::InvalidOption { .. }
+            ),
+            "{bad}: {err}"
+        );
+    }
+}
