@@ -112,6 +112,7 @@ impl fmt::Debug for LeaseGuard {
 }
 
 impl LeaseGuard {
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         store: Arc<dyn LockStore>,
         record: LeaseRecord,

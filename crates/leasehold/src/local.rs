@@ -7,13 +7,14 @@
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::fmt;
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::BuildHasher;
 use std::sync::Arc;
 use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
 
 const SHARDS: usize = 64;
 
 type Slot = Arc<AsyncMutex<()>>;
+type Shard = Mutex<HashMap<Box<str>, Slot>>;
 
 /// A per-key async mutex map; see the [module docs](self).
 ///
@@ -27,7 +28,7 @@ type Slot = Arc<AsyncMutex<()>>;
 /// # });
 /// ```
 pub struct LocalLocks {
-    shards: Box<[Mutex<HashMap<Box<str>, Slot>>]>,
+    shards: Box<[Shard]>,
     hasher: std::collections::hash_map::RandomState,
 }
 
@@ -68,9 +69,7 @@ impl LocalLocks {
     }
 
     fn shard_of(&self, key: &str) -> usize {
-        let mut h = self.hasher.build_hasher();
-        key.hash(&mut h);
-        (h.finish() as usize) % SHARDS
+        (self.hasher.hash_one(key) as usize) % SHARDS
     }
 
     fn enter(self: &Arc<Self>, key: &str) -> LocalGuard {

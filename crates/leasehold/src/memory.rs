@@ -181,12 +181,15 @@ impl LockStore for MemoryStore {
     }
 }
 
+type Objects = HashMap<String, (Vec<u8>, u64)>;
+
 /// An in-process [`RecordStore`]: records kept as JSON bytes with a version counter, so the generic
 /// adapter is exercised exactly as over a remote compare-and-set store, corrupt records included
 /// ([`RecordMemoryStore::put_raw`]).
 #[derive(Debug, Default)]
 pub struct RecordMemoryStore {
-    objects: Mutex<(u64, HashMap<String, (Vec<u8>, u64)>)>,
+    /// (version counter, key → (bytes, version))
+    objects: Mutex<(u64, Objects)>,
 }
 
 impl RecordMemoryStore {
