@@ -12,7 +12,6 @@ use crate::store::{AcquireOutcome, AcquireRequest, LockStore};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
-use tracing::Instrument;
 
 /// Locks over one store: hands out [`LockBuilder`]s. Cheap to clone; clones share the store, the
 /// local layer and the metrics.
@@ -47,7 +46,9 @@ impl Locks {
     }
 
     /// Locks over a shared store.
+    /// Every store call runs in a `tracing` span ([`crate::traced::Traced`]).
     pub fn from_arc(store: Arc<dyn LockStore>) -> Self {
+        let store: Arc<dyn LockStore> = Arc::new(crate::traced::Traced::new(store));
         Locks {
             store,
             holder: HolderId::from_env(),
@@ -308,10 +309,7 @@ impl LockBuilder {
         let mut registered = false;
         loop {
             let sent = Instant::now();
-            let res = store
-                .acquire(&req)
-                .instrument(tracing::debug_span!("leasehold.store", op = "acquire", key = %key))
-                .await;
+            let res = store.acquire(&req).await;
             let (wait_hint, last_holder) = match res {
                 Ok(AcquireOutcome::Granted(rec)) => {
                     tracing::debug!(key = %key, fence = rec.fence, "lease acquired");

@@ -273,11 +273,7 @@ impl LeaseGuard {
 }
 
 async fn release_in_store(shared: &Shared, prior_loss: Option<LostReason>) -> Result<Released> {
-    let outcome = shared
-        .store
-        .release(&shared.key, &shared.token)
-        .instrument(tracing::debug_span!("leasehold.store", op = "release", key = %shared.key))
-        .await?;
+    let outcome = shared.store.release(&shared.key, &shared.token).await?;
     if let Some(m) = &shared.metrics {
         m.releases.inc();
         if prior_loss.is_none() {
@@ -342,12 +338,7 @@ async fn renew_loop(shared: Arc<Shared>) {
                 return;
             }
             let sent = Instant::now();
-            let call = shared
-                .store
-                .renew(&shared.key, &shared.token, ttl)
-                .instrument(
-                    tracing::debug_span!("leasehold.store", op = "renew", key = %shared.key),
-                );
+            let call = shared.store.renew(&shared.key, &shared.token, ttl);
             match tokio::time::timeout_at(valid_until, call).await {
                 Ok(Ok(RenewOutcome::Renewed(rec))) => {
                     if let Some(m) = &shared.metrics {

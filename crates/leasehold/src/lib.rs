@@ -46,6 +46,7 @@ pub mod metrics;
 pub mod options;
 pub mod record;
 pub mod store;
+pub mod traced;
 
 mod client;
 
