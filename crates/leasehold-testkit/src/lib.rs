@@ -5,6 +5,8 @@
 //! prefix, so all of them can run against one store in parallel. A store's integration test calls
 //! them all through [`conformance_tests!`].
 
+#![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)]
+
 pub mod suite;
 
 use std::path::PathBuf;
@@ -33,7 +35,7 @@ macro_rules! conformance_tests {
             exclusion, reentry_is_refused, expiry_takeover, renewal_keeps_alive, lost_on_force_release,
             lost_on_takeover, fencing_is_monotonic, owner_only, idempotent_release, waiter_handoff,
             waiter_withdraws_on_timeout, hostile_keys, racing_workers, inspect_list_cleanup,
-            try_acquire_never_waits, drop_releases);
+            try_acquire_never_waits, drop_releases, waiters_do_not_spin);
     };
     (@each $make:expr; $($name:ident),*) => {
         $(

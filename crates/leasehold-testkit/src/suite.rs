@@ -636,3 +636,94 @@ pub async fn drop_releases(store: Arc<dyn LockStore>) {
         .expect("freed by drop");
     got.release().await.expect("release");
 }
+
+/// Counts acquisition calls, to check that waiters do not spin.
+#[derive(Debug)]
+struct Counting {
+    inner: Arc<dyn LockStore>,
+    acquires: AtomicU64,
+}
+
+#[async_trait::async_trait]
+impl LockStore for Counting {
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+    fn capabilities(&self) -> leasehold::Capabilities {
+        self.inner.capabilities()
+    }
+    async fn acquire(&self, req: &AcquireRequest) -> leasehold::Result<AcquireOutcome> {
+        self.acquires.fetch_add(1, Ordering::SeqCst);
+        self.inner.acquire(req).await
+    }
+    async fn renew(
+        &self,
+        key: &Key,
+        token: &str,
+        ttl: Duration,
+    ) -> leasehold::Result<RenewOutcome> {
+        self.inner.renew(key, token, ttl).await
+    }
+    async fn release(&self, key: &Key, token: &str) -> leasehold::Result<ReleaseOutcome> {
+        self.inner.release(key, token).await
+    }
+    async fn withdraw_waiter(&self, key: &Key, token: &str) -> leasehold::Result<()> {
+        self.inner.withdraw_waiter(key, token).await
+    }
+    async fn inspect(&self, key: &Key) -> leasehold::Result<Option<Inspection>> {
+        self.inner.inspect(key).await
+    }
+    async fn list(&self, prefix: &str) -> leasehold::Result<Vec<Inspection>> {
+        self.inner.list(prefix).await
+    }
+    async fn force_release(&self, key: &Key) -> leasehold::Result<Option<leasehold::LeaseRecord>> {
+        self.inner.force_release(key).await
+    }
+    async fn cleanup(&self, older_than: Duration) -> leasehold::Result<leasehold::CleanupReport> {
+        self.inner.cleanup(older_than).await
+    }
+    async fn subscribe(
+        &self,
+        key: &Key,
+    ) -> leasehold::Result<Option<Box<dyn leasehold::ChangeWatch>>> {
+        self.inner.subscribe(key).await
+    }
+}
+
+/// Waiters wait on notifications or timers, never in a busy loop: two waiters over a held lease
+/// make a handful of attempts per second, not thousands.
+pub async fn waiters_do_not_spin(store: Arc<dyn LockStore>) {
+    let k = key("spin");
+    let holder = client(&store, "holder");
+    let g = holder
+        .lock_key(k.clone())
+        .ttl(1500 * MS)
+        .try_acquire()
+        .await
+        .expect("a")
+        .expect("free");
+    let counting = Arc::new(Counting {
+        inner: store.clone(),
+        acquires: AtomicU64::new(0),
+    });
+    let counted: Arc<dyn LockStore> = counting.clone();
+    let mut waiters = vec![];
+    for w in ["w1", "w2"] {
+        let locks = client(&counted, w);
+        let k = k.clone();
+        waiters.push(tokio::spawn(async move {
+            locks
+                .lock_key(k)
+                .ttl(1500 * MS)
+                .wait(1200 * MS)
+                .acquire()
+                .await
+        }));
+    }
+    for w in waiters {
+        assert!(matches!(w.await.expect("task"), Err(Error::Timeout { .. })));
+    }
+    let n = counting.acquires.load(Ordering::SeqCst);
+    assert!(n <= 40, "two waiters made {n} attempts in 1.2 s");
+    g.release().await.expect("release");
+}

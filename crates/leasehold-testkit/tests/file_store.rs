@@ -378,3 +378,36 @@ async fn a_configured_mode_is_used_and_bad_urls_are_refused() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_waiter_wakes_when_the_holder_is_killed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mut child, fence, _out) = hold(dir.path(), "job", 30_000);
+    let locks = leasehold::connect(&url(dir.path())).await.expect("connect");
+    let waiter = tokio::spawn({
+        let locks = locks.clone();
+        async move {
+            let g = locks
+                .lock("job")
+                .expect("k")
+                .wait(Duration::from_secs(10))
+                .acquire()
+                .await;
+            (g, Instant::now())
+        }
+    });
+    // Let the waiter subscribe and register (a condition with no event to await from here).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let killed = Instant::now();
+    signal(&child, libc::SIGKILL);
+    child.wait().expect("wait");
+    let (g, got) = waiter.await.expect("task");
+    let g = g.expect("waiter gets the lease");
+    let latency = got.duration_since(killed);
+    assert!(
+        latency < Duration::from_millis(250),
+        "woke {latency:?} after the holder died (the timer, not inotify)"
+    );
+    assert!(g.fence() > fence);
+    g.release().await.expect("release");
+}

@@ -73,11 +73,20 @@ pub fn acquire(
         if held || reserved_for_other {
             if let Some(wttl) = req.waiter_ttl {
                 let mine = r.waiter_token.as_deref() == Some(req.token.as_str());
+                let wttl_ms = wttl.as_millis() as u64;
+                // A fresh registration of ours is left alone: rewriting it on every attempt would
+                // wake every watcher (ourselves included) for nothing.
+                let fresh = mine
+                    && r.has_live_waiter(now.ms)
+                    && r.waiter_expires_ms.unwrap_or(0) >= now.ms + wttl_ms * 2 / 3;
+                if fresh {
+                    return (AcquireOutcome::Held(r.clone()), None);
+                }
                 if mine || !r.has_live_waiter(now.ms) {
                     let mut w = r.clone();
                     w.waiter = Some(req.holder.clone());
                     w.waiter_token = Some(req.token.clone());
-                    w.waiter_expires_ms = Some(now.ms + wttl.as_millis() as u64);
+                    w.waiter_expires_ms = Some(now.ms + wttl_ms);
                     return (AcquireOutcome::Held(w.clone()), Some(w));
                 }
             }
@@ -343,6 +352,14 @@ mod tests {
         let (_, reg) = acquire(Current::Record(&a), &w, at(20), false);
         let reg = reg.unwrap();
         assert_eq!(reg.waiter_token.as_deref(), Some("w"));
+        // Re-attempts do not rewrite a fresh registration, and refresh an aging one.
+        assert!(acquire(Current::Record(&reg), &w, at(100), false)
+            .1
+            .is_none());
+        let refreshed = acquire(Current::Record(&reg), &w, at(150), false)
+            .1
+            .unwrap();
+        assert_eq!(refreshed.waiter_expires_ms, Some(450));
         // A second waiter does not replace a live one.
         let mut x = req("x");
         x.waiter_ttl = Some(Duration::from_millis(300));

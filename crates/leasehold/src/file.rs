@@ -760,14 +760,44 @@ async fn blocking<T: Send + 'static>(
 
 /// An inotify watch on one record file: wakes on writes, on a writer closing (a holder that
 /// exits or dies closes its descriptor), and on deletion.
+///
+/// Closes are everywhere (every acquisition attempt opens and closes the file), so a wake-up that
+/// only saw closes counts only if the holder lock went from held to free — the holder died.
+/// Attempts of others, and our own, do not wake us.
 #[derive(Debug)]
 struct Inotify {
     fd: AsyncFd<OwnedFd>,
+    record: File,
+    hold_held: bool,
     gone: bool,
+}
+
+/// Whether some open file description holds the holder lock of `file`.
+fn hold_is_held(file: &File) -> bool {
+    // SAFETY: an all-zero flock is a valid value; the fields we need are set below.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = libc::F_WRLCK as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    fl.l_start = HOLD as libc::off_t;
+    fl.l_len = 1;
+    // SAFETY: the descriptor is open for the duration of the call; fl is valid.
+    let rc = unsafe {
+        libc::fcntl(
+            file.as_raw_fd(),
+            libc::F_OFD_GETLK,
+            &mut fl as *mut libc::flock,
+        )
+    };
+    // On error, say held: the caller then waits for a write or its timer instead of spinning.
+    rc != 0 || fl.l_type != libc::F_UNLCK as libc::c_short
 }
 
 impl Inotify {
     fn new(path: &Path) -> io::Result<Self> {
+        let record = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(path)?;
         use std::os::unix::ffi::OsStrExt;
         // SAFETY: plain syscall; the result is checked.
         let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
@@ -790,7 +820,13 @@ impl Inotify {
         }
         // SAFETY: `owned` is a fresh inotify descriptor nobody else uses; AsyncFd owns it from here on.
         let fd = unsafe { AsyncFd::register(owned) }?;
-        Ok(Inotify { fd, gone: false })
+        let hold_held = hold_is_held(&record);
+        Ok(Inotify {
+            fd,
+            record,
+            hold_held,
+            gone: false,
+        })
     }
 }
 
@@ -819,6 +855,7 @@ impl ChangeWatch for Inotify {
             if n > 0 {
                 let mut off = 0usize;
                 let n = n as usize;
+                let mut only_closes = true;
                 while off + std::mem::size_of::<libc::inotify_event>() <= n {
                     // SAFETY: the kernel wrote whole events; read_unaligned copes with alignment.
                     let ev: libc::inotify_event =
@@ -827,9 +864,16 @@ impl ChangeWatch for Inotify {
                     {
                         self.gone = true;
                     }
+                    if ev.mask & !libc::IN_CLOSE_WRITE != 0 {
+                        only_closes = false;
+                    }
                     off += std::mem::size_of::<libc::inotify_event>() + ev.len as usize;
                 }
-                return;
+                let was_held = std::mem::replace(&mut self.hold_held, hold_is_held(&self.record));
+                if !only_closes || self.gone || (was_held && !self.hold_held) {
+                    return;
+                }
+                continue;
             }
             guard.clear_ready();
             if n == 0 {

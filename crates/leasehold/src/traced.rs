@@ -9,8 +9,8 @@ use crate::error::Result;
 use crate::key::Key;
 use crate::record::LeaseRecord;
 use crate::store::{
-    AcquireOutcome, AcquireRequest, Capabilities, ChangeWatch, CleanupReport, Inspection, LockStore,
-    ReleaseOutcome, RenewOutcome,
+    AcquireOutcome, AcquireRequest, Capabilities, ChangeWatch, CleanupReport, Inspection,
+    LockStore, ReleaseOutcome, RenewOutcome,
 };
 use async_trait::async_trait;
 use std::future::Future;
@@ -33,11 +33,18 @@ impl Traced {
     }
 }
 
-async fn traced<T>(op: &'static str, store: &str, key: &str, fut: impl Future<Output = Result<T>>) -> Result<T> {
+async fn traced<T>(
+    op: &'static str,
+    store: &str,
+    key: &str,
+    fut: impl Future<Output = Result<T>>,
+) -> Result<T> {
     let span = tracing::debug_span!("leasehold.store", op, store, key);
     let out = fut.instrument(span.clone()).await;
     if let Err(e) = &out {
-        span.in_scope(|| tracing::debug!(error = %e, retryable = e.is_retryable(), "store call failed"));
+        span.in_scope(
+            || tracing::debug!(error = %e, retryable = e.is_retryable(), "store call failed"),
+        );
     }
     out
 }
@@ -53,19 +60,43 @@ impl LockStore for Traced {
     }
 
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome> {
-        traced("acquire", &self.name, req.key.as_str(), self.inner.acquire(req)).await
+        traced(
+            "acquire",
+            &self.name,
+            req.key.as_str(),
+            self.inner.acquire(req),
+        )
+        .await
     }
 
     async fn renew(&self, key: &Key, token: &str, ttl: Duration) -> Result<RenewOutcome> {
-        traced("renew", &self.name, key.as_str(), self.inner.renew(key, token, ttl)).await
+        traced(
+            "renew",
+            &self.name,
+            key.as_str(),
+            self.inner.renew(key, token, ttl),
+        )
+        .await
     }
 
     async fn release(&self, key: &Key, token: &str) -> Result<ReleaseOutcome> {
-        traced("release", &self.name, key.as_str(), self.inner.release(key, token)).await
+        traced(
+            "release",
+            &self.name,
+            key.as_str(),
+            self.inner.release(key, token),
+        )
+        .await
     }
 
     async fn withdraw_waiter(&self, key: &Key, token: &str) -> Result<()> {
-        traced("withdraw_waiter", &self.name, key.as_str(), self.inner.withdraw_waiter(key, token)).await
+        traced(
+            "withdraw_waiter",
+            &self.name,
+            key.as_str(),
+            self.inner.withdraw_waiter(key, token),
+        )
+        .await
     }
 
     async fn inspect(&self, key: &Key) -> Result<Option<Inspection>> {
@@ -77,7 +108,13 @@ impl LockStore for Traced {
     }
 
     async fn force_release(&self, key: &Key) -> Result<Option<LeaseRecord>> {
-        traced("force_release", &self.name, key.as_str(), self.inner.force_release(key)).await
+        traced(
+            "force_release",
+            &self.name,
+            key.as_str(),
+            self.inner.force_release(key),
+        )
+        .await
     }
 
     async fn cleanup(&self, older_than: Duration) -> Result<CleanupReport> {
@@ -85,6 +122,12 @@ impl LockStore for Traced {
     }
 
     async fn subscribe(&self, key: &Key) -> Result<Option<Box<dyn ChangeWatch>>> {
-        traced("subscribe", &self.name, key.as_str(), self.inner.subscribe(key)).await
+        traced(
+            "subscribe",
+            &self.name,
+            key.as_str(),
+            self.inner.subscribe(key),
+        )
+        .await
     }
 }

@@ -16,14 +16,32 @@ async fn metrics_count_acquisitions_failures_renewals_losses_and_handoffs() {
     let registry = prometheus::Registry::new();
     let m = Metrics::register("app_locks", &registry).unwrap();
     let store = std::sync::Arc::new(MemoryStore::new());
-    let a = Locks::from_arc(store.clone()).with_holder(HolderId::new("a")).with_metrics(m.clone());
-    let b = Locks::from_arc(store.clone()).with_holder(HolderId::new("b")).with_metrics(m);
+    let a = Locks::from_arc(store.clone())
+        .with_holder(HolderId::new("a"))
+        .with_metrics(m.clone());
+    let b = Locks::from_arc(store.clone())
+        .with_holder(HolderId::new("b"))
+        .with_metrics(m);
 
-    let g = a.lock("k").unwrap().ttl(Duration::from_millis(300)).try_acquire().await.unwrap().unwrap();
+    let g = a
+        .lock("k")
+        .unwrap()
+        .ttl(Duration::from_millis(300))
+        .try_acquire()
+        .await
+        .unwrap()
+        .unwrap();
     assert!(b.lock("k").unwrap().try_acquire().await.unwrap().is_none());
     let waiter = tokio::spawn({
         let b = b.clone();
-        async move { b.lock("k").unwrap().ttl(Duration::from_millis(600)).wait(Duration::from_secs(5)).acquire().await }
+        async move {
+            b.lock("k")
+                .unwrap()
+                .ttl(Duration::from_millis(600))
+                .wait(Duration::from_secs(5))
+                .acquire()
+                .await
+        }
     });
     g.handoff_requested().await;
     g.release().await.unwrap();
@@ -35,13 +53,22 @@ async fn metrics_count_acquisitions_failures_renewals_losses_and_handoffs() {
     let text = Metrics::render(&registry);
     assert_eq!(value(&text, "app_locks_acquire_attempts_total"), 3.0);
     assert_eq!(value(&text, "app_locks_acquire_success_total"), 2.0);
-    assert_eq!(value(&text, "app_locks_acquire_failures_total{reason=\"contention\"}"), 1.0);
+    assert_eq!(
+        value(
+            &text,
+            "app_locks_acquire_failures_total{reason=\"contention\"}"
+        ),
+        1.0
+    );
     assert_eq!(value(&text, "app_locks_releases_total"), 1.0);
     assert!(value(&text, "app_locks_renewals_total") >= 1.0);
     assert_eq!(value(&text, "app_locks_lost_total"), 1.0);
     assert_eq!(value(&text, "app_locks_handoffs_requested_total"), 1.0);
     assert_eq!(value(&text, "app_locks_hold_duration_seconds_count"), 2.0);
-    assert_eq!(value(&text, "app_locks_acquire_duration_seconds_count"), 3.0);
+    assert_eq!(
+        value(&text, "app_locks_acquire_duration_seconds_count"),
+        3.0
+    );
 }
 
 #[tokio::test]
@@ -52,8 +79,14 @@ async fn urls_are_checked() {
         ("not a url", "invalid store URL"),
         ("file://remote-host/x", "local directory"),
     ] {
-        let err = leasehold::open_store(url).await.err().unwrap_or_else(|| panic!("{url} accepted"));
+        let err = leasehold::open_store(url)
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("{url} accepted"));
         assert!(err.to_string().contains(want), "{url}: {err}");
     }
-    assert_eq!(leasehold::redact_url("redis://u:secret@h:1/0"), "redis://u:***@h:1/0");
+    assert_eq!(
+        leasehold::redact_url("redis://u:secret@h:1/0"),
+        "redis://u:***@h:1/0"
+    );
 }
