@@ -1,5 +1,7 @@
 //! The conformance suite against memory, record-memory (through the generic adapter) and file.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use leasehold::LockStore;
 use std::sync::Arc;
 

@@ -1,6 +1,8 @@
 //! File-store behaviour with real processes: exclusion across 8 OS processes, SIGKILL and SIGSTOP
 //! of a holder, fences across restarts, hostile keys, corrupt records, modes.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use leasehold::file::{FileOptions, FileStore};
 use leasehold::{Inspection, Key, LockStore, Locks};
 use std::io::{BufRead, BufReader};

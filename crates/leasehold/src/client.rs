@@ -1,7 +1,7 @@
 //! The user's entry point: [`Locks`] over a store, [`LockBuilder`] per key.
 
 use crate::error::{Error, Result};
-use crate::guard::LeaseGuard;
+use crate::guard::{Grant, LeaseGuard, LiveSet, Released};
 use crate::holder::{new_token, HolderId};
 use crate::key::Key;
 use crate::local::LocalLocks;
@@ -36,6 +36,7 @@ pub struct Locks {
     local: Option<Arc<LocalLocks>>,
     metrics: Option<Metrics>,
     defaults: LockOptions,
+    live: Arc<LiveSet>,
 }
 
 impl Locks {
@@ -55,6 +56,7 @@ impl Locks {
             local: Some(LocalLocks::new()),
             metrics: None,
             defaults: LockOptions::default(),
+            live: Arc::default(),
         }
     }
 
@@ -90,6 +92,46 @@ impl Locks {
     /// This process's holder id.
     pub fn holder(&self) -> &HolderId {
         &self.holder
+    }
+
+    /// Releases every lease held through this `Locks` (and its clones) — the graceful-shutdown
+    /// step: call it on SIGTERM after stopping the work. Guards released this way answer
+    /// [`Released::AlreadyReleased`] later. Returns how many leases were still ours.
+    ///
+    /// # Errors
+    /// The first store error; every lease is attempted regardless.
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// let locks = leasehold::Locks::new(leasehold::memory::MemoryStore::new());
+    /// let a = locks.lock("a")?.acquire().await?;
+    /// let b = locks.lock("b")?.acquire().await?;
+    /// assert_eq!(locks.held(), 2);
+    /// assert_eq!(locks.release_all().await?, 2);
+    /// assert_eq!(a.release().await?, leasehold::Released::AlreadyReleased);
+    /// # drop(b); Ok::<(), leasehold::Error>(()) }).unwrap();
+    /// ```
+    pub async fn release_all(&self) -> Result<usize> {
+        let mut released = 0;
+        let mut first_err = None;
+        for shared in self.live.snapshot() {
+            match shared.release().await {
+                Ok(Released::Released) => released += 1,
+                Ok(_) => {}
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(released),
+        }
+    }
+
+    /// How many leases are held through this `Locks` (and its clones) right now.
+    pub fn held(&self) -> usize {
+        self.live.len()
     }
 
     /// A lock on `key` with the default options.
@@ -313,16 +355,17 @@ impl LockBuilder {
             let (wait_hint, last_holder) = match res {
                 Ok(AcquireOutcome::Granted(rec)) => {
                     tracing::debug!(key = %key, fence = rec.fence, "lease acquired");
-                    return Ok(LeaseGuard::new(
+                    return Ok(LeaseGuard::new(Grant {
                         store,
-                        rec,
+                        record: rec,
                         key,
-                        req.token,
+                        token: req.token,
                         opts,
-                        sent,
-                        locks.metrics.clone(),
+                        sent_at: sent,
+                        metrics: locks.metrics.clone(),
                         local,
-                    ));
+                        live: locks.live.clone(),
+                    }));
                 }
                 Ok(AcquireOutcome::Held(rec)) => {
                     if !waiting {

@@ -8,10 +8,12 @@ use crate::options::LockOptions;
 use crate::record::{now_ms, LeaseRecord};
 use crate::store::{LockStore, LostReason, ReleaseOutcome, RenewOutcome};
 use parking_lot::Mutex;
+use std::collections::HashMap;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
+use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use tracing::Instrument;
 
@@ -20,7 +22,8 @@ use tracing::Instrument;
 pub enum Released {
     /// The lease was ours and is free now.
     Released,
-    /// An earlier `release` already freed it (release is idempotent).
+    /// An earlier `release` (or [`crate::Locks::release_all`]) already freed it; release is
+    /// idempotent.
     AlreadyReleased,
     /// The lease was no longer ours when we released it.
     Lost(LostReason),
@@ -35,8 +38,29 @@ struct State {
     valid_until: Instant,
 }
 
+/// The guards alive under one [`crate::Locks`], for `release_all`.
+#[derive(Debug, Default)]
+pub(crate) struct LiveSet {
+    next: AtomicU64,
+    guards: Mutex<HashMap<u64, Weak<Shared>>>,
+}
+
+impl LiveSet {
+    pub(crate) fn snapshot(&self) -> Vec<Arc<Shared>> {
+        self.guards
+            .lock()
+            .values()
+            .filter_map(Weak::upgrade)
+            .collect()
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.guards.lock().len()
+    }
+}
+
 #[derive(Debug)]
-struct Shared {
+pub(crate) struct Shared {
     store: Arc<dyn LockStore>,
     key: Key,
     token: String,
@@ -45,6 +69,9 @@ struct Shared {
     state: watch::Sender<State>,
     metrics: Option<Metrics>,
     acquired_at: Instant,
+    renewer: Mutex<Option<AbortHandle>>,
+    live: Weak<LiveSet>,
+    id: u64,
 }
 
 impl Shared {
@@ -53,7 +80,7 @@ impl Shared {
         self.state.send_if_modified(|s| {
             if s.lost.is_none() && !s.released {
                 tracing::warn!(key = %self.key, fence = self.record.fence, %reason, "lease lost");
-                s.lost = Some(reason);
+                s.lost = Some(reason.clone());
                 fired = true;
                 true
             } else {
@@ -68,6 +95,52 @@ impl Shared {
             }
         }
     }
+
+    /// Marks the lease released; `Some(prior loss)` the first time, `None` afterwards.
+    fn begin_release(&self) -> Option<Option<LostReason>> {
+        let mut first = None;
+        self.state.send_if_modified(|s| {
+            if s.released {
+                return false;
+            }
+            s.released = true;
+            first = Some(s.lost.clone());
+            true
+        });
+        if first.is_some() {
+            if let Some(h) = self.renewer.lock().take() {
+                h.abort();
+            }
+            if let Some(live) = self.live.upgrade() {
+                live.guards.lock().remove(&self.id);
+            }
+        }
+        first
+    }
+
+    /// Releases in the store (once); later calls answer `AlreadyReleased`.
+    pub(crate) async fn release(&self) -> Result<Released> {
+        match self.begin_release() {
+            None => Ok(Released::AlreadyReleased),
+            Some(prior) => self.release_in_store(prior).await,
+        }
+    }
+
+    async fn release_in_store(&self, prior_loss: Option<LostReason>) -> Result<Released> {
+        let outcome = self.store.release(&self.key, &self.token).await?;
+        if let Some(m) = &self.metrics {
+            m.releases.inc();
+            if prior_loss.is_none() {
+                m.hold_seconds
+                    .observe(self.acquired_at.elapsed().as_secs_f64());
+            }
+        }
+        Ok(match (outcome, prior_loss) {
+            (_, Some(reason)) => Released::Lost(reason),
+            (ReleaseOutcome::Released, None) => Released::Released,
+            (ReleaseOutcome::NotHeld, None) => Released::Lost(LostReason::Expired),
+        })
+    }
 }
 
 /// A held lease. Renews itself (unless disabled), tells when it is lost or wanted, and releases on
@@ -79,6 +152,11 @@ impl Shared {
 /// (`acquired/renewed + TTL − drift` on this process's monotonic clock, measured from when the
 /// request was *sent*), [`lost`](LeaseGuard::lost) fires and renewal stops: it fires before another
 /// holder could be granted the lease, as long as clocks drift less than the drift margin.
+///
+/// # Drop
+/// Dropping an unreleased guard releases the lease in the background on the current tokio
+/// runtime; without a runtime (or if the runtime shuts down first) the lease expires after its TTL
+/// — on the file store at once when the process exits, through the kernel lock.
 ///
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
@@ -97,7 +175,6 @@ impl Shared {
 #[must_use = "the lease is released when the guard is dropped"]
 pub struct LeaseGuard {
     shared: Arc<Shared>,
-    renewer: Option<JoinHandle<()>>,
     local: Mutex<Option<LocalGuard>>,
 }
 
@@ -111,45 +188,51 @@ impl fmt::Debug for LeaseGuard {
     }
 }
 
+/// What a new guard is made of.
+pub(crate) struct Grant {
+    pub(crate) store: Arc<dyn LockStore>,
+    pub(crate) record: LeaseRecord,
+    pub(crate) key: Key,
+    pub(crate) token: String,
+    pub(crate) opts: LockOptions,
+    pub(crate) sent_at: Instant,
+    pub(crate) metrics: Option<Metrics>,
+    pub(crate) local: Option<LocalGuard>,
+    pub(crate) live: Arc<LiveSet>,
+}
+
 impl LeaseGuard {
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn new(
-        store: Arc<dyn LockStore>,
-        record: LeaseRecord,
-        key: Key,
-        token: String,
-        opts: LockOptions,
-        sent_at: Instant,
-        metrics: Option<Metrics>,
-        local: Option<LocalGuard>,
-    ) -> Self {
-        let valid_until = sent_at + opts.ttl.saturating_sub(opts.drift());
+    pub(crate) fn new(g: Grant) -> Self {
+        let valid_until = g.sent_at + g.opts.ttl.saturating_sub(g.opts.drift());
         let (state, _) = watch::channel(State {
             lost: None,
             handoff: None,
             released: false,
             valid_until,
         });
+        let id = g.live.next.fetch_add(1, Ordering::Relaxed);
         let shared = Arc::new(Shared {
-            store,
-            key,
-            token,
-            record,
-            opts,
+            store: g.store,
+            key: g.key,
+            token: g.token,
+            record: g.record,
+            opts: g.opts,
             state,
-            metrics,
+            metrics: g.metrics,
             acquired_at: Instant::now(),
+            renewer: Mutex::new(None),
+            live: Arc::downgrade(&g.live),
+            id,
         });
-        let renewer = if shared.opts.auto_renew {
+        g.live.guards.lock().insert(id, Arc::downgrade(&shared));
+        if shared.opts.auto_renew {
             let span = tracing::debug_span!("leasehold.renewer", key = %shared.key);
-            Some(tokio::spawn(renew_loop(shared.clone()).instrument(span)))
-        } else {
-            None
-        };
+            let task = tokio::spawn(renew_loop(shared.clone()).instrument(span));
+            *shared.renewer.lock() = Some(task.abort_handle());
+        }
         LeaseGuard {
             shared,
-            renewer,
-            local: Mutex::new(local),
+            local: Mutex::new(g.local),
         }
     }
 
@@ -245,74 +328,24 @@ impl LeaseGuard {
     /// # Cancel safety
     /// If cancelled, the lease is still marked released locally and expires by its TTL.
     pub async fn release(&self) -> Result<Released> {
-        let mut first = false;
-        let prior_loss = {
-            let mut lost = None;
-            self.shared.state.send_if_modified(|s| {
-                if s.released {
-                    return false;
-                }
-                s.released = true;
-                first = true;
-                lost = s.lost.clone();
-                true
-            });
-            lost
-        };
-        if !first {
-            return Ok(Released::AlreadyReleased);
-        }
-        if let Some(h) = &self.renewer {
-            h.abort();
-        }
-        let local = self.local.lock().take();
-        let out = release_in_store(&self.shared, prior_loss).await;
-        drop(local);
+        let out = self.shared.release().await;
+        drop(self.local.lock().take());
         out
     }
 }
 
-async fn release_in_store(shared: &Shared, prior_loss: Option<LostReason>) -> Result<Released> {
-    let outcome = shared.store.release(&shared.key, &shared.token).await?;
-    if let Some(m) = &shared.metrics {
-        m.releases.inc();
-        if prior_loss.is_none() {
-            m.hold_seconds
-                .observe(shared.acquired_at.elapsed().as_secs_f64());
-        }
-    }
-    Ok(match (outcome, prior_loss) {
-        (_, Some(reason)) => Released::Lost(reason),
-        (ReleaseOutcome::Released, None) => Released::Released,
-        (ReleaseOutcome::NotHeld, None) => Released::Lost(LostReason::Expired),
-    })
-}
-
 impl Drop for LeaseGuard {
     fn drop(&mut self) {
-        if let Some(h) = &self.renewer {
-            h.abort();
-        }
-        let mut first = false;
-        let mut prior = None;
-        self.shared.state.send_if_modified(|s| {
-            if s.released {
-                return false;
-            }
-            s.released = true;
-            first = true;
-            prior = s.lost.clone();
-            true
-        });
-        if !first {
-            return;
-        }
         let local = self.local.lock().take();
+        let Some(prior) = self.shared.begin_release() else {
+            return;
+        };
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             let shared = self.shared.clone();
             handle.spawn(async move {
-                if let Err(e) = release_in_store(&shared, prior).await {
-                    tracing::warn!(key = %shared.key, error = %e, "background release failed; the lease expires by its TTL");
+                if let Err(e) = shared.release_in_store(prior).await {
+                    tracing::warn!(key = %shared.key, error = %e,
+                        "background release failed; the lease expires by its TTL");
                 }
                 drop(local);
             });
@@ -330,8 +363,7 @@ async fn renew_loop(shared: Arc<Shared>) {
         let mut attempt = 0u32;
         loop {
             let valid_until = shared.state.borrow().valid_until;
-            let now = Instant::now();
-            if now >= valid_until {
+            if Instant::now() >= valid_until {
                 shared.mark_lost(LostReason::Unreachable {
                     detail: "renewal did not succeed before expiry".into(),
                 });

@@ -1,5 +1,7 @@
 //! Metrics count what happens, under a configurable prefix.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use leasehold::{memory::MemoryStore, HolderId, Locks, Metrics};
 use std::time::Duration;
 
