@@ -27,3 +27,14 @@ mod file {
     }
     leasehold_testkit::conformance_tests!(store());
 }
+
+mod redis {
+    use super::*;
+    async fn store() -> Arc<dyn LockStore> {
+        let server = leasehold_testkit::servers::shared_redis();
+        leasehold::open_store(&server.url())
+            .await
+            .expect("redis store")
+    }
+    leasehold_testkit::conformance_tests!(store().await);
+}

@@ -47,7 +47,8 @@ impl Now {
     }
 }
 
-fn host() -> &'static str {
+/// This host's name, read once.
+pub(crate) fn host() -> &'static str {
     static HOST: OnceLock<String> = OnceLock::new();
     HOST.get_or_init(crate::holder::hostname)
 }

@@ -45,6 +45,8 @@ pub mod memory;
 pub mod metrics;
 pub mod options;
 pub mod record;
+#[cfg(feature = "redis")]
+pub mod redis;
 pub mod store;
 pub mod traced;
 
@@ -110,6 +112,9 @@ pub async fn open_store(url: &str) -> Result<Arc<dyn LockStore>> {
         "memory" => Ok(Arc::new(memory::MemoryStore::new())),
         "record-memory" => Ok(Arc::new(adapter::RecordLockStore::new(memory::RecordMemoryStore::new()))),
         "file" => Ok(Arc::new(file::FileStore::from_url(&parsed)?)),
+        #[cfg(feature = "redis")]
+        "redis" | "rediss" => Ok(Arc::new(crate::redis::RedisStore::from_url(&parsed).await?)),
+        #[cfg(not(feature = "redis"))]
         "redis" | "rediss" => Err(not_enabled("redis")),
         "redlock" => Err(not_enabled("redlock")),
         "k8s" | "kubernetes" => Err(not_enabled("kubernetes")),

@@ -1,0 +1,178 @@
+//! Real servers for tests: started from the project's own code on free 127.0.0.1 ports, in temp
+//! dirs, and stopped by PID.
+//!
+//! A server that cannot start fails the test loudly, naming what is missing (run `./scripts/test`,
+//! which installs it); no test is ever skipped for lack of a server.
+//!
+//! Servers are started from one long-lived launcher thread with `PR_SET_PDEATHSIG`, so they die
+//! with the test process even when it is killed; [`RedisServer`] also stops its server on drop.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// A free loopback port (bound and released; the server binds it right after).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or_else(|e| panic!("no free loopback port: {e}"))
+}
+
+type SpawnJob = (Command, mpsc::Sender<std::io::Result<Child>>);
+
+/// Spawns `cmd` from the launcher thread, which lives as long as the process: with
+/// `PR_SET_PDEATHSIG` the child is killed when this process dies.
+fn spawn(mut cmd: Command) -> std::io::Result<Child> {
+    static LAUNCHER: OnceLock<Mutex<mpsc::Sender<SpawnJob>>> = OnceLock::new();
+    let tx = LAUNCHER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<SpawnJob>();
+        std::thread::spawn(move || {
+            for (mut cmd, reply) in rx {
+                use std::os::unix::process::CommandExt;
+                // SAFETY: prctl is async-signal-safe; called between fork and exec.
+                unsafe {
+                    cmd.pre_exec(|| {
+                        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                        Ok(())
+                    });
+                }
+                let _ = reply.send(cmd.spawn());
+            }
+        });
+        Mutex::new(tx)
+    });
+    let (reply_tx, reply_rx) = mpsc::channel();
+    cmd.stdin(Stdio::null());
+    tx.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .send((cmd, reply_tx))
+        .map_err(std::io::Error::other)?;
+    reply_rx.recv().map_err(std::io::Error::other)?
+}
+
+/// A `redis-server` on a free port with no persistence, stopped (SIGKILL by PID) on drop.
+#[derive(Debug)]
+pub struct RedisServer {
+    /// Its port.
+    pub port: u16,
+    child: Option<Child>,
+    dir: tempfile::TempDir,
+}
+
+impl RedisServer {
+    /// Starts a server and waits until it answers `PING`.
+    ///
+    /// # Panics
+    /// When `redis-server` is missing or does not come up within 10 s.
+    pub fn start() -> Self {
+        Self::start_on(free_port())
+    }
+
+    /// Starts a server on `port` (to restart one in place).
+    pub fn start_on(port: u16) -> Self {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+        let mut cmd = Command::new("redis-server");
+        cmd.args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .arg("--dir")
+        .arg(dir.path())
+        .args(["--daemonize", "no", "--loglevel", "warning"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit());
+        let child = spawn(cmd).unwrap_or_else(|e| {
+            panic!("cannot start redis-server ({e}): install it with `apt-get install redis-server`, or run ./scripts/test which does")
+        });
+        let server = RedisServer {
+            port,
+            child: Some(child),
+            dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !server.ping() {
+            assert!(
+                Instant::now() < deadline,
+                "redis-server on port {port} did not answer PING within 10 s"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        server
+    }
+
+    /// `redis://127.0.0.1:PORT/0`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    /// Whether the server answers `PING`.
+    pub fn ping(&self) -> bool {
+        self.command(&["PING"])
+            .is_some_and(|r| r.starts_with("+PONG"))
+    }
+
+    /// Sends one command (RESP) and returns the raw first reply, if the server answers.
+    pub fn command(&self, args: &[&str]) -> Option<String> {
+        let mut s = TcpStream::connect(("127.0.0.1", self.port)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+        let mut req = format!("*{}\r\n", args.len());
+        for a in args {
+            req.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+        }
+        s.write_all(req.as_bytes()).ok()?;
+        let mut buf = [0u8; 65536];
+        let n = s.read(&mut buf).ok()?;
+        Some(String::from_utf8_lossy(&buf[..n]).into_owned())
+    }
+
+    /// The server's PID.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Sends `sig` to the server process.
+    pub fn signal(&self, sig: i32) {
+        if let Some(pid) = self.pid() {
+            // SAFETY: kill(2) on our own child's pid.
+            unsafe {
+                libc::kill(pid as i32, sig);
+            }
+        }
+    }
+
+    /// Kills the server (SIGKILL) and waits for it.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// The server's data directory.
+    pub fn dir(&self) -> PathBuf {
+        self.dir.path().to_path_buf()
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// One Redis server shared by all tests of this process (each test uses its own key prefix).
+pub fn shared_redis() -> &'static RedisServer {
+    static SERVER: OnceLock<RedisServer> = OnceLock::new();
+    SERVER.get_or_init(RedisServer::start)
+}

@@ -1,0 +1,698 @@
+//! The Redis store (`redis://[user:pass@]host:port/db`): one Redis server.
+//!
+//! Checklist — native TTL: yes (`PX` on the record key; expiry judged by the server's clock, read
+//! with `TIME` inside the scripts); watch: yes (pub/sub: every release, force-release and waiter
+//! withdrawal publishes on a channel named like the record key); liveness: no (a killed holder's
+//! lease ends with its TTL); fence: `INCR` of a per-key counter key without TTL, in the acquire
+//! script. The fence goes backwards only if the server loses the counter key (a restart without
+//! persistence, `FLUSHALL`, or an operator deleting `…fence:KEY`).
+//!
+//! # Records
+//! The lease is a plain string key `<prefix><key>` (default prefix `leasehold:lock:`, e.g.
+//! `?prefix=agent:lock:`) holding the JSON record, with a server-side `PX` TTL, so operators use
+//! `redis-cli GET`, `PTTL` and `DEL` (a force release) as usual. The fence counter lives at
+//! `<fence prefix><key>` (default: the prefix with its trailing `lock:` replaced by `fence:`, else
+//! `leasehold:fence:`; `?fence_prefix=` overrides; neither prefix may start with the other, so no
+//! key can collide with a counter). Times inside the record are Unix milliseconds of the server.
+//!
+//! Every operation is one script call (`EVALSHA`, falling back to loading the script on
+//! `NOSCRIPT`): acquire-when-free, renew and release each cost one round trip.
+
+use crate::error::{Error, Result};
+use crate::key::Key;
+use crate::record::LeaseRecord;
+use crate::store::{
+    AcquireOutcome, AcquireRequest, Capabilities, ChangeWatch, CleanupReport, Inspection,
+    LockStore, LostReason, ReleaseOutcome, RenewOutcome,
+};
+use ::redis::aio::{ConnectionManager, ConnectionManagerConfig, PubSubSink};
+use async_trait::async_trait;
+use futures_util::StreamExt;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// Shared Lua helpers: server time, record decoding, waiter liveness.
+const PRELUDE: &str = r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local function decode(raw)
+  if not raw then return nil end
+  local ok, r = pcall(cjson.decode, raw)
+  if ok and type(r) == 'table' then return r end
+  return 'corrupt'
+end
+local function str(v) if v == nil or v == cjson.null then return nil end return v end
+local function num(v) if v == nil or v == cjson.null then return 0 end return tonumber(v) or 0 end
+local function live_waiter(r) return str(r.waiter_token) ~= nil and num(r.waiter_expires) > now end
+local function held(r) return str(r.token) ~= nil and num(r.expires) > now end
+local function clear_waiter(r) r.waiter = cjson.null; r.waiter_token = cjson.null; r.waiter_expires = cjson.null end
+-- Store the record; the key lives while the lease or a waiter registration does.
+local function put(r)
+  local until_ms = 0
+  if held(r) then until_ms = num(r.expires) end
+  if live_waiter(r) then until_ms = math.max(until_ms, num(r.waiter_expires)) end
+  local raw = cjson.encode(r)
+  if until_ms > now then
+    redis.call('SET', KEYS[1], raw, 'PX', until_ms - now)
+  else
+    redis.call('DEL', KEYS[1])
+  end
+  return raw
+end
+local function freed(r)
+  r.holder = cjson.null; r.token = cjson.null; r.expires = 0; r.renewed = now
+  if not live_waiter(r) then clear_waiter(r) end
+  return r
+end
+"#;
+
+/// KEYS: record, fence counter. ARGV: holder, token, ttl_ms, waiter_ttl_ms (0: none), labels
+/// JSON, pid, host, key. Returns {1, record} when granted, {0, record or ''} when held.
+const ACQUIRE: &str = r#"
+local raw = redis.call('GET', KEYS[1])
+local r = decode(raw)
+local token = ARGV[2]
+if type(r) == 'table' then
+  local mine = str(r.waiter_token) == token
+  if held(r) or (live_waiter(r) and not mine) then
+    local wttl = tonumber(ARGV[4])
+    if wttl > 0 and (mine or not live_waiter(r)) then
+      local fresh = mine and live_waiter(r) and num(r.waiter_expires) >= now + math.floor(wttl * 2 / 3)
+      if not fresh then
+        r.waiter = ARGV[1]; r.waiter_token = token; r.waiter_expires = now + wttl
+        raw = put(r)
+      end
+    end
+    return {0, raw}
+  end
+end
+local fence = redis.call('INCR', KEYS[2])
+local ttl = tonumber(ARGV[3])
+local g = {key = ARGV[8], holder = ARGV[1], token = token, fence = fence, acquired = now,
+  renewed = now, expires = now + ttl, ttl_ms = ttl, pid = tonumber(ARGV[6]), host = ARGV[7],
+  labels = cjson.decode(ARGV[5]), waiter = cjson.null, waiter_token = cjson.null,
+  waiter_expires = cjson.null}
+if type(r) == 'table' and live_waiter(r) and str(r.waiter_token) ~= token then
+  g.waiter = r.waiter; g.waiter_token = r.waiter_token; g.waiter_expires = r.waiter_expires
+end
+return {1, put(g)}
+"#;
+
+/// KEYS: record. ARGV: token, ttl_ms. Returns {1, record} | {0, 'released'|'expired'|'taken', holder}.
+const RENEW: &str = r#"
+local r = decode(redis.call('GET', KEYS[1]))
+if r == nil then return {0, 'released', ''} end
+if r == 'corrupt' then return {0, 'taken', 'an overwritten (unreadable) record'} end
+if str(r.token) == nil then return {0, 'released', ''} end
+if str(r.token) ~= ARGV[1] then return {0, 'taken', tostring(str(r.holder) or '')} end
+if num(r.expires) <= now then return {0, 'expired', ''} end
+local ttl = tonumber(ARGV[2])
+r.renewed = now; r.expires = now + ttl; r.ttl_ms = ttl
+if not live_waiter(r) then clear_waiter(r) end
+return {1, put(r)}
+"#;
+
+/// KEYS: record. ARGV: token. Returns 1 released, 0 not ours (2: ours but already expired).
+const RELEASE: &str = r#"
+local r = decode(redis.call('GET', KEYS[1]))
+if type(r) ~= 'table' or str(r.token) ~= ARGV[1] then return 0 end
+local was_held = held(r)
+put(freed(r))
+redis.call('PUBLISH', KEYS[1], 'released')
+if was_held then return 1 end
+return 2
+"#;
+
+/// KEYS: record. ARGV: token.
+const WITHDRAW: &str = r#"
+local r = decode(redis.call('GET', KEYS[1]))
+if type(r) ~= 'table' or str(r.waiter_token) ~= ARGV[1] then return 0 end
+clear_waiter(r)
+put(r)
+redis.call('PUBLISH', KEYS[1], 'withdrawn')
+return 1
+"#;
+
+/// KEYS: record. Returns the record as it was (or false).
+const FORCE: &str = r#"
+local raw = redis.call('GET', KEYS[1])
+local r = decode(raw)
+if type(r) ~= 'table' then return raw or false end
+if str(r.token) ~= nil then
+  put(freed(r))
+  redis.call('PUBLISH', KEYS[1], 'force-released')
+end
+return raw
+"#;
+
+struct Scripts {
+    acquire: ::redis::Script,
+    renew: ::redis::Script,
+    release: ::redis::Script,
+    withdraw: ::redis::Script,
+    force: ::redis::Script,
+}
+
+impl Scripts {
+    fn new() -> Self {
+        let s = |body: &str| ::redis::Script::new(&format!("{PRELUDE}{body}"));
+        Scripts {
+            acquire: s(ACQUIRE),
+            renew: s(RENEW),
+            release: s(RELEASE),
+            withdraw: s(WITHDRAW),
+            force: s(FORCE),
+        }
+    }
+}
+
+/// Options of the Redis store.
+#[derive(Debug, Clone)]
+pub struct RedisOptions {
+    /// Record key prefix (default `leasehold:lock:`).
+    pub prefix: String,
+    /// Fence counter prefix (default derived from `prefix`, see the module docs).
+    pub fence_prefix: Option<String>,
+    /// Per-command response timeout (default 2 s); a server that stops answering makes calls fail
+    /// after this, so a holder's `lost()` fires before its TTL runs out.
+    pub timeout: Duration,
+}
+
+impl Default for RedisOptions {
+    fn default() -> Self {
+        RedisOptions {
+            prefix: "leasehold:lock:".into(),
+            fence_prefix: None,
+            timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+impl RedisOptions {
+    fn fence_prefix(&self) -> String {
+        match &self.fence_prefix {
+            Some(p) => p.clone(),
+            None => match self.prefix.strip_suffix("lock:") {
+                Some(base) => format!("{base}fence:"),
+                None => "leasehold:fence:".into(),
+            },
+        }
+    }
+}
+
+/// The Redis store; see the [module docs](self).
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: ::redis::Client,
+    conn: ConnectionManager,
+    scripts: Scripts,
+    prefix: String,
+    fence_prefix: String,
+    described: String,
+    timeout: Duration,
+    hub: tokio::sync::Mutex<Option<Arc<Hub>>>,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("url", &self.inner.described)
+            .field("prefix", &self.inner.prefix)
+            .finish()
+    }
+}
+
+pub(crate) fn map_err(store: &str, e: ::redis::RedisError) -> Error {
+    if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal() {
+        Error::Unavailable {
+            store: store.to_owned(),
+            detail: e.to_string(),
+        }
+    } else {
+        let retryable = matches!(
+            e.kind(),
+            ::redis::ErrorKind::Server(::redis::ServerErrorKind::BusyLoading)
+                | ::redis::ErrorKind::Server(::redis::ServerErrorKind::TryAgain)
+                | ::redis::ErrorKind::Server(::redis::ServerErrorKind::MasterDown)
+        );
+        Error::Store {
+            store: store.to_owned(),
+            detail: e.to_string(),
+            retryable,
+        }
+    }
+}
+
+impl RedisStore {
+    /// Connects to `url` (`redis://…`).
+    ///
+    /// # Errors
+    /// [`Error::InvalidUrl`], [`Error::InvalidOption`] for colliding prefixes, or
+    /// [`Error::Unavailable`] when the server cannot be reached.
+    pub async fn connect(url: &str, opts: RedisOptions) -> Result<Self> {
+        let described = crate::redact_url(url);
+        let fence_prefix = opts.fence_prefix();
+        if opts.prefix.is_empty()
+            || opts.prefix.starts_with(&fence_prefix)
+            || fence_prefix.starts_with(&opts.prefix)
+        {
+            return Err(Error::option(
+                "prefix",
+                format!("record prefix {:?} and fence prefix {fence_prefix:?} must be non-empty and neither may start with the other", opts.prefix),
+            ));
+        }
+        let client = ::redis::Client::open(url).map_err(|e| Error::InvalidUrl {
+            url: described.clone(),
+            reason: e.to_string(),
+        })?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(opts.timeout))
+            .set_response_timeout(Some(opts.timeout))
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_millis(500));
+        let conn = tokio::time::timeout(
+            opts.timeout * 2,
+            ConnectionManager::new_with_config(client.clone(), config),
+        )
+        .await
+        .map_err(|_| Error::Unavailable {
+            store: described.clone(),
+            detail: "connection timed out".into(),
+        })?
+        .map_err(|e| map_err(&described, e))?;
+        Ok(RedisStore {
+            inner: Arc::new(Inner {
+                client,
+                conn,
+                scripts: Scripts::new(),
+                prefix: opts.prefix,
+                fence_prefix,
+                described,
+                timeout: opts.timeout,
+                hub: tokio::sync::Mutex::new(None),
+            }),
+        })
+    }
+
+    /// Parses `redis://…?prefix=…&fence_prefix=…&timeout=2s` and connects.
+    pub(crate) async fn from_url(url: &url::Url) -> Result<Self> {
+        let mut opts = RedisOptions::default();
+        let mut clean = url.clone();
+        clean.set_query(None);
+        let bad = |reason: String| Error::InvalidUrl {
+            url: crate::redact_url(url.as_str()),
+            reason,
+        };
+        for (k, v) in url.query_pairs() {
+            match &*k {
+                "prefix" => opts.prefix = v.into_owned(),
+                "fence_prefix" => opts.fence_prefix = Some(v.into_owned()),
+                "timeout" => {
+                    opts.timeout = humantime::parse_duration(&v)
+                        .map_err(|e| bad(format!("timeout {v:?}: {e}")))?
+                }
+                other => {
+                    return Err(bad(format!(
+                        "unknown parameter {other:?} (known: prefix, fence_prefix, timeout)"
+                    )))
+                }
+            }
+        }
+        Self::connect(clean.as_str(), opts).await
+    }
+
+    fn record_key(&self, key: &Key) -> String {
+        format!("{}{}", self.inner.prefix, key.as_str())
+    }
+
+    fn fence_key(&self, key: &Key) -> String {
+        format!("{}{}", self.inner.fence_prefix, key.as_str())
+    }
+
+    fn err(&self, e: ::redis::RedisError) -> Error {
+        map_err(&self.inner.described, e)
+    }
+
+    async fn invoke<T: ::redis::FromRedisValue>(
+        &self,
+        inv: ::redis::ScriptInvocation<'_>,
+    ) -> Result<T> {
+        let mut conn = self.inner.conn.clone();
+        match tokio::time::timeout(self.inner.timeout, inv.invoke_async(&mut conn)).await {
+            Ok(r) => r.map_err(|e| self.err(e)),
+            Err(_) => Err(Error::Unavailable {
+                store: self.inner.described.clone(),
+                detail: "no answer in time".into(),
+            }),
+        }
+    }
+
+    fn parse(&self, key: &str, raw: &[u8]) -> Result<LeaseRecord> {
+        serde_json::from_slice(raw).map_err(|e| Error::Corrupt {
+            key: key.to_owned(),
+            detail: e.to_string(),
+        })
+    }
+
+    async fn hub(&self) -> Result<Arc<Hub>> {
+        let mut slot = self.inner.hub.lock().await;
+        if let Some(h) = slot.as_ref() {
+            if !h.dead() {
+                return Ok(h.clone());
+            }
+        }
+        let hub = Hub::start(
+            &self.inner.client,
+            &self.inner.described,
+            self.inner.timeout,
+        )
+        .await?;
+        *slot = Some(hub.clone());
+        Ok(hub)
+    }
+}
+
+/// One pub/sub connection per store, fanning messages out to per-channel watch channels.
+struct Hub {
+    sink: PubSubSink,
+    subs: Subs,
+    alive: watch::Receiver<bool>,
+}
+
+type Subs = Arc<Mutex<HashMap<String, (watch::Sender<()>, usize)>>>;
+
+impl Hub {
+    async fn start(client: &::redis::Client, store: &str, timeout: Duration) -> Result<Arc<Hub>> {
+        let pubsub = tokio::time::timeout(timeout, client.get_async_pubsub())
+            .await
+            .map_err(|_| Error::Unavailable {
+                store: store.to_owned(),
+                detail: "pub/sub connection timed out".into(),
+            })?
+            .map_err(|e| map_err(store, e))?;
+        let (sink, mut stream) = pubsub.split();
+        let subs: Subs = Arc::default();
+        let (alive_tx, alive) = watch::channel(true);
+        let fan = subs.clone();
+        tokio::spawn(async move {
+            while let Some(msg) = stream.next().await {
+                if let Some((tx, _)) = fan.lock().get(msg.get_channel_name()) {
+                    tx.send_replace(());
+                }
+            }
+            let _ = alive_tx.send(false);
+            // Wake every watcher: they re-check the store and fall back to timers.
+            for (tx, _) in fan.lock().values() {
+                tx.send_replace(());
+            }
+        });
+        Ok(Arc::new(Hub { sink, subs, alive }))
+    }
+
+    fn dead(&self) -> bool {
+        !*self.alive.borrow()
+    }
+
+    async fn subscribe(self: &Arc<Self>, channel: String, store: &str) -> Result<RedisWatch> {
+        let (rx, first) = {
+            let mut map = self.subs.lock();
+            let entry = map
+                .entry(channel.clone())
+                .or_insert_with(|| (watch::Sender::new(()), 0));
+            entry.1 += 1;
+            (entry.0.subscribe(), entry.1 == 1)
+        };
+        let (mut sink, subs) = (self.sink.clone(), self.subs.clone());
+        let w = RedisWatch {
+            rx,
+            subs,
+            channel: channel.clone(),
+            sink: sink.clone(),
+        };
+        if first {
+            // Confirmed by the server before we return: no release published after this is missed.
+            sink.subscribe(&channel)
+                .await
+                .map_err(|e| map_err(store, e))?;
+        }
+        Ok(w)
+    }
+}
+
+/// A pub/sub subscription to one record's channel.
+struct RedisWatch {
+    rx: watch::Receiver<()>,
+    subs: Subs,
+    channel: String,
+    sink: PubSubSink,
+}
+
+impl std::fmt::Debug for RedisWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisWatch")
+            .field("channel", &self.channel)
+            .finish()
+    }
+}
+
+#[async_trait]
+impl ChangeWatch for RedisWatch {
+    async fn changed(&mut self) {
+        if self.rx.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+impl Drop for RedisWatch {
+    fn drop(&mut self) {
+        let last = {
+            let mut map = self.subs.lock();
+            match map.get_mut(&self.channel) {
+                Some(e) => {
+                    e.1 -= 1;
+                    if e.1 == 0 {
+                        map.remove(&self.channel);
+                        true
+                    } else {
+                        false
+                    }
+                }
+                None => false,
+            }
+        };
+        if last {
+            if let Ok(h) = tokio::runtime::Handle::try_current() {
+                let mut sink = self.sink.clone();
+                let channel = std::mem::take(&mut self.channel);
+                h.spawn(async move {
+                    let _ = sink.unsubscribe(&channel).await;
+                });
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl LockStore for RedisStore {
+    fn describe(&self) -> String {
+        self.inner.described.clone()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            native_ttl: true,
+            watch: true,
+            liveness: false,
+            fence_source: "INCR of a per-key counter key in the acquire script",
+        }
+    }
+
+    async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome> {
+        let labels = serde_json::to_string(&req.labels).unwrap_or_else(|_| "{}".into());
+        let waiter_ms = req.waiter_ttl.map_or(0, |d| d.as_millis().max(1) as u64);
+        let mut inv = self.inner.scripts.acquire.prepare_invoke();
+        inv.key(self.record_key(&req.key))
+            .key(self.fence_key(&req.key))
+            .arg(&req.holder)
+            .arg(&req.token)
+            .arg(req.ttl.as_millis() as u64)
+            .arg(waiter_ms)
+            .arg(labels)
+            .arg(std::process::id())
+            .arg(crate::decide::host())
+            .arg(req.key.as_str());
+        let (granted, raw): (i64, Option<Vec<u8>>) = self.invoke(inv).await?;
+        let raw = raw.unwrap_or_default();
+        if granted == 1 {
+            return Ok(AcquireOutcome::Granted(self.parse(req.key.as_str(), &raw)?));
+        }
+        let rec = match self.parse(req.key.as_str(), &raw) {
+            Ok(r) => r,
+            // Held by something we cannot read: report it as held by an unknown holder.
+            Err(_) => {
+                let mut r = LeaseRecord::free(req.key.as_str(), 0);
+                r.holder = Some("(unreadable record)".into());
+                r
+            }
+        };
+        Ok(AcquireOutcome::Held(rec))
+    }
+
+    async fn renew(&self, key: &Key, token: &str, ttl: Duration) -> Result<RenewOutcome> {
+        let mut inv = self.inner.scripts.renew.prepare_invoke();
+        inv.key(self.record_key(key))
+            .arg(token)
+            .arg(ttl.as_millis() as u64);
+        let v: Vec<::redis::Value> = self.invoke(inv).await?;
+        let text = |i: usize| -> String {
+            v.get(i)
+                .and_then(|x| ::redis::from_redis_value_ref::<String>(x).ok())
+                .unwrap_or_default()
+        };
+        let ok = v
+            .first()
+            .and_then(|x| ::redis::from_redis_value_ref::<i64>(x).ok())
+            .unwrap_or(0);
+        if ok == 1 {
+            return Ok(RenewOutcome::Renewed(
+                self.parse(key.as_str(), text(1).as_bytes())?,
+            ));
+        }
+        Ok(RenewOutcome::Lost(match text(1).as_str() {
+            "expired" => LostReason::Expired,
+            "taken" => LostReason::TakenOver { holder: text(2) },
+            _ => LostReason::Released,
+        }))
+    }
+
+    async fn release(&self, key: &Key, token: &str) -> Result<ReleaseOutcome> {
+        let mut inv = self.inner.scripts.release.prepare_invoke();
+        inv.key(self.record_key(key)).arg(token);
+        let r: i64 = self.invoke(inv).await?;
+        Ok(if r == 1 {
+            ReleaseOutcome::Released
+        } else {
+            ReleaseOutcome::NotHeld
+        })
+    }
+
+    async fn withdraw_waiter(&self, key: &Key, token: &str) -> Result<()> {
+        let mut inv = self.inner.scripts.withdraw.prepare_invoke();
+        inv.key(self.record_key(key)).arg(token);
+        let _: i64 = self.invoke(inv).await?;
+        Ok(())
+    }
+
+    async fn inspect(&self, key: &Key) -> Result<Option<Inspection>> {
+        let mut conn = self.inner.conn.clone();
+        let name = self.record_key(key);
+        let raw: Option<Vec<u8>> = tokio::time::timeout(
+            self.inner.timeout,
+            ::redis::cmd("GET").arg(&name).query_async(&mut conn),
+        )
+        .await
+        .map_err(|_| Error::Unavailable {
+            store: self.describe(),
+            detail: "no answer in time".into(),
+        })?
+        .map_err(|e| self.err(e))?;
+        Ok(
+            raw.map(|raw| match serde_json::from_slice::<LeaseRecord>(&raw) {
+                Ok(r) => Inspection::Record(r),
+                Err(e) => Inspection::Corrupt {
+                    name,
+                    detail: e.to_string(),
+                },
+            }),
+        )
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<Inspection>> {
+        let mut conn = self.inner.conn.clone();
+        let pattern = format!(
+            "{}{}*",
+            glob_escape(&self.inner.prefix),
+            glob_escape(prefix)
+        );
+        let mut cursor: u64 = 0;
+        let mut names: Vec<String> = vec![];
+        loop {
+            let (next, batch): (u64, Vec<String>) = ::redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| self.err(e))?;
+            names.extend(batch);
+            cursor = next;
+            if cursor == 0 {
+                break;
+            }
+        }
+        names.sort();
+        names.dedup();
+        let mut out = vec![];
+        for chunk in names.chunks(500) {
+            let raws: Vec<Option<Vec<u8>>> = ::redis::cmd("MGET")
+                .arg(chunk)
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| self.err(e))?;
+            for (name, raw) in chunk.iter().zip(raws) {
+                if let Some(raw) = raw {
+                    out.push(match serde_json::from_slice::<LeaseRecord>(&raw) {
+                        Ok(r) => Inspection::Record(r),
+                        Err(e) => Inspection::Corrupt {
+                            name: name.clone(),
+                            detail: e.to_string(),
+                        },
+                    });
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    async fn force_release(&self, key: &Key) -> Result<Option<LeaseRecord>> {
+        let mut inv = self.inner.scripts.force.prepare_invoke();
+        inv.key(self.record_key(key));
+        let raw: Option<Vec<u8>> = self.invoke(inv).await?;
+        Ok(raw.and_then(|raw| serde_json::from_slice(&raw).ok()))
+    }
+
+    async fn cleanup(&self, _older_than: Duration) -> Result<CleanupReport> {
+        // Records expire on the server by themselves; fence counters are never removed, since
+        // removing one would let the key's fence go backwards.
+        Ok(CleanupReport::default())
+    }
+
+    async fn subscribe(&self, key: &Key) -> Result<Option<Box<dyn ChangeWatch>>> {
+        let hub = self.hub().await?;
+        Ok(Some(Box::new(
+            hub.subscribe(self.record_key(key), &self.inner.described)
+                .await?,
+        )))
+    }
+}
+
+fn glob_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
