@@ -176,3 +176,19 @@ pub fn shared_redis() -> &'static RedisServer {
     static SERVER: OnceLock<RedisServer> = OnceLock::new();
     SERVER.get_or_init(RedisServer::start)
 }
+
+/// Five Redis servers shared by all tests of this process, for Redlock (3 nodes use the first
+/// three).
+pub fn shared_redis_nodes() -> &'static [RedisServer] {
+    static SERVERS: OnceLock<Vec<RedisServer>> = OnceLock::new();
+    SERVERS.get_or_init(|| (0..5).map(|_| RedisServer::start()).collect())
+}
+
+/// `redlock://127.0.0.1:P1,…/0` over `servers`.
+pub fn redlock_url(servers: &[RedisServer]) -> String {
+    let nodes: Vec<String> = servers
+        .iter()
+        .map(|s| format!("127.0.0.1:{}", s.port))
+        .collect();
+    format!("redlock://{}/0", nodes.join(","))
+}

@@ -38,3 +38,25 @@ mod redis {
     }
     leasehold_testkit::conformance_tests!(store().await);
 }
+
+mod redlock3 {
+    use super::*;
+    async fn store() -> Arc<dyn LockStore> {
+        let nodes = &leasehold_testkit::servers::shared_redis_nodes()[..3];
+        leasehold::open_store(&leasehold_testkit::servers::redlock_url(nodes))
+            .await
+            .expect("redlock store")
+    }
+    leasehold_testkit::conformance_tests!(store().await);
+}
+
+mod redlock5 {
+    use super::*;
+    async fn store() -> Arc<dyn LockStore> {
+        let nodes = leasehold_testkit::servers::shared_redis_nodes();
+        leasehold::open_store(&leasehold_testkit::servers::redlock_url(nodes))
+            .await
+            .expect("redlock store")
+    }
+    leasehold_testkit::conformance_tests!(store().await);
+}

@@ -47,6 +47,8 @@ pub mod options;
 pub mod record;
 #[cfg(feature = "redis")]
 pub mod redis;
+#[cfg(feature = "redlock")]
+pub mod redlock;
 pub mod store;
 pub mod traced;
 
@@ -102,8 +104,25 @@ pub async fn open_store(url: &str) -> Result<Arc<dyn LockStore>> {
         url: redact_url(url),
         reason: reason.into(),
     };
+    let scheme = match url.split_once("://") {
+        Some((s, _))
+            if !s.is_empty()
+                && s.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c)) =>
+        {
+            s.to_ascii_lowercase()
+        }
+        _ => {
+            return Err(bad(
+                "expected SCHEME://…, e.g. file:///var/lib/locks or redis://127.0.0.1:6379/0",
+            ))
+        }
+    };
+    #[cfg(feature = "redlock")]
+    if scheme == "redlock" {
+        return Ok(Arc::new(crate::redlock::RedlockStore::from_url(url).await?));
+    }
     let parsed = url::Url::parse(url).map_err(|e| bad(&e.to_string()))?;
-    let scheme = parsed.scheme().to_ascii_lowercase();
     let not_enabled = |feature: &'static str| Error::FeatureNotEnabled {
         scheme: scheme.clone(),
         feature,

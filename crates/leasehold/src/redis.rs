@@ -192,6 +192,34 @@ impl Default for RedisOptions {
 }
 
 impl RedisOptions {
+    /// Reads `prefix`, `fence_prefix` and `timeout` from URL query pairs.
+    pub(crate) fn from_query<'a>(
+        url: &str,
+        pairs: impl Iterator<Item = (std::borrow::Cow<'a, str>, std::borrow::Cow<'a, str>)>,
+        mut opts: RedisOptions,
+    ) -> Result<Self> {
+        let bad = |reason: String| Error::InvalidUrl {
+            url: crate::redact_url(url),
+            reason,
+        };
+        for (k, v) in pairs {
+            match &*k {
+                "prefix" => opts.prefix = v.into_owned(),
+                "fence_prefix" => opts.fence_prefix = Some(v.into_owned()),
+                "timeout" => {
+                    opts.timeout = humantime::parse_duration(&v)
+                        .map_err(|e| bad(format!("timeout {v:?}: {e}")))?
+                }
+                other => {
+                    return Err(bad(format!(
+                        "unknown parameter {other:?} (known: prefix, fence_prefix, timeout)"
+                    )))
+                }
+            }
+        }
+        Ok(opts)
+    }
+
     fn fence_prefix(&self) -> String {
         match &self.fence_prefix {
             Some(p) => p.clone(),
@@ -257,6 +285,12 @@ impl RedisStore {
     /// [`Error::InvalidUrl`], [`Error::InvalidOption`] for colliding prefixes, or
     /// [`Error::Unavailable`] when the server cannot be reached.
     pub async fn connect(url: &str, opts: RedisOptions) -> Result<Self> {
+        Self::connect_inner(url, opts, false).await
+    }
+
+    /// Like [`connect`](Self::connect), but connects on first use (Redlock nodes may be down at
+    /// start).
+    pub(crate) async fn connect_inner(url: &str, opts: RedisOptions, lazy: bool) -> Result<Self> {
         let described = crate::redact_url(url);
         let fence_prefix = opts.fence_prefix();
         if opts.prefix.is_empty()
@@ -277,16 +311,21 @@ impl RedisStore {
             .set_response_timeout(Some(opts.timeout))
             .set_number_of_retries(2)
             .set_max_delay(Duration::from_millis(500));
-        let conn = tokio::time::timeout(
-            opts.timeout * 2,
-            ConnectionManager::new_with_config(client.clone(), config),
-        )
-        .await
-        .map_err(|_| Error::Unavailable {
-            store: described.clone(),
-            detail: "connection timed out".into(),
-        })?
-        .map_err(|e| map_err(&described, e))?;
+        let conn = if lazy {
+            ConnectionManager::new_lazy_with_config(client.clone(), config)
+                .map_err(|e| map_err(&described, e))?
+        } else {
+            tokio::time::timeout(
+                opts.timeout * 2,
+                ConnectionManager::new_with_config(client.clone(), config),
+            )
+            .await
+            .map_err(|_| Error::Unavailable {
+                store: described.clone(),
+                detail: "connection timed out".into(),
+            })?
+            .map_err(|e| map_err(&described, e))?
+        };
         Ok(RedisStore {
             inner: Arc::new(Inner {
                 client,
@@ -303,28 +342,10 @@ impl RedisStore {
 
     /// Parses `redis://…?prefix=…&fence_prefix=…&timeout=2s` and connects.
     pub(crate) async fn from_url(url: &url::Url) -> Result<Self> {
-        let mut opts = RedisOptions::default();
         let mut clean = url.clone();
         clean.set_query(None);
-        let bad = |reason: String| Error::InvalidUrl {
-            url: crate::redact_url(url.as_str()),
-            reason,
-        };
-        for (k, v) in url.query_pairs() {
-            match &*k {
-                "prefix" => opts.prefix = v.into_owned(),
-                "fence_prefix" => opts.fence_prefix = Some(v.into_owned()),
-                "timeout" => {
-                    opts.timeout = humantime::parse_duration(&v)
-                        .map_err(|e| bad(format!("timeout {v:?}: {e}")))?
-                }
-                other => {
-                    return Err(bad(format!(
-                        "unknown parameter {other:?} (known: prefix, fence_prefix, timeout)"
-                    )))
-                }
-            }
-        }
+        let opts =
+            RedisOptions::from_query(url.as_str(), url.query_pairs(), RedisOptions::default())?;
         Self::connect(clean.as_str(), opts).await
     }
 

@@ -77,7 +77,7 @@ async fn metrics_count_acquisitions_failures_renewals_losses_and_handoffs() {
 async fn urls_are_checked() {
     for (url, want) in [
         ("nope://x", "unknown scheme"),
-        ("redis://127.0.0.1:6379", "feature"),
+        ("etcd://127.0.0.1:2379", "feature"),
         ("not a url", "invalid store URL"),
         ("file://remote-host/x", "local directory"),
     ] {

@@ -1,0 +1,203 @@
+//! Redis-specific behaviour against real servers: operator DEL and overwrite, a server that stops
+//! answering, the record as operators see it with redis-cli, prefixes.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use leasehold::{HolderId, Locks, LostReason};
+use leasehold_testkit::servers::{shared_redis, RedisServer};
+use std::time::{Duration, Instant};
+
+async fn locks(url: &str, holder: &str) -> Locks {
+    leasehold::connect(url)
+        .await
+        .expect("connect")
+        .with_holder(HolderId::new(holder))
+        .with_local_layer(false)
+}
+
+#[tokio::test]
+async fn operator_del_and_overwrite_fire_lost_at_the_next_renewal() {
+    let server = shared_redis();
+    let l = locks(&server.url(), "a").await;
+    let key = leasehold_testkit::prefix("del");
+    let g = l
+        .lock(&key)
+        .unwrap()
+        .ttl(Duration::from_millis(900))
+        .try_acquire()
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(server
+        .command(&["DEL", &format!("leasehold:lock:{key}")])
+        .unwrap()
+        .starts_with(":1"));
+    let reason = tokio::time::timeout(Duration::from_secs(2), g.lost())
+        .await
+        .expect("lost fires");
+    assert_eq!(reason, LostReason::Released);
+
+    let key2 = leasehold_testkit::prefix("overwrite");
+    let g2 = l
+        .lock(&key2)
+        .unwrap()
+        .ttl(Duration::from_millis(900))
+        .try_acquire()
+        .await
+        .unwrap()
+        .unwrap();
+    server
+        .command(&["SET", &format!("leasehold:lock:{key2}"), "garbage"])
+        .unwrap();
+    let reason = tokio::time::timeout(Duration::from_secs(2), g2.lost())
+        .await
+        .expect("lost fires");
+    assert!(matches!(reason, LostReason::TakenOver { .. }), "{reason:?}");
+    // A garbage record is reported, not fatal; it expires by itself or is overwritten by an acquire.
+    let corrupt = l.store().inspect(g2.key()).await.unwrap();
+    assert!(
+        matches!(corrupt, Some(leasehold::Inspection::Corrupt { .. })),
+        "{corrupt:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_server_that_stops_answering_fires_lost_before_the_ttl() {
+    let server = RedisServer::start();
+    let url = format!("{}?timeout=200ms", server.url());
+    let l = locks(&url, "a").await;
+    let ttl = Duration::from_millis(1500);
+    let g = l
+        .lock("job")
+        .unwrap()
+        .ttl(ttl)
+        .try_acquire()
+        .await
+        .unwrap()
+        .unwrap();
+    let acquired = Instant::now();
+    server.signal(libc::SIGSTOP);
+    let reason = tokio::time::timeout(Duration::from_secs(3), g.lost())
+        .await
+        .expect("lost fires");
+    let at = acquired.elapsed();
+    server.signal(libc::SIGCONT);
+    assert!(
+        matches!(reason, LostReason::Unreachable { .. }),
+        "{reason:?}"
+    );
+    assert!(
+        at < ttl,
+        "lost fired after {at:?}, at or past the {ttl:?} TTL"
+    );
+    assert!(!g.is_current());
+}
+
+#[tokio::test]
+async fn an_unreachable_server_is_a_retryable_error_naming_the_store() {
+    let port = leasehold_testkit::servers::free_port();
+    let err = leasehold::open_store(&format!("redis://127.0.0.1:{port}/0?timeout=300ms"))
+        .await
+        .expect_err("nothing listens");
+    assert!(err.is_retryable(), "{err}");
+    assert!(err.to_string().contains(&port.to_string()), "{err}");
+    for bad in [
+        "redis://127.0.0.1:1/0?colour=red",
+        "redis://127.0.0.1:1/0?timeout=soon",
+    ] {
+        assert!(
+            matches!(
+                leasehold::open_store(bad).await,
+                Err(leasehold::Error::InvalidUrl { .. })
+            ),
+            "{bad}"
+        );
+    }
+    let clash = format!("{}?prefix=a:&fence_prefix=a:fence:", shared_redis().url());
+    assert!(matches!(
+        leasehold::open_store(&clash).await,
+        Err(leasehold::Error::InvalidOption { .. })
+    ));
+}
+
+#[tokio::test]
+async fn operators_read_the_record_with_redis_cli_and_prefixes_apply() {
+    let server = shared_redis();
+    let url = format!("{}?prefix=agent:lock:", server.url());
+    let l = locks(&url, "pod-7").await;
+    let key = leasehold_testkit::prefix("agent");
+    let g = l
+        .lock(&key)
+        .unwrap()
+        .label("task", "t1")
+        .ttl(Duration::from_secs(30))
+        .try_acquire()
+        .await
+        .unwrap()
+        .unwrap();
+    let got = server
+        .command(&["GET", &format!("agent:lock:{key}")])
+        .unwrap();
+    for field in [
+        "\"holder\":\"pod-7\"",
+        "\"fence\":",
+        "\"expires\":",
+        "\"task\":\"t1\"",
+    ] {
+        assert!(got.contains(field), "{field} missing in {got}");
+    }
+    let pttl = server
+        .command(&["PTTL", &format!("agent:lock:{key}")])
+        .unwrap();
+    let ms: i64 = pttl.trim().trim_start_matches(':').parse().unwrap();
+    assert!(ms > 29_000 && ms <= 30_000, "{pttl}");
+    let fence = server
+        .command(&["GET", &format!("agent:fence:{key}")])
+        .unwrap();
+    assert!(fence.contains(&g.fence().to_string()), "{fence}");
+    // Force release by DEL, as operators do today; the next holder's fence is still higher.
+    server
+        .command(&["DEL", &format!("agent:lock:{key}")])
+        .unwrap();
+    let g2 = locks(&url, "pod-8")
+        .await
+        .lock(&key)
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(g2.fence() > g.fence());
+    g2.release().await.unwrap();
+    drop(g);
+}
+
+#[tokio::test]
+async fn a_waiter_is_woken_by_pub_sub_not_by_polling() {
+    let server = shared_redis();
+    let a = locks(&server.url(), "a").await;
+    let b = locks(&server.url(), "b").await;
+    let key = leasehold_testkit::prefix("wake");
+    let g = a.lock(&key).unwrap().try_acquire().await.unwrap().unwrap();
+    let k2 = key.clone();
+    let waiter = tokio::spawn(async move {
+        let g = b
+            .lock(&k2)
+            .unwrap()
+            .wait(Duration::from_secs(10))
+            .acquire()
+            .await;
+        (g, Instant::now())
+    });
+    // Let the waiter subscribe; there is no event to await from here.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let released = Instant::now();
+    g.release().await.unwrap();
+    let (gb, got) = waiter.await.unwrap();
+    let latency = got.duration_since(released);
+    assert!(
+        latency < Duration::from_millis(100),
+        "waiter took {latency:?} (the 500 ms backoff, not pub/sub)"
+    );
+    gb.unwrap().release().await.unwrap();
+}

@@ -1,0 +1,431 @@
+//! The Redlock store (`redlock://host1:port1,host2:port2,host3:port3[/db][?timeout=200ms]`): N
+//! independent Redis masters and the Redlock algorithm.
+//!
+//! Checklist — native TTL: yes (per node); watch: yes (pub/sub on every node, any wakes);
+//! liveness: no; fence: the **maximum** of the per-node `INCR` fences over the majority that
+//! granted the lease.
+//!
+//! # Algorithm
+//! * **Acquire**: the acquire script of the [Redis store](crate::redis) runs on all nodes at once
+//!   with the same owner token and a short per-node timeout (default 200 ms, `?timeout=`). The lease
+//!   is ours only if a majority (`N/2 + 1`) granted it and the remaining validity
+//!   `TTL − elapsed − drift` (drift = `TTL × 0.01 + 2 ms`) is positive. Otherwise it is released on
+//!   every node and the answer is "held" (waiters retry with jittered backoff) — or, if fewer than a
+//!   majority of nodes answered at all, an [`Error::Unavailable`] naming the unreachable nodes.
+//! * **Renew** runs on all nodes; it succeeds with a majority of renewals. When a majority refuses,
+//!   the lease is lost; when too few nodes answer, the renewal is retried until the lease's validity
+//!   runs out, and then `lost()` fires.
+//! * **Release** runs on all nodes.
+//!
+//! # Where the guarantees end
+//! Mutual exclusion needs a majority of nodes to remember the lease for its TTL. A node restarted
+//! **empty** (no persistence) while a lease is held forgets it: with one such node of three nothing
+//! happens (the other two still refuse everyone else), but if a majority of nodes lost their data, a
+//! second holder can be granted the lease while the first still holds it — and its fence comes from
+//! counters that restarted at zero, so it is **lower** than the first holder's. A resource that
+//! rejects fences lower than the highest it has seen rejects that second holder's writes; this is
+//! the one case where a Redlock fence goes backwards, and `tests/redlock_faults.rs` shows it.
+//! Run nodes with persistence (`appendonly yes`, `appendfsync always`) or delay restarts by the
+//! longest TTL, as the Redlock description recommends, to avoid it.
+
+use crate::error::{Error, Result};
+use crate::key::Key;
+use crate::record::LeaseRecord;
+use crate::redis::{RedisOptions, RedisStore};
+use crate::store::{
+    AcquireOutcome, AcquireRequest, Capabilities, ChangeWatch, CleanupReport, Inspection,
+    LockStore, LostReason, ReleaseOutcome, RenewOutcome,
+};
+use async_trait::async_trait;
+use futures_util::future::{join_all, select_all};
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+/// The Redlock store; see the [module docs](self).
+#[derive(Debug, Clone)]
+pub struct RedlockStore {
+    nodes: Vec<(String, RedisStore)>,
+    quorum: usize,
+    timeout: Duration,
+    described: String,
+}
+
+impl RedlockStore {
+    /// A store over the nodes at `urls` (`redis://…` each). Nodes are connected on first use, so a
+    /// node that is down at start does not prevent a majority from working.
+    ///
+    /// # Errors
+    /// [`Error::InvalidUrl`] for a bad node URL; [`Error::InvalidOption`] for no nodes.
+    pub async fn connect(urls: &[String], opts: RedisOptions) -> Result<Self> {
+        if urls.is_empty() {
+            return Err(Error::option(
+                "nodes",
+                "Redlock needs at least one node (three or five are usual)",
+            ));
+        }
+        let mut nodes = vec![];
+        for u in urls {
+            nodes.push((
+                crate::redact_url(u),
+                RedisStore::connect_inner(u, opts.clone(), true).await?,
+            ));
+        }
+        let names: Vec<&str> = nodes.iter().map(|(n, _)| n.as_str()).collect();
+        let described = format!("redlock({})", names.join(","));
+        Ok(RedlockStore {
+            quorum: nodes.len() / 2 + 1,
+            nodes,
+            timeout: opts.timeout,
+            described,
+        })
+    }
+
+    /// Parses `redlock://[user:pass@]h1:p1,h2:p2,…[/db][?prefix=…&timeout=…]`.
+    pub(crate) async fn from_url(url: &str) -> Result<Self> {
+        let bad = |reason: &str| Error::InvalidUrl {
+            url: crate::redact_url(url),
+            reason: reason.into(),
+        };
+        let rest = url
+            .strip_prefix("redlock://")
+            .ok_or_else(|| bad("expected redlock://host1:port1,host2:port2,host3:port3[/db]"))?;
+        let (rest, query) = match rest.split_once('?') {
+            Some((r, q)) => (r, q),
+            None => (rest, ""),
+        };
+        let (authority, db) = match rest.split_once('/') {
+            Some((a, d)) => (a, d),
+            None => (rest, ""),
+        };
+        if !db.is_empty() && db.parse::<u32>().is_err() {
+            return Err(bad("the database must be a number, as in /0"));
+        }
+        let (userinfo, hosts) = match authority.rsplit_once('@') {
+            Some((u, h)) => (format!("{u}@"), h),
+            None => (String::new(), authority),
+        };
+        let mut urls = vec![];
+        for host in hosts.split(',') {
+            let (h, p) = host
+                .rsplit_once(':')
+                .ok_or_else(|| bad("every node needs host:port"))?;
+            if h.is_empty() || p.parse::<u16>().is_err() {
+                return Err(bad(&format!("bad node {host:?}: expected host:port")));
+            }
+            urls.push(format!("redis://{userinfo}{host}/{db}"));
+        }
+        let defaults = RedisOptions {
+            timeout: Duration::from_millis(200),
+            ..RedisOptions::default()
+        };
+        let opts =
+            RedisOptions::from_query(url, url::form_urlencoded::parse(query.as_bytes()), defaults)?;
+        Self::connect(&urls, opts).await
+    }
+
+    /// The number of nodes that must agree.
+    pub fn quorum(&self) -> usize {
+        self.quorum
+    }
+
+    /// Runs `f` on every node at once, each bounded by the per-node timeout.
+    async fn all<'a, T, F, Fut>(&'a self, f: F) -> Vec<(&'a str, Result<T>)>
+    where
+        F: Fn(&'a RedisStore) -> Fut,
+        Fut: Future<Output = Result<T>> + 'a,
+    {
+        let calls = self.nodes.iter().map(|(name, node)| {
+            let fut = f(node);
+            async move {
+                let r = match tokio::time::timeout(self.timeout, fut).await {
+                    Ok(r) => r,
+                    Err(_) => Err(Error::Unavailable {
+                        store: name.clone(),
+                        detail: "no answer in time".into(),
+                    }),
+                };
+                (name.as_str(), r)
+            }
+        });
+        join_all(calls).await
+    }
+
+    fn unavailable(&self, answered: usize, failures: &[(&str, Error)]) -> Error {
+        let list: Vec<String> = failures.iter().map(|(n, e)| format!("{n} ({e})")).collect();
+        Error::Unavailable {
+            store: self.described.clone(),
+            detail: format!(
+                "only {answered} of {} nodes answered, {} needed; unreachable: {}",
+                self.nodes.len(),
+                self.quorum,
+                list.join("; ")
+            ),
+        }
+    }
+}
+
+#[async_trait]
+impl LockStore for RedlockStore {
+    fn describe(&self) -> String {
+        self.described.clone()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            native_ttl: true,
+            watch: true,
+            liveness: false,
+            fence_source: "maximum of the per-node INCR fences over the granting majority",
+        }
+    }
+
+    async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome> {
+        let started = Instant::now();
+        let results = self.all(|n| n.acquire(req)).await;
+        let elapsed = started.elapsed();
+        let mut granted: Vec<LeaseRecord> = vec![];
+        let mut held: Vec<LeaseRecord> = vec![];
+        let mut failed: Vec<(&str, Error)> = vec![];
+        for (name, r) in results {
+            match r {
+                Ok(AcquireOutcome::Granted(rec)) => granted.push(rec),
+                Ok(AcquireOutcome::Held(rec)) => held.push(rec),
+                Err(e) => failed.push((name, e)),
+            }
+        }
+        let drift = req.ttl / 100 + Duration::from_millis(2);
+        let valid = req
+            .ttl
+            .checked_sub(elapsed + drift)
+            .is_some_and(|v| !v.is_zero());
+        if granted.len() >= self.quorum && valid {
+            let fence = granted.iter().map(|r| r.fence).max().unwrap_or(0);
+            let mut rec = granted.swap_remove(0);
+            rec.fence = fence;
+            rec.store.insert(
+                "nodes_granted".into(),
+                format!("{}/{}", granted.len() + 1, self.nodes.len()),
+            );
+            return Ok(AcquireOutcome::Granted(rec));
+        }
+        if !granted.is_empty() {
+            // Undo the minority (or too slow) grants everywhere; the script frees only our token.
+            let _ = self.all(|n| n.release(&req.key, &req.token)).await;
+        }
+        let answered = granted.len() + held.len();
+        if answered < self.quorum {
+            return Err(self.unavailable(answered, &failed));
+        }
+        // Report the holder most nodes name (or a split vote, which the waiter retries with jitter).
+        let mut counts: BTreeMap<Option<String>, usize> = BTreeMap::new();
+        for r in &held {
+            *counts.entry(r.holder.clone()).or_default() += 1;
+        }
+        let top = counts
+            .into_iter()
+            .max_by_key(|(_, c)| *c)
+            .and_then(|(h, _)| h);
+        let mut rec = held
+            .iter()
+            .filter(|r| r.holder == top)
+            .max_by_key(|r| r.expires_ms)
+            .cloned()
+            .unwrap_or_else(|| LeaseRecord::free(req.key.as_str(), 0));
+        if rec.holder.is_none() && rec.waiter.is_none() {
+            rec.holder = Some("nobody with a majority (split vote)".into());
+            rec.token = Some(String::new());
+            rec.expires_ms = crate::record::now_ms() + 1;
+        }
+        if held
+            .iter()
+            .any(|r| r.waiter_token.as_deref() == Some(req.token.as_str()))
+        {
+            rec.waiter_token = Some(req.token.clone());
+        }
+        Ok(AcquireOutcome::Held(rec))
+    }
+
+    async fn renew(&self, key: &Key, token: &str, ttl: Duration) -> Result<RenewOutcome> {
+        let started = Instant::now();
+        let results = self.all(|n| n.renew(key, token, ttl)).await;
+        let mut renewed: Vec<LeaseRecord> = vec![];
+        let mut lost: Vec<LostReason> = vec![];
+        let mut failed: Vec<(&str, Error)> = vec![];
+        for (name, r) in results {
+            match r {
+                Ok(RenewOutcome::Renewed(rec)) => renewed.push(rec),
+                Ok(RenewOutcome::Lost(reason)) => lost.push(reason),
+                Err(e) => failed.push((name, e)),
+            }
+        }
+        let drift = ttl / 100 + Duration::from_millis(2);
+        if renewed.len() >= self.quorum && started.elapsed() + drift < ttl {
+            let now = crate::record::now_ms();
+            let pick = renewed
+                .iter()
+                .position(|r| r.has_live_waiter(now))
+                .unwrap_or(0);
+            let fence = renewed.iter().map(|r| r.fence).max().unwrap_or(0);
+            let mut rec = renewed.swap_remove(pick);
+            rec.fence = fence;
+            return Ok(RenewOutcome::Renewed(rec));
+        }
+        if lost.len() > self.nodes.len() - self.quorum {
+            // A majority no longer has it: it cannot come back.
+            let reason = lost
+                .iter()
+                .find(|r| matches!(r, LostReason::TakenOver { .. }))
+                .cloned()
+                .unwrap_or_else(|| lost[0].clone());
+            return Ok(RenewOutcome::Lost(reason));
+        }
+        Err(self.unavailable(renewed.len() + lost.len(), &failed))
+    }
+
+    async fn release(&self, key: &Key, token: &str) -> Result<ReleaseOutcome> {
+        let results = self.all(|n| n.release(key, token)).await;
+        let mut any = false;
+        let mut ok = 0;
+        let mut failed = vec![];
+        for (name, r) in results {
+            match r {
+                Ok(o) => {
+                    ok += 1;
+                    any |= o == ReleaseOutcome::Released;
+                }
+                Err(e) => failed.push((name, e)),
+            }
+        }
+        if ok == 0 {
+            return Err(self.unavailable(0, &failed));
+        }
+        Ok(if any {
+            ReleaseOutcome::Released
+        } else {
+            ReleaseOutcome::NotHeld
+        })
+    }
+
+    async fn withdraw_waiter(&self, key: &Key, token: &str) -> Result<()> {
+        let _ = self.all(|n| n.withdraw_waiter(key, token)).await;
+        Ok(())
+    }
+
+    async fn inspect(&self, key: &Key) -> Result<Option<Inspection>> {
+        let results = self.all(|n| n.inspect(key)).await;
+        let mut best: Option<Inspection> = None;
+        let mut failed = vec![];
+        let mut ok = 0;
+        for (name, r) in results {
+            match r {
+                Ok(Some(Inspection::Record(rec))) => {
+                    ok += 1;
+                    let better = match &best {
+                        Some(Inspection::Record(b)) => rec.fence > b.fence,
+                        _ => true,
+                    };
+                    if better {
+                        best = Some(Inspection::Record(rec));
+                    }
+                }
+                Ok(Some(c @ Inspection::Corrupt { .. })) => {
+                    ok += 1;
+                    best.get_or_insert(c);
+                }
+                Ok(None) => ok += 1,
+                Err(e) => failed.push((name, e)),
+            }
+        }
+        if ok == 0 {
+            return Err(self.unavailable(0, &failed));
+        }
+        Ok(best)
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<Inspection>> {
+        let results = self.all(|n| n.list(prefix)).await;
+        let mut by_key: BTreeMap<String, LeaseRecord> = BTreeMap::new();
+        let mut corrupt = vec![];
+        let mut failed = vec![];
+        let mut ok = 0;
+        for (name, r) in results {
+            match r {
+                Ok(list) => {
+                    ok += 1;
+                    for i in list {
+                        match i {
+                            Inspection::Record(rec) => {
+                                let e =
+                                    by_key.entry(rec.key.clone()).or_insert_with(|| rec.clone());
+                                if rec.fence > e.fence {
+                                    *e = rec;
+                                }
+                            }
+                            c => corrupt.push(c),
+                        }
+                    }
+                }
+                Err(e) => failed.push((name, e)),
+            }
+        }
+        if ok == 0 {
+            return Err(self.unavailable(0, &failed));
+        }
+        Ok(by_key
+            .into_values()
+            .map(Inspection::Record)
+            .chain(corrupt)
+            .collect())
+    }
+
+    async fn force_release(&self, key: &Key) -> Result<Option<LeaseRecord>> {
+        let results = self.all(|n| n.force_release(key)).await;
+        let mut out = None;
+        let mut failed = vec![];
+        let mut ok = 0;
+        for (name, r) in results {
+            match r {
+                Ok(rec) => {
+                    ok += 1;
+                    out = out.or(rec);
+                }
+                Err(e) => failed.push((name, e)),
+            }
+        }
+        if ok == 0 {
+            return Err(self.unavailable(0, &failed));
+        }
+        Ok(out)
+    }
+
+    async fn cleanup(&self, _older_than: Duration) -> Result<CleanupReport> {
+        Ok(CleanupReport::default())
+    }
+
+    async fn subscribe(&self, key: &Key) -> Result<Option<Box<dyn ChangeWatch>>> {
+        let mut watches = vec![];
+        for (_, r) in self.all(|n| n.subscribe(key)).await {
+            if let Ok(Some(w)) = r {
+                watches.push(w);
+            }
+        }
+        Ok(if watches.is_empty() {
+            None
+        } else {
+            Some(Box::new(AnyWatch(watches)))
+        })
+    }
+}
+
+/// Wakes when any node's watch wakes.
+#[derive(Debug)]
+struct AnyWatch(Vec<Box<dyn ChangeWatch>>);
+
+#[async_trait]
+impl ChangeWatch for AnyWatch {
+    async fn changed(&mut self) {
+        let futs = self.0.iter_mut().map(|w| w.changed());
+        select_all(futs).await;
+    }
+}
