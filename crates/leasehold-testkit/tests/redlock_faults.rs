@@ -1,0 +1,160 @@
+//! Redlock with real servers and real faults: nodes stopped, nodes restarted empty.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use leasehold::{Error, HolderId, Locks};
+use leasehold_testkit::servers::{redlock_url, RedisServer};
+use std::time::Duration;
+
+fn three() -> Vec<RedisServer> {
+    (0..3).map(|_| RedisServer::start()).collect()
+}
+
+async fn locks(servers: &[RedisServer], holder: &str) -> Locks {
+    leasehold::connect(&redlock_url(servers))
+        .await
+        .expect("connect")
+        .with_holder(HolderId::new(holder))
+        .with_local_layer(false)
+}
+
+#[tokio::test]
+async fn one_of_three_stopped_still_grants() {
+    let mut s = three();
+    s[2].stop();
+    let a = locks(&s, "a").await;
+    let g = a
+        .lock("job")
+        .unwrap()
+        .ttl(Duration::from_millis(900))
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("granted by 2 of 3");
+    assert!(locks(&s, "b")
+        .await
+        .lock("job")
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .is_none());
+    // Renewal works with the majority too.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert!(g.is_current());
+    g.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn two_of_three_stopped_fails_naming_the_unreachable_nodes() {
+    let mut s = three();
+    let down = [s[0].port, s[1].port];
+    s[0].stop();
+    s[1].stop();
+    let a = locks(&s, "a").await;
+    let err = a
+        .lock("job")
+        .unwrap()
+        .try_acquire()
+        .await
+        .expect_err("no majority");
+    assert!(matches!(err, Error::Unavailable { .. }), "{err}");
+    assert!(err.is_retryable());
+    let msg = err.to_string();
+    for p in down {
+        assert!(msg.contains(&p.to_string()), "{msg} does not name node {p}");
+    }
+    assert!(
+        !msg.contains(&format!("{} (", s[2].port)),
+        "{msg} names the live node as unreachable"
+    );
+    assert!(
+        msg.contains("only 1 of 3 nodes answered, 2 needed"),
+        "{msg}"
+    );
+}
+
+#[tokio::test]
+async fn a_lease_holder_keeps_renewing_while_a_node_restarts_empty() {
+    let mut s = three();
+    let a = locks(&s, "a").await;
+    let g = a
+        .lock("job")
+        .unwrap()
+        .ttl(Duration::from_millis(900))
+        .try_acquire()
+        .await
+        .unwrap()
+        .unwrap();
+    let port = s[0].port;
+    s[0].stop();
+    s[0] = RedisServer::start_on(port);
+    // The restarted node forgot the lease, the other two did not: nobody else gets it.
+    let b = locks(&s, "b").await;
+    assert!(b
+        .lock("job")
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .is_none());
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert!(
+        g.is_current(),
+        "renewals by the remaining majority keep the lease"
+    );
+    g.release().await.unwrap();
+}
+
+/// The documented limit: when a majority of nodes restarts empty while a lease is held, a second
+/// holder can be granted it, and its fence is lower — which is exactly what a fenced resource
+/// rejects.
+#[tokio::test]
+async fn a_majority_restarted_empty_breaks_exclusion_and_the_fence_shows_it() {
+    let mut s = three();
+    let a = locks(&s, "a").await;
+    // Give the first holder a high fence (many earlier acquisitions).
+    for _ in 0..5 {
+        let g = a.lock("job").unwrap().try_acquire().await.unwrap().unwrap();
+        g.release().await.unwrap();
+    }
+    let first = a
+        .lock("job")
+        .unwrap()
+        .ttl(Duration::from_secs(2))
+        .try_acquire()
+        .await
+        .unwrap()
+        .unwrap();
+    for i in 0..2 {
+        let port = s[i].port;
+        s[i].stop();
+        s[i] = RedisServer::start_on(port);
+    }
+    let b = locks(&s, "b").await;
+    let second = b
+        .lock("job")
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("granted by the two amnesiac nodes");
+    assert!(
+        first.is_current(),
+        "the first holder does not know yet (it learns at its next renewal)"
+    );
+    assert!(
+        second.fence() < first.fence(),
+        "fence {} of the second holder is not below {}: the resource could not tell them apart",
+        second.fence(),
+        first.fence()
+    );
+    // A fenced resource that saw the first holder's fence rejects the second holder's writes.
+    let highest_seen = first.fence();
+    assert!(second.fence() < highest_seen);
+    let reason = tokio::time::timeout(Duration::from_secs(3), first.lost())
+        .await
+        .expect("first holder learns");
+    eprintln!("first holder: {reason}");
+    second.release().await.unwrap();
+}
