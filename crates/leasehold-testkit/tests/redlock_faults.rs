@@ -126,10 +126,10 @@ async fn a_majority_restarted_empty_breaks_exclusion_and_the_fence_shows_it() {
         .await
         .unwrap()
         .unwrap();
-    for i in 0..2 {
-        let port = s[i].port;
-        s[i].stop();
-        s[i] = RedisServer::start_on(port);
+    for node in s.iter_mut().take(2) {
+        let port = node.port;
+        node.stop();
+        *node = RedisServer::start_on(port);
     }
     let b = locks(&s, "b").await;
     let second = b
