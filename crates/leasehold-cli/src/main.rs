@@ -1,1 +1,23 @@
-fn main() {}
+//! `leasehold`: run a command under a distributed lock; list, inspect, force-release and clean
+//! up leases. A thin layer over the `leasehold` library; `leasehold --help` documents it.
+
+mod admin;
+mod app;
+mod cli;
+mod exit;
+mod output;
+mod run;
+mod signals;
+mod store;
+
+use clap::Parser;
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let cli = match cli::Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return ExitCode::from(exit::clap_error(&e)),
+    };
+    app::init_logging();
+    ExitCode::from(app::main(cli))
+}

@@ -201,3 +201,68 @@ async fn a_waiter_is_woken_by_pub_sub_not_by_polling() {
     );
     gb.unwrap().release().await.unwrap();
 }
+
+fn evalsha_calls(server: &RedisServer) -> u64 {
+    let info = server
+        .command(&["INFO", "commandstats"])
+        .unwrap_or_default();
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_leases_stay_alive_with_batched_renewals() {
+    let server = RedisServer::start();
+    let l = locks(&server.url(), "many").await;
+    let ttl = Duration::from_millis(1500);
+    let mut guards = Vec::with_capacity(10_000);
+    for chunk in (0..10_000).collect::<Vec<_>>().chunks(200) {
+        let tasks: Vec<_> = chunk
+            .iter()
+            .map(|i| {
+                let (l, i) = (l.clone(), *i);
+                tokio::spawn(async move {
+                    l.lock(format!("many/{i}"))
+                        .unwrap()
+                        .ttl(ttl)
+                        .try_acquire()
+                        .await
+                        .unwrap()
+                        .unwrap()
+                })
+            })
+            .collect();
+        for t in tasks {
+            guards.push(t.await.unwrap());
+        }
+    }
+    let before = evalsha_calls(&server);
+    tokio::time::sleep(Duration::from_millis(3000)).await; // two TTLs
+    let calls = evalsha_calls(&server) - before;
+    let current = guards.iter().filter(|g| g.is_current()).count();
+    assert_eq!(current, 10_000, "leases lost while renewing");
+    // Unbatched, two TTLs at TTL/3 would be ~60,000 renewal calls.
+    eprintln!("{calls} script calls renewed 10,000 leases for 3 s");
+    assert!(
+        calls < 2_000,
+        "{calls} script calls: renewals are not batched"
+    );
+    let k = leasehold::Key::new("many/9999").unwrap();
+    assert!(locks(&server.url(), "other")
+        .await
+        .lock_key(k)
+        .try_acquire()
+        .await
+        .unwrap()
+        .is_none());
+    assert_eq!(l.release_all().await.unwrap(), 10_000);
+}

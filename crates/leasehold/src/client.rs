@@ -243,7 +243,7 @@ impl LockBuilder {
         me.opts.wait = Wait::No;
         match me.run().await {
             Ok(g) => Ok(Some(g)),
-            Err(AcquireError::Held) => Ok(None),
+            Err(AcquireError::Held(_)) => Ok(None),
             Err(AcquireError::Failed(e)) => Err(e),
         }
     }
@@ -268,9 +268,9 @@ impl LockBuilder {
         let started = Instant::now();
         match self.run().await {
             Ok(g) => Ok(g),
-            Err(AcquireError::Held) => Err(Error::Timeout {
+            Err(AcquireError::Held(holder)) => Err(Error::Timeout {
                 key: key.to_string(),
-                holder: "another task of this process".into(),
+                holder,
                 waited: started.elapsed(),
             }),
             Err(AcquireError::Failed(e)) => Err(e),
@@ -289,7 +289,7 @@ impl LockBuilder {
             m.acquire_seconds.observe(started.elapsed().as_secs_f64());
             match &result {
                 Ok(_) => m.successes.inc(),
-                Err(AcquireError::Held) | Err(AcquireError::Failed(Error::Timeout { .. })) => {
+                Err(AcquireError::Held(_)) | Err(AcquireError::Failed(Error::Timeout { .. })) => {
                     m.failures.with_label_values(&["contention"]).inc()
                 }
                 Err(AcquireError::Failed(_)) => {
@@ -319,7 +319,10 @@ impl LockBuilder {
         // Layer 1: queue behind this process's other tasks on the key.
         let local = match &locks.local {
             None => None,
-            Some(l) if !waiting => Some(l.try_lock(key.as_str()).ok_or(AcquireError::Held)?),
+            Some(l) if !waiting => Some(
+                l.try_lock(key.as_str())
+                    .ok_or_else(|| AcquireError::Held("another task of this process".into()))?,
+            ),
             Some(l) => match deadline {
                 None => Some(l.lock(key.as_str()).await),
                 Some(d) => match tokio::time::timeout_at(d, l.lock(key.as_str())).await {
@@ -349,11 +352,20 @@ impl LockBuilder {
         };
         let mut attempt = 0u32;
         let mut registered = false;
+        // If this future is dropped while registered as waiter, withdraw in the background.
+        let mut on_cancel = WithdrawOnDrop {
+            store: Some(store.clone()),
+            key: key.clone(),
+            token: req.token.clone(),
+            armed: false,
+        };
         loop {
+            on_cancel.armed = registered;
             let sent = Instant::now();
             let res = store.acquire(&req).await;
             let (wait_hint, last_holder) = match res {
                 Ok(AcquireOutcome::Granted(rec)) => {
+                    on_cancel.armed = false;
                     tracing::debug!(key = %key, fence = rec.fence, "lease acquired");
                     return Ok(LeaseGuard::new(Grant {
                         store,
@@ -367,10 +379,17 @@ impl LockBuilder {
                         live: locks.live.clone(),
                     }));
                 }
+                Ok(AcquireOutcome::Held(rec)) if !waiting => {
+                    let now = now_ms();
+                    return Err(AcquireError::Held(match (&rec.holder, rec.is_held(now)) {
+                        (Some(h), true) => h.clone(),
+                        _ => format!(
+                            "nobody (reserved for waiter {})",
+                            rec.waiter.clone().unwrap_or_default()
+                        ),
+                    }));
+                }
                 Ok(AcquireOutcome::Held(rec)) => {
-                    if !waiting {
-                        return Err(AcquireError::Held);
-                    }
                     registered |= rec.waiter_token.as_deref() == Some(req.token.as_str());
                     let now = now_ms();
                     let who = match (&rec.holder, rec.is_held(now)) {
@@ -393,12 +412,14 @@ impl LockBuilder {
                     (None, format!("unknown (store error: {e})"))
                 }
                 Err(e) => {
+                    on_cancel.armed = false;
                     withdraw(&*store, &key, &req.token, registered).await;
                     return Err(AcquireError::Failed(e));
                 }
             };
             let now = Instant::now();
             if deadline.is_some_and(|d| now >= d) {
+                on_cancel.armed = false;
                 withdraw(&*store, &key, &req.token, registered).await;
                 return Err(timeout(last_holder));
             }
@@ -433,6 +454,28 @@ impl LockBuilder {
     }
 }
 
+/// Withdraws a waiter registration when a waiting `acquire` is dropped (cancelled).
+struct WithdrawOnDrop {
+    store: Option<Arc<dyn LockStore>>,
+    key: Key,
+    token: String,
+    armed: bool,
+}
+
+impl Drop for WithdrawOnDrop {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        if let (Some(store), Ok(handle)) =
+            (self.store.take(), tokio::runtime::Handle::try_current())
+        {
+            let (key, token) = (self.key.clone(), std::mem::take(&mut self.token));
+            handle.spawn(async move { withdraw(&*store, &key, &token, true).await });
+        }
+    }
+}
+
 async fn withdraw(store: &dyn LockStore, key: &Key, token: &str, registered: bool) {
     if registered {
         if let Err(e) = store.withdraw_waiter(key, token).await {
@@ -442,6 +485,7 @@ async fn withdraw(store: &dyn LockStore, key: &Key, token: &str, registered: boo
 }
 
 enum AcquireError {
-    Held,
+    /// Held elsewhere; by whom.
+    Held(String),
     Failed(Error),
 }

@@ -463,15 +463,11 @@ impl Inner {
             let Some(found) = self.read_shared(&path)? else {
                 continue;
             };
-            if let Found::Record(r) = &found {
-                if !r.key.starts_with(prefix) {
-                    continue;
-                }
-            } else if !prefix.is_empty() {
-                // A corrupt record has no readable key; it shows under an empty prefix only.
-                if !matches!(found, Found::Corrupt { .. }) {
-                    continue;
-                }
+            match &found {
+                Found::Record(r) if !r.key.starts_with(prefix) => continue,
+                // A corrupt record has no readable key: it is listed under the empty prefix only.
+                Found::Corrupt { .. } if !prefix.is_empty() => continue,
+                _ => {}
             }
             if let Some(i) = self.inspection(name, found) {
                 out.push(i);

@@ -126,6 +126,18 @@ impl Shared {
         }
     }
 
+    /// Why the store no longer had our lease (best effort: one read).
+    async fn why_not_held(&self) -> LostReason {
+        match self.store.inspect(&self.key).await {
+            Ok(Some(crate::store::Inspection::Record(r))) => {
+                crate::decide::lost_reason(Some(&r), &self.token, now_ms())
+                    .unwrap_or(LostReason::Expired)
+            }
+            Ok(None) => LostReason::Released,
+            _ => LostReason::Expired,
+        }
+    }
+
     async fn release_in_store(&self, prior_loss: Option<LostReason>) -> Result<Released> {
         let outcome = self.store.release(&self.key, &self.token).await?;
         if let Some(m) = &self.metrics {
@@ -138,7 +150,7 @@ impl Shared {
         Ok(match (outcome, prior_loss) {
             (_, Some(reason)) => Released::Lost(reason),
             (ReleaseOutcome::Released, None) => Released::Released,
-            (ReleaseOutcome::NotHeld, None) => Released::Lost(LostReason::Expired),
+            (ReleaseOutcome::NotHeld, None) => Released::Lost(self.why_not_held().await),
         })
     }
 }
@@ -359,7 +371,7 @@ async fn renew_loop(shared: Arc<Shared>) {
     let drift = shared.opts.drift();
     let mut last_ok = shared.state.borrow().valid_until - ttl.saturating_sub(drift);
     loop {
-        tokio::time::sleep_until(last_ok + period).await;
+        tokio::time::sleep_until(aligned(last_ok + period, period)).await;
         let mut attempt = 0u32;
         loop {
             let valid_until = shared.state.borrow().valid_until;
@@ -422,4 +434,16 @@ async fn renew_loop(shared: Arc<Shared>) {
             }
         }
     }
+}
+
+/// Moves a renewal time earlier (by less than a quarter period) onto a grid shared by every guard
+/// of the process, so leases with the same period come due together and stores that batch
+/// renewals (Redis) renew them in one call. Renewing early is always safe.
+fn aligned(due: Instant, period: std::time::Duration) -> Instant {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    let epoch = *EPOCH.get_or_init(Instant::now);
+    let step = (period / 4).as_nanos().max(1);
+    let since = due.saturating_duration_since(epoch).as_nanos();
+    let back = since % step;
+    due - std::time::Duration::from_nanos(back as u64)
 }

@@ -1,8 +1,9 @@
 //! The local layer: a per-key async mutex map in front of a store.
 //!
 //! Tasks of one process that want the same key queue here, first come first served (tokio's mutex
-//! is fair), and only the one at the head talks to the store. Entries exist only while some task
-//! holds or waits for the key, so a million distinct keys over time do not grow memory.
+//! is fair), and only the one at the head talks to the store. Unused entries are swept when a
+//! shard grows past twice its entries in use (and at least 64), so a million distinct keys over
+//! time keep memory bounded by the keys in use, while a hot key costs no allocation per lock.
 
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -12,9 +13,15 @@ use std::sync::Arc;
 use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
 
 const SHARDS: usize = 64;
+const MIN_SWEEP: usize = 64;
 
 type Slot = Arc<AsyncMutex<()>>;
-type Shard = Mutex<HashMap<Box<str>, Slot>>;
+
+/// The map of one shard, and the size at which it is next swept.
+struct Shard {
+    map: HashMap<Box<str>, Slot>,
+    sweep_at: usize,
+}
 
 /// A per-key async mutex map; see the [module docs](self).
 ///
@@ -24,11 +31,11 @@ type Shard = Mutex<HashMap<Box<str>, Slot>>;
 /// let g = locks.lock("user:alice").await;
 /// assert!(locks.try_lock("user:alice").is_none());
 /// drop(g);
-/// assert_eq!(locks.len(), 0, "unused entries are removed");
+/// assert_eq!(locks.len(), 0, "no key in use");
 /// # });
 /// ```
 pub struct LocalLocks {
-    shards: Box<[Shard]>,
+    shards: Box<[Mutex<Shard>]>,
     hasher: std::collections::hash_map::RandomState,
 }
 
@@ -43,9 +50,6 @@ impl fmt::Debug for LocalLocks {
 /// Holds one key of a [`LocalLocks`]; dropping it lets the next waiter in.
 #[must_use = "the key is unlocked when the guard is dropped"]
 pub struct LocalGuard {
-    map: Arc<LocalLocks>,
-    shard: usize,
-    key: Box<str>,
     slot: Slot,
     guard: Option<OwnedMutexGuard<()>>,
 }
@@ -53,7 +57,6 @@ pub struct LocalGuard {
 impl fmt::Debug for LocalGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LocalGuard")
-            .field("key", &self.key)
             .field("held", &self.guard.is_some())
             .finish()
     }
@@ -63,84 +66,87 @@ impl LocalLocks {
     /// An empty map.
     pub fn new() -> Arc<Self> {
         Arc::new(LocalLocks {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            shards: (0..SHARDS)
+                .map(|_| {
+                    Mutex::new(Shard {
+                        map: HashMap::new(),
+                        sweep_at: MIN_SWEEP,
+                    })
+                })
+                .collect(),
             hasher: Default::default(),
         })
     }
 
-    fn shard_of(&self, key: &str) -> usize {
-        (self.hasher.hash_one(key) as usize) % SHARDS
-    }
-
-    fn enter(self: &Arc<Self>, key: &str) -> LocalGuard {
-        let shard = self.shard_of(key);
-        let slot = {
-            let mut map = self.shards[shard].lock();
-            match map.get(key) {
-                Some(s) => s.clone(),
-                None => {
-                    let s = Slot::default();
-                    map.insert(key.into(), s.clone());
-                    s
-                }
-            }
-        };
-        LocalGuard {
-            map: self.clone(),
-            shard,
-            key: key.into(),
-            slot,
-            guard: None,
+    fn slot(&self, key: &str) -> Slot {
+        let shard = (self.hasher.hash_one(key) as usize) % SHARDS;
+        let mut s = self.shards[shard].lock();
+        if let Some(slot) = s.map.get(key) {
+            return slot.clone();
         }
+        if s.map.len() >= s.sweep_at {
+            // Only the map refers to an unused slot.
+            s.map.retain(|_, slot| Arc::strong_count(slot) > 1);
+            s.sweep_at = (s.map.len() * 2).max(MIN_SWEEP);
+        }
+        let slot = Slot::default();
+        s.map.insert(key.into(), slot.clone());
+        slot
     }
 
     /// Waits for `key` (FIFO among this process's tasks).
     ///
     /// # Cancel safety
-    /// Cancel safe: a dropped wait leaves no entry behind and loses nobody's place but its own.
+    /// Cancel safe: a dropped wait loses nobody's place but its own.
     pub async fn lock(self: &Arc<Self>, key: &str) -> LocalGuard {
-        let mut g = self.enter(key);
-        g.guard = Some(g.slot.clone().lock_owned().await);
-        g
+        let slot = self.slot(key);
+        let guard = slot.clone().lock_owned().await;
+        LocalGuard {
+            slot,
+            guard: Some(guard),
+        }
     }
 
     /// Takes `key` if no task of this process holds it.
     pub fn try_lock(self: &Arc<Self>, key: &str) -> Option<LocalGuard> {
-        let mut g = self.enter(key);
-        g.guard = Some(g.slot.clone().try_lock_owned().ok()?);
-        Some(g)
+        let slot = self.slot(key);
+        let guard = slot.clone().try_lock_owned().ok()?;
+        Some(LocalGuard {
+            slot,
+            guard: Some(guard),
+        })
     }
 
     /// Keys currently held or waited for.
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.lock().len()).sum()
+        self.shards
+            .iter()
+            .map(|s| {
+                s.lock()
+                    .map
+                    .values()
+                    .filter(|slot| Arc::strong_count(slot) > 1)
+                    .count()
+            })
+            .sum()
     }
 
     /// Whether no key is held or waited for.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-}
 
-impl LocalGuard {
-    /// The key held.
-    pub fn key(&self) -> &str {
-        &self.key
+    /// Entries kept, in use or not yet swept (bounded, see the module docs).
+    pub fn entries(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().map.len()).sum()
     }
 }
 
 impl Drop for LocalGuard {
     fn drop(&mut self) {
+        // Unlock; the entry stays for the key's next user until a sweep finds it unused.
         drop(self.guard.take());
-        let mut map = self.map.shards[self.shard].lock();
-        // The map's reference and ours: nobody else holds or waits.
-        if Arc::strong_count(&self.slot) == 2 {
-            if let Some(s) = map.get(&self.key) {
-                if Arc::ptr_eq(s, &self.slot) {
-                    map.remove(&self.key);
-                }
-            }
-        }
+        let _ = &self.slot;
     }
 }
 
@@ -149,12 +155,17 @@ mod tests {
     use super::*;
 
     #[tokio::test]
-    async fn a_million_keys_leave_nothing_behind() {
+    async fn a_million_keys_keep_memory_bounded() {
         let l = LocalLocks::new();
         for i in 0..1_000_000u32 {
             let _g = l.lock(&i.to_string()).await;
         }
         assert!(l.is_empty());
+        assert!(
+            l.entries() <= SHARDS * MIN_SWEEP,
+            "{} entries kept",
+            l.entries()
+        );
     }
 
     #[tokio::test]
@@ -180,6 +191,6 @@ mod tests {
             t.await.unwrap();
         }
         assert_eq!(*order.lock(), vec![0, 1, 2, 3, 4]);
-        assert!(l.is_empty());
+        assert!(l.is_empty(), "a cancelled wait left the key in use");
     }
 }

@@ -50,15 +50,15 @@ local function live_waiter(r) return str(r.waiter_token) ~= nil and num(r.waiter
 local function held(r) return str(r.token) ~= nil and num(r.expires) > now end
 local function clear_waiter(r) r.waiter = cjson.null; r.waiter_token = cjson.null; r.waiter_expires = cjson.null end
 -- Store the record; the key lives while the lease or a waiter registration does.
-local function put(r)
+local function put(r, k)
   local until_ms = 0
   if held(r) then until_ms = num(r.expires) end
   if live_waiter(r) then until_ms = math.max(until_ms, num(r.waiter_expires)) end
   local raw = cjson.encode(r)
   if until_ms > now then
-    redis.call('SET', KEYS[1], raw, 'PX', until_ms - now)
+    redis.call('SET', k, raw, 'PX', until_ms - now)
   else
-    redis.call('DEL', KEYS[1])
+    redis.call('DEL', k)
   end
   return raw
 end
@@ -83,7 +83,7 @@ if type(r) == 'table' then
       local fresh = mine and live_waiter(r) and num(r.waiter_expires) >= now + math.floor(wttl * 2 / 3)
       if not fresh then
         r.waiter = ARGV[1]; r.waiter_token = token; r.waiter_expires = now + wttl
-        raw = put(r)
+        raw = put(r, KEYS[1])
       end
     end
     return {0, raw}
@@ -98,21 +98,34 @@ local g = {key = ARGV[8], holder = ARGV[1], token = token, fence = fence, acquir
 if type(r) == 'table' and live_waiter(r) and str(r.waiter_token) ~= token then
   g.waiter = r.waiter; g.waiter_token = r.waiter_token; g.waiter_expires = r.waiter_expires
 end
-return {1, put(g)}
+return {1, put(g, KEYS[1])}
 "#;
 
-/// KEYS: record. ARGV: token, ttl_ms. Returns {1, record} | {0, 'released'|'expired'|'taken', holder}.
+/// KEYS: records. ARGV: token, ttl_ms per key. Returns three values per key:
+/// 1, record, '' | 0, 'released'|'expired'|'taken', holder. One call renews a whole batch.
 const RENEW: &str = r#"
-local r = decode(redis.call('GET', KEYS[1]))
-if r == nil then return {0, 'released', ''} end
-if r == 'corrupt' then return {0, 'taken', 'an overwritten (unreadable) record'} end
-if str(r.token) == nil then return {0, 'released', ''} end
-if str(r.token) ~= ARGV[1] then return {0, 'taken', tostring(str(r.holder) or '')} end
-if num(r.expires) <= now then return {0, 'expired', ''} end
-local ttl = tonumber(ARGV[2])
-r.renewed = now; r.expires = now + ttl; r.ttl_ms = ttl
-if not live_waiter(r) then clear_waiter(r) end
-return {1, put(r)}
+local out = {}
+for i, k in ipairs(KEYS) do
+  local token = ARGV[2 * i - 1]
+  local ttl = tonumber(ARGV[2 * i])
+  local r = decode(redis.call('GET', k))
+  local a, b, c = 0, 'released', ''
+  if r == 'corrupt' then
+    b = 'taken'; c = 'an overwritten (unreadable) record'
+  elseif r ~= nil and str(r.token) ~= nil then
+    if str(r.token) ~= token then
+      b = 'taken'; c = tostring(str(r.holder) or '')
+    elseif num(r.expires) <= now then
+      b = 'expired'
+    else
+      r.renewed = now; r.expires = now + ttl; r.ttl_ms = ttl
+      if not live_waiter(r) then clear_waiter(r) end
+      a = 1; b = put(r, k)
+    end
+  end
+  out[#out + 1] = a; out[#out + 1] = b; out[#out + 1] = c
+end
+return out
 "#;
 
 /// KEYS: record. ARGV: token. Returns 1 released, 0 not ours (2: ours but already expired).
@@ -120,7 +133,7 @@ const RELEASE: &str = r#"
 local r = decode(redis.call('GET', KEYS[1]))
 if type(r) ~= 'table' or str(r.token) ~= ARGV[1] then return 0 end
 local was_held = held(r)
-put(freed(r))
+put(freed(r), KEYS[1])
 redis.call('PUBLISH', KEYS[1], 'released')
 if was_held then return 1 end
 return 2
@@ -131,7 +144,7 @@ const WITHDRAW: &str = r#"
 local r = decode(redis.call('GET', KEYS[1]))
 if type(r) ~= 'table' or str(r.waiter_token) ~= ARGV[1] then return 0 end
 clear_waiter(r)
-put(r)
+put(r, KEYS[1])
 redis.call('PUBLISH', KEYS[1], 'withdrawn')
 return 1
 "#;
@@ -142,7 +155,7 @@ local raw = redis.call('GET', KEYS[1])
 local r = decode(raw)
 if type(r) ~= 'table' then return raw or false end
 if str(r.token) ~= nil then
-  put(freed(r))
+  put(freed(r), KEYS[1])
   redis.call('PUBLISH', KEYS[1], 'force-released')
 end
 return raw
@@ -246,6 +259,106 @@ struct Inner {
     described: String,
     timeout: Duration,
     hub: tokio::sync::Mutex<Option<Arc<Hub>>>,
+    renewals: tokio::sync::mpsc::UnboundedSender<RenewJob>,
+}
+
+/// One renewal waiting for the batcher.
+struct RenewJob {
+    record_key: String,
+    key: String,
+    token: String,
+    ttl_ms: u64,
+    reply: tokio::sync::oneshot::Sender<Result<RenewOutcome>>,
+}
+
+/// The most renewals one script call carries.
+const RENEW_BATCH: usize = 1000;
+
+/// Renews in batches: every renewal queued while a batch is in flight goes into the next script
+/// call, so many leases held by one process cost one round trip per batch, not one per lease.
+/// Guards line their renewals up on a shared grid (see the guard), so a process's leases come
+/// due together.
+fn spawn_renewer(
+    conn: ConnectionManager,
+    script: ::redis::Script,
+    described: String,
+    timeout: Duration,
+) -> tokio::sync::mpsc::UnboundedSender<RenewJob> {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<RenewJob>();
+    tokio::spawn(async move {
+        while let Some(first) = rx.recv().await {
+            let mut batch = vec![first];
+            while batch.len() < RENEW_BATCH {
+                match rx.try_recv() {
+                    Ok(j) => batch.push(j),
+                    Err(_) => break,
+                }
+            }
+            let mut inv = script.prepare_invoke();
+            for j in &batch {
+                inv.key(&j.record_key);
+            }
+            for j in &batch {
+                inv.arg(&j.token).arg(j.ttl_ms);
+            }
+            let mut conn = conn.clone();
+            let res: Result<Vec<::redis::Value>> =
+                match tokio::time::timeout(timeout, inv.invoke_async(&mut conn)).await {
+                    Ok(r) => r.map_err(|e| map_err(&described, e)),
+                    Err(_) => Err(Error::Unavailable {
+                        store: described.clone(),
+                        detail: "no answer in time".into(),
+                    }),
+                };
+            match res {
+                Ok(values) => {
+                    for (i, j) in batch.into_iter().enumerate() {
+                        let text = |n: usize| -> String {
+                            values
+                                .get(3 * i + n)
+                                .and_then(|x| ::redis::from_redis_value_ref::<String>(x).ok())
+                                .unwrap_or_default()
+                        };
+                        let ok = values
+                            .get(3 * i)
+                            .and_then(|x| ::redis::from_redis_value_ref::<i64>(x).ok())
+                            .unwrap_or(0);
+                        let out = if ok == 1 {
+                            serde_json::from_str::<LeaseRecord>(&text(1))
+                                .map(RenewOutcome::Renewed)
+                                .map_err(|e| Error::Corrupt {
+                                    key: j.key.clone(),
+                                    detail: e.to_string(),
+                                })
+                        } else {
+                            Ok(RenewOutcome::Lost(match text(1).as_str() {
+                                "expired" => LostReason::Expired,
+                                "taken" => LostReason::TakenOver { holder: text(2) },
+                                _ => LostReason::Released,
+                            }))
+                        };
+                        let _ = j.reply.send(out);
+                    }
+                }
+                Err(e) => {
+                    for j in batch {
+                        let _ = j.reply.send(Err(match &e {
+                            Error::Unavailable { store, detail } => Error::Unavailable {
+                                store: store.clone(),
+                                detail: detail.clone(),
+                            },
+                            other => Error::Store {
+                                store: described.clone(),
+                                detail: other.to_string(),
+                                retryable: other.is_retryable(),
+                            },
+                        }));
+                    }
+                }
+            }
+        }
+    });
+    tx
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -326,16 +439,24 @@ impl RedisStore {
             })?
             .map_err(|e| map_err(&described, e))?
         };
+        let scripts = Scripts::new();
+        let renewals = spawn_renewer(
+            conn.clone(),
+            scripts.renew.clone(),
+            described.clone(),
+            opts.timeout,
+        );
         Ok(RedisStore {
             inner: Arc::new(Inner {
                 client,
                 conn,
-                scripts: Scripts::new(),
+                scripts,
                 prefix: opts.prefix,
                 fence_prefix,
                 described,
                 timeout: opts.timeout,
                 hub: tokio::sync::Mutex::new(None),
+                renewals,
             }),
         })
     }
@@ -568,30 +689,20 @@ impl LockStore for RedisStore {
     }
 
     async fn renew(&self, key: &Key, token: &str, ttl: Duration) -> Result<RenewOutcome> {
-        let mut inv = self.inner.scripts.renew.prepare_invoke();
-        inv.key(self.record_key(key))
-            .arg(token)
-            .arg(ttl.as_millis() as u64);
-        let v: Vec<::redis::Value> = self.invoke(inv).await?;
-        let text = |i: usize| -> String {
-            v.get(i)
-                .and_then(|x| ::redis::from_redis_value_ref::<String>(x).ok())
-                .unwrap_or_default()
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let job = RenewJob {
+            record_key: self.record_key(key),
+            key: key.as_str().to_owned(),
+            token: token.to_owned(),
+            ttl_ms: ttl.as_millis() as u64,
+            reply,
         };
-        let ok = v
-            .first()
-            .and_then(|x| ::redis::from_redis_value_ref::<i64>(x).ok())
-            .unwrap_or(0);
-        if ok == 1 {
-            return Ok(RenewOutcome::Renewed(
-                self.parse(key.as_str(), text(1).as_bytes())?,
-            ));
-        }
-        Ok(RenewOutcome::Lost(match text(1).as_str() {
-            "expired" => LostReason::Expired,
-            "taken" => LostReason::TakenOver { holder: text(2) },
-            _ => LostReason::Released,
-        }))
+        let gone = || Error::Unavailable {
+            store: self.inner.described.clone(),
+            detail: "the renewal batcher stopped (runtime shutting down)".into(),
+        };
+        self.inner.renewals.send(job).map_err(|_| gone())?;
+        answer.await.map_err(|_| gone())?
     }
 
     async fn release(&self, key: &Key, token: &str) -> Result<ReleaseOutcome> {

@@ -1,0 +1,172 @@
+//! The command line, as clap derives it: doc comments are the help text.
+
+use crate::exit;
+use crate::signals::SignalArg;
+use clap::{Args, Parser, Subcommand};
+use std::ffi::OsString;
+use std::time::Duration;
+
+/// Distributed locks and leases: run a command under a lock, inspect and manage leases.
+#[derive(Debug, Parser)]
+#[command(name = "leasehold", version, after_help = exit::HELP)]
+pub(crate) struct Cli {
+    /// The lock store, e.g. file:///var/lib/leasehold or memory:// [default: file://<state dir>/leasehold/locks]
+    #[arg(
+        long,
+        global = true,
+        value_name = "URL",
+        env = "LEASEHOLD_STORE",
+        hide_env_values = true
+    )]
+    pub(crate) store: Option<String>,
+
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Run a command while holding the lease on a key (a distributed flock(1)).
+    ///
+    /// The command sees LEASEHOLD_KEY, LEASEHOLD_FENCE and LEASEHOLD_HOLDER in its environment.
+    /// leasehold exits with the command's status. SIGTERM, SIGINT and SIGHUP are forwarded to the
+    /// command; after it exits (or is killed once --grace has passed) the lease is released. If the
+    /// lease is lost while the command runs, the command gets SIGTERM (SIGKILL after --grace) and
+    /// leasehold exits 76.
+    #[command(after_help = exit::HELP)]
+    Run(RunArgs),
+
+    /// List lease records (KEY, HOLDER, FENCE, EXPIRES, WAITER).
+    #[command(after_help = exit::HELP)]
+    Ls(LsArgs),
+
+    /// Show one key's lease record, one field per line.
+    #[command(after_help = exit::HELP)]
+    Inspect(InspectArgs),
+
+    /// Free a lease whoever holds it (an operator's action; its holder is told it lost the lease).
+    #[command(after_help = exit::HELP)]
+    Release(ReleaseArgs),
+
+    /// Remove records that are free or expired and untouched for a while (fences stay monotonic).
+    #[command(after_help = exit::HELP)]
+    Cleanup(CleanupArgs),
+}
+
+/// Options of `run`.
+#[derive(Debug, Args)]
+pub(crate) struct RunArgs {
+    /// The key to lock.
+    #[arg(long, value_name = "KEY")]
+    pub(crate) key: OsString,
+
+    /// Time to live of the lease; it is renewed every TTL/3 while the command runs.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    pub(crate) ttl: Duration,
+
+    /// Wait at most this long for the lease, then exit 75 [default: wait forever].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, conflicts_with = "no_wait")]
+    pub(crate) wait: Option<Duration>,
+
+    /// Do not wait: if the lease is held elsewhere, exit 75 at once.
+    #[arg(long)]
+    pub(crate) no_wait: bool,
+
+    /// Send this signal to the command (once) when another process starts waiting for the lease,
+    /// e.g. SIGUSR1, USR1, TERM or 10.
+    #[arg(long, value_name = "SIGNAL", value_parser = SignalArg::parse)]
+    pub(crate) on_handoff: Option<SignalArg>,
+
+    /// How long the command may take to exit after it was sent SIGTERM (forwarded, or because the
+    /// lease was lost) before it is killed with SIGKILL.
+    #[arg(long, value_name = "DURATION", default_value = "25s", value_parser = parse_duration)]
+    pub(crate) grace: Duration,
+
+    /// A label stored with the lease (repeatable), e.g. --label task=nightly.
+    #[arg(long = "label", value_name = "NAME=VALUE", value_parser = parse_label)]
+    pub(crate) labels: Vec<(String, String)>,
+
+    /// The command to run, and its arguments (after `--`).
+    #[arg(value_name = "CMD", required = true, trailing_var_arg = true, num_args = 1..)]
+    pub(crate) command: Vec<OsString>,
+}
+
+/// Options of `ls`.
+#[derive(Debug, Args)]
+pub(crate) struct LsArgs {
+    /// Only keys starting with this prefix.
+    #[arg(long, value_name = "PREFIX")]
+    pub(crate) prefix: Option<OsString>,
+
+    /// Print a JSON array of records instead of a table.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// Options of `inspect`.
+#[derive(Debug, Args)]
+pub(crate) struct InspectArgs {
+    /// The key.
+    #[arg(value_name = "KEY")]
+    pub(crate) key: OsString,
+
+    /// Print the record as JSON.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// Options of `release`.
+#[derive(Debug, Args)]
+pub(crate) struct ReleaseArgs {
+    /// Required: only the holder releases a lease (its `leasehold run` does when the command
+    /// exits); --force frees it whoever holds it.
+    #[arg(long)]
+    pub(crate) force: bool,
+
+    /// The key.
+    #[arg(value_name = "KEY")]
+    pub(crate) key: OsString,
+}
+
+/// Options of `cleanup`.
+#[derive(Debug, Args)]
+pub(crate) struct CleanupArgs {
+    /// Remove records free (or expired) for at least this long.
+    #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = parse_duration)]
+    pub(crate) older_than: Duration,
+}
+
+/// Parses `500ms`, `30s`, `2m`, `1h`, `1h 30m` …
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s.trim()).map_err(|e| format!("{e} (examples: 500ms, 30s, 2m, 1h)"))
+}
+
+/// Parses `name=value`.
+fn parse_label(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((name, value)) if !name.is_empty() => Ok((name.to_owned(), value.to_owned())),
+        _ => Err("expected NAME=VALUE with a non-empty NAME".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_cli_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn durations_and_labels_parse() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert!(parse_duration("5x").is_err());
+        assert_eq!(parse_label("a=b=c"), Ok(("a".into(), "b=c".into())));
+        assert!(parse_label("=b").is_err());
+        assert!(parse_label("ab").is_err());
+    }
+}

@@ -1,0 +1,250 @@
+//! `leasehold run`: a command run while holding a lease.
+//!
+//! The child stays in leasehold's process group; signals reach it through [`signals::send`] on
+//! its pid, which is safe against pid reuse because the child is not reaped before we stop
+//! signalling it.
+
+use crate::admin::key_arg;
+use crate::cli::RunArgs;
+use crate::exit::{self, Failure, CANNOT_EXECUTE, ERROR, LOST, NOT_FOUND, SIGNAL_BASE};
+use crate::signals::{self, Forwarded};
+use crate::store;
+use leasehold::{Error, Key, LeaseGuard, Locks, LostReason, Released, Wait};
+use std::io;
+use std::os::unix::process::ExitStatusExt;
+use std::process::ExitStatus;
+use std::time::Duration;
+use tokio::process::{Child, Command};
+use tokio::time::Instant;
+
+/// How supervision of the child ended.
+enum End {
+    /// The child exited by itself.
+    Exited(io::Result<ExitStatus>),
+    /// leasehold got SIGTERM, SIGINT or SIGHUP.
+    Signalled(libc::c_int),
+    /// The lease was lost.
+    Lost(LostReason),
+}
+
+/// `leasehold run`.
+pub(crate) async fn run(store_url: Option<&str>, args: RunArgs) -> Result<u8, Failure> {
+    let key = key_arg(&args.key)?;
+    let Some((program, program_args)) = args.command.split_first() else {
+        return Err(Failure::usage(
+            "no command to run: leasehold run --key KEY -- CMD [ARGS...]",
+        ));
+    };
+    // From here on SIGTERM/SIGINT/SIGHUP are ours to handle: while waiting they end the wait,
+    // while the command runs they are forwarded to it.
+    let mut signals = Forwarded::install()
+        .map_err(|e| Failure::error(format!("cannot install signal handlers: {e}")))?;
+    let locks = Locks::from_arc(store::open(store_url).await?);
+
+    let mut builder = locks.lock_key(key.clone()).ttl(args.ttl);
+    builder = match (args.no_wait, args.wait) {
+        // `Wait::No` through `acquire()` reports contention without the holder's name (see the
+        // report); one attempt with a zero wait limit names it, and not registering as waiter
+        // keeps the attempt from signalling the holder.
+        (true, _) => builder
+            .wait_policy(Wait::For(Duration::ZERO))
+            .register_waiter(false),
+        (false, Some(limit)) => builder.wait(limit),
+        (false, None) => builder.wait_policy(Wait::Forever),
+    };
+    for (name, value) in args.labels {
+        builder = builder.label(name, value);
+    }
+
+    let guard = tokio::select! {
+        biased;
+        got = builder.acquire() => got.map_err(|e| not_obtained(&key, e, args.no_wait))?,
+        sig = signals.recv() => {
+            return Err(Failure::new(
+                signal_status(sig),
+                format!("{} received while waiting for the lease on {:?}", signals::name(sig), key.as_str()),
+            ));
+        }
+    };
+    tracing::info!(key = %key, fence = guard.fence(), "lease acquired");
+
+    let mut command = Command::new(program);
+    command
+        .args(program_args)
+        .env("LEASEHOLD_KEY", key.as_str())
+        .env("LEASEHOLD_FENCE", guard.fence().to_string())
+        .env("LEASEHOLD_HOLDER", locks.holder().as_str());
+    let mut child = match command.spawn() {
+        Ok(child) => child,
+        Err(e) => {
+            release(&guard, &key).await;
+            let code = if e.kind() == io::ErrorKind::NotFound {
+                NOT_FOUND
+            } else {
+                CANNOT_EXECUTE
+            };
+            return Err(Failure::new(
+                code,
+                format!("cannot run {:?}: {e}", program.to_string_lossy()),
+            ));
+        }
+    };
+
+    let mut on_handoff = args.on_handoff;
+    let end = loop {
+        tokio::select! {
+            biased;
+            reason = guard.lost() => break End::Lost(reason),
+            status = child.wait() => break End::Exited(status),
+            sig = signals.recv() => break End::Signalled(sig),
+            waiter = guard.handoff_requested(), if on_handoff.is_some() => {
+                if let Some(sig) = on_handoff.take() {
+                    tracing::info!(key = %key, waiter, signal = %sig, "a waiter wants the lease; signalling the command");
+                    signal_child(&child, sig.0);
+                }
+            }
+        }
+    };
+
+    match end {
+        End::Exited(status) => {
+            release(&guard, &key).await;
+            exit_status(status)
+        }
+        End::Signalled(sig) => {
+            signal_child(&child, sig);
+            let status = wait_within(&mut child, args.grace, &mut signals).await;
+            release(&guard, &key).await;
+            exit_status(status)
+        }
+        End::Lost(reason) => {
+            exit::report(&format!(
+                "lease on {:?} lost: {reason}; stopping the command (SIGTERM, SIGKILL after {})",
+                key.as_str(),
+                humantime::format_duration(args.grace)
+            ));
+            signal_child(&child, libc::SIGTERM);
+            if let Err(e) = wait_within(&mut child, args.grace, &mut signals).await {
+                tracing::warn!(error = %e, "waiting for the command failed");
+            }
+            // Not ours any more; this only stops the guard (the store answers "not held").
+            let _ = guard.release().await;
+            Ok(LOST)
+        }
+    }
+}
+
+/// The one line for a lease not obtained: who holds it.
+fn not_obtained(key: &Key, e: Error, no_wait: bool) -> Failure {
+    match e {
+        Error::Timeout { holder, waited, .. } => {
+            let how = if no_wait {
+                "(--no-wait)".to_owned()
+            } else {
+                format!("after waiting {}", crate::output::duration(waited))
+            };
+            Failure::new(
+                exit::NOT_OBTAINED,
+                format!(
+                    "lease on {:?} not obtained {how}: held by {}",
+                    key.as_str(),
+                    crate::output::clean(&holder)
+                ),
+            )
+        }
+        other => other.into(),
+    }
+}
+
+/// Sends `sig` to the child unless it has been reaped already.
+fn signal_child(child: &Child, sig: libc::c_int) {
+    let Some(pid) = child.id() else { return };
+    match signals::send(pid, sig) {
+        Ok(()) => tracing::debug!(pid, signal = %signals::name(sig), "signalled the command"),
+        Err(e) => {
+            tracing::warn!(pid, signal = %signals::name(sig), error = %e, "cannot signal the command")
+        }
+    }
+}
+
+/// Waits for the child to exit, forwarding further signals, and kills it with SIGKILL once
+/// `grace` has passed.
+async fn wait_within(
+    child: &mut Child,
+    grace: Duration,
+    signals: &mut Forwarded,
+) -> io::Result<ExitStatus> {
+    let deadline = Instant::now() + grace;
+    loop {
+        tokio::select! {
+            biased;
+            status = child.wait() => return status,
+            sig = signals.recv() => signal_child(child, sig),
+            () = tokio::time::sleep_until(deadline) => {
+                tracing::warn!(grace = %humantime::format_duration(grace), "the command did not exit in time; sending SIGKILL");
+                if let Err(e) = child.start_kill() {
+                    tracing::debug!(error = %e, "SIGKILL not sent; the command has exited");
+                }
+                return child.wait().await;
+            }
+        }
+    }
+}
+
+/// Releases the lease after the command has finished, telling the user if it was lost.
+async fn release(guard: &LeaseGuard, key: &Key) {
+    match guard.release().await {
+        Ok(Released::Released | Released::AlreadyReleased) => {}
+        Ok(Released::Lost(reason)) => exit::report(&format!(
+            "the lease on {:?} was no longer held when the command finished: {reason}",
+            key.as_str()
+        )),
+        Err(e) => exit::report(&format!(
+            "cannot release the lease on {:?}: {e}; it expires by its TTL",
+            key.as_str()
+        )),
+    }
+}
+
+/// leasehold's exit status for the child's: its code, or 128+S if signal S ended it.
+fn exit_status(status: io::Result<ExitStatus>) -> Result<u8, Failure> {
+    let status = status.map_err(|e| Failure::error(format!("cannot wait for the command: {e}")))?;
+    if let Some(code) = status.code() {
+        return Ok(u8::try_from(code & 0xff).unwrap_or(ERROR));
+    }
+    Ok(status.signal().map_or(ERROR, signal_status))
+}
+
+/// 128+S.
+fn signal_status(sig: libc::c_int) -> u8 {
+    u8::try_from(sig).map_or(ERROR, |s| SIGNAL_BASE.saturating_add(s))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_statuses_follow_the_shell() {
+        assert_eq!(exit_status(Ok(ExitStatus::from_raw(7 << 8))), Ok(7));
+        assert_eq!(
+            exit_status(Ok(ExitStatus::from_raw(libc::SIGKILL))),
+            Ok(137)
+        );
+        assert_eq!(signal_status(libc::SIGTERM), 143);
+    }
+
+    #[test]
+    fn not_obtained_names_the_holder() {
+        let key = Key::new("k").unwrap();
+        let e = Error::Timeout {
+            key: "k".into(),
+            holder: "host-1-abc".into(),
+            waited: Duration::from_millis(300),
+        };
+        let f = not_obtained(&key, e, false);
+        assert_eq!(f.code, exit::NOT_OBTAINED);
+        assert!(f.message.contains("held by host-1-abc"), "{}", f.message);
+        assert!(f.message.contains("300ms"), "{}", f.message);
+    }
+}

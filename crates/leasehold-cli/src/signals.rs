@@ -1,0 +1,148 @@
+//! Signal names, sending signals to the child, and the signals leasehold forwards.
+
+use std::fmt;
+use std::io;
+use tokio::signal::unix::{signal, Signal, SignalKind};
+
+/// Signal names without the `SIG` prefix, and their numbers on this platform.
+const NAMES: &[(&str, libc::c_int)] = &[
+    ("HUP", libc::SIGHUP),
+    ("INT", libc::SIGINT),
+    ("QUIT", libc::SIGQUIT),
+    ("ILL", libc::SIGILL),
+    ("TRAP", libc::SIGTRAP),
+    ("ABRT", libc::SIGABRT),
+    ("BUS", libc::SIGBUS),
+    ("FPE", libc::SIGFPE),
+    ("KILL", libc::SIGKILL),
+    ("USR1", libc::SIGUSR1),
+    ("SEGV", libc::SIGSEGV),
+    ("USR2", libc::SIGUSR2),
+    ("PIPE", libc::SIGPIPE),
+    ("ALRM", libc::SIGALRM),
+    ("TERM", libc::SIGTERM),
+    ("CHLD", libc::SIGCHLD),
+    ("CONT", libc::SIGCONT),
+    ("STOP", libc::SIGSTOP),
+    ("TSTP", libc::SIGTSTP),
+    ("TTIN", libc::SIGTTIN),
+    ("TTOU", libc::SIGTTOU),
+    ("URG", libc::SIGURG),
+    ("XCPU", libc::SIGXCPU),
+    ("XFSZ", libc::SIGXFSZ),
+    ("VTALRM", libc::SIGVTALRM),
+    ("PROF", libc::SIGPROF),
+    ("WINCH", libc::SIGWINCH),
+    ("IO", libc::SIGIO),
+    ("SYS", libc::SIGSYS),
+];
+
+/// The highest signal number accepted as a number (Linux's SIGRTMAX).
+const MAX_SIGNAL: libc::c_int = 64;
+
+/// A signal given on the command line: `SIGUSR1`, `USR1`, `usr1` or `10`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SignalArg(pub(crate) libc::c_int);
+
+impl SignalArg {
+    /// Parses a signal name or number.
+    pub(crate) fn parse(s: &str) -> Result<Self, String> {
+        let t = s.trim();
+        if let Ok(n) = t.parse::<libc::c_int>() {
+            return if (1..=MAX_SIGNAL).contains(&n) {
+                Ok(SignalArg(n))
+            } else {
+                Err(format!("signal number {n} is out of range 1-{MAX_SIGNAL}"))
+            };
+        }
+        let upper = t.to_ascii_uppercase();
+        let bare = upper.strip_prefix("SIG").unwrap_or(&upper);
+        NAMES
+            .iter()
+            .find(|(name, _)| *name == bare)
+            .map(|&(_, n)| SignalArg(n))
+            .ok_or_else(|| {
+                format!("unknown signal {s:?} (use a name like SIGUSR1, USR1, TERM, or a number)")
+            })
+    }
+}
+
+impl fmt::Display for SignalArg {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&name(self.0))
+    }
+}
+
+/// `SIGTERM` for 15, `signal 40` for numbers without a name.
+pub(crate) fn name(sig: libc::c_int) -> String {
+    NAMES
+        .iter()
+        .find(|&&(_, n)| n == sig)
+        .map_or_else(|| format!("signal {sig}"), |(name, _)| format!("SIG{name}"))
+}
+
+/// Sends `sig` to the process `pid`; a process that is already gone is not an error.
+pub(crate) fn send(pid: u32, sig: libc::c_int) -> io::Result<()> {
+    let pid = libc::pid_t::try_from(pid)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "pid out of range"))?;
+    // SAFETY: kill(2) has no memory-safety preconditions; `pid` is our own unreaped child's pid
+    // (positive), so it cannot name a process group or a recycled pid.
+    if unsafe { libc::kill(pid, sig) } == 0 {
+        return Ok(());
+    }
+    let e = io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::ESRCH) {
+        Ok(())
+    } else {
+        Err(e)
+    }
+}
+
+/// The termination signals leasehold catches and forwards: SIGTERM, SIGINT, SIGHUP.
+#[derive(Debug)]
+pub(crate) struct Forwarded {
+    term: Signal,
+    int: Signal,
+    hup: Signal,
+}
+
+impl Forwarded {
+    /// Installs the handlers (from here on these signals no longer end leasehold by themselves).
+    pub(crate) fn install() -> io::Result<Self> {
+        Ok(Forwarded {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+            hup: signal(SignalKind::hangup())?,
+        })
+    }
+
+    /// The next signal received. Cancel safe.
+    pub(crate) async fn recv(&mut self) -> libc::c_int {
+        tokio::select! {
+            Some(()) = self.term.recv() => libc::SIGTERM,
+            Some(()) = self.int.recv() => libc::SIGINT,
+            Some(()) = self.hup.recv() => libc::SIGHUP,
+            else => std::future::pending().await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signals_parse_by_name_and_number() {
+        for s in ["SIGUSR1", "USR1", "usr1", "SigUsr1", " USR1 "] {
+            assert_eq!(SignalArg::parse(s), Ok(SignalArg(libc::SIGUSR1)), "{s}");
+        }
+        assert_eq!(SignalArg::parse("TERM"), Ok(SignalArg(libc::SIGTERM)));
+        assert_eq!(SignalArg::parse("15"), Ok(SignalArg(15)));
+        assert!(SignalArg::parse("0").is_err());
+        assert!(SignalArg::parse("65").is_err());
+        assert!(SignalArg::parse("BOGUS").is_err());
+        assert!(SignalArg::parse("").is_err());
+        assert_eq!(name(libc::SIGUSR1), "SIGUSR1");
+        assert_eq!(name(40), "signal 40");
+    }
+}

@@ -1,0 +1,1011 @@
+//! End-to-end tests of the `leasehold` binary: real processes and signals against a `file://`
+//! store in a temp directory, no mocks.
+//!
+//! Children signal readiness by printing `ready` (read from leasehold's stdout, which they
+//! inherit) and are told to finish by closing their stdin or by a signal, so no test sleeps to
+//! wait for something it can observe.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use serde_json::Value;
+use std::ffi::{OsStr, OsString};
+use std::io::{BufRead, BufReader, Read};
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::process::{ChildStdin, Command, ExitStatus, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_leasehold");
+
+/// The longest any single step may take before the test fails (not a sleep: an upper bound).
+const LIMIT: Duration = Duration::from_secs(20);
+
+/// A child that prints `ready`, then waits for SIGTERM, which it reports and answers with exit 3.
+///
+/// It waits in `wait`, which a trapped signal interrupts without a race (a signal that comes just
+/// before a blocking `read` would wait for the read to end). The short `sleep`s have their own
+/// stdio, so none can keep our pipes open, and one outlives the shell by 0.1 s at most.
+const TRAP_TERM: &str = "trap 'echo got-TERM; exit 3' TERM; echo ready; \
+    while :; do sleep 0.1 </dev/null >/dev/null 2>&1 & wait $!; done";
+
+/// A child that prints `ready`, then waits for SIGUSR1, touches `$MARKER` and exits 0.
+const TRAP_USR1: &str = r#"trap 'touch "$MARKER"; echo got-USR1; exit 0' USR1; echo ready;
+    while :; do sleep 0.1 </dev/null >/dev/null 2>&1 & wait $!; done"#;
+
+/// A child that prints `ready` and holds on until its stdin closes.
+const UNTIL_EOF: &str = "echo ready; read x; exit 0";
+
+/// A file store in a temp directory.
+struct Store {
+    dir: tempfile::TempDir,
+    url: String,
+}
+
+impl Store {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("file://{}", dir.path().join("locks").display());
+        Store { dir, url }
+    }
+
+    /// The store directory (created by the first command that opens the store).
+    fn locks(&self) -> PathBuf {
+        self.dir.path().join("locks")
+    }
+
+    /// A path in the scratch directory next to the store.
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// `leasehold --store URL ARGS…`.
+    fn cmd<I, S>(&self, args: I) -> Command
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let mut c = bare();
+        c.arg("--store").arg(&self.url).args(args);
+        c.current_dir(self.dir.path());
+        c
+    }
+
+    fn spawn<I, S>(&self, args: I) -> Proc
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        Proc::spawn(self.cmd(args))
+    }
+
+    fn output<I, S>(&self, args: I) -> Out
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        Proc::spawn(self.cmd(args)).finish(LIMIT)
+    }
+
+    /// `inspect KEY --json`, which must succeed.
+    fn inspect(&self, key: &str) -> Value {
+        let out = self.output(["inspect", key, "--json"]);
+        assert_eq!(out.code, Some(0), "inspect {key}: {out:?}");
+        serde_json::from_str(&out.stdout).unwrap()
+    }
+
+    /// `ls --json [--prefix P]`.
+    fn ls_json(&self, prefix: Option<&str>) -> Vec<Value> {
+        let mut args = vec!["ls", "--json"];
+        if let Some(p) = prefix {
+            args.extend(["--prefix", p]);
+        }
+        let out = self.output(args);
+        assert_eq!(out.code, Some(0), "{out:?}");
+        serde_json::from_str::<Value>(&out.stdout)
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .clone()
+    }
+}
+
+/// The binary without a store option, with a clean environment for what it reads.
+fn bare() -> Command {
+    let mut c = Command::new(BIN);
+    c.env_remove("LEASEHOLD_STORE").env_remove("LEASEHOLD_LOG");
+    c
+}
+
+/// What a finished process left.
+#[derive(Debug)]
+struct Out {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+impl Out {
+    /// The one line on stderr (fails if there are more or none).
+    fn one_stderr_line(&self) -> &str {
+        let lines: Vec<&str> = self.stderr.lines().collect();
+        assert_eq!(lines.len(), 1, "exactly one line on stderr: {self:?}");
+        assert!(lines[0].starts_with("leasehold: "), "{self:?}");
+        lines[0]
+    }
+}
+
+/// A running process whose stdout lines, stderr and exit status are collected by threads.
+struct Proc {
+    pid: i32,
+    stdin: Option<ChildStdin>,
+    lines: Receiver<String>,
+    seen: Vec<String>,
+    stderr: Option<JoinHandle<String>>,
+    exit: Receiver<ExitStatus>,
+    done: bool,
+}
+
+impl Proc {
+    fn spawn(mut cmd: Command) -> Proc {
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let mut stderr = child.stderr.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let stderr = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = stderr.read_to_string(&mut s);
+            s
+        });
+        let pid = i32::try_from(child.id()).unwrap();
+        let stdin = child.stdin.take();
+        let (etx, exit) = mpsc::channel();
+        std::thread::spawn(move || {
+            let status = child.wait().unwrap();
+            let _ = etx.send(status);
+        });
+        Proc {
+            pid,
+            stdin,
+            lines,
+            seen: vec![],
+            stderr: Some(stderr),
+            exit,
+            done: false,
+        }
+    }
+
+    /// Waits for the stdout line `want`.
+    fn wait_line(&mut self, want: &str) {
+        let deadline = Instant::now() + LIMIT;
+        loop {
+            match self
+                .lines
+                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            {
+                Ok(line) => {
+                    let hit = line == want;
+                    self.seen.push(line);
+                    if hit {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    let status = self.exit.recv_timeout(Duration::from_secs(1)).ok();
+                    self.done |= status.is_some();
+                    let stderr = if status.is_some() {
+                        self.stderr.take().map(|h| h.join().unwrap())
+                    } else {
+                        None
+                    };
+                    panic!(
+                        "no line {want:?} ({e:?}); stdout so far {:?}, exit {status:?}, stderr {stderr:?}",
+                        self.seen
+                    );
+                }
+            }
+        }
+    }
+
+    fn signal(&self, sig: i32) {
+        assert!(!self.done);
+        // SAFETY: kill(2) on our own child, which is not reaped yet (its exit was not received).
+        assert_eq!(unsafe { libc::kill(self.pid, sig) }, 0);
+    }
+
+    fn close_stdin(&mut self) {
+        drop(self.stdin.take());
+    }
+
+    /// Waits up to `within` for the exit, then collects the rest of stdout and stderr.
+    fn finish(mut self, within: Duration) -> Out {
+        self.close_stdin();
+        let status = match self.exit.recv_timeout(within) {
+            Ok(s) => s,
+            Err(e) => panic!("process {} did not exit within {within:?}: {e:?}", self.pid),
+        };
+        self.done = true;
+        let deadline = Instant::now() + LIMIT;
+        loop {
+            match self
+                .lines
+                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            {
+                Ok(line) => self.seen.push(line),
+                Err(RecvTimeoutError::Disconnected) => break,
+                Err(RecvTimeoutError::Timeout) => panic!("stdout stayed open after exit"),
+            }
+        }
+        let stderr = self.stderr.take().unwrap().join().unwrap();
+        let mut stdout = self.seen.join("\n");
+        if !stdout.is_empty() {
+            stdout.push('\n');
+        }
+        Out {
+            code: status.code(),
+            stdout,
+            stderr,
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        // A failed test must not leave a leasehold process behind.
+        if !self.done && self.exit.try_recv().is_err() {
+            // SAFETY: kill(2) on our own child, not reaped yet.
+            unsafe { libc::kill(self.pid, libc::SIGKILL) };
+        }
+    }
+}
+
+fn fence(v: &Value) -> u64 {
+    v["fence"].as_u64().unwrap()
+}
+
+fn holder(v: &Value) -> String {
+    v["holder"].as_str().unwrap().to_owned()
+}
+
+fn find<'a>(records: &'a [Value], key: &str) -> &'a Value {
+    records
+        .iter()
+        .find(|r| r["key"] == key)
+        .unwrap_or_else(|| panic!("{key} in {records:?}"))
+}
+
+#[test]
+fn run_passes_the_lease_to_the_command_and_exits_with_its_status() {
+    let s = Store::new();
+    let out = s.output([
+        "run",
+        "--key",
+        "job",
+        "--",
+        "sh",
+        "-c",
+        r#"echo "$LEASEHOLD_KEY|$LEASEHOLD_FENCE|$LEASEHOLD_HOLDER"; exit 7"#,
+    ]);
+    assert_eq!(out.code, Some(7), "{out:?}");
+    assert_eq!(out.stderr, "");
+    let parts: Vec<&str> = out.stdout.trim().split('|').collect();
+    assert_eq!(parts.len(), 3, "{out:?}");
+    assert_eq!(parts[0], "job");
+    let f: u64 = parts[1].parse().unwrap();
+    assert!(!parts[2].is_empty());
+
+    // Released afterwards, fence kept.
+    let rec = s.inspect("job");
+    assert_eq!(rec["state"], "free");
+    assert_eq!(fence(&rec), f);
+
+    // Death by a signal is 128 + the signal; fences keep increasing.
+    let out = s.output([
+        "run",
+        "--key",
+        "job",
+        "--",
+        "sh",
+        "-c",
+        r#"echo "$LEASEHOLD_FENCE"; kill -KILL $$"#,
+    ]);
+    assert_eq!(out.code, Some(128 + libc::SIGKILL), "{out:?}");
+    assert!(out.stdout.trim().parse::<u64>().unwrap() > f);
+    assert_eq!(s.inspect("job")["state"], "free");
+
+    // The command's arguments reach it as given.
+    let out = s.output([
+        "run", "--key", "job", "--", "printf", "%s|", "a b", "-c", "--x",
+    ]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(out.stdout.trim(), "a b|-c|--x|");
+}
+
+#[test]
+fn a_command_that_cannot_start_exits_127_and_frees_the_lease() {
+    let s = Store::new();
+    let out = s.output(["run", "--key", "k", "--", "/nonexistent/command"]);
+    assert_eq!(out.code, Some(127), "{out:?}");
+    assert!(out.one_stderr_line().contains("/nonexistent/command"));
+    assert_eq!(s.inspect("k")["state"], "free");
+}
+
+#[test]
+fn a_held_lease_is_not_obtained_exit_75_naming_the_holder() {
+    let s = Store::new();
+    let mut first = s.spawn(["run", "--key", "k", "--", "sh", "-c", UNTIL_EOF]);
+    first.wait_line("ready");
+    let rec = s.inspect("k");
+    assert_eq!(rec["state"], "held");
+    let who = holder(&rec);
+
+    let out = s.output(["run", "--key", "k", "--no-wait", "--", "echo", "never"]);
+    assert_eq!(out.code, Some(75), "{out:?}");
+    assert_eq!(out.stdout, "");
+    let line = out.one_stderr_line();
+    assert!(line.contains(&who), "{line}");
+
+    let t = Instant::now();
+    let out = s.output([
+        "run", "--key", "k", "--wait", "300ms", "--", "echo", "never",
+    ]);
+    assert!(t.elapsed() >= Duration::from_millis(300));
+    assert_eq!(out.code, Some(75), "{out:?}");
+    assert_eq!(out.stdout, "");
+    assert!(out.one_stderr_line().contains(&who), "{out:?}");
+
+    // The holder was not disturbed; once it finishes the lease is free.
+    let out = first.finish(LIMIT);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(out.stderr, "");
+    let out = s.output(["run", "--key", "k", "--no-wait", "--", "true"]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+}
+
+/// Waits until the record of `key` shows a registered waiter. The waiter emits nothing while it
+/// waits, so this polls the record (bounded).
+fn wait_for_waiter(s: &Store, key: &str) {
+    let deadline = Instant::now() + LIMIT;
+    while s.inspect(key)["waiter"].is_null() {
+        assert!(Instant::now() < deadline, "no waiter registered on {key}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn by_default_run_waits_until_the_holder_is_done() {
+    let s = Store::new();
+    let mut first = s.spawn(["run", "--key", "k", "--", "sh", "-c", UNTIL_EOF]);
+    first.wait_line("ready");
+    let first_fence = fence(&s.inspect("k"));
+
+    let waiter = s.spawn([
+        "run",
+        "--key",
+        "k",
+        "--",
+        "sh",
+        "-c",
+        "echo $LEASEHOLD_FENCE",
+    ]);
+    wait_for_waiter(&s, "k");
+    first.close_stdin();
+    assert_eq!(first.finish(LIMIT).code, Some(0));
+    let out = waiter.finish(LIMIT);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(out.stdout.trim().parse::<u64>().unwrap() > first_fence);
+}
+
+#[test]
+fn a_signal_ends_the_wait_with_128_plus_the_signal() {
+    let s = Store::new();
+    let mut first = s.spawn(["run", "--key", "k", "--", "sh", "-c", UNTIL_EOF]);
+    first.wait_line("ready");
+
+    let quitter = s.spawn(["run", "--key", "k", "--", "echo", "never"]);
+    wait_for_waiter(&s, "k");
+    quitter.signal(libc::SIGTERM);
+    let out = quitter.finish(LIMIT);
+    assert_eq!(out.code, Some(128 + libc::SIGTERM), "{out:?}");
+    assert!(out.one_stderr_line().contains("SIGTERM"), "{out:?}");
+    assert_eq!(out.stdout, "");
+
+    first.close_stdin();
+    assert_eq!(first.finish(LIMIT).code, Some(0));
+}
+
+#[test]
+fn a_lost_lease_stops_the_command_and_exits_76() {
+    let s = Store::new();
+    let mut run = s.spawn([
+        "run", "--key", "k", "--ttl", "1s", "--", "sh", "-c", TRAP_TERM,
+    ]);
+    run.wait_line("ready");
+    let rec = s.inspect("k");
+    let t = Instant::now();
+
+    let out = s.output(["release", "--force", "k"]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(out.stdout.contains(&holder(&rec)), "{out:?}");
+    assert!(
+        out.stdout.contains(&format!("fence {}", fence(&rec))),
+        "{out:?}"
+    );
+    assert!(out.stderr.contains("WARN"), "logged at warn: {out:?}");
+
+    run.wait_line("got-TERM");
+    let out = run.finish(Duration::from_secs(15));
+    assert!(t.elapsed() < Duration::from_secs(15));
+    assert_eq!(out.code, Some(76), "{out:?}");
+    assert!(
+        out.stdout.contains("got-TERM"),
+        "the command got SIGTERM: {out:?}"
+    );
+    let line = out.one_stderr_line();
+    assert!(
+        line.contains("lost") && line.contains("released by someone else"),
+        "{line}"
+    );
+}
+
+#[test]
+fn termination_signals_are_forwarded_and_the_lease_released_afterwards() {
+    let s = Store::new();
+    for (sig, name) in [
+        (libc::SIGTERM, "TERM"),
+        (libc::SIGHUP, "HUP"),
+        (libc::SIGINT, "INT"),
+    ] {
+        let script = TRAP_TERM.replace("TERM", name);
+        let mut run = s.spawn(["run", "--key", "k", "--", "sh", "-c", &script]);
+        run.wait_line("ready");
+        run.signal(sig);
+        let out = run.finish(LIMIT);
+        assert_eq!(out.code, Some(3), "{name}: the command's status: {out:?}");
+        assert!(out.stdout.contains(&format!("got-{name}")), "{out:?}");
+        assert_eq!(out.stderr, "", "{name}");
+        // Released, not merely abandoned: the record is free at once.
+        assert_eq!(s.inspect("k")["state"], "free", "{name}");
+        let out = s.output(["run", "--key", "k", "--no-wait", "--", "true"]);
+        assert_eq!(out.code, Some(0), "{name}: {out:?}");
+    }
+}
+
+#[test]
+fn a_command_that_ignores_sigterm_is_killed_after_the_grace_period() {
+    let s = Store::new();
+    let mut run = s.spawn([
+        "run",
+        "--key",
+        "k",
+        "--grace",
+        "300ms",
+        "--",
+        "sh",
+        "-c",
+        "trap '' TERM; echo ready; read x",
+    ]);
+    run.wait_line("ready");
+    let t = Instant::now();
+    run.signal(libc::SIGTERM);
+    // stdin stays open until finish(); the command leaves only by SIGKILL.
+    let exit = run.exit.recv_timeout(LIMIT).unwrap();
+    run.done = true;
+    assert!(t.elapsed() >= Duration::from_millis(300));
+    assert_eq!(exit.code(), Some(128 + libc::SIGKILL));
+    assert_eq!(s.inspect("k")["state"], "free");
+}
+
+#[test]
+fn on_handoff_signals_the_holder_when_someone_waits() {
+    let s = Store::new();
+    let marker = s.path("handed-over");
+    let mut cmd = s.cmd([
+        "run",
+        "--key",
+        "k",
+        "--ttl",
+        "1s",
+        "--on-handoff",
+        "USR1",
+        "--",
+        "sh",
+        "-c",
+        TRAP_USR1,
+    ]);
+    cmd.env("MARKER", &marker);
+    let mut holder = Proc::spawn(cmd);
+    holder.wait_line("ready");
+    let first = fence(&s.inspect("k"));
+
+    let t = Instant::now();
+    let out = s.output([
+        "run",
+        "--key",
+        "k",
+        "--wait",
+        "10s",
+        "--",
+        "sh",
+        "-c",
+        "echo $LEASEHOLD_FENCE",
+    ]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(t.elapsed() < Duration::from_secs(10));
+    assert!(out.stdout.trim().parse::<u64>().unwrap() > first);
+    assert!(marker.exists(), "the holder's command got SIGUSR1");
+
+    let out = holder.finish(LIMIT);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(out.stdout.contains("got-USR1"), "{out:?}");
+    assert_eq!(out.stderr, "");
+}
+
+/// Writes a record file by hand, as the file store keeps them (`<key>.lease`, JSON).
+fn write_record(dir: &Path, name: &str, body: &str) {
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(dir.join(name), body).unwrap();
+}
+
+const STALE: &str = r#"{
+  "key": "stale",
+  "holder": "ghost-1",
+  "token": "0123456789abcdef0123456789abcdef",
+  "fence": 5,
+  "acquired": "2020-01-01T00:00:00Z",
+  "renewed": "2020-01-01T00:00:00Z",
+  "expires": "2020-01-01T00:00:30Z",
+  "ttl_ms": 30000
+}
+"#;
+
+#[test]
+fn ls_and_inspect_show_records_as_tables_lines_and_json() {
+    let s = Store::new();
+    let mut alice = s.spawn([
+        "run",
+        "--key",
+        "user:alice",
+        "--label",
+        "team=core",
+        "--",
+        "sh",
+        "-c",
+        UNTIL_EOF,
+    ]);
+    alice.wait_line("ready");
+    for key in ["user:bob", "other"] {
+        assert_eq!(s.output(["run", "--key", key, "--", "true"]).code, Some(0));
+    }
+    write_record(&s.locks(), "stale.lease", STALE);
+    write_record(
+        &s.locks(),
+        "broken.lease",
+        "{\"key\": \"broken\", \"fence\": 12, tr",
+    );
+
+    // JSON: every record, with its state; the corrupt one by name and detail.
+    let all = s.ls_json(None);
+    assert_eq!(all.len(), 5, "{all:?}");
+    let a = find(&all, "user:alice");
+    assert_eq!(a["state"], "held");
+    assert_eq!(a["labels"]["team"], "core");
+    assert!(
+        a.get("token").is_none(),
+        "owner tokens are not printed: {a}"
+    );
+    let who = holder(a);
+    assert_eq!(find(&all, "user:bob")["state"], "free");
+    assert_eq!(find(&all, "stale")["state"], "expired");
+    let corrupt = all.iter().find(|r| r["state"] == "corrupt").unwrap();
+    assert_eq!(corrupt["name"], "broken.lease");
+    assert!(!corrupt["detail"].as_str().unwrap().is_empty());
+
+    let users = s.ls_json(Some("user:"));
+    let keys: Vec<&str> = users.iter().filter_map(|r| r["key"].as_str()).collect();
+    assert_eq!(keys, ["user:alice", "user:bob"]);
+
+    // The table.
+    let out = s.output(["ls"]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    for col in ["KEY", "HOLDER", "FENCE", "EXPIRES IN", "WAITER"] {
+        assert!(lines[0].contains(col), "{}", out.stdout);
+    }
+    let row = |start: &str| {
+        *lines
+            .iter()
+            .find(|l| l.starts_with(start))
+            .unwrap_or_else(|| panic!("{start} in\n{}", out.stdout))
+    };
+    let alice_row = row("user:alice ");
+    assert!(alice_row.contains(&who) && alice_row.contains(&fence(a).to_string()));
+    assert!(row("user:bob ").contains("free"));
+    assert!(row("stale ").contains("expired") && row("stale ").contains("ghost-1"));
+    assert!(row("broken.lease ").contains("corrupt"));
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("corrupt record broken.lease: ")),
+        "{}",
+        out.stdout
+    );
+
+    // inspect, for people: one field per line.
+    let out = s.output(["inspect", "user:alice"]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    for want in [
+        "key: user:alice".to_owned(),
+        "state: held".into(),
+        format!("holder: {who}"),
+        format!("fence: {}", fence(a)),
+        "waiter: -".into(),
+        "labels: team=core".into(),
+    ] {
+        assert!(
+            out.stdout.lines().any(|l| l == want),
+            "{want} in\n{}",
+            out.stdout
+        );
+    }
+    for field in [
+        "acquired: 20",
+        "expires: 20",
+        "remaining: ",
+        "pid: ",
+        "host: ",
+    ] {
+        assert!(
+            out.stdout.lines().any(|l| l.starts_with(field)),
+            "{field} in\n{}",
+            out.stdout
+        );
+    }
+    // … and as JSON.
+    let v = s.inspect("user:alice");
+    assert_eq!(v["key"], "user:alice");
+    assert_eq!(v["holder"], who.as_str());
+    assert!(v["remaining_ms"].as_u64().unwrap() > 0);
+
+    // No record, and a corrupt record: exit 1 with one clear line.
+    let out = s.output(["inspect", "nobody"]);
+    assert_eq!(out.code, Some(1), "{out:?}");
+    assert!(out.one_stderr_line().contains("no lease record"), "{out:?}");
+    let out = s.output(["inspect", "broken"]);
+    assert_eq!(out.code, Some(1), "{out:?}");
+    assert!(out.one_stderr_line().contains("corrupt"), "{out:?}");
+    let out = s.output(["inspect", "broken", "--json"]);
+    assert_eq!(out.code, Some(1), "{out:?}");
+    let v: Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(v["state"], "corrupt");
+
+    alice.close_stdin();
+    assert_eq!(alice.finish(LIMIT).code, Some(0));
+}
+
+#[test]
+fn cleanup_removes_old_free_and_expired_records_only() {
+    let s = Store::new();
+    let mut busy = s.spawn(["run", "--key", "busy", "--", "sh", "-c", UNTIL_EOF]);
+    busy.wait_line("ready");
+    assert_eq!(
+        s.output(["run", "--key", "fresh", "--", "true"]).code,
+        Some(0)
+    );
+    write_record(&s.locks(), "stale.lease", STALE);
+
+    let out = s.output(["cleanup"]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(
+        out.stdout.starts_with("removed 1 record, kept 2 records"),
+        "{out:?}"
+    );
+    assert_eq!(s.output(["inspect", "stale"]).code, Some(1));
+
+    let out = s.output(["cleanup", "--older-than", "0s"]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(
+        out.stdout.starts_with("removed 1 record, kept 1 record"),
+        "{out:?}"
+    );
+    let keys: Vec<Value> = s.ls_json(None).iter().map(|r| r["key"].clone()).collect();
+    assert_eq!(keys, ["busy"]);
+
+    busy.close_stdin();
+    assert_eq!(busy.finish(LIMIT).code, Some(0));
+}
+
+#[test]
+fn release_needs_force_and_says_when_nobody_held_the_lease() {
+    let s = Store::new();
+    let out = s.output(["release", "k"]);
+    assert_eq!(out.code, Some(2), "{out:?}");
+    let line = out.one_stderr_line();
+    assert!(
+        line.contains("only the holder") && line.contains("--force"),
+        "{line}"
+    );
+
+    let out = s.output(["release", "--force", "k"]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(out.stdout.contains("not held"), "{out:?}");
+}
+
+#[test]
+fn bad_input_is_one_line_and_exit_2() {
+    let s = Store::new();
+    let long = "x".repeat(2000);
+    let not_utf8 = OsStr::from_bytes(b"ab\xffcd").to_owned();
+    let cases: Vec<Vec<OsString>> = vec![
+        vec![
+            "run".into(),
+            "--key".into(),
+            "k".into(),
+            "--ttl".into(),
+            "5x".into(),
+            "--".into(),
+            "true".into(),
+        ],
+        vec![
+            "run".into(),
+            "--key".into(),
+            "k".into(),
+            "--ttl".into(),
+            "5ms".into(),
+            "--".into(),
+            "true".into(),
+        ],
+        vec![
+            "run".into(),
+            "--key".into(),
+            "k".into(),
+            "--wait".into(),
+            "soon".into(),
+            "--".into(),
+            "true".into(),
+        ],
+        vec![
+            "run".into(),
+            "--key".into(),
+            "".into(),
+            "--".into(),
+            "true".into(),
+        ],
+        vec![
+            "run".into(),
+            "--key".into(),
+            long.clone().into(),
+            "--".into(),
+            "true".into(),
+        ],
+        vec![
+            "run".into(),
+            "--key".into(),
+            not_utf8.clone(),
+            "--".into(),
+            "true".into(),
+        ],
+        vec![
+            "run".into(),
+            "--key".into(),
+            "k".into(),
+            "--on-handoff".into(),
+            "NOPE".into(),
+            "--".into(),
+            "true".into(),
+        ],
+        vec![
+            "run".into(),
+            "--key".into(),
+            "k".into(),
+            "--label".into(),
+            "novalue".into(),
+            "--".into(),
+            "true".into(),
+        ],
+        vec!["inspect".into(), not_utf8.clone()],
+        vec!["inspect".into(), long.into()],
+        vec!["release".into(), "--force".into(), "".into()],
+        vec!["ls".into(), "--prefix".into(), not_utf8],
+        vec!["cleanup".into(), "--older-than".into(), "forever".into()],
+    ];
+    for args in cases {
+        let out = s.output(&args);
+        assert_eq!(out.code, Some(2), "{args:?}: {out:?}");
+        assert_eq!(out.stdout, "", "{args:?}");
+        out.one_stderr_line();
+    }
+    // clap's own usage errors (with the usage) exit 2 too.
+    let out = s.output([
+        "run",
+        "--key",
+        "k",
+        "--wait",
+        "1s",
+        "--no-wait",
+        "--",
+        "true",
+    ]);
+    assert_eq!(out.code, Some(2), "{out:?}");
+    let out = s.output(["run", "--key", "k"]);
+    assert_eq!(out.code, Some(2), "{out:?}");
+
+    // Nothing was locked along the way.
+    assert!(s.ls_json(None).is_empty());
+
+    // A bad store URL, from the option or the environment.
+    for url in [
+        "nope://x",
+        "file://relative/dir",
+        "file:///tmp/x?colour=blue",
+    ] {
+        let out = Proc::spawn({
+            let mut c = bare();
+            c.args(["--store", url, "ls"]);
+            c
+        })
+        .finish(LIMIT);
+        assert_eq!(out.code, Some(2), "{url}: {out:?}");
+        out.one_stderr_line();
+    }
+    let out = Proc::spawn({
+        let mut c = bare();
+        c.env("LEASEHOLD_STORE", "nope://x").args(["inspect", "k"]);
+        c
+    })
+    .finish(LIMIT);
+    assert_eq!(out.code, Some(2), "{out:?}");
+    assert!(out.one_stderr_line().contains("nope://x"), "{out:?}");
+}
+
+#[test]
+fn the_store_comes_from_the_environment_or_the_state_directory() {
+    let s = Store::new();
+    let out = Proc::spawn({
+        let mut c = bare();
+        c.env("LEASEHOLD_STORE", &s.url)
+            .args(["run", "--key", "from-env", "--", "true"]);
+        c
+    })
+    .finish(LIMIT);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(s.inspect("from-env")["state"], "free");
+
+    let state = s.path("state");
+    let out = Proc::spawn({
+        let mut c = bare();
+        c.env("XDG_STATE_HOME", &state)
+            .args(["run", "--key", "by-default", "--", "true"]);
+        c
+    })
+    .finish(LIMIT);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(state
+        .join("leasehold")
+        .join("locks")
+        .join("by-default.lease")
+        .exists());
+}
+
+#[test]
+fn a_closed_stdout_is_not_an_error() {
+    let s = Store::new();
+    assert_eq!(s.output(["run", "--key", "k", "--", "true"]).code, Some(0));
+    let mut fds = [0; 2];
+    // SAFETY: pipe(2) fills the two-element array.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    // SAFETY: both descriptors were just created and are owned by nobody else.
+    let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    drop(read);
+    for args in [vec!["ls"], vec!["ls", "--json"], vec!["inspect", "k"]] {
+        let out = s
+            .cmd(&args)
+            .stdout(Stdio::from(write.try_clone().unwrap()))
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {out:?}");
+        assert_eq!(String::from_utf8_lossy(&out.stderr), "", "{args:?}");
+    }
+}
+
+#[test]
+fn help_documents_the_exit_codes() {
+    for args in [vec!["--help"], vec!["run", "--help"]] {
+        let out = bare().args(&args).output().unwrap();
+        assert_eq!(out.status.code(), Some(0));
+        let text = String::from_utf8(out.stdout).unwrap();
+        for want in [
+            "Exit status",
+            "75",
+            "76",
+            "LEASEHOLD_STORE",
+            "LEASEHOLD_LOG",
+        ] {
+            assert!(text.contains(want), "{want} in {args:?}:\n{text}");
+        }
+    }
+}
+
+#[test]
+fn run_works_on_redis_and_redlock() {
+    let server = leasehold_testkit::servers::RedisServer::start();
+    let nodes: Vec<_> = (0..3)
+        .map(|_| leasehold_testkit::servers::RedisServer::start())
+        .collect();
+    for url in [
+        server.url(),
+        leasehold_testkit::servers::redlock_url(&nodes),
+    ] {
+        let out = bare()
+            .args([
+                "--store",
+                &url,
+                "run",
+                "--key",
+                "agent-1",
+                "--",
+                "sh",
+                "-c",
+                "echo $LEASEHOLD_FENCE",
+            ])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{url}: {out:?}");
+        let fence: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+        assert!(fence >= 1);
+        // Held by another process: --no-wait exits 75 naming the holder.
+        let mut holder = bare()
+            .args([
+                "--store", &url, "run", "--key", "agent-1", "--", "sh", "-c", UNTIL_EOF,
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(holder.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "ready");
+        let out = bare()
+            .args([
+                "--store",
+                &url,
+                "run",
+                "--key",
+                "agent-1",
+                "--no-wait",
+                "--",
+                "true",
+            ])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(75), "{url}: {out:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("held by"),
+            "{out:?}"
+        );
+        drop(holder.stdin.take());
+        assert!(holder.wait().unwrap().success());
+        let out = bare()
+            .args(["--store", &url, "ls", "--json"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+    }
+}
