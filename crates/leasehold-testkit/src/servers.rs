@@ -60,6 +60,7 @@ fn spawn(mut cmd: Command) -> std::io::Result<Child> {
 pub struct RedisServer {
     /// Its port.
     pub port: u16,
+    tls: bool,
     child: Option<Child>,
     dir: tempfile::TempDir,
 }
@@ -75,28 +76,51 @@ impl RedisServer {
 
     /// Starts a server on `port` (to restart one in place).
     pub fn start_on(port: u16) -> Self {
+        Self::launch(port, false)
+    }
+
+    /// Starts a server that speaks only TLS, with a fresh CA and server certificate made by
+    /// `openssl` in its directory; [`RedisServer::url`] then gives `rediss://…?ca=…`.
+    pub fn start_tls() -> Self {
+        Self::launch(free_port(), true)
+    }
+
+    fn launch(port: u16, tls: bool) -> Self {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
         let mut cmd = Command::new("redis-server");
-        cmd.args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
-        .arg("--dir")
-        .arg(dir.path())
-        .args(["--daemonize", "no", "--loglevel", "warning"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit());
+        if tls {
+            make_certs(dir.path());
+            let p = |f: &str| dir.path().join(f).display().to_string();
+            cmd.args([
+                "--port",
+                "0",
+                "--tls-port",
+                &port.to_string(),
+                "--tls-auth-clients",
+                "no",
+            ])
+            .args([
+                "--tls-cert-file",
+                &p("server.crt"),
+                "--tls-key-file",
+                &p("server.key"),
+            ])
+            .args(["--tls-ca-cert-file", &p("ca.crt")]);
+        } else {
+            cmd.args(["--port", &port.to_string()]);
+        }
+        cmd.args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(dir.path())
+            .args(["--daemonize", "no", "--loglevel", "warning"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
         let child = spawn(cmd).unwrap_or_else(|e| {
             panic!("cannot start redis-server ({e}): install it with `apt-get install redis-server`, or run ./scripts/test which does")
         });
         let server = RedisServer {
             port,
+            tls,
             child: Some(child),
             dir,
         };
@@ -111,13 +135,30 @@ impl RedisServer {
         server
     }
 
-    /// `redis://127.0.0.1:PORT/0`.
+    /// `redis://127.0.0.1:PORT/0` (or `rediss://…?ca=CA_FILE` for a TLS server).
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/0", self.port)
+        if self.tls {
+            format!(
+                "rediss://127.0.0.1:{}/0?ca={}",
+                self.port,
+                self.dir.path().join("ca.crt").display()
+            )
+        } else {
+            format!("redis://127.0.0.1:{}/0", self.port)
+        }
     }
 
-    /// Whether the server answers `PING`.
+    /// Whether the server answers `PING` (for TLS, through `redis-cli --tls`).
     pub fn ping(&self) -> bool {
+        if self.tls {
+            let ca = self.dir.path().join("ca.crt");
+            return Command::new("redis-cli")
+                .args(["--tls", "--cacert"])
+                .arg(&ca)
+                .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "PING"])
+                .output()
+                .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).starts_with("PONG"));
+        }
         self.command(&["PING"])
             .is_some_and(|r| r.starts_with("+PONG"))
     }
@@ -191,4 +232,71 @@ pub fn redlock_url(servers: &[RedisServer]) -> String {
         .map(|s| format!("127.0.0.1:{}", s.port))
         .collect();
     format!("redlock://{}/0", nodes.join(","))
+}
+
+/// A CA and a server certificate for 127.0.0.1 in `dir` (ca.crt, server.crt, server.key).
+fn make_certs(dir: &std::path::Path) {
+    let run = |args: &[&str]| {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .unwrap_or_else(|e| {
+                panic!("cannot run openssl ({e}): install it (apt-get install openssl)")
+            });
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    std::fs::write(
+        dir.join("ext"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
+    )
+    .unwrap_or_else(|e| panic!("write: {e}"));
+    run(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=leasehold test CA",
+    ]);
+    run(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=127.0.0.1",
+    ]);
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.crt",
+        "-days",
+        "2",
+        "-extfile",
+        "ext",
+    ]);
 }

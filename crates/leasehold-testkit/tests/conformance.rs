@@ -60,3 +60,18 @@ mod redlock5 {
     }
     leasehold_testkit::conformance_tests!(store().await);
 }
+
+mod rediss {
+    use super::*;
+    fn server() -> &'static leasehold_testkit::servers::RedisServer {
+        static S: std::sync::OnceLock<leasehold_testkit::servers::RedisServer> =
+            std::sync::OnceLock::new();
+        S.get_or_init(leasehold_testkit::servers::RedisServer::start_tls)
+    }
+    async fn store() -> Arc<dyn LockStore> {
+        leasehold::open_store(&server().url())
+            .await
+            .expect("rediss store")
+    }
+    leasehold_testkit::conformance_tests!(store().await);
+}

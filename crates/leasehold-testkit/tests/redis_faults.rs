@@ -266,3 +266,24 @@ async fn ten_thousand_leases_stay_alive_with_batched_renewals() {
         .is_none());
     assert_eq!(l.release_all().await.unwrap(), 10_000);
 }
+
+#[tokio::test]
+async fn tls_needs_a_trusted_certificate() {
+    let server = RedisServer::start_tls();
+    // Our CA: works (the conformance suite runs over rediss:// too).
+    assert!(leasehold::open_store(&server.url()).await.is_ok());
+    // The system trust store does not know the test CA: a clear, non-panicking error.
+    let plain = format!("rediss://127.0.0.1:{}/0?timeout=500ms", server.port);
+    let err = leasehold::open_store(&plain)
+        .await
+        .expect_err("untrusted certificate");
+    eprintln!("{err}");
+    // Plain redis:// against a TLS port does not hang either.
+    let wrong = format!("redis://127.0.0.1:{}/0?timeout=300ms", server.port);
+    assert!(leasehold::open_store(&wrong).await.is_err());
+    let no_tls = format!("redis://127.0.0.1:{}/0?ca=/nonexistent", server.port);
+    assert!(matches!(
+        leasehold::open_store(&no_tls).await,
+        Err(leasehold::Error::InvalidUrl { .. })
+    ));
+}

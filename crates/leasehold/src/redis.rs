@@ -192,6 +192,9 @@ pub struct RedisOptions {
     /// Per-command response timeout (default 2 s); a server that stops answering makes calls fail
     /// after this, so a holder's `lost()` fires before its TTL runs out.
     pub timeout: Duration,
+    /// For `rediss://`: a PEM file of the CA that signed the server's certificate (`?ca=`);
+    /// default: the system's trust store.
+    pub ca_file: Option<std::path::PathBuf>,
 }
 
 impl Default for RedisOptions {
@@ -200,6 +203,7 @@ impl Default for RedisOptions {
             prefix: "leasehold:lock:".into(),
             fence_prefix: None,
             timeout: Duration::from_secs(2),
+            ca_file: None,
         }
     }
 }
@@ -219,13 +223,14 @@ impl RedisOptions {
             match &*k {
                 "prefix" => opts.prefix = v.into_owned(),
                 "fence_prefix" => opts.fence_prefix = Some(v.into_owned()),
+                "ca" => opts.ca_file = Some(v.into_owned().into()),
                 "timeout" => {
                     opts.timeout = humantime::parse_duration(&v)
                         .map_err(|e| bad(format!("timeout {v:?}: {e}")))?
                 }
                 other => {
                     return Err(bad(format!(
-                        "unknown parameter {other:?} (known: prefix, fence_prefix, timeout)"
+                        "unknown parameter {other:?} (known: prefix, fence_prefix, timeout, ca)"
                     )))
                 }
             }
@@ -370,7 +375,45 @@ impl std::fmt::Debug for RedisStore {
     }
 }
 
+/// A client for `redis://` or `rediss://` (TLS through rustls with the ring provider; the CA from
+/// `ca_file` or the system trust store).
+fn open_client(url: &str, opts: &RedisOptions, described: &str) -> Result<::redis::Client> {
+    let bad = |reason: String| Error::InvalidUrl {
+        url: described.to_owned(),
+        reason,
+    };
+    let tls = url.starts_with("rediss://");
+    if tls {
+        // Several crates may race to install a provider; any installed one will do.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+    match (&opts.ca_file, tls) {
+        (Some(ca), true) => {
+            let pem = std::fs::read(ca).map_err(|e| Error::io("read CA file", ca.display(), e))?;
+            ::redis::Client::build_with_tls(
+                url,
+                ::redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(pem),
+                },
+            )
+            .map_err(|e| bad(e.to_string()))
+        }
+        (Some(_), false) => Err(bad("?ca= needs a rediss:// URL".into())),
+        (None, _) => ::redis::Client::open(url).map_err(|e| bad(e.to_string())),
+    }
+}
+
 pub(crate) fn map_err(store: &str, e: ::redis::RedisError) -> Error {
+    let text = e.to_string();
+    if text.contains("certificate") {
+        // A TLS trust failure does not heal by retrying.
+        return Error::Store {
+            store: store.to_owned(),
+            detail: text,
+            retryable: false,
+        };
+    }
     if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal() {
         Error::Unavailable {
             store: store.to_owned(),
@@ -415,10 +458,8 @@ impl RedisStore {
                 format!("record prefix {:?} and fence prefix {fence_prefix:?} must be non-empty and neither may start with the other", opts.prefix),
             ));
         }
-        let client = ::redis::Client::open(url).map_err(|e| Error::InvalidUrl {
-            url: described.clone(),
-            reason: e.to_string(),
-        })?;
+        let client = open_client(url, &opts, &described)?;
+
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(opts.timeout))
             .set_response_timeout(Some(opts.timeout))
