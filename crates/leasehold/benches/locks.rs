@@ -1,10 +1,12 @@
 //! leasehold benchmarks: every case beside the floor it is judged against, both measured in the same
 //! run, reported as ratios.
 //!
-//! `cargo bench -p leasehold --bench locks` runs everything in well under a minute;
-//! `cargo bench -p leasehold --bench locks -- --quick` is a few-second smoke run (CI). The process
-//! exits non-zero only when a case fails (an error, or the lock was found broken), never because a
-//! target was missed: timing on shared machines is too noisy to gate on.
+//! `cargo bench -p leasehold --bench locks` runs everything in about 20 s;
+//! `cargo bench -p leasehold --bench locks -- --quick` is a two-second smoke run (CI). Words after
+//! `--` pick sections: `memory`, `file`, `handoff` (default: all). The process exits non-zero only
+//! when a case fails (an error, or the lock was found broken), never because a target was missed:
+//! timing on shared machines is too noisy to gate on. The load average before and after is printed;
+//! figures taken while other work runs on the machine are not comparable.
 //!
 //! # Uncontended acquire + release (one key, single-thread tokio runtime)
 //! * the local layer ([`LocalLocks`] lock + drop) vs `tokio::sync::Mutex` lock + unlock and the
@@ -30,7 +32,9 @@
 //! briefly, note the time, `release`. Times are `CLOCK_MONOTONIC`, which all processes of a host
 //! share. Merging the two event logs, every release followed by the other process's acquisition is
 //! one handoff; its latency is release → the other process holds the lease. The merged log is also
-//! checked for overlapping holds.
+//! checked for overlapping holds. The floor is the same two processes passing the turn with one byte
+//! through a pipe (blocking `read`): the bare cost of waking another process on this machine.
+//! `LEASEHOLD_BENCH_DEBUG=1` prints more quantiles of both.
 
 use leasehold::file::{FileOptions, FileStore};
 use leasehold::memory::MemoryStore;

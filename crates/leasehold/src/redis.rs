@@ -70,11 +70,24 @@ end
 "#;
 
 /// KEYS: record, fence counter. ARGV: holder, token, ttl_ms, waiter_ttl_ms (0: none), labels
-/// JSON, pid, host, key. Returns {1, record} when granted, {0, record or ''} when held.
+/// JSON, pid, then as JSON strings: host, key, holder, token. Returns {1, record} when granted,
+/// {0, record or ''} when held.
 const ACQUIRE: &str = r#"
 local raw = redis.call('GET', KEYS[1])
-local r = decode(raw)
 local token = ARGV[2]
+if not raw then
+  -- Free and never waited for: build the record as a string (no JSON library on the fast path).
+  local fence = redis.call('INCR', KEYS[2])
+  local ttl = tonumber(ARGV[3])
+  local rec = '{"key":' .. ARGV[8] .. ',"holder":' .. ARGV[9] .. ',"token":' .. ARGV[10]
+    .. ',"fence":' .. fence .. ',"acquired":' .. now .. ',"renewed":' .. now
+    .. ',"expires":' .. (now + ttl) .. ',"ttl_ms":' .. ttl
+    .. ',"waiter":null,"waiter_token":null,"waiter_expires":null,"pid":' .. ARGV[6]
+    .. ',"host":' .. ARGV[7] .. ',"labels":' .. ARGV[5] .. '}'
+  redis.call('SET', KEYS[1], rec, 'PX', ttl)
+  return {1, rec}
+end
+local r = decode(raw)
 if type(r) == 'table' then
   local mine = str(r.waiter_token) == token
   if held(r) or (live_waiter(r) and not mine) then
@@ -91,8 +104,8 @@ if type(r) == 'table' then
 end
 local fence = redis.call('INCR', KEYS[2])
 local ttl = tonumber(ARGV[3])
-local g = {key = ARGV[8], holder = ARGV[1], token = token, fence = fence, acquired = now,
-  renewed = now, expires = now + ttl, ttl_ms = ttl, pid = tonumber(ARGV[6]), host = ARGV[7],
+local g = {key = cjson.decode(ARGV[8]), holder = ARGV[1], token = token, fence = fence, acquired = now,
+  renewed = now, expires = now + ttl, ttl_ms = ttl, pid = tonumber(ARGV[6]), host = cjson.decode(ARGV[7]),
   labels = cjson.decode(ARGV[5]), waiter = cjson.null, waiter_token = cjson.null,
   waiter_expires = cjson.null}
 if type(r) == 'table' and live_waiter(r) and str(r.waiter_token) ~= token then
@@ -128,9 +141,20 @@ end
 return out
 "#;
 
-/// KEYS: record. ARGV: token. Returns 1 released, 0 not ours (2: ours but already expired).
+/// KEYS: record. ARGV: token, token as a JSON string. Returns 1 released, 0 not ours (2: ours but
+/// already expired).
 const RELEASE: &str = r#"
-local r = decode(redis.call('GET', KEYS[1]))
+local raw = redis.call('GET', KEYS[1])
+if not raw then return 0 end
+if string.find(raw, '"token":' .. ARGV[2], 1, true) and string.find(raw, '"waiter_token":null', 1, true) then
+  -- Ours and nobody waits: delete without decoding.
+  local expires = tonumber(string.match(raw, '"expires":(%d+)')) or 0
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', KEYS[1], 'released')
+  if expires > now then return 1 end
+  return 2
+end
+local r = decode(raw)
 if type(r) ~= 'table' or str(r.token) ~= ARGV[1] then return 0 end
 local was_held = held(r)
 put(freed(r), KEYS[1])
@@ -710,8 +734,10 @@ impl LockStore for RedisStore {
             .arg(waiter_ms)
             .arg(labels)
             .arg(std::process::id())
-            .arg(crate::decide::host())
-            .arg(req.key.as_str());
+            .arg(json_str(crate::decide::host()))
+            .arg(json_str(req.key.as_str()))
+            .arg(json_str(&req.holder))
+            .arg(json_str(&req.token));
         let (granted, raw): (i64, Option<Vec<u8>>) = self.invoke(inv).await?;
         let raw = raw.unwrap_or_default();
         if granted == 1 {
@@ -748,7 +774,9 @@ impl LockStore for RedisStore {
 
     async fn release(&self, key: &Key, token: &str) -> Result<ReleaseOutcome> {
         let mut inv = self.inner.scripts.release.prepare_invoke();
-        inv.key(self.record_key(key)).arg(token);
+        inv.key(self.record_key(key))
+            .arg(token)
+            .arg(json_str(token));
         let r: i64 = self.invoke(inv).await?;
         Ok(if r == 1 {
             ReleaseOutcome::Released
@@ -857,6 +885,10 @@ impl LockStore for RedisStore {
                 .await?,
         )))
     }
+}
+
+fn json_str(s: &str) -> String {
+    serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into())
 }
 
 fn glob_escape(s: &str) -> String {

@@ -1,0 +1,348 @@
+//! Redis and Redlock benchmarks, each beside its floor and the `rslock` crate in the same run.
+//!
+//! `cargo bench -p leasehold-testkit --bench redis` (about a minute), `-- --quick` for a smoke run.
+//! Starts its own `redis-server`s (1 + 3) on free loopback ports.
+//!
+//! 1. Acquire+release cycles/s and p50/p99 latency with 1, 8 and 64 concurrent tasks over distinct
+//!    keys: (a) the floor — `SET NX PX` + a compare-and-delete script through the same client;
+//!    (b) leasehold `redis://`; (c) `rslock` 0.10; and on 3 nodes: the raw 3-node quorum floor,
+//!    leasehold `redlock://`, `rslock` with 3 nodes.
+//! 2. A hot key: 8 and 64 tasks split over 2 OS processes contending on one key (acquire, release at
+//!    once, again): handoffs/s, p50/p99/p99.9 wait, and the longest wait of any acquisition.
+
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use leasehold::Locks;
+use leasehold_testkit::servers::{redlock_url, RedisServer};
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const CHILD_ENV: &str = "LEASEHOLD_REDIS_BENCH_CHILD";
+const TTL: Duration = Duration::from_secs(10);
+
+const CAD: &str =
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";
+
+#[derive(Clone)]
+enum Impl {
+    Floor(Vec<redis::aio::ConnectionManager>, Arc<redis::Script>),
+    Leasehold(Locks),
+    Rslock(Arc<rslock::LockManager>),
+}
+
+impl Impl {
+    async fn cycle(&self, key: &str) {
+        match self {
+            Impl::Floor(conns, cad) => {
+                let token = format!("{:x}", fastrand::u128(..));
+                let sets = conns.iter().map(|c| {
+                    let mut c = c.clone();
+                    let (key, token) = (key.to_owned(), token.clone());
+                    async move {
+                        let r: Option<String> = redis::cmd("SET")
+                            .arg(&key)
+                            .arg(&token)
+                            .arg("NX")
+                            .arg("PX")
+                            .arg(TTL.as_millis() as u64)
+                            .query_async(&mut c)
+                            .await
+                            .unwrap();
+                        r.is_some()
+                    }
+                });
+                let granted = join(sets).await.into_iter().filter(|g| *g).count();
+                assert!(granted > conns.len() / 2, "floor: key {key} not free");
+                let dels = conns.iter().map(|c| {
+                    let mut c = c.clone();
+                    let cad = cad.clone();
+                    let (key, token) = (key.to_owned(), token.clone());
+                    async move {
+                        let _: i64 = cad
+                            .key(&key)
+                            .arg(&token)
+                            .invoke_async(&mut c)
+                            .await
+                            .unwrap();
+                    }
+                });
+                join(dels).await;
+            }
+            Impl::Leasehold(locks) => {
+                let g = locks
+                    .lock(key)
+                    .unwrap()
+                    .ttl(TTL)
+                    .try_acquire()
+                    .await
+                    .unwrap()
+                    .expect("free key");
+                g.release().await.unwrap();
+            }
+            Impl::Rslock(m) => {
+                let l = m.lock(key.as_bytes(), TTL).await.expect("rslock: free key");
+                m.unlock(&l).await;
+            }
+        }
+    }
+
+    async fn hot(&self, key: &str) {
+        match self {
+            Impl::Leasehold(locks) => {
+                let g = locks
+                    .lock(key)
+                    .unwrap()
+                    .ttl(TTL)
+                    .wait(Duration::from_secs(60))
+                    .acquire()
+                    .await
+                    .unwrap();
+                g.release().await.unwrap();
+            }
+            Impl::Rslock(m) => {
+                let l = m.acquire_no_guard(key.as_bytes(), TTL).await.unwrap();
+                m.unlock(&l).await;
+            }
+            Impl::Floor(..) => unreachable!(),
+        }
+    }
+}
+
+/// Awaits futures concurrently (spawned tasks).
+async fn join<F>(futs: impl Iterator<Item = F>) -> Vec<F::Output>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let handles: Vec<_> = futs.map(tokio::spawn).collect();
+    let mut out = vec![];
+    for h in handles {
+        out.push(h.await.unwrap());
+    }
+    out
+}
+
+fn pct(sorted: &[u64], p: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    sorted[((sorted.len() as f64 * p) as usize).min(sorted.len() - 1)]
+}
+
+fn us(ns: u64) -> String {
+    format!("{:.0} µs", ns as f64 / 1000.0)
+}
+
+struct Throughput {
+    per_sec: f64,
+    p50: u64,
+    p99: u64,
+}
+
+/// `tasks` tasks on distinct keys, each looping acquire+release for `dur`.
+async fn throughput(imp: &Impl, tasks: usize, dur: Duration, tag: &str) -> Throughput {
+    let run = fastrand::u32(..);
+    let deadline = Instant::now() + dur;
+    let all = join((0..tasks).map(|t| {
+        let imp = imp.clone();
+        let key = format!("bench:{tag}:{run}:{t}");
+        async move {
+            let mut lat = vec![];
+            while Instant::now() < deadline {
+                let s = Instant::now();
+                imp.cycle(&key).await;
+                lat.push(s.elapsed().as_nanos() as u64);
+            }
+            lat
+        }
+    }))
+    .await;
+    let mut lat: Vec<u64> = all.into_iter().flatten().collect();
+    lat.sort_unstable();
+    Throughput {
+        per_sec: lat.len() as f64 / dur.as_secs_f64(),
+        p50: pct(&lat, 0.5),
+        p99: pct(&lat, 0.99),
+    }
+}
+
+/// Waits (ns) of `tasks` tasks contending on `key` for `dur`.
+async fn hot_waits(imp: &Impl, tasks: usize, dur: Duration, key: &str) -> Vec<u64> {
+    let deadline = Instant::now() + dur;
+    let all = join((0..tasks).map(|_| {
+        let imp = imp.clone();
+        let key = key.to_owned();
+        async move {
+            let mut waits = vec![];
+            while Instant::now() < deadline {
+                let s = Instant::now();
+                imp.hot(&key).await;
+                waits.push(s.elapsed().as_nanos() as u64);
+            }
+            waits
+        }
+    }))
+    .await;
+    all.into_iter().flatten().collect()
+}
+
+async fn make(kind: &str, urls: &[String]) -> Impl {
+    match kind {
+        "leasehold" => {
+            let url = if urls.len() == 1 {
+                urls[0].clone()
+            } else {
+                redlock_url_from(urls)
+            };
+            Impl::Leasehold(leasehold::connect(&url).await.unwrap())
+        }
+        "rslock" => Impl::Rslock(Arc::new(rslock::LockManager::new(urls.to_vec()))),
+        _ => {
+            let mut conns = vec![];
+            for u in urls {
+                conns.push(
+                    redis::Client::open(u.as_str())
+                        .unwrap()
+                        .get_connection_manager()
+                        .await
+                        .unwrap(),
+                );
+            }
+            Impl::Floor(conns, Arc::new(redis::Script::new(CAD)))
+        }
+    }
+}
+
+fn redlock_url_from(urls: &[String]) -> String {
+    let nodes: Vec<&str> = urls
+        .iter()
+        .map(|u| u.trim_start_matches("redis://").trim_end_matches("/0"))
+        .collect();
+    format!("redlock://{}/0", nodes.join(","))
+}
+
+/// The second process of the hot-key runs: prints its waits.
+fn child(spec: &str) {
+    let mut parts = spec.split('\n');
+    let kind = parts.next().unwrap().to_owned();
+    let tasks: usize = parts.next().unwrap().parse().unwrap();
+    let dur = Duration::from_millis(parts.next().unwrap().parse().unwrap());
+    let key = parts.next().unwrap().to_owned();
+    let urls: Vec<String> = parts.map(str::to_owned).collect();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let waits = rt.block_on(async {
+        let imp = make(&kind, &urls).await;
+        hot_waits(&imp, tasks, dur, &key).await
+    });
+    let mut out = std::io::stdout().lock();
+    for w in waits {
+        let _ = writeln!(out, "{w}");
+    }
+}
+
+fn hot_key(
+    rt: &tokio::runtime::Runtime,
+    kind: &str,
+    urls: &[String],
+    tasks: usize,
+    dur: Duration,
+) -> String {
+    let key = format!("bench:hot:{kind}:{tasks}:{}", fastrand::u32(..));
+    let mut spec = format!("{kind}\n{}\n{}\n{key}", tasks / 2, dur.as_millis());
+    for u in urls {
+        spec.push('\n');
+        spec.push_str(u);
+    }
+    let mut c = Command::new(std::env::current_exe().unwrap())
+        .env(CHILD_ENV, spec)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = c.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        BufReader::new(out)
+            .lines()
+            .map_while(Result::ok)
+            .filter_map(|l| l.parse::<u64>().ok())
+            .collect::<Vec<u64>>()
+    });
+    let mut waits = rt.block_on(async {
+        let imp = make(kind, urls).await;
+        hot_waits(&imp, tasks - tasks / 2, dur, &key).await
+    });
+    let _ = c.wait();
+    waits.extend(reader.join().unwrap());
+    waits.sort_unstable();
+    format!(
+        "| {kind} | {tasks} | {:.0} | {} | {} | {} | {} |",
+        waits.len() as f64 / dur.as_secs_f64(),
+        us(pct(&waits, 0.5)),
+        us(pct(&waits, 0.99)),
+        us(pct(&waits, 0.999)),
+        us(*waits.last().unwrap_or(&0)),
+    )
+}
+
+fn main() {
+    if let Ok(spec) = std::env::var(CHILD_ENV) {
+        child(&spec);
+        return;
+    }
+    let quick = std::env::args().any(|a| a == "--quick");
+    let dur = if quick {
+        Duration::from_millis(300)
+    } else {
+        Duration::from_secs(2)
+    };
+    let one = RedisServer::start();
+    let three: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let one_url = vec![one.url()];
+    let three_urls: Vec<String> = three.iter().map(RedisServer::url).collect();
+    let _ = redlock_url(&three);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+
+    println!("\n| store | tasks | implementation | cycles/s | p50 | p99 | vs floor |");
+    println!("|---|---|---|---|---|---|---|");
+    for (label, urls) in [
+        ("redis, 1 node", &one_url),
+        ("redlock, 3 nodes", &three_urls),
+    ] {
+        for tasks in [1usize, 8, 64] {
+            let mut floor = 0.0;
+            for kind in ["floor", "leasehold", "rslock"] {
+                let t = rt.block_on(async {
+                    let imp = make(kind, urls).await;
+                    throughput(&imp, tasks, dur, kind).await
+                });
+                if kind == "floor" {
+                    floor = t.per_sec;
+                }
+                println!(
+                    "| {label} | {tasks} | {kind} | {:.0} | {} | {} | {:.2}× |",
+                    t.per_sec,
+                    us(t.p50),
+                    us(t.p99),
+                    t.per_sec / floor
+                );
+            }
+        }
+    }
+
+    println!("\n| hot key (redis, 2 processes) | tasks | handoffs/s | p50 wait | p99 wait | p99.9 wait | longest wait |");
+    println!("|---|---|---|---|---|---|---|");
+    for tasks in [8usize, 64] {
+        for kind in ["leasehold", "rslock"] {
+            println!("{}", hot_key(&rt, kind, &one_url, tasks, dur));
+        }
+    }
+}
