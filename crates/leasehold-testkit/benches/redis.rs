@@ -29,6 +29,8 @@ const CAD: &str =
 enum Impl {
     Floor(Vec<redis::aio::ConnectionManager>, Arc<redis::Script>),
     Leasehold(Locks),
+    /// The store calls alone, without the guard (its renewal task) and the local layer.
+    Raw(Arc<dyn leasehold::LockStore>),
     Rslock(Arc<rslock::LockManager>),
 }
 
@@ -81,6 +83,15 @@ impl Impl {
                     .expect("free key");
                 g.release().await.unwrap();
             }
+            Impl::Raw(store) => {
+                let req =
+                    leasehold::AcquireRequest::new(leasehold::Key::new(key).unwrap(), "bench", TTL);
+                match store.acquire(&req).await.unwrap() {
+                    leasehold::AcquireOutcome::Granted(_) => {}
+                    other => panic!("raw: key not free: {other:?}"),
+                }
+                store.release(&req.key, &req.token).await.unwrap();
+            }
             Impl::Rslock(m) => {
                 let l = m.lock(key.as_bytes(), TTL).await.expect("rslock: free key");
                 m.unlock(&l).await;
@@ -105,7 +116,7 @@ impl Impl {
                 let l = m.acquire_no_guard(key.as_bytes(), TTL).await.unwrap();
                 m.unlock(&l).await;
             }
-            Impl::Floor(..) => unreachable!(),
+            Impl::Floor(..) | Impl::Raw(_) => unreachable!(),
         }
     }
 }
@@ -197,6 +208,14 @@ async fn make(kind: &str, urls: &[String]) -> Impl {
                 redlock_url_from(urls)
             };
             Impl::Leasehold(leasehold::connect(&url).await.unwrap())
+        }
+        "leasehold-store" => {
+            let url = if urls.len() == 1 {
+                urls[0].clone()
+            } else {
+                redlock_url_from(urls)
+            };
+            Impl::Raw(leasehold::open_store(&url).await.unwrap())
         }
         "rslock" => Impl::Rslock(Arc::new(rslock::LockManager::new(urls.to_vec()))),
         _ => {
@@ -319,7 +338,7 @@ fn main() {
     ] {
         for tasks in [1usize, 8, 64] {
             let mut floor = 0.0;
-            for kind in ["floor", "leasehold", "rslock"] {
+            for kind in ["floor", "leasehold", "leasehold-store", "rslock"] {
                 let t = rt.block_on(async {
                     let imp = make(kind, urls).await;
                     throughput(&imp, tasks, dur, kind).await
