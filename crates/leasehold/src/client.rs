@@ -2,7 +2,7 @@
 
 use crate::error::{Error, Result};
 use crate::guard::{Grant, LeaseGuard, LiveSet, Released};
-use crate::holder::{new_token, HolderId};
+use crate::holder::HolderId;
 use crate::key::Key;
 use crate::local::LocalLocks;
 use crate::metrics::Metrics;
@@ -334,7 +334,6 @@ impl LockBuilder {
 
         let store = locks.store.clone();
         let mut req = AcquireRequest::new(key.clone(), locks.holder.as_str(), opts.ttl);
-        req.token = new_token();
         req.labels = opts.labels.clone();
         if waiting && opts.register_waiter {
             req.waiter_ttl = Some(opts.waiter_lifetime());

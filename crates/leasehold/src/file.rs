@@ -99,6 +99,8 @@ struct Inner {
     naming: Naming,
     /// Open record files of the leases this store holds, by owner token.
     held: Mutex<HashMap<String, Held>>,
+    /// The store's one inotify instance, made on first use.
+    notifier: std::sync::OnceLock<std::result::Result<Arc<Notifier>, String>>,
 }
 
 #[derive(Debug)]
@@ -260,9 +262,11 @@ impl Inner {
                 continue;
             };
             let fd = file.as_raw_fd();
-            let kernel = ofd_lock(fd, HOLD, libc::F_WRLCK as libc::c_int, false)
-                .map_err(|e| self.io_err("lock", &path, e))?;
+            let mut kernel = false;
             let step = self.mutate(&path, &file, wait, |found| {
+                // The holder lock is tried under the mutation lock, so a losing attempt never
+                // holds it while another process is being granted the lease.
+                kernel = ofd_lock(fd, HOLD, libc::F_WRLCK as libc::c_int, false).unwrap_or(false);
                 let dead = kernel
                     && found.record().is_some_and(|r| {
                         r.token.is_some()
@@ -277,7 +281,13 @@ impl Inner {
                         );
                         (AcquireOutcome::Granted(r.clone()), Some(r))
                     }
-                    other => other,
+                    other => {
+                        if kernel {
+                            let _ = ofd_lock(fd, HOLD, libc::F_UNLCK as libc::c_int, false);
+                            kernel = false;
+                        }
+                        other
+                    }
                 }
             })?;
             match step {
@@ -570,6 +580,7 @@ impl FileStore {
                 opts,
                 naming: Naming::file(),
                 held: Mutex::new(HashMap::new()),
+                notifier: std::sync::OnceLock::new(),
             }),
         })
     }
@@ -734,9 +745,16 @@ impl LockStore for FileStore {
         let path = self.inner.path(key);
         // The file must exist to be watched; creating an empty one is what acquire does anyway.
         drop(self.inner.open(&path, true)?);
-        Ok(Some(Box::new(
-            Inotify::new(&path).map_err(|e| Error::io("inotify", path.display(), e))?,
-        )))
+        let notifier = self
+            .inner
+            .notifier
+            .get_or_init(|| Notifier::start().map_err(|e| e.to_string()))
+            .clone()
+            .map_err(|e| Error::io("inotify", path.display(), io::Error::other(e)))?;
+        let watch = notifier
+            .watch(&path)
+            .map_err(|e| Error::io("inotify", path.display(), e))?;
+        Ok(Some(Box::new(watch)))
     }
 }
 
@@ -754,19 +772,36 @@ async fn blocking<T: Send + 'static>(
         })?
 }
 
-/// An inotify watch on one record file: wakes on writes, on a writer closing (a holder that
-/// exits or dies closes its descriptor), and on deletion.
+/// The store's one inotify instance. Every waiting `acquire` registers the record file it waits
+/// for; one task reads the events and wakes the waiters of that file. The instance is never closed
+/// on the acquire path (closing an inotify descriptor waits for a kernel grace period, milliseconds),
+/// and unused watches are removed in batches.
 ///
-/// Closes are everywhere (every acquisition attempt opens and closes the file), so a wake-up that
-/// only saw closes counts only if the holder lock went from held to free — the holder died.
-/// Attempts of others, and our own, do not wake us.
+/// Wakes on writes (a release rewrites the record), on deletion, and on a writer closing the file
+/// only if the holder lock went from held to free — the holder died. Closes are everywhere (every
+/// acquisition attempt opens and closes the file), so closes alone do not wake anyone.
 #[derive(Debug)]
-struct Inotify {
+struct Notifier {
     fd: AsyncFd<OwnedFd>,
+    watches: Mutex<Watches>,
+}
+
+#[derive(Debug, Default)]
+struct Watches {
+    by_wd: HashMap<i32, Watched>,
+    by_path: HashMap<PathBuf, i32>,
+}
+
+#[derive(Debug)]
+struct Watched {
+    path: PathBuf,
+    tx: tokio::sync::watch::Sender<()>,
     record: File,
     hold_held: bool,
-    gone: bool,
 }
+
+/// Unused watches kept before a sweep removes them.
+const IDLE_WATCHES: usize = 1024;
 
 /// Whether some open file description holds the holder lock of `file`.
 fn hold_is_held(file: &File) -> bool {
@@ -788,13 +823,8 @@ fn hold_is_held(file: &File) -> bool {
     rc != 0 || fl.l_type != libc::F_UNLCK as libc::c_short
 }
 
-impl Inotify {
-    fn new(path: &Path) -> io::Result<Self> {
-        let record = OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(path)?;
-        use std::os::unix::ffi::OsStrExt;
+impl Notifier {
+    fn start() -> io::Result<Arc<Self>> {
         // SAFETY: plain syscall; the result is checked.
         let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
         if fd < 0 {
@@ -802,6 +832,111 @@ impl Inotify {
         }
         // SAFETY: fd was just returned by inotify_init1 and is owned by nobody else.
         let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: `owned` is a fresh inotify descriptor nobody else uses; AsyncFd owns it now.
+        let fd = unsafe { AsyncFd::register(owned) }?;
+        let n = Arc::new(Notifier {
+            fd,
+            watches: Mutex::new(Watches::default()),
+        });
+        let weak = Arc::downgrade(&n);
+        tokio::spawn(async move {
+            while let Some(n) = weak.upgrade() {
+                if !n.pump().await {
+                    return;
+                }
+            }
+        });
+        Ok(n)
+    }
+
+    /// Waits for events and dispatches them; false when the descriptor failed.
+    async fn pump(&self) -> bool {
+        let Ok(mut guard) = self.fd.readable().await else {
+            return false;
+        };
+        let mut buf = [0u8; 8192];
+        // SAFETY: buf is valid for its length; the fd is a non-blocking inotify descriptor.
+        let n = unsafe {
+            libc::read(
+                guard.get_inner().as_raw_fd(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+            )
+        };
+        if n <= 0 {
+            guard.clear_ready();
+            let e = io::Error::last_os_error();
+            return n == 0
+                || matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                );
+        }
+        let n = n as usize;
+        let mut off = 0usize;
+        let mut w = self.watches.lock();
+        while off + std::mem::size_of::<libc::inotify_event>() <= n {
+            // SAFETY: the kernel wrote whole events; read_unaligned copes with alignment.
+            let ev: libc::inotify_event =
+                unsafe { std::ptr::read_unaligned(buf[off..].as_ptr().cast()) };
+            off += std::mem::size_of::<libc::inotify_event>() + ev.len as usize;
+            if ev.mask & libc::IN_IGNORED != 0 {
+                // The file is gone (cleanup): wake its waiters and forget it.
+                if let Some(gone) = w.by_wd.remove(&ev.wd) {
+                    if w.by_path.get(&gone.path) == Some(&ev.wd) {
+                        w.by_path.remove(&gone.path);
+                    }
+                    gone.tx.send_replace(());
+                }
+                continue;
+            }
+            let Some(entry) = w.by_wd.get_mut(&ev.wd) else {
+                continue;
+            };
+            let was_held = std::mem::replace(&mut entry.hold_held, hold_is_held(&entry.record));
+            let only_close = ev.mask & !libc::IN_CLOSE_WRITE == 0;
+            if !only_close || (was_held && !entry.hold_held) {
+                entry.tx.send_replace(());
+            }
+        }
+        true
+    }
+
+    fn watch(self: &Arc<Self>, path: &Path) -> io::Result<FileWatch> {
+        let mut w = self.watches.lock();
+        if let Some(wd) = w.by_path.get(path) {
+            if let Some(e) = w.by_wd.get(wd) {
+                return Ok(FileWatch {
+                    rx: e.tx.subscribe(),
+                });
+            }
+        }
+        let idle = w
+            .by_wd
+            .values()
+            .filter(|e| e.tx.receiver_count() == 0)
+            .count();
+        if idle >= IDLE_WATCHES {
+            // Drop every unused watch. Rare: only after many distinct keys were waited for.
+            let unused: Vec<i32> = w
+                .by_wd
+                .iter()
+                .filter(|(_, e)| e.tx.receiver_count() == 0)
+                .map(|(wd, _)| *wd)
+                .collect();
+            for wd in unused {
+                if let Some(e) = w.by_wd.remove(&wd) {
+                    w.by_path.remove(&e.path);
+                }
+                // SAFETY: removing a watch of our own descriptor; errors are harmless.
+                unsafe { libc::inotify_rm_watch(self.fd.get_ref().as_raw_fd(), wd) };
+            }
+        }
+        use std::os::unix::ffi::OsStrExt;
+        let record = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(path)?;
         let mut cpath = path.as_os_str().as_bytes().to_vec();
         cpath.push(0);
         let mask = libc::IN_MODIFY
@@ -810,76 +945,46 @@ impl Inotify {
             | libc::IN_MOVE_SELF
             | libc::IN_ATTRIB;
         // SAFETY: cpath is NUL-terminated and outlives the call.
-        let wd = unsafe { libc::inotify_add_watch(fd, cpath.as_ptr().cast(), mask) };
+        let wd = unsafe {
+            libc::inotify_add_watch(self.fd.get_ref().as_raw_fd(), cpath.as_ptr().cast(), mask)
+        };
         if wd < 0 {
             return Err(io::Error::last_os_error());
         }
-        // SAFETY: `owned` is a fresh inotify descriptor nobody else uses; AsyncFd owns it from here on.
-        let fd = unsafe { AsyncFd::register(owned) }?;
+        // The same inode may already be watched under another path entry (a stale one).
+        if let Some(e) = w.by_wd.get(&wd) {
+            let rx = e.tx.subscribe();
+            w.by_path.insert(path.to_path_buf(), wd);
+            return Ok(FileWatch { rx });
+        }
         let hold_held = hold_is_held(&record);
-        Ok(Inotify {
-            fd,
-            record,
-            hold_held,
-            gone: false,
-        })
+        let (tx, rx) = tokio::sync::watch::channel(());
+        w.by_wd.insert(
+            wd,
+            Watched {
+                path: path.to_path_buf(),
+                tx,
+                record,
+                hold_held,
+            },
+        );
+        w.by_path.insert(path.to_path_buf(), wd);
+        Ok(FileWatch { rx })
     }
 }
 
+/// One waiter's subscription to a record file.
+#[derive(Debug)]
+struct FileWatch {
+    rx: tokio::sync::watch::Receiver<()>,
+}
+
 #[async_trait]
-impl ChangeWatch for Inotify {
+impl ChangeWatch for FileWatch {
     async fn changed(&mut self) {
-        if self.gone {
-            // The file was removed (cleanup): nothing more will be reported; poll gently.
+        if self.rx.changed().await.is_err() {
+            // The file was removed (cleanup) and its watch dropped: poll gently.
             tokio::time::sleep(Duration::from_millis(50)).await;
-            return;
-        }
-        loop {
-            let Ok(mut guard) = self.fd.readable().await else {
-                self.gone = true;
-                return;
-            };
-            let mut buf = [0u8; 4096];
-            // SAFETY: buf is valid for its length; the fd is a non-blocking inotify descriptor.
-            let n = unsafe {
-                libc::read(
-                    guard.get_inner().as_raw_fd(),
-                    buf.as_mut_ptr().cast(),
-                    buf.len(),
-                )
-            };
-            if n > 0 {
-                let mut off = 0usize;
-                let n = n as usize;
-                let mut only_closes = true;
-                while off + std::mem::size_of::<libc::inotify_event>() <= n {
-                    // SAFETY: the kernel wrote whole events; read_unaligned copes with alignment.
-                    let ev: libc::inotify_event =
-                        unsafe { std::ptr::read_unaligned(buf[off..].as_ptr().cast()) };
-                    if ev.mask & (libc::IN_IGNORED | libc::IN_DELETE_SELF | libc::IN_MOVE_SELF) != 0
-                    {
-                        self.gone = true;
-                    }
-                    if ev.mask & !libc::IN_CLOSE_WRITE != 0 {
-                        only_closes = false;
-                    }
-                    off += std::mem::size_of::<libc::inotify_event>() + ev.len as usize;
-                }
-                let was_held = std::mem::replace(&mut self.hold_held, hold_is_held(&self.record));
-                if !only_closes || self.gone || (was_held && !self.hold_held) {
-                    return;
-                }
-                continue;
-            }
-            guard.clear_ready();
-            if n == 0 {
-                continue;
-            }
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::WouldBlock && e.kind() != io::ErrorKind::Interrupted {
-                self.gone = true;
-                return;
-            }
         }
     }
 }

@@ -210,9 +210,11 @@ impl Naming {
             return format!("{}{}", self.prefix, k);
         }
         let digest = Sha256::digest(k.as_bytes());
-        let mut hash = String::with_capacity(self.hash_hex);
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let mut hash = String::with_capacity(digest.len() * 2);
         for b in digest.iter() {
-            hash.push_str(&format!("{b:02x}"));
+            hash.push(HEX[(b >> 4) as usize] as char);
+            hash.push(HEX[(b & 15) as usize] as char);
         }
         hash.truncate(self.hash_hex);
         let room = self
