@@ -17,6 +17,19 @@ pub fn prefix(name: &str) -> String {
     format!("t{:08x}/{name}", fastrand::u32(..))
 }
 
+/// Locks over the store at `url` acting as `holder`, with the local layer off so the client talks
+/// to the store like a separate process would.
+///
+/// # Panics
+/// When the store cannot be opened.
+pub async fn connect_as(url: &str, holder: &str) -> leasehold::Locks {
+    leasehold::connect(url)
+        .await
+        .unwrap_or_else(|e| panic!("connect {url}: {e}"))
+        .with_holder(leasehold::HolderId::new(holder))
+        .with_local_layer(false)
+}
+
 /// The path of a binary built by this workspace (next to the running test's executable).
 pub fn workspace_bin(name: &str) -> PathBuf {
     let mut p = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("."));

@@ -77,19 +77,7 @@ impl Fleet {
 
     /// Who runs each agent now, from the events so far.
     fn owners(&self) -> BTreeMap<String, usize> {
-        let mut owners = BTreeMap::new();
-        for e in &self.events {
-            match e.kind.as_str() {
-                "start" => {
-                    owners.insert(e.agent.clone(), e.proc);
-                }
-                "stop" => {
-                    owners.remove(&e.agent);
-                }
-                _ => {}
-            }
-        }
-        owners
+        owners_at(&self.events, u64::MAX)
     }
 
     /// Collects events until `done` holds, or panics after `limit`.

@@ -3,16 +3,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use leasehold::{HolderId, Locks, LostReason};
+use leasehold::{Locks, LostReason};
 use leasehold_testkit::servers::{shared_redis, RedisServer};
 use std::time::{Duration, Instant};
 
 async fn locks(url: &str, holder: &str) -> Locks {
-    leasehold::connect(url)
-        .await
-        .expect("connect")
-        .with_holder(HolderId::new(holder))
-        .with_local_layer(false)
+    leasehold_testkit::connect_as(url, holder).await
 }
 
 #[tokio::test]

@@ -2,7 +2,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use leasehold::{Error, HolderId, Locks};
+use leasehold::{Error, Locks};
 use leasehold_testkit::servers::{redlock_url, RedisServer};
 use std::time::Duration;
 
@@ -11,11 +11,7 @@ fn three() -> Vec<RedisServer> {
 }
 
 async fn locks(servers: &[RedisServer], holder: &str) -> Locks {
-    leasehold::connect(&redlock_url(servers))
-        .await
-        .expect("connect")
-        .with_holder(HolderId::new(holder))
-        .with_local_layer(false)
+    leasehold_testkit::connect_as(&redlock_url(servers), holder).await
 }
 
 #[tokio::test]
