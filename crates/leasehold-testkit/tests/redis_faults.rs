@@ -283,3 +283,26 @@ async fn tls_needs_a_trusted_certificate() {
         Err(leasehold::Error::InvalidUrl { .. })
     ));
 }
+
+#[tokio::test]
+async fn a_server_that_answers_garbage_is_an_error_not_a_panic() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        for mut s in listener.incoming().flatten().take(20) {
+            let mut buf = [0u8; 256];
+            let _ = s.read(&mut buf);
+            let _ = s.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n\x00\xff garbage");
+        }
+    });
+    let url = format!("redis://127.0.0.1:{port}/0?timeout=300ms");
+    match leasehold::open_store(&url).await {
+        Err(e) => eprintln!("connect: {e}"),
+        Ok(store) => {
+            let req = leasehold::AcquireRequest::new(leasehold::Key::new("k").unwrap(), "h", Duration::from_secs(1));
+            let err = store.acquire(&req).await.expect_err("garbage is not a grant");
+            eprintln!("acquire: {err}");
+        }
+    }
+}
