@@ -300,8 +300,15 @@ async fn a_server_that_answers_garbage_is_an_error_not_a_panic() {
     match leasehold::open_store(&url).await {
         Err(e) => eprintln!("connect: {e}"),
         Ok(store) => {
-            let req = leasehold::AcquireRequest::new(leasehold::Key::new("k").unwrap(), "h", Duration::from_secs(1));
-            let err = store.acquire(&req).await.expect_err("garbage is not a grant");
+            let req = leasehold::AcquireRequest::new(
+                leasehold::Key::new("k").unwrap(),
+                "h",
+                Duration::from_secs(1),
+            );
+            let err = store
+                .acquire(&req)
+                .await
+                .expect_err("garbage is not a grant");
             eprintln!("acquire: {err}");
         }
     }
