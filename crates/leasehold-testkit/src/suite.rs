@@ -25,6 +25,21 @@ pub fn client(store: &Arc<dyn LockStore>, holder: &str) -> Locks {
         .with_local_layer(false)
 }
 
+/// `holder` takes `k` at once, or the test fails saying why the key should have been free.
+async fn take(
+    store: &Arc<dyn LockStore>,
+    holder: &str,
+    k: &Key,
+    why: &str,
+) -> leasehold::LeaseGuard {
+    client(store, holder)
+        .lock_key(k.clone())
+        .try_acquire()
+        .await
+        .unwrap_or_else(|e| panic!("{holder}: {e}"))
+        .unwrap_or_else(|| panic!("{holder}: {k} should be {why}"))
+}
+
 async fn raw_acquire(
     store: &Arc<dyn LockStore>,
     k: &Key,
@@ -216,12 +231,7 @@ pub async fn lost_on_takeover(store: Arc<dyn LockStore>) {
     let k = key("takeover");
     let (token, fence) = raw_acquire(&store, &k, "old", 300 * MS).await;
     tokio::time::sleep(350 * MS).await;
-    let g = client(&store, "new")
-        .lock_key(k.clone())
-        .try_acquire()
-        .await
-        .expect("new")
-        .expect("expired");
+    let g = take(&store, "new", &k, "expired").await;
     assert!(g.fence() > fence);
     match store.renew(&k, &token, 300 * MS).await.expect("renew") {
         RenewOutcome::Lost(LostReason::TakenOver { holder }) => assert_eq!(holder, "new"),
@@ -268,12 +278,7 @@ pub async fn fencing_is_monotonic(store: Arc<dyn LockStore>) {
         .expect("expired");
     check(g.fence(), "expiry");
     store.force_release(&k).await.expect("force");
-    let g2 = client(&store, "b")
-        .lock_key(k.clone())
-        .try_acquire()
-        .await
-        .expect("b")
-        .expect("forced free");
+    let g2 = take(&store, "b", &k, "forced free").await;
     check(g2.fence(), "force-release");
     drop(g);
     g2.release().await.expect("release");
@@ -300,12 +305,7 @@ pub async fn fencing_is_monotonic(store: Arc<dyn LockStore>) {
 /// Only the owner renews or releases.
 pub async fn owner_only(store: Arc<dyn LockStore>) {
     let k = key("owner");
-    let g = client(&store, "a")
-        .lock_key(k.clone())
-        .try_acquire()
-        .await
-        .expect("a")
-        .expect("free");
+    let g = take(&store, "a", &k, "free").await;
     assert_eq!(
         store.release(&k, "not-the-token").await.expect("release"),
         ReleaseOutcome::NotHeld
@@ -337,12 +337,7 @@ pub async fn owner_only(store: Arc<dyn LockStore>) {
 /// Release is idempotent and says whether the lease was still ours.
 pub async fn idempotent_release(store: Arc<dyn LockStore>) {
     let k = key("idem");
-    let g = client(&store, "a")
-        .lock_key(k.clone())
-        .try_acquire()
-        .await
-        .expect("a")
-        .expect("free");
+    let g = take(&store, "a", &k, "free").await;
     assert_eq!(g.release().await.expect("1st"), Released::Released);
     assert_eq!(g.release().await.expect("2nd"), Released::AlreadyReleased);
     let (token, _) = raw_acquire(&store, &k, "raw", 2000 * MS).await;
@@ -409,12 +404,7 @@ pub async fn waiter_handoff(store: Arc<dyn LockStore>) {
 /// the timeout error names the holder.
 pub async fn waiter_withdraws_on_timeout(store: Arc<dyn LockStore>) {
     let k = key("withdraw");
-    let g = client(&store, "busy-holder")
-        .lock_key(k.clone())
-        .try_acquire()
-        .await
-        .expect("a")
-        .expect("free");
+    let g = take(&store, "busy-holder", &k, "free").await;
     let t = Instant::now();
     let err = client(&store, "impatient")
         .lock_key(k.clone())
@@ -607,12 +597,7 @@ pub async fn inspect_list_cleanup(store: Arc<dyn LockStore>) {
 /// `try_acquire` answers at once when held, however long the wait options say.
 pub async fn try_acquire_never_waits(store: Arc<dyn LockStore>) {
     let k = key("nowait");
-    let g = client(&store, "a")
-        .lock_key(k.clone())
-        .try_acquire()
-        .await
-        .expect("a")
-        .expect("free");
+    let g = take(&store, "a", &k, "free").await;
     let t = Instant::now();
     let r = client(&store, "b")
         .lock_key(k.clone())
@@ -632,12 +617,7 @@ pub async fn try_acquire_never_waits(store: Arc<dyn LockStore>) {
 /// Dropping a guard releases the lease in the background.
 pub async fn drop_releases(store: Arc<dyn LockStore>) {
     let k = key("drop");
-    let g = client(&store, "a")
-        .lock_key(k.clone())
-        .try_acquire()
-        .await
-        .expect("a")
-        .expect("free");
+    let g = take(&store, "a", &k, "free").await;
     drop(g);
     let got = client(&store, "b")
         .lock_key(k.clone())

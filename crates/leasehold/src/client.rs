@@ -379,25 +379,12 @@ impl LockBuilder {
                     }));
                 }
                 Ok(AcquireOutcome::Held(rec)) if !waiting => {
-                    let now = now_ms();
-                    return Err(AcquireError::Held(match (&rec.holder, rec.is_held(now)) {
-                        (Some(h), true) => h.clone(),
-                        _ => format!(
-                            "nobody (reserved for waiter {})",
-                            rec.waiter.clone().unwrap_or_default()
-                        ),
-                    }));
+                    return Err(AcquireError::Held(holder_of(&rec, now_ms())));
                 }
                 Ok(AcquireOutcome::Held(rec)) => {
                     registered |= rec.waiter_token.as_deref() == Some(req.token.as_str());
                     let now = now_ms();
-                    let who = match (&rec.holder, rec.is_held(now)) {
-                        (Some(h), true) => h.clone(),
-                        _ => format!(
-                            "nobody (reserved for waiter {})",
-                            rec.waiter.clone().unwrap_or_default()
-                        ),
-                    };
+                    let who = holder_of(&rec, now);
                     // Wake no later than the holder's expiry (+1 ms) to take over a dead lease.
                     let hint = if rec.is_held(now) {
                         Some(rec.remaining(now) + Duration::from_millis(1))
@@ -450,6 +437,18 @@ impl LockBuilder {
                 }
             }
         }
+    }
+}
+
+/// Who keeps a held record from us, for messages: its live holder, or the waiter it is reserved
+/// for.
+fn holder_of(rec: &crate::record::LeaseRecord, now_ms: u64) -> String {
+    match (&rec.holder, rec.is_held(now_ms)) {
+        (Some(h), true) => h.clone(),
+        _ => format!(
+            "nobody (reserved for waiter {})",
+            rec.waiter.clone().unwrap_or_default()
+        ),
     }
 }
 

@@ -137,13 +137,19 @@ impl Found {
     }
 }
 
-fn ofd_lock(fd: RawFd, start: i64, typ: libc::c_int, wait: bool) -> io::Result<bool> {
+/// The one-byte lock range at `start`, of type `typ` (`F_WRLCK`, `F_RDLCK`, `F_UNLCK`).
+fn one_byte(start: i64, typ: libc::c_int) -> libc::flock {
     // SAFETY: an all-zero flock is a valid value; the fields we need are set below.
     let mut fl: libc::flock = unsafe { std::mem::zeroed() };
     fl.l_type = typ as libc::c_short;
     fl.l_whence = libc::SEEK_SET as libc::c_short;
     fl.l_start = start as libc::off_t;
     fl.l_len = 1;
+    fl
+}
+
+fn ofd_lock(fd: RawFd, start: i64, typ: libc::c_int, wait: bool) -> io::Result<bool> {
+    let mut fl = one_byte(start, typ);
     let cmd = if wait {
         libc::F_OFD_SETLKW
     } else {
@@ -805,12 +811,7 @@ const IDLE_WATCHES: usize = 1024;
 
 /// Whether some open file description holds the holder lock of `file`.
 fn hold_is_held(file: &File) -> bool {
-    // SAFETY: an all-zero flock is a valid value; the fields we need are set below.
-    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-    fl.l_type = libc::F_WRLCK as libc::c_short;
-    fl.l_whence = libc::SEEK_SET as libc::c_short;
-    fl.l_start = HOLD as libc::off_t;
-    fl.l_len = 1;
+    let mut fl = one_byte(HOLD, libc::F_WRLCK);
     // SAFETY: the descriptor is open for the duration of the call; fl is valid.
     let rc = unsafe {
         libc::fcntl(

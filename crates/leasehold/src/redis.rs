@@ -331,14 +331,13 @@ fn spawn_renewer(
                 inv.arg(&j.token).arg(j.ttl_ms);
             }
             let mut conn = conn.clone();
-            let res: Result<Vec<::redis::Value>> =
-                match tokio::time::timeout(timeout, inv.invoke_async(&mut conn)).await {
-                    Ok(r) => r.map_err(|e| map_err(&described, e)),
-                    Err(_) => Err(Error::Unavailable {
-                        store: described.clone(),
-                        detail: "no answer in time".into(),
-                    }),
-                };
+            let res: Result<Vec<::redis::Value>> = bounded(
+                &described,
+                timeout,
+                "no answer",
+                inv.invoke_async(&mut conn),
+            )
+            .await;
             match res {
                 Ok(values) => {
                     for (i, j) in batch.into_iter().enumerate() {
@@ -428,6 +427,34 @@ fn open_client(url: &str, opts: &RedisOptions, described: &str) -> Result<::redi
     }
 }
 
+/// Awaits a Redis call for at most `timeout`; a late answer is [`Error::Unavailable`] saying
+/// `what` did not come in time.
+async fn bounded<T>(
+    store: &str,
+    timeout: Duration,
+    what: &str,
+    call: impl std::future::Future<Output = ::redis::RedisResult<T>>,
+) -> Result<T> {
+    match tokio::time::timeout(timeout, call).await {
+        Ok(r) => r.map_err(|e| map_err(store, e)),
+        Err(_) => Err(Error::Unavailable {
+            store: store.to_owned(),
+            detail: format!("{what} in time"),
+        }),
+    }
+}
+
+/// A stored value as an inspection: the record, or corrupt under its Redis key name.
+fn inspection(name: &str, raw: &[u8]) -> Inspection {
+    match serde_json::from_slice::<LeaseRecord>(raw) {
+        Ok(r) => Inspection::Record(r),
+        Err(e) => Inspection::Corrupt {
+            name: name.to_owned(),
+            detail: e.to_string(),
+        },
+    }
+}
+
 pub(crate) fn map_err(store: &str, e: ::redis::RedisError) -> Error {
     let text = e.to_string();
     if text.contains("certificate") {
@@ -493,16 +520,13 @@ impl RedisStore {
             ConnectionManager::new_lazy_with_config(client.clone(), config)
                 .map_err(|e| map_err(&described, e))?
         } else {
-            tokio::time::timeout(
+            bounded(
+                &described,
                 opts.timeout * 2,
+                "no connection",
                 ConnectionManager::new_with_config(client.clone(), config),
             )
-            .await
-            .map_err(|_| Error::Unavailable {
-                store: described.clone(),
-                detail: "connection timed out".into(),
-            })?
-            .map_err(|e| map_err(&described, e))?
+            .await?
         };
         let scripts = Scripts::new();
         let renewals = spawn_renewer(
@@ -552,13 +576,13 @@ impl RedisStore {
         inv: ::redis::ScriptInvocation<'_>,
     ) -> Result<T> {
         let mut conn = self.inner.conn.clone();
-        match tokio::time::timeout(self.inner.timeout, inv.invoke_async(&mut conn)).await {
-            Ok(r) => r.map_err(|e| self.err(e)),
-            Err(_) => Err(Error::Unavailable {
-                store: self.inner.described.clone(),
-                detail: "no answer in time".into(),
-            }),
-        }
+        bounded(
+            &self.inner.described,
+            self.inner.timeout,
+            "no answer",
+            inv.invoke_async(&mut conn),
+        )
+        .await
     }
 
     fn parse(&self, key: &str, raw: &[u8]) -> Result<LeaseRecord> {
@@ -597,13 +621,13 @@ type Subs = Arc<Mutex<HashMap<String, (watch::Sender<()>, usize)>>>;
 
 impl Hub {
     async fn start(client: &::redis::Client, store: &str, timeout: Duration) -> Result<Arc<Hub>> {
-        let pubsub = tokio::time::timeout(timeout, client.get_async_pubsub())
-            .await
-            .map_err(|_| Error::Unavailable {
-                store: store.to_owned(),
-                detail: "pub/sub connection timed out".into(),
-            })?
-            .map_err(|e| map_err(store, e))?;
+        let pubsub = bounded(
+            store,
+            timeout,
+            "no pub/sub connection",
+            client.get_async_pubsub(),
+        )
+        .await?;
         let (sink, mut stream) = pubsub.split();
         let subs: Subs = Arc::default();
         let (alive_tx, alive) = watch::channel(true);
@@ -795,25 +819,14 @@ impl LockStore for RedisStore {
     async fn inspect(&self, key: &Key) -> Result<Option<Inspection>> {
         let mut conn = self.inner.conn.clone();
         let name = self.record_key(key);
-        let raw: Option<Vec<u8>> = tokio::time::timeout(
+        let raw: Option<Vec<u8>> = bounded(
+            &self.inner.described,
             self.inner.timeout,
+            "no answer",
             ::redis::cmd("GET").arg(&name).query_async(&mut conn),
         )
-        .await
-        .map_err(|_| Error::Unavailable {
-            store: self.describe(),
-            detail: "no answer in time".into(),
-        })?
-        .map_err(|e| self.err(e))?;
-        Ok(
-            raw.map(|raw| match serde_json::from_slice::<LeaseRecord>(&raw) {
-                Ok(r) => Inspection::Record(r),
-                Err(e) => Inspection::Corrupt {
-                    name,
-                    detail: e.to_string(),
-                },
-            }),
-        )
+        .await?;
+        Ok(raw.map(|raw| inspection(&name, &raw)))
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<Inspection>> {
@@ -852,13 +865,7 @@ impl LockStore for RedisStore {
                 .map_err(|e| self.err(e))?;
             for (name, raw) in chunk.iter().zip(raws) {
                 if let Some(raw) = raw {
-                    out.push(match serde_json::from_slice::<LeaseRecord>(&raw) {
-                        Ok(r) => Inspection::Record(r),
-                        Err(e) => Inspection::Corrupt {
-                            name: name.clone(),
-                            detail: e.to_string(),
-                        },
-                    });
+                    out.push(inspection(name, &raw));
                 }
             }
         }

@@ -151,6 +151,26 @@ impl RedlockStore {
         join_all(calls).await
     }
 
+    /// Runs `f` on every node and keeps the answers; an error naming every node when none answered.
+    async fn answers<'a, T, F, Fut>(&'a self, f: F) -> Result<Vec<T>>
+    where
+        F: Fn(&'a RedisStore) -> Fut,
+        Fut: Future<Output = Result<T>> + 'a,
+    {
+        let mut answers = vec![];
+        let mut failed = vec![];
+        for (name, r) in self.all(f).await {
+            match r {
+                Ok(v) => answers.push(v),
+                Err(e) => failed.push((name, e)),
+            }
+        }
+        if answers.is_empty() {
+            return Err(self.unavailable(0, &failed));
+        }
+        Ok(answers)
+    }
+
     fn unavailable(&self, answered: usize, failures: &[(&str, Error)]) -> Error {
         let list: Vec<String> = failures.iter().map(|(n, e)| format!("{n} ({e})")).collect();
         Error::Unavailable {
@@ -284,23 +304,8 @@ impl LockStore for RedlockStore {
     }
 
     async fn release(&self, key: &Key, token: &str) -> Result<ReleaseOutcome> {
-        let results = self.all(|n| n.release(key, token)).await;
-        let mut any = false;
-        let mut ok = 0;
-        let mut failed = vec![];
-        for (name, r) in results {
-            match r {
-                Ok(o) => {
-                    ok += 1;
-                    any |= o == ReleaseOutcome::Released;
-                }
-                Err(e) => failed.push((name, e)),
-            }
-        }
-        if ok == 0 {
-            return Err(self.unavailable(0, &failed));
-        }
-        Ok(if any {
+        let answers = self.answers(|n| n.release(key, token)).await?;
+        Ok(if answers.contains(&ReleaseOutcome::Released) {
             ReleaseOutcome::Released
         } else {
             ReleaseOutcome::NotHeld
@@ -313,14 +318,15 @@ impl LockStore for RedlockStore {
     }
 
     async fn inspect(&self, key: &Key) -> Result<Option<Inspection>> {
-        let results = self.all(|n| n.inspect(key)).await;
         let mut best: Option<Inspection> = None;
-        let mut failed = vec![];
-        let mut ok = 0;
-        for (name, r) in results {
-            match r {
-                Ok(Some(Inspection::Record(rec))) => {
-                    ok += 1;
+        for found in self
+            .answers(|n| n.inspect(key))
+            .await?
+            .into_iter()
+            .flatten()
+        {
+            match found {
+                Inspection::Record(rec) => {
                     let better = match &best {
                         Some(Inspection::Record(b)) => rec.fence > b.fence,
                         _ => true,
@@ -329,48 +335,32 @@ impl LockStore for RedlockStore {
                         best = Some(Inspection::Record(rec));
                     }
                 }
-                Ok(Some(c @ Inspection::Corrupt { .. })) => {
-                    ok += 1;
-                    best.get_or_insert(c);
+                corrupt => {
+                    best.get_or_insert(corrupt);
                 }
-                Ok(None) => ok += 1,
-                Err(e) => failed.push((name, e)),
             }
-        }
-        if ok == 0 {
-            return Err(self.unavailable(0, &failed));
         }
         Ok(best)
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<Inspection>> {
-        let results = self.all(|n| n.list(prefix)).await;
         let mut by_key: BTreeMap<String, LeaseRecord> = BTreeMap::new();
         let mut corrupt = vec![];
-        let mut failed = vec![];
-        let mut ok = 0;
-        for (name, r) in results {
-            match r {
-                Ok(list) => {
-                    ok += 1;
-                    for i in list {
-                        match i {
-                            Inspection::Record(rec) => {
-                                let e =
-                                    by_key.entry(rec.key.clone()).or_insert_with(|| rec.clone());
-                                if rec.fence > e.fence {
-                                    *e = rec;
-                                }
-                            }
-                            c => corrupt.push(c),
-                        }
+        for found in self
+            .answers(|n| n.list(prefix))
+            .await?
+            .into_iter()
+            .flatten()
+        {
+            match found {
+                Inspection::Record(rec) => {
+                    let e = by_key.entry(rec.key.clone()).or_insert_with(|| rec.clone());
+                    if rec.fence > e.fence {
+                        *e = rec;
                     }
                 }
-                Err(e) => failed.push((name, e)),
+                c => corrupt.push(c),
             }
-        }
-        if ok == 0 {
-            return Err(self.unavailable(0, &failed));
         }
         Ok(by_key
             .into_values()
@@ -380,23 +370,12 @@ impl LockStore for RedlockStore {
     }
 
     async fn force_release(&self, key: &Key) -> Result<Option<LeaseRecord>> {
-        let results = self.all(|n| n.force_release(key)).await;
-        let mut out = None;
-        let mut failed = vec![];
-        let mut ok = 0;
-        for (name, r) in results {
-            match r {
-                Ok(rec) => {
-                    ok += 1;
-                    out = out.or(rec);
-                }
-                Err(e) => failed.push((name, e)),
-            }
-        }
-        if ok == 0 {
-            return Err(self.unavailable(0, &failed));
-        }
-        Ok(out)
+        Ok(self
+            .answers(|n| n.force_release(key))
+            .await?
+            .into_iter()
+            .flatten()
+            .next())
     }
 
     async fn cleanup(&self, _older_than: Duration) -> Result<CleanupReport> {
