@@ -338,17 +338,11 @@ impl LockBuilder {
         if waiting && opts.register_waiter {
             req.waiter_ttl = Some(opts.waiter_lifetime());
         }
-        let mut watch = if waiting {
-            match store.subscribe(&key).await {
-                Ok(w) => w,
-                Err(e) => {
-                    tracing::debug!(key = %key, error = %e, "no change notification; polling");
-                    None
-                }
-            }
-        } else {
-            None
-        };
+        // Subscribed to change notifications only once the key turns out to be held: a free key
+        // costs no subscription (a round trip on Redis). The attempt after subscribing is made at
+        // once, so no change between the first attempt and the subscription is missed.
+        let mut watch: Option<Box<dyn crate::store::ChangeWatch>> = None;
+        let mut subscribed = false;
         let mut attempt = 0u32;
         let mut registered = false;
         // If this future is dropped while registered as waiter, withdraw in the background.
@@ -408,6 +402,17 @@ impl LockBuilder {
                 on_cancel.armed = false;
                 withdraw(&*store, &key, &req.token, registered).await;
                 return Err(timeout(last_holder));
+            }
+            if !subscribed {
+                subscribed = true;
+                watch = match store.subscribe(&key).await {
+                    Ok(w) => w,
+                    Err(e) => {
+                        tracing::debug!(key = %key, error = %e, "no change notification; polling");
+                        None
+                    }
+                };
+                continue;
             }
             let mut pause = opts.backoff.delay(attempt);
             if watch.is_some() {
