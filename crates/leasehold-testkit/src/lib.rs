@@ -30,6 +30,16 @@ pub async fn connect_as(url: &str, holder: &str) -> leasehold::Locks {
         .with_local_layer(false)
 }
 
+/// CLOCK_MONOTONIC in nanoseconds: one clock for every process of a host, so events logged by
+/// several processes can be ordered.
+pub fn mono_ns() -> u64 {
+    // SAFETY: an all-zero timespec is valid; clock_gettime fills it.
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    // SAFETY: ts is a valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 /// The path of a binary built by this workspace (next to the running test's executable).
 pub fn workspace_bin(name: &str) -> PathBuf {
     let mut p = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("."));

@@ -155,12 +155,6 @@ fn owners_at(events: &[Event], ns: u64) -> BTreeMap<String, usize> {
     owners
 }
 
-fn mono_ns() -> u64 {
-    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
 fn seed_workload(url: &str) {
     let mut fleet = Fleet::start(url, 3);
     fleet.until(Duration::from_secs(10), "all agents running", |f| {
@@ -210,7 +204,7 @@ fn seed_workload(url: &str) {
         .max_by_key(|&p| per_proc(&fleet, p))
         .unwrap();
     let survivor = (0..3).find(|&p| p != victim && p != killed).unwrap();
-    let kill_ns = mono_ns();
+    let kill_ns = leasehold_testkit::mono_ns();
     let killed_at = Instant::now();
     fleet.signal(killed, libc::SIGKILL);
     let _ = fleet.children[killed].wait();

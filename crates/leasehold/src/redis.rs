@@ -757,7 +757,7 @@ impl LockStore for RedisStore {
             .arg(req.ttl.as_millis() as u64)
             .arg(waiter_ms)
             .arg(labels)
-            .arg(std::process::id())
+            .arg(crate::decide::pid())
             .arg(json_str(crate::decide::host()))
             .arg(json_str(req.key.as_str()))
             .arg(json_str(&req.holder))

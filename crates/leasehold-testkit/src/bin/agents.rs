@@ -18,17 +18,9 @@ use std::io::Write;
 use std::time::Duration;
 use tokio::sync::watch;
 
-fn mono_ns() -> u64 {
-    // SAFETY: an all-zero timespec is valid; clock_gettime fills it.
-    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
-    // SAFETY: ts is a valid out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
 fn event(line: String) {
     let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{line} {}", mono_ns());
+    let _ = writeln!(out, "{line} {}", leasehold_testkit::mono_ns());
     let _ = out.flush();
 }
 
