@@ -43,12 +43,9 @@ pub(crate) async fn run(store_url: Option<&str>, args: RunArgs) -> Result<u8, Fa
 
     let mut builder = locks.lock_key(key.clone()).ttl(args.ttl);
     builder = match (args.no_wait, args.wait) {
-        // `Wait::No` through `acquire()` reports contention without the holder's name (see the
-        // report); one attempt with a zero wait limit names it, and not registering as waiter
-        // keeps the attempt from signalling the holder.
-        (true, _) => builder
-            .wait_policy(Wait::For(Duration::ZERO))
-            .register_waiter(false),
+        // One attempt; held elsewhere is `Error::Timeout` naming the holder, and a store error
+        // stays a store error (exit 1), not "not obtained".
+        (true, _) => builder.wait_policy(Wait::No),
         (false, Some(limit)) => builder.wait(limit),
         (false, None) => builder.wait_policy(Wait::Forever),
     };
