@@ -150,11 +150,47 @@ struct Throughput {
     per_sec: f64,
     p50: u64,
     p99: u64,
+    /// CPU time of this process per cycle (µs).
+    client_cpu: f64,
+    /// CPU time of the Redis servers per cycle (µs).
+    server_cpu: f64,
+}
+
+/// User + system CPU time of this process, µs.
+fn self_cpu_us() -> f64 {
+    // SAFETY: getrusage fills the struct we pass.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let tv = |t: libc::timeval| t.tv_sec as f64 * 1e6 + t.tv_usec as f64;
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+/// User + system CPU time of the processes `pids`, µs (from /proc, 10 ms resolution).
+fn procs_cpu_us(pids: &[u32]) -> f64 {
+    let tick = 1e6 / 100.0;
+    pids.iter()
+        .map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
+            let f: Vec<f64> = after
+                .split_whitespace()
+                .map(|x| x.parse().unwrap_or(0.0))
+                .collect();
+            (f.get(11).copied().unwrap_or(0.0) + f.get(12).copied().unwrap_or(0.0)) * tick
+        })
+        .sum()
 }
 
 /// `tasks` tasks on distinct keys, each looping acquire+release for `dur`.
-async fn throughput(imp: &Impl, tasks: usize, dur: Duration, tag: &str) -> Throughput {
+async fn throughput(
+    imp: &Impl,
+    tasks: usize,
+    dur: Duration,
+    tag: &str,
+    pids: &[u32],
+) -> Throughput {
     let run = fastrand::u32(..);
+    let (cpu0, srv0) = (self_cpu_us(), procs_cpu_us(pids));
     let deadline = Instant::now() + dur;
     let all = join((0..tasks).map(|t| {
         let imp = imp.clone();
@@ -170,12 +206,16 @@ async fn throughput(imp: &Impl, tasks: usize, dur: Duration, tag: &str) -> Throu
         }
     }))
     .await;
+    let (cpu1, srv1) = (self_cpu_us(), procs_cpu_us(pids));
     let mut lat: Vec<u64> = all.into_iter().flatten().collect();
     lat.sort_unstable();
+    let n = lat.len().max(1) as f64;
     Throughput {
         per_sec: lat.len() as f64 / dur.as_secs_f64(),
         p50: pct(&lat, 0.5),
         p99: pct(&lat, 0.99),
+        client_cpu: (cpu1 - cpu0) / n,
+        server_cpu: (srv1 - srv0) / n,
     }
 }
 
@@ -330,33 +370,54 @@ fn main() {
         .build()
         .unwrap();
 
-    println!("\n| store | tasks | implementation | cycles/s | p50 | p99 | vs floor |");
-    println!("|---|---|---|---|---|---|---|");
-    for (label, urls) in [
-        ("redis, 1 node", &one_url),
-        ("redlock, 3 nodes", &three_urls),
+    let one_pids: Vec<u32> = one.pid().into_iter().collect();
+    let three_pids: Vec<u32> = three.iter().filter_map(RedisServer::pid).collect();
+    println!("\n| store | tasks | implementation | cycles/s | p50 | p99 | vs floor | client CPU/cycle | server CPU/cycle |");
+    println!("|---|---|---|---|---|---|---|---|---|");
+    // `-- only=KIND[,KIND…]` and `-- tasks=N[,N…]` narrow the throughput runs (for profiling).
+    let arg = |name: &str| {
+        std::env::args().find_map(|a| a.strip_prefix(&format!("{name}=")).map(str::to_owned))
+    };
+    let only = arg("only");
+    let task_counts: Vec<usize> = arg("tasks")
+        .map(|t| t.split(',').filter_map(|n| n.parse().ok()).collect())
+        .unwrap_or_else(|| vec![1, 8, 64]);
+    for (label, urls, pids) in [
+        ("redis, 1 node", &one_url, &one_pids),
+        ("redlock, 3 nodes", &three_urls, &three_pids),
     ] {
-        for tasks in [1usize, 8, 64] {
+        for &tasks in &task_counts {
             let mut floor = 0.0;
             for kind in ["floor", "leasehold", "leasehold-store", "rslock"] {
+                if only
+                    .as_deref()
+                    .is_some_and(|o| kind != "floor" && !o.split(',').any(|k| k == kind))
+                {
+                    continue;
+                }
                 let t = rt.block_on(async {
                     let imp = make(kind, urls).await;
-                    throughput(&imp, tasks, dur, kind).await
+                    throughput(&imp, tasks, dur, kind, pids).await
                 });
                 if kind == "floor" {
                     floor = t.per_sec;
                 }
                 println!(
-                    "| {label} | {tasks} | {kind} | {:.0} | {} | {} | {:.2}× |",
+                    "| {label} | {tasks} | {kind} | {:.0} | {} | {} | {:.2}× | {:.1} µs | {:.1} µs |",
                     t.per_sec,
                     us(t.p50),
                     us(t.p99),
-                    t.per_sec / floor
+                    t.per_sec / floor,
+                    t.client_cpu,
+                    t.server_cpu,
                 );
             }
         }
     }
 
+    if only.is_some() {
+        return;
+    }
     println!("\n| hot key (redis, 2 processes) | tasks | handoffs/s | p50 wait | p99 wait | p99.9 wait | longest wait |");
     println!("|---|---|---|---|---|---|---|");
     for tasks in [8usize, 64] {

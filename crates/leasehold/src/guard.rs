@@ -8,11 +8,11 @@ use crate::options::LockOptions;
 use crate::record::{now_ms, LeaseRecord};
 use crate::store::{LockStore, LostReason, ReleaseOutcome, RenewOutcome};
 use parking_lot::Mutex;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -38,11 +38,108 @@ struct State {
     valid_until: Instant,
 }
 
-/// The guards alive under one [`crate::Locks`], for `release_all`.
+/// The guards alive under one [`crate::Locks`], for `release_all`, and their renewal schedule.
 #[derive(Debug, Default)]
 pub(crate) struct LiveSet {
     next: AtomicU64,
     guards: Mutex<HashMap<u64, Weak<Shared>>>,
+    renewals: Arc<Renewals>,
+}
+
+/// One renewal scheduler per [`crate::Locks`]: a map of due times and one task that sleeps until
+/// the earliest and starts each renewal that came due. A guard costs a map insert and remove, not
+/// a task of its own (spawning and aborting one per lease cost more than a Redis round trip).
+#[derive(Debug, Default)]
+struct Renewals {
+    state: Mutex<Schedule>,
+    wake: Arc<Notify>,
+}
+
+#[derive(Debug, Default)]
+struct Schedule {
+    due: BTreeMap<(Instant, u64), Weak<Shared>>,
+    /// When the scheduler task looks next (`None`: parked until woken, or not started).
+    next_look: Option<Instant>,
+    started: bool,
+}
+
+impl Renewals {
+    /// Schedules `shared`'s next renewal at `at`.
+    fn schedule(self: &Arc<Self>, at: Instant, shared: &Arc<Shared>) {
+        let wake = {
+            let mut s = self.state.lock();
+            if shared.state.borrow().released {
+                return;
+            }
+            s.due.insert((at, shared.id), Arc::downgrade(shared));
+            *shared.scheduled.lock() = Some(at);
+            if !s.started {
+                s.started = true;
+                tokio::spawn(run_schedule(Arc::downgrade(self), self.wake.clone()));
+                false
+            } else {
+                !s.next_look.is_some_and(|t| at >= t)
+            }
+        };
+        if wake {
+            self.wake.notify_one();
+        }
+    }
+
+    fn cancel(&self, shared: &Shared) {
+        let at = shared.scheduled.lock().take();
+        if let Some(at) = at {
+            self.state.lock().due.remove(&(at, shared.id));
+        }
+    }
+}
+
+impl Drop for Renewals {
+    fn drop(&mut self) {
+        // Lets the scheduler task see that its `Locks` and all its guards are gone.
+        self.wake.notify_one();
+    }
+}
+
+/// The scheduler task of one [`Renewals`]; ends when its `Locks` and all its guards are gone.
+async fn run_schedule(renewals: Weak<Renewals>, wake: Arc<Notify>) {
+    loop {
+        let next = {
+            let Some(this) = renewals.upgrade() else {
+                return;
+            };
+            let now = Instant::now();
+            let mut ready = vec![];
+            let next = {
+                let mut s = this.state.lock();
+                while let Some(entry) = s.due.first_entry() {
+                    if entry.key().0 > now {
+                        break;
+                    }
+                    ready.push(entry.remove());
+                }
+                let next = s.due.keys().next().map(|k| k.0);
+                s.next_look = next;
+                next
+            };
+            for shared in ready.iter().filter_map(Weak::upgrade) {
+                *shared.scheduled.lock() = None;
+                let span = tracing::debug_span!("leasehold.renewer", key = %shared.key);
+                let task = tokio::spawn(renew_round(shared.clone()).instrument(span));
+                *shared.renewer.lock() = Some(task.abort_handle());
+            }
+            next
+        };
+        match next {
+            Some(t) => {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(t) => {}
+                    _ = wake.notified() => {}
+                }
+            }
+            None => wake.notified().await,
+        }
+    }
 }
 
 impl LiveSet {
@@ -69,7 +166,12 @@ pub(crate) struct Shared {
     state: watch::Sender<State>,
     metrics: Option<Metrics>,
     acquired_at: Instant,
+    /// The renewal in flight, if any.
     renewer: Mutex<Option<AbortHandle>>,
+    /// When the next renewal is scheduled, if it is.
+    scheduled: Mutex<Option<Instant>>,
+    /// The scheduler; held by every guard, so leases keep renewing after their `Locks` is dropped.
+    renewals: Arc<Renewals>,
     live: Weak<LiveSet>,
     id: u64,
 }
@@ -111,6 +213,7 @@ impl Shared {
             if let Some(h) = self.renewer.lock().take() {
                 h.abort();
             }
+            self.renewals.cancel(self);
             if let Some(live) = self.live.upgrade() {
                 live.guards.lock().remove(&self.id);
             }
@@ -233,14 +336,17 @@ impl LeaseGuard {
             metrics: g.metrics,
             acquired_at: Instant::now(),
             renewer: Mutex::new(None),
+            scheduled: Mutex::new(None),
+            renewals: g.live.renewals.clone(),
             live: Arc::downgrade(&g.live),
             id,
         });
         g.live.guards.lock().insert(id, Arc::downgrade(&shared));
         if shared.opts.auto_renew {
-            let span = tracing::debug_span!("leasehold.renewer", key = %shared.key);
-            let task = tokio::spawn(renew_loop(shared.clone()).instrument(span));
-            *shared.renewer.lock() = Some(task.abort_handle());
+            let period = shared.opts.renew_period();
+            shared
+                .renewals
+                .schedule(aligned(g.sent_at + period, period), &shared);
         }
         LeaseGuard {
             shared,
@@ -365,72 +471,77 @@ impl Drop for LeaseGuard {
     }
 }
 
-async fn renew_loop(shared: Arc<Shared>) {
+/// One renewal, retried while the lease is surely valid; schedules the next one on success.
+async fn renew_round(shared: Arc<Shared>) {
     let period = shared.opts.renew_period();
     let ttl = shared.opts.ttl;
     let drift = shared.opts.drift();
-    let mut last_ok = shared.state.borrow().valid_until - ttl.saturating_sub(drift);
+    let mut attempt = 0u32;
     loop {
-        tokio::time::sleep_until(aligned(last_ok + period, period)).await;
-        let mut attempt = 0u32;
-        loop {
-            let valid_until = shared.state.borrow().valid_until;
-            if Instant::now() >= valid_until {
+        let (valid_until, released) = {
+            let s = shared.state.borrow();
+            (s.valid_until, s.released)
+        };
+        if released {
+            return;
+        }
+        if Instant::now() >= valid_until {
+            shared.mark_lost(LostReason::Unreachable {
+                detail: "renewal did not succeed before expiry".into(),
+            });
+            return;
+        }
+        let sent = Instant::now();
+        let call = shared.store.renew(&shared.key, &shared.token, ttl);
+        match tokio::time::timeout_at(valid_until, call).await {
+            Ok(Ok(RenewOutcome::Renewed(rec))) => {
+                if let Some(m) = &shared.metrics {
+                    m.renewals.inc();
+                }
+                let waiter = (rec.has_live_waiter(now_ms())
+                    && rec.waiter_token.as_deref() != Some(shared.token.as_str()))
+                .then(|| rec.waiter.clone().unwrap_or_default());
+                let mut raised = false;
+                shared.state.send_if_modified(|s| {
+                    s.valid_until = sent + ttl.saturating_sub(drift);
+                    if s.handoff.is_none() && waiter.is_some() {
+                        s.handoff = waiter.clone();
+                        raised = true;
+                    }
+                    true
+                });
+                if raised {
+                    if let Some(m) = &shared.metrics {
+                        m.handoffs.inc();
+                    }
+                }
+                shared
+                    .renewals
+                    .schedule(aligned(sent + period, period), &shared);
+                return;
+            }
+            Ok(Ok(RenewOutcome::Lost(reason))) => {
+                shared.mark_lost(reason);
+                return;
+            }
+            Ok(Err(e)) if e.is_retryable() => {
+                tracing::debug!(key = %shared.key, error = %e, "renewal failed; retrying");
+                let left = valid_until.saturating_duration_since(Instant::now());
+                let pause = shared.opts.backoff.delay(attempt).min(left / 4);
+                attempt += 1;
+                tokio::time::sleep(pause).await;
+            }
+            Ok(Err(e)) => {
                 shared.mark_lost(LostReason::Unreachable {
-                    detail: "renewal did not succeed before expiry".into(),
+                    detail: e.to_string(),
                 });
                 return;
             }
-            let sent = Instant::now();
-            let call = shared.store.renew(&shared.key, &shared.token, ttl);
-            match tokio::time::timeout_at(valid_until, call).await {
-                Ok(Ok(RenewOutcome::Renewed(rec))) => {
-                    if let Some(m) = &shared.metrics {
-                        m.renewals.inc();
-                    }
-                    let waiter = (rec.has_live_waiter(now_ms())
-                        && rec.waiter_token.as_deref() != Some(shared.token.as_str()))
-                    .then(|| rec.waiter.clone().unwrap_or_default());
-                    let mut raised = false;
-                    shared.state.send_if_modified(|s| {
-                        s.valid_until = sent + ttl.saturating_sub(drift);
-                        if s.handoff.is_none() && waiter.is_some() {
-                            s.handoff = waiter.clone();
-                            raised = true;
-                        }
-                        true
-                    });
-                    if raised {
-                        if let Some(m) = &shared.metrics {
-                            m.handoffs.inc();
-                        }
-                    }
-                    last_ok = sent;
-                    break;
-                }
-                Ok(Ok(RenewOutcome::Lost(reason))) => {
-                    shared.mark_lost(reason);
-                    return;
-                }
-                Ok(Err(e)) if e.is_retryable() => {
-                    tracing::debug!(key = %shared.key, error = %e, "renewal failed; retrying");
-                    let left = valid_until.saturating_duration_since(Instant::now());
-                    let pause = shared.opts.backoff.delay(attempt).min(left / 4);
-                    attempt += 1;
-                    tokio::time::sleep(pause).await;
-                }
-                Ok(Err(e)) => {
-                    shared.mark_lost(LostReason::Unreachable {
-                        detail: e.to_string(),
-                    });
-                    return;
-                }
-                Err(_) => {
-                    shared.mark_lost(LostReason::Unreachable {
-                        detail: "renewal did not answer before expiry".into(),
-                    });
-                    return;
-                }
+            Err(_) => {
+                shared.mark_lost(LostReason::Unreachable {
+                    detail: "renewal did not answer before expiry".into(),
+                });
+                return;
             }
         }
     }

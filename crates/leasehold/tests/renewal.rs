@@ -1,0 +1,65 @@
+//! The renewal scheduler: one per `Locks`, shared by its guards.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use leasehold::memory::MemoryStore;
+use leasehold::{LockStore, Locks};
+use std::sync::Arc;
+use std::time::Duration;
+
+const TTL: Duration = Duration::from_millis(300);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guards_keep_renewing_after_their_locks_is_dropped() {
+    let store: Arc<dyn LockStore> = Arc::new(MemoryStore::new());
+    // The `Locks` is a temporary: only the guard keeps the scheduler alive.
+    let g = Locks::from_arc(store.clone())
+        .lock("k")
+        .unwrap()
+        .ttl(TTL)
+        .acquire()
+        .await
+        .unwrap();
+    // Waiting for time itself: four TTLs, renewed every TTL/3.
+    tokio::time::sleep(TTL * 4).await;
+    assert!(g.is_current(), "the lease was not renewed");
+    let other = Locks::from_arc(store)
+        .lock("k")
+        .unwrap()
+        .try_acquire()
+        .await;
+    assert!(other.unwrap().is_none(), "the lease expired");
+    g.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_guards_with_different_ttls_all_stay_alive_and_released_ones_stop() {
+    let store: Arc<dyn LockStore> = Arc::new(MemoryStore::new());
+    let locks = Locks::from_arc(store.clone());
+    let mut guards = vec![];
+    // Longer TTLs first, so shorter ones must wake the scheduler earlier than it planned.
+    for (i, ms) in [900u64, 600, 300, 450].iter().enumerate() {
+        let g = locks
+            .lock(format!("k{i}"))
+            .unwrap()
+            .ttl(Duration::from_millis(*ms))
+            .acquire()
+            .await
+            .unwrap();
+        guards.push(g);
+    }
+    let released = guards.pop().unwrap();
+    released.release().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    for g in &guards {
+        assert!(g.is_current(), "{:?} was not renewed", g.key());
+    }
+    assert_eq!(locks.held(), 3);
+    // The released key is free for anyone.
+    let again = Locks::from_arc(store)
+        .lock("k3")
+        .unwrap()
+        .try_acquire()
+        .await;
+    assert!(again.unwrap().is_some());
+}
