@@ -114,26 +114,42 @@ end
 return {1, put(g, KEYS[1])}
 "#;
 
-/// KEYS: records. ARGV: token, ttl_ms per key. Returns three values per key:
-/// 1, record, '' | 0, 'released'|'expired'|'taken', holder. One call renews a whole batch.
+/// KEYS: records. ARGV: token, ttl_ms, token as a JSON string per key. Returns three values per
+/// key: 1, record, '' | 0, 'released'|'expired'|'taken', holder. One call renews a whole batch.
+/// A record nobody waits for is renewed by rewriting its times in place, without decoding it.
 const RENEW: &str = r#"
 local out = {}
 for i, k in ipairs(KEYS) do
-  local token = ARGV[2 * i - 1]
-  local ttl = tonumber(ARGV[2 * i])
-  local r = decode(redis.call('GET', k))
+  local token = ARGV[3 * i - 2]
+  local ttl = tonumber(ARGV[3 * i - 1])
+  local raw = redis.call('GET', k)
   local a, b, c = 0, 'released', ''
-  if r == 'corrupt' then
-    b = 'taken'; c = 'an overwritten (unreadable) record'
-  elseif r ~= nil and str(r.token) ~= nil then
-    if str(r.token) ~= token then
-      b = 'taken'; c = tostring(str(r.holder) or '')
-    elseif num(r.expires) <= now then
-      b = 'expired'
+  if raw and string.find(raw, '"waiter_token":null', 1, true)
+      and string.find(raw, '"token":' .. ARGV[3 * i], 1, true) then
+    -- Ours and nobody waits: rewrite the times without decoding.
+    if (tonumber(string.match(raw, '"expires":(%d+)')) or 0) > now then
+      raw = string.gsub(raw, '"renewed":%d+', '"renewed":' .. now, 1)
+      raw = string.gsub(raw, '"expires":%d+', '"expires":' .. (now + ttl), 1)
+      raw = string.gsub(raw, '"ttl_ms":%d+', '"ttl_ms":' .. ttl, 1)
+      redis.call('SET', k, raw, 'PX', ttl)
+      a = 1; b = raw
     else
-      r.renewed = now; r.expires = now + ttl; r.ttl_ms = ttl
-      if not live_waiter(r) then clear_waiter(r) end
-      a = 1; b = put(r, k)
+      b = 'expired'
+    end
+  else
+    local r = decode(raw)
+    if r == 'corrupt' then
+      b = 'taken'; c = 'an overwritten (unreadable) record'
+    elseif r ~= nil and str(r.token) ~= nil then
+      if str(r.token) ~= token then
+        b = 'taken'; c = tostring(str(r.holder) or '')
+      elseif num(r.expires) <= now then
+        b = 'expired'
+      else
+        r.renewed = now; r.expires = now + ttl; r.ttl_ms = ttl
+        if not live_waiter(r) then clear_waiter(r) end
+        a = 1; b = put(r, k)
+      end
     end
   end
   out[#out + 1] = a; out[#out + 1] = b; out[#out + 1] = c
@@ -328,7 +344,7 @@ fn spawn_renewer(
                 inv.key(&j.record_key);
             }
             for j in &batch {
-                inv.arg(&j.token).arg(j.ttl_ms);
+                inv.arg(&j.token).arg(j.ttl_ms).arg(json_str(&j.token));
             }
             let mut conn = conn.clone();
             let res: Result<Vec<::redis::Value>> = bounded(

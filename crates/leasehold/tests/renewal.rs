@@ -63,3 +63,28 @@ async fn many_guards_with_different_ttls_all_stay_alive_and_released_ones_stop()
         .await;
     assert!(again.unwrap().is_some());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_guards_renew_on_time() {
+    let store: Arc<dyn LockStore> = Arc::new(MemoryStore::new());
+    let locks = Locks::from_arc(store);
+    let ttl = Duration::from_millis(1500);
+    let mut guards = vec![];
+    for i in 0..10_000 {
+        guards.push(
+            locks
+                .lock(format!("k{i}"))
+                .unwrap()
+                .ttl(ttl)
+                .try_acquire()
+                .await
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    for round in 0..30 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let current = guards.iter().filter(|g| g.is_current()).count();
+        assert_eq!(current, 10_000, "round {round}: renewals late");
+    }
+}
