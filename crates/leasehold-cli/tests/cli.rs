@@ -1025,8 +1025,8 @@ fn run_works_on_kubernetes_leases() {
         "echo $LEASEHOLD_FENCE",
     ]);
     assert_eq!(out.status.code(), Some(0), "{out:?}");
-    let fence: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
-    assert!(fence >= 1);
+    let first: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    assert!(first >= 1);
 
     // Held by another process: kubectl shows the holder; --no-wait exits 75 naming it; a waiting
     // run gets the lease once the holder is done.
@@ -1085,7 +1085,7 @@ fn run_works_on_kubernetes_leases() {
     let out = waiter.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let later: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
-    assert!(later > fence);
+    assert!(later > first);
 
     let out = run(&["ls", "--json"]);
     assert_eq!(out.status.code(), Some(0), "{out:?}");
