@@ -789,5 +789,14 @@ mod tests {
             let r = rt.block_on(KubernetesStore::from_url(&u));
             assert!(matches!(r, Err(Error::InvalidUrl { .. })), "{url}: {r:?}");
         }
+        // No namespace in the URL: the configuration's (`default` for a bare server).
+        let u = url::Url::parse("k8s://?server=http://127.0.0.1:1&prefix=task-llm-").unwrap();
+        let s = rt.block_on(KubernetesStore::from_url(&u)).unwrap();
+        if std::env::var_os("POD_NAMESPACE").is_none() {
+            assert_eq!(s.namespace(), "default");
+        }
+        assert!(s
+            .lease_name(&Key::new("x").unwrap())
+            .starts_with("task-llm-"));
     }
 }
