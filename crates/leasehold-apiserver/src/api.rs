@@ -29,16 +29,19 @@ struct Counters {
 struct State {
     etcd: Client,
     counters: Arc<Mutex<Counters>>,
+    /// Verbs answered with `403 Forbidden`, as RBAC would without a rule granting them.
+    deny: Arc<Vec<String>>,
 }
 
 /// Serves the API on `listen` over the etcd at `etcd` until the process ends.
-pub(crate) async fn serve(listen: &str, etcd: &str) -> Result<(), String> {
+pub(crate) async fn serve(listen: &str, etcd: &str, deny: Vec<String>) -> Result<(), String> {
     let client = Client::connect([etcd], None)
         .await
         .map_err(|e| format!("cannot connect to etcd at {etcd}: {e}"))?;
     let state = State {
         etcd: client,
         counters: Arc::default(),
+        deny: Arc::new(deny),
     };
     let app = axum::Router::new().fallback(move |req: Request<Body>| {
         let state = state.clone();
@@ -305,6 +308,20 @@ async fn lease_call(
         _ => None,
     };
     let _flight = InFlight::start(&state.counters, verb, object);
+    if state.deny.iter().any(|d| d == verb) {
+        let what = match &name {
+            Some(n) => format!("leases.{GROUP} \"{n}\" is forbidden"),
+            None => format!("leases.{GROUP} is forbidden"),
+        };
+        let scope = match &ns {
+            Some(ns) => format!(" in the namespace \"{ns}\""),
+            None => " at the cluster scope".into(),
+        };
+        return error_response(&ApiError {
+            name: name.clone(),
+            ..err(403, "Forbidden", format!("{what}: User \"system:anonymous\" cannot {verb} resource \"leases\" in API group \"{GROUP}\"{scope}"))
+        });
+    }
     if let Some(ns) = &ns {
         if let Err(e) = validate_dns_label(ns, "namespace") {
             return error_response(&e);
@@ -352,9 +369,70 @@ async fn lease_call(
         }
     };
     match result {
+        Ok((code, v)) if wants_table(&headers) && matches!(verb, "get" | "list") => {
+            json_response(code, &table(&v))
+        }
         Ok((code, v)) => json_response(code, &v),
         Err(e) => error_response(&e),
     }
+}
+
+/// Whether the client asked for server-side printing (`Accept: …;as=Table;…`, as `kubectl get`).
+fn wants_table(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|a| a.contains("as=Table") && a.contains("g=meta.k8s.io"))
+}
+
+/// Ages as kubectl prints them (`45s`, `3m12s`, `5h`, `2d3h` …).
+fn human_age(secs: u64) -> String {
+    let (m, h, d) = (secs / 60, secs / 3600, secs / 86400);
+    match () {
+        _ if secs < 120 => format!("{secs}s"),
+        _ if m < 10 && secs % 60 == 0 => format!("{m}m"),
+        _ if m < 10 => format!("{m}m{}s", secs % 60),
+        _ if h < 3 => format!("{m}m"),
+        _ if h < 8 && m % 60 == 0 => format!("{h}h"),
+        _ if h < 8 => format!("{h}h{}m", m % 60),
+        _ if h < 48 => format!("{h}h"),
+        _ if d < 8 && h % 24 == 0 => format!("{d}d"),
+        _ if d < 8 => format!("{d}d{}h", h % 24),
+        _ => format!("{d}d"),
+    }
+}
+
+/// A Lease or LeaseList as a `meta.k8s.io/v1` Table: NAME, HOLDER, AGE, as kube-apiserver prints
+/// Leases.
+fn table(v: &Value) -> Value {
+    let items: Vec<&Value> = match v["items"].as_array() {
+        Some(items) => items.iter().collect(),
+        None => vec![v],
+    };
+    let now = SystemTime::now();
+    let rows: Vec<Value> = items
+        .iter()
+        .map(|o| {
+            let age = o["metadata"]["creationTimestamp"]
+                .as_str()
+                .and_then(|t| humantime::parse_rfc3339_weak(t).ok())
+                .and_then(|t| now.duration_since(t).ok())
+                .map(|d| human_age(d.as_secs()))
+                .unwrap_or_else(|| "<unknown>".into());
+            json!({"cells": [o["metadata"]["name"], o["spec"]["holderIdentity"].as_str().unwrap_or(""), age],
+                "object": {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": o["metadata"]}})
+        })
+        .collect();
+    let rv = v["metadata"]["resourceVersion"].clone();
+    json!({"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": {"resourceVersion": rv},
+        "columnDefinitions": [
+            {"name": "Name", "type": "string", "format": "name", "priority": 0,
+             "description": "Name must be unique within a namespace."},
+            {"name": "Holder", "type": "string", "format": "", "priority": 0,
+             "description": "holderIdentity contains the identity of the holder of a current lease."},
+            {"name": "Age", "type": "string", "format": "", "priority": 0,
+             "description": "CreationTimestamp is a timestamp representing the server time when this object was created."}],
+        "rows": rows})
 }
 
 fn validate_dns_label(s: &str, what: &str) -> ApiResult<()> {
@@ -977,8 +1055,16 @@ async fn watch(
     ns: Option<String>,
     name: Option<String>,
     q: &HashMap<String, String>,
-    _headers: &HeaderMap,
+    headers: &HeaderMap,
 ) -> Response {
+    let as_table = wants_table(headers);
+    let line = move |kind: &str, obj: &Value| {
+        if as_table {
+            watch_line(kind, &table(obj))
+        } else {
+            watch_line(kind, obj)
+        }
+    };
     let mut filter = match Filter::from_query(q) {
         Ok(f) => f,
         Err(e) => return error_response(&e),
@@ -1001,7 +1087,7 @@ async fn watch(
             Err(e) => return error_response(&e),
         };
         for obj in items {
-            let _ = tx.try_send(watch_line("ADDED", &obj));
+            let _ = tx.try_send(line("ADDED", &obj));
         }
         rev + 1
     } else {
@@ -1071,7 +1157,7 @@ async fn watch(
                         } else {
                             "MODIFIED"
                         };
-                        watch_line(kind, &obj)
+                        line(kind, &obj)
                     }
                     EventType::Delete => {
                         let (Some(prev), Some(kv)) = (ev.prev_kv(), ev.kv()) else {
@@ -1083,7 +1169,7 @@ async fn watch(
                         if !filter.matches(&obj) {
                             continue;
                         }
-                        watch_line("DELETED", &obj)
+                        line("DELETED", &obj)
                     }
                 };
                 if tx.send(line).await.is_err() {
@@ -1128,6 +1214,14 @@ mod tests {
         assert!(m("!missing"));
         assert!(!m("missing"));
         assert!(parse_selector("a b").is_err());
+    }
+
+    #[test]
+    fn ages_print_like_kubectl() {
+        assert_eq!(human_age(45), "45s");
+        assert_eq!(human_age(192), "3m12s");
+        assert_eq!(human_age(3 * 3600 + 60), "3h1m");
+        assert_eq!(human_age(5 * 86400), "5d");
     }
 
     #[test]

@@ -14,25 +14,34 @@
 //! verb) and the most requests ever in flight at once for one Lease, and `DELETE /debug/requests`
 //! resets those counters.
 //!
-//! Usage: `leasehold-apiserver --listen 127.0.0.1:PORT --etcd http://127.0.0.1:PORT`.
+//! `--deny VERB` (repeatable: get, list, watch, create, update, patch, delete) answers that verb on
+//! Leases with `403 Forbidden` as RBAC does without a rule granting it, to test how clients report
+//! a missing permission.
+//!
+//! Usage: `leasehold-apiserver --listen 127.0.0.1:PORT --etcd http://127.0.0.1:PORT [--deny VERB]…`.
 
 mod api;
 
 use std::process::ExitCode;
 
 fn usage() -> ExitCode {
-    eprintln!("usage: leasehold-apiserver --listen 127.0.0.1:PORT --etcd http://127.0.0.1:PORT");
+    eprintln!("usage: leasehold-apiserver --listen 127.0.0.1:PORT --etcd http://127.0.0.1:PORT [--deny VERB]...");
     ExitCode::from(2)
 }
 
 fn main() -> ExitCode {
     let mut listen = None;
     let mut etcd = None;
+    let mut deny = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--listen" => listen = args.next(),
             "--etcd" => etcd = args.next(),
+            "--deny" => match args.next() {
+                Some(v) => deny.push(v),
+                None => return usage(),
+            },
             "-h" | "--help" => {
                 usage();
                 return ExitCode::SUCCESS;
@@ -54,7 +63,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match rt.block_on(api::serve(&listen, &etcd)) {
+    match rt.block_on(api::serve(&listen, &etcd, deny)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("leasehold-apiserver: {e}");

@@ -429,3 +429,34 @@ fn concurrent_creates_have_one_winner_and_request_counts() {
     s.reset_requests();
     assert_eq!(s.requests()["total"], 0);
 }
+
+#[test]
+fn server_side_printing_and_rbac_style_denials() {
+    let s = ApiServer::start_with(&["--deny", "update"]);
+    let path = format!("{LEASES}/tables/leases");
+    let (_, created) = req(&s, "POST", &path, &lease("t1", "pod-9"));
+    let accept = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json";
+    let (c, body) = http_request(s.port, "GET", &path, &[("Accept", accept)], "").unwrap();
+    assert_eq!(c, 200);
+    let t: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(t["kind"], "Table", "{t}");
+    let cols: Vec<&str> = t["columnDefinitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(cols, ["Name", "Holder", "Age"]);
+    assert_eq!(t["rows"][0]["cells"][0], "t1");
+    assert_eq!(t["rows"][0]["cells"][1], "pod-9");
+    assert!(t["rows"][0]["cells"][2].as_str().unwrap().ends_with('s'));
+    assert_eq!(
+        t["rows"][0]["object"]["metadata"]["uid"],
+        created["metadata"]["uid"]
+    );
+
+    let (c, v) = req(&s, "PUT", &format!("{path}/t1"), &created);
+    assert_eq!(c, 403);
+    assert_status(&v, 403, "Forbidden");
+    assert!(v["message"].as_str().unwrap().contains("cannot update resource \"leases\" in API group \"coordination.k8s.io\" in the namespace \"tables\""), "{v}");
+}

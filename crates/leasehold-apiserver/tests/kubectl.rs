@@ -116,8 +116,13 @@ fn kubectl_create_get_describe_replace_delete_watch() {
     let rv1 = yaml_field(&yaml, "resourceVersion").unwrap().to_owned();
     assert!(yaml_field(&yaml, "uid").is_some() && yaml_field(&yaml, "creationTimestamp").is_some());
 
+    // Server-side printing: the columns a real cluster shows for Leases.
     let listing = k.ok(&["get", "leases"]);
-    assert!(listing.contains("task-llm-demo"), "{listing}");
+    let mut rows = listing.lines();
+    let head: Vec<&str> = rows.next().unwrap().split_whitespace().collect();
+    assert_eq!(head, ["NAME", "HOLDER", "AGE"], "{listing}");
+    let row: Vec<&str> = rows.next().unwrap().split_whitespace().collect();
+    assert_eq!(row[..2], ["task-llm-demo", "pod-a"], "{listing}");
 
     let described = k.ok(&["describe", "lease", "task-llm-demo"]);
     for want in [

@@ -473,12 +473,18 @@ impl ApiServer {
     /// # Panics
     /// When etcd or the API server cannot start or does not come up within 20 s.
     pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// Starts one with extra arguments (`["--deny", "update"]` to refuse a verb as RBAC would).
+    pub fn start_with(args: &[&str]) -> Self {
         let etcd = EtcdServer::start();
         let bin = apiserver_bin();
         let port = free_port();
         let mut cmd = Command::new(&bin);
         cmd.args(["--listen", &format!("127.0.0.1:{port}")])
             .args(["--etcd", &etcd.url()])
+            .args(args)
             .stdout(Stdio::null())
             .stderr(Stdio::inherit());
         let child = spawn(cmd).unwrap_or_else(|e| panic!("cannot start {} ({e})", bin.display()));
