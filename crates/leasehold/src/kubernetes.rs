@@ -531,7 +531,10 @@ impl RecordStore for KubernetesStore {
             )
             .await?
         {
-            Ok(l) => Ok(Some(l.metadata.resource_version.unwrap_or_default())),
+            Ok(l) => {
+                self.remember(&name, &l);
+                Ok(Some(l.metadata.resource_version.unwrap_or_default()))
+            }
             Err(_) => Ok(None),
         }
     }
@@ -552,7 +555,10 @@ impl RecordStore for KubernetesStore {
             )
             .await?
         {
-            Ok(l) => Ok(Some(l.metadata.resource_version.unwrap_or_default())),
+            Ok(l) => {
+                self.remember(&name, &l);
+                Ok(Some(l.metadata.resource_version.unwrap_or_default()))
+            }
             Err(_) => Ok(None),
         }
     }
