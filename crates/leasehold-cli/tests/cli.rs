@@ -1009,3 +1009,90 @@ fn run_works_on_redis_and_redlock() {
         assert_eq!(out.status.code(), Some(0), "{out:?}");
     }
 }
+
+#[test]
+fn run_works_on_kubernetes_leases() {
+    let server = leasehold_testkit::servers::ApiServer::start();
+    let url = format!("{}&prefix=task-llm-", server.store_url("jobs"));
+    let run = |args: &[&str]| bare().arg("--store").arg(&url).args(args).output().unwrap();
+    let out = run(&[
+        "run",
+        "--key",
+        "Agent/1",
+        "--",
+        "sh",
+        "-c",
+        "echo $LEASEHOLD_FENCE",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let first: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    assert!(first >= 1);
+
+    // Held by another process: kubectl shows the holder; --no-wait exits 75 naming it; a waiting
+    // run gets the lease once the holder is done.
+    let mut holder = bare()
+        .args([
+            "--store", &url, "run", "--key", "Agent/1", "--", "sh", "-c", UNTIL_EOF,
+        ])
+        .env("POD_NAME", "pod-a")
+        .env("POD_NAMESPACE", "jobs")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(holder.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "ready");
+    let names = Command::new("kubectl")
+        .env("KUBECONFIG", server.kubeconfig("jobs"))
+        .args(["get", "leases", "-o", "jsonpath={range .items[*]}{.metadata.name} {.spec.holderIdentity} {.metadata.annotations.leasehold\\.io/key}{\"\\n\"}{end}"])
+        .output()
+        .expect("kubectl (apt-get install kubernetes-client)");
+    let listing = String::from_utf8_lossy(&names.stdout);
+    let row = listing
+        .lines()
+        .find(|l| l.starts_with("task-llm-agent-1--"))
+        .unwrap_or_else(|| panic!("{listing} {names:?}"));
+    assert!(row.ends_with(" jobs/pod-a Agent/1"), "{row}");
+
+    let out = run(&["run", "--key", "Agent/1", "--no-wait", "--", "true"]);
+    assert_eq!(out.status.code(), Some(75), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("pod-a"),
+        "{out:?}"
+    );
+    let waiter = bare()
+        .args([
+            "--store",
+            &url,
+            "run",
+            "--key",
+            "Agent/1",
+            "--wait",
+            "20s",
+            "--",
+            "sh",
+            "-c",
+            "echo $LEASEHOLD_FENCE",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(holder.stdin.take());
+    assert!(holder.wait().unwrap().success());
+    let out = waiter.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let later: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    assert!(later > first);
+
+    let out = run(&["ls", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let rows: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(rows.as_array().unwrap().len(), 1, "{rows}");
+    let out = run(&["inspect", "Agent/1", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let rec: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(fence(&rec), later);
+}

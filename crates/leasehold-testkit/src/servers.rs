@@ -300,3 +300,273 @@ fn make_certs(dir: &std::path::Path) {
         "ext",
     ]);
 }
+
+/// Whether something answers `GET path` on `127.0.0.1:port` with a 200 whose body contains `needle`.
+fn http_ok(port: u16, path: &str, needle: &str) -> bool {
+    http_get(port, path).is_some_and(|(code, body)| code == 200 && body.contains(needle))
+}
+
+/// A minimal HTTP/1.1 GET on loopback: (status, body), if the server answers.
+pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    http_request(port, "GET", path, &[], "")
+}
+
+/// A minimal HTTP/1.1 request on loopback (`Connection: close`): (status, body), if the server
+/// answers. `headers` are extra `(name, value)` pairs.
+pub fn http_request(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    s.write_all(req.as_bytes()).ok()?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).ok()?;
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, rest) = text.split_once("\r\n\r\n")?;
+    let code = head.split_whitespace().nth(1)?.parse().ok()?;
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(rest)
+    } else {
+        rest.to_owned()
+    };
+    Some((code, body))
+}
+
+/// Decodes a chunked HTTP body.
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = s.split_once("\r\n") {
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
+            break;
+        };
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// A single-member etcd on free client and peer ports in a temp dir, stopped (SIGKILL by PID) on
+/// drop.
+#[derive(Debug)]
+pub struct EtcdServer {
+    /// Its client port.
+    pub port: u16,
+    child: Option<Child>,
+    _dir: tempfile::TempDir,
+}
+
+impl EtcdServer {
+    /// Starts etcd and waits until `/health` says it is healthy.
+    ///
+    /// # Panics
+    /// When `etcd` is missing or does not come up within 20 s.
+    pub fn start() -> Self {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+        let (port, peer) = (free_port(), free_port());
+        let client_url = format!("http://127.0.0.1:{port}");
+        let peer_url = format!("http://127.0.0.1:{peer}");
+        let mut cmd = Command::new("etcd");
+        cmd.args(["--name", "n1", "--data-dir"])
+            .arg(dir.path().join("data"))
+            .args(["--listen-client-urls", &client_url])
+            .args(["--advertise-client-urls", &client_url])
+            .args(["--listen-peer-urls", &peer_url])
+            .args(["--initial-advertise-peer-urls", &peer_url])
+            .args(["--initial-cluster", &format!("n1={peer_url}")])
+            .args(["--initial-cluster-state", "new", "--unsafe-no-fsync"])
+            .args(["--log-level", "error"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let child = spawn(cmd).unwrap_or_else(|e| {
+            panic!("cannot start etcd ({e}): install it with `apt-get install etcd-server etcd-client`, or run ./scripts/test which does")
+        });
+        let server = EtcdServer {
+            port,
+            child: Some(child),
+            _dir: dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !http_ok(port, "/health", "\"health\":\"true\"") {
+            assert!(
+                Instant::now() < deadline,
+                "etcd on port {port} was not healthy within 20 s"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        server
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// The server's PID.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Kills etcd (SIGKILL) and waits for it.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for EtcdServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Builds `leasehold-apiserver` (once per process, a no-op when it is fresh) and returns its path.
+fn apiserver_bin() -> PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+            let status = Command::new(cargo)
+                .args(["build", "--quiet", "-p", "leasehold-apiserver"])
+                .status()
+                .unwrap_or_else(|e| panic!("cannot run cargo to build leasehold-apiserver: {e}"));
+            assert!(status.success(), "building leasehold-apiserver failed");
+            crate::workspace_bin("leasehold-apiserver")
+        })
+        .clone()
+}
+
+/// `leasehold-apiserver` (the Kubernetes-API-compatible Lease server) on a free port over its own
+/// [`EtcdServer`]; both stopped (SIGKILL by PID) on drop.
+#[derive(Debug)]
+pub struct ApiServer {
+    /// Its port.
+    pub port: u16,
+    child: Option<Child>,
+    etcd: EtcdServer,
+    dir: tempfile::TempDir,
+}
+
+impl ApiServer {
+    /// Starts etcd and the API server and waits until `/healthz` answers.
+    ///
+    /// # Panics
+    /// When etcd or the API server cannot start or does not come up within 20 s.
+    pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// Starts one with extra arguments (`["--deny", "update"]` to refuse a verb as RBAC would).
+    pub fn start_with(args: &[&str]) -> Self {
+        let etcd = EtcdServer::start();
+        let bin = apiserver_bin();
+        let port = free_port();
+        let mut cmd = Command::new(&bin);
+        cmd.args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(["--etcd", &etcd.url()])
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
+        let child = spawn(cmd).unwrap_or_else(|e| panic!("cannot start {} ({e})", bin.display()));
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+        let server = ApiServer {
+            port,
+            child: Some(child),
+            etcd,
+            dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !http_ok(port, "/healthz", "ok") {
+            assert!(
+                Instant::now() < deadline,
+                "leasehold-apiserver on port {port} did not answer within 20 s"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        server
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// The etcd behind it.
+    pub fn etcd(&self) -> &EtcdServer {
+        &self.etcd
+    }
+
+    /// A store URL for namespace `ns` on this server: `k8s://NS?server=http://127.0.0.1:PORT`.
+    pub fn store_url(&self, ns: &str) -> String {
+        format!("k8s://{ns}?server={}", self.url())
+    }
+
+    /// Writes a kubeconfig pointing at this server (namespace `ns`) and returns its path.
+    pub fn kubeconfig(&self, ns: &str) -> PathBuf {
+        let path = self.dir.path().join(format!("kubeconfig-{ns}"));
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {}\ncontexts:\n- name: test\n  context:\n    cluster: test\n    user: test\n    namespace: {ns}\ncurrent-context: test\nusers:\n- name: test\n  user: {{}}\n",
+            self.url()
+        );
+        std::fs::write(&path, text).unwrap_or_else(|e| panic!("write kubeconfig: {e}"));
+        path
+    }
+
+    /// Lease API requests served since start or the last reset, from `/debug/requests`.
+    pub fn requests(&self) -> serde_json::Value {
+        let (_, body) = http_get(self.port, "/debug/requests")
+            .unwrap_or_else(|| panic!("leasehold-apiserver on port {} does not answer", self.port));
+        serde_json::from_str(&body).unwrap_or_else(|e| panic!("/debug/requests: {e}: {body}"))
+    }
+
+    /// Resets the request counters.
+    pub fn reset_requests(&self) {
+        let _ = http_request(self.port, "DELETE", "/debug/requests", &[], "");
+    }
+
+    /// The server's PID.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Kills the API server (SIGKILL) and waits for it; etcd stops on drop.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for ApiServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// One API server (over one etcd) shared by all tests of this process (each test uses its own
+/// namespace or key prefix).
+pub fn shared_apiserver() -> &'static ApiServer {
+    static SERVER: OnceLock<ApiServer> = OnceLock::new();
+    SERVER.get_or_init(ApiServer::start)
+}

@@ -75,3 +75,14 @@ mod rediss {
     }
     leasehold_testkit::conformance_tests!(store().await);
 }
+
+mod k8s {
+    use super::*;
+    async fn store() -> Arc<dyn LockStore> {
+        let server = leasehold_testkit::servers::shared_apiserver();
+        leasehold::open_store(&format!("{}&prefix=conf-", server.store_url("conformance")))
+            .await
+            .expect("k8s store")
+    }
+    leasehold_testkit::conformance_tests!(store().await);
+}

@@ -5,6 +5,13 @@
 //! registrations and releases serialise on the record's version. Expiry is judged on the acquirer's
 //! wall clock against the `expires` time written by the holder: bounded clock skew between machines
 //! shortens or lengthens a lease by that skew (see the README's guarantees).
+//!
+//! The adapter remembers the record and version of its own last successful write per key. The
+//! next step on that key first decides on that record and writes conditionally on that version,
+//! without reading: if nobody else wrote since, the write succeeds and a renewal, a release or a
+//! re-acquisition by this process costs one request instead of two; if somebody did, the write
+//! fails (version mismatch), the memory is dropped, and the step reads and decides as usual. A
+//! decision that writes nothing (the lease looks held) is never taken on remembered state.
 
 use crate::decide::{self, Current, Now};
 use crate::error::{Error, Result};
@@ -15,10 +22,15 @@ use crate::store::{
     LockStore, RecordStore, ReleaseOutcome, RenewOutcome, Stored,
 };
 use async_trait::async_trait;
+use parking_lot::Mutex;
+use std::collections::HashMap;
 use std::time::Duration;
 
 /// How many lost races one call tolerates before reporting the store as too contended.
 const MAX_RACES: usize = 64;
+
+/// Remembered writes beyond this many keys are forgotten all at once (memory stays bounded).
+const MAX_REMEMBERED: usize = 10_000;
 
 /// A [`LockStore`] over any [`RecordStore`].
 ///
@@ -33,12 +45,29 @@ const MAX_RACES: usize = 64;
 #[derive(Debug)]
 pub struct RecordLockStore<R> {
     inner: R,
+    /// key → (version, record) of this adapter's last successful write.
+    written: Mutex<HashMap<String, (String, LeaseRecord)>>,
 }
 
 impl<R: RecordStore> RecordLockStore<R> {
     /// Wraps a record store.
     pub fn new(inner: R) -> Self {
-        RecordLockStore { inner }
+        RecordLockStore {
+            inner,
+            written: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn remember(&self, key: &Key, version: String, record: LeaseRecord) {
+        let mut w = self.written.lock();
+        if w.len() >= MAX_REMEMBERED {
+            w.clear();
+        }
+        w.insert(key.as_str().to_owned(), (version, record));
+    }
+
+    fn forget(&self, key: &Key) {
+        self.written.lock().remove(key.as_str());
     }
 
     /// The wrapped record store.
@@ -52,17 +81,40 @@ impl<R: RecordStore> RecordLockStore<R> {
         key: &Key,
         mut f: impl FnMut(Option<&Stored>) -> (T, Option<LeaseRecord>),
     ) -> Result<T> {
+        // Our own last write, if nobody wrote since: decide and write without reading.
+        let remembered = self.written.lock().get(key.as_str()).cloned();
+        if let Some((version, record)) = remembered {
+            let cur = Stored::Record {
+                record,
+                version: version.clone(),
+            };
+            if let (out, Some(write)) = f(Some(&cur)) {
+                match self.inner.replace(key, &write, &version).await {
+                    Ok(Some(v)) => {
+                        self.remember(key, v, write);
+                        return Ok(out);
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        self.forget(key);
+                        return Err(e);
+                    }
+                }
+            }
+            self.forget(key);
+        }
         for _ in 0..MAX_RACES {
             let cur = self.inner.get(key).await?;
             let (out, write) = f(cur.as_ref());
             let Some(write) = write else { return Ok(out) };
-            let won = match &cur {
-                None => self.inner.create(key, &write).await?.is_some(),
+            let written = match &cur {
+                None => self.inner.create(key, &write).await?,
                 Some(Stored::Record { version, .. }) | Some(Stored::Corrupt { version, .. }) => {
-                    self.inner.replace(key, &write, version).await?.is_some()
+                    self.inner.replace(key, &write, version).await?
                 }
             };
-            if won {
+            if let Some(v) = written {
+                self.remember(key, v, write);
                 return Ok(out);
             }
             tokio::task::yield_now().await;
@@ -160,6 +212,7 @@ impl<R: RecordStore> LockStore for RecordLockStore<R> {
                 if decide::removable(&record, now, older_than.as_millis() as u64)
                     && self.inner.delete(&key, &version).await?
                 {
+                    self.forget(&key);
                     report.removed += 1;
                     continue;
                 }

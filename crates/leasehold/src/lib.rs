@@ -29,6 +29,7 @@
 //! | `file:///path/to/dir[?mode=0640&fsync=true]` | [`file`] | `file` (default) |
 //! | `memory://` | [`memory`] | `memory` (default) |
 //! | `record-memory://` (the generic record adapter over memory) | [`memory`], [`adapter`] | `memory` |
+//! | `k8s://[namespace][?prefix=…&server=…]`, `kubernetes://…` (Lease objects) | `kubernetes` | `kubernetes` |
 //!
 //! Contention is not an error: `try_acquire` answers `Ok(None)`. Store failures are [`Error`]s,
 //! with [`Error::is_retryable`].
@@ -40,6 +41,8 @@ pub mod file;
 pub mod guard;
 pub mod holder;
 pub mod key;
+#[cfg(feature = "kubernetes")]
+pub mod kubernetes;
 pub mod local;
 pub mod memory;
 pub mod metrics;
@@ -136,6 +139,11 @@ pub async fn open_store(url: &str) -> Result<Arc<dyn LockStore>> {
         #[cfg(not(feature = "redis"))]
         "redis" | "rediss" => Err(not_enabled("redis")),
         "redlock" => Err(not_enabled("redlock")),
+        #[cfg(feature = "kubernetes")]
+        "k8s" | "kubernetes" => Ok(Arc::new(adapter::RecordLockStore::new(
+            crate::kubernetes::KubernetesStore::from_url(&parsed).await?,
+        ))),
+        #[cfg(not(feature = "kubernetes"))]
         "k8s" | "kubernetes" => Err(not_enabled("kubernetes")),
         "gs" | "gcs" => Err(not_enabled("gcs")),
         "s3" => Err(not_enabled("s3")),

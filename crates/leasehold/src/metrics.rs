@@ -14,9 +14,43 @@
 //! | `renewals_total` | counter | successful renewals |
 //! | `lost_total` | counter | leases lost (refused renewal, unreachable store until expiry) |
 //! | `handoffs_requested_total` | counter | handoff signals raised by a waiter |
+//!
+//! [`Metrics::register_adr052`] registers the same metrics under the names of the seed ADR-052
+//! (`<prefix>_lock_acquisition_attempts_total`, `_lock_acquisition_successes_total`,
+//! `_lock_acquisition_failures_total{reason}`, `_lock_acquisition_duration_seconds`,
+//! `_lock_hold_duration_seconds`, `_lock_releases_total`, plus `_lock_renewals_total`,
+//! `_lock_lost_total`, `_lock_handoffs_requested_total`).
 
 use crate::error::{Error, Result};
 use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts, Registry};
+
+/// Metric names after the prefix: attempts, successes, failures, acquisition duration, hold
+/// duration, releases, renewals, lost, handoffs.
+type Names = [&'static str; 9];
+
+const NAMES: Names = [
+    "acquire_attempts_total",
+    "acquire_success_total",
+    "acquire_failures_total",
+    "acquire_duration_seconds",
+    "hold_duration_seconds",
+    "releases_total",
+    "renewals_total",
+    "lost_total",
+    "handoffs_requested_total",
+];
+
+const ADR052_NAMES: Names = [
+    "lock_acquisition_attempts_total",
+    "lock_acquisition_successes_total",
+    "lock_acquisition_failures_total",
+    "lock_acquisition_duration_seconds",
+    "lock_hold_duration_seconds",
+    "lock_releases_total",
+    "lock_renewals_total",
+    "lock_lost_total",
+    "lock_handoffs_requested_total",
+];
 
 /// The metric set; cheap to clone.
 #[derive(Debug, Clone)]
@@ -46,6 +80,26 @@ impl Metrics {
     /// assert!(leasehold::Metrics::register("myapp_locks", &registry).is_err());
     /// ```
     pub fn register(prefix: &str, registry: &Registry) -> Result<Self> {
+        Self::register_names(prefix, registry, &NAMES)
+    }
+
+    /// Creates the metrics under the seed ADR-052 names (`<prefix>_lock_acquisition_attempts_total`
+    /// …, see the module docs) and registers them in `registry`.
+    ///
+    /// # Errors
+    /// As [`Metrics::register`].
+    ///
+    /// ```
+    /// let registry = prometheus::Registry::new();
+    /// let m = leasehold::Metrics::register_adr052("llm", &registry).unwrap();
+    /// m.clone(); // hand it to Locks::with_metrics
+    /// # let _ = m;
+    /// ```
+    pub fn register_adr052(prefix: &str, registry: &Registry) -> Result<Self> {
+        Self::register_names(prefix, registry, &ADR052_NAMES)
+    }
+
+    fn register_names(prefix: &str, registry: &Registry, n: &Names) -> Result<Self> {
         let e = |err: prometheus::Error| Error::option("metrics prefix", err.to_string());
         let c = |name: &str, help: &str| {
             IntCounter::with_opts(Opts::new(format!("{prefix}_{name}"), help))
@@ -55,40 +109,30 @@ impl Metrics {
             3600.0,
         ];
         let m = Metrics {
-            attempts: c("acquire_attempts_total", "Lease acquisition calls").map_err(e)?,
-            successes: c("acquire_success_total", "Leases obtained").map_err(e)?,
+            attempts: c(n[0], "Lease acquisition calls").map_err(e)?,
+            successes: c(n[1], "Leases obtained").map_err(e)?,
             failures: IntCounterVec::new(
                 Opts::new(
-                    format!("{prefix}_acquire_failures_total"),
+                    format!("{prefix}_{}", n[2]),
                     "Failed acquisitions by reason",
                 ),
                 &["reason"],
             )
             .map_err(e)?,
             acquire_seconds: Histogram::with_opts(
-                HistogramOpts::new(
-                    format!("{prefix}_acquire_duration_seconds"),
-                    "Time to obtain a lease",
-                )
-                .buckets(buckets.clone()),
+                HistogramOpts::new(format!("{prefix}_{}", n[3]), "Time to obtain a lease")
+                    .buckets(buckets.clone()),
             )
             .map_err(e)?,
             hold_seconds: Histogram::with_opts(
-                HistogramOpts::new(
-                    format!("{prefix}_hold_duration_seconds"),
-                    "Time a lease was held",
-                )
-                .buckets(buckets),
+                HistogramOpts::new(format!("{prefix}_{}", n[4]), "Time a lease was held")
+                    .buckets(buckets),
             )
             .map_err(e)?,
-            releases: c("releases_total", "Leases released").map_err(e)?,
-            renewals: c("renewals_total", "Successful renewals").map_err(e)?,
-            lost: c("lost_total", "Leases lost").map_err(e)?,
-            handoffs: c(
-                "handoffs_requested_total",
-                "Handoff requests seen by holders",
-            )
-            .map_err(e)?,
+            releases: c(n[5], "Leases released").map_err(e)?,
+            renewals: c(n[6], "Successful renewals").map_err(e)?,
+            lost: c(n[7], "Leases lost").map_err(e)?,
+            handoffs: c(n[8], "Handoff requests seen by holders").map_err(e)?,
         };
         registry.register(Box::new(m.attempts.clone())).map_err(e)?;
         registry

@@ -1,0 +1,808 @@
+//! Kubernetes Lease store: `k8s://[namespace][?prefix=…&server=…&timeout=…]` (or `kubernetes://`).
+//!
+//! Checklist:
+//! - **records**: one `coordination.k8s.io/v1` Lease per key, named prefix + the key sanitised to
+//!   DNS-1123 ([`Naming::dns1123`]; keys that do not fit get prefix + readable part + hash, so two
+//!   keys never share a name), labelled `app.kubernetes.io/managed-by: leasehold`;
+//! - **spec** as Kubernetes' own leader election sets it: `holderIdentity`, `leaseDurationSeconds`
+//!   (the TTL rounded up to whole seconds), `acquireTime`, `renewTime`, `leaseTransitions` (counts
+//!   changes of holder), so `kubectl get leases` / `kubectl describe lease` show holder and times;
+//! - **annotations** under `leasehold.io/`: `key`, `fence`, `token` (owner token), `expires`
+//!   (renewTime + the TTL to the millisecond), `ttl-ms`, `waiter`, `waiter-token`,
+//!   `waiter-expires`, `pid`, `host`, `labels`;
+//! - **writes**: every write is conditioned on `resourceVersion` — create (409 AlreadyExists = lost
+//!   the race), replace with the version read (409 Conflict = somebody else won: contention, not an
+//!   error), delete with `preconditions.resourceVersion`. Release is a conditional replace that
+//!   clears the holder and keeps the fence; nothing is ever written unconditionally;
+//! - **fence**: a counter in the `leasehold.io/fence` annotation, `max(previous + 1, µs wall
+//!   clock)`, so it keeps increasing even when `cleanup` deleted the Lease; the one limit is a wall
+//!   clock stepped back by more than the time since the Lease was deleted;
+//! - **expiry** is judged on the acquirer's wall clock against `leasehold.io/expires` (for Leases
+//!   written by other clients, such as client-go leader election: `renewTime +
+//!   leaseDurationSeconds`). Clock skew between pods shifts expiry by that skew: with NTP-synced
+//!   nodes (skew well under a second) keep TTLs of several seconds; a holder renews at 1/3 of
+//!   the TTL, so skew below 2/3 of the TTL never makes a renewing holder look expired;
+//! - **watch**: waiters are woken by a watch on their Lease (`fieldSelector=metadata.name=…`);
+//! - **errors**: `403 Forbidden` names the missing RBAC verb and rule; `5xx`, `429` and transport
+//!   failures are retryable [`Error::Unavailable`].
+//!
+//! Configuration: `KUBECONFIG` (or `~/.kube/config`), else the in-cluster service account; the
+//! namespace is the URL's host, else `POD_NAMESPACE`, else the kubeconfig's namespace, else
+//! `default`. `?server=http://127.0.0.1:PORT` talks to that API server directly without
+//! credentials (for tests against `leasehold-apiserver`). `?prefix=` sets the name prefix
+//! (default `leasehold-`), `?timeout=` the per-request timeout (default `10s`).
+
+use crate::error::{Error, Result};
+use crate::key::{Key, Naming};
+use crate::record::LeaseRecord;
+use crate::store::{Capabilities, ChangeWatch, RecordStore, Stored};
+use async_trait::async_trait;
+use futures_util::StreamExt;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::chrono::{DateTime, Utc};
+use kube::api::{
+    Api, DeleteParams, ListParams, PostParams, Preconditions, WatchEvent, WatchParams,
+};
+use parking_lot::Mutex;
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::time::Duration;
+
+/// The label every Lease of leasehold carries.
+pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "leasehold");
+/// The prefix of leasehold's annotations.
+pub const ANNOTATION_PREFIX: &str = "leasehold.io/";
+/// The default Lease name prefix.
+pub const DEFAULT_PREFIX: &str = "leasehold-";
+
+const RBAC_HINT: &str =
+    "deploy/kubernetes/rbac.yaml grants exactly get, list, watch, create, update, delete on leases";
+
+/// How to reach the cluster and name Leases.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct KubernetesOptions {
+    /// The namespace; `None`: `POD_NAMESPACE`, else the kubeconfig's, else `default`.
+    pub namespace: Option<String>,
+    /// Lease name prefix (`[a-z0-9-]`, at most 40 characters). Default `leasehold-`.
+    pub prefix: String,
+    /// An API server URL to use directly without credentials (tests); `None`: `KUBECONFIG` or
+    /// in-cluster configuration.
+    pub server: Option<String>,
+    /// Per-request timeout. Default 10 s.
+    pub timeout: Duration,
+}
+
+impl Default for KubernetesOptions {
+    fn default() -> Self {
+        KubernetesOptions {
+            namespace: None,
+            prefix: DEFAULT_PREFIX.into(),
+            server: None,
+            timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// (resourceVersion, leaseTransitions, holderIdentity) of a Lease as last read.
+type Seen = (String, i32, Option<String>);
+
+/// A [`RecordStore`] over `coordination.k8s.io/v1` Leases; wrap it in
+/// [`crate::adapter::RecordLockStore`] (as `open_store("k8s://…")` does) for a lock store.
+pub struct KubernetesStore {
+    api: Api<Lease>,
+    namespace: String,
+    naming: Naming,
+    describe: String,
+    timeout: Duration,
+    /// Lease name → (resourceVersion, leaseTransitions, holder) as last read, so that a replace
+    /// of that version can count a change of holder.
+    seen: Mutex<HashMap<String, Seen>>,
+}
+
+impl fmt::Debug for KubernetesStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KubernetesStore")
+            .field("store", &self.describe)
+            .finish_non_exhaustive()
+    }
+}
+
+fn valid_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+impl KubernetesStore {
+    /// Opens the store a `k8s://` or `kubernetes://` URL names.
+    ///
+    /// # Errors
+    /// [`Error::InvalidUrl`] for a bad namespace, prefix, server, timeout or unknown parameter;
+    /// [`Error::Unavailable`] when no cluster configuration can be found.
+    pub async fn from_url(url: &url::Url) -> Result<Self> {
+        let bad = |reason: String| Error::InvalidUrl {
+            url: crate::redact_url(url.as_str()),
+            reason,
+        };
+        let mut o = KubernetesOptions::default();
+        let host = url.host_str().unwrap_or_default();
+        if !host.is_empty() {
+            o.namespace = Some(host.to_owned());
+        }
+        if !(url.path().is_empty() || url.path() == "/") {
+            return Err(bad(
+                "expected k8s://NAMESPACE[?prefix=…&server=…&timeout=…], without a path".into(),
+            ));
+        }
+        for (k, v) in url.query_pairs() {
+            match k.as_ref() {
+                "prefix" => o.prefix = v.into_owned(),
+                "server" => o.server = Some(v.into_owned()),
+                "timeout" => {
+                    o.timeout = humantime::parse_duration(&v)
+                        .map_err(|e| bad(format!("timeout={v}: {e}")))?;
+                }
+                other => {
+                    return Err(bad(format!(
+                        "unknown parameter {other:?} (known: prefix, server, timeout)"
+                    )))
+                }
+            }
+        }
+        Self::connect(o).await.map_err(|e| match e {
+            Error::InvalidOption { name, reason } => bad(format!("{name}: {reason}")),
+            e => e,
+        })
+    }
+
+    /// Connects with `options`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOption`] for a bad namespace, prefix, server or timeout;
+    /// [`Error::Unavailable`] when no cluster configuration can be found.
+    pub async fn connect(options: KubernetesOptions) -> Result<Self> {
+        let p = &options.prefix;
+        if p.len() > 40
+            || !p
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            || p.starts_with('-')
+        {
+            return Err(Error::option(
+                "prefix",
+                format!("{p:?}: at most 40 of [a-z0-9-], not starting with '-'"),
+            ));
+        }
+        if options.timeout.is_zero() {
+            return Err(Error::option("timeout", "must be more than zero"));
+        }
+        let (mut config, via) = match &options.server {
+            Some(server) => {
+                let uri: http::Uri = server
+                    .parse()
+                    .map_err(|e| Error::option("server", format!("{server:?}: {e}")))?;
+                if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
+                    return Err(Error::option(
+                        "server",
+                        format!("{server:?}: expected http://HOST:PORT or https://HOST:PORT"),
+                    ));
+                }
+                (kube::Config::new(uri), format!("?server={server}"))
+            }
+            None => (
+                kube::Config::infer().await.map_err(|e| Error::Unavailable {
+                    store: "k8s://".into(),
+                    detail: format!("no cluster configuration (KUBECONFIG, ~/.kube/config or in-cluster service account): {e}"),
+                })?,
+                String::new(),
+            ),
+        };
+        let namespace = match options.namespace {
+            Some(ns) => ns,
+            None => match std::env::var("POD_NAMESPACE") {
+                Ok(ns) if !ns.is_empty() => ns,
+                _ => config.default_namespace.clone(),
+            },
+        };
+        if !valid_label(&namespace) {
+            return Err(Error::option(
+                "namespace",
+                format!("{namespace:?} is not a DNS-1123 label ([a-z0-9-], at most 63)"),
+            ));
+        }
+        config.read_timeout = Some(options.timeout.max(Duration::from_secs(300)));
+        config.connect_timeout = Some(options.timeout);
+        let client = kube::Client::try_from(config).map_err(|e| Error::Unavailable {
+            store: format!("k8s://{namespace}"),
+            detail: format!("cannot build a Kubernetes client: {e}"),
+        })?;
+        let sep = if via.is_empty() { "?" } else { "&" };
+        Ok(KubernetesStore {
+            api: Api::namespaced(client, &namespace),
+            describe: format!("k8s://{namespace}{via}{sep}prefix={}", options.prefix),
+            naming: Naming::dns1123(options.prefix),
+            namespace,
+            timeout: options.timeout,
+            seen: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The namespace the Leases live in.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// The Lease name of `key`.
+    pub fn lease_name(&self, key: &Key) -> String {
+        self.naming.name(key)
+    }
+
+    /// Runs one API call under the timeout, mapping errors.
+    async fn call<T>(
+        &self,
+        verb: &'static str,
+        name: &str,
+        f: impl std::future::Future<Output = kube::Result<T>>,
+    ) -> Result<std::result::Result<T, kube::core::ErrorResponse>> {
+        match tokio::time::timeout(self.timeout, f).await {
+            Err(_) => Err(Error::Unavailable {
+                store: self.describe.clone(),
+                detail: format!("{verb} lease {name}: no answer within {:?}", self.timeout),
+            }),
+            Ok(Ok(v)) => Ok(Ok(v)),
+            Ok(Err(kube::Error::Api(e))) if matches!(e.code, 404 | 409) => Ok(Err(e)),
+            Ok(Err(e)) => Err(self.error(verb, name, e)),
+        }
+    }
+
+    fn error(&self, verb: &str, name: &str, e: kube::Error) -> Error {
+        let store = self.describe.clone();
+        match e {
+            kube::Error::Api(r) if r.code == 403 => Error::Store {
+                store,
+                detail: format!(
+                    "forbidden to {verb} lease {name}: {}. The RBAC Role bound to this identity needs a rule with apiGroups [\"coordination.k8s.io\"], resources [\"leases\"], verbs [\"{verb}\"] in namespace {} ({RBAC_HINT})",
+                    r.message, self.namespace
+                ),
+                retryable: false,
+            },
+            kube::Error::Api(r) if r.code == 401 => Error::Store {
+                store,
+                detail: format!("unauthorized ({verb} lease {name}): the API server rejected the credentials: {}", r.message),
+                retryable: false,
+            },
+            kube::Error::Api(r) if r.code >= 500 || r.code == 429 => Error::Unavailable {
+                store,
+                detail: format!("{verb} lease {name}: {} {}: {}", r.code, r.reason, r.message),
+            },
+            kube::Error::Api(r) => Error::Store {
+                store,
+                detail: format!("{verb} lease {name}: {} {}: {}", r.code, r.reason, r.message),
+                retryable: false,
+            },
+            kube::Error::SerdeError(e) => Error::Store {
+                store,
+                detail: format!("{verb} lease {name}: the API server answered something that is not a Lease: {e}"),
+                retryable: false,
+            },
+            e => Error::Unavailable {
+                store,
+                detail: format!("{verb} lease {name}: {e}"),
+            },
+        }
+    }
+
+    fn remember(&self, name: &str, lease: &Lease) {
+        let (Some(rv), spec) = (lease.metadata.resource_version.clone(), lease.spec.as_ref())
+        else {
+            return;
+        };
+        let transitions = spec.and_then(|s| s.lease_transitions).unwrap_or(0);
+        let holder = spec.and_then(|s| s.holder_identity.clone());
+        let mut seen = self.seen.lock();
+        if seen.len() > 4096 {
+            seen.clear();
+        }
+        seen.insert(name.to_owned(), (rv, transitions, holder));
+    }
+
+    fn to_lease(&self, name: &str, r: &LeaseRecord, version: Option<&str>) -> Lease {
+        let transitions = match version {
+            None => 0,
+            Some(v) => match self.seen.lock().get(name).cloned() {
+                Some((seen_v, t, old)) if seen_v == v => {
+                    let changed = r.holder.is_some() && r.holder != old;
+                    t.saturating_add(i32::from(changed))
+                }
+                _ => 0,
+            },
+        };
+        let mut a = BTreeMap::new();
+        let mut put = |k: &str, v: String| {
+            a.insert(format!("{ANNOTATION_PREFIX}{k}"), v);
+        };
+        put("key", r.key.clone());
+        put("fence", r.fence.to_string());
+        put("ttl-ms", r.ttl_ms.to_string());
+        if let Some(t) = &r.token {
+            put("token", t.clone());
+            put("expires", fmt_ms(r.expires_ms));
+        }
+        if let Some(w) = &r.waiter {
+            put("waiter", w.clone());
+        }
+        if let Some(w) = &r.waiter_token {
+            put("waiter-token", w.clone());
+        }
+        if let Some(w) = r.waiter_expires_ms {
+            put("waiter-expires", fmt_ms(w));
+        }
+        if let Some(p) = r.pid {
+            put("pid", p.to_string());
+        }
+        if let Some(h) = &r.host {
+            put("host", h.clone());
+        }
+        if !r.labels.is_empty() {
+            put(
+                "labels",
+                serde_json::to_string(&r.labels).unwrap_or_default(),
+            );
+        }
+        if !r.store.is_empty() {
+            put("store", serde_json::to_string(&r.store).unwrap_or_default());
+        }
+        let micro = |ms: u64| {
+            (ms > 0)
+                .then(|| DateTime::<Utc>::from_timestamp_millis(ms as i64).map(MicroTime))
+                .flatten()
+        };
+        let held = r.token.is_some();
+        Lease {
+            metadata: ObjectMeta {
+                name: Some(name.to_owned()),
+                namespace: Some(self.namespace.clone()),
+                resource_version: version.map(str::to_owned),
+                labels: Some(BTreeMap::from([(
+                    MANAGED_BY.0.to_owned(),
+                    MANAGED_BY.1.to_owned(),
+                )])),
+                annotations: Some(a),
+                ..ObjectMeta::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: if held { r.holder.clone() } else { None },
+                lease_duration_seconds: (r.ttl_ms > 0)
+                    .then(|| r.ttl_ms.div_ceil(1000).min(i32::MAX as u64) as i32),
+                acquire_time: if held { micro(r.acquired_ms) } else { None },
+                renew_time: micro(r.renewed_ms),
+                lease_transitions: Some(transitions),
+                ..LeaseSpec::default()
+            }),
+        }
+    }
+}
+
+fn fmt_ms(ms: u64) -> String {
+    humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + Duration::from_millis(ms)).to_string()
+}
+
+fn parse_ms(s: &str) -> std::result::Result<u64, String> {
+    let t = humantime::parse_rfc3339_weak(s).map_err(|e| format!("bad time {s:?}: {e}"))?;
+    t.duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .map_err(|e| e.to_string())
+}
+
+fn micro_ms(t: &Option<MicroTime>) -> u64 {
+    t.as_ref()
+        .map(|t| t.0.timestamp_millis().max(0) as u64)
+        .unwrap_or(0)
+}
+
+/// The record a Lease holds, or why it cannot be read.
+fn from_lease(lease: &Lease) -> std::result::Result<LeaseRecord, String> {
+    let empty = BTreeMap::new();
+    let ann = lease.metadata.annotations.as_ref().unwrap_or(&empty);
+    let get = |k: &str| ann.get(&format!("{ANNOTATION_PREFIX}{k}"));
+    let num = |k: &str| -> std::result::Result<Option<u64>, String> {
+        get(k)
+            .map(|v| {
+                v.parse::<u64>()
+                    .map_err(|e| format!("annotation {ANNOTATION_PREFIX}{k}={v:?}: {e}"))
+            })
+            .transpose()
+    };
+    let time = |k: &str| -> std::result::Result<Option<u64>, String> {
+        get(k).map(|v| parse_ms(v)).transpose()
+    };
+    let spec = lease.spec.clone().unwrap_or_default();
+    let name = lease.metadata.name.clone().unwrap_or_default();
+    let Some(key) = get("key") else {
+        // A Lease of another client (client-go leader election …): honoured as held by its
+        // holderIdentity until renewTime + leaseDurationSeconds.
+        let holder = spec.holder_identity.filter(|h| !h.is_empty());
+        let renewed = micro_ms(&spec.renew_time);
+        let ttl_ms = u64::try_from(spec.lease_duration_seconds.unwrap_or(0)).unwrap_or(0) * 1000;
+        let mut r = LeaseRecord::free(&name, num("fence")?.unwrap_or(0));
+        r.token = holder.as_ref().map(|h| format!("k8s-holder:{h}"));
+        r.holder = holder;
+        r.acquired_ms = micro_ms(&spec.acquire_time);
+        r.renewed_ms = renewed;
+        r.ttl_ms = ttl_ms;
+        r.expires_ms = if r.token.is_some() {
+            renewed + ttl_ms
+        } else {
+            0
+        };
+        return Ok(r);
+    };
+    let mut r = LeaseRecord::free(
+        key,
+        num("fence")?.ok_or("annotation leasehold.io/fence missing")?,
+    );
+    r.token = get("token").cloned();
+    r.holder = if r.token.is_some() {
+        spec.holder_identity.clone()
+    } else {
+        None
+    };
+    r.ttl_ms = num("ttl-ms")?.unwrap_or(0);
+    r.acquired_ms = micro_ms(&spec.acquire_time);
+    r.renewed_ms = micro_ms(&spec.renew_time);
+    r.expires_ms = if r.token.is_some() {
+        time("expires")?.ok_or("annotation leasehold.io/expires missing on a held lease")?
+    } else {
+        0
+    };
+    r.waiter = get("waiter").cloned();
+    r.waiter_token = get("waiter-token").cloned();
+    r.waiter_expires_ms = time("waiter-expires")?;
+    r.pid = num("pid")?.and_then(|p| u32::try_from(p).ok());
+    r.host = get("host").cloned();
+    if let Some(l) = get("labels") {
+        r.labels =
+            serde_json::from_str(l).map_err(|e| format!("annotation leasehold.io/labels: {e}"))?;
+    }
+    if let Some(s) = get("store") {
+        r.store =
+            serde_json::from_str(s).map_err(|e| format!("annotation leasehold.io/store: {e}"))?;
+    }
+    Ok(r)
+}
+
+fn stored(lease: &Lease) -> Stored {
+    let version = lease.metadata.resource_version.clone().unwrap_or_default();
+    match from_lease(lease) {
+        Ok(record) => Stored::Record { record, version },
+        Err(detail) => Stored::Corrupt {
+            version,
+            detail,
+            salvaged_fence: lease
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get("leasehold.io/fence"))
+                .and_then(|f| f.parse().ok()),
+        },
+    }
+}
+
+#[async_trait]
+impl RecordStore for KubernetesStore {
+    fn describe(&self) -> String {
+        self.describe.clone()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            native_ttl: false,
+            watch: true,
+            liveness: false,
+            fence_source:
+                "a counter in the leasehold.io/fence annotation: max(previous + 1, µs clock)",
+        }
+    }
+
+    async fn get(&self, key: &Key) -> Result<Option<Stored>> {
+        let name = self.lease_name(key);
+        match self.call("get", &name, self.api.get(&name)).await? {
+            Ok(lease) => {
+                self.remember(&name, &lease);
+                Ok(Some(stored(&lease)))
+            }
+            Err(_) => Ok(None),
+        }
+    }
+
+    async fn create(&self, key: &Key, record: &LeaseRecord) -> Result<Option<String>> {
+        let name = self.lease_name(key);
+        let lease = self.to_lease(&name, record, None);
+        match self
+            .call(
+                "create",
+                &name,
+                self.api.create(&PostParams::default(), &lease),
+            )
+            .await?
+        {
+            Ok(l) => {
+                self.remember(&name, &l);
+                Ok(Some(l.metadata.resource_version.unwrap_or_default()))
+            }
+            Err(_) => Ok(None),
+        }
+    }
+
+    async fn replace(
+        &self,
+        key: &Key,
+        record: &LeaseRecord,
+        version: &str,
+    ) -> Result<Option<String>> {
+        let name = self.lease_name(key);
+        let lease = self.to_lease(&name, record, Some(version));
+        match self
+            .call(
+                "update",
+                &name,
+                self.api.replace(&name, &PostParams::default(), &lease),
+            )
+            .await?
+        {
+            Ok(l) => {
+                self.remember(&name, &l);
+                Ok(Some(l.metadata.resource_version.unwrap_or_default()))
+            }
+            Err(_) => Ok(None),
+        }
+    }
+
+    async fn delete(&self, key: &Key, version: &str) -> Result<bool> {
+        let name = self.lease_name(key);
+        let dp = DeleteParams {
+            preconditions: Some(Preconditions {
+                resource_version: Some(version.to_owned()),
+                uid: None,
+            }),
+            ..DeleteParams::default()
+        };
+        Ok(self
+            .call("delete", &name, self.api.delete(&name, &dp))
+            .await?
+            .is_ok())
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<(String, Stored)>> {
+        let lp = ListParams::default().labels(&format!("{}={}", MANAGED_BY.0, MANAGED_BY.1));
+        let list = match self.call("list", "(all)", self.api.list(&lp)).await? {
+            Ok(l) => l,
+            Err(e) => return Err(self.error("list", "(all)", kube::Error::Api(e))),
+        };
+        let mut out: Vec<(String, Stored)> = list
+            .items
+            .iter()
+            .filter_map(|l| {
+                let s = stored(l);
+                let matches = match &s {
+                    Stored::Record { record, .. } => record.key.starts_with(prefix),
+                    Stored::Corrupt { .. } => prefix.is_empty(),
+                };
+                matches.then(|| (l.metadata.name.clone().unwrap_or_default(), s))
+            })
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(out)
+    }
+
+    async fn subscribe(&self, key: &Key) -> Result<Option<Box<dyn ChangeWatch>>> {
+        let name = self.lease_name(key);
+        let fields = format!("metadata.name={name}");
+        // The list's resourceVersion anchors the watch: no change after it is missed, even one
+        // made before the watch request reaches the server.
+        let list = match self
+            .call(
+                "list",
+                &name,
+                self.api.list(&ListParams::default().fields(&fields)),
+            )
+            .await?
+        {
+            Ok(l) => l,
+            Err(e) => return Err(self.error("list", &name, kube::Error::Api(e))),
+        };
+        let mut rv = list.metadata.resource_version.unwrap_or_default();
+        let (tx, rx) = tokio::sync::watch::channel(0u64);
+        let api = self.api.clone();
+        let task = tokio::spawn(async move {
+            let wp = WatchParams::default().fields(&fields).timeout(290);
+            let mut backoff = Duration::from_millis(50);
+            loop {
+                if tx.is_closed() {
+                    return;
+                }
+                let stream = match api.watch(&wp, &rv).await {
+                    Ok(s) => s,
+                    Err(_) => {
+                        tx.send_modify(|n| *n += 1);
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(Duration::from_secs(2));
+                        continue;
+                    }
+                };
+                backoff = Duration::from_millis(50);
+                futures_util::pin_mut!(stream);
+                while let Some(ev) = stream.next().await {
+                    match ev {
+                        Ok(
+                            WatchEvent::Added(l) | WatchEvent::Modified(l) | WatchEvent::Deleted(l),
+                        ) => {
+                            if let Some(v) = l.metadata.resource_version {
+                                rv = v;
+                            }
+                            tx.send_modify(|n| *n += 1);
+                        }
+                        Ok(WatchEvent::Bookmark(b)) => rv = b.metadata.resource_version,
+                        Ok(WatchEvent::Error(_)) | Err(_) => {
+                            // Expired or broken: start over from the current state.
+                            rv = String::new();
+                            tx.send_modify(|n| *n += 1);
+                            break;
+                        }
+                    }
+                }
+            }
+        });
+        Ok(Some(Box::new(LeaseWatch { rx, task })))
+    }
+}
+
+/// A watch on one Lease; the watching task ends when this is dropped.
+struct LeaseWatch {
+    rx: tokio::sync::watch::Receiver<u64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl fmt::Debug for LeaseWatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeaseWatch").finish_non_exhaustive()
+    }
+}
+
+impl Drop for LeaseWatch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+#[async_trait]
+impl ChangeWatch for LeaseWatch {
+    async fn changed(&mut self) {
+        if self.rx.changed().await.is_err() {
+            // The watching task is gone: fall back to polling.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn records_round_trip_through_leases() {
+        let store_naming = Naming::dns1123("task-llm-");
+        let mut r = LeaseRecord::free("Task/7", 41);
+        r.holder = Some("pod-1".into());
+        r.token = Some("tok".into());
+        r.fence = 42;
+        r.acquired_ms = 1_790_000_000_123;
+        r.renewed_ms = 1_790_000_001_456;
+        r.ttl_ms = 1500;
+        r.expires_ms = r.renewed_ms + 1500;
+        r.waiter = Some("pod-2".into());
+        r.waiter_token = Some("wt".into());
+        r.waiter_expires_ms = Some(r.renewed_ms + 900);
+        r.pid = Some(7);
+        r.host = Some("h".into());
+        r.labels.insert("task".into(), "7".into());
+        let name = store_naming.name(&Key::new("Task/7").unwrap());
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let store = rt
+            .block_on(KubernetesStore::connect(KubernetesOptions {
+                namespace: Some("ns".into()),
+                prefix: "task-llm-".into(),
+                server: Some("http://127.0.0.1:1".into()),
+                ..KubernetesOptions::default()
+            }))
+            .unwrap();
+        let lease = store.to_lease(&name, &r, None);
+        let spec = lease.spec.as_ref().unwrap();
+        assert_eq!(spec.holder_identity.as_deref(), Some("pod-1"));
+        assert_eq!(spec.lease_duration_seconds, Some(2));
+        assert_eq!(
+            lease.metadata.labels.as_ref().unwrap()["app.kubernetes.io/managed-by"],
+            "leasehold"
+        );
+        let back = from_lease(&lease).unwrap();
+        assert_eq!(back, r);
+        // Freed: no holder in the spec, fence kept.
+        let freed = crate::decide::freed(&r, r.renewed_ms + 10);
+        let back = from_lease(&store.to_lease(&name, &freed, None)).unwrap();
+        assert_eq!(back.fence, 42);
+        assert!(back.holder.is_none() && back.token.is_none());
+        // A damaged annotation makes a corrupt record, with the fence salvaged when readable.
+        let mut bad = store.to_lease(&name, &r, None);
+        bad.metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert("leasehold.io/expires".into(), "soon".into());
+        bad.metadata.resource_version = Some("9".into());
+        assert!(matches!(
+            stored(&bad),
+            Stored::Corrupt {
+                salvaged_fence: Some(42),
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn foreign_leases_are_held_by_their_holder_identity() {
+        let lease = Lease {
+            metadata: ObjectMeta {
+                name: Some("leader".into()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: Some("controller-0".into()),
+                lease_duration_seconds: Some(15),
+                renew_time: DateTime::<Utc>::from_timestamp_millis(1_000_000).map(MicroTime),
+                ..LeaseSpec::default()
+            }),
+        };
+        let r = from_lease(&lease).unwrap();
+        assert_eq!(r.holder.as_deref(), Some("controller-0"));
+        assert_eq!(r.expires_ms, 1_015_000);
+        assert!(r.token.is_some());
+    }
+
+    #[test]
+    fn bad_urls_are_typed_errors() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        for url in [
+            "k8s://Bad_NS?server=http://127.0.0.1:1",
+            "k8s://ns?server=ftp://x",
+            "k8s://ns?server=http://127.0.0.1:1&prefix=UP",
+            "k8s://ns?server=http://127.0.0.1:1&nope=1",
+            "k8s://ns/path?server=http://127.0.0.1:1",
+            "k8s://ns?server=http://127.0.0.1:1&timeout=0s",
+        ] {
+            let u = url::Url::parse(url).unwrap();
+            let r = rt.block_on(KubernetesStore::from_url(&u));
+            assert!(matches!(r, Err(Error::InvalidUrl { .. })), "{url}: {r:?}");
+        }
+        // No namespace in the URL: the configuration's (`default` for a bare server).
+        let u = url::Url::parse("k8s://?server=http://127.0.0.1:1&prefix=task-llm-").unwrap();
+        let s = rt.block_on(KubernetesStore::from_url(&u)).unwrap();
+        if std::env::var_os("POD_NAMESPACE").is_none() {
+            assert_eq!(s.namespace(), "default");
+        }
+        assert!(s
+            .lease_name(&Key::new("x").unwrap())
+            .starts_with("task-llm-"));
+    }
+}
