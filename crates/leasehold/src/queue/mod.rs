@@ -480,6 +480,22 @@ pub trait QueueBackend: Send + Sync + fmt::Debug + 'static {
     /// [`Error::InvalidKey`] / [`Error::InvalidOption`] for bad input; a store error.
     async fn enqueue(&self, task: &NewTask) -> Result<Enqueued>;
 
+    /// Adds many tasks, in order; backends do it in one transaction (all or none). The default
+    /// enqueues them one by one.
+    ///
+    /// # Errors
+    /// As [`enqueue`](Self::enqueue); every task is validated before any is added.
+    async fn enqueue_batch(&self, tasks: &[NewTask]) -> Result<Vec<Enqueued>> {
+        for t in tasks {
+            t.validate()?;
+        }
+        let mut out = Vec::with_capacity(tasks.len());
+        for t in tasks {
+            out.push(self.enqueue(t).await?);
+        }
+        Ok(out)
+    }
+
     /// Picks the next task that may run (see the module docs for the rules), marks it running
     /// for `req.worker` and counts an attempt. `Ok(None)`: nothing may run now. Corrupt pending
     /// records met on the way are marked failed and skipped.

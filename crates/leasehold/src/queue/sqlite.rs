@@ -241,19 +241,36 @@ fn get_entry(tx: &Connection, id: i64) -> rusqlite::Result<Option<TaskEntry>> {
 #[async_trait::async_trait]
 impl QueueBackend for SqliteQueue {
     async fn enqueue(&self, task: &NewTask) -> Result<Enqueued> {
-        task.validate()?;
-        let t = task.clone();
+        let mut out = self.enqueue_batch(std::slice::from_ref(task)).await?;
+        out.pop().ok_or_else(|| Error::Store {
+            store: "sqlite queue".into(),
+            detail: "enqueue returned nothing".into(),
+            retryable: false,
+        })
+    }
+
+    async fn enqueue_batch(&self, tasks: &[NewTask]) -> Result<Vec<Enqueued>> {
+        for t in tasks {
+            t.validate()?;
+        }
+        let tasks = tasks.to_vec();
         self.tx(move |tx| {
             let now = now_i64();
-            tx.execute(
-                "INSERT OR IGNORE INTO queue_keys (key, served) VALUES (?1, 0)",
-                [&t.key],
-            )?;
-            tx.execute(
+            let mut key_stmt =
+                tx.prepare_cached("INSERT OR IGNORE INTO queue_keys (key, served) VALUES (?1, 0)")?;
+            let mut ins = tx.prepare_cached(
                 "INSERT INTO tasks (key, grp, priority, rank, payload, state, policy, max_attempts, \
                  timeout_ms, enqueued_ms, aged_ms) \
                  VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6, ?7, ?8, ?9, ?9)",
-                params![
+            )?;
+            let mut ahead = tx.prepare_cached(
+                "SELECT COUNT(*) FROM tasks WHERE key = ?1 AND state = 'pending' \
+                 AND (rank < ?2 OR (rank = ?2 AND id < ?3))",
+            )?;
+            let mut out = Vec::with_capacity(tasks.len());
+            for t in &tasks {
+                key_stmt.execute([&t.key])?;
+                ins.execute(params![
                     t.key,
                     t.group,
                     t.priority.as_str(),
@@ -263,19 +280,16 @@ impl QueueBackend for SqliteQueue {
                     t.policy.max_attempts(),
                     t.timeout.map(ms_i64),
                     now
-                ],
-            )?;
-            let id = tx.last_insert_rowid();
-            let ahead: i64 = tx.query_row(
-                "SELECT COUNT(*) FROM tasks WHERE key = ?1 AND state = 'pending' \
-                 AND (rank < ?2 OR (rank = ?2 AND id < ?3))",
-                params![t.key, t.priority.rank(), id],
-                |r| r.get(0),
-            )?;
-            Ok(Enqueued {
-                id: u(id),
-                position: u(ahead) + 1,
-            })
+                ])?;
+                let id = tx.last_insert_rowid();
+                let n: i64 =
+                    ahead.query_row(params![t.key, t.priority.rank(), id], |r| r.get(0))?;
+                out.push(Enqueued {
+                    id: u(id),
+                    position: u(n) + 1,
+                });
+            }
+            Ok(out)
         })
         .await
     }
