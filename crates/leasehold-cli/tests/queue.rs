@@ -1,4 +1,5 @@
-//! The task queue with real processes: `leasehold queue work` workers over a SQLite queue and a
+//! The task queue with real processes: `leasehold queue work` workers over a queue (SQLite in a
+//! temp directory, or a fresh database on a PostgreSQL server the test kit starts) and a
 //! `file://` lock store in a temp directory, tasks that log their own start and end.
 //!
 //! Every task appends `start KEY ID FENCE NS` and `end KEY ID FENCE NS` (wall-clock ns, one host)
@@ -25,9 +26,21 @@ struct Setup {
 }
 
 impl Setup {
+    /// A SQLite queue.
     fn new() -> Self {
         let dir = tempfile::tempdir().unwrap();
         let queue = format!("sqlite://{}", dir.path().join("queue.db").display());
+        Self::with_queue(dir, queue)
+    }
+
+    /// A PostgreSQL queue (a fresh database).
+    fn postgres() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let queue = leasehold_testkit::servers::shared_postgres().fresh_db();
+        Self::with_queue(dir, queue)
+    }
+
+    fn with_queue(dir: tempfile::TempDir, queue: String) -> Self {
         let store = format!("file://{}", dir.path().join("locks").display());
         Setup { dir, queue, store }
     }
@@ -204,7 +217,15 @@ fn check_exclusion(ev: &[Event], slots: usize, open_end: u64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_workers_200_tasks_one_per_key_slots_exactly_once() {
-    let s = Setup::new();
+    two_workers_200_tasks(Setup::new()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_two_workers_200_tasks_one_per_key_slots_exactly_once() {
+    two_workers_200_tasks(Setup::postgres()).await;
+}
+
+async fn two_workers_200_tasks(s: Setup) {
     let q = s.open().await;
     let mut tasks = vec![];
     for _ in 0..20 {
@@ -260,7 +281,15 @@ async fn two_workers_200_tasks_one_per_key_slots_exactly_once() {
 
 #[tokio::test]
 async fn a_quiet_key_starts_within_one_round_behind_a_busy_one() {
-    let s = Setup::new();
+    quiet_key_within_one_round(Setup::new()).await;
+}
+
+#[tokio::test]
+async fn postgres_a_quiet_key_starts_within_one_round_behind_a_busy_one() {
+    quiet_key_within_one_round(Setup::postgres()).await;
+}
+
+async fn quiet_key_within_one_round(s: Setup) {
     let q = s.open().await;
     let mut tasks: Vec<NewTask> = (0..100).map(|_| NewTask::new("busy", s.task(0))).collect();
     tasks.push(NewTask::new("quiet", s.task(0)));
@@ -284,7 +313,15 @@ async fn a_quiet_key_starts_within_one_round_behind_a_busy_one() {
 
 #[tokio::test]
 async fn a_killed_worker_s_tasks_are_recovered_by_policy() {
-    let s = Setup::new();
+    killed_worker(Setup::new()).await;
+}
+
+#[tokio::test]
+async fn postgres_a_killed_worker_s_tasks_are_recovered_by_policy() {
+    killed_worker(Setup::postgres()).await;
+}
+
+async fn killed_worker(s: Setup) {
     let q = s.open().await;
     let mut again = NewTask::new("k1", s.task(1500));
     again.policy = Policy::AtLeastOnce { max_attempts: 3 };
@@ -356,7 +393,15 @@ fn run(s: &Setup, args: &[&str]) -> (i32, String, String) {
 
 #[test]
 fn bad_input_is_a_clear_error_and_the_worker_goes_on() {
-    let s = Setup::new();
+    bad_input(Setup::new());
+}
+
+#[test]
+fn postgres_bad_input_is_a_clear_error_and_the_worker_goes_on() {
+    bad_input(Setup::postgres());
+}
+
+fn bad_input(s: Setup) {
     let (code, _, err) = run(
         &s,
         &[
@@ -402,7 +447,15 @@ fn bad_input_is_a_clear_error_and_the_worker_goes_on() {
 
 #[test]
 fn a_running_task_is_cancelled_through_its_worker_and_timeouts_stop_tasks() {
-    let s = Setup::new();
+    cancel_and_timeout(Setup::new());
+}
+
+#[test]
+fn postgres_a_running_task_is_cancelled_through_its_worker_and_timeouts_stop_tasks() {
+    cancel_and_timeout(Setup::postgres());
+}
+
+fn cancel_and_timeout(s: Setup) {
     let (code, _, _) = run(&s, &["queue", "add", "--key", "a", "--", "sleep", "30"]);
     assert_eq!(code, 0);
     let (code, _, _) = run(
@@ -451,7 +504,15 @@ fn a_running_task_is_cancelled_through_its_worker_and_timeouts_stop_tasks() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_of_100k_pending_tasks_answers_under_a_second() {
-    let s = Setup::new();
+    status_of_100k(Setup::new()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_status_of_100k_pending_tasks_answers_under_a_second() {
+    status_of_100k(Setup::postgres()).await;
+}
+
+async fn status_of_100k(s: Setup) {
     let q = s.open().await;
     let tasks: Vec<NewTask> = (0..100_000)
         .map(|i| NewTask::new(format!("user{}", i % 1000), "{\"argv\":[\"true\"]}"))

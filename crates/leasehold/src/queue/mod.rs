@@ -37,6 +37,9 @@
 
 pub mod sqlite;
 
+#[cfg(feature = "queue-postgres")]
+pub mod postgres;
+
 use crate::error::{Error, Result};
 use serde::Serialize;
 use std::fmt;
