@@ -188,16 +188,22 @@ pub async fn dead_worker_by_policy(url: String) {
     req.ttl = Duration::from_millis(100);
     assert!(q.claim(&req).await.unwrap().is_some());
     assert!(q.claim(&req).await.unwrap().is_some());
-    let rec = eventually("the claims to lapse", || {
-        let q = q.clone();
+    // The two claims lapse a few ms apart: gather recovery passes until both are seen.
+    let seen = Arc::new(std::sync::Mutex::new((Vec::new(), Vec::new())));
+    eventually("the claims to lapse", || {
+        let (q, seen) = (q.clone(), seen.clone());
         async move {
             let r = q.recover(Duration::from_secs(60)).await.unwrap();
-            (!r.failed.is_empty() || !r.requeued.is_empty()).then_some(r)
+            let mut s = seen.lock().unwrap();
+            s.0.extend(r.failed);
+            s.1.extend(r.requeued);
+            (s.0.len() + s.1.len() >= 2).then_some(())
         }
     })
     .await;
-    assert_eq!(rec.failed, [once.id]);
-    assert_eq!(rec.requeued, [again.id]);
+    let (failed, requeued) = seen.lock().unwrap().clone();
+    assert_eq!(failed, [once.id]);
+    assert_eq!(requeued, [again.id]);
     let failed = as_task(q.get(once.id).await.unwrap());
     assert_eq!(failed.state, TaskState::Failed);
     assert!(failed.detail.unwrap().contains("at-most-once"));
