@@ -360,6 +360,7 @@ impl PostgresServer {
     pub fn start() -> Self {
         let bin = postgres_bin();
         let ids = postgres_ids();
+        remove_stale_postgres_dirs();
         let dir = tempfile::Builder::new()
             .prefix("leasehold-pg")
             .tempdir_in("/tmp")
@@ -468,6 +469,40 @@ impl PostgresServer {
 impl Drop for PostgresServer {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// Removes the data directories (≈ 140 MB each) that earlier test processes left under /tmp: a
+/// shared server lives in a static that is never dropped, so its directory outlives the process
+/// (the server itself dies with it, by `PR_SET_PDEATHSIG`). A directory is removed only when it
+/// is older than a minute and its `postmaster.pid` names no live process.
+fn remove_stale_postgres_dirs() {
+    let Ok(entries) = std::fs::read_dir("/tmp") else {
+        return;
+    };
+    for e in entries.flatten() {
+        let path = e.path();
+        let ours = e
+            .file_name()
+            .to_str()
+            .is_some_and(|n| n.starts_with("leasehold-pg"));
+        let old = e
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > Duration::from_secs(60));
+        if !ours || !old {
+            continue;
+        }
+        let pid: Option<i32> = std::fs::read_to_string(path.join("data/postmaster.pid"))
+            .ok()
+            .and_then(|s| s.lines().next().and_then(|l| l.trim().parse().ok()));
+        // SAFETY: kill(2) with signal 0 only checks that the process exists.
+        let alive = pid.is_some_and(|p| p > 0 && unsafe { libc::kill(p, 0) } == 0);
+        if !alive {
+            let _ = std::fs::remove_dir_all(&path);
+        }
     }
 }
 

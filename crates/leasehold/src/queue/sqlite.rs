@@ -9,8 +9,8 @@
 
 use super::{
     ms_i64, now_i64, outcome_parts, CancelReason, Cancelled, ClaimRequest, Enqueued, KeyCount,
-    KeyLease, NewTask, Outcome, PendingCounts, QueueBackend, RawTask, Recovered, Status, Task,
-    TaskEntry, WorkerInfo, CANCEL_NONE, CANCEL_REQUESTED, CANCEL_TIMEOUT, COLUMNS,
+    KeyLease, NewTask, Outcome, QueueBackend, RawTask, Recovered, Status, Task, TaskEntry,
+    WorkerInfo, CANCEL_NONE, CANCEL_REQUESTED, CANCEL_TIMEOUT, COLUMNS,
 };
 use crate::error::{Error, Result};
 use rusqlite::{params, Connection, OptionalExtension, Row, TransactionBehavior};
@@ -611,7 +611,6 @@ fn status(c: &Connection) -> rusqlite::Result<Status> {
             }
         }
     }
-    let _: PendingCounts = s.pending;
     let counts = |sql: &str| -> rusqlite::Result<Vec<KeyCount>> {
         let mut stmt = c.prepare(sql)?;
         let rows = stmt.query_map([], |r| {
