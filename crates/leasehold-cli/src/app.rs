@@ -2,7 +2,7 @@
 
 use crate::cli::{Cli, Command};
 use crate::exit::{self, Failure, ERROR};
-use crate::{admin, run, store};
+use crate::{admin, queue, run, store};
 use std::io::IsTerminal;
 use std::time::Duration;
 use tracing_subscriber::EnvFilter;
@@ -69,5 +69,6 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
             admin::release(&*store::open(url).await?, key).await
         }
         Command::Cleanup(args) => admin::cleanup(&*store::open(url).await?, args).await,
+        Command::Queue(args) => queue::dispatch(url, args).await,
     }
 }

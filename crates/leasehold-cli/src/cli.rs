@@ -52,6 +52,14 @@ pub(crate) enum Command {
     /// Remove records that are free or expired and untouched for a while (fences stay monotonic).
     #[command(after_help = exit::HELP)]
     Cleanup(CleanupArgs),
+
+    /// The per-key serialised task queue: add tasks, list them, run workers.
+    ///
+    /// Tasks of one key run one at a time (under the key's lease from --store); workers share
+    /// global capacity slots and serve keys fairly. The queue lives in --queue URL
+    /// (sqlite:///path/queue.db, the default under the state dir, or postgres://…).
+    #[command(after_help = exit::HELP)]
+    Queue(QueueArgs),
 }
 
 /// Options of `run`.
@@ -135,6 +143,157 @@ pub(crate) struct CleanupArgs {
     /// Remove records free (or expired) for at least this long.
     #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = parse_duration)]
     pub(crate) older_than: Duration,
+}
+
+/// Options of `queue`.
+#[derive(Debug, Args)]
+pub(crate) struct QueueArgs {
+    /// The queue: sqlite:///path/queue.db or postgres://user@host:port/db [default: sqlite://<state dir>/leasehold/queue.db]
+    #[arg(
+        long,
+        global = true,
+        value_name = "URL",
+        env = "LEASEHOLD_QUEUE",
+        hide_env_values = true
+    )]
+    pub(crate) queue: Option<String>,
+
+    #[command(subcommand)]
+    pub(crate) command: QueueCommand,
+}
+
+/// The `queue` subcommands.
+#[derive(Debug, Subcommand)]
+pub(crate) enum QueueCommand {
+    /// Add a task: a command to run under the key's lease. Prints its id and its position in the
+    /// key's line.
+    Add(QueueAddArgs),
+    /// List pending and running tasks (ID, KEY, GROUP, PRIORITY, STATE, ATTEMPTS, WORKER, COMMAND).
+    Ls(QueueLsArgs),
+    /// Pending by priority, running with slots used/max, by group, by key, the key leases.
+    Status(QueueStatusArgs),
+    /// Cancel a task: a pending one at once, a running one through its worker (SIGTERM, then
+    /// SIGKILL after the worker's --grace).
+    Cancel(QueueCancelArgs),
+    /// Run tasks: claim them, take each key's lease, run the command with LEASEHOLD_TASK_ID,
+    /// LEASEHOLD_KEY, LEASEHOLD_FENCE and LEASEHOLD_HOLDER in its environment, renew while it
+    /// runs, release when it ends. SIGTERM or SIGINT drains: no new tasks, running ones may finish
+    /// until --drain-timeout, then they are stopped.
+    Work(QueueWorkArgs),
+}
+
+/// Options of `queue add`.
+#[derive(Debug, Args)]
+pub(crate) struct QueueAddArgs {
+    /// The key whose tasks run one at a time (e.g. a user).
+    #[arg(long, value_name = "KEY")]
+    pub(crate) key: String,
+
+    /// The accounting group (e.g. a project), for per-group limits and status.
+    #[arg(long, value_name = "GROUP")]
+    pub(crate) group: Option<String>,
+
+    /// high, normal or low.
+    #[arg(long, value_name = "PRIORITY", default_value = "normal", value_parser = parse_priority)]
+    pub(crate) priority: leasehold::queue::Priority,
+
+    /// The longest the task may run; its worker stops it after that (task cancelled).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub(crate) timeout: Option<Duration>,
+
+    /// If its worker dies mid-task: at-most-once (the task fails, never runs twice) or
+    /// at-least-once (it runs again, up to --max-attempts).
+    #[arg(long, value_name = "POLICY", default_value = "at-most-once", value_parser = ["at-most-once", "at-least-once"])]
+    pub(crate) policy: String,
+
+    /// Attempts in all under at-least-once.
+    #[arg(long, value_name = "N", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) max_attempts: u32,
+
+    /// Print {"id":…,"position":…} instead of a sentence.
+    #[arg(long)]
+    pub(crate) json: bool,
+
+    /// The command to run, and its arguments (after `--`).
+    #[arg(value_name = "CMD", required = true, trailing_var_arg = true, num_args = 1..)]
+    pub(crate) command: Vec<OsString>,
+}
+
+/// Options of `queue ls`.
+#[derive(Debug, Args)]
+pub(crate) struct QueueLsArgs {
+    /// Ended tasks too.
+    #[arg(long)]
+    pub(crate) all: bool,
+
+    /// At most this many tasks.
+    #[arg(long, value_name = "N", default_value_t = 1000)]
+    pub(crate) limit: u64,
+
+    /// Print a JSON array of tasks instead of a table.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// Options of `queue status`.
+#[derive(Debug, Args)]
+pub(crate) struct QueueStatusArgs {
+    /// Print JSON instead of tables.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// Options of `queue cancel`.
+#[derive(Debug, Args)]
+pub(crate) struct QueueCancelArgs {
+    /// The task id.
+    #[arg(value_name = "ID")]
+    pub(crate) id: u64,
+}
+
+/// Options of `queue work`.
+#[derive(Debug, Args)]
+pub(crate) struct QueueWorkArgs {
+    /// Global capacity: no task is started while this many run in the whole queue (this worker
+    /// also runs at most this many).
+    #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) slots: u32,
+
+    /// At most this many running tasks per group.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) group_limit: Option<u32>,
+
+    /// TTL of the key leases and of this worker's claims; both are renewed every TTL/3. A killed
+    /// worker's tasks are recovered after it.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    pub(crate) ttl: Duration,
+
+    /// How long a task may wait for its key's lease (held by a dead worker until its TTL) before
+    /// it goes back to the queue [default: 2 × TTL].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub(crate) lease_wait: Option<Duration>,
+
+    /// How long a stopped task may take to exit after SIGTERM before SIGKILL.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub(crate) grace: Duration,
+
+    /// After SIGTERM/SIGINT, how long running tasks may still finish before they are stopped.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    pub(crate) drain_timeout: Duration,
+
+    /// A pending task gains one priority level per this much waiting (low never starves).
+    #[arg(long, value_name = "DURATION", default_value = "1m", value_parser = parse_duration)]
+    pub(crate) aging: Duration,
+
+    /// Exit once the whole queue has nothing pending or running.
+    #[arg(long)]
+    pub(crate) exit_when_idle: bool,
+}
+
+/// Parses a priority.
+fn parse_priority(s: &str) -> Result<leasehold::queue::Priority, String> {
+    s.parse()
+        .map_err(|_| format!("{s:?} is not a priority (use high, normal or low)"))
 }
 
 /// Parses `500ms`, `30s`, `2m`, `1h`, `1h 30m` …

@@ -6,9 +6,11 @@ mod app;
 mod cli;
 mod exit;
 mod output;
+mod queue;
 mod run;
 mod signals;
 mod store;
+mod worker;
 
 use clap::Parser;
 use std::process::ExitCode;

@@ -154,7 +154,7 @@ fn not_obtained(key: &Key, e: Error, no_wait: bool) -> Failure {
 }
 
 /// Sends `sig` to the child unless it has been reaped already.
-fn signal_child(child: &Child, sig: libc::c_int) {
+pub(crate) fn signal_child(child: &Child, sig: libc::c_int) {
     let Some(pid) = child.id() else { return };
     match signals::send(pid, sig) {
         Ok(()) => tracing::debug!(pid, signal = %signals::name(sig), "signalled the command"),
@@ -185,6 +185,36 @@ async fn wait_within(
                 return child.wait().await;
             }
         }
+    }
+}
+
+/// Stops the child: SIGTERM, then SIGKILL once `grace` has passed; returns how it ended.
+pub(crate) async fn stop_child(child: &mut Child, grace: Duration) -> io::Result<ExitStatus> {
+    signal_child(child, libc::SIGTERM);
+    match tokio::time::timeout(grace, child.wait()).await {
+        Ok(status) => status,
+        Err(_) => {
+            tracing::warn!(grace = %humantime::format_duration(grace), "the command did not exit in time; sending SIGKILL");
+            if let Err(e) = child.start_kill() {
+                tracing::debug!(error = %e, "SIGKILL not sent; the command has exited");
+            }
+            child.wait().await
+        }
+    }
+}
+
+/// Makes the command die (SIGKILL) when the thread that spawned it dies — for a worker killed
+/// with SIGKILL, so a recovered task never runs next to its orphaned first attempt. (Only the
+/// direct child gets the signal; its own children are its business.)
+pub(crate) fn die_with_parent(command: &mut Command) {
+    // SAFETY: prctl is async-signal-safe; called between fork and exec.
+    unsafe {
+        command.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == -1 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
     }
 }
 

@@ -570,3 +570,214 @@ pub fn shared_apiserver() -> &'static ApiServer {
     static SERVER: OnceLock<ApiServer> = OnceLock::new();
     SERVER.get_or_init(ApiServer::start)
 }
+
+/// The directory of the newest installed PostgreSQL's programs (`/usr/lib/postgresql/N/bin`).
+///
+/// # Panics
+/// When PostgreSQL is not installed, naming the package.
+pub fn postgres_bin() -> PathBuf {
+    let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let v: u32 = e.file_name().to_str()?.parse().ok()?;
+            let bin = e.path().join("bin");
+            bin.join("initdb").exists().then_some((v, bin))
+        })
+        .collect();
+    found.sort();
+    found.pop().map(|(_, b)| b).unwrap_or_else(|| {
+        panic!("PostgreSQL is not installed (no /usr/lib/postgresql/N/bin/initdb): install it with `apt-get install postgresql`, or run ./scripts/test which does")
+    })
+}
+
+/// The uid and gid the server runs as: the `postgres` user when we are root (PostgreSQL refuses
+/// to run as root), else ourselves.
+fn postgres_ids() -> Option<(u32, u32)> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return None;
+    }
+    // SAFETY: a NUL-terminated name; the returned entry is read at once, before any other
+    // getpw* call of this thread.
+    let pw = unsafe { libc::getpwnam(c"postgres".as_ptr()) };
+    assert!(
+        !pw.is_null(),
+        "no `postgres` user to run PostgreSQL as (apt-get install postgresql creates it)"
+    );
+    // SAFETY: pw is non-null and points to a valid passwd entry.
+    Some(unsafe { ((*pw).pw_uid, (*pw).pw_gid) })
+}
+
+/// A PostgreSQL server on a free 127.0.0.1 port, in a temp dir the `postgres` user can reach
+/// (under /tmp), with `fsync=off`; stopped (SIGKILL by PID) on drop and when this process dies.
+#[derive(Debug)]
+pub struct PostgresServer {
+    /// Its port.
+    pub port: u16,
+    child: Option<Child>,
+    bin: PathBuf,
+    dir: tempfile::TempDir,
+}
+
+impl PostgresServer {
+    /// Runs `initdb` and starts `postgres`, waiting until `pg_isready` says it accepts
+    /// connections.
+    ///
+    /// # Panics
+    /// When PostgreSQL is missing, `initdb` fails, or the server is not ready within 30 s.
+    pub fn start() -> Self {
+        let bin = postgres_bin();
+        let ids = postgres_ids();
+        remove_stale_postgres_dirs();
+        let dir = tempfile::Builder::new()
+            .prefix("leasehold-pg")
+            .tempdir_in("/tmp")
+            .unwrap_or_else(|e| panic!("tempdir: {e}"));
+        let as_server = |cmd: &mut Command| {
+            use std::os::unix::process::CommandExt;
+            if let Some((uid, gid)) = ids {
+                cmd.uid(uid).gid(gid);
+            }
+        };
+        if let Some((uid, gid)) = ids {
+            std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid))
+                .unwrap_or_else(|e| panic!("chown {}: {e}", dir.path().display()));
+        }
+        let data = dir.path().join("data");
+        let mut initdb = Command::new(bin.join("initdb"));
+        initdb
+            .arg("-D")
+            .arg(&data)
+            .args(["-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync"])
+            .current_dir(dir.path());
+        as_server(&mut initdb);
+        let out = initdb
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run initdb: {e}"));
+        assert!(
+            out.status.success(),
+            "initdb failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let port = free_port();
+        let log = std::fs::File::create(dir.path().join("log"))
+            .unwrap_or_else(|e| panic!("postgres log: {e}"));
+        let mut cmd = Command::new(bin.join("postgres"));
+        cmd.arg("-D")
+            .arg(&data)
+            .args(["-p", &port.to_string(), "-k"])
+            .arg(dir.path())
+            .args(["-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"])
+            .args(["-c", "full_page_writes=off", "-c", "max_connections=200"])
+            .current_dir(dir.path())
+            .stdout(Stdio::null())
+            .stderr(log);
+        as_server(&mut cmd);
+        let child = spawn(cmd).unwrap_or_else(|e| panic!("cannot start postgres: {e}"));
+        let server = PostgresServer {
+            port,
+            child: Some(child),
+            bin,
+            dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !server.ready() {
+            assert!(
+                Instant::now() < deadline,
+                "postgres on port {port} not ready within 30 s; its log:\n{}",
+                std::fs::read_to_string(server.dir.path().join("log")).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        server
+    }
+
+    fn ready(&self) -> bool {
+        Command::new(self.bin.join("pg_isready"))
+            .args(["-q", "-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+
+    /// `postgres://postgres@127.0.0.1:PORT/DB`.
+    pub fn url(&self, db: &str) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/{db}", self.port)
+    }
+
+    /// Creates a fresh database with a random name and returns its URL.
+    pub fn fresh_db(&self) -> String {
+        let name = format!("t{:016x}", fastrand::u64(..));
+        let out = Command::new(self.bin.join("createdb"))
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(["-U", "postgres", &name])
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run createdb: {e}"));
+        assert!(
+            out.status.success(),
+            "createdb {name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        self.url(&name)
+    }
+
+    /// The server's PID.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Kills the server (SIGKILL) and waits for it.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for PostgresServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Removes the data directories (≈ 140 MB each) that earlier test processes left under /tmp: a
+/// shared server lives in a static that is never dropped, so its directory outlives the process
+/// (the server itself dies with it, by `PR_SET_PDEATHSIG`). A directory is removed only when it
+/// is older than a minute and its `postmaster.pid` names no live process.
+fn remove_stale_postgres_dirs() {
+    let Ok(entries) = std::fs::read_dir("/tmp") else {
+        return;
+    };
+    for e in entries.flatten() {
+        let path = e.path();
+        let ours = e
+            .file_name()
+            .to_str()
+            .is_some_and(|n| n.starts_with("leasehold-pg"));
+        let old = e
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > Duration::from_secs(60));
+        if !ours || !old {
+            continue;
+        }
+        let pid: Option<i32> = std::fs::read_to_string(path.join("data/postmaster.pid"))
+            .ok()
+            .and_then(|s| s.lines().next().and_then(|l| l.trim().parse().ok()));
+        // SAFETY: kill(2) with signal 0 only checks that the process exists.
+        let alive = pid.is_some_and(|p| p > 0 && unsafe { libc::kill(p, 0) } == 0);
+        if !alive {
+            let _ = std::fs::remove_dir_all(&path);
+        }
+    }
+}
+
+/// One PostgreSQL server shared by all tests of this process (each test uses its own database).
+pub fn shared_postgres() -> &'static PostgresServer {
+    static SERVER: OnceLock<PostgresServer> = OnceLock::new();
+    SERVER.get_or_init(PostgresServer::start)
+}

@@ -100,6 +100,12 @@ pub enum Error {
         /// What is not supported.
         what: String,
     },
+    /// The named thing (a queue task, …) does not exist.
+    #[error("{what} not found")]
+    NotFound {
+        /// What was looked for, e.g. `task 42`.
+        what: String,
+    },
 }
 
 impl Error {

@@ -47,6 +47,8 @@ pub mod local;
 pub mod memory;
 pub mod metrics;
 pub mod options;
+#[cfg(feature = "queue")]
+pub mod queue;
 pub mod record;
 #[cfg(feature = "redis")]
 pub mod redis;

@@ -1,0 +1,313 @@
+//! `leasehold queue …`: add, ls, status, cancel (this file) and work (`worker.rs`).
+
+use crate::cli::{QueueAddArgs, QueueArgs, QueueCommand, QueueLsArgs, QueueStatusArgs};
+use crate::exit::{Failure, OK};
+use crate::output::{self, clean, print, print_json, table};
+use leasehold::queue::{
+    open_queue, Cancelled, NewTask, Policy, QueueBackend, Status, Task, TaskEntry,
+};
+use leasehold::record::now_ms;
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The default queue: `<state dir>/leasehold/queue.db` (next to the default lock store).
+pub(crate) fn default_path() -> PathBuf {
+    let mut p = crate::store::default_dir();
+    p.pop();
+    p.join("queue.db")
+}
+
+/// The queue URL in effect: `--queue`, else `LEASEHOLD_QUEUE`, else the default file.
+pub(crate) fn url(given: Option<&str>) -> String {
+    match given.map(str::trim).filter(|s| !s.is_empty()) {
+        Some(u) => u.to_owned(),
+        None => format!("sqlite://{}", default_path().display()),
+    }
+}
+
+/// Opens the queue.
+///
+/// # Errors
+/// A usage error for a bad URL, an error when it cannot be opened.
+pub(crate) async fn open(given: Option<&str>) -> Result<Arc<dyn QueueBackend>, Failure> {
+    let url = url(given);
+    tracing::debug!(queue = %leasehold::redact_url(&url), "opening queue");
+    Ok(open_queue(&url).await?)
+}
+
+/// The command line a task runs, as stored in its payload.
+pub(crate) fn encode_command(argv: &[String]) -> String {
+    json!({ "argv": argv }).to_string()
+}
+
+/// The command line of a payload.
+///
+/// # Errors
+/// What is wrong with a payload that is not `{"argv": [non-empty list of strings]}`.
+pub(crate) fn decode_command(payload: &str) -> Result<Vec<String>, String> {
+    let v: Value = serde_json::from_str(payload).map_err(|e| format!("not JSON: {e}"))?;
+    let argv = v
+        .get("argv")
+        .and_then(Value::as_array)
+        .ok_or("no \"argv\" list")?;
+    let argv: Vec<String> = argv
+        .iter()
+        .map(|a| {
+            a.as_str()
+                .map(str::to_owned)
+                .ok_or("argv holds a non-string")
+        })
+        .collect::<Result<_, _>>()?;
+    if argv.is_empty() {
+        return Err("empty argv".into());
+    }
+    Ok(argv)
+}
+
+/// Runs a `queue` subcommand.
+pub(crate) async fn dispatch(store: Option<&str>, args: QueueArgs) -> Result<u8, Failure> {
+    let queue = args.queue.as_deref();
+    match args.command {
+        QueueCommand::Add(a) => add(&*open(queue).await?, a).await,
+        QueueCommand::Ls(a) => ls(&*open(queue).await?, a).await,
+        QueueCommand::Status(a) => status(&*open(queue).await?, a).await,
+        QueueCommand::Cancel(a) => cancel(&*open(queue).await?, a.id).await,
+        QueueCommand::Work(a) => crate::worker::work(open(queue).await?, store, a).await,
+    }
+}
+
+async fn add(q: &dyn QueueBackend, a: QueueAddArgs) -> Result<u8, Failure> {
+    let argv: Vec<String> = a
+        .command
+        .iter()
+        .map(|s| {
+            s.to_str().map(str::to_owned).ok_or_else(|| {
+                Failure::usage(format!(
+                    "command argument {:?} is not valid UTF-8",
+                    s.to_string_lossy()
+                ))
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    let mut task = NewTask::new(a.key, encode_command(&argv));
+    task.group = a.group;
+    task.priority = a.priority;
+    task.timeout = a.timeout;
+    task.policy = if a.policy == "at-least-once" {
+        Policy::AtLeastOnce {
+            max_attempts: a.max_attempts,
+        }
+    } else {
+        Policy::AtMostOnce
+    };
+    let key = task.key.clone();
+    let done = q.enqueue(&task).await?;
+    if a.json {
+        print_json(&json!({ "id": done.id, "position": done.position, "key": key }))?;
+    } else {
+        print(&format!(
+            "task {} queued for {} (position {})\n",
+            done.id,
+            clean(&key),
+            done.position
+        ))?;
+    }
+    Ok(OK)
+}
+
+fn command_text(t: &Task) -> String {
+    match decode_command(&t.payload) {
+        Ok(argv) => clean(&argv.join(" ")),
+        Err(e) => format!("<corrupt payload: {e}>"),
+    }
+}
+
+fn task_json(t: &Task) -> Value {
+    let mut v = serde_json::to_value(t).unwrap_or(Value::Null);
+    if let Some(o) = v.as_object_mut() {
+        o.remove("payload");
+        o.insert(
+            "command".into(),
+            decode_command(&t.payload).map_or(Value::Null, |a| json!(a)),
+        );
+    }
+    v
+}
+
+async fn ls(q: &dyn QueueBackend, a: QueueLsArgs) -> Result<u8, Failure> {
+    let all = q.list(a.all, a.limit).await?;
+    if a.json {
+        let rows = all
+            .iter()
+            .map(|e| match e {
+                TaskEntry::Task(t) => task_json(t),
+                TaskEntry::Corrupt { id, corrupt } => json!({ "id": id, "corrupt": corrupt }),
+            })
+            .collect();
+        print_json(&Value::Array(rows))?;
+        return Ok(OK);
+    }
+    let now = now_ms();
+    let rows: Vec<Vec<String>> = all
+        .iter()
+        .map(|e| match e {
+            TaskEntry::Task(t) => vec![
+                t.id.to_string(),
+                clean(&t.key),
+                t.group.as_deref().map_or_else(|| "-".into(), clean),
+                if t.effective == t.priority {
+                    t.priority.to_string()
+                } else {
+                    format!("{}→{}", t.priority, t.effective)
+                },
+                t.state.to_string(),
+                t.attempts.to_string(),
+                t.worker.as_deref().map_or_else(|| "-".into(), clean),
+                output::duration(Duration::from_millis(now.saturating_sub(t.enqueued_ms))),
+                command_text(t),
+                t.detail.as_deref().map_or_else(String::new, clean),
+            ],
+            TaskEntry::Corrupt { id, corrupt } => vec![
+                id.to_string(),
+                "?".into(),
+                "?".into(),
+                "?".into(),
+                "corrupt".into(),
+                "?".into(),
+                "?".into(),
+                "?".into(),
+                String::new(),
+                clean(corrupt),
+            ],
+        })
+        .collect();
+    print(&table(
+        &[
+            "ID", "KEY", "GROUP", "PRIORITY", "STATE", "ATTEMPTS", "WORKER", "AGE", "COMMAND",
+            "DETAIL",
+        ],
+        &rows,
+    ))?;
+    Ok(OK)
+}
+
+async fn status(q: &dyn QueueBackend, a: QueueStatusArgs) -> Result<u8, Failure> {
+    let s = q.status().await?;
+    if a.json {
+        let v = serde_json::to_value(&s)
+            .map_err(|e| Failure::error(format!("cannot format JSON: {e}")))?;
+        print_json(&v)?;
+    } else {
+        print(&status_text(&s))?;
+    }
+    Ok(OK)
+}
+
+/// The human status report.
+fn status_text(s: &Status) -> String {
+    let mut out = format!(
+        "pending: {} (high {}, normal {}, low {})\nrunning: {} of {} slots\nended: {} succeeded, {} failed, {} cancelled\n",
+        s.pending.high + s.pending.normal + s.pending.low,
+        s.pending.high,
+        s.pending.normal,
+        s.pending.low,
+        s.running,
+        s.slots,
+        s.succeeded,
+        s.failed,
+        s.cancelled,
+    );
+    if s.corrupt > 0 {
+        out.push_str(&format!("corrupt records: {}\n", s.corrupt));
+    }
+    out.push_str(&format!("workers: {}\n", s.workers.len()));
+    if !s.groups.is_empty() {
+        out.push('\n');
+        let rows: Vec<Vec<String>> = s
+            .groups
+            .iter()
+            .map(|g| vec![clean(&g.name), g.pending.to_string(), g.running.to_string()])
+            .collect();
+        out.push_str(&table(&["GROUP", "PENDING", "RUNNING"], &rows));
+    }
+    if !s.keys.is_empty() {
+        out.push('\n');
+        let rows: Vec<Vec<String>> = s
+            .keys
+            .iter()
+            .map(|g| vec![clean(&g.name), g.pending.to_string(), g.running.to_string()])
+            .collect();
+        out.push_str(&table(&["KEY", "PENDING", "RUNNING"], &rows));
+        if s.keys_total > s.keys.len() as u64 {
+            out.push_str(&format!(
+                "… and {} more keys\n",
+                s.keys_total - s.keys.len() as u64
+            ));
+        }
+    }
+    if !s.leases.is_empty() {
+        out.push('\n');
+        let rows: Vec<Vec<String>> = s
+            .leases
+            .iter()
+            .map(|l| {
+                vec![
+                    clean(&l.key),
+                    clean(&l.holder),
+                    l.task.to_string(),
+                    l.fence.map_or_else(|| "-".into(), |f| f.to_string()),
+                    output::time(l.acquired_ms),
+                    output::time(l.expires_ms),
+                ]
+            })
+            .collect();
+        out.push_str(&table(
+            &["KEY", "HOLDER", "TASK", "FENCE", "ACQUIRED", "EXPIRES"],
+            &rows,
+        ));
+    }
+    out
+}
+
+async fn cancel(q: &dyn QueueBackend, id: u64) -> Result<u8, Failure> {
+    let msg = match q.cancel(id).await? {
+        Cancelled::Cancelled => format!("task {id} cancelled\n"),
+        Cancelled::Requested => {
+            format!("task {id} is running: its worker was asked to stop it\n")
+        }
+        Cancelled::AlreadyEnded(state) => format!("task {id} had already ended: {state}\n"),
+    };
+    print(&msg)?;
+    Ok(OK)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_round_trip_and_bad_payloads_are_explained() {
+        let argv = vec!["echo".to_owned(), "a b".to_owned()];
+        assert_eq!(decode_command(&encode_command(&argv)).unwrap(), argv);
+        assert!(decode_command("nope").unwrap_err().contains("not JSON"));
+        assert!(decode_command("{}").unwrap_err().contains("argv"));
+        assert!(decode_command(r#"{"argv":[]}"#)
+            .unwrap_err()
+            .contains("empty"));
+        assert!(decode_command(r#"{"argv":[1]}"#)
+            .unwrap_err()
+            .contains("non-string"));
+    }
+
+    #[test]
+    fn the_default_queue_sits_next_to_the_default_store() {
+        let u = url(None);
+        assert!(
+            u.starts_with("sqlite:///") && u.ends_with("/leasehold/queue.db"),
+            "{u}"
+        );
+        assert_eq!(url(Some("sqlite:///x.db")), "sqlite:///x.db");
+    }
+}

@@ -1,0 +1,329 @@
+//! `leasehold queue work`: claims tasks, runs each as a child process under its key's lease.
+//!
+//! One loop claims tasks while slots are free, heartbeats (renewing this worker's claims and
+//! learning of cancel requests), and recovers the queue (dead workers' tasks, timeouts, aging).
+//! Each claimed task gets its own runner: take the key's lease (waiting up to --lease-wait, else
+//! give the task back), record the fence, run the command, stop it on cancel / timeout / lost
+//! lease, record the outcome, release the lease.
+
+use crate::cli::QueueWorkArgs;
+use crate::exit::{self, Failure, OK};
+use crate::queue::decode_command;
+use crate::run::{die_with_parent, stop_child};
+use crate::signals::{self, Forwarded};
+use crate::store;
+use leasehold::queue::{CancelReason, ClaimRequest, Outcome, QueueBackend, Task};
+use leasehold::{Error, Locks};
+use std::collections::HashMap;
+use std::os::unix::process::ExitStatusExt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::process::Command;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+/// Why a runner must stop its task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    /// Cancelled by an operator.
+    Cancelled,
+    /// Past its timeout.
+    Timeout,
+    /// The worker drains and the drain deadline passed.
+    Drain,
+}
+
+/// What every runner shares.
+struct Ctx {
+    queue: Arc<dyn QueueBackend>,
+    locks: Locks,
+    worker: String,
+    ttl: Duration,
+    lease_wait: Duration,
+    grace: Duration,
+    stops: Mutex<HashMap<u64, watch::Sender<Option<Stop>>>>,
+}
+
+impl Ctx {
+    fn stop(&self, id: u64, why: Stop) {
+        let stops = self.stops.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(tx) = stops.get(&id) {
+            tx.send_if_modified(|cur| {
+                if cur.is_none() {
+                    *cur = Some(why);
+                    true
+                } else {
+                    false
+                }
+            });
+        }
+    }
+
+    fn stop_all(&self, why: Stop) {
+        let ids: Vec<u64> = self
+            .stops
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .keys()
+            .copied()
+            .collect();
+        for id in ids {
+            self.stop(id, why);
+        }
+    }
+}
+
+/// `leasehold queue work`.
+pub(crate) async fn work(
+    queue: Arc<dyn QueueBackend>,
+    store_url: Option<&str>,
+    args: QueueWorkArgs,
+) -> Result<u8, Failure> {
+    let mut signals = Forwarded::install()
+        .map_err(|e| Failure::error(format!("cannot install signal handlers: {e}")))?;
+    let locks = Locks::from_arc(store::open(store_url).await?);
+    let worker = locks.holder().as_str().to_owned();
+    if args.ttl < Duration::from_millis(30) {
+        return Err(Failure::usage("--ttl must be at least 30ms"));
+    }
+    let ctx = Arc::new(Ctx {
+        queue: queue.clone(),
+        locks: locks.clone(),
+        worker: worker.clone(),
+        ttl: args.ttl,
+        lease_wait: args.lease_wait.unwrap_or(args.ttl * 2),
+        grace: args.grace,
+        stops: Mutex::new(HashMap::new()),
+    });
+    let req = ClaimRequest {
+        worker: worker.clone(),
+        max_running: args.slots,
+        group_limit: args.group_limit,
+        ttl: args.ttl,
+    };
+    queue.heartbeat(&worker, args.slots, args.ttl).await?;
+    tracing::info!(worker = %worker, slots = args.slots, "worker started");
+
+    let mut runners: JoinSet<()> = JoinSet::new();
+    let mut beat = tokio::time::interval(args.ttl / 3);
+    let mut recover = tokio::time::interval((args.ttl / 2).min(Duration::from_secs(1)));
+    let mut drain_until: Option<Instant> = None;
+    let mut drain_stopped = false;
+    loop {
+        // Fill free slots.
+        while drain_until.is_none() && runners.len() < args.slots as usize {
+            match queue.claim(&req).await {
+                Ok(Some(task)) => {
+                    let (tx, rx) = watch::channel(None);
+                    ctx.stops
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(task.id, tx);
+                    runners.spawn(run_task(ctx.clone(), task, rx));
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    exit::report(&format!("cannot claim a task: {e}"));
+                    break;
+                }
+            }
+        }
+        if runners.is_empty() {
+            if drain_until.is_some() {
+                break;
+            }
+            if args.exit_when_idle {
+                match queue.status().await {
+                    Ok(s)
+                        if s.running == 0
+                            && s.pending.high + s.pending.normal + s.pending.low == 0 =>
+                    {
+                        break
+                    }
+                    Ok(_) => {}
+                    Err(e) => exit::report(&format!("cannot read the queue status: {e}")),
+                }
+            }
+        }
+        let drain_at = drain_until.filter(|_| !drain_stopped);
+        tokio::select! {
+            biased;
+            sig = signals.recv() => {
+                if drain_until.is_none() {
+                    tracing::info!(signal = %signals::name(sig), running = runners.len(), "draining");
+                    drain_until = Some(Instant::now() + args.drain_timeout);
+                } else {
+                    // A second signal: stop the running tasks now.
+                    ctx.stop_all(Stop::Drain);
+                    drain_stopped = true;
+                }
+            }
+            Some(_) = runners.join_next() => {}
+            () = async { if let Some(d) = drain_at { tokio::time::sleep_until(d).await } }, if drain_at.is_some() => {
+                ctx.stop_all(Stop::Drain);
+                drain_stopped = true;
+            }
+            _ = beat.tick() => match queue.heartbeat(&worker, args.slots, args.ttl).await {
+                Ok(asks) => for (id, why) in asks {
+                    ctx.stop(id, match why {
+                        CancelReason::Timeout => Stop::Timeout,
+                        _ => Stop::Cancelled,
+                    });
+                },
+                Err(e) => exit::report(&format!("heartbeat failed: {e}")),
+            },
+            _ = recover.tick() => match queue.recover(args.aging).await {
+                Ok(r) => {
+                    for id in &r.requeued { tracing::warn!(task = id, "a dead worker's task was requeued"); }
+                    for id in &r.failed { tracing::warn!(task = id, "a dead worker's task was marked failed"); }
+                }
+                Err(e) => exit::report(&format!("queue recovery failed: {e}")),
+            },
+            () = queue.changed(Duration::from_millis(200)) => {}
+        }
+    }
+    if let Err(e) = queue.deregister(&worker).await {
+        tracing::debug!(error = %e, "could not deregister");
+    }
+    if let Err(e) = locks.release_all().await {
+        exit::report(&format!("cannot release every lease: {e}"));
+    }
+    Ok(OK)
+}
+
+/// One task, start to end.
+async fn run_task(ctx: Arc<Ctx>, task: Task, mut stop: watch::Receiver<Option<Stop>>) {
+    let id = task.id;
+    run_task_inner(&ctx, task, &mut stop).await;
+    ctx.stops
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(&id);
+}
+
+async fn finish(ctx: &Ctx, task: &Task, outcome: Outcome) {
+    match ctx.queue.finish(task.id, &ctx.worker, &outcome).await {
+        Ok(true) => {
+            tracing::info!(task = task.id, key = %task.key, outcome = ?outcome, "task ended");
+        }
+        Ok(false) => exit::report(&format!(
+            "task {} was recovered by another worker before it ended here ({outcome:?} not recorded)",
+            task.id
+        )),
+        Err(e) => exit::report(&format!(
+            "cannot record the end of task {} ({outcome:?}): {e}",
+            task.id
+        )),
+    }
+}
+
+async fn run_task_inner(ctx: &Ctx, task: Task, stop: &mut watch::Receiver<Option<Stop>>) {
+    let argv = match decode_command(&task.payload) {
+        Ok(argv) => argv,
+        Err(e) => {
+            exit::report(&format!("task {}: corrupt payload: {e}", task.id));
+            return finish(ctx, &task, Outcome::Failed(format!("corrupt payload: {e}"))).await;
+        }
+    };
+    let builder = match ctx.locks.lock(&task.key) {
+        Ok(b) => b
+            .ttl(ctx.ttl)
+            .wait(ctx.lease_wait)
+            .label("task", task.id.to_string()),
+        Err(e) => return finish(ctx, &task, Outcome::Failed(e.to_string())).await,
+    };
+    let guard = tokio::select! {
+        g = builder.acquire() => g,
+        _ = stop.changed() => {
+            return finish(ctx, &task, Outcome::Cancelled("stopped while waiting for the key's lease".into())).await;
+        }
+    };
+    let guard = match guard {
+        Ok(g) => g,
+        Err(e) => {
+            if !matches!(e, Error::Timeout { .. }) {
+                exit::report(&format!(
+                    "task {}: cannot take the lease on {:?}: {e}",
+                    task.id, task.key
+                ));
+            }
+            if let Err(e) = ctx.queue.unclaim(task.id, &ctx.worker).await {
+                exit::report(&format!("cannot give task {} back: {e}", task.id));
+            }
+            return;
+        }
+    };
+    match ctx.queue.started(task.id, &ctx.worker, guard.fence()).await {
+        Ok(true) => {}
+        Ok(false) => {
+            let _ = guard.release().await;
+            return;
+        }
+        Err(e) => {
+            exit::report(&format!("cannot record the start of task {}: {e}", task.id));
+            let _ = guard.release().await;
+            let _ = ctx.queue.unclaim(task.id, &ctx.worker).await;
+            return;
+        }
+    }
+    let mut command = Command::new(&argv[0]);
+    command
+        .args(&argv[1..])
+        .env("LEASEHOLD_TASK_ID", task.id.to_string())
+        .env("LEASEHOLD_KEY", &task.key)
+        .env("LEASEHOLD_FENCE", guard.fence().to_string())
+        .env("LEASEHOLD_HOLDER", &ctx.worker)
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
+    die_with_parent(&mut command);
+    let mut child = match command.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            let why = format!("cannot start {:?}: {e}", argv[0]);
+            exit::report(&format!("task {}: {why}", task.id));
+            finish(ctx, &task, Outcome::Failed(why)).await;
+            let _ = guard.release().await;
+            return;
+        }
+    };
+    let deadline = task
+        .timeout_ms
+        .map(|ms| Instant::now() + Duration::from_millis(ms));
+    let outcome = tokio::select! {
+        biased;
+        status = child.wait() => match status {
+            Ok(s) if s.success() => Outcome::Succeeded,
+            Ok(s) => Outcome::Failed(match (s.code(), s.signal()) {
+                (Some(c), _) => format!("exit status {c}"),
+                (None, Some(sig)) => format!("killed by {}", signals::name(sig)),
+                _ => "ended abnormally".into(),
+            }),
+            Err(e) => Outcome::Failed(format!("cannot wait for the command: {e}")),
+        },
+        reason = guard.lost() => {
+            let _ = stop_child(&mut child, ctx.grace).await;
+            Outcome::Failed(format!("the key's lease was lost: {reason}"))
+        }
+        _ = stop.changed() => {
+            let why = *stop.borrow();
+            let _ = stop_child(&mut child, ctx.grace).await;
+            match why {
+                Some(Stop::Timeout) => Outcome::Cancelled("timed out".into()),
+                Some(Stop::Drain) => Outcome::Cancelled("stopped: the worker was shutting down".into()),
+                _ => Outcome::Cancelled("cancelled".into()),
+            }
+        }
+        () = async { if let Some(d) = deadline { tokio::time::sleep_until(d).await } }, if deadline.is_some() => {
+            let _ = stop_child(&mut child, ctx.grace).await;
+            Outcome::Cancelled("timed out".into())
+        }
+    };
+    finish(ctx, &task, outcome).await;
+    if let Err(e) = guard.release().await {
+        exit::report(&format!(
+            "cannot release the lease on {:?}: {e}; it expires by its TTL",
+            task.key
+        ));
+    }
+}

@@ -1,0 +1,547 @@
+//! The task queue with real processes: `leasehold queue work` workers over a queue (SQLite in a
+//! temp directory, or a fresh database on a PostgreSQL server the test kit starts) and a
+//! `file://` lock store in a temp directory, tasks that log their own start and end.
+//!
+//! Every task appends `start KEY ID FENCE NS` and `end KEY ID FENCE NS` (wall-clock ns, one host)
+//! to a shared log with `>>` (O_APPEND, one short write per line); the checks are made from that
+//! log, not from what the workers say.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use leasehold::queue::{open_queue, NewTask, Policy, QueueBackend, TaskEntry, TaskState};
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_leasehold");
+
+/// A queue, a lock store and a task log in one temp directory.
+struct Setup {
+    dir: tempfile::TempDir,
+    queue: String,
+    store: String,
+}
+
+impl Setup {
+    /// A SQLite queue.
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let queue = format!("sqlite://{}", dir.path().join("queue.db").display());
+        Self::with_queue(dir, queue)
+    }
+
+    /// A PostgreSQL queue (a fresh database).
+    fn postgres() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let queue = leasehold_testkit::servers::shared_postgres().fresh_db();
+        Self::with_queue(dir, queue)
+    }
+
+    fn with_queue(dir: tempfile::TempDir, queue: String) -> Self {
+        let store = format!("file://{}", dir.path().join("locks").display());
+        Setup { dir, queue, store }
+    }
+
+    fn log(&self) -> PathBuf {
+        self.dir.path().join("tasks.log")
+    }
+
+    fn cmd(&self) -> Command {
+        let mut c = Command::new(BIN);
+        c.env("LEASEHOLD_QUEUE", &self.queue)
+            .env("LEASEHOLD_STORE", &self.store)
+            .env_remove("LEASEHOLD_LOG");
+        c
+    }
+
+    async fn open(&self) -> Arc<dyn QueueBackend> {
+        open_queue(&self.queue).await.unwrap()
+    }
+
+    /// A worker process; its stderr goes to `worker-N.err` in the temp dir.
+    fn worker(&self, n: usize, args: &[&str]) -> Child {
+        let err = std::fs::File::create(self.dir.path().join(format!("worker-{n}.err"))).unwrap();
+        self.cmd()
+            .args(["queue", "work", "--ttl", "1s"])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(err)
+            .spawn()
+            .unwrap()
+    }
+
+    fn worker_errors(&self) -> String {
+        let mut out = String::new();
+        for n in 0..4 {
+            if let Ok(s) = std::fs::read_to_string(self.dir.path().join(format!("worker-{n}.err")))
+            {
+                out.push_str(&format!("--- worker {n}\n{s}"));
+            }
+        }
+        out
+    }
+
+    /// The payload of a task that logs its start, sleeps `ms`, logs its end.
+    fn task(&self, ms: u64) -> String {
+        let log = self.log().display().to_string();
+        let script = format!(
+            "echo \"start $LEASEHOLD_KEY $LEASEHOLD_TASK_ID $LEASEHOLD_FENCE $(date +%s%N)\" >> '{log}'; \
+             sleep {}; \
+             echo \"end $LEASEHOLD_KEY $LEASEHOLD_TASK_ID $LEASEHOLD_FENCE $(date +%s%N)\" >> '{log}'",
+            ms as f64 / 1000.0
+        );
+        serde_json::json!({ "argv": ["sh", "-c", script] }).to_string()
+    }
+
+    fn events(&self) -> Vec<Event> {
+        let text = std::fs::read_to_string(self.log()).unwrap_or_default();
+        text.lines()
+            .map(|l| {
+                let f: Vec<&str> = l.split(' ').collect();
+                assert_eq!(f.len(), 5, "bad log line {l:?}");
+                Event {
+                    start: f[0] == "start",
+                    key: f[1].to_owned(),
+                    id: f[2].parse().unwrap(),
+                    fence: f[3].parse().unwrap(),
+                    ns: f[4].parse().unwrap(),
+                }
+            })
+            .collect()
+    }
+
+    /// Waits (polling the log, bounded) until `pred` holds for its events.
+    fn await_log(&self, what: &str, pred: impl Fn(&[Event]) -> bool) -> Vec<Event> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let ev = self.events();
+            if pred(&ev) {
+                return ev;
+            }
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Event {
+    start: bool,
+    key: String,
+    id: u64,
+    fence: u64,
+    ns: u64,
+}
+
+/// Waits for a process to exit, at most `limit`.
+fn wait_for(mut child: Child, limit: Duration) -> ExitStatus {
+    let pid = child.id();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(status) => status.unwrap(),
+        Err(_) => {
+            // SAFETY: kill(2) on our own child's pid.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            panic!("process {pid} did not exit within {limit:?}");
+        }
+    }
+}
+
+/// Wall-clock ns, the clock the tasks log with.
+fn now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+}
+
+/// Task intervals `(key, id, fence, start, end)`; a start without an end ends at `open_end` (when
+/// its worker was killed, taking the task with it; `u64::MAX`: still running).
+fn intervals(ev: &[Event], open_end: u64) -> Vec<(String, u64, u64, u64, u64)> {
+    let mut open: HashMap<(u64, u64), (String, u64)> = HashMap::new();
+    let mut out = vec![];
+    for e in ev {
+        if e.start {
+            open.insert((e.id, e.fence), (e.key.clone(), e.ns));
+        } else if let Some((key, s)) = open.remove(&(e.id, e.fence)) {
+            out.push((key, e.id, e.fence, s, e.ns));
+        }
+    }
+    for ((id, fence), (key, s)) in open {
+        out.push((key, id, fence, s, open_end));
+    }
+    out
+}
+
+/// No two tasks of one key overlap; at most `slots` overlap in all.
+fn check_exclusion(ev: &[Event], slots: usize, open_end: u64) {
+    let iv = intervals(ev, open_end);
+    let mut by_key: BTreeMap<&str, Vec<(u64, u64, u64)>> = BTreeMap::new();
+    for (k, id, _, s, e) in &iv {
+        by_key.entry(k).or_default().push((*s, *e, *id));
+    }
+    for (k, mut v) in by_key {
+        v.sort_unstable();
+        for w in v.windows(2) {
+            assert!(
+                w[0].1 <= w[1].0,
+                "two tasks of key {k} at once: {:?} and {:?}",
+                w[0],
+                w[1]
+            );
+        }
+    }
+    let mut points: Vec<(u64, i32)> = iv
+        .iter()
+        .flat_map(|(_, _, _, s, e)| [(*s, 1), (*e, -1)])
+        .collect();
+    // Ends before starts at the same instant.
+    points.sort_unstable();
+    let (mut now, mut max) = (0i32, 0i32);
+    for (_, d) in points {
+        now += d;
+        max = max.max(now);
+    }
+    assert!(
+        max as usize <= slots,
+        "{max} tasks ran at once with {slots} slots"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_workers_200_tasks_one_per_key_slots_exactly_once() {
+    two_workers_200_tasks(Setup::new()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_two_workers_200_tasks_one_per_key_slots_exactly_once() {
+    two_workers_200_tasks(Setup::postgres()).await;
+}
+
+async fn two_workers_200_tasks(s: Setup) {
+    let q = s.open().await;
+    let mut tasks = vec![];
+    for _ in 0..20 {
+        for k in 0..10 {
+            tasks.push(NewTask::new(
+                format!("user{k}"),
+                s.task(fastrand::u64(0..30)),
+            ));
+        }
+    }
+    let ids: Vec<u64> = q
+        .enqueue_batch(&tasks)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.id)
+        .collect();
+    let a = s.worker(0, &["--slots", "4", "--exit-when-idle"]);
+    let b = s.worker(1, &["--slots", "4", "--exit-when-idle"]);
+    let (sa, sb) = (
+        wait_for(a, Duration::from_secs(90)),
+        wait_for(b, Duration::from_secs(90)),
+    );
+    assert!(sa.success() && sb.success(), "{}", s.worker_errors());
+    let ev = s.events();
+    check_exclusion(&ev, 4, u64::MAX);
+    let mut starts: HashMap<u64, usize> = HashMap::new();
+    for e in ev.iter().filter(|e| e.start) {
+        *starts.entry(e.id).or_default() += 1;
+    }
+    for id in &ids {
+        assert_eq!(
+            starts.get(id),
+            Some(&1),
+            "task {id} started {:?} times",
+            starts.get(id)
+        );
+    }
+    assert_eq!(ev.iter().filter(|e| !e.start).count(), 200);
+    let st = q.status().await.unwrap();
+    assert_eq!(st.succeeded, 200, "{st:?}\n{}", s.worker_errors());
+    // Both workers took part.
+    let all = q.list(true, 1000).await.unwrap();
+    let workers: std::collections::HashSet<_> = all
+        .iter()
+        .filter_map(|e| match e {
+            TaskEntry::Task(t) => t.worker.clone(),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(workers.len(), 2, "{workers:?}");
+}
+
+#[tokio::test]
+async fn a_quiet_key_starts_within_one_round_behind_a_busy_one() {
+    quiet_key_within_one_round(Setup::new()).await;
+}
+
+#[tokio::test]
+async fn postgres_a_quiet_key_starts_within_one_round_behind_a_busy_one() {
+    quiet_key_within_one_round(Setup::postgres()).await;
+}
+
+async fn quiet_key_within_one_round(s: Setup) {
+    let q = s.open().await;
+    let mut tasks: Vec<NewTask> = (0..100).map(|_| NewTask::new("busy", s.task(0))).collect();
+    tasks.push(NewTask::new("quiet", s.task(0)));
+    q.enqueue_batch(&tasks).await.unwrap();
+    let w = s.worker(0, &["--slots", "1", "--exit-when-idle"]);
+    // Only the first rounds matter: wait for the quiet task or 3 starts, then stop the worker.
+    let ev = s.await_log("the quiet task", |ev| {
+        ev.iter().any(|e| e.start && e.key == "quiet") || ev.iter().filter(|e| e.start).count() > 2
+    });
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(w.id() as i32, libc::SIGTERM) };
+    let status = wait_for(w, Duration::from_secs(20));
+    assert!(status.success(), "{}", s.worker_errors());
+    let order: Vec<&str> = ev
+        .iter()
+        .filter(|e| e.start)
+        .map(|e| e.key.as_str())
+        .collect();
+    assert_eq!(&order[..2], ["busy", "quiet"], "{order:?}");
+}
+
+#[tokio::test]
+async fn a_killed_worker_s_tasks_are_recovered_by_policy() {
+    killed_worker(Setup::new()).await;
+}
+
+#[tokio::test]
+async fn postgres_a_killed_worker_s_tasks_are_recovered_by_policy() {
+    killed_worker(Setup::postgres()).await;
+}
+
+async fn killed_worker(s: Setup) {
+    let q = s.open().await;
+    let mut again = NewTask::new("k1", s.task(1500));
+    again.policy = Policy::AtLeastOnce { max_attempts: 3 };
+    let mut once = NewTask::new("k2", s.task(1500));
+    once.policy = Policy::AtMostOnce;
+    let ids = q
+        .enqueue_batch(&[
+            again,
+            once,
+            NewTask::new("k1", s.task(10)),
+            NewTask::new("k2", s.task(10)),
+            NewTask::new("k3", s.task(10)),
+        ])
+        .await
+        .unwrap();
+    let (again_id, once_id) = (ids[0].id, ids[1].id);
+    let a = s.worker(0, &["--slots", "2"]);
+    s.await_log("both long tasks to start", |ev| {
+        ev.iter().filter(|e| e.start).count() >= 2
+    });
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(a.id() as i32, libc::SIGKILL) };
+    assert!(!wait_for(a, Duration::from_secs(10)).success());
+    // The killed worker's tasks die with it (PR_SET_PDEATHSIG): their attempts end here.
+    let killed_at = now_ns();
+    let b = s.worker(1, &["--slots", "4", "--exit-when-idle"]);
+    assert!(
+        wait_for(b, Duration::from_secs(30)).success(),
+        "{}",
+        s.worker_errors()
+    );
+    let ev = s.events();
+    check_exclusion(&ev, 4, killed_at);
+    let starts = |id: u64| ev.iter().filter(|e| e.start && e.id == id).count();
+    let ends = |id: u64| ev.iter().filter(|e| !e.start && e.id == id).count();
+    // at-least-once: started again and completed once; the killed attempt never logged an end
+    // (it died with its worker).
+    assert_eq!((starts(again_id), ends(again_id)), (2, 1));
+    // at-most-once: never started again.
+    assert_eq!((starts(once_id), ends(once_id)), (1, 0));
+    let get = |id| {
+        let q = q.clone();
+        async move {
+            match q.get(id).await.unwrap() {
+                TaskEntry::Task(t) => t,
+                other => panic!("{other:?}"),
+            }
+        }
+    };
+    let t = get(again_id).await;
+    assert_eq!((t.state, t.attempts), (TaskState::Succeeded, 2));
+    let t = get(once_id).await;
+    assert_eq!(t.state, TaskState::Failed);
+    assert!(t.detail.unwrap().contains("at-most-once"));
+    for e in &ids[2..] {
+        assert_eq!((starts(e.id), ends(e.id)), (1, 1), "task {}", e.id);
+        assert_eq!(get(e.id).await.state, TaskState::Succeeded);
+    }
+}
+
+fn run(s: &Setup, args: &[&str]) -> (i32, String, String) {
+    let out = s.cmd().args(args).output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn bad_input_is_a_clear_error_and_the_worker_goes_on() {
+    bad_input(Setup::new());
+}
+
+#[test]
+fn postgres_bad_input_is_a_clear_error_and_the_worker_goes_on() {
+    bad_input(Setup::postgres());
+}
+
+fn bad_input(s: Setup) {
+    let (code, _, err) = run(
+        &s,
+        &[
+            "queue",
+            "add",
+            "--key",
+            "a",
+            "--priority",
+            "urgent",
+            "--",
+            "true",
+        ],
+    );
+    assert_eq!(code, 2);
+    assert!(err.contains("not a priority"), "{err}");
+    let (code, _, err) = run(&s, &["queue", "cancel", "12345"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("task 12345 not found"), "{err}");
+    let (code, _, err) = run(&s, &["queue", "cancel", "x"]);
+    assert_eq!(code, 2, "{err}");
+    let (code, _, err) = run(&s, &["queue", "add", "--key", "", "--", "true"]);
+    assert_eq!(code, 2, "{err}");
+    let (code, out, _) = run(
+        &s,
+        &["queue", "add", "--key", "a", "--", "/no/such/program"],
+    );
+    assert_eq!(code, 0);
+    assert!(out.contains("task 1 queued for a (position 1)"), "{out}");
+    let (code, _, _) = run(&s, &["queue", "add", "--key", "a", "--", "true"]);
+    assert_eq!(code, 0);
+    let w = s.worker(0, &["--exit-when-idle"]);
+    assert!(wait_for(w, Duration::from_secs(20)).success());
+    let (_, out, _) = run(&s, &["queue", "ls", "--all", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v[0]["state"], "failed");
+    assert!(v[0]["detail"]
+        .as_str()
+        .unwrap()
+        .contains("cannot start \"/no/such/program\""));
+    assert_eq!(v[1]["state"], "succeeded", "the worker went on");
+    assert!(s.worker_errors().contains("/no/such/program"));
+}
+
+#[test]
+fn a_running_task_is_cancelled_through_its_worker_and_timeouts_stop_tasks() {
+    cancel_and_timeout(Setup::new());
+}
+
+#[test]
+fn postgres_a_running_task_is_cancelled_through_its_worker_and_timeouts_stop_tasks() {
+    cancel_and_timeout(Setup::postgres());
+}
+
+fn cancel_and_timeout(s: Setup) {
+    let (code, _, _) = run(&s, &["queue", "add", "--key", "a", "--", "sleep", "30"]);
+    assert_eq!(code, 0);
+    let (code, _, _) = run(
+        &s,
+        &[
+            "queue",
+            "add",
+            "--key",
+            "b",
+            "--timeout",
+            "300ms",
+            "--",
+            "sleep",
+            "30",
+        ],
+    );
+    assert_eq!(code, 0);
+    let w = s.worker(0, &["--exit-when-idle", "--grace", "1s"]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, out, _) = run(&s, &["queue", "status", "--json"]);
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        if v["leases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|l| l["key"] == "a" && !l["fence"].is_null())
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "task 1 never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (code, out, _) = run(&s, &["queue", "cancel", "1"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("asked to stop"), "{out}");
+    assert!(wait_for(w, Duration::from_secs(20)).success());
+    let (_, out, _) = run(&s, &["queue", "ls", "--all", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v[0]["state"], "cancelled", "{v}");
+    assert_eq!(v[1]["state"], "cancelled", "{v}");
+    assert_eq!(v[1]["detail"], "timed out", "{v}");
+    let (_, out, _) = run(&s, &["queue", "status"]);
+    assert!(out.contains("2 cancelled"), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_of_100k_pending_tasks_answers_under_a_second() {
+    status_of_100k(Setup::new()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_status_of_100k_pending_tasks_answers_under_a_second() {
+    status_of_100k(Setup::postgres()).await;
+}
+
+async fn status_of_100k(s: Setup) {
+    let q = s.open().await;
+    let tasks: Vec<NewTask> = (0..100_000)
+        .map(|i| NewTask::new(format!("user{}", i % 1000), "{\"argv\":[\"true\"]}"))
+        .collect();
+    q.enqueue_batch(&tasks).await.unwrap();
+    let started = Instant::now();
+    let (code, out, err) = run(&s, &["queue", "status", "--json"]);
+    let took = started.elapsed();
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["pending"]["normal"], 100_000);
+    assert_eq!(v["keys_total"], 1000);
+    assert!(took < Duration::from_secs(1), "status took {took:?}");
+    let started = Instant::now();
+    let (code, out, _) = run(&s, &["queue", "status"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("… and 900 more keys"), "{out}");
+    assert!(started.elapsed() < Duration::from_secs(1));
+    // Dispatch stays fast: claims with 100,000 pending.
+    let started = Instant::now();
+    let req = leasehold::queue::ClaimRequest {
+        worker: "w".into(),
+        max_running: 100,
+        group_limit: None,
+        ttl: Duration::from_secs(2),
+    };
+    for _ in 0..20 {
+        assert!(q.claim(&req).await.unwrap().is_some());
+    }
+    let per = started.elapsed() / 20;
+    assert!(per < Duration::from_millis(100), "a claim took {per:?}");
+}

@@ -1,0 +1,767 @@
+//! The per-key serialised task queue: one running task per key, global capacity slots, fair
+//! choice across keys.
+//!
+//! A task is enqueued for a **key** (the unit that must be serialised, e.g. a user) with an
+//! optional **group** (an accounting unit, e.g. a project), a [`Priority`] and an opaque payload.
+//! Workers [`claim`](QueueBackend::claim) tasks; the backend hands out a task only when
+//!
+//! - fewer than `max_running` tasks run in the whole queue (the global capacity slots),
+//! - no other task of the same key runs (per-key serialisation),
+//! - fewer than `group_limit` tasks of its group run (when a limit is given).
+//!
+//! # Fairness
+//! Among the keys that may run, the one whose head task has the best effective priority wins;
+//! between equal priorities the key served least recently wins (round robin over keys), so a key
+//! with one pending task waits at most one round behind a key with a thousand. Inside a key, tasks
+//! run in priority then arrival order. **Aging**: [`recover`](QueueBackend::recover) raises a
+//! pending task's effective priority by one level for every `aging` period it has waited, so a
+//! low-priority task never starves.
+//!
+//! # Crashes
+//! A claimed task carries its worker's heartbeat expiry; a worker renews it with
+//! [`heartbeat`](QueueBackend::heartbeat). When it lapses (the worker died), `recover` applies the
+//! task's [`Policy`]: [`Policy::AtMostOnce`] marks it failed (it may have run, it is never run
+//! again), [`Policy::AtLeastOnce`] puts it back as pending until its attempts are used up. A task
+//! is never lost: every claimed task ends in a final state through its worker or through
+//! `recover`. Tasks running past their timeout get a cancel request their worker acts on.
+//!
+//! # Backends
+//! | URL | module | feature |
+//! |---|---|---|
+//! | `sqlite:///path/queue.db` | [`sqlite`] | `queue` |
+//! | `postgres://user@host:port/db` | `postgres` | `queue-postgres` |
+//!
+//! The decisions are made inside one transaction per call, so several worker processes (SQLite:
+//! on one host; PostgreSQL: on many) share a queue safely. The key's lease itself comes from a
+//! [`LockStore`](crate::LockStore): the worker takes it before it runs the task.
+
+pub mod sqlite;
+
+#[cfg(feature = "queue-postgres")]
+pub mod postgres;
+
+use crate::error::{Error, Result};
+use serde::Serialize;
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A task's priority. Effective priority also grows with waiting time (aging).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Priority {
+    /// Runs before normal and low tasks.
+    High,
+    /// The default.
+    Normal,
+    /// Runs after high and normal tasks (until aged).
+    Low,
+}
+
+impl Priority {
+    /// Rank: 0 for high, 1 normal, 2 low (lower runs first).
+    pub fn rank(self) -> i64 {
+        match self {
+            Priority::High => 0,
+            Priority::Normal => 1,
+            Priority::Low => 2,
+        }
+    }
+
+    /// The priority of a rank (0–2).
+    pub fn from_rank(rank: i64) -> Option<Self> {
+        match rank {
+            0 => Some(Priority::High),
+            1 => Some(Priority::Normal),
+            2 => Some(Priority::Low),
+            _ => None,
+        }
+    }
+
+    /// `high`, `normal` or `low`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Priority::High => "high",
+            Priority::Normal => "normal",
+            Priority::Low => "low",
+        }
+    }
+}
+
+impl fmt::Display for Priority {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Priority {
+    type Err = Error;
+    /// `high`, `normal` or `low` (any case).
+    ///
+    /// # Errors
+    /// [`Error::InvalidOption`] naming the accepted values.
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "high" => Ok(Priority::High),
+            "normal" => Ok(Priority::Normal),
+            "low" => Ok(Priority::Low),
+            _ => Err(Error::option(
+                "priority",
+                format!("{s:?} is not a priority (use high, normal or low)"),
+            )),
+        }
+    }
+}
+
+/// What happens to a task whose worker died while it ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case", tag = "policy")]
+pub enum Policy {
+    /// Marked failed: it may have run partly, it is never started again.
+    AtMostOnce,
+    /// Put back as pending while fewer than `max_attempts` attempts were made, then failed.
+    AtLeastOnce {
+        /// Attempts in all, the first included (≥ 1).
+        max_attempts: u32,
+    },
+}
+
+impl Policy {
+    fn name(self) -> &'static str {
+        match self {
+            Policy::AtMostOnce => "at-most-once",
+            Policy::AtLeastOnce { .. } => "at-least-once",
+        }
+    }
+
+    fn max_attempts(self) -> u32 {
+        match self {
+            Policy::AtMostOnce => 1,
+            Policy::AtLeastOnce { max_attempts } => max_attempts.max(1),
+        }
+    }
+
+    fn from_parts(name: &str, max_attempts: i64) -> Option<Self> {
+        match name {
+            "at-most-once" => Some(Policy::AtMostOnce),
+            "at-least-once" => Some(Policy::AtLeastOnce {
+                max_attempts: u32::try_from(max_attempts).ok()?,
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// A task to enqueue.
+#[derive(Debug, Clone)]
+pub struct NewTask {
+    /// The key whose tasks run one at a time (validated like a lock key).
+    pub key: String,
+    /// The accounting group, if any.
+    pub group: Option<String>,
+    /// The priority.
+    pub priority: Priority,
+    /// Opaque payload (the CLI stores the command line as JSON).
+    pub payload: String,
+    /// The longest the task may run; the worker cancels it after that.
+    pub timeout: Option<Duration>,
+    /// What happens when its worker dies.
+    pub policy: Policy,
+}
+
+impl NewTask {
+    /// A normal-priority, at-most-once task without group or timeout.
+    pub fn new(key: impl Into<String>, payload: impl Into<String>) -> Self {
+        NewTask {
+            key: key.into(),
+            group: None,
+            priority: Priority::Normal,
+            payload: payload.into(),
+            timeout: None,
+            policy: Policy::AtMostOnce,
+        }
+    }
+
+    fn validate(&self) -> Result<()> {
+        crate::Key::new(&self.key)?;
+        if let Some(g) = &self.group {
+            if g.is_empty() || g.len() > 256 || g.chars().any(char::is_control) {
+                return Err(Error::option(
+                    "group",
+                    "must be 1–256 bytes without control characters",
+                ));
+            }
+        }
+        if self.timeout == Some(Duration::ZERO) {
+            return Err(Error::option("timeout", "must be more than zero"));
+        }
+        if let Policy::AtLeastOnce { max_attempts: 0 } = self.policy {
+            return Err(Error::option("max_attempts", "must be at least 1"));
+        }
+        Ok(())
+    }
+}
+
+/// Where an enqueued task stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Enqueued {
+    /// The task id (unique in the queue, increasing).
+    pub id: u64,
+    /// Its place in its key's line: 1 = next to run for that key.
+    pub position: u64,
+}
+
+/// A task's life-cycle state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TaskState {
+    /// Waiting to run.
+    Pending,
+    /// Claimed by a worker (taking the lease or running).
+    Running,
+    /// Ended with success.
+    Succeeded,
+    /// Ended with failure (exit status, cannot start, timeout, worker lost …; see `detail`).
+    Failed,
+    /// Cancelled before or while running.
+    Cancelled,
+}
+
+impl TaskState {
+    /// The state's name as stored.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskState::Pending => "pending",
+            TaskState::Running => "running",
+            TaskState::Succeeded => "succeeded",
+            TaskState::Failed => "failed",
+            TaskState::Cancelled => "cancelled",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "pending" => TaskState::Pending,
+            "running" => TaskState::Running,
+            "succeeded" => TaskState::Succeeded,
+            "failed" => TaskState::Failed,
+            "cancelled" => TaskState::Cancelled,
+            _ => return None,
+        })
+    }
+
+    /// Whether the task has ended.
+    pub fn is_final(self) -> bool {
+        matches!(
+            self,
+            TaskState::Succeeded | TaskState::Failed | TaskState::Cancelled
+        )
+    }
+}
+
+impl fmt::Display for TaskState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why a running task should stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CancelReason {
+    /// An operator cancelled it.
+    Cancelled,
+    /// It ran past its timeout.
+    Timeout,
+}
+
+/// One task as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Task {
+    /// Its id.
+    pub id: u64,
+    /// Its key.
+    pub key: String,
+    /// Its group.
+    pub group: Option<String>,
+    /// The priority it was enqueued with.
+    pub priority: Priority,
+    /// Its effective priority now (after aging).
+    pub effective: Priority,
+    /// The payload.
+    pub payload: String,
+    /// Its state.
+    pub state: TaskState,
+    /// Its crash policy.
+    #[serde(flatten)]
+    pub policy: Policy,
+    /// Attempts started so far.
+    pub attempts: u32,
+    /// Its timeout in milliseconds.
+    pub timeout_ms: Option<u64>,
+    /// When it was enqueued (Unix ms).
+    pub enqueued_ms: u64,
+    /// When its last attempt was claimed (Unix ms).
+    pub started_ms: Option<u64>,
+    /// When it ended (Unix ms).
+    pub ended_ms: Option<u64>,
+    /// The worker running it (or that ran it last).
+    pub worker: Option<String>,
+    /// The fence of the key lease its worker holds for it.
+    pub fence: Option<u64>,
+    /// When its worker's claim lapses unless renewed (Unix ms).
+    pub lease_expires_ms: Option<u64>,
+    /// A pending cancel request for a running task.
+    pub cancel: Option<CancelReason>,
+    /// Why it ended the way it did, or was requeued.
+    pub detail: Option<String>,
+}
+
+/// A row of [`list`](QueueBackend::list): a task, or a record that cannot be read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
+pub enum TaskEntry {
+    /// A readable task.
+    Task(Task),
+    /// A corrupt record: reported, skipped by dispatch, not fatal to the rest.
+    Corrupt {
+        /// Its id.
+        id: u64,
+        /// What is wrong with it.
+        corrupt: String,
+    },
+}
+
+/// What a worker asks of [`claim`](QueueBackend::claim).
+#[derive(Debug, Clone)]
+pub struct ClaimRequest {
+    /// The worker's id (holder id).
+    pub worker: String,
+    /// The global capacity: no claim while this many tasks run in the whole queue.
+    pub max_running: u32,
+    /// At most this many running tasks per group.
+    pub group_limit: Option<u32>,
+    /// How long the claim lives without a heartbeat.
+    pub ttl: Duration,
+}
+
+/// How a task ended, for [`finish`](QueueBackend::finish).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// It succeeded.
+    Succeeded,
+    /// It failed; why.
+    Failed(String),
+    /// It was cancelled (by request or timeout); why.
+    Cancelled(String),
+}
+
+/// What [`cancel`](QueueBackend::cancel) did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Cancelled {
+    /// The task was pending and is now cancelled.
+    Cancelled,
+    /// The task runs; its worker was asked to stop it.
+    Requested,
+    /// The task had already ended in this state.
+    AlreadyEnded(TaskState),
+}
+
+/// What one [`recover`](QueueBackend::recover) pass did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Recovered {
+    /// Tasks of dead workers put back as pending (at-least-once).
+    pub requeued: Vec<u64>,
+    /// Tasks of dead workers marked failed (at-most-once, or attempts used up).
+    pub failed: Vec<u64>,
+    /// Running tasks past their timeout whose worker was asked to stop them.
+    pub timed_out: Vec<u64>,
+    /// Pending tasks whose effective priority was raised.
+    pub aged: u64,
+}
+
+/// One key's numbers in [`Status`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct KeyCount {
+    /// The key (or group).
+    pub name: String,
+    /// Pending tasks.
+    pub pending: u64,
+    /// Running tasks.
+    pub running: u64,
+}
+
+/// The lease of a key whose task runs, as its worker recorded it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct KeyLease {
+    /// The key.
+    pub key: String,
+    /// The task.
+    pub task: u64,
+    /// The worker (lease holder).
+    pub holder: String,
+    /// The lease's fence, once taken.
+    pub fence: Option<u64>,
+    /// When the task was claimed (Unix ms).
+    pub acquired_ms: u64,
+    /// When the worker's claim expires unless renewed (Unix ms).
+    pub expires_ms: u64,
+}
+
+/// A live worker.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct WorkerInfo {
+    /// Its id.
+    pub id: String,
+    /// Its slots.
+    pub slots: u32,
+    /// When its heartbeat lapses (Unix ms).
+    pub expires_ms: u64,
+}
+
+/// The queue at a glance.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Status {
+    /// Pending tasks by effective priority: high, normal, low.
+    pub pending: PendingCounts,
+    /// Running tasks (slots used).
+    pub running: u64,
+    /// The largest slot count among live workers (the global capacity they enforce); 0 without
+    /// workers.
+    pub slots: u64,
+    /// Tasks ended, by state.
+    pub succeeded: u64,
+    /// Failed tasks.
+    pub failed: u64,
+    /// Cancelled tasks.
+    pub cancelled: u64,
+    /// Records that cannot be read.
+    pub corrupt: u64,
+    /// Pending and running by group (tasks without group are left out).
+    pub groups: Vec<KeyCount>,
+    /// Pending and running by key, busiest first, at most [`Status::KEYS_SHOWN`].
+    pub keys: Vec<KeyCount>,
+    /// How many keys have pending or running tasks.
+    pub keys_total: u64,
+    /// Leases of the keys whose tasks run.
+    pub leases: Vec<KeyLease>,
+    /// Live workers.
+    pub workers: Vec<WorkerInfo>,
+}
+
+impl Status {
+    /// How many keys `keys` lists.
+    pub const KEYS_SHOWN: usize = 100;
+}
+
+/// Pending tasks by effective priority.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct PendingCounts {
+    /// High.
+    pub high: u64,
+    /// Normal.
+    pub normal: u64,
+    /// Low.
+    pub low: u64,
+}
+
+/// Where queue state lives: the operations every backend offers, each one transaction.
+///
+/// Implemented by [`sqlite::SqliteQueue`] and (feature `queue-postgres`) `postgres::PgQueue`.
+/// The shared test suite (`leasehold-testkit`'s `queue_suite`) runs against each.
+///
+/// # Cancel safety
+/// Each call is one transaction: dropping its future either leaves the queue unchanged or
+/// applied in full (the SQLite backend finishes the call on a blocking thread either way).
+#[async_trait::async_trait]
+pub trait QueueBackend: Send + Sync + fmt::Debug + 'static {
+    /// Adds a task as pending.
+    ///
+    /// # Errors
+    /// [`Error::InvalidKey`] / [`Error::InvalidOption`] for bad input; a store error.
+    async fn enqueue(&self, task: &NewTask) -> Result<Enqueued>;
+
+    /// Adds many tasks, in order; backends do it in one transaction (all or none). The default
+    /// enqueues them one by one.
+    ///
+    /// # Errors
+    /// As [`enqueue`](Self::enqueue); every task is validated before any is added.
+    async fn enqueue_batch(&self, tasks: &[NewTask]) -> Result<Vec<Enqueued>> {
+        for t in tasks {
+            t.validate()?;
+        }
+        let mut out = Vec::with_capacity(tasks.len());
+        for t in tasks {
+            out.push(self.enqueue(t).await?);
+        }
+        Ok(out)
+    }
+
+    /// Picks the next task that may run (see the module docs for the rules), marks it running
+    /// for `req.worker` and counts an attempt. `Ok(None)`: nothing may run now. Corrupt pending
+    /// records met on the way are marked failed and skipped.
+    ///
+    /// # Errors
+    /// A store error.
+    async fn claim(&self, req: &ClaimRequest) -> Result<Option<Task>>;
+
+    /// Gives a claimed task back as pending without counting the attempt (its key lease was not
+    /// obtained). `false` when the task is no longer this worker's.
+    ///
+    /// # Errors
+    /// A store error.
+    async fn unclaim(&self, id: u64, worker: &str) -> Result<bool>;
+
+    /// Records the fence of the key lease taken for a claimed task. `false` when the task is no
+    /// longer this worker's (it must not be started).
+    ///
+    /// # Errors
+    /// A store error.
+    async fn started(&self, id: u64, worker: &str, fence: u64) -> Result<bool>;
+
+    /// Renews the worker's registration and the claims of its running tasks until
+    /// `now + ttl`; answers the running tasks of this worker that should stop, and why.
+    ///
+    /// # Errors
+    /// A store error.
+    async fn heartbeat(
+        &self,
+        worker: &str,
+        slots: u32,
+        ttl: Duration,
+    ) -> Result<Vec<(u64, CancelReason)>>;
+
+    /// Ends a running task. `false` when it is no longer this worker's (recovered meanwhile):
+    /// nothing is changed then.
+    ///
+    /// # Errors
+    /// A store error.
+    async fn finish(&self, id: u64, worker: &str, outcome: &Outcome) -> Result<bool>;
+
+    /// Cancels a pending task, or asks the worker of a running one to stop it.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] for an unknown id; a store error.
+    async fn cancel(&self, id: u64) -> Result<Cancelled>;
+
+    /// One task.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] for an unknown id; a store error.
+    async fn get(&self, id: u64) -> Result<TaskEntry>;
+
+    /// Tasks in id order: pending and running ones, and ended ones too when `all`; at most
+    /// `limit`.
+    ///
+    /// # Errors
+    /// A store error.
+    async fn list(&self, all: bool, limit: u64) -> Result<Vec<TaskEntry>>;
+
+    /// Counts and leases for status reports.
+    ///
+    /// # Errors
+    /// A store error.
+    async fn status(&self) -> Result<Status>;
+
+    /// Reclaims tasks of dead workers by their policy, asks workers to stop tasks past their
+    /// timeout, ages pending tasks waiting longer than `aging` per level, forgets dead workers.
+    ///
+    /// # Errors
+    /// A store error.
+    async fn recover(&self, aging: Duration) -> Result<Recovered>;
+
+    /// Removes a worker's registration (when it stops).
+    ///
+    /// # Errors
+    /// A store error.
+    async fn deregister(&self, worker: &str) -> Result<()>;
+
+    /// Waits until the queue may have changed (a notification where the backend has one) or
+    /// `max` passes. Cancel safe.
+    async fn changed(&self, max: Duration);
+}
+
+/// Opens the queue a URL names: `sqlite:///path/queue.db` or `postgres://…`.
+///
+/// # Errors
+/// [`Error::InvalidUrl`] for a URL that is not understood, [`Error::FeatureNotEnabled`] for
+/// PostgreSQL without `queue-postgres`, and the backend's errors (a database that cannot be
+/// opened or reached).
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// let dir = tempfile::tempdir().unwrap();
+/// let url = format!("sqlite://{}/queue.db", dir.path().display());
+/// let q = leasehold::queue::open_queue(&url).await?;
+/// let t = q.enqueue(&leasehold::queue::NewTask::new("alice", "job 1")).await?;
+/// assert_eq!(t.position, 1);
+/// # Ok::<(), leasehold::Error>(()) }).unwrap();
+/// ```
+pub async fn open_queue(url: &str) -> Result<Arc<dyn QueueBackend>> {
+    let bad = |reason: &str| Error::InvalidUrl {
+        url: crate::redact_url(url),
+        reason: reason.into(),
+    };
+    let (scheme, _) = url
+        .split_once("://")
+        .ok_or_else(|| bad("expected sqlite:///path/queue.db or postgres://…"))?;
+    match scheme.to_ascii_lowercase().as_str() {
+        "sqlite" => Ok(Arc::new(sqlite::SqliteQueue::from_url(url).await?)),
+        #[cfg(feature = "queue-postgres")]
+        "postgres" | "postgresql" => Ok(Arc::new(postgres::PgQueue::connect(url).await?)),
+        #[cfg(not(feature = "queue-postgres"))]
+        "postgres" | "postgresql" => Err(Error::FeatureNotEnabled {
+            scheme: scheme.into(),
+            feature: "queue-postgres",
+        }),
+        _ => Err(bad("unknown queue scheme (known: sqlite, postgres)")),
+    }
+}
+
+/// Raw columns of a task row, shared by the backends' row readers.
+#[derive(Debug, Default)]
+pub(crate) struct RawTask {
+    pub(crate) id: i64,
+    pub(crate) key: String,
+    pub(crate) grp: Option<String>,
+    pub(crate) priority: String,
+    pub(crate) rank: i64,
+    pub(crate) payload: String,
+    pub(crate) state: String,
+    pub(crate) policy: String,
+    pub(crate) max_attempts: i64,
+    pub(crate) attempts: i64,
+    pub(crate) timeout_ms: Option<i64>,
+    pub(crate) enqueued_ms: i64,
+    pub(crate) started_ms: Option<i64>,
+    pub(crate) ended_ms: Option<i64>,
+    pub(crate) worker: Option<String>,
+    pub(crate) fence: Option<i64>,
+    pub(crate) lease_expires_ms: Option<i64>,
+    pub(crate) cancel: i64,
+    pub(crate) detail: Option<String>,
+}
+
+/// The columns in [`RawTask`] order, for SELECTs.
+pub(crate) const COLUMNS: &str = "id, key, grp, priority, rank, payload, state, policy, \
+     max_attempts, attempts, timeout_ms, enqueued_ms, started_ms, ended_ms, worker, fence, \
+     lease_expires_ms, cancel, detail";
+
+/// Cancel request codes as stored.
+pub(crate) const CANCEL_NONE: i64 = 0;
+pub(crate) const CANCEL_REQUESTED: i64 = 1;
+pub(crate) const CANCEL_TIMEOUT: i64 = 2;
+
+fn opt_u64(v: Option<i64>, what: &str) -> std::result::Result<Option<u64>, String> {
+    v.map(|x| u64::try_from(x).map_err(|_| format!("negative {what} {x}")))
+        .transpose()
+}
+
+impl RawTask {
+    /// The task, or what makes the record corrupt.
+    pub(crate) fn parse(self) -> TaskEntry {
+        let id = u64::try_from(self.id).unwrap_or(0);
+        match self.try_parse() {
+            Ok(t) => TaskEntry::Task(t),
+            Err(corrupt) => TaskEntry::Corrupt { id, corrupt },
+        }
+    }
+
+    fn try_parse(self) -> std::result::Result<Task, String> {
+        let state = TaskState::parse(&self.state)
+            .ok_or_else(|| format!("unknown state {:?}", self.state))?;
+        let priority = Priority::from_str(&self.priority)
+            .map_err(|_| format!("unknown priority {:?}", self.priority))?;
+        let effective =
+            Priority::from_rank(self.rank).ok_or_else(|| format!("bad rank {}", self.rank))?;
+        let policy = Policy::from_parts(&self.policy, self.max_attempts)
+            .ok_or_else(|| format!("bad policy {:?}/{}", self.policy, self.max_attempts))?;
+        crate::Key::new(&self.key).map_err(|e| format!("bad key: {e}"))?;
+        let cancel = match self.cancel {
+            CANCEL_NONE => None,
+            CANCEL_REQUESTED => Some(CancelReason::Cancelled),
+            CANCEL_TIMEOUT => Some(CancelReason::Timeout),
+            other => return Err(format!("bad cancel code {other}")),
+        };
+        Ok(Task {
+            id: u64::try_from(self.id).map_err(|_| format!("bad id {}", self.id))?,
+            key: self.key,
+            group: self.grp,
+            priority,
+            effective,
+            payload: self.payload,
+            state,
+            policy,
+            attempts: u32::try_from(self.attempts)
+                .map_err(|_| format!("bad attempts {}", self.attempts))?,
+            timeout_ms: opt_u64(self.timeout_ms, "timeout")?,
+            enqueued_ms: u64::try_from(self.enqueued_ms)
+                .map_err(|_| format!("bad enqueue time {}", self.enqueued_ms))?,
+            started_ms: opt_u64(self.started_ms, "start time")?,
+            ended_ms: opt_u64(self.ended_ms, "end time")?,
+            worker: self.worker,
+            fence: opt_u64(self.fence, "fence")?,
+            lease_expires_ms: opt_u64(self.lease_expires_ms, "lease expiry")?,
+            cancel,
+            detail: self.detail,
+        })
+    }
+}
+
+/// Milliseconds as the i64 the databases store.
+pub(crate) fn ms_i64(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// Now in Unix ms as i64.
+pub(crate) fn now_i64() -> i64 {
+    i64::try_from(crate::record::now_ms()).unwrap_or(i64::MAX)
+}
+
+/// An outcome's stored state and detail.
+pub(crate) fn outcome_parts(o: &Outcome) -> (&'static str, Option<&str>) {
+    match o {
+        Outcome::Succeeded => ("succeeded", None),
+        Outcome::Failed(why) => ("failed", Some(why)),
+        Outcome::Cancelled(why) => ("cancelled", Some(why)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn priorities_parse_and_rank() {
+        assert_eq!("HIGH".parse::<Priority>().unwrap(), Priority::High);
+        assert_eq!(" low ".parse::<Priority>().unwrap(), Priority::Low);
+        assert!(matches!(
+            "urgent".parse::<Priority>(),
+            Err(Error::InvalidOption {
+                name: "priority",
+                ..
+            })
+        ));
+        for p in [Priority::High, Priority::Normal, Priority::Low] {
+            assert_eq!(Priority::from_rank(p.rank()), Some(p));
+        }
+    }
+
+    #[test]
+    fn corrupt_rows_are_reported_not_fatal() {
+        let raw = RawTask {
+            id: 7,
+            state: "exploded".into(),
+            ..RawTask::default()
+        };
+        match raw.parse() {
+            TaskEntry::Corrupt { id, corrupt } => {
+                assert_eq!(id, 7);
+                assert!(corrupt.contains("exploded"), "{corrupt}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}
