@@ -446,12 +446,22 @@ fn apiserver_bin() -> PathBuf {
     BUILT
         .get_or_init(|| {
             let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+            let path = crate::workspace_bin("leasehold-apiserver");
+            // Built in the profile of the running test or benchmark (target/debug or
+            // target/release), where `workspace_bin` looks for it.
+            let release = path
+                .parent()
+                .is_some_and(|d| d.file_name().is_some_and(|n| n == "release"));
+            let mut args = vec!["build", "--quiet", "-p", "leasehold-apiserver"];
+            if release {
+                args.push("--release");
+            }
             let status = Command::new(cargo)
-                .args(["build", "--quiet", "-p", "leasehold-apiserver"])
+                .args(&args)
                 .status()
                 .unwrap_or_else(|e| panic!("cannot run cargo to build leasehold-apiserver: {e}"));
             assert!(status.success(), "building leasehold-apiserver failed");
-            crate::workspace_bin("leasehold-apiserver")
+            path
         })
         .clone()
 }

@@ -76,9 +76,14 @@ impl<R: RecordStore> RecordLockStore<R> {
     }
 
     /// Reads, decides with `f`, writes conditionally; retries lost races.
+    ///
+    /// With `create_first`, a key this adapter has no write of is first tried as if it had no
+    /// record (one create, no read): a new key then costs one request, an existing one one more
+    /// than reading first (the create is refused and the loop below reads).
     async fn cas<T>(
         &self,
         key: &Key,
+        create_first: bool,
         mut f: impl FnMut(Option<&Stored>) -> (T, Option<LeaseRecord>),
     ) -> Result<T> {
         // Our own last write, if nobody wrote since: decide and write without reading.
@@ -102,6 +107,13 @@ impl<R: RecordStore> RecordLockStore<R> {
                 }
             }
             self.forget(key);
+        } else if create_first {
+            if let (out, Some(write)) = f(None) {
+                if let Some(v) = self.inner.create(key, &write).await? {
+                    self.remember(key, v, write);
+                    return Ok(out);
+                }
+            }
         }
         for _ in 0..MAX_RACES {
             let cur = self.inner.get(key).await?;
@@ -145,7 +157,7 @@ impl<R: RecordStore> LockStore for RecordLockStore<R> {
     }
 
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome> {
-        self.cas(&req.key, |cur| {
+        self.cas(&req.key, true, |cur| {
             let current = match cur {
                 None => Current::Missing,
                 Some(Stored::Record { record, .. }) => Current::Record(record),
@@ -160,20 +172,24 @@ impl<R: RecordStore> LockStore for RecordLockStore<R> {
 
     async fn renew(&self, key: &Key, token: &str, ttl: Duration) -> Result<RenewOutcome> {
         let ttl_ms = ttl.as_millis() as u64;
-        self.cas(key, |cur| {
+        self.cas(key, false, |cur| {
             decide::renew(record(cur), token, ttl_ms, now_ms())
         })
         .await
     }
 
     async fn release(&self, key: &Key, token: &str) -> Result<ReleaseOutcome> {
-        self.cas(key, |cur| decide::release(record(cur), token, now_ms()))
-            .await
+        self.cas(key, false, |cur| {
+            decide::release(record(cur), token, now_ms())
+        })
+        .await
     }
 
     async fn withdraw_waiter(&self, key: &Key, token: &str) -> Result<()> {
-        self.cas(key, |cur| ((), decide::withdraw_waiter(record(cur), token)))
-            .await
+        self.cas(key, false, |cur| {
+            ((), decide::withdraw_waiter(record(cur), token))
+        })
+        .await
     }
 
     async fn inspect(&self, key: &Key) -> Result<Option<Inspection>> {
@@ -195,7 +211,7 @@ impl<R: RecordStore> LockStore for RecordLockStore<R> {
     }
 
     async fn force_release(&self, key: &Key) -> Result<Option<LeaseRecord>> {
-        self.cas(key, |cur| match record(cur) {
+        self.cas(key, false, |cur| match record(cur) {
             Some(r) if r.token.is_some() => (Some(r.clone()), Some(decide::freed(r, now_ms()))),
             Some(r) => (Some(r.clone()), None),
             None => (None, None),
