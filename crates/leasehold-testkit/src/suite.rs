@@ -302,6 +302,31 @@ pub async fn fencing_is_monotonic(store: Arc<dyn LockStore>) {
     g3.release().await.expect("release");
 }
 
+/// A grant reserving a block of fences (`AcquireRequest::fences`) returns the block's last fence in
+/// the record; the whole block lies above every earlier fence and below every later one.
+pub async fn fence_blocks(store: Arc<dyn LockStore>) {
+    let k = key("fence-block");
+    let (t, before) = raw_acquire(&store, &k, "a", 2000 * MS).await;
+    store.release(&k, &t).await.expect("release");
+    let mut req = AcquireRequest::new(k.clone(), "a", 2000 * MS);
+    req.fences = 5;
+    let last = match store.acquire(&req).await.expect("store acquire") {
+        AcquireOutcome::Granted(r) => r.fence,
+        AcquireOutcome::Held(r) => panic!("expected {k} to be free, held by {:?}", r.holder),
+    };
+    assert!(
+        last >= before + 5,
+        "a block of 5 fences ending at {last} overlaps the earlier fence {before}"
+    );
+    store.release(&k, &req.token).await.expect("release");
+    let (t, after) = raw_acquire(&store, &k, "b", 2000 * MS).await;
+    assert!(
+        after > last,
+        "fence {after} after a block ending at {last} is not above it"
+    );
+    store.release(&k, &t).await.expect("release");
+}
+
 /// Only the owner renews or releases.
 pub async fn owner_only(store: Arc<dyn LockStore>) {
     let k = key("owner");

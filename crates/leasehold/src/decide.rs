@@ -110,7 +110,7 @@ pub fn acquire(
     };
     g.holder = Some(req.holder.clone());
     g.token = Some(req.token.clone());
-    g.fence = base_fence.saturating_add(1).max(now.us);
+    g.fence = base_fence.saturating_add(req.fences.max(1)).max(now.us);
     g.acquired_ms = now.ms;
     g.renewed_ms = now.ms;
     g.ttl_ms = req.ttl.as_millis() as u64;

@@ -70,14 +70,14 @@ end
 "#;
 
 /// KEYS: record, fence counter. ARGV: holder, token, ttl_ms, waiter_ttl_ms (0: none), labels
-/// JSON, pid, then as JSON strings: host, key, holder, token. Returns {1, record} when granted,
+/// JSON, pid, then as JSON strings: host, key, holder, token; then the number of fences to reserve. Returns {1, record} when granted,
 /// {0, record or ''} when held.
 const ACQUIRE: &str = r#"
 local raw = redis.call('GET', KEYS[1])
 local token = ARGV[2]
 if not raw then
   -- Free and never waited for: build the record as a string (no JSON library on the fast path).
-  local fence = redis.call('INCR', KEYS[2])
+  local fence = redis.call('INCRBY', KEYS[2], ARGV[11])
   local ttl = tonumber(ARGV[3])
   local rec = '{"key":' .. ARGV[8] .. ',"holder":' .. ARGV[9] .. ',"token":' .. ARGV[10]
     .. ',"fence":' .. fence .. ',"acquired":' .. now .. ',"renewed":' .. now
@@ -102,7 +102,7 @@ if type(r) == 'table' then
     return {0, raw}
   end
 end
-local fence = redis.call('INCR', KEYS[2])
+local fence = redis.call('INCRBY', KEYS[2], ARGV[11])
 local ttl = tonumber(ARGV[3])
 local g = {key = cjson.decode(ARGV[8]), holder = ARGV[1], token = token, fence = fence, acquired = now,
   renewed = now, expires = now + ttl, ttl_ms = ttl, pid = tonumber(ARGV[6]), host = cjson.decode(ARGV[7]),
@@ -777,7 +777,8 @@ impl LockStore for RedisStore {
             .arg(json_str(crate::decide::host()))
             .arg(json_str(req.key.as_str()))
             .arg(json_str(&req.holder))
-            .arg(json_str(&req.token));
+            .arg(json_str(&req.token))
+            .arg(req.fences.max(1));
         let (granted, raw): (i64, Option<Vec<u8>>) = self.invoke(inv).await?;
         let raw = raw.unwrap_or_default();
         if granted == 1 {

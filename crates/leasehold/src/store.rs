@@ -43,6 +43,12 @@ pub struct AcquireRequest {
     pub waiter_ttl: Option<Duration>,
     /// Labels stored with the lease.
     pub labels: BTreeMap<String, String>,
+    /// How many consecutive fences the grant reserves (at least 1; default 1). The granted
+    /// record's `fence` is the last of them, so the block is `fence − fences + 1 ..= fence`, and
+    /// every later acquisition of the key gets a fence above the whole block. The local layer
+    /// reserves one fence per task queued on the key, and hands the lease from task to task
+    /// without a store call, each with the next fence of the block.
+    pub fences: u64,
 }
 
 impl AcquireRequest {
@@ -55,6 +61,7 @@ impl AcquireRequest {
             ttl,
             waiter_ttl: None,
             labels: BTreeMap::new(),
+            fences: 1,
         }
     }
 
