@@ -382,10 +382,15 @@ fn main() {
     let task_counts: Vec<usize> = arg("tasks")
         .map(|t| t.split(',').filter_map(|n| n.parse().ok()).collect())
         .unwrap_or_else(|| vec![1, 8, 64]);
+    // `-- only=hot` runs the hot-key runs alone.
+    let hot_only = only.as_deref() == Some("hot");
     for (label, urls, pids) in [
         ("redis, 1 node", &one_url, &one_pids),
         ("redlock, 3 nodes", &three_urls, &three_pids),
     ] {
+        if hot_only {
+            break;
+        }
         for &tasks in &task_counts {
             let mut floor = 0.0;
             for kind in ["floor", "leasehold", "leasehold-store", "rslock"] {
@@ -415,7 +420,7 @@ fn main() {
         }
     }
 
-    if only.is_some() {
+    if only.is_some() && !hot_only {
         return;
     }
     println!("\n| hot key (redis, 2 processes) | tasks | handoffs/s | p50 wait | p99 wait | p99.9 wait | longest wait |");

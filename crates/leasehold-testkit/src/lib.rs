@@ -60,7 +60,8 @@ macro_rules! conformance_tests {
             exclusion, reentry_is_refused, expiry_takeover, renewal_keeps_alive, lost_on_force_release,
             lost_on_takeover, fencing_is_monotonic, owner_only, idempotent_release, waiter_handoff,
             waiter_withdraws_on_timeout, hostile_keys, racing_workers, inspect_list_cleanup,
-            try_acquire_never_waits, drop_releases, waiters_do_not_spin, fence_blocks);
+            try_acquire_never_waits, drop_releases, waiters_do_not_spin, fence_blocks,
+            local_handoff, abandoned_handoff_is_released);
     };
     (@each $make:expr; $($name:ident),*) => {
         $(

@@ -327,6 +327,120 @@ pub async fn fence_blocks(store: Arc<dyn LockStore>) {
     store.release(&k, &t).await.expect("release");
 }
 
+/// The local layer hands a lease from task to task of one process without a store call, each
+/// with its own fence, while another process contends for the key: never two holders at once,
+/// fences strictly increasing in the order the holders entered, and the other process still gets
+/// its turns.
+pub async fn local_handoff(store: Arc<dyn LockStore>) {
+    let k = key("local-handoff");
+    let counting = Arc::new(Counting {
+        inner: store.clone(),
+        acquires: AtomicU64::new(0),
+    });
+    let counted: Arc<dyn LockStore> = counting.clone();
+    let inside = Arc::new(AtomicBool::new(false));
+    let fences = Arc::new(std::sync::Mutex::new(Vec::<(u64, usize)>::new()));
+    let (per_task, tasks_per_process) = (15, 4);
+    let mut tasks = vec![];
+    for (p, store) in [counted, store.clone()].into_iter().enumerate() {
+        let locks = Locks::from_arc(store).with_holder(HolderId::new(format!("process-{p}")));
+        for _ in 0..tasks_per_process {
+            let (locks, k, inside, fences) =
+                (locks.clone(), k.clone(), inside.clone(), fences.clone());
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..per_task {
+                    let g = locks
+                        .lock_key(k.clone())
+                        .ttl(2000 * MS)
+                        .wait(20_000 * MS)
+                        .acquire()
+                        .await
+                        .expect("acquire");
+                    assert!(
+                        !inside.swap(true, Ordering::SeqCst),
+                        "two holders inside at once"
+                    );
+                    fences.lock().expect("poisoned").push((g.fence(), p));
+                    tokio::task::yield_now().await;
+                    inside.store(false, Ordering::SeqCst);
+                    assert_eq!(g.release().await.expect("release"), Released::Released);
+                    assert_eq!(
+                        g.release().await.expect("release"),
+                        Released::AlreadyReleased
+                    );
+                }
+            }));
+        }
+    }
+    for t in tasks {
+        t.await.expect("task");
+    }
+    let fences = fences.lock().expect("poisoned").clone();
+    assert_eq!(fences.len(), 2 * tasks_per_process * per_task);
+    for w in fences.windows(2) {
+        assert!(
+            w[1].0 > w[0].0,
+            "fence {} (process {}) after {} (process {}) is not above it",
+            w[1].0,
+            w[1].1,
+            w[0].0,
+            w[0].1
+        );
+    }
+    let store_acquires = counting.acquires.load(Ordering::SeqCst);
+    assert!(
+        store_acquires < (tasks_per_process * per_task) as u64,
+        "process 0 made {store_acquires} store acquisitions for {} locks: no local handoff",
+        tasks_per_process * per_task
+    );
+    let (t, after) = raw_acquire(&store, &k, "x", 2000 * MS).await;
+    let last = fences.last().map_or(0, |f| f.0);
+    assert!(
+        after > last,
+        "store fence {after} not above the last handed-on fence {last}"
+    );
+    store.release(&k, &t).await.expect("release");
+}
+
+/// A lease handed on to a task that gives up before taking it is released in the store, not left
+/// to expire.
+pub async fn abandoned_handoff_is_released(store: Arc<dyn LockStore>) {
+    let k = key("abandoned-handoff");
+    let locks = Locks::from_arc(store.clone()).with_holder(HolderId::new("p"));
+    let g = locks
+        .lock_key(k.clone())
+        .ttl(30_000 * MS)
+        .try_acquire()
+        .await
+        .expect("a")
+        .expect("free");
+    let waiter = {
+        let (locks, k) = (locks.clone(), k.clone());
+        tokio::spawn(async move {
+            locks
+                .lock_key(k)
+                .ttl(30_000 * MS)
+                .wait(30_000 * MS)
+                .acquire()
+                .await
+        })
+    };
+    // Let the waiter queue in the local layer (it waits there, not in the store).
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+    drop(g);
+    waiter.abort();
+    let other = client(&store, "other")
+        .lock_key(k.clone())
+        .ttl(2000 * MS)
+        .wait(5000 * MS)
+        .acquire()
+        .await
+        .expect("the abandoned lease was not released (it would only expire after 30 s)");
+    other.release().await.expect("release");
+}
+
 /// Only the owner renews or releases.
 pub async fn owner_only(store: Arc<dyn LockStore>) {
     let k = key("owner");

@@ -4,7 +4,7 @@ use crate::error::{Error, Result};
 use crate::guard::{Grant, LeaseGuard, LiveSet, Released};
 use crate::holder::HolderId;
 use crate::key::Key;
-use crate::local::LocalLocks;
+use crate::local::{LocalGuard, LocalLocks};
 use crate::metrics::Metrics;
 use crate::options::{Backoff, LockOptions, Wait};
 use crate::record::now_ms;
@@ -12,6 +12,11 @@ use crate::store::{AcquireOutcome, AcquireRequest, LockStore};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
+
+/// The most fences one store acquisition reserves for the tasks of this process queued on a key
+/// (so the most local handoffs before the lease goes back to the store, where other processes'
+/// waiters get their turn).
+const MAX_BLOCK: usize = 64;
 
 /// Locks over one store: hands out [`LockBuilder`]s. Cheap to clone; clones share the store, the
 /// local layer and the metrics.
@@ -332,6 +337,21 @@ impl LockBuilder {
             },
         };
 
+        // A lease the previous local holder handed on: ours without a store call if it fits.
+        let mut local = local;
+        if let Some(carry) = local.as_mut().and_then(LocalGuard::take_carry) {
+            if carry.fits(locks.holder.as_str(), &opts) {
+                tracing::debug!(key = %key, "lease taken over from a task of this process");
+                return Ok(LeaseGuard::carried(
+                    carry,
+                    locks.metrics.clone(),
+                    local,
+                    locks.live.clone(),
+                ));
+            }
+            carry.release().await;
+        }
+
         let store = locks.store.clone();
         let mut req = AcquireRequest::new(key.clone(), locks.holder.as_str(), opts.ttl);
         req.labels = opts.labels.clone();
@@ -354,6 +374,11 @@ impl LockBuilder {
         };
         loop {
             on_cancel.armed = registered;
+            // One fence for us and one for each task of this process queued behind us: the lease
+            // is handed down that line before it goes back to the store.
+            req.fences = 1 + local
+                .as_ref()
+                .map_or(0, |l| l.waiting().min(MAX_BLOCK - 1) as u64);
             let sent = Instant::now();
             let res = store.acquire(&req).await;
             let (wait_hint, last_holder) = match res {
@@ -370,6 +395,7 @@ impl LockBuilder {
                         metrics: locks.metrics.clone(),
                         local,
                         live: locks.live.clone(),
+                        fences: req.fences,
                     }));
                 }
                 Ok(AcquireOutcome::Held(rec)) if !waiting => {

@@ -162,6 +162,10 @@ pub(crate) struct Shared {
     key: Key,
     token: String,
     record: LeaseRecord,
+    /// This acquisition's fence, and the last fence of the block reserved with the store lease
+    /// (handed on to this process's next tasks on the key).
+    fence: u64,
+    block_end: u64,
     opts: LockOptions,
     state: watch::Sender<State>,
     metrics: Option<Metrics>,
@@ -181,7 +185,7 @@ impl Shared {
         let mut fired = false;
         self.state.send_if_modified(|s| {
             if s.lost.is_none() && !s.released {
-                tracing::warn!(key = %self.key, fence = self.record.fence, %reason, "lease lost");
+                tracing::warn!(key = %self.key, fence = self.fence, %reason, "lease lost");
                 s.lost = Some(reason.clone());
                 fired = true;
                 true
@@ -297,7 +301,7 @@ impl fmt::Debug for LeaseGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LeaseGuard")
             .field("key", &self.shared.key)
-            .field("fence", &self.shared.record.fence)
+            .field("fence", &self.shared.fence)
             .field("current", &self.is_current())
             .finish()
     }
@@ -314,49 +318,200 @@ pub(crate) struct Grant {
     pub(crate) metrics: Option<Metrics>,
     pub(crate) local: Option<LocalGuard>,
     pub(crate) live: Arc<LiveSet>,
+    /// How many fences the store reserved (the record's fence is the last).
+    pub(crate) fences: u64,
+}
+
+/// What [`LeaseGuard::build`] makes a guard of.
+struct Parts {
+    store: Arc<dyn LockStore>,
+    key: Key,
+    token: String,
+    record: LeaseRecord,
+    fence: u64,
+    block_end: u64,
+    opts: LockOptions,
+    valid_until: Instant,
+    handoff: Option<String>,
+    renew_at: Option<Instant>,
+    metrics: Option<Metrics>,
+    local: Option<LocalGuard>,
+    live: Arc<LiveSet>,
+}
+
+/// A held store lease on its way from a task that released it to the next task of this process
+/// waiting for the key (in the key's local slot). Dropped without being taken, it is released in
+/// the store in the background.
+pub(crate) struct Carry {
+    store: Arc<dyn LockStore>,
+    key: Key,
+    token: String,
+    record: LeaseRecord,
+    opts: LockOptions,
+    valid_until: Instant,
+    renew_at: Option<Instant>,
+    next_fence: u64,
+    block_end: u64,
+    armed: bool,
+}
+
+impl Carry {
+    /// Whether a task asking for `holder` with `opts` may take this lease as it is: same holder,
+    /// same lease terms and labels, and surely valid for longer than the drift margin.
+    pub(crate) fn fits(&self, holder: &str, opts: &LockOptions) -> bool {
+        self.record.holder.as_deref() == Some(holder)
+            && self.opts.ttl == opts.ttl
+            && self.opts.renew_period() == opts.renew_period()
+            && self.opts.auto_renew == opts.auto_renew
+            && self.opts.labels == opts.labels
+            && self.valid_until > Instant::now() + self.opts.drift()
+    }
+
+    /// Releases the lease in the store now (errors only logged: it then expires by its TTL).
+    pub(crate) async fn release(mut self) {
+        self.armed = false;
+        if let Err(e) = self.store.release(&self.key, &self.token).await {
+            tracing::debug!(key = %self.key, error = %e, "could not release a carried lease; it expires by its TTL");
+        }
+    }
+}
+
+impl fmt::Debug for Carry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Carry")
+            .field("key", &self.key)
+            .field("next_fence", &self.next_fence)
+            .finish()
+    }
+}
+
+impl Drop for Carry {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            let (store, key, token) = (
+                self.store.clone(),
+                self.key.clone(),
+                std::mem::take(&mut self.token),
+            );
+            handle.spawn(async move {
+                if let Err(e) = store.release(&key, &token).await {
+                    tracing::debug!(key = %key, error = %e, "could not release a carried lease; it expires by its TTL");
+                }
+            });
+        }
+    }
 }
 
 impl LeaseGuard {
     pub(crate) fn new(g: Grant) -> Self {
         let valid_until = g.sent_at + g.opts.ttl.saturating_sub(g.opts.drift());
-        let (state, _) = watch::channel(State {
-            lost: None,
-            handoff: None,
-            released: false,
-            valid_until,
+        let block_end = g.record.fence;
+        // The store reserved `fences` fences ending at the record's; at u64::MAX a block cannot
+        // be trusted to lie above earlier fences, so it is not handed on.
+        let fence = if block_end == u64::MAX {
+            block_end
+        } else {
+            block_end.saturating_sub(g.fences.max(1) - 1)
+        };
+        let first_renewal = g.opts.auto_renew.then(|| {
+            let period = g.opts.renew_period();
+            aligned(g.sent_at + period, period)
         });
-        let id = g.live.next.fetch_add(1, Ordering::Relaxed);
-        let shared = Arc::new(Shared {
+        Self::build(Parts {
             store: g.store,
             key: g.key,
             token: g.token,
             record: g.record,
+            fence,
+            block_end: if block_end == u64::MAX {
+                fence
+            } else {
+                block_end
+            },
             opts: g.opts,
-            state,
+            valid_until,
+            handoff: None,
+            renew_at: first_renewal,
             metrics: g.metrics,
+            local: g.local,
+            live: g.live,
+        })
+    }
+
+    /// The guard of the next task of this process on the key, holding the lease `c` its previous
+    /// holder left, with the next fence of the block.
+    pub(crate) fn carried(
+        mut c: Carry,
+        metrics: Option<Metrics>,
+        local: Option<LocalGuard>,
+        live: Arc<LiveSet>,
+    ) -> Self {
+        c.armed = false;
+        let renew_at = if c.opts.auto_renew {
+            Some(c.renew_at.unwrap_or_else(Instant::now))
+        } else {
+            None
+        };
+        Self::build(Parts {
+            store: c.store.clone(),
+            key: c.key.clone(),
+            token: std::mem::take(&mut c.token),
+            record: c.record.clone(),
+            fence: c.next_fence,
+            block_end: c.block_end,
+            opts: c.opts.clone(),
+            valid_until: c.valid_until,
+            handoff: None,
+            renew_at,
+            metrics,
+            local,
+            live,
+        })
+    }
+
+    fn build(p: Parts) -> Self {
+        let (state, _) = watch::channel(State {
+            lost: None,
+            handoff: p.handoff,
+            released: false,
+            valid_until: p.valid_until,
+        });
+        let id = p.live.next.fetch_add(1, Ordering::Relaxed);
+        let mut record = p.record;
+        record.fence = p.fence;
+        let shared = Arc::new(Shared {
+            store: p.store,
+            key: p.key,
+            token: p.token,
+            record,
+            fence: p.fence,
+            block_end: p.block_end,
+            opts: p.opts,
+            state,
+            metrics: p.metrics,
             acquired_at: Instant::now(),
             renewer: Mutex::new(None),
             scheduled: Mutex::new(None),
-            renewals: g.live.renewals.clone(),
-            live: Arc::downgrade(&g.live),
+            renewals: p.live.renewals.clone(),
+            live: Arc::downgrade(&p.live),
             id,
         });
-        g.live.guards.lock().insert(id, Arc::downgrade(&shared));
-        if shared.opts.auto_renew {
-            let period = shared.opts.renew_period();
-            shared
-                .renewals
-                .schedule(aligned(g.sent_at + period, period), &shared);
+        p.live.guards.lock().insert(id, Arc::downgrade(&shared));
+        if let Some(at) = p.renew_at {
+            shared.renewals.schedule(at, &shared);
         }
         LeaseGuard {
             shared,
-            local: Mutex::new(g.local),
+            local: Mutex::new(p.local),
         }
     }
 
     /// The fence of this acquisition: strictly greater than every earlier fence of this key.
     pub fn fence(&self) -> u64 {
-        self.shared.record.fence
+        self.shared.fence
     }
 
     /// The key held.
@@ -364,7 +519,9 @@ impl LeaseGuard {
         &self.shared.key
     }
 
-    /// The record as written when the lease was granted.
+    /// The record as written when the lease was granted, with this acquisition's fence (the
+    /// record in the store shows the last fence of the block reserved with the lease, which is
+    /// at least this one).
     pub fn record(&self) -> &LeaseRecord {
         &self.shared.record
     }
@@ -439,6 +596,10 @@ impl LeaseGuard {
 
     /// Releases the lease. Idempotent: later calls answer [`Released::AlreadyReleased`].
     ///
+    /// When other tasks of this process wait for the key (the local layer is on) and fences of
+    /// the block reserved with the lease are left, the lease is handed to the next of them
+    /// without a store call, with the next fence; otherwise it is freed in the store.
+    ///
     /// # Errors
     /// A store error; the lease then expires by its TTL (and, on the file store, at once if this
     /// process exits).
@@ -446,8 +607,22 @@ impl LeaseGuard {
     /// # Cancel safety
     /// If cancelled, the lease is still marked released locally and expires by its TTL.
     pub async fn release(&self) -> Result<Released> {
-        let out = self.shared.release().await;
-        drop(self.local.lock().take());
+        let local = self.local.lock().take();
+        let renew_at = *self.shared.scheduled.lock();
+        let Some(prior) = self.shared.begin_release() else {
+            return Ok(Released::AlreadyReleased);
+        };
+        let local = match self.shared.pass_on(local, &prior, renew_at) {
+            Ok(unclaimed) => {
+                if let Some(c) = unclaimed {
+                    c.release().await;
+                }
+                return Ok(Released::Released);
+            }
+            Err(local) => local,
+        };
+        let out = self.shared.release_in_store(prior).await;
+        drop(local);
         out
     }
 }
@@ -455,8 +630,14 @@ impl LeaseGuard {
 impl Drop for LeaseGuard {
     fn drop(&mut self) {
         let local = self.local.lock().take();
+        let renew_at = *self.shared.scheduled.lock();
         let Some(prior) = self.shared.begin_release() else {
             return;
+        };
+        // Handed on, or an unclaimed lease dropped (which releases it in the background).
+        let local = match self.shared.pass_on(local, &prior, renew_at) {
+            Ok(_) => return,
+            Err(local) => local,
         };
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             let shared = self.shared.clone();
@@ -468,6 +649,52 @@ impl Drop for LeaseGuard {
                 drop(local);
             });
         }
+    }
+}
+
+impl Shared {
+    /// After `begin_release` (with `prior` loss): hands the lease to the next task of this
+    /// process waiting for the key, if one waits, the lease is not lost, no other holder asked
+    /// for it, fences of the block are left and it is surely valid for longer than the drift
+    /// margin. `Ok(unclaimed)` when handed on (`unclaimed`: every waiter gave up meanwhile; the
+    /// caller releases it in the store); `Err(local)` when the lease is to be freed in the store.
+    fn pass_on(
+        &self,
+        local: Option<LocalGuard>,
+        prior: &Option<LostReason>,
+        renew_at: Option<Instant>,
+    ) -> std::result::Result<Option<Carry>, Option<LocalGuard>> {
+        let Some(l) = local else {
+            return Err(None);
+        };
+        if prior.is_some() || l.waiting() == 0 || self.fence >= self.block_end {
+            return Err(Some(l));
+        }
+        let valid_until = {
+            let s = self.state.borrow();
+            if s.handoff.is_some() || s.valid_until <= Instant::now() + self.opts.drift() {
+                return Err(Some(l));
+            }
+            s.valid_until
+        };
+        if let Some(m) = &self.metrics {
+            m.releases.inc();
+            m.hold_seconds
+                .observe(self.acquired_at.elapsed().as_secs_f64());
+        }
+        tracing::trace!(key = %self.key, fence = self.fence, "lease handed to the next local task");
+        Ok(l.leave(Carry {
+            store: self.store.clone(),
+            key: self.key.clone(),
+            token: self.token.clone(),
+            record: self.record.clone(),
+            opts: self.opts.clone(),
+            valid_until,
+            renew_at,
+            next_fence: self.fence + 1,
+            block_end: self.block_end,
+            armed: true,
+        }))
     }
 }
 

@@ -4,18 +4,59 @@
 //! is fair), and only the one at the head talks to the store. Unused entries are swept when a
 //! shard grows past twice its entries in use (and at least 64), so a million distinct keys over
 //! time keep memory bounded by the keys in use, while a hot key costs no allocation per lock.
+//!
+//! A slot can also carry a held store lease from the task that releases it to the next task in
+//! line (see [`crate::LeaseGuard`]: the lease is handed on without a store call, with the next
+//! fence of the block reserved at acquisition). A carried lease nobody takes (every waiter gave
+//! up) is released in the store.
 
+use crate::guard::Carry;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::fmt;
 use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
 
 const SHARDS: usize = 64;
 const MIN_SWEEP: usize = 64;
 
-type Slot = Arc<AsyncMutex<()>>;
+/// One key: its mutex (holding a lease being carried to the next task, if any) and how many tasks
+/// wait for it.
+#[derive(Clone, Default)]
+struct Slot {
+    mutex: Arc<AsyncMutex<Option<Carry>>>,
+    queued: Arc<AtomicUsize>,
+}
+
+impl Slot {
+    /// Whether only the map refers to this slot.
+    fn unused(&self) -> bool {
+        Arc::strong_count(&self.mutex) == 1
+    }
+
+    /// Takes a carried lease left in the slot with nobody to take it (its drop releases it).
+    fn reclaim(&self) -> Option<Carry> {
+        self.mutex.clone().try_lock_owned().ok()?.take()
+    }
+}
+
+/// Counts a task as queued on a slot while it waits; a wait given up as the last in line reclaims
+/// a carried lease left for it.
+struct Queued<'a> {
+    slot: &'a Slot,
+    done: bool,
+}
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        let last = self.slot.queued.fetch_sub(1, Ordering::SeqCst) == 1;
+        if !self.done && last {
+            drop(self.slot.reclaim());
+        }
+    }
+}
 
 /// The map of one shard, and the size at which it is next swept.
 struct Shard {
@@ -51,7 +92,7 @@ impl fmt::Debug for LocalLocks {
 #[must_use = "the key is unlocked when the guard is dropped"]
 pub struct LocalGuard {
     slot: Slot,
-    guard: Option<OwnedMutexGuard<()>>,
+    guard: Option<OwnedMutexGuard<Option<Carry>>>,
 }
 
 impl fmt::Debug for LocalGuard {
@@ -86,7 +127,7 @@ impl LocalLocks {
         }
         if s.map.len() >= s.sweep_at {
             // Only the map refers to an unused slot.
-            s.map.retain(|_, slot| Arc::strong_count(slot) > 1);
+            s.map.retain(|_, slot| !slot.unused());
             s.sweep_at = (s.map.len() * 2).max(MIN_SWEEP);
         }
         let slot = Slot::default();
@@ -100,7 +141,14 @@ impl LocalLocks {
     /// Cancel safe: a dropped wait loses nobody's place but its own.
     pub async fn lock(self: &Arc<Self>, key: &str) -> LocalGuard {
         let slot = self.slot(key);
-        let guard = slot.clone().lock_owned().await;
+        slot.queued.fetch_add(1, Ordering::SeqCst);
+        let mut queued = Queued {
+            slot: &slot,
+            done: false,
+        };
+        let guard = slot.mutex.clone().lock_owned().await;
+        queued.done = true;
+        drop(queued);
         LocalGuard {
             slot,
             guard: Some(guard),
@@ -110,7 +158,7 @@ impl LocalLocks {
     /// Takes `key` if no task of this process holds it.
     pub fn try_lock(self: &Arc<Self>, key: &str) -> Option<LocalGuard> {
         let slot = self.slot(key);
-        let guard = slot.clone().try_lock_owned().ok()?;
+        let guard = slot.mutex.clone().try_lock_owned().ok()?;
         Some(LocalGuard {
             slot,
             guard: Some(guard),
@@ -121,13 +169,7 @@ impl LocalLocks {
     pub fn len(&self) -> usize {
         self.shards
             .iter()
-            .map(|s| {
-                s.lock()
-                    .map
-                    .values()
-                    .filter(|slot| Arc::strong_count(slot) > 1)
-                    .count()
-            })
+            .map(|s| s.lock().map.values().filter(|slot| !slot.unused()).count())
             .sum()
     }
 
@@ -142,10 +184,44 @@ impl LocalLocks {
     }
 }
 
+impl LocalGuard {
+    /// How many other tasks of this process wait for the key.
+    pub(crate) fn waiting(&self) -> usize {
+        self.slot.queued.load(Ordering::SeqCst)
+    }
+
+    /// Takes the lease the previous holder left for us, if any.
+    pub(crate) fn take_carry(&mut self) -> Option<Carry> {
+        self.guard.as_mut().and_then(|g| g.take())
+    }
+
+    /// Unlocks, leaving `carry` for the next task in line. Returns it when nobody is left to
+    /// take it (every waiter gave up meanwhile): the caller releases it in the store.
+    pub(crate) fn leave(mut self, carry: Carry) -> Option<Carry> {
+        let Some(mut g) = self.guard.take() else {
+            return Some(carry);
+        };
+        *g = Some(carry);
+        drop(g);
+        // A waiter that gave up after we looked, as the last one, may have found the slot still
+        // locked by us; then nobody takes the lease, and it is ours to release.
+        if self.waiting() == 0 {
+            return self.slot.reclaim();
+        }
+        None
+    }
+}
+
 impl Drop for LocalGuard {
     fn drop(&mut self) {
-        // Unlock; the entry stays for the key's next user until a sweep finds it unused.
+        // Unlock; the entry stays for the key's next user until a sweep finds it unused. A lease
+        // left for us and not taken (our acquisition was cancelled) goes on to the next task, or
+        // is released (dropped) when nobody waits.
+        let carrying = self.guard.as_ref().is_some_and(|g| g.is_some());
         drop(self.guard.take());
+        if carrying && self.waiting() == 0 {
+            drop(self.slot.reclaim());
+        }
         let _ = &self.slot;
     }
 }
