@@ -5,6 +5,11 @@
 //! read `DIR/counter`, write it back plus one, remove `DIR/inside`, release. Exit 0, or 3 on an
 //! overlap.
 //!
+//! `leasehold-worker tasks STORE KEY TASKS ITERATIONS DIR`: TASKS tasks of this process each
+//! ITERATIONS times acquire KEY (so the lease is handed from task to task inside the process),
+//! create `DIR/inside` exclusively (exit 3 on an overlap), append the fence to `DIR/fences`,
+//! remove `DIR/inside`, release.
+//!
 //! `leasehold-worker hold STORE KEY TTL_MS`: acquire KEY, print `held FENCE`, then wait; print
 //! `lost REASON` and exit 4 when the lease is lost; exit 0 on SIGTERM after releasing.
 
@@ -16,7 +21,7 @@ fn fail(msg: String) -> ! {
     std::process::exit(1)
 }
 
-#[tokio::main(flavor = "current_thread")]
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
     let arg = |i: usize| {
@@ -65,6 +70,57 @@ async fn main() {
                 std::fs::remove_file(&inside).unwrap_or_else(|e| fail(e.to_string()));
                 if let Err(e) = g.release().await {
                     fail(e.to_string());
+                }
+            }
+        }
+        "tasks" => {
+            let num = |i: usize| -> usize {
+                arg(i)
+                    .parse()
+                    .unwrap_or_else(|_| fail(format!("bad number {:?}", arg(i))))
+            };
+            let (tasks, n) = (num(4), num(5));
+            let dir = std::path::PathBuf::from(arg(6));
+            let mut all = vec![];
+            for _ in 0..tasks {
+                let (locks, key, dir) = (locks.clone(), key.clone(), dir.clone());
+                all.push(tokio::spawn(async move {
+                    for _ in 0..n {
+                        let g = locks
+                            .lock_key(key.clone())
+                            .ttl(Duration::from_secs(10))
+                            .wait(Duration::from_secs(120))
+                            .acquire()
+                            .await
+                            .unwrap_or_else(|e| fail(e.to_string()));
+                        let inside = dir.join("inside");
+                        if std::fs::OpenOptions::new()
+                            .write(true)
+                            .create_new(true)
+                            .open(&inside)
+                            .is_err()
+                        {
+                            eprintln!("OVERLAP: another holder is inside the critical section");
+                            std::process::exit(3);
+                        }
+                        let line = format!("{} {}\n", g.fence(), std::process::id());
+                        std::fs::OpenOptions::new()
+                            .append(true)
+                            .create(true)
+                            .open(dir.join("fences"))
+                            .and_then(|mut f| f.write_all(line.as_bytes()))
+                            .unwrap_or_else(|e| fail(e.to_string()));
+                        tokio::task::yield_now().await;
+                        std::fs::remove_file(&inside).unwrap_or_else(|e| fail(e.to_string()));
+                        if let Err(e) = g.release().await {
+                            fail(e.to_string());
+                        }
+                    }
+                }));
+            }
+            for t in all {
+                if t.await.is_err() {
+                    fail("a task panicked".into());
                 }
             }
         }
