@@ -679,6 +679,7 @@ impl Shared {
         };
         if let Some(m) = &self.metrics {
             m.releases.inc();
+            m.local_handoffs.inc();
             m.hold_seconds
                 .observe(self.acquired_at.elapsed().as_secs_f64());
         }

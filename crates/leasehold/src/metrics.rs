@@ -14,19 +14,20 @@
 //! | `renewals_total` | counter | successful renewals |
 //! | `lost_total` | counter | leases lost (refused renewal, unreachable store until expiry) |
 //! | `handoffs_requested_total` | counter | handoff signals raised by a waiter |
+//! | `local_handoffs_total` | counter | leases handed to the next task of the process without a store call |
 //!
 //! [`Metrics::register_adr052`] registers the same metrics under the names of the seed ADR-052
 //! (`<prefix>_lock_acquisition_attempts_total`, `_lock_acquisition_successes_total`,
 //! `_lock_acquisition_failures_total{reason}`, `_lock_acquisition_duration_seconds`,
 //! `_lock_hold_duration_seconds`, `_lock_releases_total`, plus `_lock_renewals_total`,
-//! `_lock_lost_total`, `_lock_handoffs_requested_total`).
+//! `_lock_lost_total`, `_lock_handoffs_requested_total`, `_lock_local_handoffs_total`).
 
 use crate::error::{Error, Result};
 use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts, Registry};
 
 /// Metric names after the prefix: attempts, successes, failures, acquisition duration, hold
-/// duration, releases, renewals, lost, handoffs.
-type Names = [&'static str; 9];
+/// duration, releases, renewals, lost, handoffs, local handoffs.
+type Names = [&'static str; 10];
 
 const NAMES: Names = [
     "acquire_attempts_total",
@@ -38,6 +39,7 @@ const NAMES: Names = [
     "renewals_total",
     "lost_total",
     "handoffs_requested_total",
+    "local_handoffs_total",
 ];
 
 const ADR052_NAMES: Names = [
@@ -50,6 +52,7 @@ const ADR052_NAMES: Names = [
     "lock_renewals_total",
     "lock_lost_total",
     "lock_handoffs_requested_total",
+    "lock_local_handoffs_total",
 ];
 
 /// The metric set; cheap to clone.
@@ -64,6 +67,7 @@ pub struct Metrics {
     pub(crate) renewals: IntCounter,
     pub(crate) lost: IntCounter,
     pub(crate) handoffs: IntCounter,
+    pub(crate) local_handoffs: IntCounter,
 }
 
 impl Metrics {
@@ -133,6 +137,11 @@ impl Metrics {
             renewals: c(n[6], "Successful renewals").map_err(e)?,
             lost: c(n[7], "Leases lost").map_err(e)?,
             handoffs: c(n[8], "Handoff requests seen by holders").map_err(e)?,
+            local_handoffs: c(
+                n[9],
+                "Leases handed to the next task of the process without a store call",
+            )
+            .map_err(e)?,
         };
         registry.register(Box::new(m.attempts.clone())).map_err(e)?;
         registry
@@ -149,6 +158,9 @@ impl Metrics {
         registry.register(Box::new(m.renewals.clone())).map_err(e)?;
         registry.register(Box::new(m.lost.clone())).map_err(e)?;
         registry.register(Box::new(m.handoffs.clone())).map_err(e)?;
+        registry
+            .register(Box::new(m.local_handoffs.clone()))
+            .map_err(e)?;
         Ok(m)
     }
 

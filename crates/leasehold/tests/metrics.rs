@@ -74,6 +74,43 @@ async fn metrics_count_acquisitions_failures_renewals_losses_and_handoffs() {
 }
 
 #[tokio::test]
+async fn local_handoffs_are_counted() {
+    let registry = prometheus::Registry::new();
+    let m = Metrics::register("app_locks", &registry).unwrap();
+    let a = Locks::new(MemoryStore::new()).with_metrics(m);
+    let g = a.lock("k").unwrap().try_acquire().await.unwrap().unwrap();
+    // Two tasks queue in the local layer (current-thread runtime: they run when we yield).
+    let waiters: Vec<_> = (0..2)
+        .map(|_| {
+            let a = a.clone();
+            tokio::spawn(async move {
+                let g = a.lock("k").unwrap().acquire().await.unwrap();
+                let f = g.fence();
+                g.release().await.unwrap();
+                f
+            })
+        })
+        .collect();
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    // The first waiter goes to the store reserving a fence for the second, then hands on.
+    g.release().await.unwrap();
+    let mut fences = vec![];
+    for w in waiters {
+        fences.push(w.await.unwrap());
+    }
+    assert_eq!(
+        fences[1],
+        fences[0] + 1,
+        "the next fence of the reserved block"
+    );
+    let text = Metrics::render(&registry);
+    assert_eq!(value(&text, "app_locks_local_handoffs_total"), 1.0);
+    assert_eq!(value(&text, "app_locks_releases_total"), 3.0);
+}
+
+#[tokio::test]
 async fn urls_are_checked() {
     for (url, want) in [
         ("nope://x", "unknown scheme"),
