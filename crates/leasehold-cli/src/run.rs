@@ -1,7 +1,11 @@
 //! `leasehold run`: a command run while holding a lease.
 //!
-//! The child stays in leasehold's process group; signals reach it through [`signals::send`] on
-//! its pid, which is safe against pid reuse because the child is not reaped before we stop
+//! When leasehold's stdin is not a terminal (services, cron, CI) the child leads a process group
+//! of its own, and termination signals (forwarded ones, SIGTERM on a lost lease, SIGKILL after the
+//! grace period) go to that whole group, so a shell script's children stop with it. On a terminal
+//! the child stays in leasehold's group, so interactive commands keep the terminal. The
+//! `--on-handoff` signal goes to the child alone. Signals are sent by pid (or process-group id, the
+//! child's pid), which is safe against reuse because the child is not reaped before we stop
 //! signalling it.
 
 use crate::admin::key_arg;
@@ -71,6 +75,10 @@ pub(crate) async fn run(store_url: Option<&str>, args: RunArgs) -> Result<u8, Fa
         .env("LEASEHOLD_KEY", key.as_str())
         .env("LEASEHOLD_FENCE", guard.fence().to_string())
         .env("LEASEHOLD_HOLDER", locks.holder().as_str());
+    // SAFETY: isatty(3) only inspects the descriptor.
+    if unsafe { libc::isatty(0) } == 0 {
+        command.process_group(0);
+    }
     let mut child = match command.spawn() {
         Ok(child) => child,
         Err(e) => {
@@ -109,7 +117,7 @@ pub(crate) async fn run(store_url: Option<&str>, args: RunArgs) -> Result<u8, Fa
             exit_status(status)
         }
         End::Signalled(sig) => {
-            signal_child(&child, sig);
+            stop_signal(&child, sig);
             let status = wait_within(&mut child, args.grace, &mut signals).await;
             release(&guard, &key).await;
             exit_status(status)
@@ -120,7 +128,7 @@ pub(crate) async fn run(store_url: Option<&str>, args: RunArgs) -> Result<u8, Fa
                 key.as_str(),
                 humantime::format_duration(args.grace)
             ));
-            signal_child(&child, libc::SIGTERM);
+            stop_signal(&child, libc::SIGTERM);
             if let Err(e) = wait_within(&mut child, args.grace, &mut signals).await {
                 tracing::warn!(error = %e, "waiting for the command failed");
             }
@@ -164,6 +172,27 @@ pub(crate) fn signal_child(child: &Child, sig: libc::c_int) {
     }
 }
 
+/// Sends a termination signal `sig` to the child's process group when the child leads one (see the
+/// module docs), else to the child alone; nothing once it has been reaped.
+pub(crate) fn stop_signal(child: &Child, sig: libc::c_int) {
+    let Some(pid) = child.id() else { return };
+    // SAFETY: getpgid(2) only reads; `pid` is our unreaped child.
+    let own_group = libc::pid_t::try_from(pid).is_ok_and(|p| unsafe { libc::getpgid(p) } == p);
+    let sent = if own_group {
+        signals::send_group(pid, sig)
+    } else {
+        signals::send(pid, sig)
+    };
+    match sent {
+        Ok(()) => {
+            tracing::debug!(pid, group = own_group, signal = %signals::name(sig), "signalled the command")
+        }
+        Err(e) => {
+            tracing::warn!(pid, signal = %signals::name(sig), error = %e, "cannot signal the command")
+        }
+    }
+}
+
 /// Waits for the child to exit, forwarding further signals, and kills it with SIGKILL once
 /// `grace` has passed.
 async fn wait_within(
@@ -176,12 +205,10 @@ async fn wait_within(
         tokio::select! {
             biased;
             status = child.wait() => return status,
-            sig = signals.recv() => signal_child(child, sig),
+            sig = signals.recv() => stop_signal(child, sig),
             () = tokio::time::sleep_until(deadline) => {
                 tracing::warn!(grace = %humantime::format_duration(grace), "the command did not exit in time; sending SIGKILL");
-                if let Err(e) = child.start_kill() {
-                    tracing::debug!(error = %e, "SIGKILL not sent; the command has exited");
-                }
+                stop_signal(child, libc::SIGKILL);
                 return child.wait().await;
             }
         }
@@ -190,14 +217,12 @@ async fn wait_within(
 
 /// Stops the child: SIGTERM, then SIGKILL once `grace` has passed; returns how it ended.
 pub(crate) async fn stop_child(child: &mut Child, grace: Duration) -> io::Result<ExitStatus> {
-    signal_child(child, libc::SIGTERM);
+    stop_signal(child, libc::SIGTERM);
     match tokio::time::timeout(grace, child.wait()).await {
         Ok(status) => status,
         Err(_) => {
             tracing::warn!(grace = %humantime::format_duration(grace), "the command did not exit in time; sending SIGKILL");
-            if let Err(e) = child.start_kill() {
-                tracing::debug!(error = %e, "SIGKILL not sent; the command has exited");
-            }
+            stop_signal(child, libc::SIGKILL);
             child.wait().await
         }
     }

@@ -98,6 +98,26 @@ pub(crate) fn send(pid: u32, sig: libc::c_int) -> io::Result<()> {
     }
 }
 
+/// Sends `sig` to the process group `pgid` (a child that leads its own group); a group that is
+/// already gone is not an error.
+pub(crate) fn send_group(pgid: u32, sig: libc::c_int) -> io::Result<()> {
+    let pgid = libc::pid_t::try_from(pgid)
+        .ok()
+        .filter(|p| *p > 1)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "process group out of range"))?;
+    // SAFETY: kill(2) has no memory-safety preconditions; `-pgid` names the group our unreaped
+    // child leads (pgid > 1, so never "every process").
+    if unsafe { libc::kill(-pgid, sig) } == 0 {
+        return Ok(());
+    }
+    let e = io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::ESRCH) {
+        Ok(())
+    } else {
+        Err(e)
+    }
+}
+
 /// The termination signals leasehold catches and forwards: SIGTERM, SIGINT, SIGHUP.
 #[derive(Debug)]
 pub(crate) struct Forwarded {

@@ -275,7 +275,9 @@ async fn run_task_inner(ctx: &Ctx, task: Task, stop: &mut watch::Receiver<Option
         .env("LEASEHOLD_FENCE", guard.fence().to_string())
         .env("LEASEHOLD_HOLDER", &ctx.worker)
         .stdin(std::process::Stdio::null())
-        .kill_on_drop(true);
+        .kill_on_drop(true)
+        // Its own process group: stopping the task (timeout, cancel, drain) stops its children too.
+        .process_group(0);
     die_with_parent(&mut command);
     let mut child = match command.spawn() {
         Ok(c) => c,
