@@ -83,31 +83,24 @@ pub(crate) fn name(sig: libc::c_int) -> String {
 
 /// Sends `sig` to the process `pid`; a process that is already gone is not an error.
 pub(crate) fn send(pid: u32, sig: libc::c_int) -> io::Result<()> {
-    let pid = libc::pid_t::try_from(pid)
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "pid out of range"))?;
-    // SAFETY: kill(2) has no memory-safety preconditions; `pid` is our own unreaped child's pid
-    // (positive), so it cannot name a process group or a recycled pid.
-    if unsafe { libc::kill(pid, sig) } == 0 {
-        return Ok(());
-    }
-    let e = io::Error::last_os_error();
-    if e.raw_os_error() == Some(libc::ESRCH) {
-        Ok(())
-    } else {
-        Err(e)
-    }
+    kill(pid, false, sig)
 }
 
 /// Sends `sig` to the process group `pgid` (a child that leads its own group); a group that is
 /// already gone is not an error.
 pub(crate) fn send_group(pgid: u32, sig: libc::c_int) -> io::Result<()> {
-    let pgid = libc::pid_t::try_from(pgid)
+    kill(pgid, true, sig)
+}
+
+fn kill(id: u32, group: bool, sig: libc::c_int) -> io::Result<()> {
+    let id = libc::pid_t::try_from(id)
         .ok()
         .filter(|p| *p > 1)
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "process group out of range"))?;
-    // SAFETY: kill(2) has no memory-safety preconditions; `-pgid` names the group our unreaped
-    // child leads (pgid > 1, so never "every process").
-    if unsafe { libc::kill(-pgid, sig) } == 0 {
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "pid out of range"))?;
+    // SAFETY: kill(2) has no memory-safety preconditions. `id` is our own unreaped child's pid
+    // (> 1), or the group it leads: it cannot name a recycled pid, and a group target is never
+    // -1 ("every process").
+    if unsafe { libc::kill(if group { -id } else { id }, sig) } == 0 {
         return Ok(());
     }
     let e = io::Error::last_os_error();

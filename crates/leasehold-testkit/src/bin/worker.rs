@@ -21,6 +21,22 @@ fn fail(msg: String) -> ! {
     std::process::exit(1)
 }
 
+/// Enters the critical section: creates `DIR/inside` exclusively, or exits 3 when another holder
+/// is inside. Returns the path to remove on leaving.
+fn enter(dir: &std::path::Path) -> std::path::PathBuf {
+    let inside = dir.join("inside");
+    if std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&inside)
+        .is_err()
+    {
+        eprintln!("OVERLAP: another holder is inside the critical section");
+        std::process::exit(3);
+    }
+    inside
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -48,16 +64,7 @@ async fn main() {
                     .acquire()
                     .await
                     .unwrap_or_else(|e| fail(e.to_string()));
-                let inside = dir.join("inside");
-                if std::fs::OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .open(&inside)
-                    .is_err()
-                {
-                    eprintln!("OVERLAP: another process is inside the critical section");
-                    std::process::exit(3);
-                }
+                let inside = enter(&dir);
                 let counter = dir.join("counter");
                 let v: u64 = std::fs::read_to_string(&counter)
                     .ok()
@@ -93,16 +100,7 @@ async fn main() {
                             .acquire()
                             .await
                             .unwrap_or_else(|e| fail(e.to_string()));
-                        let inside = dir.join("inside");
-                        if std::fs::OpenOptions::new()
-                            .write(true)
-                            .create_new(true)
-                            .open(&inside)
-                            .is_err()
-                        {
-                            eprintln!("OVERLAP: another holder is inside the critical section");
-                            std::process::exit(3);
-                        }
+                        let inside = enter(&dir);
                         let line = format!("{} {}\n", g.fence(), std::process::id());
                         std::fs::OpenOptions::new()
                             .append(true)
