@@ -154,3 +154,36 @@ async fn a_majority_restarted_empty_breaks_exclusion_and_the_fence_shows_it() {
     eprintln!("first holder: {reason}");
     second.release().await.unwrap();
 }
+
+/// Per-node fence counters drift apart (here: one node far ahead, as after many grants it alone
+/// counted). The granted fence is the maximum, and the granting nodes that lag are raised to it, so
+/// a later majority without the node that was ahead still grants a higher fence.
+#[tokio::test]
+async fn fences_stay_increasing_when_node_counters_differ() {
+    let mut s = three();
+    assert_eq!(
+        s[0].command(&["SET", "leasehold:fence:job", "100"])
+            .as_deref(),
+        Some("+OK\r\n")
+    );
+    let a = locks(&s, "a").await;
+    let first = a.lock("job").unwrap().try_acquire().await.unwrap().unwrap();
+    assert_eq!(first.fence(), 101, "the maximum over the granting nodes");
+    first.release().await.unwrap();
+    for node in &s[1..] {
+        assert_eq!(
+            node.command(&["GET", "leasehold:fence:job"]).as_deref(),
+            Some("$3\r\n101\r\n"),
+            "a lagging granting node was not raised"
+        );
+    }
+    s[0].stop();
+    let second = a.lock("job").unwrap().try_acquire().await.unwrap().unwrap();
+    assert!(
+        second.fence() > first.fence(),
+        "fence {} from the other two nodes is not above {}",
+        second.fence(),
+        first.fence()
+    );
+    second.release().await.unwrap();
+}

@@ -134,6 +134,31 @@ impl Locks {
         }
     }
 
+    /// How many tasks of this process wait in the local layer for `key` right now (0 without the
+    /// local layer). A lease released while tasks wait goes to the first of them without a store
+    /// call, as long as its reserved fences last and no other process asked for it.
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// let locks = leasehold::Locks::new(leasehold::memory::MemoryStore::new());
+    /// let key = leasehold::Key::new("k")?;
+    /// let g = locks.lock_key(key.clone()).acquire().await?;
+    /// let next = tokio::spawn({
+    ///     let locks = locks.clone();
+    ///     let key = key.clone();
+    ///     async move { locks.lock_key(key).acquire().await }
+    /// });
+    /// while locks.queued(&key) == 0 {
+    ///     tokio::task::yield_now().await;
+    /// }
+    /// g.release().await?;
+    /// next.await.expect("task")?.release().await?;
+    /// # Ok::<(), leasehold::Error>(()) }).unwrap();
+    /// ```
+    pub fn queued(&self, key: &Key) -> usize {
+        self.local.as_ref().map_or(0, |l| l.queued(key.as_str()))
+    }
+
     /// How many leases are held through this `Locks` (and its clones) right now.
     pub fn held(&self) -> usize {
         self.live.len()

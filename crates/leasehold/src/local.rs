@@ -165,6 +165,16 @@ impl LocalLocks {
         })
     }
 
+    /// How many tasks wait for `key` right now (the holder not counted).
+    pub fn queued(&self, key: &str) -> usize {
+        let shard = (self.hasher.hash_one(key) as usize) % SHARDS;
+        self.shards[shard]
+            .lock()
+            .map
+            .get(key)
+            .map_or(0, |slot| slot.queued.load(Ordering::SeqCst))
+    }
+
     /// Keys currently held or waited for.
     pub fn len(&self) -> usize {
         self.shards

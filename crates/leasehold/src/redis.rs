@@ -201,7 +201,18 @@ end
 return raw
 "#;
 
+/// Raises a fence counter to at least ARGV[1] (never lowers it); used by Redlock so that every
+/// granting node's counter reaches the fence the majority granted.
+const RAISE_FENCE: &str = r#"
+local c = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
+if c < tonumber(ARGV[1]) then
+  redis.call('SET', KEYS[1], ARGV[1])
+end
+return 1
+"#;
+
 struct Scripts {
+    raise_fence: ::redis::Script,
     acquire: ::redis::Script,
     renew: ::redis::Script,
     release: ::redis::Script,
@@ -213,6 +224,7 @@ impl Scripts {
     fn new() -> Self {
         let s = |body: &str| ::redis::Script::new(&format!("{PRELUDE}{body}"));
         Scripts {
+            raise_fence: ::redis::Script::new(RAISE_FENCE),
             acquire: s(ACQUIRE),
             renew: s(RENEW),
             release: s(RELEASE),
@@ -599,6 +611,14 @@ impl RedisStore {
             inv.invoke_async(&mut conn),
         )
         .await
+    }
+
+    /// Raises the fence counter of `key` to at least `floor`.
+    pub(crate) async fn raise_fence(&self, key: &Key, floor: u64) -> Result<()> {
+        let mut inv = self.inner.scripts.raise_fence.prepare_invoke();
+        inv.key(self.fence_key(key)).arg(floor);
+        let _: i64 = self.invoke(inv).await?;
+        Ok(())
     }
 
     fn parse(&self, key: &str, raw: &[u8]) -> Result<LeaseRecord> {

@@ -12,6 +12,11 @@
 //!   `TTL − elapsed − drift` (drift = `TTL × 0.01 + 2 ms`) is positive. Otherwise it is released on
 //!   every node and the answer is "held" (waiters retry with jittered backoff) — or, if fewer than a
 //!   majority of nodes answered at all, an [`Error::Unavailable`] naming the unreachable nodes.
+//! * **Fence**: per-node counters drift apart (a node that refused a contender, or a minority grant
+//!   undone, still counted), so the granted fence is the maximum over the granting majority, and
+//!   before the lease is returned every granting node whose counter lags is raised to it (one more
+//!   round trip, only when the counters differ). Any later majority then shares a node whose counter
+//!   is at least that fence, so the next fence is higher: strictly increasing across holders.
 //! * **Renew** runs on all nodes; it succeeds with a majority of renewals. When a majority refuses,
 //!   the lease is lost; when too few nodes answer, the renewal is retried until the lease's validity
 //!   runs out, and then `lost()` fires.
@@ -203,31 +208,41 @@ impl LockStore for RedlockStore {
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome> {
         let started = Instant::now();
         let results = self.all(|n| n.acquire(req)).await;
-        let elapsed = started.elapsed();
-        let mut granted: Vec<LeaseRecord> = vec![];
+        let mut granted: Vec<(&RedisStore, LeaseRecord)> = vec![];
         let mut held: Vec<LeaseRecord> = vec![];
         let mut failed: Vec<(&str, Error)> = vec![];
-        for (name, r) in results {
+        for ((name, r), (_, node)) in results.into_iter().zip(&self.nodes) {
             match r {
-                Ok(AcquireOutcome::Granted(rec)) => granted.push(rec),
+                Ok(AcquireOutcome::Granted(rec)) => granted.push((node, rec)),
                 Ok(AcquireOutcome::Held(rec)) => held.push(rec),
                 Err(e) => failed.push((name, e)),
             }
         }
-        let drift = req.ttl / 100 + Duration::from_millis(2);
-        let valid = req
-            .ttl
-            .checked_sub(elapsed + drift)
-            .is_some_and(|v| !v.is_zero());
-        if granted.len() >= self.quorum && valid {
-            let fence = granted.iter().map(|r| r.fence).max().unwrap_or(0);
-            let mut rec = granted.swap_remove(0);
-            rec.fence = fence;
-            rec.store.insert(
-                "nodes_granted".into(),
-                format!("{}/{}", granted.len() + 1, self.nodes.len()),
-            );
-            return Ok(AcquireOutcome::Granted(rec));
+        if granted.len() >= self.quorum {
+            let fence = granted.iter().map(|(_, r)| r.fence).max().unwrap_or(0);
+            // Per-node counters drift apart (a node that refused, or a grant undone for want of a
+            // majority, still counted). Raise every granting node that lags to `fence` before the
+            // lease is ours: then any later majority meets a node at `fence` or above, and its fence
+            // is higher — fences stay strictly increasing across holders.
+            let lagging = granted.iter().filter(|(_, r)| r.fence < fence);
+            let raised = join_all(lagging.map(|(node, _)| {
+                tokio::time::timeout(self.timeout, node.raise_fence(&req.key, fence))
+            }))
+            .await;
+            let not_raised = raised.iter().filter(|r| !matches!(r, Ok(Ok(())))).count();
+            let drift = req.ttl / 100 + Duration::from_millis(2);
+            let valid = req
+                .ttl
+                .checked_sub(started.elapsed() + drift)
+                .is_some_and(|v| !v.is_zero());
+            if granted.len() - not_raised >= self.quorum && valid {
+                let n = granted.len();
+                let mut rec = granted.swap_remove(0).1;
+                rec.fence = fence;
+                rec.store
+                    .insert("nodes_granted".into(), format!("{n}/{}", self.nodes.len()));
+                return Ok(AcquireOutcome::Granted(rec));
+            }
         }
         if !granted.is_empty() {
             // Undo the minority (or too slow) grants everywhere; the script frees only our token.
