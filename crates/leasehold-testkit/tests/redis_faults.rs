@@ -3,7 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use leasehold::{Locks, LostReason};
+use leasehold::{Locks, LostReason, Released};
 use leasehold_testkit::servers::{shared_redis, RedisServer};
 use std::time::{Duration, Instant};
 
@@ -171,31 +171,68 @@ async fn operators_read_the_record_with_redis_cli_and_prefixes_apply() {
 #[tokio::test]
 async fn a_waiter_is_woken_by_pub_sub_not_by_polling() {
     let server = shared_redis();
+    // Registered as waiter, and merely subscribed (its attempt marks the record "watched").
+    for register in [true, false] {
+        let a = locks(&server.url(), "a").await;
+        let b = locks(&server.url(), "b").await;
+        let key = leasehold_testkit::prefix("wake");
+        let g = a.lock(&key).unwrap().try_acquire().await.unwrap().unwrap();
+        let k2 = key.clone();
+        let waiter = tokio::spawn(async move {
+            let g = b
+                .lock(&k2)
+                .unwrap()
+                .register_waiter(register)
+                .wait(Duration::from_secs(10))
+                .acquire()
+                .await;
+            (g, Instant::now())
+        });
+        // Let the waiter subscribe; there is no event to await from here.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let record = server
+            .command(&["GET", &format!("leasehold:lock:{key}")])
+            .unwrap_or_default();
+        let mark = if register {
+            "\"waiter_token\":\""
+        } else {
+            "\"watched\":true"
+        };
+        assert!(record.contains(mark), "no {mark} in {record}");
+        let released = Instant::now();
+        g.release().await.unwrap();
+        let (gb, got) = waiter.await.unwrap();
+        let latency = got.duration_since(released);
+        assert!(
+            latency < Duration::from_millis(100),
+            "waiter (registered: {register}) took {latency:?} (the 500 ms backoff, not pub/sub)"
+        );
+        gb.unwrap().release().await.unwrap();
+    }
+}
+
+/// Nobody waits: acquire and release publish nothing.
+#[tokio::test]
+async fn an_uncontended_release_publishes_nothing() {
+    let server = RedisServer::start();
     let a = locks(&server.url(), "a").await;
-    let b = locks(&server.url(), "b").await;
-    let key = leasehold_testkit::prefix("wake");
-    let g = a.lock(&key).unwrap().try_acquire().await.unwrap().unwrap();
-    let k2 = key.clone();
-    let waiter = tokio::spawn(async move {
-        let g = b
-            .lock(&k2)
+    for _ in 0..10 {
+        let g = a
+            .lock("quiet")
             .unwrap()
-            .wait(Duration::from_secs(10))
-            .acquire()
-            .await;
-        (g, Instant::now())
-    });
-    // Let the waiter subscribe; there is no event to await from here.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let released = Instant::now();
-    g.release().await.unwrap();
-    let (gb, got) = waiter.await.unwrap();
-    let latency = got.duration_since(released);
+            .try_acquire()
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(g.release().await.unwrap(), Released::Released);
+    }
+    let info = server
+        .command(&["INFO", "commandstats"])
+        .unwrap_or_default();
     assert!(
-        latency < Duration::from_millis(100),
-        "waiter took {latency:?} (the 500 ms backoff, not pub/sub)"
+        !info.contains("cmdstat_publish:"),
+        "an uncontended release published: {info}"
     );
-    gb.unwrap().release().await.unwrap();
 }
 
 fn evalsha_calls(server: &RedisServer) -> u64 {

@@ -10,6 +10,9 @@ use crate::options::{Backoff, LockOptions, Wait};
 use crate::record::now_ms;
 use crate::store::{AcquireOutcome, AcquireRequest, LockStore};
 use std::sync::Arc;
+
+/// How many releases `release_all` runs at once.
+const RELEASE_ALL_IN_FLIGHT: usize = 256;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -117,10 +120,16 @@ impl Locks {
     /// # drop(b); Ok::<(), leasehold::Error>(()) }).unwrap();
     /// ```
     pub async fn release_all(&self) -> Result<usize> {
+        use futures_util::StreamExt;
         let mut released = 0;
         let mut first_err = None;
-        for shared in self.live.snapshot() {
-            match shared.release().await {
+        // Concurrently (pipelined on stores that multiplex), so shutting down with thousands of
+        // leases takes a few round trips, not one per lease.
+        let mut outcomes = futures_util::stream::iter(self.live.snapshot())
+            .map(|shared| async move { shared.release().await })
+            .buffer_unordered(RELEASE_ALL_IN_FLIGHT);
+        while let Some(outcome) = outcomes.next().await {
+            match outcome {
                 Ok(Released::Released) => released += 1,
                 Ok(_) => {}
                 Err(e) => {
@@ -463,6 +472,7 @@ impl LockBuilder {
                         None
                     }
                 };
+                req.watching = watch.is_some();
                 continue;
             }
             let mut pause = opts.backoff.delay(attempt);

@@ -49,6 +49,10 @@ pub struct AcquireRequest {
     /// reserves one fence per task queued on the key, and hands the lease from task to task
     /// without a store call, each with the next fence of the block.
     pub fences: u64,
+    /// The caller waits for change notifications ([`LockStore::subscribe`]) if the lease is held.
+    /// A store that notifies only watched keys (Redis publishes a release only when a subscribed
+    /// contender marked the record) marks the held record.
+    pub watching: bool,
 }
 
 impl AcquireRequest {
@@ -62,6 +66,7 @@ impl AcquireRequest {
             waiter_ttl: None,
             labels: BTreeMap::new(),
             fences: 1,
+            watching: false,
         }
     }
 
