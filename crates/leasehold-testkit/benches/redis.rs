@@ -181,6 +181,36 @@ fn procs_cpu_us(pids: &[u32]) -> f64 {
         .sum()
 }
 
+/// The server's calls and µs per call of each command since the last `CONFIG RESETSTAT`.
+fn command_stats(server: &RedisServer) -> String {
+    let info = server
+        .command(&["INFO", "commandstats"])
+        .unwrap_or_default();
+    let mut out = vec![];
+    for line in info.lines() {
+        let Some((name, rest)) = line
+            .strip_prefix("cmdstat_")
+            .and_then(|l| l.split_once(':'))
+        else {
+            continue;
+        };
+        let field = |f: &str| {
+            rest.split(',')
+                .find_map(|kv| kv.strip_prefix(&format!("{f}=")))
+                .unwrap_or("?")
+                .to_owned()
+        };
+        if name != "config" && name != "info" {
+            out.push(format!(
+                "{name} {} × {} µs",
+                field("calls"),
+                field("usec_per_call")
+            ));
+        }
+    }
+    format!("  server: {}", out.join(", "))
+}
+
 /// `tasks` tasks on distinct keys, each looping acquire+release for `dur`.
 async fn throughput(
     imp: &Impl,
@@ -354,6 +384,9 @@ fn main() {
         return;
     }
     let quick = std::env::args().any(|a| a == "--quick");
+    // `-- stats` prints, after each single-node run, the server's time per command (what the
+    // server spends its CPU on).
+    let stats = std::env::args().any(|a| a == "stats");
     let dur = if quick {
         Duration::from_millis(300)
     } else {
@@ -400,10 +433,16 @@ fn main() {
                 {
                     continue;
                 }
+                if stats {
+                    let _ = one.command(&["CONFIG", "RESETSTAT"]);
+                }
                 let t = rt.block_on(async {
                     let imp = make(kind, urls).await;
                     throughput(&imp, tasks, dur, kind, pids).await
                 });
+                if stats && label.starts_with("redis") {
+                    println!("{}", command_stats(&one));
+                }
                 if kind == "floor" {
                     floor = t.per_sec;
                 }

@@ -211,6 +211,68 @@ async fn a_waiter_is_woken_by_pub_sub_not_by_polling() {
     }
 }
 
+/// A lease taken over a record that a subscribed contender marked "watched" keeps the mark, so its
+/// release still wakes that contender (not the 500 ms safety-net timer).
+#[tokio::test]
+async fn the_watched_mark_outlives_a_handoff() {
+    let server = shared_redis();
+    let url = server.url();
+    let key = leasehold_testkit::prefix("watched-handoff");
+    let record = || {
+        server
+            .command(&["GET", &format!("leasehold:lock:{key}")])
+            .unwrap_or_default()
+    };
+    let h = locks(&url, "h").await;
+    let held = h.lock(&key).unwrap().try_acquire().await.unwrap().unwrap();
+    // X registers as the waiter; Y, who cannot register too, only subscribes and marks.
+    let x = {
+        let (l, k) = (locks(&url, "x").await, key.clone());
+        tokio::spawn(async move {
+            l.lock(&k)
+                .unwrap()
+                .wait(Duration::from_secs(10))
+                .acquire()
+                .await
+        })
+    };
+    while !record().contains("\"waiter_token\":\"") {
+        tokio::task::yield_now().await;
+    }
+    let y = {
+        let (l, k) = (locks(&url, "y").await, key.clone());
+        tokio::spawn(async move {
+            let g = l
+                .lock(&k)
+                .unwrap()
+                .register_waiter(false)
+                .wait(Duration::from_secs(10))
+                .acquire()
+                .await;
+            (g, Instant::now())
+        })
+    };
+    while !record().contains("\"watched\":true") {
+        tokio::task::yield_now().await;
+    }
+    held.release().await.unwrap();
+    let gx = x.await.unwrap().unwrap();
+    let now = record();
+    assert!(
+        now.contains("\"holder\":\"x\"") && now.contains("\"watched\":true"),
+        "X's record lost the mark: {now}"
+    );
+    let released = Instant::now();
+    gx.release().await.unwrap();
+    let (gy, got) = y.await.unwrap();
+    let latency = got.duration_since(released);
+    assert!(
+        latency < Duration::from_millis(100),
+        "Y took {latency:?} after X's release (the 500 ms timer, not pub/sub)"
+    );
+    gy.unwrap().release().await.unwrap();
+}
+
 /// Nobody waits: acquire and release publish nothing.
 #[tokio::test]
 async fn an_uncontended_release_publishes_nothing() {

@@ -128,6 +128,8 @@ local g = {key = cjson.decode(ARGV[8]), holder = ARGV[1], token = token, fence =
 if type(r) == 'table' and live_waiter(r) and str(r.waiter_token) ~= token then
   g.waiter = r.waiter; g.waiter_token = r.waiter_token; g.waiter_expires = r.waiter_expires
 end
+-- Contenders that marked the record still wait: our release must publish for them.
+if type(r) == 'table' and r.watched == true then g.watched = true end
 return {1, put(g, KEYS[1])}
 "#;
 
