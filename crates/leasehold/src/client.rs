@@ -13,6 +13,8 @@ use std::sync::Arc;
 
 /// How many releases `release_all` runs at once.
 const RELEASE_ALL_IN_FLIGHT: usize = 256;
+/// How long `release_all` waits for leases being handed between tasks to land.
+const RELEASE_ALL_SETTLE: std::time::Duration = std::time::Duration::from_secs(5);
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -106,6 +108,11 @@ impl Locks {
     /// step: call it on SIGTERM after stopping the work. Guards released this way answer
     /// [`Released::AlreadyReleased`] later. Returns how many leases were still ours.
     ///
+    /// It also ends local handoff for this `Locks` (it keeps working otherwise): a lease a task
+    /// releases from then on goes back to the store, and a lease that was being handed to the
+    /// next task of the process when it was called is released once that task holds it (or in
+    /// the store, if the task gave up), waiting up to 5 s for that.
+    ///
     /// # Errors
     /// The first store error; every lease is attempted regardless.
     ///
@@ -123,18 +130,28 @@ impl Locks {
         use futures_util::StreamExt;
         let mut released = 0;
         let mut first_err = None;
-        // Concurrently (pipelined on stores that multiplex), so shutting down with thousands of
-        // leases takes a few round trips, not one per lease.
-        let mut outcomes = futures_util::stream::iter(self.live.snapshot())
-            .map(|shared| async move { shared.release().await })
-            .buffer_unordered(RELEASE_ALL_IN_FLIGHT);
-        while let Some(outcome) = outcomes.next().await {
-            match outcome {
-                Ok(Released::Released) => released += 1,
-                Ok(_) => {}
-                Err(e) => {
-                    first_err.get_or_insert(e);
+        // No more local handoff: a lease released from now on goes back to the store.
+        self.live.close();
+        let deadline = tokio::time::Instant::now() + RELEASE_ALL_SETTLE;
+        loop {
+            // Concurrently (pipelined on stores that multiplex), so shutting down with thousands
+            // of leases takes a few round trips, not one per lease.
+            let mut outcomes = futures_util::stream::iter(self.live.snapshot())
+                .map(|shared| async move { shared.release().await })
+                .buffer_unordered(RELEASE_ALL_IN_FLIGHT);
+            while let Some(outcome) = outcomes.next().await {
+                match outcome {
+                    Ok(Released::Released) => released += 1,
+                    Ok(_) => {}
+                    Err(e) => {
+                        first_err.get_or_insert(e);
+                    }
                 }
+            }
+            // A lease handed on just before is on its way to the next task's guard (then
+            // released by the next round) or back to the store.
+            if !self.live.in_transit() || !self.live.settle(deadline).await {
+                break;
             }
         }
         match first_err {

@@ -10,7 +10,7 @@ use crate::store::{LockStore, LostReason, ReleaseOutcome, RenewOutcome};
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use tokio::sync::{watch, Notify};
 use tokio::task::AbortHandle;
@@ -44,6 +44,34 @@ pub(crate) struct LiveSet {
     next: AtomicU64,
     guards: Mutex<HashMap<u64, Weak<Shared>>>,
     renewals: Arc<Renewals>,
+    /// Set by `release_all`: leases are no longer handed on between tasks.
+    closing: AtomicBool,
+    /// Leases handed on and not yet taken by the next task (or released, if nobody took them).
+    in_transit: AtomicUsize,
+    transit_done: Notify,
+}
+
+/// Counts a handed-on lease as in transit until dropped (taken by the next task's guard, which is
+/// then in the live set, or released in the store).
+#[derive(Debug)]
+struct Transit(Weak<LiveSet>);
+
+impl Transit {
+    fn start(live: &Weak<LiveSet>) -> Self {
+        if let Some(l) = live.upgrade() {
+            l.in_transit.fetch_add(1, Ordering::SeqCst);
+        }
+        Transit(live.clone())
+    }
+}
+
+impl Drop for Transit {
+    fn drop(&mut self) {
+        if let Some(l) = self.0.upgrade() {
+            l.in_transit.fetch_sub(1, Ordering::SeqCst);
+            l.transit_done.notify_waiters();
+        }
+    }
 }
 
 /// One renewal scheduler per [`crate::Locks`]: a map of due times and one task that sleeps until
@@ -153,6 +181,29 @@ impl LiveSet {
 
     pub(crate) fn len(&self) -> usize {
         self.guards.lock().len()
+    }
+
+    /// Stops handing leases on between tasks (for good).
+    pub(crate) fn close(&self) {
+        self.closing.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether a handed-on lease is in transit.
+    pub(crate) fn in_transit(&self) -> bool {
+        self.in_transit.load(Ordering::SeqCst) > 0
+    }
+
+    /// Waits until no handed-on lease is in transit, or `deadline`; whether none is.
+    pub(crate) async fn settle(&self, deadline: Instant) -> bool {
+        loop {
+            let done = self.transit_done.notified();
+            if self.in_transit.load(Ordering::SeqCst) == 0 {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, done).await.is_err() {
+                return self.in_transit.load(Ordering::SeqCst) == 0;
+            }
+        }
     }
 }
 
@@ -353,6 +404,7 @@ pub(crate) struct Carry {
     next_fence: u64,
     block_end: u64,
     armed: bool,
+    transit: Option<Transit>,
 }
 
 impl Carry {
@@ -373,6 +425,7 @@ impl Carry {
         if let Err(e) = self.store.release(&self.key, &self.token).await {
             tracing::debug!(key = %self.key, error = %e, "could not release a carried lease; it expires by its TTL");
         }
+        drop(self.transit.take());
     }
 }
 
@@ -391,15 +444,17 @@ impl Drop for Carry {
             return;
         }
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            let (store, key, token) = (
+            let (store, key, token, transit) = (
                 self.store.clone(),
                 self.key.clone(),
                 std::mem::take(&mut self.token),
+                self.transit.take(),
             );
             handle.spawn(async move {
                 if let Err(e) = store.release(&key, &token).await {
                     tracing::debug!(key = %key, error = %e, "could not release a carried lease; it expires by its TTL");
                 }
+                drop(transit);
             });
         }
     }
@@ -455,6 +510,8 @@ impl LeaseGuard {
         } else {
             None
         };
+        // In the live set before it stops counting as in transit (see `release_all`).
+        let _transit = c.transit.take();
         Self::build(Parts {
             store: c.store.clone(),
             key: c.key.clone(),
@@ -670,6 +727,10 @@ impl Shared {
         if prior.is_some() || l.waiting() == 0 || self.fence >= self.block_end {
             return Err(Some(l));
         }
+        match self.live.upgrade() {
+            Some(live) if !live.closing.load(Ordering::SeqCst) => {}
+            _ => return Err(Some(l)),
+        }
         let valid_until = {
             let s = self.state.borrow();
             if s.handoff.is_some() || s.valid_until <= Instant::now() + self.opts.drift() {
@@ -695,6 +756,7 @@ impl Shared {
             next_fence: self.fence + 1,
             block_end: self.block_end,
             armed: true,
+            transit: Some(Transit::start(&self.live)),
         }))
     }
 }
