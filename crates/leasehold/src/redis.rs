@@ -77,7 +77,8 @@ end
 /// KEYS: record, fence counter. ARGV: holder, token, ttl_ms, waiter_ttl_ms (0: none), labels
 /// JSON, pid, then as JSON strings: host, key, holder, token; then the number of fences to
 /// reserve; then 1 if the caller waits for change notifications (subscribed), else 0. Returns
-/// {1, record} when granted, {0, record or ''} when held.
+/// {1, record, 0, 0} when granted, {0, record or '', 0, 0} when held, and {1, '', fence, now}
+/// when granted a key that was free: the record is then exactly what the caller sent.
 const ACQUIRE_FREE: &str = r#"
 local raw = redis.call('GET', KEYS[1])
 local token = ARGV[2]
@@ -93,7 +94,8 @@ if not raw then
     .. ',"waiter":null,"waiter_token":null,"waiter_expires":null,"pid":' .. ARGV[6]
     .. ',"host":' .. ARGV[7] .. ',"labels":' .. ARGV[5] .. '}'
   redis.call('SET', KEYS[1], rec, 'PX', ttl)
-  return {1, rec}
+  -- The caller knows the rest of the record it asked for.
+  return {1, '', fence, now}
 end
 "#;
 
@@ -116,7 +118,7 @@ if type(r) == 'table' then
       r.watched = true
       raw = put(r, KEYS[1])
     end
-    return {0, raw}
+    return {0, raw, 0, 0}
   end
 end
 local fence = redis.call('INCRBY', KEYS[2], ARGV[11])
@@ -130,7 +132,7 @@ if type(r) == 'table' and live_waiter(r) and str(r.waiter_token) ~= token then
 end
 -- Contenders that marked the record still wait: our release must publish for them.
 if type(r) == 'table' and r.watched == true then g.watched = true end
-return {1, put(g, KEYS[1])}
+return {1, put(g, KEYS[1]), 0, 0}
 "#;
 
 /// KEYS: records. ARGV: token, ttl_ms, token as a JSON string per key. Returns three values per
@@ -848,8 +850,29 @@ impl LockStore for RedisStore {
             .arg(json_str(&req.token))
             .arg(req.fences.max(1))
             .arg(u8::from(req.watching));
-        let (granted, raw): (i64, Option<Vec<u8>>) = self.invoke(inv).await?;
+        let (granted, raw, fence, now): (i64, Option<Vec<u8>>, u64, u64) = self.invoke(inv).await?;
         let raw = raw.unwrap_or_default();
+        if granted == 1 && raw.is_empty() {
+            // The fast path's record, built from our request as the script wrote it.
+            let ttl = req.ttl.as_millis() as u64;
+            return Ok(AcquireOutcome::Granted(LeaseRecord {
+                key: req.key.as_str().to_owned(),
+                holder: Some(req.holder.clone()),
+                token: Some(req.token.clone()),
+                fence,
+                acquired_ms: now,
+                renewed_ms: now,
+                expires_ms: now + ttl,
+                ttl_ms: ttl,
+                waiter: None,
+                waiter_token: None,
+                waiter_expires_ms: None,
+                pid: Some(crate::decide::pid()),
+                host: Some(crate::decide::host().to_owned()),
+                labels: req.labels.clone(),
+                store: Default::default(),
+            }));
+        }
         if granted == 1 {
             return Ok(AcquireOutcome::Granted(self.parse(req.key.as_str(), &raw)?));
         }
