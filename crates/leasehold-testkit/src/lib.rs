@@ -51,6 +51,27 @@ pub fn workspace_bin(name: &str) -> PathBuf {
     p.join(name)
 }
 
+/// Runs `n` copies of `program args` at once and asserts that every one exits successfully; the
+/// worker exits 3 when it found another holder inside its critical section (`overlap` says who).
+#[allow(clippy::expect_used)]
+pub fn run_all(program: &str, args: &[&str], n: usize, overlap: &str) {
+    let children: Vec<std::process::Child> = (0..n)
+        .map(|_| {
+            std::process::Command::new(program)
+                .args(args)
+                .spawn()
+                .expect("spawn worker")
+        })
+        .collect();
+    for mut c in children {
+        let status = c.wait().expect("wait");
+        assert!(
+            status.success(),
+            "worker failed ({status}); exit 3 means {overlap} were inside at once"
+        );
+    }
+}
+
 /// Generates one `#[tokio::test]` per conformance-suite function for a store made by `$make`
 /// (an async expression returning `Arc<dyn LockStore>`).
 #[macro_export]

@@ -46,7 +46,19 @@ async fn raw_acquire(
     holder: &str,
     ttl: Duration,
 ) -> (String, u64) {
-    let req = AcquireRequest::new(k.clone(), holder, ttl);
+    raw_acquire_block(store, k, holder, ttl, 1).await
+}
+
+/// [`raw_acquire`] reserving a block of `fences` fences; the fence returned is the block's last.
+async fn raw_acquire_block(
+    store: &Arc<dyn LockStore>,
+    k: &Key,
+    holder: &str,
+    ttl: Duration,
+    fences: u64,
+) -> (String, u64) {
+    let mut req = AcquireRequest::new(k.clone(), holder, ttl);
+    req.fences = fences;
     match store.acquire(&req).await.expect("store acquire") {
         AcquireOutcome::Granted(r) => (req.token, r.fence),
         AcquireOutcome::Held(r) => panic!("expected {k} to be free, held by {:?}", r.holder),
@@ -308,23 +320,23 @@ pub async fn fence_blocks(store: Arc<dyn LockStore>) {
     let k = key("fence-block");
     let (t, before) = raw_acquire(&store, &k, "a", 2000 * MS).await;
     store.release(&k, &t).await.expect("release");
-    let mut req = AcquireRequest::new(k.clone(), "a", 2000 * MS);
-    req.fences = 5;
-    let last = match store.acquire(&req).await.expect("store acquire") {
-        AcquireOutcome::Granted(r) => r.fence,
-        AcquireOutcome::Held(r) => panic!("expected {k} to be free, held by {:?}", r.holder),
-    };
+    let (t, last) = raw_acquire_block(&store, &k, "a", 2000 * MS, 5).await;
     assert!(
         last >= before + 5,
         "a block of 5 fences ending at {last} overlaps the earlier fence {before}"
     );
-    store.release(&k, &req.token).await.expect("release");
-    let (t, after) = raw_acquire(&store, &k, "b", 2000 * MS).await;
+    store.release(&k, &t).await.expect("release");
+    next_grant_is_above(&store, &k, last, "a block ending at").await;
+}
+
+/// The next store grant of `k` gets a fence above `last` (`what` says what `last` was).
+async fn next_grant_is_above(store: &Arc<dyn LockStore>, k: &Key, last: u64, what: &str) {
+    let (t, after) = raw_acquire(store, k, "next", 2000 * MS).await;
     assert!(
         after > last,
-        "fence {after} after a block ending at {last} is not above it"
+        "store fence {after} after {what} {last} is not above it"
     );
-    store.release(&k, &t).await.expect("release");
+    store.release(k, &t).await.expect("release");
 }
 
 /// The local layer hands a lease from task to task of one process without a store call, each
@@ -438,13 +450,8 @@ pub async fn local_handoff(store: Arc<dyn LockStore>) {
         "process 0 made {store_acquires} store grants for {} locks",
         tasks_per_process * per_task
     );
-    let (t, after) = raw_acquire(&store, &k, "x", 2000 * MS).await;
     let last = fences.last().map_or(0, |f| f.0);
-    assert!(
-        after > last,
-        "store fence {after} not above the last handed-on fence {last}"
-    );
-    store.release(&k, &t).await.expect("release");
+    next_grant_is_above(&store, &k, last, "the last handed-on fence").await;
 }
 
 /// A lease handed on to a task that gives up before taking it is released in the store, not left

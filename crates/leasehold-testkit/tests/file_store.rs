@@ -50,27 +50,18 @@ fn eight_processes_never_overlap_and_count_to_400() {
     let work = dir.path().join("work");
     std::fs::create_dir(&work).expect("mkdir");
     let t = Instant::now();
-    let children: Vec<Child> = (0..8)
-        .map(|_| {
-            Command::new(WORKER)
-                .args([
-                    "count",
-                    &url(&store),
-                    "counter",
-                    "50",
-                    work.to_str().expect("utf8"),
-                ])
-                .spawn()
-                .expect("spawn worker")
-        })
-        .collect();
-    for mut c in children {
-        let status = c.wait().expect("wait");
-        assert!(
-            status.success(),
-            "worker failed ({status}); exit 3 means two processes were inside at once"
-        );
-    }
+    leasehold_testkit::run_all(
+        WORKER,
+        &[
+            "count",
+            &url(&store),
+            "counter",
+            "50",
+            work.to_str().expect("utf8"),
+        ],
+        8,
+        "two processes",
+    );
     let count = std::fs::read_to_string(work.join("counter")).expect("counter");
     assert_eq!(count.trim(), "400");
     eprintln!("8 × 50 critical sections in {:?}", t.elapsed());

@@ -6,7 +6,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use leasehold_testkit::servers::{redlock_url, shared_redis, shared_redis_nodes};
-use std::process::{Child, Command};
 
 const WORKER: &str = env!("CARGO_BIN_EXE_leasehold-worker");
 const PROCESSES: usize = 3;
@@ -16,28 +15,19 @@ const ITERATIONS: usize = 25;
 fn contend(store: &str) {
     let dir = tempfile::tempdir().expect("tempdir");
     let key = format!("handoff-{}", fastrand::u32(..));
-    let children: Vec<Child> = (0..PROCESSES)
-        .map(|_| {
-            Command::new(WORKER)
-                .args([
-                    "tasks",
-                    store,
-                    &key,
-                    &TASKS.to_string(),
-                    &ITERATIONS.to_string(),
-                    dir.path().to_str().expect("utf8"),
-                ])
-                .spawn()
-                .expect("spawn worker")
-        })
-        .collect();
-    for mut c in children {
-        let status = c.wait().expect("wait");
-        assert!(
-            status.success(),
-            "worker failed ({status}); exit 3 means two holders were inside at once"
-        );
-    }
+    leasehold_testkit::run_all(
+        WORKER,
+        &[
+            "tasks",
+            store,
+            &key,
+            &TASKS.to_string(),
+            &ITERATIONS.to_string(),
+            dir.path().to_str().expect("utf8"),
+        ],
+        PROCESSES,
+        "two holders",
+    );
     let text = std::fs::read_to_string(dir.path().join("fences")).expect("fences");
     let entries: Vec<(u64, u32)> = text
         .lines()

@@ -10,13 +10,13 @@ use crate::options::{Backoff, LockOptions, Wait};
 use crate::record::now_ms;
 use crate::store::{AcquireOutcome, AcquireRequest, LockStore};
 use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
 
 /// How many releases `release_all` runs at once.
 const RELEASE_ALL_IN_FLIGHT: usize = 256;
 /// How long `release_all` waits for leases being handed between tasks to land.
-const RELEASE_ALL_SETTLE: std::time::Duration = std::time::Duration::from_secs(5);
-use std::time::Duration;
-use tokio::time::Instant;
+const RELEASE_ALL_SETTLE: Duration = Duration::from_secs(5);
 
 /// The most fences one store acquisition reserves for the tasks of this process queued on a key
 /// (so the most local handoffs before the lease goes back to the store, where other processes'
@@ -132,7 +132,7 @@ impl Locks {
         let mut first_err = None;
         // No more local handoff: a lease released from now on goes back to the store.
         self.live.close();
-        let deadline = tokio::time::Instant::now() + RELEASE_ALL_SETTLE;
+        let deadline = Instant::now() + RELEASE_ALL_SETTLE;
         loop {
             // Concurrently (pipelined on stores that multiplex), so shutting down with thousands
             // of leases takes a few round trips, not one per lease.

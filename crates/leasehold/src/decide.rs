@@ -108,22 +108,29 @@ pub fn acquire(
         }
         _ => LeaseRecord::free(req.key.as_str(), 0),
     };
-    g.holder = Some(req.holder.clone());
-    g.token = Some(req.token.clone());
-    g.fence = base_fence.saturating_add(req.fences.max(1)).max(now.us);
-    g.acquired_ms = now.ms;
-    g.renewed_ms = now.ms;
-    g.ttl_ms = req.ttl.as_millis() as u64;
-    g.expires_ms = now.ms + g.ttl_ms;
+    let fence = base_fence.saturating_add(req.fences.max(1)).max(now.us);
+    grant(&mut g, req, fence, now.ms);
     if !g.has_live_waiter(now.ms) || g.waiter_token.as_deref() == Some(req.token.as_str()) {
         g.waiter = None;
         g.waiter_token = None;
         g.waiter_expires_ms = None;
     }
+    (AcquireOutcome::Granted(g.clone()), Some(g))
+}
+
+/// Writes the grant of `req` with `fence` at `now_ms` into `g` (holder, token, fence, times, this
+/// process, labels); the waiter fields are left as they are.
+pub(crate) fn grant(g: &mut LeaseRecord, req: &AcquireRequest, fence: u64, now_ms: u64) {
+    g.holder = Some(req.holder.clone());
+    g.token = Some(req.token.clone());
+    g.fence = fence;
+    g.acquired_ms = now_ms;
+    g.renewed_ms = now_ms;
+    g.ttl_ms = req.ttl.as_millis() as u64;
+    g.expires_ms = now_ms + g.ttl_ms;
     g.pid = Some(pid());
     g.host = Some(host().to_owned());
     g.labels = req.labels.clone();
-    (AcquireOutcome::Granted(g.clone()), Some(g))
 }
 
 /// Why a record is not (or no longer) the lease of `token`.

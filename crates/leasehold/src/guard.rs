@@ -422,10 +422,15 @@ impl Carry {
     /// Releases the lease in the store now (errors only logged: it then expires by its TTL).
     pub(crate) async fn release(mut self) {
         self.armed = false;
-        if let Err(e) = self.store.release(&self.key, &self.token).await {
-            tracing::debug!(key = %self.key, error = %e, "could not release a carried lease; it expires by its TTL");
-        }
+        release_carried(&*self.store, &self.key, &self.token).await;
         drop(self.transit.take());
+    }
+}
+
+/// Releases a carried lease nobody took; errors are only logged (it then expires by its TTL).
+async fn release_carried(store: &dyn LockStore, key: &Key, token: &str) {
+    if let Err(e) = store.release(key, token).await {
+        tracing::debug!(key = %key, error = %e, "could not release a carried lease; it expires by its TTL");
     }
 }
 
@@ -451,9 +456,7 @@ impl Drop for Carry {
                 self.transit.take(),
             );
             handle.spawn(async move {
-                if let Err(e) = store.release(&key, &token).await {
-                    tracing::debug!(key = %key, error = %e, "could not release a carried lease; it expires by its TTL");
-                }
+                release_carried(&*store, &key, &token).await;
                 drop(transit);
             });
         }
@@ -463,13 +466,11 @@ impl Drop for Carry {
 impl LeaseGuard {
     pub(crate) fn new(g: Grant) -> Self {
         let valid_until = g.sent_at + g.opts.ttl.saturating_sub(g.opts.drift());
-        let block_end = g.record.fence;
         // The store reserved `fences` fences ending at the record's; at u64::MAX a block cannot
-        // be trusted to lie above earlier fences, so it is not handed on.
-        let fence = if block_end == u64::MAX {
-            block_end
-        } else {
-            block_end.saturating_sub(g.fences.max(1) - 1)
+        // be trusted to lie above earlier fences, so it is not handed on (a block of one).
+        let (fence, block_end) = match g.record.fence {
+            u64::MAX => (u64::MAX, u64::MAX),
+            end => (end.saturating_sub(g.fences.max(1) - 1), end),
         };
         let first_renewal = g.opts.auto_renew.then(|| {
             let period = g.opts.renew_period();
@@ -481,11 +482,7 @@ impl LeaseGuard {
             token: g.token,
             record: g.record,
             fence,
-            block_end: if block_end == u64::MAX {
-                fence
-            } else {
-                block_end
-            },
+            block_end,
             opts: g.opts,
             valid_until,
             handoff: None,

@@ -119,9 +119,13 @@ impl LocalLocks {
         })
     }
 
+    /// The shard `key` lives in.
+    fn shard(&self, key: &str) -> &Mutex<Shard> {
+        &self.shards[(self.hasher.hash_one(key) as usize) % SHARDS]
+    }
+
     fn slot(&self, key: &str) -> Slot {
-        let shard = (self.hasher.hash_one(key) as usize) % SHARDS;
-        let mut s = self.shards[shard].lock();
+        let mut s = self.shard(key).lock();
         if let Some(slot) = s.map.get(key) {
             return slot.clone();
         }
@@ -167,8 +171,7 @@ impl LocalLocks {
 
     /// How many tasks wait for `key` right now (the holder not counted).
     pub fn queued(&self, key: &str) -> usize {
-        let shard = (self.hasher.hash_one(key) as usize) % SHARDS;
-        self.shards[shard]
+        self.shard(key)
             .lock()
             .map
             .get(key)

@@ -96,7 +96,7 @@ impl LockOptions {
     /// The safety margin before expiry at which a holder that could not renew gives up: 1 % of the
     /// TTL plus 2 ms (the Redlock drift rule).
     pub fn drift(&self) -> Duration {
-        self.ttl / 100 + Duration::from_millis(2)
+        drift(self.ttl)
     }
 
     /// Checks that the options can work.
@@ -134,4 +134,9 @@ impl LockOptions {
         }
         Ok(())
     }
+}
+
+/// The Redlock drift rule for a lease of `ttl`: 1 % of it plus 2 ms.
+pub(crate) fn drift(ttl: Duration) -> Duration {
+    ttl / 100 + Duration::from_millis(2)
 }

@@ -854,24 +854,9 @@ impl LockStore for RedisStore {
         let raw = raw.unwrap_or_default();
         if granted == 1 && raw.is_empty() {
             // The fast path's record, built from our request as the script wrote it.
-            let ttl = req.ttl.as_millis() as u64;
-            return Ok(AcquireOutcome::Granted(LeaseRecord {
-                key: req.key.as_str().to_owned(),
-                holder: Some(req.holder.clone()),
-                token: Some(req.token.clone()),
-                fence,
-                acquired_ms: now,
-                renewed_ms: now,
-                expires_ms: now + ttl,
-                ttl_ms: ttl,
-                waiter: None,
-                waiter_token: None,
-                waiter_expires_ms: None,
-                pid: Some(crate::decide::pid()),
-                host: Some(crate::decide::host().to_owned()),
-                labels: req.labels.clone(),
-                store: Default::default(),
-            }));
+            let mut rec = LeaseRecord::free(req.key.as_str(), 0);
+            crate::decide::grant(&mut rec, req, fence, now);
+            return Ok(AcquireOutcome::Granted(rec));
         }
         if granted == 1 {
             return Ok(AcquireOutcome::Granted(self.parse(req.key.as_str(), &raw)?));

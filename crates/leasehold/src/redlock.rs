@@ -230,7 +230,7 @@ impl LockStore for RedlockStore {
             }))
             .await;
             let not_raised = raised.iter().filter(|r| !matches!(r, Ok(Ok(())))).count();
-            let drift = req.ttl / 100 + Duration::from_millis(2);
+            let drift = crate::options::drift(req.ttl);
             let valid = req
                 .ttl
                 .checked_sub(started.elapsed() + drift)
@@ -294,7 +294,7 @@ impl LockStore for RedlockStore {
                 Err(e) => failed.push((name, e)),
             }
         }
-        let drift = ttl / 100 + Duration::from_millis(2);
+        let drift = crate::options::drift(ttl);
         if renewed.len() >= self.quorum && started.elapsed() + drift < ttl {
             let now = crate::record::now_ms();
             let pick = renewed

@@ -37,6 +37,22 @@ fn enter(dir: &std::path::Path) -> std::path::PathBuf {
     inside
 }
 
+/// Waits for `key` (TTL 10 s, up to 120 s) and enters the critical section in `dir`.
+async fn hold(
+    locks: &leasehold::Locks,
+    key: &leasehold::Key,
+    dir: &std::path::Path,
+) -> (leasehold::LeaseGuard, std::path::PathBuf) {
+    let g = locks
+        .lock_key(key.clone())
+        .ttl(Duration::from_secs(10))
+        .wait(Duration::from_secs(120))
+        .acquire()
+        .await
+        .unwrap_or_else(|e| fail(e.to_string()));
+    (g, enter(dir))
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -57,14 +73,7 @@ async fn main() {
                 .unwrap_or_else(|_| fail("bad iterations".into()));
             let dir = std::path::PathBuf::from(arg(5));
             for _ in 0..n {
-                let g = locks
-                    .lock_key(key.clone())
-                    .ttl(Duration::from_secs(10))
-                    .wait(Duration::from_secs(120))
-                    .acquire()
-                    .await
-                    .unwrap_or_else(|e| fail(e.to_string()));
-                let inside = enter(&dir);
+                let (g, inside) = hold(&locks, &key, &dir).await;
                 let counter = dir.join("counter");
                 let v: u64 = std::fs::read_to_string(&counter)
                     .ok()
@@ -93,14 +102,7 @@ async fn main() {
                 let (locks, key, dir) = (locks.clone(), key.clone(), dir.clone());
                 all.push(tokio::spawn(async move {
                     for _ in 0..n {
-                        let g = locks
-                            .lock_key(key.clone())
-                            .ttl(Duration::from_secs(10))
-                            .wait(Duration::from_secs(120))
-                            .acquire()
-                            .await
-                            .unwrap_or_else(|e| fail(e.to_string()));
-                        let inside = enter(&dir);
+                        let (g, inside) = hold(&locks, &key, &dir).await;
                         let line = format!("{} {}\n", g.fence(), std::process::id());
                         std::fs::OpenOptions::new()
                             .append(true)
