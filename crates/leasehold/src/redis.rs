@@ -88,9 +88,11 @@ if not raw then
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   local fence = redis.call('INCRBY', KEYS[2], ARGV[11])
   local ttl = tonumber(ARGV[3])
+  -- Each number formatted once (Lua formats a number with sprintf on every concatenation).
+  local ns = tostring(now)
   local rec = '{"key":' .. ARGV[8] .. ',"holder":' .. ARGV[9] .. ',"token":' .. ARGV[10]
-    .. ',"fence":' .. fence .. ',"acquired":' .. now .. ',"renewed":' .. now
-    .. ',"expires":' .. (now + ttl) .. ',"ttl_ms":' .. ttl
+    .. ',"fence":' .. fence .. ',"acquired":' .. ns .. ',"renewed":' .. ns
+    .. ',"expires":' .. (now + ttl) .. ',"ttl_ms":' .. ARGV[3]
     .. ',"waiter":null,"waiter_token":null,"waiter_expires":null,"pid":' .. ARGV[6]
     .. ',"host":' .. ARGV[7] .. ',"labels":' .. ARGV[5] .. '}'
   redis.call('SET', KEYS[1], rec, 'PX', ttl)
