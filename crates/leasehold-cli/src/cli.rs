@@ -31,9 +31,10 @@ pub(crate) enum Command {
     ///
     /// The command sees LEASEHOLD_KEY, LEASEHOLD_FENCE and LEASEHOLD_HOLDER in its environment.
     /// leasehold exits with the command's status. SIGTERM, SIGINT and SIGHUP are forwarded to the
-    /// command; after it exits (or is killed once --grace has passed) the lease is released. If the
-    /// lease is lost while the command runs, the command gets SIGTERM (SIGKILL after --grace) and
-    /// leasehold exits 76.
+    /// command (not a terminal's Ctrl-C, which the command gets from the terminal); after it exits
+    /// (or is killed once --grace has passed) the lease is released. If the lease is lost while the
+    /// command runs, the command gets SIGTERM (SIGKILL after --grace) and leasehold exits 76. The
+    /// command and its process group never outlive leasehold, even a leasehold killed with SIGKILL.
     #[command(after_help = exit::HELP)]
     Run(RunArgs),
 

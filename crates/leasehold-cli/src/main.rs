@@ -5,6 +5,7 @@ mod admin;
 mod app;
 mod cli;
 mod exit;
+mod guard;
 mod output;
 mod queue;
 mod run;
@@ -16,6 +17,9 @@ use clap::Parser;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    if std::env::args_os().nth(1).is_some_and(|a| a == guard::ARG) {
+        return guard::main();
+    }
     let cli = match cli::Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => return ExitCode::from(exit::clap_error(&e)),

@@ -3,15 +3,18 @@
 //! When leasehold's stdin is not a terminal (services, cron, CI) the child leads a process group
 //! of its own, and termination signals (forwarded ones, SIGTERM on a lost lease, SIGKILL after the
 //! grace period) go to that whole group, so a shell script's children stop with it. On a terminal
-//! the child stays in leasehold's group, so interactive commands keep the terminal. The
+//! the child stays in leasehold's group, so interactive commands keep the terminal (and a Ctrl-C,
+//! which the terminal sends to that whole group, is not forwarded a second time). The
 //! `--on-handoff` signal goes to the child alone. Signals are sent by pid (or process-group id, the
 //! child's pid), which is safe against reuse because the child is not reaped before we stop
-//! signalling it.
+//! signalling it. The command dies with leasehold (`PR_SET_PDEATHSIG`), and its process group
+//! with it ([`crate::guard`]).
 
 use crate::admin::key_arg;
 use crate::cli::RunArgs;
 use crate::exit::{self, Failure, CANNOT_EXECUTE, ERROR, LOST, NOT_FOUND, SIGNAL_BASE};
-use crate::signals::{self, Forwarded};
+use crate::guard::Guard;
+use crate::signals::{self, Forwarded, Received};
 use crate::store;
 use leasehold::{Error, Key, LeaseGuard, Locks, LostReason, Released, Wait};
 use std::io;
@@ -26,7 +29,7 @@ enum End {
     /// The child exited by itself.
     Exited(io::Result<ExitStatus>),
     /// leasehold got SIGTERM, SIGINT or SIGHUP.
-    Signalled(libc::c_int),
+    Signalled(Received),
     /// The lease was lost.
     Lost(LostReason),
 }
@@ -62,8 +65,8 @@ pub(crate) async fn run(store_url: Option<&str>, args: RunArgs) -> Result<u8, Fa
         got = builder.acquire() => got.map_err(|e| not_obtained(&key, e, args.no_wait))?,
         sig = signals.recv() => {
             return Err(Failure::new(
-                signal_status(sig),
-                format!("{} received while waiting for the lease on {:?}", signals::name(sig), key.as_str()),
+                signal_status(sig.signal),
+                format!("{} received while waiting for the lease on {:?}", signals::name(sig.signal), key.as_str()),
             ));
         }
     };
@@ -76,9 +79,13 @@ pub(crate) async fn run(store_url: Option<&str>, args: RunArgs) -> Result<u8, Fa
         .env("LEASEHOLD_FENCE", guard.fence().to_string())
         .env("LEASEHOLD_HOLDER", locks.holder().as_str());
     // SAFETY: isatty(3) only inspects the descriptor.
-    if unsafe { libc::isatty(0) } == 0 {
+    let own_group = unsafe { libc::isatty(0) } == 0;
+    if own_group {
         command.process_group(0);
     }
+    // The command never outlives leasehold: a leasehold that is killed cannot release, and the
+    // lease's expiry would let another holder start next to it.
+    die_with_parent(&mut command);
     let mut child = match command.spawn() {
         Ok(child) => child,
         Err(e) => {
@@ -95,6 +102,8 @@ pub(crate) async fn run(store_url: Option<&str>, args: RunArgs) -> Result<u8, Fa
         }
     };
 
+    // Nor do the command's own children (the guard kills the group once leasehold ends).
+    let group_guard = Guard::for_group(child.id().filter(|_| own_group));
     let mut on_handoff = args.on_handoff;
     let end = loop {
         tokio::select! {
@@ -111,14 +120,22 @@ pub(crate) async fn run(store_url: Option<&str>, args: RunArgs) -> Result<u8, Fa
         }
     };
 
+    // Whatever the command left running in its group ends before the lease does.
+    let finish_group = || async {
+        if let Some(g) = group_guard {
+            g.finish().await;
+        }
+    };
     match end {
         End::Exited(status) => {
+            finish_group().await;
             release(&guard, &key).await;
             exit_status(status)
         }
         End::Signalled(sig) => {
-            stop_signal(&child, sig);
+            forward(&child, sig);
             let status = wait_within(&mut child, args.grace, &mut signals).await;
+            finish_group().await;
             release(&guard, &key).await;
             exit_status(status)
         }
@@ -132,6 +149,7 @@ pub(crate) async fn run(store_url: Option<&str>, args: RunArgs) -> Result<u8, Fa
             if let Err(e) = wait_within(&mut child, args.grace, &mut signals).await {
                 tracing::warn!(error = %e, "waiting for the command failed");
             }
+            finish_group().await;
             // Not ours any more; this only stops the guard (the store answers "not held").
             let _ = guard.release().await;
             Ok(LOST)
@@ -172,6 +190,22 @@ pub(crate) fn signal_child(child: &Child, sig: libc::c_int) {
     }
 }
 
+/// Passes a signal leasehold received on to the child (see [`stop_signal`]) — unless the terminal
+/// sent it (Ctrl-C, hang-up) to a process group the child shares with leasehold: the child got
+/// that one already, and a second SIGINT would end a command that handles the first (a REPL, a
+/// graceful shutdown) at once.
+fn forward(child: &Child, sig: Received) {
+    let Some(pid) = child.id() else { return };
+    // SAFETY: getpgid(2) and getpgrp(2) only read; `pid` is our unreaped child.
+    let shares_group =
+        libc::pid_t::try_from(pid).is_ok_and(|p| unsafe { libc::getpgid(p) == libc::getpgrp() });
+    if sig.from_kernel && shares_group {
+        tracing::info!(pid, signal = %signals::name(sig.signal), "the terminal signalled the command too; not forwarding");
+        return;
+    }
+    stop_signal(child, sig.signal);
+}
+
 /// Sends a termination signal `sig` to the child's process group when the child leads one (see the
 /// module docs), else to the child alone; nothing once it has been reaped.
 pub(crate) fn stop_signal(child: &Child, sig: libc::c_int) {
@@ -205,7 +239,7 @@ async fn wait_within(
         tokio::select! {
             biased;
             status = child.wait() => return status,
-            sig = signals.recv() => stop_signal(child, sig),
+            sig = signals.recv() => forward(child, sig),
             () = tokio::time::sleep_until(deadline) => {
                 tracing::warn!(grace = %humantime::format_duration(grace), "the command did not exit in time; sending SIGKILL");
                 stop_signal(child, libc::SIGKILL);
@@ -228,9 +262,10 @@ pub(crate) async fn stop_child(child: &mut Child, grace: Duration) -> io::Result
     }
 }
 
-/// Makes the command die (SIGKILL) when the thread that spawned it dies — for a worker killed
-/// with SIGKILL, so a recovered task never runs next to its orphaned first attempt. (Only the
-/// direct child gets the signal; its own children are its business.)
+/// Makes the command die (SIGKILL) when the thread that spawned it dies — for a `run` or a worker
+/// killed with SIGKILL, so a command never runs without its lease, and a recovered task never
+/// next to its orphaned first attempt. (Only the direct child gets the signal; see
+/// [`crate::guard`] for its own children.)
 pub(crate) fn die_with_parent(command: &mut Command) {
     // SAFETY: prctl is async-signal-safe; called between fork and exec.
     unsafe {

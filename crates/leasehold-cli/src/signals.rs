@@ -2,7 +2,6 @@
 
 use std::fmt;
 use std::io;
-use tokio::signal::unix::{signal, Signal, SignalKind};
 
 /// Signal names without the `SIG` prefix, and their numbers on this platform.
 const NAMES: &[(&str, libc::c_int)] = &[
@@ -111,32 +110,66 @@ fn kill(id: u32, group: bool, sig: libc::c_int) -> io::Result<()> {
     }
 }
 
-/// The termination signals leasehold catches and forwards: SIGTERM, SIGINT, SIGHUP.
+/// A termination signal leasehold received.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Received {
+    /// The signal number.
+    pub(crate) signal: libc::c_int,
+    /// Sent by the kernel rather than by a process: on Linux, a terminal's Ctrl-C (SIGINT) and
+    /// hang-up (SIGHUP), which the terminal sends to its whole foreground process group — so a
+    /// child in leasehold's group got it too and must not get it a second time.
+    pub(crate) from_kernel: bool,
+}
+
+/// The termination signals leasehold catches and forwards: SIGTERM, SIGINT, SIGHUP, with where
+/// each came from (read from `siginfo` by a thread of its own).
 #[derive(Debug)]
 pub(crate) struct Forwarded {
-    term: Signal,
-    int: Signal,
-    hup: Signal,
+    rx: tokio::sync::mpsc::UnboundedReceiver<Received>,
+    handle: signal_hook::iterator::Handle,
 }
 
 impl Forwarded {
     /// Installs the handlers (from here on these signals no longer end leasehold by themselves).
     pub(crate) fn install() -> io::Result<Self> {
-        Ok(Forwarded {
-            term: signal(SignalKind::terminate())?,
-            int: signal(SignalKind::interrupt())?,
-            hup: signal(SignalKind::hangup())?,
-        })
+        use signal_hook::iterator::exfiltrator::origin::WithOrigin;
+        use signal_hook::low_level::siginfo::Cause;
+        let mut signals = signal_hook::iterator::SignalsInfo::<WithOrigin>::new([
+            libc::SIGTERM,
+            libc::SIGINT,
+            libc::SIGHUP,
+        ])?;
+        let handle = signals.handle();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        std::thread::Builder::new()
+            .name("leasehold-signals".into())
+            .spawn(move || {
+                for origin in signals.forever() {
+                    let received = Received {
+                        signal: origin.signal,
+                        from_kernel: origin.cause == Cause::Kernel,
+                    };
+                    if tx.send(received).is_err() {
+                        break;
+                    }
+                }
+            })?;
+        Ok(Forwarded { rx, handle })
     }
 
     /// The next signal received. Cancel safe.
-    pub(crate) async fn recv(&mut self) -> libc::c_int {
-        tokio::select! {
-            Some(()) = self.term.recv() => libc::SIGTERM,
-            Some(()) = self.int.recv() => libc::SIGINT,
-            Some(()) = self.hup.recv() => libc::SIGHUP,
-            else => std::future::pending().await,
+    pub(crate) async fn recv(&mut self) -> Received {
+        match self.rx.recv().await {
+            Some(received) => received,
+            // The thread is gone (it only ends after `close`): no more signals.
+            None => std::future::pending().await,
         }
+    }
+}
+
+impl Drop for Forwarded {
+    fn drop(&mut self) {
+        self.handle.close();
     }
 }
 

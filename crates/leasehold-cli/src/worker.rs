@@ -8,6 +8,7 @@
 
 use crate::cli::QueueWorkArgs;
 use crate::exit::{self, Failure, OK};
+use crate::guard::Guard;
 use crate::queue::decode_command;
 use crate::run::{die_with_parent, stop_child};
 use crate::signals::{self, Forwarded};
@@ -151,7 +152,7 @@ pub(crate) async fn work(
             biased;
             sig = signals.recv() => {
                 if drain_until.is_none() {
-                    tracing::info!(signal = %signals::name(sig), running = runners.len(), "draining");
+                    tracing::info!(signal = %signals::name(sig.signal), running = runners.len(), "draining");
                     drain_until = Some(Instant::now() + args.drain_timeout);
                 } else {
                     // A second signal: stop the running tasks now.
@@ -289,6 +290,8 @@ async fn run_task_inner(ctx: &Ctx, task: Task, stop: &mut watch::Receiver<Option
             return;
         }
     };
+    // What the task leaves running ends with it, and with the worker even if it is killed.
+    let group_guard = Guard::for_group(child.id());
     let deadline = task
         .timeout_ms
         .map(|ms| Instant::now() + Duration::from_millis(ms));
@@ -321,6 +324,9 @@ async fn run_task_inner(ctx: &Ctx, task: Task, stop: &mut watch::Receiver<Option
             Outcome::Cancelled("timed out".into())
         }
     };
+    if let Some(g) = group_guard {
+        g.finish().await;
+    }
     finish(ctx, &task, outcome).await;
     if let Err(e) = guard.release().await {
         exit::report(&format!(

@@ -12,6 +12,7 @@ use std::ffi::{OsStr, OsString};
 use std::io::{BufRead, BufReader, Read};
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
@@ -550,14 +551,80 @@ fn the_command_s_children_are_stopped_with_it() {
     let exit = run.exit.recv_timeout(LIMIT).unwrap();
     run.done = true;
     assert_eq!(exit.code(), Some(128 + libc::SIGKILL));
-    let t = Instant::now();
-    while !exited(grandchild) {
-        assert!(
-            t.elapsed() < LIMIT,
-            "the command's child {grandchild} outlived it"
-        );
-        std::thread::sleep(Duration::from_millis(10));
+    assert!(
+        awaits_exit(grandchild),
+        "the command's child {grandchild} outlived it"
+    );
+    assert_eq!(s.inspect("k")["state"], "free");
+}
+
+/// Waits up to [`LIMIT`] for `pid` (not our child) to exit, through a pidfd that becomes
+/// readable when it does; whether it did.
+fn awaits_exit(pid: i32) -> bool {
+    // SAFETY: pidfd_open(2) takes a pid and flags; it returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        // Already gone (and reaped).
+        return std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
     }
+    // SAFETY: a new descriptor that nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(i32::try_from(fd).unwrap()) };
+    let mut poll = libc::pollfd {
+        fd: std::os::fd::AsRawFd::as_raw_fd(&fd),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = i32::try_from(LIMIT.as_millis()).unwrap();
+    // SAFETY: poll(2) on one valid pollfd.
+    unsafe { libc::poll(&mut poll, 1, ms) == 1 }
+}
+
+/// The pid a child wrote to `path`.
+fn read_pid(path: &Path) -> i32 {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn a_killed_run_takes_the_command_and_its_children_with_it() {
+    let s = Store::new();
+    let pidfile = s.path("grandchild.pid");
+    let script =
+        "(exec sleep 60) & echo $! > \"$PIDFILE\"; echo $$ > \"$PIDFILE.sh\"; echo ready; read x";
+    let mut cmd = s.cmd(["run", "--key", "k", "--ttl", "1s", "--", "sh", "-c", script]);
+    cmd.env("PIDFILE", &pidfile);
+    let mut run = Proc::spawn(cmd);
+    run.wait_line("ready");
+    let grandchild = read_pid(&pidfile);
+    let child = read_pid(&s.path("grandchild.pid.sh"));
+    assert!(!exited(grandchild) && !exited(child));
+    // No release, no forwarding: only the kernel and the guard act.
+    run.signal(libc::SIGKILL);
+    let exit = run.exit.recv_timeout(LIMIT).unwrap();
+    run.done = true;
+    assert_eq!(exit.signal(), Some(libc::SIGKILL));
+    assert!(awaits_exit(child), "the command {child} outlived leasehold");
+    assert!(
+        awaits_exit(grandchild),
+        "the command's child {grandchild} outlived leasehold"
+    );
+}
+
+#[test]
+fn what_the_command_leaves_running_is_killed_when_the_run_ends() {
+    let s = Store::new();
+    let pidfile = s.path("leftover.pid");
+    // The command exits at once, leaving a background process in its group.
+    let script = "(exec sleep 60) & echo $! > \"$PIDFILE\"; exit 4";
+    let mut cmd = s.cmd(["run", "--key", "k", "--", "sh", "-c", script]);
+    cmd.env("PIDFILE", &pidfile);
+    let out = Proc::spawn(cmd).finish(LIMIT);
+    assert_eq!(out.code, Some(4), "{out:?}");
+    let leftover = read_pid(&pidfile);
+    assert!(awaits_exit(leftover), "{leftover} outlived the lease");
     assert_eq!(s.inspect("k")["state"], "free");
 }
 
@@ -1145,4 +1212,168 @@ fn run_works_on_kubernetes_leases() {
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let rec: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(fence(&rec), later);
+}
+
+/// A `leasehold` process on a terminal of its own (a pseudo-terminal whose session it leads, so
+/// it and its command are the terminal's foreground process group, as in an interactive shell).
+struct OnTerminal {
+    pid: libc::pid_t,
+    exit: Receiver<ExitStatus>,
+    done: bool,
+    master: std::fs::File,
+    lines: Receiver<String>,
+    seen: Vec<String>,
+    /// Which of `seen` a `wait_for` matched.
+    matched: Vec<bool>,
+}
+
+impl OnTerminal {
+    fn spawn(mut cmd: Command) -> Self {
+        use std::os::unix::process::CommandExt;
+        let (mut master, mut slave) = (0, 0);
+        // SAFETY: openpty(3) writes two descriptors into the given ints; the other arguments may
+        // be null.
+        let r = unsafe {
+            libc::openpty(
+                &mut master,
+                &mut slave,
+                std::ptr::null_mut(),
+                std::ptr::null(),
+                std::ptr::null(),
+            )
+        };
+        assert_eq!(r, 0, "openpty: {}", std::io::Error::last_os_error());
+        // SAFETY: openpty returned two open descriptors that nothing else owns.
+        let (master, slave) = unsafe {
+            (
+                std::fs::File::from_raw_fd(master),
+                OwnedFd::from_raw_fd(slave),
+            )
+        };
+        cmd.stdin(Stdio::from(slave.try_clone().unwrap()))
+            .stdout(Stdio::from(slave.try_clone().unwrap()))
+            .stderr(Stdio::from(slave));
+        // SAFETY: setsid(2) and ioctl(2) are async-signal-safe; called between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::setsid() == -1 || libc::ioctl(0, libc::TIOCSCTTY, 0) == -1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn().unwrap();
+        let pid = libc::pid_t::try_from(child.id()).unwrap();
+        let (tx, exit) = mpsc::channel();
+        std::thread::spawn(move || tx.send(child.wait().unwrap()));
+        // Our copies of the terminal's end close with `cmd`, so reading ends (EIO) once every
+        // process on the terminal has exited.
+        drop(cmd);
+        let (tx, lines) = mpsc::channel();
+        let reader = master.try_clone().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(reader).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line.trim_end_matches('\r').to_owned()).is_err() {
+                    break;
+                }
+            }
+        });
+        OnTerminal {
+            pid,
+            exit,
+            done: false,
+            master,
+            lines,
+            seen: vec![],
+            matched: vec![],
+        }
+    }
+
+    /// Waits for a line that contains `want` and was not matched before (in any order: a child's
+    /// output and leasehold's log lines race).
+    fn wait_for(&mut self, want: &str) {
+        let deadline = Instant::now() + LIMIT;
+        let mut next = 0;
+        loop {
+            while next < self.seen.len() {
+                if !self.matched[next] && self.seen[next].contains(want) {
+                    self.matched[next] = true;
+                    return;
+                }
+                next += 1;
+            }
+            match self
+                .lines
+                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            {
+                Ok(line) => {
+                    self.seen.push(line);
+                    self.matched.push(false);
+                }
+                Err(e) => panic!(
+                    "no line with {want:?} ({e:?}); terminal so far {:?}",
+                    self.seen
+                ),
+            }
+        }
+    }
+
+    /// Types `bytes` on the terminal's keyboard.
+    fn type_in(&mut self, bytes: &[u8]) {
+        use std::io::Write;
+        self.master.write_all(bytes).unwrap();
+    }
+
+    fn signal(&self, sig: i32) {
+        assert!(!self.done);
+        // SAFETY: kill(2) on our own child, not reaped yet (its exit was not received).
+        assert_eq!(unsafe { libc::kill(self.pid, sig) }, 0);
+    }
+
+    /// Waits for the exit; returns the exit code and everything the terminal showed.
+    fn finish(mut self) -> (Option<i32>, Vec<String>) {
+        let status = self.exit.recv_timeout(LIMIT).unwrap();
+        self.done = true;
+        while let Ok(line) = self.lines.recv_timeout(LIMIT) {
+            self.seen.push(line);
+        }
+        (status.code(), std::mem::take(&mut self.seen))
+    }
+}
+
+impl Drop for OnTerminal {
+    fn drop(&mut self) {
+        // A failed test must not leave a leasehold process behind.
+        if !self.done && self.exit.try_recv().is_err() {
+            // SAFETY: kill(2) on our own child, not reaped yet.
+            unsafe { libc::kill(self.pid, libc::SIGKILL) };
+        }
+    }
+}
+
+#[test]
+fn ctrl_c_on_a_terminal_reaches_the_command_once() {
+    let s = Store::new();
+    // Counts SIGINTs; SIGTERM ends it with 3.
+    let script = "trap 'echo got-INT' INT; trap 'echo got-TERM; exit 3' TERM; echo ready; \
+        while :; do sleep 0.1 </dev/null >/dev/null 2>&1 & wait $!; done";
+    let mut cmd = s.cmd(["run", "--key", "k", "--", "sh", "-c", script]);
+    cmd.env("LEASEHOLD_LOG", "info");
+    let mut t = OnTerminal::spawn(cmd);
+    t.wait_for("ready");
+    // Ctrl-C: the terminal sends SIGINT to its foreground group, leasehold and the command alike.
+    t.type_in(b"\x03");
+    t.wait_for("got-INT");
+    // leasehold saw it too, and knows the command got it from the terminal.
+    t.wait_for("not forwarding");
+    // A SIGINT sent to leasehold by a process is still passed on (once).
+    t.signal(libc::SIGINT);
+    t.wait_for("got-INT");
+    t.signal(libc::SIGTERM);
+    let (code, seen) = t.finish();
+    assert_eq!(code, Some(3), "the command's status: {seen:?}");
+    let ints = seen.iter().filter(|l| l.contains("got-INT")).count();
+    assert_eq!(ints, 2, "one SIGINT per Ctrl-C and one per kill: {seen:?}");
+    assert_eq!(s.inspect("k")["state"], "free");
 }

@@ -1,0 +1,98 @@
+//! The group guard: a small process in the command's process group that kills that group when
+//! `leasehold run` ends — however it ends, SIGKILL included.
+//!
+//! Without it, a `leasehold run` killed with SIGKILL (or OOM-killed) leaves its command's
+//! children running while the lease runs out and another holder starts: two copies of the work
+//! under one lock. The direct child dies with leasehold (`PR_SET_PDEATHSIG`), but that reaches
+//! no further. The guard is `leasehold` itself, started as `leasehold __guard` with the read end
+//! of a pipe as its stdin; leasehold holds the only write end. When leasehold exits, the kernel
+//! closes the write end, the guard reads end-of-file and sends SIGKILL to its own process group,
+//! which is the command's. Because the guard is a member of that group, the group id cannot be
+//! reused by an unrelated process while the guard runs. The guard ignores the termination signals
+//! leasehold forwards to the group; only the final SIGKILL ends it.
+
+use std::io;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::process::{ExitCode, Stdio};
+use tokio::process::{Child, Command};
+
+/// The hidden first argument that makes `leasehold` a guard.
+pub(crate) const ARG: &str = "__guard";
+
+/// The guard's `main`: waits for end-of-file on stdin, then kills its process group.
+pub(crate) fn main() -> ExitCode {
+    // Returns at end-of-file (leasehold is gone or done); read errors other than EINTR end the
+    // wait too: either way the group must not outlive leasehold.
+    let _ = io::copy(&mut io::stdin().lock(), &mut io::sink());
+    // SAFETY: kill(2) with pid 0 targets our own process group, which is the command's; it ends
+    // this process too.
+    unsafe { libc::kill(0, libc::SIGKILL) };
+    ExitCode::FAILURE
+}
+
+/// A running guard for the process group `pgid`.
+#[derive(Debug)]
+pub(crate) struct Guard {
+    process: Child,
+    /// The write end of the guard's stdin; closing it tells the guard to act.
+    pipe: Option<OwnedFd>,
+}
+
+impl Guard {
+    /// [`Guard::spawn`] for a child that leads its process group (`None`: already reaped); a
+    /// guard that cannot start is logged, and the command runs unguarded.
+    pub(crate) fn for_group(pgid: Option<u32>) -> Option<Guard> {
+        Guard::spawn(pgid?)
+            .map_err(|e| {
+                tracing::warn!(error = %e, "cannot start the process-group guard; the command's children may outlive leasehold");
+            })
+            .ok()
+    }
+
+    /// Starts a guard in the process group `pgid` (the command's, led by our unreaped child).
+    pub(crate) fn spawn(pgid: u32) -> io::Result<Guard> {
+        let pgid = libc::pid_t::try_from(pgid)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "pid out of range"))?;
+        let mut fds = [0; 2];
+        // SAFETY: pipe2(2) writes two descriptors into `fds`.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } == -1 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: pipe2 returned two open descriptors that nothing else owns.
+        let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        // /proc/self/exe: this very binary, even if it was replaced on disk since.
+        let mut command = Command::new("/proc/self/exe");
+        command
+            .arg0("leasehold")
+            .arg(ARG)
+            .stdin(Stdio::from(read))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        // SAFETY: setpgid(2) and signal(2) are async-signal-safe; called between fork and exec.
+        // Ignored dispositions survive exec.
+        unsafe {
+            command.pre_exec(move || {
+                if libc::setpgid(0, pgid) == -1 {
+                    return Err(io::Error::last_os_error());
+                }
+                for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT] {
+                    libc::signal(sig, libc::SIG_IGN);
+                }
+                Ok(())
+            });
+        }
+        Ok(Guard {
+            process: command.spawn()?,
+            pipe: Some(write),
+        })
+    }
+
+    /// Kills what is left of the command's process group (SIGKILL) and waits for the guard to
+    /// finish doing so. Call it once the command itself has exited, before the lease is released.
+    pub(crate) async fn finish(mut self) {
+        drop(self.pipe.take());
+        if let Err(e) = self.process.wait().await {
+            tracing::warn!(error = %e, "waiting for the process-group guard failed");
+        }
+    }
+}
