@@ -486,7 +486,9 @@ fn termination_signals_are_forwarded_and_the_lease_released_afterwards() {
         let out = run.finish(LIMIT);
         assert_eq!(out.code, Some(3), "{name}: the command's status: {out:?}");
         assert!(out.stdout.contains(&format!("got-{name}")), "{out:?}");
-        assert_eq!(out.stderr, "", "{name}");
+        // Nothing from leasehold. (The shell may report the `sleep` it waited for, which the
+        // signal to the group ended too: "Hangup", "Terminated".)
+        assert!(!out.stderr.contains("leasehold"), "{name}: {out:?}");
         // Released, not merely abandoned: the record is free at once.
         assert_eq!(s.inspect("k")["state"], "free", "{name}");
         let out = s.output(["run", "--key", "k", "--no-wait", "--", "true"]);
