@@ -1,6 +1,7 @@
 //! Redis and Redlock benchmarks, each beside its floor and the `rslock` crate in the same run.
 //!
-//! `cargo bench -p leasehold-testkit --bench redis` (about a minute), `-- --quick` for a smoke run.
+//! `cargo bench -p leasehold-testkit --bench redis` (about four minutes: every throughput row is
+//! the median of 3 interleaved runs, `-- rounds=N` to change), `-- --quick` for a smoke run.
 //! Starts its own `redis-server`s (1 + 3) on free loopback ports.
 //!
 //! 1. Acquire+release cycles/s and p50/p99 latency with 1, 8 and 64 concurrent tasks over distinct
@@ -161,6 +162,12 @@ where
     out
 }
 
+/// The median (the upper one of an even count).
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
 fn pct(sorted: &[u64], p: f64) -> u64 {
     if sorted.is_empty() {
         return 0;
@@ -172,6 +179,7 @@ fn us(ns: u64) -> String {
     format!("{:.0} µs", ns as f64 / 1000.0)
 }
 
+#[derive(Clone)]
 struct Throughput {
     per_sec: f64,
     p50: u64,
@@ -419,6 +427,12 @@ fn main() {
     } else {
         Duration::from_secs(2)
     };
+    // `-- rounds=N`: each throughput row is the median of N interleaved runs (default 3; 1 with
+    // `--quick`).
+    let rounds: usize = std::env::args()
+        .find_map(|a| a.strip_prefix("rounds=").and_then(|n| n.parse().ok()))
+        .unwrap_or(if quick { 1 } else { 3 })
+        .max(1);
     let one = RedisServer::start();
     let three: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
     let one_url = vec![one.url()];
@@ -452,41 +466,60 @@ fn main() {
             break;
         }
         for &tasks in &task_counts {
-            let mut floor = 0.0;
-            for kind in [
+            let kinds: Vec<&str> = [
                 "floor",
                 "fenced-floor",
                 "leasehold",
                 "leasehold-store",
                 "rslock",
-            ] {
-                if only
-                    .as_deref()
-                    .is_some_and(|o| kind != "floor" && !o.split(',').any(|k| k == kind))
-                {
-                    continue;
+            ]
+            .into_iter()
+            .filter(|kind| {
+                *kind == "floor"
+                    || only
+                        .as_deref()
+                        .map_or(true, |o| o.split(',').any(|k| k == *kind))
+            })
+            .collect();
+            // Rounds interleave the implementations, so a slow spell of the shared VM hits them
+            // alike; each ratio is taken within its round (against that round's floor).
+            let mut runs: Vec<Vec<Throughput>> = vec![vec![]; kinds.len()];
+            for _ in 0..rounds {
+                for (i, kind) in kinds.iter().enumerate() {
+                    if stats {
+                        let _ = one.command(&["CONFIG", "RESETSTAT"]);
+                    }
+                    let t = rt.block_on(async {
+                        let imp = make(kind, urls).await;
+                        throughput(&imp, tasks, dur, kind, pids).await
+                    });
+                    if stats && label.starts_with("redis") {
+                        println!("{}", command_stats(&one));
+                    }
+                    runs[i].push(t);
                 }
-                if stats {
-                    let _ = one.command(&["CONFIG", "RESETSTAT"]);
-                }
-                let t = rt.block_on(async {
-                    let imp = make(kind, urls).await;
-                    throughput(&imp, tasks, dur, kind, pids).await
-                });
-                if stats && label.starts_with("redis") {
-                    println!("{}", command_stats(&one));
-                }
-                if kind == "floor" {
-                    floor = t.per_sec;
-                }
+            }
+            for (kind, ts) in kinds.iter().zip(&runs) {
+                let mut ratios: Vec<f64> = ts
+                    .iter()
+                    .zip(&runs[0])
+                    .map(|(t, f)| t.per_sec / f.per_sec)
+                    .collect();
+                ratios.sort_by(f64::total_cmp);
+                let spread = if ratios.len() > 1 {
+                    format!(" ({:.2}–{:.2})", ratios[0], ratios[ratios.len() - 1])
+                } else {
+                    String::new()
+                };
+                let med = |f: fn(&Throughput) -> f64| median(ts.iter().map(f).collect());
                 println!(
-                    "| {label} | {tasks} | {kind} | {:.0} | {} | {} | {:.2}× | {:.1} µs | {:.1} µs |",
-                    t.per_sec,
-                    us(t.p50),
-                    us(t.p99),
-                    t.per_sec / floor,
-                    t.client_cpu,
-                    t.server_cpu,
+                    "| {label} | {tasks} | {kind} | {:.0} | {} | {} | {:.2}×{spread} | {:.1} µs | {:.1} µs |",
+                    med(|t| t.per_sec),
+                    us(med(|t| t.p50 as f64) as u64),
+                    us(med(|t| t.p99 as f64) as u64),
+                    median(ratios),
+                    med(|t| t.client_cpu),
+                    med(|t| t.server_cpu),
                 );
             }
         }
