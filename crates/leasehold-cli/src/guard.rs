@@ -51,8 +51,7 @@ impl Guard {
 
     /// Starts a guard in the process group `pgid` (the command's, led by our unreaped child).
     pub(crate) fn spawn(pgid: u32) -> io::Result<Guard> {
-        let pgid = libc::pid_t::try_from(pgid)
-            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "pid out of range"))?;
+        let pgid = crate::signals::pid(pgid)?;
         let mut fds = [0; 2];
         // SAFETY: pipe2(2) writes two descriptors into `fds`.
         if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } == -1 {

@@ -196,9 +196,8 @@ pub(crate) fn signal_child(child: &Child, sig: libc::c_int) {
 /// graceful shutdown) at once.
 fn forward(child: &Child, sig: Received) {
     let Some(pid) = child.id() else { return };
-    // SAFETY: getpgid(2) and getpgrp(2) only read; `pid` is our unreaped child.
-    let shares_group =
-        libc::pid_t::try_from(pid).is_ok_and(|p| unsafe { libc::getpgid(p) == libc::getpgrp() });
+    // SAFETY: getpgrp(2) only reads.
+    let shares_group = signals::group_of(pid) == Some(unsafe { libc::getpgrp() });
     if sig.from_kernel && shares_group {
         tracing::info!(pid, signal = %signals::name(sig.signal), "the terminal signalled the command too; not forwarding");
         return;
@@ -210,8 +209,7 @@ fn forward(child: &Child, sig: Received) {
 /// module docs), else to the child alone; nothing once it has been reaped.
 pub(crate) fn stop_signal(child: &Child, sig: libc::c_int) {
     let Some(pid) = child.id() else { return };
-    // SAFETY: getpgid(2) only reads; `pid` is our unreaped child.
-    let own_group = libc::pid_t::try_from(pid).is_ok_and(|p| unsafe { libc::getpgid(p) } == p);
+    let own_group = signals::group_of(pid).is_some_and(|g| u32::try_from(g) == Ok(pid));
     let sent = if own_group {
         signals::send_group(pid, sig)
     } else {

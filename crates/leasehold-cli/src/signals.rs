@@ -91,11 +91,25 @@ pub(crate) fn send_group(pgid: u32, sig: libc::c_int) -> io::Result<()> {
     kill(pgid, true, sig)
 }
 
-fn kill(id: u32, group: bool, sig: libc::c_int) -> io::Result<()> {
-    let id = libc::pid_t::try_from(id)
+/// `id` as a pid or process-group id to signal: never 0, 1 (init) or anything that turns negative
+/// (which kill(2) would read as "every process" or a group).
+pub(crate) fn pid(id: u32) -> io::Result<libc::pid_t> {
+    libc::pid_t::try_from(id)
         .ok()
         .filter(|p| *p > 1)
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "pid out of range"))?;
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "pid out of range"))
+}
+
+/// The process group of our unreaped child `pid` (`None` if it cannot be read).
+pub(crate) fn group_of(pid: u32) -> Option<libc::pid_t> {
+    let p = self::pid(pid).ok()?;
+    // SAFETY: getpgid(2) only reads; `p` is our unreaped child, so it names no other process.
+    let g = unsafe { libc::getpgid(p) };
+    (g > 0).then_some(g)
+}
+
+fn kill(id: u32, group: bool, sig: libc::c_int) -> io::Result<()> {
+    let id = pid(id)?;
     // SAFETY: kill(2) has no memory-safety preconditions. `id` is our own unreaped child's pid
     // (> 1), or the group it leads: it cannot name a recycled pid, and a group target is never
     // -1 ("every process").

@@ -543,11 +543,7 @@ fn the_command_s_children_are_stopped_with_it() {
     cmd.env("PIDFILE", &pidfile);
     let mut run = Proc::spawn(cmd);
     run.wait_line("ready");
-    let grandchild: i32 = std::fs::read_to_string(&pidfile)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let grandchild = read_pid(&pidfile);
     assert!(!exited(grandchild));
     run.signal(libc::SIGTERM);
     let exit = run.exit.recv_timeout(LIMIT).unwrap();

@@ -3,7 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use leasehold::{Locks, LostReason, Released};
+use leasehold::{LeaseGuard, Locks, LostReason, Released};
 use leasehold_testkit::servers::{shared_redis, RedisServer};
 use std::time::{Duration, Instant};
 
@@ -168,6 +168,71 @@ async fn operators_read_the_record_with_redis_cli_and_prefixes_apply() {
     drop(g);
 }
 
+/// A contender waiting up to 10 s for `key` through `l`, registered as waiter or only subscribed:
+/// its guard, and when it got it.
+type Waiter = tokio::task::JoinHandle<(leasehold::Result<LeaseGuard>, Instant)>;
+
+fn spawn_waiter(l: Locks, key: &str, register: bool) -> Waiter {
+    let key = key.to_owned();
+    tokio::spawn(async move {
+        let g = l
+            .lock(&key)
+            .unwrap()
+            .register_waiter(register)
+            .wait(Duration::from_secs(10))
+            .acquire()
+            .await;
+        (g, Instant::now())
+    })
+}
+
+/// The record of `key` as `redis-cli GET` returns it (empty if there is none).
+fn record(server: &RedisServer, key: &str) -> String {
+    server
+        .command(&["GET", &format!("leasehold:lock:{key}")])
+        .unwrap_or_default()
+}
+
+/// Waits until a contender for `key` is subscribed to its channel and its attempt left `mark` in
+/// the record (`"waiter_token":"` when registered, `"watched":true` when only subscribed).
+async fn await_waiting(server: &RedisServer, key: &str, mark: &str) {
+    let channel = format!("leasehold:lock:{key}");
+    let subscribed = || {
+        // `PUBSUB NUMSUB channel` answers the channel and its subscriber count (`:N`).
+        server
+            .command(&["PUBSUB", "NUMSUB", &channel])
+            .unwrap_or_default()
+            .lines()
+            .rev()
+            .find_map(|l| l.strip_prefix(':'))
+            .and_then(|n| n.trim().parse::<u64>().ok())
+            .is_some_and(|n| n > 0)
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !(subscribed() && record(server, key).contains(mark)) {
+        assert!(
+            Instant::now() < deadline,
+            "no subscribed contender left {mark} in {}",
+            record(server, key)
+        );
+        tokio::task::yield_now().await;
+    }
+}
+
+/// Releases `g` and checks that `waiter` got the lease within 100 ms of it: woken by the release's
+/// pub/sub message, not by the 500 ms safety-net timer. Then releases the waiter's lease.
+async fn release_wakes(g: LeaseGuard, waiter: Waiter, who: &str) {
+    let released = Instant::now();
+    g.release().await.unwrap();
+    let (gw, got) = waiter.await.unwrap();
+    let latency = got.duration_since(released);
+    assert!(
+        latency < Duration::from_millis(100),
+        "{who} took {latency:?} after the release (the 500 ms timer, not pub/sub)"
+    );
+    gw.unwrap().release().await.unwrap();
+}
+
 #[tokio::test]
 async fn a_waiter_is_woken_by_pub_sub_not_by_polling() {
     let server = shared_redis();
@@ -177,37 +242,14 @@ async fn a_waiter_is_woken_by_pub_sub_not_by_polling() {
         let b = locks(&server.url(), "b").await;
         let key = leasehold_testkit::prefix("wake");
         let g = a.lock(&key).unwrap().try_acquire().await.unwrap().unwrap();
-        let k2 = key.clone();
-        let waiter = tokio::spawn(async move {
-            let g = b
-                .lock(&k2)
-                .unwrap()
-                .register_waiter(register)
-                .wait(Duration::from_secs(10))
-                .acquire()
-                .await;
-            (g, Instant::now())
-        });
-        // Let the waiter subscribe; there is no event to await from here.
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let record = server
-            .command(&["GET", &format!("leasehold:lock:{key}")])
-            .unwrap_or_default();
+        let waiter = spawn_waiter(b, &key, register);
         let mark = if register {
             "\"waiter_token\":\""
         } else {
             "\"watched\":true"
         };
-        assert!(record.contains(mark), "no {mark} in {record}");
-        let released = Instant::now();
-        g.release().await.unwrap();
-        let (gb, got) = waiter.await.unwrap();
-        let latency = got.duration_since(released);
-        assert!(
-            latency < Duration::from_millis(100),
-            "waiter (registered: {register}) took {latency:?} (the 500 ms backoff, not pub/sub)"
-        );
-        gb.unwrap().release().await.unwrap();
+        await_waiting(server, &key, mark).await;
+        release_wakes(g, waiter, &format!("the waiter (registered: {register})")).await;
     }
 }
 
@@ -218,59 +260,21 @@ async fn the_watched_mark_outlives_a_handoff() {
     let server = shared_redis();
     let url = server.url();
     let key = leasehold_testkit::prefix("watched-handoff");
-    let record = || {
-        server
-            .command(&["GET", &format!("leasehold:lock:{key}")])
-            .unwrap_or_default()
-    };
     let h = locks(&url, "h").await;
     let held = h.lock(&key).unwrap().try_acquire().await.unwrap().unwrap();
     // X registers as the waiter; Y, who cannot register too, only subscribes and marks.
-    let x = {
-        let (l, k) = (locks(&url, "x").await, key.clone());
-        tokio::spawn(async move {
-            l.lock(&k)
-                .unwrap()
-                .wait(Duration::from_secs(10))
-                .acquire()
-                .await
-        })
-    };
-    while !record().contains("\"waiter_token\":\"") {
-        tokio::task::yield_now().await;
-    }
-    let y = {
-        let (l, k) = (locks(&url, "y").await, key.clone());
-        tokio::spawn(async move {
-            let g = l
-                .lock(&k)
-                .unwrap()
-                .register_waiter(false)
-                .wait(Duration::from_secs(10))
-                .acquire()
-                .await;
-            (g, Instant::now())
-        })
-    };
-    while !record().contains("\"watched\":true") {
-        tokio::task::yield_now().await;
-    }
+    let x = spawn_waiter(locks(&url, "x").await, &key, true);
+    await_waiting(server, &key, "\"waiter_token\":\"").await;
+    let y = spawn_waiter(locks(&url, "y").await, &key, false);
+    await_waiting(server, &key, "\"watched\":true").await;
     held.release().await.unwrap();
-    let gx = x.await.unwrap().unwrap();
-    let now = record();
+    let gx = x.await.unwrap().0.unwrap();
+    let now = record(server, &key);
     assert!(
         now.contains("\"holder\":\"x\"") && now.contains("\"watched\":true"),
         "X's record lost the mark: {now}"
     );
-    let released = Instant::now();
-    gx.release().await.unwrap();
-    let (gy, got) = y.await.unwrap();
-    let latency = got.duration_since(released);
-    assert!(
-        latency < Duration::from_millis(100),
-        "Y took {latency:?} after X's release (the 500 ms timer, not pub/sub)"
-    );
-    gy.unwrap().release().await.unwrap();
+    release_wakes(gx, y, "Y").await;
 }
 
 /// Nobody waits: acquire and release publish nothing.

@@ -79,7 +79,7 @@ async fn local_handoffs_are_counted() {
     let m = Metrics::register("app_locks", &registry).unwrap();
     let a = Locks::new(MemoryStore::new()).with_metrics(m);
     let g = a.lock("k").unwrap().try_acquire().await.unwrap().unwrap();
-    // Two tasks queue in the local layer (current-thread runtime: they run when we yield).
+    // Two tasks queue in the local layer.
     let waiters: Vec<_> = (0..2)
         .map(|_| {
             let a = a.clone();
@@ -91,7 +91,8 @@ async fn local_handoffs_are_counted() {
             })
         })
         .collect();
-    for _ in 0..10 {
+    let key = leasehold::Key::new("k").unwrap();
+    while a.queued(&key) < 2 {
         tokio::task::yield_now().await;
     }
     // The first waiter goes to the store reserving a fence for the second, then hands on.
