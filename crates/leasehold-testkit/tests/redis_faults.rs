@@ -447,3 +447,40 @@ async fn a_fast_grant_returns_the_stored_record() {
     assert_eq!(granted, stored);
     store.release(&key, &req.token).await.unwrap();
 }
+
+/// Scripts go by `EVALSHA`; a server that forgot them (`SCRIPT FLUSH`, a restart) answers
+/// `NOSCRIPT`, and every operation loads its script and goes on.
+#[tokio::test]
+async fn a_server_that_forgot_the_scripts_gets_them_again() {
+    let server = RedisServer::start();
+    let store = leasehold::open_store(&server.url()).await.unwrap();
+    let key = leasehold::Key::new("noscript").unwrap();
+    let ttl = Duration::from_secs(5);
+    let flush = || {
+        assert!(server
+            .command(&["SCRIPT", "FLUSH"])
+            .unwrap()
+            .starts_with("+OK"))
+    };
+    let grant = |outcome| match outcome {
+        leasehold::AcquireOutcome::Granted(r) => r,
+        other => panic!("not granted: {other:?}"),
+    };
+    flush();
+    let req = leasehold::AcquireRequest::new(key.clone(), "a", ttl);
+    let first = grant(store.acquire(&req).await.unwrap());
+    flush();
+    assert!(matches!(
+        store.renew(&key, &req.token, ttl).await.unwrap(),
+        leasehold::RenewOutcome::Renewed(_)
+    ));
+    flush();
+    assert_eq!(
+        store.release(&key, &req.token).await.unwrap(),
+        leasehold::ReleaseOutcome::Released
+    );
+    flush();
+    let again = leasehold::AcquireRequest::new(key.clone(), "b", ttl);
+    let second = grant(store.acquire(&again).await.unwrap());
+    assert!(second.fence > first.fence);
+}

@@ -241,21 +241,70 @@ end
 return 1
 "#;
 
+/// A Lua script called with `EVALSHA`; loaded with `SCRIPT LOAD` when the server answers
+/// `NOSCRIPT` (after a restart or `SCRIPT FLUSH`).
+///
+/// Calls are built straight into a [`::redis::Cmd`] (one buffer), not through
+/// [`::redis::ScriptInvocation`], which copies every argument once more.
+#[derive(Clone)]
+pub(crate) struct Lua {
+    hash: Arc<str>,
+    body: Arc<str>,
+}
+
+impl Lua {
+    fn new(body: String) -> Self {
+        Lua {
+            hash: ::redis::Script::new(&body).get_hash().into(),
+            body: body.into(),
+        }
+    }
+
+    /// An `EVALSHA` of this script taking `keys` keys; the caller appends the keys, then the
+    /// arguments.
+    fn cmd(&self, keys: usize) -> ::redis::Cmd {
+        let mut c = ::redis::cmd("EVALSHA");
+        c.arg(&*self.hash).arg(keys);
+        c
+    }
+
+    /// Sends `cmd` (built by [`Lua::cmd`]); on `NOSCRIPT` loads the script and sends it again.
+    async fn call<T: ::redis::FromRedisValue>(
+        &self,
+        conn: &mut ConnectionManager,
+        cmd: &::redis::Cmd,
+    ) -> ::redis::RedisResult<T> {
+        match cmd.query_async(conn).await {
+            Err(e)
+                if e.kind() == ::redis::ErrorKind::Server(::redis::ServerErrorKind::NoScript) =>
+            {
+                let _: String = ::redis::cmd("SCRIPT")
+                    .arg("LOAD")
+                    .arg(&*self.body)
+                    .query_async(conn)
+                    .await?;
+                cmd.query_async(conn).await
+            }
+            r => r,
+        }
+    }
+}
+
 struct Scripts {
-    raise_fence: ::redis::Script,
-    acquire: ::redis::Script,
-    renew: ::redis::Script,
-    release: ::redis::Script,
-    withdraw: ::redis::Script,
-    force: ::redis::Script,
+    raise_fence: Lua,
+    acquire: Lua,
+    renew: Lua,
+    release: Lua,
+    withdraw: Lua,
+    force: Lua,
 }
 
 impl Scripts {
     fn new() -> Self {
-        let s = |body: &str| ::redis::Script::new(&format!("{PRELUDE}{body}"));
-        let fast = |fast: &str, body: &str| ::redis::Script::new(&format!("{fast}{PRELUDE}{body}"));
+        let s = |body: &str| Lua::new(format!("{PRELUDE}{body}"));
+        let fast = |fast: &str, body: &str| Lua::new(format!("{fast}{PRELUDE}{body}"));
         Scripts {
-            raise_fence: ::redis::Script::new(RAISE_FENCE),
+            raise_fence: Lua::new(RAISE_FENCE.to_owned()),
             acquire: fast(ACQUIRE_FREE, ACQUIRE),
             renew: s(RENEW),
             release: fast(RELEASE_OURS, RELEASE),
@@ -373,7 +422,7 @@ const RENEW_IN_FLIGHT: usize = 8;
 /// due together.
 fn spawn_renewer(
     conn: ConnectionManager,
-    script: ::redis::Script,
+    script: Lua,
     described: String,
     timeout: Duration,
 ) -> tokio::sync::mpsc::UnboundedSender<RenewJob> {
@@ -406,21 +455,26 @@ fn spawn_renewer(
 /// Runs one batch of renewals and answers each job.
 async fn renew_batch(
     conn: &ConnectionManager,
-    script: &::redis::Script,
+    script: &Lua,
     described: &str,
     timeout: Duration,
     batch: Vec<RenewJob>,
 ) {
-    let mut inv = script.prepare_invoke();
+    let mut cmd = script.cmd(batch.len());
     for j in &batch {
-        inv.key(&j.record_key);
+        cmd.arg(&j.record_key);
     }
     for j in &batch {
-        inv.arg(&j.token).arg(j.ttl_ms).arg(json_str(&j.token));
+        cmd.arg(&j.token).arg(j.ttl_ms).arg(json_str(&j.token));
     }
     let mut conn = conn.clone();
-    let res: Result<Vec<::redis::Value>> =
-        bounded(described, timeout, "no answer", inv.invoke_async(&mut conn)).await;
+    let res: Result<Vec<::redis::Value>> = bounded(
+        described,
+        timeout,
+        "no answer",
+        script.call(&mut conn, &cmd),
+    )
+    .await;
     match res {
         Ok(values) => {
             for (i, j) in batch.into_iter().enumerate() {
@@ -593,7 +647,8 @@ impl RedisStore {
 
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(opts.timeout))
-            .set_response_timeout(Some(opts.timeout))
+            // Every call is bounded by `bounded` (one timer per call, not two).
+            .set_response_timeout(None)
             .set_number_of_retries(2)
             .set_max_delay(Duration::from_millis(500));
         let conn = if lazy {
@@ -647,30 +702,116 @@ impl RedisStore {
         format!("{}{}", self.inner.fence_prefix, key.as_str())
     }
 
-    fn err(&self, e: ::redis::RedisError) -> Error {
-        map_err(&self.inner.described, e)
+    /// Sends a plain command, bounded by the store's timeout.
+    async fn query<T: ::redis::FromRedisValue>(
+        &self,
+        cmd: &::redis::Cmd,
+        conn: &mut ConnectionManager,
+    ) -> Result<T> {
+        bounded(
+            &self.inner.described,
+            self.inner.timeout,
+            "no answer",
+            cmd.query_async(conn),
+        )
+        .await
     }
 
-    async fn invoke<T: ::redis::FromRedisValue>(
+    /// Sends a script call built by [`Lua::cmd`], bounded by the store's timeout.
+    async fn call<T: ::redis::FromRedisValue>(
         &self,
-        inv: ::redis::ScriptInvocation<'_>,
+        script: &Lua,
+        cmd: &::redis::Cmd,
     ) -> Result<T> {
         let mut conn = self.inner.conn.clone();
         bounded(
             &self.inner.described,
             self.inner.timeout,
             "no answer",
-            inv.invoke_async(&mut conn),
+            script.call(&mut conn, cmd),
         )
         .await
     }
 
     /// Raises the fence counter of `key` to at least `floor`.
     pub(crate) async fn raise_fence(&self, key: &Key, floor: u64) -> Result<()> {
-        let mut inv = self.inner.scripts.raise_fence.prepare_invoke();
-        inv.key(self.fence_key(key)).arg(floor);
-        let _: i64 = self.invoke(inv).await?;
+        let script = &self.inner.scripts.raise_fence;
+        let mut cmd = script.cmd(1);
+        cmd.arg(self.fence_key(key)).arg(floor);
+        let _: i64 = self.call(script, &cmd).await?;
         Ok(())
+    }
+
+    /// The acquire script call for `req`. It names no node: Redlock sends one call to every node
+    /// (their prefixes are the same).
+    pub(crate) fn acquire_cmd(&self, req: &AcquireRequest) -> ::redis::Cmd {
+        let labels = serde_json::to_string(&req.labels).unwrap_or_else(|_| "{}".into());
+        let waiter_ms = req.waiter_ttl.map_or(0, |d| d.as_millis().max(1) as u64);
+        let mut cmd = self.inner.scripts.acquire.cmd(2);
+        cmd.arg(self.record_key(&req.key))
+            .arg(self.fence_key(&req.key))
+            .arg(&req.holder)
+            .arg(&req.token)
+            .arg(req.ttl.as_millis() as u64)
+            .arg(waiter_ms)
+            .arg(labels)
+            .arg(crate::decide::pid())
+            .arg(json_str(crate::decide::host()))
+            .arg(json_str(req.key.as_str()))
+            .arg(json_str(&req.holder))
+            .arg(json_str(&req.token))
+            .arg(req.fences.max(1))
+            .arg(u8::from(req.watching));
+        cmd
+    }
+
+    /// Sends `cmd` (from [`acquire_cmd`](Self::acquire_cmd) for `req`) and reads the answer.
+    pub(crate) async fn acquire_with(
+        &self,
+        req: &AcquireRequest,
+        cmd: &::redis::Cmd,
+    ) -> Result<AcquireOutcome> {
+        let (granted, raw, fence, now): (i64, Option<Vec<u8>>, u64, u64) =
+            self.call(&self.inner.scripts.acquire, cmd).await?;
+        let raw = raw.unwrap_or_default();
+        if granted == 1 && raw.is_empty() {
+            // The fast path's record, built from our request as the script wrote it.
+            let mut rec = LeaseRecord::free(req.key.as_str(), 0);
+            crate::decide::grant(&mut rec, req, fence, now);
+            return Ok(AcquireOutcome::Granted(rec));
+        }
+        if granted == 1 {
+            return Ok(AcquireOutcome::Granted(self.parse(req.key.as_str(), &raw)?));
+        }
+        let rec = match self.parse(req.key.as_str(), &raw) {
+            Ok(r) => r,
+            // Held by something we cannot read: report it as held by an unknown holder.
+            Err(_) => {
+                let mut r = LeaseRecord::free(req.key.as_str(), 0);
+                r.holder = Some("(unreadable record)".into());
+                r
+            }
+        };
+        Ok(AcquireOutcome::Held(rec))
+    }
+
+    /// The release script call for `token` on `key` (the same for every Redlock node).
+    pub(crate) fn release_cmd(&self, key: &Key, token: &str) -> ::redis::Cmd {
+        let mut cmd = self.inner.scripts.release.cmd(1);
+        cmd.arg(self.record_key(key))
+            .arg(token)
+            .arg(json_str(token));
+        cmd
+    }
+
+    /// Sends `cmd` (from [`release_cmd`](Self::release_cmd)) and reads the answer.
+    pub(crate) async fn release_with(&self, cmd: &::redis::Cmd) -> Result<ReleaseOutcome> {
+        let r: i64 = self.call(&self.inner.scripts.release, cmd).await?;
+        Ok(if r == 1 {
+            ReleaseOutcome::Released
+        } else {
+            ReleaseOutcome::NotHeld
+        })
     }
 
     fn parse(&self, key: &str, raw: &[u8]) -> Result<LeaseRecord> {
@@ -835,44 +976,7 @@ impl LockStore for RedisStore {
     }
 
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome> {
-        let labels = serde_json::to_string(&req.labels).unwrap_or_else(|_| "{}".into());
-        let waiter_ms = req.waiter_ttl.map_or(0, |d| d.as_millis().max(1) as u64);
-        let mut inv = self.inner.scripts.acquire.prepare_invoke();
-        inv.key(self.record_key(&req.key))
-            .key(self.fence_key(&req.key))
-            .arg(&req.holder)
-            .arg(&req.token)
-            .arg(req.ttl.as_millis() as u64)
-            .arg(waiter_ms)
-            .arg(labels)
-            .arg(crate::decide::pid())
-            .arg(json_str(crate::decide::host()))
-            .arg(json_str(req.key.as_str()))
-            .arg(json_str(&req.holder))
-            .arg(json_str(&req.token))
-            .arg(req.fences.max(1))
-            .arg(u8::from(req.watching));
-        let (granted, raw, fence, now): (i64, Option<Vec<u8>>, u64, u64) = self.invoke(inv).await?;
-        let raw = raw.unwrap_or_default();
-        if granted == 1 && raw.is_empty() {
-            // The fast path's record, built from our request as the script wrote it.
-            let mut rec = LeaseRecord::free(req.key.as_str(), 0);
-            crate::decide::grant(&mut rec, req, fence, now);
-            return Ok(AcquireOutcome::Granted(rec));
-        }
-        if granted == 1 {
-            return Ok(AcquireOutcome::Granted(self.parse(req.key.as_str(), &raw)?));
-        }
-        let rec = match self.parse(req.key.as_str(), &raw) {
-            Ok(r) => r,
-            // Held by something we cannot read: report it as held by an unknown holder.
-            Err(_) => {
-                let mut r = LeaseRecord::free(req.key.as_str(), 0);
-                r.holder = Some("(unreadable record)".into());
-                r
-            }
-        };
-        Ok(AcquireOutcome::Held(rec))
+        self.acquire_with(req, &self.acquire_cmd(req)).await
     }
 
     async fn renew(&self, key: &Key, token: &str, ttl: Duration) -> Result<RenewOutcome> {
@@ -893,35 +997,23 @@ impl LockStore for RedisStore {
     }
 
     async fn release(&self, key: &Key, token: &str) -> Result<ReleaseOutcome> {
-        let mut inv = self.inner.scripts.release.prepare_invoke();
-        inv.key(self.record_key(key))
-            .arg(token)
-            .arg(json_str(token));
-        let r: i64 = self.invoke(inv).await?;
-        Ok(if r == 1 {
-            ReleaseOutcome::Released
-        } else {
-            ReleaseOutcome::NotHeld
-        })
+        self.release_with(&self.release_cmd(key, token)).await
     }
 
     async fn withdraw_waiter(&self, key: &Key, token: &str) -> Result<()> {
-        let mut inv = self.inner.scripts.withdraw.prepare_invoke();
-        inv.key(self.record_key(key)).arg(token);
-        let _: i64 = self.invoke(inv).await?;
+        let script = &self.inner.scripts.withdraw;
+        let mut cmd = script.cmd(1);
+        cmd.arg(self.record_key(key)).arg(token);
+        let _: i64 = self.call(script, &cmd).await?;
         Ok(())
     }
 
     async fn inspect(&self, key: &Key) -> Result<Option<Inspection>> {
         let mut conn = self.inner.conn.clone();
         let name = self.record_key(key);
-        let raw: Option<Vec<u8>> = bounded(
-            &self.inner.described,
-            self.inner.timeout,
-            "no answer",
-            ::redis::cmd("GET").arg(&name).query_async(&mut conn),
-        )
-        .await?;
+        let raw: Option<Vec<u8>> = self
+            .query(::redis::cmd("GET").arg(&name), &mut conn)
+            .await?;
         Ok(raw.map(|raw| inspection(&name, &raw)))
     }
 
@@ -935,15 +1027,13 @@ impl LockStore for RedisStore {
         let mut cursor: u64 = 0;
         let mut names: Vec<String> = vec![];
         loop {
-            let (next, batch): (u64, Vec<String>) = ::redis::cmd("SCAN")
-                .arg(cursor)
+            let mut scan = ::redis::cmd("SCAN");
+            scan.arg(cursor)
                 .arg("MATCH")
                 .arg(&pattern)
                 .arg("COUNT")
-                .arg(1000)
-                .query_async(&mut conn)
-                .await
-                .map_err(|e| self.err(e))?;
+                .arg(1000);
+            let (next, batch): (u64, Vec<String>) = self.query(&scan, &mut conn).await?;
             names.extend(batch);
             cursor = next;
             if cursor == 0 {
@@ -954,11 +1044,9 @@ impl LockStore for RedisStore {
         names.dedup();
         let mut out = vec![];
         for chunk in names.chunks(500) {
-            let raws: Vec<Option<Vec<u8>>> = ::redis::cmd("MGET")
-                .arg(chunk)
-                .query_async(&mut conn)
-                .await
-                .map_err(|e| self.err(e))?;
+            let raws: Vec<Option<Vec<u8>>> = self
+                .query(::redis::cmd("MGET").arg(chunk), &mut conn)
+                .await?;
             for (name, raw) in chunk.iter().zip(raws) {
                 if let Some(raw) = raw {
                     out.push(inspection(name, &raw));
@@ -969,9 +1057,10 @@ impl LockStore for RedisStore {
     }
 
     async fn force_release(&self, key: &Key) -> Result<Option<LeaseRecord>> {
-        let mut inv = self.inner.scripts.force.prepare_invoke();
-        inv.key(self.record_key(key));
-        let raw: Option<Vec<u8>> = self.invoke(inv).await?;
+        let script = &self.inner.scripts.force;
+        let mut cmd = script.cmd(1);
+        cmd.arg(self.record_key(key));
+        let raw: Option<Vec<u8>> = self.call(script, &cmd).await?;
         Ok(raw.and_then(|raw| serde_json::from_slice(&raw).ok()))
     }
 

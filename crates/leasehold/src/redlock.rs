@@ -129,6 +129,11 @@ impl RedlockStore {
         Self::connect(&urls, opts).await
     }
 
+    /// The first node (there is always one), whose calls every node can be sent.
+    fn first(&self) -> &RedisStore {
+        &self.nodes[0].1
+    }
+
     /// The number of nodes that must agree.
     pub fn quorum(&self) -> usize {
         self.quorum
@@ -207,7 +212,9 @@ impl LockStore for RedlockStore {
 
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome> {
         let started = Instant::now();
-        let results = self.all(|n| n.acquire(req)).await;
+        // One call, built once, sent to every node (their prefixes are the same).
+        let cmd = self.first().acquire_cmd(req);
+        let results = self.all(|n| n.acquire_with(req, &cmd)).await;
         let mut granted: Vec<(&RedisStore, LeaseRecord)> = vec![];
         let mut held: Vec<LeaseRecord> = vec![];
         let mut failed: Vec<(&str, Error)> = vec![];
@@ -246,7 +253,8 @@ impl LockStore for RedlockStore {
         }
         if !granted.is_empty() {
             // Undo the minority (or too slow) grants everywhere; the script frees only our token.
-            let _ = self.all(|n| n.release(&req.key, &req.token)).await;
+            let cmd = self.first().release_cmd(&req.key, &req.token);
+            let _ = self.all(|n| n.release_with(&cmd)).await;
         }
         let answered = granted.len() + held.len();
         if answered < self.quorum {
@@ -319,7 +327,8 @@ impl LockStore for RedlockStore {
     }
 
     async fn release(&self, key: &Key, token: &str) -> Result<ReleaseOutcome> {
-        let answers = self.answers(|n| n.release(key, token)).await?;
+        let cmd = self.first().release_cmd(key, token);
+        let answers = self.answers(|n| n.release_with(&cmd)).await?;
         Ok(if answers.contains(&ReleaseOutcome::Released) {
             ReleaseOutcome::Released
         } else {
