@@ -74,30 +74,27 @@ end
 /// The acquire script's fast path, run before the [`PRELUDE`] (whose helpers it does not need):
 /// a key free and never waited for.
 ///
-/// KEYS: record, fence counter. ARGV: holder, token, ttl_ms, waiter_ttl_ms (0: none), labels
-/// JSON, pid, then as JSON strings: host, key, holder, token; then the number of fences to
-/// reserve; then 1 if the caller waits for change notifications (subscribed), else 0. Returns
-/// {1, record, 0, 0} when granted, {0, record or '', 0, 0} when held, and {1, '', fence, now}
-/// when granted a key that was free: the record is then exactly what the caller sent.
+/// KEYS: record, fence counter. ARGV: the record up to its fence (`{"key":…,"holder":…,
+/// "token":…,"fence":`), the record after its times (`,"ttl_ms":…,"waiter":null,…,"labels":…}`),
+/// ttl_ms, the number of fences to reserve, waiter_ttl_ms (0: none), then 1 if the caller waits
+/// for change notifications (subscribed), else 0. The client builds both parts, so the server
+/// only adds the fence and its times, and the call carries six arguments.
+///
+/// Returns `"<fence> <now>"` when it granted a key that was free (the record is then exactly what
+/// the caller sent, with that fence and time), else {1, record} granted or {0, record or ''} held.
 const ACQUIRE_FREE: &str = r#"
 local raw = redis.call('GET', KEYS[1])
-local token = ARGV[2]
 if not raw then
-  -- Build the record as a string (no JSON library on the fast path).
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  local fence = redis.call('INCRBY', KEYS[2], ARGV[11])
+  local fence = redis.call('INCRBY', KEYS[2], ARGV[4])
   local ttl = tonumber(ARGV[3])
   -- Each number formatted once (Lua formats a number with sprintf on every concatenation).
   local ns = tostring(now)
-  local rec = '{"key":' .. ARGV[8] .. ',"holder":' .. ARGV[9] .. ',"token":' .. ARGV[10]
-    .. ',"fence":' .. fence .. ',"acquired":' .. ns .. ',"renewed":' .. ns
-    .. ',"expires":' .. (now + ttl) .. ',"ttl_ms":' .. ARGV[3]
-    .. ',"waiter":null,"waiter_token":null,"waiter_expires":null,"pid":' .. ARGV[6]
-    .. ',"host":' .. ARGV[7] .. ',"labels":' .. ARGV[5] .. '}'
-  redis.call('SET', KEYS[1], rec, 'PX', ttl)
-  -- The caller knows the rest of the record it asked for.
-  return {1, '', fence, now}
+  redis.call('SET', KEYS[1], ARGV[1] .. fence .. ',"acquired":' .. ns .. ',"renewed":' .. ns
+    .. ',"expires":' .. (now + ttl) .. ARGV[2], 'PX', ttl)
+  -- A string, not a table: the cheapest reply to build.
+  return fence .. ' ' .. ns
 end
 "#;
 
@@ -105,36 +102,37 @@ end
 /// A held key gets the caller as its registered waiter (`waiter_ttl_ms` > 0), or else, when the
 /// caller is subscribed, the mark `"watched":true` so that its release publishes.
 const ACQUIRE: &str = r#"
+-- The caller's holder and token, from the record it sent (its head is JSON once closed).
+local me = cjson.decode(ARGV[1] .. '0}')
+local token = me.token
 local r = decode(raw)
 if type(r) == 'table' then
   local mine = str(r.waiter_token) == token
   if held(r) or (live_waiter(r) and not mine) then
-    local wttl = tonumber(ARGV[4])
+    local wttl = tonumber(ARGV[5])
     if wttl > 0 and (mine or not live_waiter(r)) then
       local fresh = mine and live_waiter(r) and num(r.waiter_expires) >= now + math.floor(wttl * 2 / 3)
       if not fresh then
-        r.waiter = ARGV[1]; r.waiter_token = token; r.waiter_expires = now + wttl
+        r.waiter = me.holder; r.waiter_token = token; r.waiter_expires = now + wttl
         raw = put(r, KEYS[1])
       end
-    elseif ARGV[12] == '1' and r.watched ~= true then
+    elseif ARGV[6] == '1' and r.watched ~= true then
       r.watched = true
       raw = put(r, KEYS[1])
     end
-    return {0, raw, 0, 0}
+    return {0, raw}
   end
 end
-local fence = redis.call('INCRBY', KEYS[2], ARGV[11])
+local fence = redis.call('INCRBY', KEYS[2], ARGV[4])
 local ttl = tonumber(ARGV[3])
-local g = {key = cjson.decode(ARGV[8]), holder = ARGV[1], token = token, fence = fence, acquired = now,
-  renewed = now, expires = now + ttl, ttl_ms = ttl, pid = tonumber(ARGV[6]), host = cjson.decode(ARGV[7]),
-  labels = cjson.decode(ARGV[5]), waiter = cjson.null, waiter_token = cjson.null,
-  waiter_expires = cjson.null}
+local g = cjson.decode(ARGV[1] .. fence .. ',"acquired":' .. now .. ',"renewed":' .. now
+  .. ',"expires":' .. (now + ttl) .. ARGV[2])
 if type(r) == 'table' and live_waiter(r) and str(r.waiter_token) ~= token then
   g.waiter = r.waiter; g.waiter_token = r.waiter_token; g.waiter_expires = r.waiter_expires
 end
 -- Contenders that marked the record still wait: our release must publish for them.
 if type(r) == 'table' and r.watched == true then g.watched = true end
-return {1, put(g, KEYS[1]), 0, 0}
+return {1, put(g, KEYS[1])}
 "#;
 
 /// KEYS: records. ARGV: token, ttl_ms, token as a JSON string per key. Returns three values per
@@ -261,10 +259,11 @@ impl Lua {
     }
 
     /// An `EVALSHA` of this script taking `keys` keys; the caller appends the keys, then the
-    /// arguments.
-    fn cmd(&self, keys: usize) -> ::redis::Cmd {
-        let mut c = ::redis::cmd("EVALSHA");
-        c.arg(&*self.hash).arg(keys);
+    /// arguments (`args` of them, about `bytes` long in all: the command's buffers are sized once,
+    /// since growing them costs more than the rest of building the call).
+    fn cmd(&self, keys: usize, args: usize, bytes: usize) -> ::redis::Cmd {
+        let mut c = ::redis::Cmd::with_capacity(3 + keys + args, 64 + bytes);
+        c.arg("EVALSHA").arg(&*self.hash).arg(keys);
         c
     }
 
@@ -460,7 +459,11 @@ async fn renew_batch(
     timeout: Duration,
     batch: Vec<RenewJob>,
 ) {
-    let mut cmd = script.cmd(batch.len());
+    let bytes: usize = batch
+        .iter()
+        .map(|j| j.record_key.len() + 3 * j.token.len() + 24)
+        .sum();
+    let mut cmd = script.cmd(batch.len(), 3 * batch.len(), bytes);
     for j in &batch {
         cmd.arg(&j.record_key);
     }
@@ -736,8 +739,9 @@ impl RedisStore {
     /// Raises the fence counter of `key` to at least `floor`.
     pub(crate) async fn raise_fence(&self, key: &Key, floor: u64) -> Result<()> {
         let script = &self.inner.scripts.raise_fence;
-        let mut cmd = script.cmd(1);
-        cmd.arg(self.fence_key(key)).arg(floor);
+        let fence_key = self.fence_key(key);
+        let mut cmd = script.cmd(1, 1, fence_key.len() + 20);
+        cmd.arg(fence_key).arg(floor);
         let _: i64 = self.call(script, &cmd).await?;
         Ok(())
     }
@@ -745,22 +749,40 @@ impl RedisStore {
     /// The acquire script call for `req`. It names no node: Redlock sends one call to every node
     /// (their prefixes are the same).
     pub(crate) fn acquire_cmd(&self, req: &AcquireRequest) -> ::redis::Cmd {
-        let labels = serde_json::to_string(&req.labels).unwrap_or_else(|_| "{}".into());
+        let (record_key, fence_key) = (self.record_key(&req.key), self.fence_key(&req.key));
+        // The record around the fence and times the script adds, in the fields' order.
+        let mut head = Vec::with_capacity(64 + 2 * req.key.as_str().len() + req.holder.len());
+        head.extend_from_slice(b"{\"key\":");
+        json_push(&mut head, req.key.as_str());
+        head.extend_from_slice(b",\"holder\":");
+        json_push(&mut head, &req.holder);
+        head.extend_from_slice(b",\"token\":");
+        json_push(&mut head, &req.token);
+        head.extend_from_slice(b",\"fence\":");
+        let ttl_ms = req.ttl.as_millis() as u64;
+        let mut tail = format!(
+            ",\"ttl_ms\":{ttl_ms},\"waiter\":null,\"waiter_token\":null,\"waiter_expires\":null,\"pid\":{},\"host\":",
+            crate::decide::pid()
+        )
+        .into_bytes();
+        json_push(&mut tail, crate::decide::host());
+        tail.extend_from_slice(b",\"labels\":");
+        let mark = tail.len();
+        if serde_json::to_writer(&mut tail, &req.labels).is_err() {
+            tail.truncate(mark);
+            tail.extend_from_slice(b"{}");
+        }
+        tail.push(b'}');
         let waiter_ms = req.waiter_ttl.map_or(0, |d| d.as_millis().max(1) as u64);
-        let mut cmd = self.inner.scripts.acquire.cmd(2);
-        cmd.arg(self.record_key(&req.key))
-            .arg(self.fence_key(&req.key))
-            .arg(&req.holder)
-            .arg(&req.token)
-            .arg(req.ttl.as_millis() as u64)
-            .arg(waiter_ms)
-            .arg(labels)
-            .arg(crate::decide::pid())
-            .arg(json_str(crate::decide::host()))
-            .arg(json_str(req.key.as_str()))
-            .arg(json_str(&req.holder))
-            .arg(json_str(&req.token))
+        let bytes = record_key.len() + fence_key.len() + head.len() + tail.len() + 48;
+        let mut cmd = self.inner.scripts.acquire.cmd(2, 6, bytes);
+        cmd.arg(record_key)
+            .arg(fence_key)
+            .arg(head)
+            .arg(tail)
+            .arg(ttl_ms)
             .arg(req.fences.max(1))
+            .arg(waiter_ms)
             .arg(u8::from(req.watching));
         cmd
     }
@@ -771,23 +793,32 @@ impl RedisStore {
         req: &AcquireRequest,
         cmd: &::redis::Cmd,
     ) -> Result<AcquireOutcome> {
-        let (granted, raw, fence, now): (i64, Option<Vec<u8>>, u64, u64) =
-            self.call(&self.inner.scripts.acquire, cmd).await?;
+        let answer: ::redis::Value = self.call(&self.inner.scripts.acquire, cmd).await?;
+        let key = req.key.as_str();
+        let (granted, raw) = match answer {
+            ::redis::Value::BulkString(fast) => {
+                // A free key granted: the record is the one we sent, with this fence and time.
+                let text = std::str::from_utf8(&fast).unwrap_or_default();
+                let mut parts = text.split(' ').map(str::parse::<u64>);
+                let (Some(Ok(fence)), Some(Ok(now))) = (parts.next(), parts.next()) else {
+                    return Err(self.garbage(key, text));
+                };
+                let mut rec = LeaseRecord::free(key, 0);
+                crate::decide::grant(&mut rec, req, fence, now);
+                return Ok(AcquireOutcome::Granted(rec));
+            }
+            other => ::redis::from_redis_value::<(i64, Option<Vec<u8>>)>(other)
+                .map_err(|e| self.garbage(key, &e.to_string()))?,
+        };
         let raw = raw.unwrap_or_default();
-        if granted == 1 && raw.is_empty() {
-            // The fast path's record, built from our request as the script wrote it.
-            let mut rec = LeaseRecord::free(req.key.as_str(), 0);
-            crate::decide::grant(&mut rec, req, fence, now);
-            return Ok(AcquireOutcome::Granted(rec));
-        }
         if granted == 1 {
-            return Ok(AcquireOutcome::Granted(self.parse(req.key.as_str(), &raw)?));
+            return Ok(AcquireOutcome::Granted(self.parse(key, &raw)?));
         }
-        let rec = match self.parse(req.key.as_str(), &raw) {
+        let rec = match self.parse(key, &raw) {
             Ok(r) => r,
             // Held by something we cannot read: report it as held by an unknown holder.
             Err(_) => {
-                let mut r = LeaseRecord::free(req.key.as_str(), 0);
+                let mut r = LeaseRecord::free(key, 0);
                 r.holder = Some("(unreadable record)".into());
                 r
             }
@@ -795,12 +826,21 @@ impl RedisStore {
         Ok(AcquireOutcome::Held(rec))
     }
 
+    /// An answer no version of our scripts gives.
+    fn garbage(&self, key: &str, detail: &str) -> Error {
+        Error::Store {
+            store: self.inner.described.clone(),
+            detail: format!("unexpected answer to the acquire script for {key:?}: {detail}"),
+            retryable: false,
+        }
+    }
+
     /// The release script call for `token` on `key` (the same for every Redlock node).
     pub(crate) fn release_cmd(&self, key: &Key, token: &str) -> ::redis::Cmd {
-        let mut cmd = self.inner.scripts.release.cmd(1);
-        cmd.arg(self.record_key(key))
-            .arg(token)
-            .arg(json_str(token));
+        let record_key = self.record_key(key);
+        let bytes = record_key.len() + 2 * token.len() + 8;
+        let mut cmd = self.inner.scripts.release.cmd(1, 2, bytes);
+        cmd.arg(record_key).arg(token).arg(json_str(token));
         cmd
     }
 
@@ -1002,8 +1042,9 @@ impl LockStore for RedisStore {
 
     async fn withdraw_waiter(&self, key: &Key, token: &str) -> Result<()> {
         let script = &self.inner.scripts.withdraw;
-        let mut cmd = script.cmd(1);
-        cmd.arg(self.record_key(key)).arg(token);
+        let record_key = self.record_key(key);
+        let mut cmd = script.cmd(1, 1, record_key.len() + token.len());
+        cmd.arg(record_key).arg(token);
         let _: i64 = self.call(script, &cmd).await?;
         Ok(())
     }
@@ -1058,8 +1099,9 @@ impl LockStore for RedisStore {
 
     async fn force_release(&self, key: &Key) -> Result<Option<LeaseRecord>> {
         let script = &self.inner.scripts.force;
-        let mut cmd = script.cmd(1);
-        cmd.arg(self.record_key(key));
+        let record_key = self.record_key(key);
+        let mut cmd = script.cmd(1, 0, record_key.len());
+        cmd.arg(record_key);
         let raw: Option<Vec<u8>> = self.call(script, &cmd).await?;
         Ok(raw.and_then(|raw| serde_json::from_slice(&raw).ok()))
     }
@@ -1081,6 +1123,11 @@ impl LockStore for RedisStore {
 
 fn json_str(s: &str) -> String {
     serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into())
+}
+
+/// Appends `s` as a JSON string (writing into a `Vec` cannot fail, nor can serialising a `str`).
+fn json_push(out: &mut Vec<u8>, s: &str) {
+    let _ = serde_json::to_writer(out, s);
 }
 
 fn glob_escape(s: &str) -> String {
