@@ -86,7 +86,8 @@ struct Renewals {
 #[derive(Debug, Default)]
 struct Schedule {
     due: BTreeMap<(Instant, u64), Weak<Shared>>,
-    /// When the scheduler task looks next (`None`: parked until woken, or not started).
+    /// The scheduler task looks at this time or before (`None`: parked until woken, or not
+    /// started); a guard due earlier wakes it.
     next_look: Option<Instant>,
     started: bool,
 }
@@ -103,10 +104,15 @@ impl Renewals {
             *shared.scheduled.lock() = Some(at);
             if !s.started {
                 s.started = true;
+                s.next_look = Some(at);
                 tokio::spawn(run_schedule(Arc::downgrade(self), self.wake.clone()));
                 false
+            } else if s.next_look.is_some_and(|t| at >= t) {
+                false
             } else {
-                !s.next_look.is_some_and(|t| at >= t)
+                // The scheduler looks by `at` now; later schedules need not wake it again.
+                s.next_look = Some(at);
+                true
             }
         };
         if wake {
@@ -146,7 +152,16 @@ async fn run_schedule(renewals: Weak<Renewals>, wake: Arc<Notify>) {
                     }
                     ready.push(entry.remove());
                 }
-                let next = s.due.keys().next().map(|k| k.0);
+                // With nothing due (the guard that woke us already released), keep the time we
+                // were woken for: the next guard, most likely due at the same point of the grid,
+                // then finds us awake until then instead of waking us (a thread wake per
+                // acquisition at low concurrency).
+                let next = s
+                    .due
+                    .keys()
+                    .next()
+                    .map(|k| k.0)
+                    .or(s.next_look.filter(|t| *t > now));
                 s.next_look = next;
                 next
             };
