@@ -87,12 +87,13 @@ local raw = redis.call('GET', KEYS[1])
 if not raw then
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  local fence = redis.call('INCRBY', KEYS[2], ARGV[4])
-  local ttl = tonumber(ARGV[3])
-  -- Each number formatted once (Lua formats a number with sprintf on every concatenation).
-  local ns = tostring(now)
+  -- Each number formatted once, as an integer: Lua formats a number on every concatenation, with
+  -- the floating-point '%.14g' (several times slower than '%d', and an exponent from 1e14 up);
+  -- the TTL goes to PX as the string sent, not a number Redis would format again.
+  local fence = string.format('%d', redis.call('INCRBY', KEYS[2], ARGV[4]))
+  local ns = string.format('%d', now)
   redis.call('SET', KEYS[1], ARGV[1] .. fence .. ',"acquired":' .. ns .. ',"renewed":' .. ns
-    .. ',"expires":' .. (now + ttl) .. ARGV[2], 'PX', ttl)
+    .. ',"expires":' .. string.format('%d', now + ARGV[3]) .. ARGV[2], 'PX', ARGV[3])
   -- A string, not a table: the cheapest reply to build.
   return fence .. ' ' .. ns
 end
