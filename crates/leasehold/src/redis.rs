@@ -150,10 +150,11 @@ for i, k in ipairs(KEYS) do
       and string.find(raw, '"token":' .. ARGV[3 * i], 1, true) then
     -- Ours and nobody waits: rewrite the times without decoding.
     if (tonumber(string.match(raw, '"expires":(%d+)')) or 0) > now then
-      raw = string.gsub(raw, '"renewed":%d+', '"renewed":' .. now, 1)
-      raw = string.gsub(raw, '"expires":%d+', '"expires":' .. (now + ttl), 1)
-      raw = string.gsub(raw, '"ttl_ms":%d+', '"ttl_ms":' .. ttl, 1)
-      redis.call('SET', k, raw, 'PX', ttl)
+      -- Integers formatted as such (see the acquire script), the TTL passed on as sent.
+      raw = string.gsub(raw, '"renewed":%d+', '"renewed":' .. string.format('%d', now), 1)
+      raw = string.gsub(raw, '"expires":%d+', '"expires":' .. string.format('%d', now + ttl), 1)
+      raw = string.gsub(raw, '"ttl_ms":%d+', '"ttl_ms":' .. ARGV[3 * i - 1], 1)
+      redis.call('SET', k, raw, 'PX', ARGV[3 * i - 1])
       a = 1; b = raw
     else
       b = 'expired'
