@@ -484,3 +484,51 @@ async fn a_server_that_forgot_the_scripts_gets_them_again() {
     let second = grant(store.acquire(&again).await.unwrap());
     assert!(second.fence > first.fence);
 }
+
+/// Fences past 10^14 stay exact through every path that writes the record: the free-key grant,
+/// a waiter's registration and the renewal of a waited-for record (both re-encode the record with
+/// Redis's JSON encoder, which keeps 14 significant digits), and a grant over an existing record.
+#[tokio::test]
+async fn fences_past_ten_to_the_fourteenth_stay_exact() {
+    let server = shared_redis();
+    let store = leasehold::open_store(&server.url()).await.unwrap();
+    let key = leasehold::Key::new(leasehold_testkit::prefix("big-fence")).unwrap();
+    let start: u64 = 1_234_567_890_123_456;
+    server
+        .command(&[
+            "SET",
+            &format!("leasehold:fence:{}", key.as_str()),
+            &start.to_string(),
+        ])
+        .unwrap();
+    let ttl = Duration::from_secs(5);
+    let stored_fence = || async {
+        match store.inspect(&key).await.unwrap() {
+            Some(leasehold::Inspection::Record(r)) => r.fence,
+            other => panic!("no record: {other:?}"),
+        }
+    };
+    let first = leasehold::AcquireRequest::new(key.clone(), "a", ttl);
+    match store.acquire(&first).await.unwrap() {
+        leasehold::AcquireOutcome::Granted(r) => assert_eq!(r.fence, start + 1),
+        other => panic!("not granted: {other:?}"),
+    }
+    let waiter = leasehold::AcquireRequest::new(key.clone(), "b", ttl).waiter(ttl);
+    match store.acquire(&waiter).await.unwrap() {
+        leasehold::AcquireOutcome::Held(r) => assert_eq!(r.fence, start + 1),
+        other => panic!("not held: {other:?}"),
+    }
+    assert_eq!(stored_fence().await, start + 1);
+    match store.renew(&key, &first.token, ttl).await.unwrap() {
+        leasehold::RenewOutcome::Renewed(r) => assert_eq!(r.fence, start + 1),
+        other => panic!("not renewed: {other:?}"),
+    }
+    assert_eq!(stored_fence().await, start + 1);
+    store.release(&key, &first.token).await.unwrap();
+    match store.acquire(&waiter).await.unwrap() {
+        leasehold::AcquireOutcome::Granted(r) => assert_eq!(r.fence, start + 2),
+        other => panic!("the waiter is not granted: {other:?}"),
+    }
+    assert_eq!(stored_fence().await, start + 2);
+    store.release(&key, &waiter.token).await.unwrap();
+}

@@ -7,7 +7,8 @@
 //! uncontended release costs no `PUBLISH`); liveness: no (a killed holder's
 //! lease ends with its TTL); fence: `INCR` of a per-key counter key without TTL, in the acquire
 //! script. The fence goes backwards only if the server loses the counter key (a restart without
-//! persistence, `FLUSHALL`, or an operator deleting `…fence:KEY`).
+//! persistence, `FLUSHALL`, or an operator deleting `…fence:KEY`). Fences are exact up to 2^53
+//! (Lua numbers are doubles).
 //!
 //! # Records
 //! The lease is a plain string key `<prefix><key>` (default prefix `leasehold:lock:`, e.g.
@@ -57,6 +58,10 @@ local function put(r, k)
   if held(r) then until_ms = num(r.expires) end
   if live_waiter(r) then until_ms = math.max(until_ms, num(r.waiter_expires)) end
   local raw = cjson.encode(r)
+  -- cjson writes numbers with 14 significant digits: a larger fence is put back exactly.
+  if num(r.fence) >= 1e14 then
+    raw = string.gsub(raw, '"fence":[^,}]*', '"fence":' .. string.format('%d', r.fence), 1)
+  end
   if until_ms > now then
     redis.call('SET', k, raw, 'PX', until_ms - now)
   else
@@ -126,8 +131,8 @@ if type(r) == 'table' then
 end
 local fence = redis.call('INCRBY', KEYS[2], ARGV[4])
 local ttl = tonumber(ARGV[3])
-local g = cjson.decode(ARGV[1] .. fence .. ',"acquired":' .. now .. ',"renewed":' .. now
-  .. ',"expires":' .. (now + ttl) .. ARGV[2])
+local g = cjson.decode(ARGV[1] .. string.format('%d', fence) .. ',"acquired":' .. now
+  .. ',"renewed":' .. now .. ',"expires":' .. (now + ttl) .. ARGV[2])
 if type(r) == 'table' and live_waiter(r) and str(r.waiter_token) ~= token then
   g.waiter = r.waiter; g.waiter_token = r.waiter_token; g.waiter_expires = r.waiter_expires
 end
