@@ -91,8 +91,7 @@ pub(crate) fn new_token() -> String {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     // Formatting machinery costs more than the random bits; taken once per acquisition.
     let bits = fastrand::u128(..);
-    let token: String = (0..32)
+    (0..32)
         .map(|i| HEX[((bits >> (124 - 4 * i)) & 0xf) as usize] as char)
-        .collect();
-    token
+        .collect()
 }

@@ -713,16 +713,13 @@ impl RedisStore {
     }
 
     /// Sends a plain command, bounded by the store's timeout.
-    async fn query<T: ::redis::FromRedisValue>(
-        &self,
-        cmd: &::redis::Cmd,
-        conn: &mut ConnectionManager,
-    ) -> Result<T> {
+    async fn query<T: ::redis::FromRedisValue>(&self, cmd: &::redis::Cmd) -> Result<T> {
+        let mut conn = self.inner.conn.clone();
         bounded(
             &self.inner.described,
             self.inner.timeout,
             "no answer",
-            cmd.query_async(conn),
+            cmd.query_async(&mut conn),
         )
         .await
     }
@@ -1057,16 +1054,12 @@ impl LockStore for RedisStore {
     }
 
     async fn inspect(&self, key: &Key) -> Result<Option<Inspection>> {
-        let mut conn = self.inner.conn.clone();
         let name = self.record_key(key);
-        let raw: Option<Vec<u8>> = self
-            .query(::redis::cmd("GET").arg(&name), &mut conn)
-            .await?;
+        let raw: Option<Vec<u8>> = self.query(::redis::cmd("GET").arg(&name)).await?;
         Ok(raw.map(|raw| inspection(&name, &raw)))
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<Inspection>> {
-        let mut conn = self.inner.conn.clone();
         let pattern = format!(
             "{}{}*",
             glob_escape(&self.inner.prefix),
@@ -1081,7 +1074,7 @@ impl LockStore for RedisStore {
                 .arg(&pattern)
                 .arg("COUNT")
                 .arg(1000);
-            let (next, batch): (u64, Vec<String>) = self.query(&scan, &mut conn).await?;
+            let (next, batch): (u64, Vec<String>) = self.query(&scan).await?;
             names.extend(batch);
             cursor = next;
             if cursor == 0 {
@@ -1092,9 +1085,7 @@ impl LockStore for RedisStore {
         names.dedup();
         let mut out = vec![];
         for chunk in names.chunks(500) {
-            let raws: Vec<Option<Vec<u8>>> = self
-                .query(::redis::cmd("MGET").arg(chunk), &mut conn)
-                .await?;
+            let raws: Vec<Option<Vec<u8>>> = self.query(::redis::cmd("MGET").arg(chunk)).await?;
             for (name, raw) in chunk.iter().zip(raws) {
                 if let Some(raw) = raw {
                     out.push(inspection(name, &raw));
