@@ -427,6 +427,22 @@ async fn a_server_that_answers_garbage_is_an_error_not_a_panic() {
     }
 }
 
+/// The record of a granted acquisition.
+fn granted(outcome: leasehold::AcquireOutcome) -> leasehold::LeaseRecord {
+    match outcome {
+        leasehold::AcquireOutcome::Granted(r) => r,
+        other => panic!("not granted: {other:?}"),
+    }
+}
+
+/// The record stored for `key`.
+async fn stored(store: &dyn leasehold::LockStore, key: &leasehold::Key) -> leasehold::LeaseRecord {
+    match store.inspect(key).await.unwrap() {
+        Some(leasehold::Inspection::Record(r)) => r,
+        other => panic!("no record: {other:?}"),
+    }
+}
+
 /// The record a free key's grant returns (built by the client from its request, the fence and the
 /// server's time) is the record stored, field for field, labels and odd characters included.
 #[tokio::test]
@@ -436,15 +452,8 @@ async fn a_fast_grant_returns_the_stored_record() {
     let key = leasehold::Key::new(leasehold_testkit::prefix("fast-grant/\"q\"\\é")).unwrap();
     let mut req = leasehold::AcquireRequest::new(key.clone(), "höst \"x\"", Duration::from_secs(5));
     req.labels.insert("task".into(), "a\"b\\c\u{1}".into());
-    let granted = match store.acquire(&req).await.unwrap() {
-        leasehold::AcquireOutcome::Granted(r) => r,
-        other => panic!("not granted: {other:?}"),
-    };
-    let stored = match store.inspect(&key).await.unwrap() {
-        Some(leasehold::Inspection::Record(r)) => r,
-        other => panic!("no record: {other:?}"),
-    };
-    assert_eq!(granted, stored);
+    let granted = granted(store.acquire(&req).await.unwrap());
+    assert_eq!(granted, stored(&*store, &key).await);
     store.release(&key, &req.token).await.unwrap();
 }
 
@@ -462,13 +471,9 @@ async fn a_server_that_forgot_the_scripts_gets_them_again() {
             .unwrap()
             .starts_with("+OK"))
     };
-    let grant = |outcome| match outcome {
-        leasehold::AcquireOutcome::Granted(r) => r,
-        other => panic!("not granted: {other:?}"),
-    };
     flush();
     let req = leasehold::AcquireRequest::new(key.clone(), "a", ttl);
-    let first = grant(store.acquire(&req).await.unwrap());
+    let first = granted(store.acquire(&req).await.unwrap());
     flush();
     assert!(matches!(
         store.renew(&key, &req.token, ttl).await.unwrap(),
@@ -481,7 +486,7 @@ async fn a_server_that_forgot_the_scripts_gets_them_again() {
     );
     flush();
     let again = leasehold::AcquireRequest::new(key.clone(), "b", ttl);
-    let second = grant(store.acquire(&again).await.unwrap());
+    let second = granted(store.acquire(&again).await.unwrap());
     assert!(second.fence > first.fence);
 }
 
@@ -502,17 +507,12 @@ async fn fences_past_ten_to_the_fourteenth_stay_exact() {
         ])
         .unwrap();
     let ttl = Duration::from_secs(5);
-    let stored_fence = || async {
-        match store.inspect(&key).await.unwrap() {
-            Some(leasehold::Inspection::Record(r)) => r.fence,
-            other => panic!("no record: {other:?}"),
-        }
-    };
+    let stored_fence = || async { stored(&*store, &key).await.fence };
     let first = leasehold::AcquireRequest::new(key.clone(), "a", ttl);
-    match store.acquire(&first).await.unwrap() {
-        leasehold::AcquireOutcome::Granted(r) => assert_eq!(r.fence, start + 1),
-        other => panic!("not granted: {other:?}"),
-    }
+    assert_eq!(
+        granted(store.acquire(&first).await.unwrap()).fence,
+        start + 1
+    );
     let waiter = leasehold::AcquireRequest::new(key.clone(), "b", ttl).waiter(ttl);
     match store.acquire(&waiter).await.unwrap() {
         leasehold::AcquireOutcome::Held(r) => assert_eq!(r.fence, start + 1),
@@ -525,10 +525,10 @@ async fn fences_past_ten_to_the_fourteenth_stay_exact() {
     }
     assert_eq!(stored_fence().await, start + 1);
     store.release(&key, &first.token).await.unwrap();
-    match store.acquire(&waiter).await.unwrap() {
-        leasehold::AcquireOutcome::Granted(r) => assert_eq!(r.fence, start + 2),
-        other => panic!("the waiter is not granted: {other:?}"),
-    }
+    assert_eq!(
+        granted(store.acquire(&waiter).await.unwrap()).fence,
+        start + 2
+    );
     assert_eq!(stored_fence().await, start + 2);
     store.release(&key, &waiter.token).await.unwrap();
 }
