@@ -55,6 +55,12 @@ fn spawn(mut cmd: Command) -> std::io::Result<Child> {
     reply_rx.recv().map_err(std::io::Error::other)?
 }
 
+/// The least an ACL user of the Redis and Redlock stores needs with the default prefixes (the
+/// README's line), as user `locker` with password `s3cret`: its record and counter keys, its
+/// channels, the script calls and the commands inside the scripts, `GET`/`SCAN`/`MGET` for
+/// inspection and listing, pub/sub. (`+select` too for a database other than 0.)
+pub const LOCKER_ACL: &str = "locker on >s3cret ~leasehold:* &leasehold:* -@all +evalsha +script|load +get +mget +scan +subscribe +unsubscribe +set +del +incrby +time +publish";
+
 /// A `redis-server` on a free port with no persistence, stopped (SIGKILL by PID) on drop.
 #[derive(Debug)]
 pub struct RedisServer {
@@ -76,16 +82,27 @@ impl RedisServer {
 
     /// Starts a server on `port` (to restart one in place).
     pub fn start_on(port: u16) -> Self {
-        Self::launch(port, false)
+        Self::launch(port, false, &[])
+    }
+
+    /// Starts a server with ACL users besides the default one (which stays usable without a
+    /// password: [`RedisServer::ping`] and [`RedisServer::command`] use it); each entry is a
+    /// `user` line of `redis.conf`, e.g. [`LOCKER_ACL`].
+    pub fn start_with_users(users: &[&str]) -> Self {
+        let config: Vec<&str> = users
+            .iter()
+            .flat_map(|u| std::iter::once("--user").chain(u.split(' ')))
+            .collect();
+        Self::launch(free_port(), false, &config)
     }
 
     /// Starts a server that speaks only TLS, with a fresh CA and server certificate made by
     /// `openssl` in its directory; [`RedisServer::url`] then gives `rediss://…?ca=…`.
     pub fn start_tls() -> Self {
-        Self::launch(free_port(), true)
+        Self::launch(free_port(), true, &[])
     }
 
-    fn launch(port: u16, tls: bool) -> Self {
+    fn launch(port: u16, tls: bool, config: &[&str]) -> Self {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
         let mut cmd = Command::new("redis-server");
         if tls {
@@ -113,6 +130,7 @@ impl RedisServer {
             .arg("--dir")
             .arg(dir.path())
             .args(["--daemonize", "no", "--loglevel", "warning"])
+            .args(config)
             .stdout(Stdio::null())
             .stderr(Stdio::inherit());
         let child = spawn(cmd).unwrap_or_else(|e| {

@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use leasehold::{LeaseGuard, Locks, LostReason, Released};
-use leasehold_testkit::servers::{shared_redis, RedisServer};
+use leasehold_testkit::servers::{shared_redis, RedisServer, LOCKER_ACL};
 use std::time::{Duration, Instant};
 
 async fn locks(url: &str, holder: &str) -> Locks {
@@ -531,4 +531,182 @@ async fn fences_past_ten_to_the_fourteenth_stay_exact() {
     );
     assert_eq!(stored_fence().await, start + 2);
     store.release(&key, &waiter.token).await.unwrap();
+}
+
+/// `redis-cli` against `server`'s database `db`: the reply's text.
+fn redis_cli(server: &RedisServer, db: u32, args: &[&str]) -> String {
+    let out = std::process::Command::new("redis-cli")
+        .args(["-p", &server.port.to_string(), "-n", &db.to_string()])
+        .args(args)
+        .output()
+        .expect("redis-cli runs");
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// A deployment with ACL users: the user and password in the URL are used by every connection
+/// (commands and pub/sub), a wrong password is a clear error that does not repeat the password,
+/// and a user whose key pattern does not cover the prefix gets a permission error, not a hang.
+#[tokio::test]
+async fn acl_users_and_passwords_from_the_url() {
+    let server =
+        RedisServer::start_with_users(&[LOCKER_ACL, "agents on >pw2 ~agent:* &agent:* +@all"]);
+    let url =
+        |cred: &str, query: &str| format!("redis://{cred}@127.0.0.1:{}/0{query}", server.port);
+
+    // Commands, renewals and pub/sub all run as `locker`.
+    let a = locks(&url("locker:s3cret", ""), "a").await;
+    let b = locks(&url("locker:s3cret", ""), "b").await;
+    let key = "acl";
+    let g = a
+        .lock(key)
+        .unwrap()
+        .ttl(Duration::from_millis(600))
+        .try_acquire()
+        .await
+        .unwrap()
+        .unwrap();
+    let waiter = spawn_waiter(b, key, true);
+    await_waiting(&server, key, "\"waiter_token\":\"").await;
+    // Past two TTLs: renewals went through too.
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    assert!(g.is_current());
+    release_wakes(g, waiter, "the waiter of an ACL user").await;
+    // Listing, inspection, force-release and a withdrawn waiter (its wait runs out).
+    let held = a.lock(key).unwrap().try_acquire().await.unwrap().unwrap();
+    let c = locks(&url("locker:s3cret", ""), "c").await;
+    let gave_up = c
+        .lock(key)
+        .unwrap()
+        .register_waiter(true)
+        .wait(Duration::from_millis(200))
+        .acquire()
+        .await;
+    assert!(gave_up.is_err());
+    assert_eq!(a.store().list("").await.unwrap().len(), 1);
+    assert!(a.store().inspect(held.key()).await.unwrap().is_some());
+    assert!(a.store().force_release(held.key()).await.unwrap().is_some());
+    drop(held);
+    // Nothing was refused along the way, not even a call whose error went unseen.
+    assert_eq!(redis_cli(&server, 0, &["ACL", "LOG"]), "");
+    let clients = redis_cli(&server, 0, &["CLIENT", "LIST"]);
+    assert!(
+        clients
+            .lines()
+            .filter(|l| l.contains("cmd="))
+            .all(|l| { l.contains("user=locker") || l.contains("cmd=client") }),
+        "a connection did not authenticate as locker: {clients}"
+    );
+
+    // A wrong password: refused at connect, not retryable, the password not in the message.
+    let err = leasehold::open_store(&url("locker:wrong-pw", "?timeout=500ms"))
+        .await
+        .expect_err("wrong password");
+    let text = err.to_string();
+    assert!(!err.is_retryable(), "{text}");
+    assert!(!text.contains("wrong-pw"), "{text}");
+    assert!(
+        text.to_lowercase().contains("auth") || text.contains("WRONGPASS"),
+        "{text}"
+    );
+
+    // A user restricted to `agent:*` cannot use the default prefix ...
+    let outside = leasehold::open_store(&url("agents:pw2", "")).await.unwrap();
+    let req = leasehold::AcquireRequest::new(
+        leasehold::Key::new("k").unwrap(),
+        "h",
+        Duration::from_secs(1),
+    );
+    let err = outside.acquire(&req).await.expect_err("no permission");
+    assert!(!err.is_retryable(), "{err}");
+    assert!(err.to_string().contains("permission"), "{err}");
+    // ... but can with its own (the fence prefix follows: `agent:fence:`).
+    let inside = locks(&url("agents:pw2", "?prefix=agent:lock:"), "c").await;
+    let g = inside
+        .lock("k")
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(redis_cli(&server, 0, &["GET", "agent:lock:k"]).contains("\"holder\":\"c\""));
+    assert_eq!(
+        redis_cli(&server, 0, &["GET", "agent:fence:k"]),
+        g.fence().to_string()
+    );
+    g.release().await.unwrap();
+}
+
+/// The database number in the URL is where records and fence counters live.
+#[tokio::test]
+async fn the_database_number_in_the_url_selects_the_database() {
+    let server = shared_redis();
+    let key = leasehold_testkit::prefix("db");
+    let l = locks(&format!("redis://127.0.0.1:{}/3", server.port), "d").await;
+    let g = l.lock(&key).unwrap().try_acquire().await.unwrap().unwrap();
+    let name = format!("leasehold:lock:{key}");
+    assert!(redis_cli(server, 3, &["GET", &name]).contains("\"holder\":\"d\""));
+    assert_eq!(redis_cli(server, 0, &["EXISTS", &name]), "0");
+    assert_eq!(
+        redis_cli(server, 3, &["GET", &format!("leasehold:fence:{key}")]),
+        g.fence().to_string()
+    );
+    g.release().await.unwrap();
+    assert_eq!(redis_cli(server, 3, &["EXISTS", &name]), "0");
+}
+
+/// A server restarted empty while a lease is held and a contender waits: the holder's `lost()`
+/// fires, the waiter gets the lease, and its fence starts again from 1 — the documented case of a
+/// Redis fence going backwards (the counter key was lost). The store reconnects by itself, and
+/// pub/sub works again: a later release still wakes its waiter at once.
+#[tokio::test]
+async fn a_server_restarted_empty_reconnects_and_its_fences_start_again() {
+    let mut server = RedisServer::start();
+    let port = server.port;
+    let url = format!("{}?timeout=300ms", server.url());
+    let (a, b) = (locks(&url, "a").await, locks(&url, "b").await);
+    assert!(server
+        .command(&["SET", "leasehold:fence:job", "41"])
+        .unwrap()
+        .starts_with("+OK"));
+    let g = a
+        .lock("job")
+        .unwrap()
+        .ttl(Duration::from_millis(1000))
+        .try_acquire()
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(g.fence(), 42);
+    let waiter = spawn_waiter(b.clone(), "job", true);
+    await_waiting(&server, "job", "\"waiter_token\":\"").await;
+
+    server.stop();
+    server = RedisServer::start_on(port);
+    let reason = tokio::time::timeout(Duration::from_secs(3), g.lost())
+        .await
+        .expect("lost fires");
+    assert!(
+        matches!(
+            reason,
+            LostReason::Released | LostReason::Unreachable { .. } | LostReason::TakenOver { .. }
+        ),
+        "{reason:?}"
+    );
+    let (gw, _) = waiter.await.unwrap();
+    let gw = gw.expect("the waiter gets the lease after the restart");
+    assert_eq!(gw.fence(), 1, "the counter restarted with the server");
+    assert!(record(&server, "job").contains("\"holder\":\"b\""));
+    gw.release().await.unwrap();
+
+    // Pub/sub is back: a release wakes a waiter within 100 ms, not by the timer.
+    let g = a
+        .lock("after")
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .unwrap();
+    let waiter = spawn_waiter(b, "after", true);
+    await_waiting(&server, "after", "\"waiter_token\":\"").await;
+    release_wakes(g, waiter, "a waiter after the restart").await;
 }

@@ -3,7 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use leasehold::{Error, Locks};
-use leasehold_testkit::servers::{redlock_url, RedisServer};
+use leasehold_testkit::servers::{redlock_url, RedisServer, LOCKER_ACL};
 use std::time::Duration;
 
 fn three() -> Vec<RedisServer> {
@@ -186,4 +186,45 @@ async fn fences_stay_increasing_when_node_counters_differ() {
         first.fence()
     );
     second.release().await.unwrap();
+}
+
+/// `redlock://user:pass@…` authenticates on every node; a wrong password is a non-retryable error
+/// at once (a waiter does not wait out its limit), not an "unreachable nodes" one.
+#[tokio::test]
+async fn acl_users_and_passwords_apply_to_every_node() {
+    let s: Vec<RedisServer> = (0..3)
+        .map(|_| RedisServer::start_with_users(&[LOCKER_ACL]))
+        .collect();
+    let url = |cred: &str| redlock_url(&s).replacen("redlock://", &format!("redlock://{cred}@"), 1);
+    let a = leasehold_testkit::connect_as(&url("locker:s3cret"), "a").await;
+    let g = a
+        .lock("job")
+        .unwrap()
+        .ttl(Duration::from_millis(600))
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("granted");
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    assert!(g.is_current(), "renewals went through on every node");
+    for node in &s {
+        let record = node.command(&["GET", "leasehold:lock:job"]).unwrap();
+        assert!(record.contains("\"holder\":\"a\""), "{record}");
+    }
+    g.release().await.unwrap();
+
+    let b = leasehold_testkit::connect_as(&url("locker:nope"), "b").await;
+    let started = std::time::Instant::now();
+    let err = b
+        .lock("job")
+        .unwrap()
+        .wait(Duration::from_secs(5))
+        .acquire()
+        .await
+        .expect_err("wrong password");
+    let text = err.to_string();
+    assert!(!err.is_retryable(), "{text}");
+    assert!(started.elapsed() < Duration::from_secs(2), "{text}");
+    assert!(text.to_lowercase().contains("auth"), "{text}");
+    assert!(!text.contains("nope"), "{text}");
 }

@@ -11,7 +11,9 @@
 //!   is ours only if a majority (`N/2 + 1`) granted it and the remaining validity
 //!   `TTL − elapsed − drift` (drift = `TTL × 0.01 + 2 ms`) is positive. Otherwise it is released on
 //!   every node and the answer is "held" (waiters retry with jittered backoff) — or, if fewer than a
-//!   majority of nodes answered at all, an [`Error::Unavailable`] naming the unreachable nodes.
+//!   majority of nodes answered at all, an [`Error::Unavailable`] naming the unreachable nodes
+//!   (a non-retryable [`Error::Store`] instead when too many of them failed in a way retrying
+//!   cannot heal: a wrong password, a missing ACL permission).
 //! * **Fence**: per-node counters drift apart (a node that refused a contender, or a minority grant
 //!   undone, still counted), so the granted fence is the maximum over the granting majority, and
 //!   before the lease is returned every granting node whose counter lags is raised to it (one more
@@ -176,19 +178,33 @@ impl RedlockStore {
             }
         }
         if answers.is_empty() {
-            return Err(self.unavailable(0, &failed));
+            return Err(self.too_few(0, &failed));
         }
         Ok(answers)
     }
 
-    fn unavailable(&self, answered: usize, failures: &[(&str, Error)]) -> Error {
+    /// Too few nodes answered for a majority: [`Error::Unavailable`] naming each failed node and
+    /// why — or, when the failed nodes that may come back (a retryable error) could not make a
+    /// majority with those that answered even if they did (a wrong password, a missing
+    /// permission), a non-retryable [`Error::Store`]: waiting would not help.
+    fn too_few(&self, answered: usize, failures: &[(&str, Error)]) -> Error {
         let list: Vec<String> = failures.iter().map(|(n, e)| format!("{n} ({e})")).collect();
+        let may_recover = failures.iter().filter(|(_, e)| e.is_retryable()).count();
+        let (store, total, quorum) = (self.described.clone(), self.nodes.len(), self.quorum);
+        if answered + may_recover < quorum {
+            return Error::Store {
+                store,
+                detail: format!(
+                    "only {answered} of {total} nodes answered, {quorum} needed, and retrying cannot help; failed: {}",
+                    list.join("; ")
+                ),
+                retryable: false,
+            };
+        }
         Error::Unavailable {
-            store: self.described.clone(),
+            store,
             detail: format!(
-                "only {answered} of {} nodes answered, {} needed; unreachable: {}",
-                self.nodes.len(),
-                self.quorum,
+                "only {answered} of {total} nodes answered, {quorum} needed; unreachable: {}",
                 list.join("; ")
             ),
         }
@@ -258,7 +274,7 @@ impl LockStore for RedlockStore {
         }
         let answered = granted.len() + held.len();
         if answered < self.quorum {
-            return Err(self.unavailable(answered, &failed));
+            return Err(self.too_few(answered, &failed));
         }
         // Report the holder most nodes name (or a split vote, which the waiter retries with jitter).
         let mut counts: BTreeMap<Option<String>, usize> = BTreeMap::new();
@@ -323,7 +339,7 @@ impl LockStore for RedlockStore {
                 .unwrap_or_else(|| lost[0].clone());
             return Ok(RenewOutcome::Lost(reason));
         }
-        Err(self.unavailable(renewed.len() + lost.len(), &failed))
+        Err(self.too_few(renewed.len() + lost.len(), &failed))
     }
 
     async fn release(&self, key: &Key, token: &str) -> Result<ReleaseOutcome> {
