@@ -156,8 +156,9 @@ async fn a_majority_restarted_empty_breaks_exclusion_and_the_fence_shows_it() {
 }
 
 /// Per-node fence counters drift apart (here: one node far ahead, as after many grants it alone
-/// counted). The granted fence is the maximum, and the granting nodes that lag are raised to it, so
-/// a later majority without the node that was ahead still grants a higher fence.
+/// counted). The granted fence is the maximum over the granting nodes, and the granting nodes that
+/// lag are raised to it, so a later majority without the node that was ahead still grants a higher
+/// fence.
 #[tokio::test]
 async fn fences_stay_increasing_when_node_counters_differ() {
     let mut s = three();
@@ -166,19 +167,29 @@ async fn fences_stay_increasing_when_node_counters_differ() {
             .as_deref(),
         Some("+OK\r\n")
     );
+    // With node 2 down, the majority is nodes 0 and 1: node 0's counter must count.
+    let port2 = s[2].port;
+    s[2].stop();
     let a = locks(&s, "a").await;
     let first = a.lock("job").unwrap().try_acquire().await.unwrap().unwrap();
     assert_eq!(first.fence(), 101, "the maximum over the granting nodes");
     first.release().await.unwrap();
-    for node in &s[1..] {
-        assert_eq!(
-            node.command(&["GET", "leasehold:fence:job"]).as_deref(),
-            Some("$3\r\n101\r\n"),
-            "a lagging granting node was not raised"
-        );
-    }
+    assert_eq!(
+        s[1].command(&["GET", "leasehold:fence:job"]).as_deref(),
+        Some("$3\r\n101\r\n"),
+        "the lagging granting node was not raised"
+    );
+    // Node 2 back (empty), node 0 — the one that was ahead — down: nodes 1 and 2 grant.
+    s[2] = RedisServer::start_on(port2);
     s[0].stop();
-    let second = a.lock("job").unwrap().try_acquire().await.unwrap().unwrap();
+    // Waiting rides over node 2's reconnection (the store retries unavailable nodes).
+    let second = a
+        .lock("job")
+        .unwrap()
+        .wait(Duration::from_secs(5))
+        .acquire()
+        .await
+        .unwrap();
     assert!(
         second.fence() > first.fence(),
         "fence {} from the other two nodes is not above {}",
@@ -227,4 +238,68 @@ async fn acl_users_and_passwords_apply_to_every_node() {
     assert!(started.elapsed() < Duration::from_secs(2), "{text}");
     assert!(text.to_lowercase().contains("auth"), "{text}");
     assert!(!text.contains("nope"), "{text}");
+}
+
+/// Once a majority granted, acquire answers without waiting for a stalled node (here stopped with
+/// SIGSTOP; the per-node timeout is 1 s), and the call sent to it runs on: when the node resumes it
+/// holds the record too, so the lease still survives one granting node restarting empty. The same
+/// for release: answered by a majority, and the stalled node's record freed when it resumes.
+#[tokio::test]
+async fn a_stalled_node_delays_neither_acquire_nor_release_and_still_sees_both() {
+    let s = three();
+    let url = format!("{}?timeout=1s", redlock_url(&s));
+    let a = leasehold_testkit::connect_as(&url, "a").await;
+    // Connected to every node first (connections are made on first use).
+    let warm = a
+        .lock("warm")
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .unwrap();
+    warm.release().await.unwrap();
+    let record = |node: &RedisServer| {
+        node.command(&["GET", "leasehold:lock:job"])
+            .unwrap_or_default()
+    };
+    async fn until(what: &str, done: impl Fn() -> bool) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !done() {
+            assert!(std::time::Instant::now() < deadline, "{what}");
+            tokio::task::yield_now().await;
+        }
+    }
+
+    s[2].signal(libc::SIGSTOP);
+    let started = std::time::Instant::now();
+    let g = a.lock("job").unwrap().try_acquire().await.unwrap();
+    let took = started.elapsed();
+    s[2].signal(libc::SIGCONT);
+    let g = g.expect("granted by the two running nodes");
+    assert!(
+        took < Duration::from_millis(500),
+        "acquire waited {took:?} for the stalled node"
+    );
+    until("the stalled node never got the record", || {
+        record(&s[2]).contains("\"holder\":\"a\"")
+    })
+    .await;
+
+    s[2].signal(libc::SIGSTOP);
+    let started = std::time::Instant::now();
+    let released = g.release().await;
+    let took = started.elapsed();
+    s[2].signal(libc::SIGCONT);
+    assert_eq!(released.unwrap(), leasehold::Released::Released);
+    assert!(
+        took < Duration::from_millis(500),
+        "release waited {took:?} for the stalled node"
+    );
+    until("the stalled node kept the record", || {
+        record(&s[2]) == "$-1\r\n"
+    })
+    .await;
+    for node in &s[..2] {
+        assert_eq!(record(node), "$-1\r\n");
+    }
 }

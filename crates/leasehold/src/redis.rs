@@ -296,11 +296,12 @@ impl Lua {
     }
 }
 
-struct Scripts {
+/// The store's scripts, each with its hash.
+pub(crate) struct Scripts {
     raise_fence: Lua,
-    acquire: Lua,
+    pub(crate) acquire: Lua,
     renew: Lua,
-    release: Lua,
+    pub(crate) release: Lua,
     withdraw: Lua,
     force: Lua,
 }
@@ -791,13 +792,24 @@ impl RedisStore {
         cmd
     }
 
-    /// Sends `cmd` (from [`acquire_cmd`](Self::acquire_cmd) for `req`) and reads the answer.
-    pub(crate) async fn acquire_with(
+    /// Sends `cmd`, a call of the script `script` picks (see [`acquire_cmd`](Self::acquire_cmd)
+    /// and [`release_cmd`](Self::release_cmd)), bounded by the store's timeout. Owns what it
+    /// needs, so it can be left to run on its own.
+    pub(crate) fn call_owned<T: ::redis::FromRedisValue + Send + 'static>(
+        &self,
+        script: fn(&Scripts) -> &Lua,
+        cmd: Arc<::redis::Cmd>,
+    ) -> impl std::future::Future<Output = Result<T>> + Send + 'static {
+        let node = self.clone();
+        async move { node.call(script(&node.inner.scripts), &cmd).await }
+    }
+
+    /// Reads the acquire script's answer to the call for `req`.
+    pub(crate) fn acquire_answer(
         &self,
         req: &AcquireRequest,
-        cmd: &::redis::Cmd,
+        answer: ::redis::Value,
     ) -> Result<AcquireOutcome> {
-        let answer: ::redis::Value = self.call(&self.inner.scripts.acquire, cmd).await?;
         let key = req.key.as_str();
         let (granted, raw) = match answer {
             ::redis::Value::BulkString(fast) => {
@@ -848,14 +860,13 @@ impl RedisStore {
         cmd
     }
 
-    /// Sends `cmd` (from [`release_cmd`](Self::release_cmd)) and reads the answer.
-    pub(crate) async fn release_with(&self, cmd: &::redis::Cmd) -> Result<ReleaseOutcome> {
-        let r: i64 = self.call(&self.inner.scripts.release, cmd).await?;
-        Ok(if r == 1 {
+    /// The release script's answer as an outcome.
+    pub(crate) fn release_answer(answer: i64) -> ReleaseOutcome {
+        if answer == 1 {
             ReleaseOutcome::Released
         } else {
             ReleaseOutcome::NotHeld
-        })
+        }
     }
 
     fn parse(&self, key: &str, raw: &[u8]) -> Result<LeaseRecord> {
@@ -1020,7 +1031,10 @@ impl LockStore for RedisStore {
     }
 
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome> {
-        self.acquire_with(req, &self.acquire_cmd(req)).await
+        let answer = self
+            .call(&self.inner.scripts.acquire, &self.acquire_cmd(req))
+            .await?;
+        self.acquire_answer(req, answer)
     }
 
     async fn renew(&self, key: &Key, token: &str, ttl: Duration) -> Result<RenewOutcome> {
@@ -1041,7 +1055,10 @@ impl LockStore for RedisStore {
     }
 
     async fn release(&self, key: &Key, token: &str) -> Result<ReleaseOutcome> {
-        self.release_with(&self.release_cmd(key, token)).await
+        let answer = self
+            .call(&self.inner.scripts.release, &self.release_cmd(key, token))
+            .await?;
+        Ok(Self::release_answer(answer))
     }
 
     async fn withdraw_waiter(&self, key: &Key, token: &str) -> Result<()> {

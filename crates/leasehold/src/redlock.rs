@@ -9,11 +9,13 @@
 //! * **Acquire**: the acquire script of the [Redis store](crate::redis) runs on all nodes at once
 //!   with the same owner token and a short per-node timeout (default 200 ms, `?timeout=`). The lease
 //!   is ours only if a majority (`N/2 + 1`) granted it and the remaining validity
-//!   `TTL − elapsed − drift` (drift = `TTL × 0.01 + 2 ms`) is positive. Otherwise it is released on
-//!   every node and the answer is "held" (waiters retry with jittered backoff) — or, if fewer than a
-//!   majority of nodes answered at all, an [`Error::Unavailable`] naming the unreachable nodes
-//!   (a non-retryable [`Error::Store`] instead when too many of them failed in a way retrying
-//!   cannot heal: a wrong password, a missing ACL permission).
+//!   `TTL − elapsed − drift` (drift = `TTL × 0.01 + 2 ms`) is positive. Once a majority granted,
+//!   the answer does not wait for the slower nodes; their calls run on, so they hold the record
+//!   too, kept alive and freed by the renewals and the release, which go to every node. Otherwise
+//!   it is released on every node and the answer is "held" (waiters retry with jittered backoff) —
+//!   or, if fewer than a majority of nodes answered at all, an [`Error::Unavailable`] naming the
+//!   unreachable nodes (a non-retryable [`Error::Store`] instead when too many of them failed in a
+//!   way retrying cannot heal: a wrong password, a missing ACL permission).
 //! * **Fence**: per-node counters drift apart (a node that refused a contender, or a minority grant
 //!   undone, still counted), so the granted fence is the maximum over the granting majority, and
 //!   before the lease is returned every granting node whose counter lags is raised to it (one more
@@ -22,7 +24,8 @@
 //! * **Renew** runs on all nodes; it succeeds with a majority of renewals. When a majority refuses,
 //!   the lease is lost; when too few nodes answer, the renewal is retried until the lease's validity
 //!   runs out, and then `lost()` fires.
-//! * **Release** runs on all nodes.
+//! * **Release** runs on all nodes; it answers once a majority released (the slower nodes' calls
+//!   run on).
 //!
 //! # Where the guarantees end
 //! Mutual exclusion needs a majority of nodes to remember the lease for its TTL. A node restarted
@@ -38,15 +41,17 @@
 use crate::error::{Error, Result};
 use crate::key::Key;
 use crate::record::LeaseRecord;
-use crate::redis::{RedisOptions, RedisStore};
+use crate::redis::{Lua, RedisOptions, RedisStore, Scripts};
 use crate::store::{
     AcquireOutcome, AcquireRequest, Capabilities, ChangeWatch, CleanupReport, Inspection,
     LockStore, LostReason, ReleaseOutcome, RenewOutcome,
 };
 use async_trait::async_trait;
 use futures_util::future::{join_all, select_all};
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The Redlock store; see the [module docs](self).
@@ -141,6 +146,39 @@ impl RedlockStore {
         self.quorum
     }
 
+    /// Sends `cmd` (a call of the script `script` picks) to every node at once, each bounded by
+    /// the per-node timeout, and hands the answers to `take` as they come (with the node's index)
+    /// until it says the outcome is decided. Calls still running then run on in a task of their
+    /// own: they were sent, and their nodes must see them.
+    async fn race<T: ::redis::FromRedisValue + Send + 'static>(
+        &self,
+        script: fn(&Scripts) -> &Lua,
+        cmd: ::redis::Cmd,
+        mut take: impl FnMut(usize, Result<T>) -> bool,
+    ) {
+        let (cmd, timeout) = (Arc::new(cmd), self.timeout);
+        let mut calls: FuturesUnordered<_> = (self.nodes.iter().enumerate())
+            .map(|(i, (_, node))| {
+                let call = node.call_owned::<T>(script, cmd.clone());
+                async move { (i, tokio::time::timeout(timeout, call).await) }
+            })
+            .collect();
+        while let Some((i, answer)) = calls.next().await {
+            let answer = answer.unwrap_or_else(|_| {
+                Err(Error::Unavailable {
+                    store: self.nodes[i].0.clone(),
+                    detail: "no answer in time".into(),
+                })
+            });
+            if take(i, answer) {
+                break;
+            }
+        }
+        if !calls.is_empty() {
+            tokio::spawn(calls.for_each(|_| async {}));
+        }
+    }
+
     /// Runs `f` on every node at once, each bounded by the per-node timeout.
     async fn all<'a, T, F, Fut>(&'a self, f: F) -> Vec<(&'a str, Result<T>)>
     where
@@ -228,19 +266,29 @@ impl LockStore for RedlockStore {
 
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome> {
         let started = Instant::now();
-        // One call, built once, sent to every node (their prefixes are the same).
-        let cmd = self.first().acquire_cmd(req);
-        let results = self.all(|n| n.acquire_with(req, &cmd)).await;
         let mut granted: Vec<(&RedisStore, LeaseRecord)> = vec![];
         let mut held: Vec<LeaseRecord> = vec![];
         let mut failed: Vec<(&str, Error)> = vec![];
-        for ((name, r), (_, node)) in results.into_iter().zip(&self.nodes) {
-            match r {
-                Ok(AcquireOutcome::Granted(rec)) => granted.push((node, rec)),
-                Ok(AcquireOutcome::Held(rec)) => held.push(rec),
-                Err(e) => failed.push((name, e)),
-            }
-        }
+        // One call, built once, sent to every node (their prefixes are the same). Once a
+        // majority granted, the lease is decided without the slower nodes, whose calls run on so
+        // that they hold the record too (a majority must still remember the lease if a granting
+        // node restarts empty); their fences are not needed, every later majority meets a node
+        // raised to ours.
+        let cmd = self.first().acquire_cmd(req);
+        self.race(
+            |s| &s.acquire,
+            cmd,
+            |i, answer: Result<::redis::Value>| {
+                let (name, node) = (&self.nodes[i].0, &self.nodes[i].1);
+                match answer.and_then(|a| node.acquire_answer(req, a)) {
+                    Ok(AcquireOutcome::Granted(rec)) => granted.push((node, rec)),
+                    Ok(AcquireOutcome::Held(rec)) => held.push(rec),
+                    Err(e) => failed.push((name, e)),
+                }
+                granted.len() >= self.quorum
+            },
+        )
+        .await;
         if granted.len() >= self.quorum {
             let fence = granted.iter().map(|(_, r)| r.fence).max().unwrap_or(0);
             // Per-node counters drift apart (a node that refused, or a grant undone for want of a
@@ -270,7 +318,8 @@ impl LockStore for RedlockStore {
         if !granted.is_empty() {
             // Undo the minority (or too slow) grants everywhere; the script frees only our token.
             let cmd = self.first().release_cmd(&req.key, &req.token);
-            let _ = self.all(|n| n.release_with(&cmd)).await;
+            self.race(|s| &s.release, cmd, |_, _: Result<i64>| false)
+                .await;
         }
         let answered = granted.len() + held.len();
         if answered < self.quorum {
@@ -343,9 +392,31 @@ impl LockStore for RedlockStore {
     }
 
     async fn release(&self, key: &Key, token: &str) -> Result<ReleaseOutcome> {
+        // Decided once a majority released; the slower nodes' calls run on and free theirs.
+        let (mut released, mut answered) = (0, 0);
+        let mut failed: Vec<(&str, Error)> = vec![];
         let cmd = self.first().release_cmd(key, token);
-        let answers = self.answers(|n| n.release_with(&cmd)).await?;
-        Ok(if answers.contains(&ReleaseOutcome::Released) {
+        self.race(
+            |s| &s.release,
+            cmd,
+            |i, answer: Result<i64>| {
+                match answer {
+                    Ok(a) => {
+                        answered += 1;
+                        if RedisStore::release_answer(a) == ReleaseOutcome::Released {
+                            released += 1;
+                        }
+                    }
+                    Err(e) => failed.push((&self.nodes[i].0, e)),
+                }
+                released >= self.quorum
+            },
+        )
+        .await;
+        if answered == 0 {
+            return Err(self.too_few(0, &failed));
+        }
+        Ok(if released > 0 {
             ReleaseOutcome::Released
         } else {
             ReleaseOutcome::NotHeld
