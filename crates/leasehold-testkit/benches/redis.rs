@@ -7,6 +7,8 @@
 //! 1. Acquire+release cycles/s and p50/p99 latency with 1, 8 and 64 concurrent tasks over distinct
 //!    keys: (a) the floor — `SET NX PX` + a compare-and-delete script through the same client;
 //!    (a') the fenced floor — the same with the cheapest fenced acquire script ([`FENCED`]);
+//!    (a'') with `-- only=multi-floor`, a fence with plain commands (`MULTI` `INCR` + `SET NX PX`
+//!    `EXEC`, one round trip; [`FloorAcquire::Multi`]);
 //!    (b) leasehold `redis://`; (c) `rslock` 0.10; and on 3 nodes: the raw 3-node quorum floor,
 //!    leasehold `redlock://`, `rslock` with 3 nodes.
 //! 2. A hot key: 8 and 64 tasks split over 2 OS processes contending on one key (acquire, release at
@@ -35,13 +37,25 @@ const CAD: &str =
 const FENCED: &str = "local f = redis.call('INCR', KEYS[2]) \
     if redis.call('SET', KEYS[1], ARGV[1] .. ':' .. f, 'NX', 'PX', ARGV[2]) then return f end return 0";
 
+/// How a floor acquires.
+#[derive(Clone)]
+enum FloorAcquire {
+    /// `SET NX PX` (the floor).
+    Set,
+    /// The [`FENCED`] script (the fenced floor).
+    Script(Arc<redis::Script>),
+    /// `MULTI` `INCR` + `SET NX PX` `EXEC` in one round trip: a fence with plain commands (not in
+    /// the record, a failed attempt burns one). Only with `-- only=multi-floor`.
+    Multi,
+}
+
 #[derive(Clone)]
 enum Impl {
-    /// The floor; with a fenced acquire script, the fenced floor ([`FENCED`]).
+    /// A floor: acquire as [`FloorAcquire`] says, release with the compare-and-delete script.
     Floor(
         Vec<redis::aio::ConnectionManager>,
         Arc<redis::Script>,
-        Option<Arc<redis::Script>>,
+        FloorAcquire,
     ),
     Leasehold(Locks),
     /// The store calls alone, without the guard (its renewal task) and the local layer.
@@ -52,22 +66,41 @@ enum Impl {
 impl Impl {
     async fn cycle(&self, key: &str) {
         match self {
-            Impl::Floor(conns, cad, fenced) => {
+            Impl::Floor(conns, cad, acquire) => {
                 let token = format!("{:x}", fastrand::u128(..));
                 let sets = conns.iter().map(|c| {
                     let mut c = c.clone();
-                    let (key, token, fenced) = (key.to_owned(), token.clone(), fenced.clone());
+                    let (key, token, acquire) = (key.to_owned(), token.clone(), acquire.clone());
                     async move {
-                        if let Some(fenced) = fenced {
-                            let f: i64 = fenced
-                                .key(&key)
-                                .key(format!("{key}:fence"))
-                                .arg(&token)
-                                .arg(TTL.as_millis() as u64)
-                                .invoke_async(&mut c)
-                                .await
-                                .unwrap();
-                            return (f > 0).then(|| format!("{token}:{f}"));
+                        match acquire {
+                            FloorAcquire::Set => {}
+                            FloorAcquire::Script(fenced) => {
+                                let f: i64 = fenced
+                                    .key(&key)
+                                    .key(format!("{key}:fence"))
+                                    .arg(&token)
+                                    .arg(TTL.as_millis() as u64)
+                                    .invoke_async(&mut c)
+                                    .await
+                                    .unwrap();
+                                return (f > 0).then(|| format!("{token}:{f}"));
+                            }
+                            FloorAcquire::Multi => {
+                                let (_fence, set): (i64, Option<String>) = redis::pipe()
+                                    .atomic()
+                                    .cmd("INCR")
+                                    .arg(format!("{key}:fence"))
+                                    .cmd("SET")
+                                    .arg(&key)
+                                    .arg(&token)
+                                    .arg("NX")
+                                    .arg("PX")
+                                    .arg(TTL.as_millis() as u64)
+                                    .query_async(&mut c)
+                                    .await
+                                    .unwrap();
+                                return set.map(|_| token);
+                            }
                         }
                         let r: Option<String> = redis::cmd("SET")
                             .arg(&key)
@@ -333,8 +366,12 @@ async fn make(kind: &str, urls: &[String]) -> Impl {
                         .unwrap(),
                 );
             }
-            let fenced = (kind == "fenced-floor").then(|| Arc::new(redis::Script::new(FENCED)));
-            Impl::Floor(conns, Arc::new(redis::Script::new(CAD)), fenced)
+            let acquire = match kind {
+                "fenced-floor" => FloorAcquire::Script(Arc::new(redis::Script::new(FENCED))),
+                "multi-floor" => FloorAcquire::Multi,
+                _ => FloorAcquire::Set,
+            };
+            Impl::Floor(conns, Arc::new(redis::Script::new(CAD)), acquire)
         }
     }
 }
@@ -469,16 +506,15 @@ fn main() {
             let kinds: Vec<&str> = [
                 "floor",
                 "fenced-floor",
+                "multi-floor",
                 "leasehold",
                 "leasehold-store",
                 "rslock",
             ]
             .into_iter()
             .filter(|kind| {
-                *kind == "floor"
-                    || only
-                        .as_deref()
-                        .map_or(true, |o| o.split(',').any(|k| k == *kind))
+                let named = |o: &str| o.split(',').any(|k| k == *kind);
+                *kind == "floor" || only.as_deref().map_or(*kind != "multi-floor", named)
             })
             .collect();
             // Rounds interleave the implementations, so a slow spell of the shared VM hits them
