@@ -236,6 +236,7 @@ end
 return raw
 "#;
 
+#[cfg(feature = "redlock")]
 /// Raises a fence counter to at least ARGV[1] (never lowers it); used by Redlock so that every
 /// granting node's counter reaches the fence the majority granted.
 const RAISE_FENCE: &str = r#"
@@ -265,31 +266,55 @@ impl Lua {
         }
     }
 
-    /// An `EVALSHA` of this script taking `keys` keys; the caller appends the keys, then the
-    /// arguments (`args` of them, about `bytes` long in all: the command's buffers are sized once,
-    /// since growing them costs more than the rest of building the call).
-    fn cmd(&self, keys: usize, args: usize, bytes: usize) -> ::redis::Cmd {
-        let mut c = ::redis::Cmd::with_capacity(3 + keys + args, 64 + bytes);
-        c.arg("EVALSHA").arg(&*self.hash).arg(keys);
-        c
+    /// A call of this script taking `keys` keys; the caller appends the keys, then the arguments
+    /// (`args` of them, about `bytes` long in all: the command's buffers are sized once, since
+    /// growing them costs more than the rest of building the call).
+    fn prepare(&self, keys: usize, args: usize, bytes: usize) -> ScriptCall {
+        let mut cmd = ::redis::Cmd::with_capacity(3 + keys + args, 64 + bytes);
+        cmd.arg("EVALSHA").arg(&*self.hash).arg(keys);
+        ScriptCall {
+            lua: self.clone(),
+            cmd,
+        }
     }
+}
 
-    /// Sends `cmd` (built by [`Lua::cmd`]); on `NOSCRIPT` loads the script and sends it again.
-    async fn call<T: ::redis::FromRedisValue>(
+/// One call of a [`Lua`] script: its `EVALSHA` command (arguments appended through `Deref` to
+/// [`::redis::Cmd`]) with the script it calls, so a `NOSCRIPT` answer reloads the right one.
+pub(crate) struct ScriptCall {
+    lua: Lua,
+    cmd: ::redis::Cmd,
+}
+
+impl std::ops::Deref for ScriptCall {
+    type Target = ::redis::Cmd;
+    fn deref(&self) -> &::redis::Cmd {
+        &self.cmd
+    }
+}
+
+impl std::ops::DerefMut for ScriptCall {
+    fn deref_mut(&mut self) -> &mut ::redis::Cmd {
+        &mut self.cmd
+    }
+}
+
+impl ScriptCall {
+    /// Sends the call; on `NOSCRIPT` loads the script and sends it again.
+    async fn send<T: ::redis::FromRedisValue>(
         &self,
         conn: &mut ConnectionManager,
-        cmd: &::redis::Cmd,
     ) -> ::redis::RedisResult<T> {
-        match cmd.query_async(conn).await {
+        match self.cmd.query_async(conn).await {
             Err(e)
                 if e.kind() == ::redis::ErrorKind::Server(::redis::ServerErrorKind::NoScript) =>
             {
                 let _: String = ::redis::cmd("SCRIPT")
                     .arg("LOAD")
-                    .arg(&*self.body)
+                    .arg(&*self.lua.body)
                     .query_async(conn)
                     .await?;
-                cmd.query_async(conn).await
+                self.cmd.query_async(conn).await
             }
             r => r,
         }
@@ -297,11 +322,12 @@ impl Lua {
 }
 
 /// The store's scripts, each with its hash.
-pub(crate) struct Scripts {
+struct Scripts {
+    #[cfg(feature = "redlock")]
     raise_fence: Lua,
-    pub(crate) acquire: Lua,
+    acquire: Lua,
     renew: Lua,
-    pub(crate) release: Lua,
+    release: Lua,
     withdraw: Lua,
     force: Lua,
 }
@@ -311,6 +337,7 @@ impl Scripts {
         let s = |body: &str| Lua::new(format!("{PRELUDE}{body}"));
         let fast = |fast: &str, body: &str| Lua::new(format!("{fast}{PRELUDE}{body}"));
         Scripts {
+            #[cfg(feature = "redlock")]
             raise_fence: Lua::new(RAISE_FENCE.to_owned()),
             acquire: fast(ACQUIRE_FREE, ACQUIRE),
             renew: s(RENEW),
@@ -471,21 +498,16 @@ async fn renew_batch(
         .iter()
         .map(|j| j.record_key.len() + 3 * j.token.len() + 24)
         .sum();
-    let mut cmd = script.cmd(batch.len(), 3 * batch.len(), bytes);
+    let mut call = script.prepare(batch.len(), 3 * batch.len(), bytes);
     for j in &batch {
-        cmd.arg(&j.record_key);
+        call.arg(&j.record_key);
     }
     for j in &batch {
-        cmd.arg(&j.token).arg(j.ttl_ms).arg(json_str(&j.token));
+        call.arg(&j.token).arg(j.ttl_ms).arg(json_str(&j.token));
     }
     let mut conn = conn.clone();
-    let res: Result<Vec<::redis::Value>> = bounded(
-        described,
-        timeout,
-        "no answer",
-        script.call(&mut conn, &cmd),
-    )
-    .await;
+    let res: Result<Vec<::redis::Value>> =
+        bounded(described, timeout, "no answer", call.send(&mut conn)).await;
     match res {
         Ok(values) => {
             for (i, j) in batch.into_iter().enumerate() {
@@ -725,35 +747,56 @@ impl RedisStore {
         .await
     }
 
-    /// Sends a script call built by [`Lua::cmd`], bounded by the store's timeout.
-    async fn call<T: ::redis::FromRedisValue>(
-        &self,
-        script: &Lua,
-        cmd: &::redis::Cmd,
-    ) -> Result<T> {
+    /// Sends a script call, bounded by the store's timeout.
+    async fn call<T: ::redis::FromRedisValue>(&self, call: &ScriptCall) -> Result<T> {
         let mut conn = self.inner.conn.clone();
         bounded(
             &self.inner.described,
             self.inner.timeout,
             "no answer",
-            script.call(&mut conn, cmd),
+            call.send(&mut conn),
         )
         .await
     }
 
+    /// [`call`](Self::call), owning what it needs, so it can be left to run on its own (Redlock
+    /// sends one call to every node and lets the slower ones run on).
+    #[cfg(feature = "redlock")]
+    pub(crate) fn call_owned<T: ::redis::FromRedisValue + Send + 'static>(
+        &self,
+        call: Arc<ScriptCall>,
+    ) -> impl std::future::Future<Output = Result<T>> + Send + 'static {
+        let node = self.clone();
+        async move { node.call(&call).await }
+    }
+
+    /// A call of `script` (one of ours that takes one key) on `key` with `args`.
+    fn one_key(script: &Lua, key: String, args: &[&str]) -> ScriptCall {
+        let bytes = key.len() + args.iter().map(|a| a.len()).sum::<usize>();
+        let mut call = script.prepare(1, args.len(), bytes);
+        call.arg(key);
+        for a in args {
+            call.arg(*a);
+        }
+        call
+    }
+
     /// Raises the fence counter of `key` to at least `floor`.
+    #[cfg(feature = "redlock")]
     pub(crate) async fn raise_fence(&self, key: &Key, floor: u64) -> Result<()> {
-        let script = &self.inner.scripts.raise_fence;
-        let fence_key = self.fence_key(key);
-        let mut cmd = script.cmd(1, 1, fence_key.len() + 20);
-        cmd.arg(fence_key).arg(floor);
-        let _: i64 = self.call(script, &cmd).await?;
+        let floor = floor.to_string();
+        let call = Self::one_key(
+            &self.inner.scripts.raise_fence,
+            self.fence_key(key),
+            &[&floor],
+        );
+        let _: i64 = self.call(&call).await?;
         Ok(())
     }
 
     /// The acquire script call for `req`. It names no node: Redlock sends one call to every node
     /// (their prefixes are the same).
-    pub(crate) fn acquire_cmd(&self, req: &AcquireRequest) -> ::redis::Cmd {
+    pub(crate) fn acquire_call(&self, req: &AcquireRequest) -> ScriptCall {
         let (record_key, fence_key) = (self.record_key(&req.key), self.fence_key(&req.key));
         // The record around the fence and times the script adds, in the fields' order.
         let mut head = Vec::with_capacity(64 + 2 * req.key.as_str().len() + req.holder.len());
@@ -780,8 +823,8 @@ impl RedisStore {
         tail.push(b'}');
         let waiter_ms = req.waiter_ttl.map_or(0, |d| d.as_millis().max(1) as u64);
         let bytes = record_key.len() + fence_key.len() + head.len() + tail.len() + 48;
-        let mut cmd = self.inner.scripts.acquire.cmd(2, 6, bytes);
-        cmd.arg(record_key)
+        let mut call = self.inner.scripts.acquire.prepare(2, 6, bytes);
+        call.arg(record_key)
             .arg(fence_key)
             .arg(head)
             .arg(tail)
@@ -789,19 +832,7 @@ impl RedisStore {
             .arg(req.fences.max(1))
             .arg(waiter_ms)
             .arg(u8::from(req.watching));
-        cmd
-    }
-
-    /// Sends `cmd`, a call of the script `script` picks (see [`acquire_cmd`](Self::acquire_cmd)
-    /// and [`release_cmd`](Self::release_cmd)), bounded by the store's timeout. Owns what it
-    /// needs, so it can be left to run on its own.
-    pub(crate) fn call_owned<T: ::redis::FromRedisValue + Send + 'static>(
-        &self,
-        script: fn(&Scripts) -> &Lua,
-        cmd: Arc<::redis::Cmd>,
-    ) -> impl std::future::Future<Output = Result<T>> + Send + 'static {
-        let node = self.clone();
-        async move { node.call(script(&node.inner.scripts), &cmd).await }
+        call
     }
 
     /// Reads the acquire script's answer to the call for `req`.
@@ -852,12 +883,9 @@ impl RedisStore {
     }
 
     /// The release script call for `token` on `key` (the same for every Redlock node).
-    pub(crate) fn release_cmd(&self, key: &Key, token: &str) -> ::redis::Cmd {
-        let record_key = self.record_key(key);
-        let bytes = record_key.len() + 2 * token.len() + 8;
-        let mut cmd = self.inner.scripts.release.cmd(1, 2, bytes);
-        cmd.arg(record_key).arg(token).arg(json_str(token));
-        cmd
+    pub(crate) fn release_call(&self, key: &Key, token: &str) -> ScriptCall {
+        let script = &self.inner.scripts.release;
+        Self::one_key(script, self.record_key(key), &[token, &json_str(token)])
     }
 
     /// The release script's answer as an outcome.
@@ -1031,9 +1059,7 @@ impl LockStore for RedisStore {
     }
 
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome> {
-        let answer = self
-            .call(&self.inner.scripts.acquire, &self.acquire_cmd(req))
-            .await?;
+        let answer = self.call(&self.acquire_call(req)).await?;
         self.acquire_answer(req, answer)
     }
 
@@ -1055,18 +1081,15 @@ impl LockStore for RedisStore {
     }
 
     async fn release(&self, key: &Key, token: &str) -> Result<ReleaseOutcome> {
-        let answer = self
-            .call(&self.inner.scripts.release, &self.release_cmd(key, token))
-            .await?;
+        let answer = self.call(&self.release_call(key, token)).await?;
         Ok(Self::release_answer(answer))
     }
 
     async fn withdraw_waiter(&self, key: &Key, token: &str) -> Result<()> {
         let script = &self.inner.scripts.withdraw;
-        let record_key = self.record_key(key);
-        let mut cmd = script.cmd(1, 1, record_key.len() + token.len());
-        cmd.arg(record_key).arg(token);
-        let _: i64 = self.call(script, &cmd).await?;
+        let _: i64 = self
+            .call(&Self::one_key(script, self.record_key(key), &[token]))
+            .await?;
         Ok(())
     }
 
@@ -1114,10 +1137,9 @@ impl LockStore for RedisStore {
 
     async fn force_release(&self, key: &Key) -> Result<Option<LeaseRecord>> {
         let script = &self.inner.scripts.force;
-        let record_key = self.record_key(key);
-        let mut cmd = script.cmd(1, 0, record_key.len());
-        cmd.arg(record_key);
-        let raw: Option<Vec<u8>> = self.call(script, &cmd).await?;
+        let raw: Option<Vec<u8>> = self
+            .call(&Self::one_key(script, self.record_key(key), &[]))
+            .await?;
         Ok(raw.and_then(|raw| serde_json::from_slice(&raw).ok()))
     }
 

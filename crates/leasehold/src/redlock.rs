@@ -41,7 +41,7 @@
 use crate::error::{Error, Result};
 use crate::key::Key;
 use crate::record::LeaseRecord;
-use crate::redis::{Lua, RedisOptions, RedisStore, Scripts};
+use crate::redis::{RedisOptions, RedisStore, ScriptCall};
 use crate::store::{
     AcquireOutcome, AcquireRequest, Capabilities, ChangeWatch, CleanupReport, Inspection,
     LockStore, LostReason, ReleaseOutcome, RenewOutcome,
@@ -146,20 +146,19 @@ impl RedlockStore {
         self.quorum
     }
 
-    /// Sends `cmd` (a call of the script `script` picks) to every node at once, each bounded by
+    /// Sends `call` to every node at once, each bounded by
     /// the per-node timeout, and hands the answers to `take` as they come (with the node's index)
     /// until it says the outcome is decided. Calls still running then run on in a task of their
     /// own: they were sent, and their nodes must see them.
     async fn race<T: ::redis::FromRedisValue + Send + 'static>(
         &self,
-        script: fn(&Scripts) -> &Lua,
-        cmd: ::redis::Cmd,
+        call: ScriptCall,
         mut take: impl FnMut(usize, Result<T>) -> bool,
     ) {
-        let (cmd, timeout) = (Arc::new(cmd), self.timeout);
+        let (call, timeout) = (Arc::new(call), self.timeout);
         let mut calls: FuturesUnordered<_> = (self.nodes.iter().enumerate())
             .map(|(i, (_, node))| {
-                let call = node.call_owned::<T>(script, cmd.clone());
+                let call = node.call_owned::<T>(call.clone());
                 async move { (i, tokio::time::timeout(timeout, call).await) }
             })
             .collect();
@@ -274,20 +273,16 @@ impl LockStore for RedlockStore {
         // that they hold the record too (a majority must still remember the lease if a granting
         // node restarts empty); their fences are not needed, every later majority meets a node
         // raised to ours.
-        let cmd = self.first().acquire_cmd(req);
-        self.race(
-            |s| &s.acquire,
-            cmd,
-            |i, answer: Result<::redis::Value>| {
-                let (name, node) = (&self.nodes[i].0, &self.nodes[i].1);
-                match answer.and_then(|a| node.acquire_answer(req, a)) {
-                    Ok(AcquireOutcome::Granted(rec)) => granted.push((node, rec)),
-                    Ok(AcquireOutcome::Held(rec)) => held.push(rec),
-                    Err(e) => failed.push((name, e)),
-                }
-                granted.len() >= self.quorum
-            },
-        )
+        let call = self.first().acquire_call(req);
+        self.race(call, |i, answer: Result<::redis::Value>| {
+            let (name, node) = (&self.nodes[i].0, &self.nodes[i].1);
+            match answer.and_then(|a| node.acquire_answer(req, a)) {
+                Ok(AcquireOutcome::Granted(rec)) => granted.push((node, rec)),
+                Ok(AcquireOutcome::Held(rec)) => held.push(rec),
+                Err(e) => failed.push((name, e)),
+            }
+            granted.len() >= self.quorum
+        })
         .await;
         if granted.len() >= self.quorum {
             let fence = granted.iter().map(|(_, r)| r.fence).max().unwrap_or(0);
@@ -317,9 +312,8 @@ impl LockStore for RedlockStore {
         }
         if !granted.is_empty() {
             // Undo the minority (or too slow) grants everywhere; the script frees only our token.
-            let cmd = self.first().release_cmd(&req.key, &req.token);
-            self.race(|s| &s.release, cmd, |_, _: Result<i64>| false)
-                .await;
+            let call = self.first().release_call(&req.key, &req.token);
+            self.race(call, |_, _: Result<i64>| false).await;
         }
         let answered = granted.len() + held.len();
         if answered < self.quorum {
@@ -395,23 +389,19 @@ impl LockStore for RedlockStore {
         // Decided once a majority released; the slower nodes' calls run on and free theirs.
         let (mut released, mut answered) = (0, 0);
         let mut failed: Vec<(&str, Error)> = vec![];
-        let cmd = self.first().release_cmd(key, token);
-        self.race(
-            |s| &s.release,
-            cmd,
-            |i, answer: Result<i64>| {
-                match answer {
-                    Ok(a) => {
-                        answered += 1;
-                        if RedisStore::release_answer(a) == ReleaseOutcome::Released {
-                            released += 1;
-                        }
+        let call = self.first().release_call(key, token);
+        self.race(call, |i, answer: Result<i64>| {
+            match answer {
+                Ok(a) => {
+                    answered += 1;
+                    if RedisStore::release_answer(a) == ReleaseOutcome::Released {
+                        released += 1;
                     }
-                    Err(e) => failed.push((&self.nodes[i].0, e)),
                 }
-                released >= self.quorum
-            },
-        )
+                Err(e) => failed.push((&self.nodes[i].0, e)),
+            }
+            released >= self.quorum
+        })
         .await;
         if answered == 0 {
             return Err(self.too_few(0, &failed));

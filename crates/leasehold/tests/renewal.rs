@@ -88,3 +88,57 @@ async fn ten_thousand_guards_renew_on_time() {
         assert_eq!(current, 10_000, "round {round}: renewals late");
     }
 }
+
+/// A guard's futures can be spawned (they hold no lock across an await), and `lost()` and
+/// `handoff_requested()` wake on the change they wait for, also when it happens while they wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_and_handoff_futures_are_send_and_wake() {
+    fn spawnable<F: std::future::Future + Send + 'static>(f: F) -> F {
+        f
+    }
+    let store: Arc<dyn LockStore> = Arc::new(MemoryStore::new());
+    let g = Arc::new(
+        Locks::from_arc(store.clone())
+            .lock("k")
+            .unwrap()
+            .ttl(TTL)
+            .acquire()
+            .await
+            .unwrap(),
+    );
+    let lost = tokio::spawn(spawnable({
+        let g = g.clone();
+        async move { g.lost().await }
+    }));
+    let asked = tokio::spawn(spawnable({
+        let g = g.clone();
+        async move { g.handoff_requested().await }
+    }));
+    // A waiter registers; the next renewal tells the holder.
+    let operator = store.clone();
+    let waiter = tokio::spawn(async move {
+        Locks::from_arc(store)
+            .with_holder(leasehold::HolderId::new("w"))
+            .lock("k")
+            .unwrap()
+            .ttl(TTL)
+            .wait(Duration::from_secs(5))
+            .acquire()
+            .await
+    });
+    assert_eq!(
+        tokio::time::timeout(Duration::from_secs(3), asked)
+            .await
+            .expect("handoff_requested fired")
+            .unwrap(),
+        "w"
+    );
+    // Taken from us: the force-release fires `lost()` at the next renewal.
+    operator.force_release(g.key()).await.unwrap();
+    let reason = tokio::time::timeout(Duration::from_secs(3), lost)
+        .await
+        .expect("lost fired")
+        .unwrap();
+    eprintln!("lost: {reason}");
+    waiter.await.unwrap().unwrap().release().await.unwrap();
+}
