@@ -146,10 +146,10 @@ impl RedlockStore {
         self.quorum
     }
 
-    /// Sends `call` to every node at once, each bounded by
-    /// the per-node timeout, and hands the answers to `take` as they come (with the node's index)
-    /// until it says the outcome is decided. Calls still running then run on in a task of their
-    /// own: they were sent, and their nodes must see them.
+    /// Sends `call` to every node at once, each bounded by the per-node timeout, and hands the
+    /// answers to `take` as they come (with the node's index) until it says the outcome is
+    /// decided. Calls still running then run on in a task of their own: they were sent, and their
+    /// nodes must see them.
     async fn race<T: ::redis::FromRedisValue + Send + 'static>(
         &self,
         call: ScriptCall,
