@@ -452,9 +452,31 @@ async fn a_fast_grant_returns_the_stored_record() {
     let key = leasehold::Key::new(leasehold_testkit::prefix("fast-grant/\"q\"\\é")).unwrap();
     let mut req = leasehold::AcquireRequest::new(key.clone(), "höst \"x\"", Duration::from_secs(5));
     req.labels.insert("task".into(), "a\"b\\c\u{1}".into());
+    let before = server_ms(server);
     let granted = granted(store.acquire(&req).await.unwrap());
+    let after = server_ms(server);
     assert_eq!(granted, stored(&*store, &key).await);
+    // Stamped with the server's time (the script builds it from TIME's strings).
+    assert!(
+        (before..=after).contains(&granted.acquired_ms),
+        "acquired {} not within the server's {before}..={after}",
+        granted.acquired_ms
+    );
+    assert_eq!(granted.renewed_ms, granted.acquired_ms);
+    assert_eq!(granted.expires_ms, granted.acquired_ms + 5000);
     store.release(&key, &req.token).await.unwrap();
+}
+
+/// The server's clock in milliseconds, from `TIME`.
+fn server_ms(server: &RedisServer) -> u64 {
+    let reply = server.command(&["TIME"]).unwrap();
+    // *2 $n seconds $n microseconds
+    let parts: Vec<u64> = reply
+        .lines()
+        .filter(|l| !l.starts_with('*') && !l.starts_with('$'))
+        .map(|l| l.trim().parse().unwrap())
+        .collect();
+    parts[0] * 1000 + parts[1] / 1000
 }
 
 /// Scripts go by `EVALSHA`; a server that forgot them (`SCRIPT FLUSH`, a restart) answers

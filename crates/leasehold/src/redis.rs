@@ -90,15 +90,18 @@ end
 const ACQUIRE_FREE: &str = r#"
 local raw = redis.call('GET', KEYS[1])
 if not raw then
+  -- The server's time in milliseconds as a string, from TIME's seconds and microseconds strings
+  -- (the microseconds' first digits, zero-padded to three): no number conversion.
   local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local us = t[2]
+  local ns
+  if #us > 3 then ns = t[1] .. string.rep('0', 6 - #us) .. string.sub(us, 1, -4) else ns = t[1] .. '000' end
   -- Each number formatted once, as an integer: Lua formats a number on every concatenation, with
   -- the floating-point '%.14g' (several times slower than '%d', and an exponent from 1e14 up);
   -- the TTL goes to PX as the string sent, not a number Redis would format again.
   local fence = string.format('%d', redis.call('INCRBY', KEYS[2], ARGV[4]))
-  local ns = string.format('%d', now)
   redis.call('SET', KEYS[1], ARGV[1] .. fence .. ',"acquired":' .. ns .. ',"renewed":' .. ns
-    .. ',"expires":' .. string.format('%d', now + ARGV[3]) .. ARGV[2], 'PX', ARGV[3])
+    .. ',"expires":' .. string.format('%d', ns + ARGV[3]) .. ARGV[2], 'PX', ARGV[3])
   -- A string, not a table: the cheapest reply to build.
   return fence .. ' ' .. ns
 end
