@@ -1083,6 +1083,27 @@ fn run_works_on_redis_and_redlock() {
         assert_eq!(out.status.code(), Some(0), "{url}: {out:?}");
         let fence: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
         assert!(fence >= 1);
+        // Released on every node before leasehold exited (Redlock answers once a majority did,
+        // and leasehold waits for the slower nodes' calls before it exits).
+        let servers: Vec<&leasehold_testkit::servers::RedisServer> = if url.starts_with("redlock") {
+            nodes.iter().collect()
+        } else {
+            vec![&server]
+        };
+        for _ in 0..5 {
+            let out = bare()
+                .args(["--store", &url, "run", "--key", "agent-1", "--", "true"])
+                .output()
+                .unwrap();
+            assert_eq!(out.status.code(), Some(0), "{url}: {out:?}");
+            for s in &servers {
+                assert_eq!(
+                    s.command(&["EXISTS", "leasehold:lock:agent-1"]).as_deref(),
+                    Some(":0\r\n"),
+                    "{url}: a node kept the record after leasehold exited"
+                );
+            }
+        }
         // Held by another process: --no-wait exits 75 naming the holder.
         let mut holder = bare()
             .args([

@@ -243,7 +243,8 @@ async fn acl_users_and_passwords_apply_to_every_node() {
 /// Once a majority granted, acquire answers without waiting for a stalled node (here stopped with
 /// SIGSTOP; the per-node timeout is 1 s), and the call sent to it runs on: when the node resumes it
 /// holds the record too, so the lease still survives one granting node restarting empty. The same
-/// for release: answered by a majority, and the stalled node's record freed when it resumes.
+/// for release: answered by a majority, and the stalled node's record freed when it resumes —
+/// which `flush` waits for.
 #[tokio::test]
 async fn a_stalled_node_delays_neither_acquire_nor_release_and_still_sees_both() {
     let s = three();
@@ -289,17 +290,25 @@ async fn a_stalled_node_delays_neither_acquire_nor_release_and_still_sees_both()
     let started = std::time::Instant::now();
     let released = g.release().await;
     let took = started.elapsed();
-    s[2].signal(libc::SIGCONT);
     assert_eq!(released.unwrap(), leasehold::Released::Released);
     assert!(
         took < Duration::from_millis(500),
         "release waited {took:?} for the stalled node"
     );
-    until("the stalled node kept the record", || {
-        record(&s[2]) == "$-1\r\n"
-    })
-    .await;
-    for node in &s[..2] {
+    // `flush` (which `release_all` and the CLI call before exiting) waits for the stalled node's
+    // release ...
+    let store = a.store().clone();
+    let mut flushing = tokio::spawn(async move { store.flush(Duration::from_secs(5)).await });
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), &mut flushing)
+            .await
+            .is_err(),
+        "flush returned while a node's release was still running"
+    );
+    s[2].signal(libc::SIGCONT);
+    flushing.await.unwrap();
+    // ... so once it returns, every node has freed the record.
+    for node in &s {
         assert_eq!(record(node), "$-1\r\n");
     }
 }

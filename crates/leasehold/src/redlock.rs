@@ -51,8 +51,10 @@ use futures_util::future::{join_all, select_all};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tokio::sync::Notify;
 
 /// The Redlock store; see the [module docs](self).
 #[derive(Debug, Clone)]
@@ -61,6 +63,14 @@ pub struct RedlockStore {
     quorum: usize,
     timeout: Duration,
     described: String,
+    background: Arc<Background>,
+}
+
+/// Calls to the slower nodes left running after a majority answered, for [`LockStore::flush`].
+#[derive(Debug, Default)]
+struct Background {
+    running: AtomicUsize,
+    done: Notify,
 }
 
 impl RedlockStore {
@@ -90,6 +100,7 @@ impl RedlockStore {
             nodes,
             timeout: opts.timeout,
             described,
+            background: Arc::default(),
         })
     }
 
@@ -174,7 +185,14 @@ impl RedlockStore {
             }
         }
         if !calls.is_empty() {
-            tokio::spawn(calls.for_each(|_| async {}));
+            let background = self.background.clone();
+            background.running.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                calls.for_each(|_| async {}).await;
+                if background.running.fetch_sub(1, Ordering::SeqCst) == 1 {
+                    background.done.notify_waiters();
+                }
+            });
         }
     }
 
@@ -481,6 +499,19 @@ impl LockStore for RedlockStore {
 
     async fn cleanup(&self, _older_than: Duration) -> Result<CleanupReport> {
         Ok(CleanupReport::default())
+    }
+
+    async fn flush(&self, within: Duration) {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let done = self.background.done.notified();
+            if self.background.running.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, done).await.is_err() {
+                return;
+            }
+        }
     }
 
     async fn subscribe(&self, key: &Key) -> Result<Option<Box<dyn ChangeWatch>>> {

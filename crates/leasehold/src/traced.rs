@@ -130,4 +130,8 @@ impl LockStore for Traced {
         )
         .await
     }
+
+    async fn flush(&self, within: Duration) {
+        self.inner.flush(within).await
+    }
 }
