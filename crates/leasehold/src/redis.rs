@@ -254,19 +254,21 @@ return 1
 /// `NOSCRIPT` (after a restart or `SCRIPT FLUSH`).
 ///
 /// Calls are built straight into a [`::redis::Cmd`] (one buffer), not through
-/// [`::redis::ScriptInvocation`], which copies every argument once more.
+/// [`::redis::ScriptInvocation`], which copies every argument once more. Every call holds its
+/// script ([`ScriptCall`]), so the hash and body share one `Arc`.
 #[derive(Clone)]
-pub(crate) struct Lua {
-    hash: Arc<str>,
-    body: Arc<str>,
+pub(crate) struct Lua(Arc<LuaText>);
+
+/// A script's text and its SHA-1.
+struct LuaText {
+    hash: String,
+    body: String,
 }
 
 impl Lua {
     fn new(body: String) -> Self {
-        Lua {
-            hash: ::redis::Script::new(&body).get_hash().into(),
-            body: body.into(),
-        }
+        let hash = ::redis::Script::new(&body).get_hash().to_owned();
+        Lua(Arc::new(LuaText { hash, body }))
     }
 
     /// A call of this script taking `keys` keys; the caller appends the keys, then the arguments
@@ -274,7 +276,7 @@ impl Lua {
     /// growing them costs more than the rest of building the call).
     fn prepare(&self, keys: usize, args: usize, bytes: usize) -> ScriptCall {
         let mut cmd = ::redis::Cmd::with_capacity(3 + keys + args, 64 + bytes);
-        cmd.arg("EVALSHA").arg(&*self.hash).arg(keys);
+        cmd.arg("EVALSHA").arg(&self.0.hash).arg(keys);
         ScriptCall {
             lua: self.clone(),
             cmd,
@@ -314,7 +316,7 @@ impl ScriptCall {
             {
                 let _: String = ::redis::cmd("SCRIPT")
                     .arg("LOAD")
-                    .arg(&*self.lua.body)
+                    .arg(&self.lua.0.body)
                     .query_async(conn)
                     .await?;
                 self.cmd.query_async(conn).await
