@@ -89,7 +89,7 @@ pub(crate) async fn run(store_url: Option<&str>, args: RunArgs) -> Result<u8, Fa
     let mut child = match command.spawn() {
         Ok(child) => child,
         Err(e) => {
-            release(&locks, &guard, &key).await;
+            release(&guard, &key).await;
             let code = if e.kind() == io::ErrorKind::NotFound {
                 NOT_FOUND
             } else {
@@ -129,14 +129,14 @@ pub(crate) async fn run(store_url: Option<&str>, args: RunArgs) -> Result<u8, Fa
     match end {
         End::Exited(status) => {
             finish_group().await;
-            release(&locks, &guard, &key).await;
+            release(&guard, &key).await;
             exit_status(status)
         }
         End::Signalled(sig) => {
             forward(&child, sig);
             let status = wait_within(&mut child, args.grace, &mut signals).await;
             finish_group().await;
-            release(&locks, &guard, &key).await;
+            release(&guard, &key).await;
             exit_status(status)
         }
         End::Lost(reason) => {
@@ -152,7 +152,6 @@ pub(crate) async fn run(store_url: Option<&str>, args: RunArgs) -> Result<u8, Fa
             finish_group().await;
             // Not ours any more; this only stops the guard (the store answers "not held").
             let _ = guard.release().await;
-            locks.store().flush(FLUSH).await;
             Ok(LOST)
         }
     }
@@ -278,16 +277,8 @@ pub(crate) fn die_with_parent(command: &mut Command) {
 }
 
 /// Releases the lease after the command has finished, telling the user if it was lost.
-/// How long leasehold waits at exit for store calls left running in the background (Redlock's
-/// calls to its slower nodes) before it exits anyway.
-const FLUSH: Duration = Duration::from_secs(2);
-
-/// Releases the lease, reporting a failure, and lets the store finish what it left running in
-/// the background (so a Redlock release reaches the slower nodes too) before leasehold exits.
-async fn release(locks: &Locks, guard: &LeaseGuard, key: &Key) {
-    let released = guard.release().await;
-    locks.store().flush(FLUSH).await;
-    match released {
+async fn release(guard: &LeaseGuard, key: &Key) {
+    match guard.release().await {
         Ok(Released::Released | Released::AlreadyReleased) => {}
         Ok(Released::Lost(reason)) => exit::report(&format!(
             "the lease on {:?} was no longer held when the command finished: {reason}",

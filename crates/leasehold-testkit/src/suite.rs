@@ -873,9 +873,6 @@ impl LockStore for Counting {
     ) -> leasehold::Result<Option<Box<dyn leasehold::ChangeWatch>>> {
         self.inner.subscribe(key).await
     }
-    async fn flush(&self, within: Duration) {
-        self.inner.flush(within).await
-    }
 }
 
 /// Waiters wait on notifications or timers, never in a busy loop: two waiters over a held lease

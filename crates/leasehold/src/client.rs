@@ -111,8 +111,7 @@ impl Locks {
     /// It also ends local handoff for this `Locks` (it keeps working otherwise): a lease a task
     /// releases from then on goes back to the store, and a lease that was being handed to the
     /// next task of the process when it was called is released once that task holds it (or in
-    /// the store, if the task gave up), waiting up to 5 s for that — and for the calls the store
-    /// left running in the background ([`LockStore::flush`]: Redlock's slower nodes).
+    /// the store, if the task gave up), waiting up to 5 s for that.
     ///
     /// # Errors
     /// The first store error; every lease is attempted regardless.
@@ -155,10 +154,6 @@ impl Locks {
                 break;
             }
         }
-        // Calls the store left running (Redlock's slower nodes) finish before we say done.
-        self.store
-            .flush(deadline.saturating_duration_since(Instant::now()))
-            .await;
         match first_err {
             Some(e) => Err(e),
             None => Ok(released),

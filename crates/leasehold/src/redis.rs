@@ -753,7 +753,7 @@ impl RedisStore {
     }
 
     /// Sends a script call, bounded by the store's timeout.
-    async fn call<T: ::redis::FromRedisValue>(&self, call: &ScriptCall) -> Result<T> {
+    pub(crate) async fn call<T: ::redis::FromRedisValue>(&self, call: &ScriptCall) -> Result<T> {
         let mut conn = self.inner.conn.clone();
         bounded(
             &self.inner.described,
@@ -762,17 +762,6 @@ impl RedisStore {
             call.send(&mut conn),
         )
         .await
-    }
-
-    /// [`call`](Self::call), owning what it needs, so it can be left to run on its own (Redlock
-    /// sends one call to every node and lets the slower ones run on).
-    #[cfg(feature = "redlock")]
-    pub(crate) fn call_owned<T: ::redis::FromRedisValue + Send + 'static>(
-        &self,
-        call: Arc<ScriptCall>,
-    ) -> impl std::future::Future<Output = Result<T>> + Send + 'static {
-        let node = self.clone();
-        async move { node.call(&call).await }
     }
 
     /// A call of `script` (one of ours that takes one key) on `key` with `args`.

@@ -9,10 +9,9 @@
 //! * **Acquire**: the acquire script of the [Redis store](crate::redis) runs on all nodes at once
 //!   with the same owner token and a short per-node timeout (default 200 ms, `?timeout=`). The lease
 //!   is ours only if a majority (`N/2 + 1`) granted it and the remaining validity
-//!   `TTL − elapsed − drift` (drift = `TTL × 0.01 + 2 ms`) is positive. Once a majority granted,
-//!   the answer does not wait for the slower nodes; their calls run on, so they hold the record
-//!   too, kept alive and freed by the renewals and the release, which go to every node. Otherwise
-//!   it is released on every node and the answer is "held" (waiters retry with jittered backoff) —
+//!   `TTL − elapsed − drift` (drift = `TTL × 0.01 + 2 ms`) is positive; every node's answer (or
+//!   timeout) is awaited, so that the lease is on every node that could take it. Otherwise it is
+//!   released on every node and the answer is "held" (waiters retry with jittered backoff) —
 //!   or, if fewer than a majority of nodes answered at all, an [`Error::Unavailable`] naming the
 //!   unreachable nodes (a non-retryable [`Error::Store`] instead when too many of them failed in a
 //!   way retrying cannot heal: a wrong password, a missing ACL permission).
@@ -24,8 +23,7 @@
 //! * **Renew** runs on all nodes; it succeeds with a majority of renewals. When a majority refuses,
 //!   the lease is lost; when too few nodes answer, the renewal is retried until the lease's validity
 //!   runs out, and then `lost()` fires.
-//! * **Release** runs on all nodes; it answers once a majority released (the slower nodes' calls
-//!   run on).
+//! * **Release** runs on all nodes and answers when every node answered or timed out.
 //!
 //! # Where the guarantees end
 //! Mutual exclusion needs a majority of nodes to remember the lease for its TTL. A node restarted
@@ -41,20 +39,16 @@
 use crate::error::{Error, Result};
 use crate::key::Key;
 use crate::record::LeaseRecord;
-use crate::redis::{RedisOptions, RedisStore, ScriptCall};
+use crate::redis::{RedisOptions, RedisStore};
 use crate::store::{
     AcquireOutcome, AcquireRequest, Capabilities, ChangeWatch, CleanupReport, Inspection,
     LockStore, LostReason, ReleaseOutcome, RenewOutcome,
 };
 use async_trait::async_trait;
 use futures_util::future::{join_all, select_all};
-use futures_util::stream::{FuturesUnordered, StreamExt};
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::Notify;
 
 /// The Redlock store; see the [module docs](self).
 #[derive(Debug, Clone)]
@@ -63,14 +57,6 @@ pub struct RedlockStore {
     quorum: usize,
     timeout: Duration,
     described: String,
-    background: Arc<Background>,
-}
-
-/// Calls to the slower nodes left running after a majority answered, for [`LockStore::flush`].
-#[derive(Debug, Default)]
-struct Background {
-    running: AtomicUsize,
-    done: Notify,
 }
 
 impl RedlockStore {
@@ -100,7 +86,6 @@ impl RedlockStore {
             nodes,
             timeout: opts.timeout,
             described,
-            background: Arc::default(),
         })
     }
 
@@ -155,45 +140,6 @@ impl RedlockStore {
     /// The number of nodes that must agree.
     pub fn quorum(&self) -> usize {
         self.quorum
-    }
-
-    /// Sends `call` to every node at once, each bounded by the per-node timeout, and hands the
-    /// answers to `take` as they come (with the node's index) until it says the outcome is
-    /// decided. Calls still running then run on in a task of their own: they were sent, and their
-    /// nodes must see them.
-    async fn race<T: ::redis::FromRedisValue + Send + 'static>(
-        &self,
-        call: ScriptCall,
-        mut take: impl FnMut(usize, Result<T>) -> bool,
-    ) {
-        let (call, timeout) = (Arc::new(call), self.timeout);
-        let mut calls: FuturesUnordered<_> = (self.nodes.iter().enumerate())
-            .map(|(i, (_, node))| {
-                let call = node.call_owned::<T>(call.clone());
-                async move { (i, tokio::time::timeout(timeout, call).await) }
-            })
-            .collect();
-        while let Some((i, answer)) = calls.next().await {
-            let answer = answer.unwrap_or_else(|_| {
-                Err(Error::Unavailable {
-                    store: self.nodes[i].0.clone(),
-                    detail: "no answer in time".into(),
-                })
-            });
-            if take(i, answer) {
-                break;
-            }
-        }
-        if !calls.is_empty() {
-            let background = self.background.clone();
-            background.running.fetch_add(1, Ordering::SeqCst);
-            tokio::spawn(async move {
-                calls.for_each(|_| async {}).await;
-                if background.running.fetch_sub(1, Ordering::SeqCst) == 1 {
-                    background.done.notify_waiters();
-                }
-            });
-        }
     }
 
     /// Runs `f` on every node at once, each bounded by the per-node timeout.
@@ -286,22 +232,25 @@ impl LockStore for RedlockStore {
         let mut granted: Vec<(&RedisStore, LeaseRecord)> = vec![];
         let mut held: Vec<LeaseRecord> = vec![];
         let mut failed: Vec<(&str, Error)> = vec![];
-        // One call, built once, sent to every node (their prefixes are the same). Once a
-        // majority granted, the lease is decided without the slower nodes, whose calls run on so
-        // that they hold the record too (a majority must still remember the lease if a granting
-        // node restarts empty); their fences are not needed, every later majority meets a node
-        // raised to ours.
+        // One call, built once, sent to every node (their prefixes are the same). Every node's
+        // answer is awaited (or its timeout), not just a majority's: a lease granted by all the
+        // nodes that could is what lets it survive one granting node restarting empty (answering
+        // at a majority left a moment in which a restart let a second holder in; the test
+        // `a_lease_holder_keeps_renewing_while_a_node_restarts_empty` caught it).
         let call = self.first().acquire_call(req);
-        self.race(call, |i, answer: Result<::redis::Value>| {
-            let (name, node) = (&self.nodes[i].0, &self.nodes[i].1);
-            match answer.and_then(|a| node.acquire_answer(req, a)) {
+        let answers = self
+            .all(|n| async {
+                let answer = n.call(&call).await?;
+                n.acquire_answer(req, answer)
+            })
+            .await;
+        for ((name, r), (_, node)) in answers.into_iter().zip(&self.nodes) {
+            match r {
                 Ok(AcquireOutcome::Granted(rec)) => granted.push((node, rec)),
                 Ok(AcquireOutcome::Held(rec)) => held.push(rec),
                 Err(e) => failed.push((name, e)),
             }
-            granted.len() >= self.quorum
-        })
-        .await;
+        }
         if granted.len() >= self.quorum {
             let fence = granted.iter().map(|(_, r)| r.fence).max().unwrap_or(0);
             // Per-node counters drift apart (a node that refused, or a grant undone for want of a
@@ -331,7 +280,7 @@ impl LockStore for RedlockStore {
         if !granted.is_empty() {
             // Undo the minority (or too slow) grants everywhere; the script frees only our token.
             let call = self.first().release_call(&req.key, &req.token);
-            self.race(call, |_, _: Result<i64>| false).await;
+            let _ = self.all(|n| n.call::<i64>(&call)).await;
         }
         let answered = granted.len() + held.len();
         if answered < self.quorum {
@@ -404,26 +353,15 @@ impl LockStore for RedlockStore {
     }
 
     async fn release(&self, key: &Key, token: &str) -> Result<ReleaseOutcome> {
-        // Decided once a majority released; the slower nodes' calls run on and free theirs.
-        let (mut released, mut answered) = (0, 0);
-        let mut failed: Vec<(&str, Error)> = vec![];
+        // Every node answers (or times out) before the release does: a release answered by a
+        // majority alone would leave the record on a slower node for a moment, which `inspect`
+        // and `list` (the union of the nodes' records) would still show.
         let call = self.first().release_call(key, token);
-        self.race(call, |i, answer: Result<i64>| {
-            match answer {
-                Ok(a) => {
-                    answered += 1;
-                    if RedisStore::release_answer(a) == ReleaseOutcome::Released {
-                        released += 1;
-                    }
-                }
-                Err(e) => failed.push((&self.nodes[i].0, e)),
-            }
-            released >= self.quorum
-        })
-        .await;
-        if answered == 0 {
-            return Err(self.too_few(0, &failed));
-        }
+        let answers = self.answers(|n| n.call::<i64>(&call)).await?;
+        let released = answers
+            .into_iter()
+            .filter(|a| RedisStore::release_answer(*a) == ReleaseOutcome::Released)
+            .count();
         Ok(if released > 0 {
             ReleaseOutcome::Released
         } else {
@@ -499,19 +437,6 @@ impl LockStore for RedlockStore {
 
     async fn cleanup(&self, _older_than: Duration) -> Result<CleanupReport> {
         Ok(CleanupReport::default())
-    }
-
-    async fn flush(&self, within: Duration) {
-        let deadline = tokio::time::Instant::now() + within;
-        loop {
-            let done = self.background.done.notified();
-            if self.background.running.load(Ordering::SeqCst) == 0 {
-                return;
-            }
-            if tokio::time::timeout_at(deadline, done).await.is_err() {
-                return;
-            }
-        }
     }
 
     async fn subscribe(&self, key: &Key) -> Result<Option<Box<dyn ChangeWatch>>> {

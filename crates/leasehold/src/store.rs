@@ -217,13 +217,6 @@ pub trait LockStore: Send + Sync + fmt::Debug + 'static {
     async fn subscribe(&self, _key: &Key) -> Result<Option<Box<dyn ChangeWatch>>> {
         Ok(None)
     }
-
-    /// Waits, at most `within`, for calls this store left running in the background to finish:
-    /// Redlock answers once a majority of nodes did and lets its calls to the slower nodes run
-    /// on. Call it before the process exits, so that those nodes see the last releases too
-    /// ([`crate::Locks::release_all`] does); a call cut short by the exit leaves a record there
-    /// until its TTL. Stores with nothing in the background return at once.
-    async fn flush(&self, _within: Duration) {}
 }
 
 /// A record read from a [`RecordStore`], with the version that conditions the next write.

@@ -130,8 +130,4 @@ impl LockStore for Traced {
         )
         .await
     }
-
-    async fn flush(&self, within: Duration) {
-        self.inner.flush(within).await
-    }
 }
