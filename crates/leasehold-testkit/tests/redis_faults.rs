@@ -743,3 +743,56 @@ async fn a_server_restarted_empty_reconnects_and_its_fences_start_again() {
     await_waiting(&server, "after", "\"waiter_token\":\"").await;
     release_wakes(g, waiter, "a waiter after the restart").await;
 }
+
+/// A server that stops answering while a contender waits: the contender's wait limit still holds
+/// (every call to the server is bounded, the pub/sub subscription included).
+#[tokio::test]
+async fn a_wait_limit_holds_when_the_server_stops_answering() {
+    let server = RedisServer::start();
+    let url = format!("{}?timeout=200ms", server.url());
+    let holder = locks(&url, "h").await;
+    let g = holder
+        .lock("job")
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .unwrap();
+    let contender = locks(&url, "c").await;
+    // The contender's pub/sub connection exists already (it waited for a key before).
+    let other = holder
+        .lock("other")
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .unwrap();
+    let waited = contender
+        .lock("other")
+        .unwrap()
+        .wait(Duration::from_millis(100))
+        .acquire()
+        .await;
+    assert!(waited.is_err());
+    drop(other);
+    server.signal(libc::SIGSTOP);
+    let started = Instant::now();
+    let got = tokio::time::timeout(
+        Duration::from_secs(5),
+        contender
+            .lock("job")
+            .unwrap()
+            .wait(Duration::from_secs(1))
+            .acquire(),
+    )
+    .await;
+    let took = started.elapsed();
+    server.signal(libc::SIGCONT);
+    let got = got.expect("the 1 s wait limit did not hold: acquire still waiting after 5 s");
+    assert!(got.is_err(), "granted while the holder holds it");
+    assert!(
+        took < Duration::from_secs(2),
+        "took {took:?} for a 1 s limit"
+    );
+    drop(g);
+}

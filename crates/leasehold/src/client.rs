@@ -482,12 +482,19 @@ impl LockBuilder {
             }
             if !subscribed {
                 subscribed = true;
-                watch = match store.subscribe(&key).await {
-                    Ok(w) => w,
-                    Err(e) => {
+                // Within the wait limit, whatever the store does.
+                let subscribing = store.subscribe(&key);
+                let answer = match deadline {
+                    Some(d) => tokio::time::timeout_at(d, subscribing).await.ok(),
+                    None => Some(subscribing.await),
+                };
+                watch = match answer {
+                    Some(Ok(w)) => w,
+                    Some(Err(e)) => {
                         tracing::debug!(key = %key, error = %e, "no change notification; polling");
                         None
                     }
+                    None => None,
                 };
                 req.watching = watch.is_some();
                 continue;

@@ -921,6 +921,8 @@ struct Hub {
     sink: PubSubSink,
     subs: Subs,
     alive: watch::Receiver<bool>,
+    /// The store's per-call timeout, which bounds waiting for a subscription's confirmation.
+    timeout: Duration,
 }
 
 type Subs = Arc<Mutex<HashMap<String, (watch::Sender<()>, usize)>>>;
@@ -950,7 +952,12 @@ impl Hub {
                 tx.send_replace(());
             }
         });
-        Ok(Arc::new(Hub { sink, subs, alive }))
+        Ok(Arc::new(Hub {
+            sink,
+            subs,
+            alive,
+            timeout,
+        }))
     }
 
     fn dead(&self) -> bool {
@@ -975,9 +982,15 @@ impl Hub {
         };
         if first {
             // Confirmed by the server before we return: no release published after this is missed.
-            sink.subscribe(&channel)
-                .await
-                .map_err(|e| map_err(store, e))?;
+            // Bounded like every call: a server that stopped answering must not hold a waiter
+            // past its wait limit.
+            bounded(
+                store,
+                self.timeout,
+                "no subscription confirmation",
+                sink.subscribe(&channel),
+            )
+            .await?;
         }
         Ok(w)
     }
