@@ -49,6 +49,17 @@ enum FloorAcquire {
     Multi,
 }
 
+/// The floor's acquire: `SET key token NX PX ttl`.
+fn set_nx(key: &str, token: &str) -> redis::Cmd {
+    let mut set = redis::cmd("SET");
+    set.arg(key)
+        .arg(token)
+        .arg("NX")
+        .arg("PX")
+        .arg(TTL.as_millis() as u64);
+    set
+}
+
 #[derive(Clone)]
 enum Impl {
     /// A floor: acquire as [`FloorAcquire`] says, release with the compare-and-delete script.
@@ -73,7 +84,11 @@ impl Impl {
                     let (key, token, acquire) = (key.to_owned(), token.clone(), acquire.clone());
                     async move {
                         match acquire {
-                            FloorAcquire::Set => {}
+                            FloorAcquire::Set => {
+                                let r: Option<String> =
+                                    set_nx(&key, &token).query_async(&mut c).await.unwrap();
+                                r.map(|_| token)
+                            }
                             FloorAcquire::Script(fenced) => {
                                 let f: i64 = fenced
                                     .key(&key)
@@ -83,35 +98,20 @@ impl Impl {
                                     .invoke_async(&mut c)
                                     .await
                                     .unwrap();
-                                return (f > 0).then(|| format!("{token}:{f}"));
+                                (f > 0).then(|| format!("{token}:{f}"))
                             }
                             FloorAcquire::Multi => {
                                 let (_fence, set): (i64, Option<String>) = redis::pipe()
                                     .atomic()
                                     .cmd("INCR")
                                     .arg(format!("{key}:fence"))
-                                    .cmd("SET")
-                                    .arg(&key)
-                                    .arg(&token)
-                                    .arg("NX")
-                                    .arg("PX")
-                                    .arg(TTL.as_millis() as u64)
+                                    .add_command(set_nx(&key, &token))
                                     .query_async(&mut c)
                                     .await
                                     .unwrap();
-                                return set.map(|_| token);
+                                set.map(|_| token)
                             }
                         }
-                        let r: Option<String> = redis::cmd("SET")
-                            .arg(&key)
-                            .arg(&token)
-                            .arg("NX")
-                            .arg("PX")
-                            .arg(TTL.as_millis() as u64)
-                            .query_async(&mut c)
-                            .await
-                            .unwrap();
-                        r.map(|_| token)
                     }
                 });
                 let values = join(sets).await;

@@ -360,9 +360,8 @@ impl LockStore for RedlockStore {
         let answers = self.answers(|n| n.call::<i64>(&call)).await?;
         let released = answers
             .into_iter()
-            .filter(|a| RedisStore::release_answer(*a) == ReleaseOutcome::Released)
-            .count();
-        Ok(if released > 0 {
+            .any(|a| RedisStore::release_answer(a) == ReleaseOutcome::Released);
+        Ok(if released {
             ReleaseOutcome::Released
         } else {
             ReleaseOutcome::NotHeld

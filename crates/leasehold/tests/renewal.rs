@@ -93,9 +93,6 @@ async fn ten_thousand_guards_renew_on_time() {
 /// `handoff_requested()` wake on the change they wait for, also when it happens while they wait.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lost_and_handoff_futures_are_send_and_wake() {
-    fn spawnable<F: std::future::Future + Send + 'static>(f: F) -> F {
-        f
-    }
     let store: Arc<dyn LockStore> = Arc::new(MemoryStore::new());
     let g = Arc::new(
         Locks::from_arc(store.clone())
@@ -106,14 +103,15 @@ async fn lost_and_handoff_futures_are_send_and_wake() {
             .await
             .unwrap(),
     );
-    let lost = tokio::spawn(spawnable({
+    // `tokio::spawn` takes only `Send + 'static` futures.
+    let lost = tokio::spawn({
         let g = g.clone();
         async move { g.lost().await }
-    }));
-    let asked = tokio::spawn(spawnable({
+    });
+    let asked = tokio::spawn({
         let g = g.clone();
         async move { g.handoff_requested().await }
-    }));
+    });
     // A waiter registers; the next renewal tells the holder.
     let operator = store.clone();
     let waiter = tokio::spawn(async move {
