@@ -2,7 +2,8 @@
 //!
 //! `cargo bench -p leasehold-testkit --bench redis` (about four minutes: every throughput row is
 //! the median of 3 interleaved runs, `-- rounds=N` to change), `-- --quick` for a smoke run.
-//! Starts its own `redis-server`s (1 + 3) on free loopback ports.
+//! Starts its own `redis-server`s (1 + 3) on free loopback ports; `-- unix` runs the one-node rows
+//! through the server's Unix socket instead.
 //!
 //! 1. Acquire+release cycles/s and p50/p99 latency with 1, 8 and 64 concurrent tasks over distinct
 //!    keys: (a) the floor — `SET NX PX` + a compare-and-delete script through the same client;
@@ -472,7 +473,9 @@ fn main() {
         .max(1);
     let one = RedisServer::start();
     let three: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
-    let one_url = vec![one.url()];
+    // `-- unix`: the one-node runs go through the server's Unix socket (`redis+unix://`).
+    let unix = std::env::args().any(|a| a == "unix");
+    let one_url = vec![if unix { one.unix_url() } else { one.url() }];
     let three_urls: Vec<String> = three.iter().map(RedisServer::url).collect();
     let _ = redlock_url(&three);
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -495,8 +498,13 @@ fn main() {
         .unwrap_or_else(|| vec![1, 8, 64]);
     // `-- only=hot` runs the hot-key runs alone.
     let hot_only = only.as_deref() == Some("hot");
+    let one_label = if unix {
+        "redis, 1 node, Unix socket"
+    } else {
+        "redis, 1 node"
+    };
     for (label, urls, pids) in [
-        ("redis, 1 node", &one_url, &one_pids),
+        (one_label, &one_url, &one_pids),
         ("redlock, 3 nodes", &three_urls, &three_pids),
     ] {
         if hot_only {

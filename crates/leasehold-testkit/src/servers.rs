@@ -61,7 +61,11 @@ fn spawn(mut cmd: Command) -> std::io::Result<Child> {
 /// inspection and listing, pub/sub. (`+select` too for a database other than 0.)
 pub const LOCKER_ACL: &str = "locker on >s3cret ~leasehold:* &leasehold:* -@all +evalsha +script|load +get +mget +scan +subscribe +unsubscribe +set +del +incrby +time +publish";
 
-/// A `redis-server` on a free port with no persistence, stopped (SIGKILL by PID) on drop.
+/// The name of a [`RedisServer`]'s Unix socket in its directory.
+const SOCKET: &str = "redis.sock";
+
+/// A `redis-server` on a free port (and a Unix socket in its directory) with no persistence,
+/// stopped (SIGKILL by PID) on drop.
 #[derive(Debug)]
 pub struct RedisServer {
     /// Its port.
@@ -129,6 +133,9 @@ impl RedisServer {
         cmd.args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .arg("--dir")
             .arg(dir.path())
+            .arg("--unixsocket")
+            .arg(dir.path().join(SOCKET))
+            .args(["--unixsocketperm", "700"])
             .args(["--daemonize", "no", "--loglevel", "warning"])
             .args(config)
             .stdout(Stdio::null())
@@ -164,6 +171,16 @@ impl RedisServer {
         } else {
             format!("redis://127.0.0.1:{}/0", self.port)
         }
+    }
+
+    /// `redis+unix:///DIR/redis.sock?db=0`: the same server through its Unix socket.
+    pub fn unix_url(&self) -> String {
+        format!("redis+unix://{}?db=0", self.socket().display())
+    }
+
+    /// The server's Unix socket.
+    pub fn socket(&self) -> PathBuf {
+        self.dir.path().join(SOCKET)
     }
 
     /// Whether the server answers `PING` (for TLS, through `redis-cli --tls`).

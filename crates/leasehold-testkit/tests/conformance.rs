@@ -1,4 +1,5 @@
-//! The conformance suite against memory, record-memory (through the generic adapter) and file.
+//! The conformance suite against every store (and every way to reach one: `redis://`, `rediss://`,
+//! `redis+unix://`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -35,6 +36,17 @@ mod redis {
         leasehold::open_store(&server.url())
             .await
             .expect("redis store")
+    }
+    leasehold_testkit::conformance_tests!(store().await);
+}
+
+mod redis_unix {
+    use super::*;
+    async fn store() -> Arc<dyn LockStore> {
+        let server = leasehold_testkit::servers::shared_redis();
+        leasehold::open_store(&server.unix_url())
+            .await
+            .expect("redis+unix store")
     }
     leasehold_testkit::conformance_tests!(store().await);
 }

@@ -565,6 +565,29 @@ fn redis_cli(server: &RedisServer, db: u32, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
+/// Through `url` (on `server`'s database 0, default prefix): a lease of `key` with a 600 ms TTL
+/// outlives two TTLs by renewals, and its release wakes a registered waiter by pub/sub. Returns
+/// the holder's and the waiter's [`Locks`] (their connections still open).
+async fn renew_and_hand_over(server: &RedisServer, url: &str, key: &str) -> (Locks, Locks) {
+    let a = locks(url, "a").await;
+    let b = locks(url, "b").await;
+    let g = a
+        .lock(key)
+        .unwrap()
+        .ttl(Duration::from_millis(600))
+        .try_acquire()
+        .await
+        .unwrap()
+        .unwrap();
+    let waiter = spawn_waiter(b.clone(), key, true);
+    await_waiting(server, key, "\"waiter_token\":\"").await;
+    // Past two TTLs: renewals went through too.
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    assert!(g.is_current());
+    release_wakes(g, waiter, &format!("the waiter through {url}")).await;
+    (a, b)
+}
+
 /// A deployment with ACL users: the user and password in the URL are used by every connection
 /// (commands and pub/sub), a wrong password is a clear error that does not repeat the password,
 /// and a user whose key pattern does not cover the prefix gets a permission error, not a hang.
@@ -576,23 +599,8 @@ async fn acl_users_and_passwords_from_the_url() {
         |cred: &str, query: &str| format!("redis://{cred}@127.0.0.1:{}/0{query}", server.port);
 
     // Commands, renewals and pub/sub all run as `locker`.
-    let a = locks(&url("locker:s3cret", ""), "a").await;
-    let b = locks(&url("locker:s3cret", ""), "b").await;
+    let (a, _b) = renew_and_hand_over(&server, &url("locker:s3cret", ""), "acl").await;
     let key = "acl";
-    let g = a
-        .lock(key)
-        .unwrap()
-        .ttl(Duration::from_millis(600))
-        .try_acquire()
-        .await
-        .unwrap()
-        .unwrap();
-    let waiter = spawn_waiter(b, key, true);
-    await_waiting(&server, key, "\"waiter_token\":\"").await;
-    // Past two TTLs: renewals went through too.
-    tokio::time::sleep(Duration::from_millis(1300)).await;
-    assert!(g.is_current());
-    release_wakes(g, waiter, "the waiter of an ACL user").await;
     // Listing, inspection, force-release and a withdrawn waiter (its wait runs out).
     let held = a.lock(key).unwrap().try_acquire().await.unwrap().unwrap();
     let c = locks(&url("locker:s3cret", ""), "c").await;
@@ -795,4 +803,85 @@ async fn a_wait_limit_holds_when_the_server_stops_answering() {
         "took {took:?} for a 1 s limit"
     );
     drop(g);
+}
+
+/// `redis+unix://`: a server reached through its Unix socket, with the database, ACL user and
+/// password as the redis crate takes them (`?db=…&user=…&pass=…`) next to leasehold's own
+/// parameters; the password never shows in a message; a socket that is not there is a retryable
+/// error naming its path; a host or an unknown parameter is a bad URL.
+#[tokio::test]
+async fn a_unix_socket_url_takes_the_database_user_and_password() {
+    let acl = format!("{LOCKER_ACL} +select");
+    let server = RedisServer::start_with_users(&[&acl]);
+    let sock = server.socket();
+    let url = |query: &str| format!("redis+unix://{}?{query}", sock.display());
+
+    // Commands, renewals and pub/sub through the socket, as `locker`.
+    let _held =
+        renew_and_hand_over(&server, &url("user=locker&pass=s3cret&timeout=1s"), "unix").await;
+    // The database and leasehold's own parameters beside the redis crate's.
+    let l = locks(
+        &url("db=2&user=locker&pass=s3cret&prefix=leasehold:u:lock:"),
+        "d",
+    )
+    .await;
+    let g = l
+        .lock("unix")
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .unwrap();
+    let name = "leasehold:u:lock:unix";
+    assert!(redis_cli(&server, 2, &["GET", name]).contains("\"holder\":\"d\""));
+    assert_eq!(redis_cli(&server, 0, &["EXISTS", name]), "0");
+    assert_eq!(
+        redis_cli(&server, 2, &["GET", "leasehold:u:fence:unix"]),
+        g.fence().to_string()
+    );
+    g.release().await.unwrap();
+    assert_eq!(redis_cli(&server, 0, &["ACL", "LOG"]), "");
+    let clients = redis_cli(&server, 0, &["CLIENT", "LIST"]);
+    let lockers: Vec<&str> = clients
+        .lines()
+        .filter(|l| l.contains("user=locker"))
+        .collect();
+    assert!(
+        lockers.iter().any(|l| l.contains("subscribe"))
+            && lockers.iter().all(|l| l.contains(" addr=/")),
+        "leasehold's connections (pub/sub among them) are not all on the socket: {clients}"
+    );
+
+    // A wrong password: not retryable, and neither it nor the right one shows.
+    let err = leasehold::open_store(&url("user=locker&pass=wrong-pw&timeout=500ms"))
+        .await
+        .expect_err("wrong password");
+    let text = err.to_string();
+    assert!(!err.is_retryable(), "{text}");
+    assert!(
+        !text.contains("wrong-pw") && text.contains("pass=***"),
+        "{text}"
+    );
+
+    // No socket there: retryable, naming the path.
+    let gone = format!(
+        "redis+unix://{}/none.sock?timeout=300ms",
+        server.dir().display()
+    );
+    let err = leasehold::open_store(&gone).await.expect_err("no socket");
+    assert!(err.is_retryable(), "{err}");
+    assert!(err.to_string().contains("none.sock"), "{err}");
+
+    // A host, an unknown parameter, a bad database number: bad URLs.
+    for bad in [
+        format!("redis+unix://somehost{}", sock.display()),
+        url("colour=red"),
+        url("db=two"),
+    ] {
+        let res = leasehold::open_store(&bad).await;
+        assert!(
+            matches!(res, Err(leasehold::Error::InvalidUrl { .. })),
+            "{bad}: {res:?}"
+        );
+    }
 }

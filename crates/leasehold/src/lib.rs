@@ -30,6 +30,8 @@
 //! | `memory://` | [`memory`] | `memory` (default) |
 //! | `record-memory://` (the generic record adapter over memory) | [`memory`], [`adapter`] | `memory` |
 //! | `k8s://[namespace][?prefix=…&server=…]`, `kubernetes://…` (Lease objects) | `kubernetes` | `kubernetes` |
+//! | `redis://[user:pass@]host:port/db[?prefix=…&timeout=…]`, `rediss://…[?ca=…]`, `redis+unix:///path/redis.sock[?db=…&user=…&pass=…]` | `redis` | `redis` |
+//! | `redlock://host1:port1,host2:port2,host3:port3[/db]` | `redlock` | `redlock` |
 //!
 //! Contention is not an error: `try_acquire` answers `Ok(None)`. Store failures are [`Error`]s,
 //! with [`Error::is_retryable`].
@@ -75,12 +77,38 @@ pub use store::{
 
 use std::sync::Arc;
 
-/// Removes `user:password@` from a URL for messages.
+/// Hides a URL's password for messages: `user:password@` and a `pass=` or `password=` query
+/// parameter (the form `redis+unix://` takes) show as `***`.
+///
+/// ```
+/// assert_eq!(leasehold::redact_url("redis://u:secret@h:1/0"), "redis://u:***@h:1/0");
+/// assert_eq!(
+///     leasehold::redact_url("redis+unix:///run/r.sock?user=u&pass=secret&db=2"),
+///     "redis+unix:///run/r.sock?user=u&pass=***&db=2"
+/// );
+/// ```
 pub fn redact_url(url: &str) -> String {
     match url::Url::parse(url) {
         Ok(mut u) => {
             if u.password().is_some() {
                 let _ = u.set_password(Some("***"));
+            }
+            let secret = |k: &str| matches!(k, "pass" | "password");
+            if u.query_pairs().any(|(k, _)| secret(&k)) {
+                // Encoded by hand: the form encoder would show `***` as `%2A%2A%2A`.
+                let enc = |s: &str| {
+                    url::form_urlencoded::byte_serialize(s.as_bytes())
+                        .collect::<String>()
+                        .replace("%2A", "*")
+                };
+                let query: Vec<String> = u
+                    .query_pairs()
+                    .map(|(k, v)| {
+                        let v = if secret(&k) { "***".into() } else { enc(&v) };
+                        format!("{}={v}", enc(&k))
+                    })
+                    .collect();
+                u.set_query(Some(&query.join("&")));
             }
             u.to_string()
         }
@@ -137,9 +165,11 @@ pub async fn open_store(url: &str) -> Result<Arc<dyn LockStore>> {
         "record-memory" => Ok(Arc::new(adapter::RecordLockStore::new(memory::RecordMemoryStore::new()))),
         "file" => Ok(Arc::new(file::FileStore::from_url(&parsed)?)),
         #[cfg(feature = "redis")]
-        "redis" | "rediss" => Ok(Arc::new(crate::redis::RedisStore::from_url(&parsed).await?)),
+        "redis" | "rediss" | "redis+unix" => {
+            Ok(Arc::new(crate::redis::RedisStore::from_url(&parsed).await?))
+        }
         #[cfg(not(feature = "redis"))]
-        "redis" | "rediss" => Err(not_enabled("redis")),
+        "redis" | "rediss" | "redis+unix" => Err(not_enabled("redis")),
         "redlock" => Err(not_enabled("redlock")),
         #[cfg(feature = "kubernetes")]
         "k8s" | "kubernetes" => Ok(Arc::new(adapter::RecordLockStore::new(
@@ -151,7 +181,7 @@ pub async fn open_store(url: &str) -> Result<Arc<dyn LockStore>> {
         "s3" => Err(not_enabled("s3")),
         "postgres" | "postgresql" => Err(not_enabled("postgres")),
         "etcd" => Err(not_enabled("etcd")),
-        _ => Err(bad("unknown scheme (known: file, memory, record-memory, redis, rediss, redlock, k8s, gs, s3, postgres, etcd)")),
+        _ => Err(bad("unknown scheme (known: file, memory, record-memory, redis, rediss, redis+unix, redlock, k8s, gs, s3, postgres, etcd)")),
     }
 }
 

@@ -1,4 +1,5 @@
-//! The Redis store (`redis://[user:pass@]host:port/db`): one Redis server.
+//! The Redis store (`redis://[user:pass@]host:port/db`, `rediss://…` over TLS,
+//! `redis+unix:///path/to/redis.sock?db=N&user=…&pass=…` over a Unix socket): one Redis server.
 //!
 //! Checklist — native TTL: yes (`PX` on the record key; expiry judged by the server's clock, read
 //! with `TIME` inside the scripts); watch: yes (pub/sub on a channel named like the record key:
@@ -401,7 +402,7 @@ impl RedisOptions {
                 }
                 other => {
                     return Err(bad(format!(
-                        "unknown parameter {other:?} (known: prefix, fence_prefix, timeout, ca)"
+                        "unknown parameter {other:?} (known: prefix, fence_prefix, timeout, ca; db, user, pass for redis+unix)"
                     )))
                 }
             }
@@ -723,12 +724,21 @@ impl RedisStore {
         })
     }
 
-    /// Parses `redis://…?prefix=…&fence_prefix=…&timeout=2s` and connects.
+    /// Parses `redis://…?prefix=…&fence_prefix=…&timeout=2s` (or `rediss://…`, or
+    /// `redis+unix:///path/to/socket?db=…&user=…&pass=…&prefix=…`) and connects.
     pub(crate) async fn from_url(url: &url::Url) -> Result<Self> {
+        // A Unix socket URL has no host for credentials or path for the database: the redis crate
+        // reads them from these parameters, which stay in the URL it gets.
+        let unix = url.scheme() == "redis+unix";
+        let theirs = |k: &str| unix && matches!(k, "db" | "user" | "pass");
         let mut clean = url.clone();
         clean.set_query(None);
-        let opts =
-            RedisOptions::from_query(url.as_str(), url.query_pairs(), RedisOptions::default())?;
+        let passed: Vec<_> = url.query_pairs().filter(|(k, _)| theirs(k)).collect();
+        if !passed.is_empty() {
+            clean.query_pairs_mut().extend_pairs(passed);
+        }
+        let ours = url.query_pairs().filter(|(k, _)| !theirs(k));
+        let opts = RedisOptions::from_query(url.as_str(), ours, RedisOptions::default())?;
         Self::connect(clean.as_str(), opts).await
     }
 
