@@ -885,3 +885,90 @@ async fn a_unix_socket_url_takes_the_database_user_and_password() {
         );
     }
 }
+
+/// Waits until `replica` (after `REPLICAOF`) has its link to the primary up and has caught up.
+async fn await_replica_synced(replica: &RedisServer) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let info = replica
+            .command(&["INFO", "replication"])
+            .unwrap_or_default();
+        if info.contains("master_link_status:up") && info.contains("master_sync_in_progress:0") {
+            return;
+        }
+        assert!(Instant::now() < deadline, "replica never synced: {info}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A failover as Sentinel or a managed service does it, through a name that moves (here a TCP
+/// proxy repointed to the promoted server, old connections left open as a DNS change leaves
+/// them): the old primary, demoted to a replica, answers writes with `READONLY`. The store
+/// takes that as a passing unavailability and connects again, reaching the new primary: a waiting
+/// `acquire` gets its lease there, and a holder whose record had been replicated keeps renewing
+/// it there.
+#[tokio::test]
+async fn a_failover_behind_a_moved_name_reaches_the_new_primary() {
+    use leasehold_testkit::proxy::TcpProxy;
+    let (old, new) = (RedisServer::start(), RedisServer::start());
+    let port = |s: &RedisServer| s.port.to_string();
+    assert!(new
+        .command(&["REPLICAOF", "127.0.0.1", &port(&old)])
+        .is_some_and(|r| r.starts_with("+OK")));
+    await_replica_synced(&new).await;
+    let proxy = TcpProxy::start(old.port);
+    let url = format!("redis://127.0.0.1:{}/0?timeout=1s", proxy.port);
+    let l = locks(&url, "a").await;
+    let held = l
+        .lock("held")
+        .unwrap()
+        .ttl(Duration::from_millis(1500))
+        .try_acquire()
+        .await
+        .unwrap()
+        .unwrap();
+    // The record and its counter reached the replica before the failover.
+    assert!(old
+        .command(&["WAIT", "1", "2000"])
+        .is_some_and(|r| r.starts_with(":1")));
+
+    // The failover: the replica is promoted, the old primary follows it, the name moves.
+    assert!(new
+        .command(&["REPLICAOF", "NO", "ONE"])
+        .is_some_and(|r| r.starts_with("+OK")));
+    assert!(old
+        .command(&["REPLICAOF", "127.0.0.1", &port(&new)])
+        .is_some_and(|r| r.starts_with("+OK")));
+    await_replica_synced(&old).await;
+    proxy.point_to(new.port);
+
+    // A contender waits through the failover and gets its lease on the new primary.
+    let g = l
+        .lock("after")
+        .unwrap()
+        .wait(Duration::from_secs(5))
+        .acquire()
+        .await
+        .expect("a lease after the failover");
+    let on_new = new
+        .command(&["GET", "leasehold:lock:after"])
+        .unwrap_or_default();
+    assert!(
+        on_new.contains(&format!("\"fence\":{}", g.fence())),
+        "{on_new}"
+    );
+    g.release().await.unwrap();
+    // The holder renewed through it: past its TTL, still current, and its record on the new primary
+    // runs on.
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    assert!(
+        held.is_current(),
+        "the holder lost its lease in the failover"
+    );
+    let pttl = new
+        .command(&["PTTL", "leasehold:lock:held"])
+        .unwrap_or_default();
+    let left: i64 = pttl.trim().trim_start_matches(':').parse().unwrap_or(-2);
+    assert!(left > 0, "no live record on the new primary: {pttl}");
+    assert_eq!(held.release().await.unwrap(), Released::Released);
+}

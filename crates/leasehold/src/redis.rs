@@ -429,7 +429,7 @@ pub struct RedisStore {
 
 struct Inner {
     client: ::redis::Client,
-    conn: ConnectionManager,
+    link: Arc<Link>,
     scripts: Scripts,
     prefix: String,
     fence_prefix: String,
@@ -437,6 +437,62 @@ struct Inner {
     timeout: Duration,
     hub: tokio::sync::Mutex<Option<Arc<Hub>>>,
     renewals: tokio::sync::mpsc::UnboundedSender<RenewJob>,
+}
+
+/// The store's command connection, replaced when the server turns out to be a replica.
+///
+/// After a failover (Sentinel, a managed service) the old primary is often still up, demoted to a
+/// replica, and answers every write with `READONLY`; the name the store connects to has moved to
+/// the promoted server. The connection manager reconnects only when a connection breaks, so the
+/// link drops it on `READONLY` and starts a new one, which resolves the address again.
+struct Link {
+    client: ::redis::Client,
+    config: ConnectionManagerConfig,
+    described: String,
+    timeout: Duration,
+    /// The connection and its generation (so that calls failing together replace it once).
+    current: Mutex<(u64, ConnectionManager)>,
+}
+
+impl Link {
+    /// Sends what `call` sends on a clone of the connection, bounded by the store's timeout. A
+    /// `READONLY` answer replaces the connection and is a retryable [`Error::Unavailable`].
+    async fn send<T, F>(&self, call: impl FnOnce(ConnectionManager) -> F) -> Result<T>
+    where
+        F: std::future::Future<Output = ::redis::RedisResult<T>>,
+    {
+        let (generation, conn) = self.current.lock().clone();
+        match tokio::time::timeout(self.timeout, call(conn)).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => {
+                if read_only(&e) {
+                    self.replace(generation);
+                }
+                Err(map_err(&self.described, e))
+            }
+            Err(_) => Err(Error::Unavailable {
+                store: self.described.clone(),
+                detail: "no answer in time".into(),
+            }),
+        }
+    }
+
+    /// Replaces connection `generation` (if still current) with a new one, made on first use.
+    fn replace(&self, generation: u64) {
+        let mut current = self.current.lock();
+        if current.0 != generation {
+            return;
+        }
+        match ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone()) {
+            Ok(fresh) => {
+                tracing::warn!(store = %self.described, "the server answered READONLY (a replica now); connecting again");
+                *current = (generation + 1, fresh);
+            }
+            Err(e) => {
+                tracing::warn!(store = %self.described, error = %e, "cannot replace the connection to a read-only replica")
+            }
+        }
+    }
 }
 
 /// One renewal waiting for the batcher.
@@ -460,15 +516,10 @@ const RENEW_IN_FLIGHT: usize = 8;
 /// connection), so 10,000 leases coming due together are renewed in about one round trip.
 /// Guards line their renewals up on a shared grid (see the guard), so a process's leases come
 /// due together.
-fn spawn_renewer(
-    conn: ConnectionManager,
-    script: Lua,
-    described: String,
-    timeout: Duration,
-) -> tokio::sync::mpsc::UnboundedSender<RenewJob> {
+fn spawn_renewer(link: Arc<Link>, script: Lua) -> tokio::sync::mpsc::UnboundedSender<RenewJob> {
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<RenewJob>();
     let slots = Arc::new(tokio::sync::Semaphore::new(RENEW_IN_FLIGHT));
-    let batcher = Arc::new((conn, script, described, timeout));
+    let batcher = Arc::new((link, script));
     tokio::spawn(async move {
         while let Some(first) = rx.recv().await {
             let Ok(slot) = slots.clone().acquire_owned().await else {
@@ -483,8 +534,8 @@ fn spawn_renewer(
             }
             let batcher = batcher.clone();
             tokio::spawn(async move {
-                let (conn, script, described, timeout) = &*batcher;
-                renew_batch(conn, script, described, *timeout, batch).await;
+                let (link, script) = &*batcher;
+                renew_batch(link, script, batch).await;
                 drop(slot);
             });
         }
@@ -493,13 +544,7 @@ fn spawn_renewer(
 }
 
 /// Runs one batch of renewals and answers each job.
-async fn renew_batch(
-    conn: &ConnectionManager,
-    script: &Lua,
-    described: &str,
-    timeout: Duration,
-    batch: Vec<RenewJob>,
-) {
+async fn renew_batch(link: &Link, script: &Lua, batch: Vec<RenewJob>) {
     let bytes: usize = batch
         .iter()
         .map(|j| j.record_key.len() + 3 * j.token.len() + 24)
@@ -511,9 +556,9 @@ async fn renew_batch(
     for j in &batch {
         call.arg(&j.token).arg(j.ttl_ms).arg(json_str(&j.token));
     }
-    let mut conn = conn.clone();
-    let res: Result<Vec<::redis::Value>> =
-        bounded(described, timeout, "no answer", call.send(&mut conn)).await;
+    let res: Result<Vec<::redis::Value>> = link
+        .send(|mut conn| async move { call.send(&mut conn).await })
+        .await;
     match res {
         Ok(values) => {
             for (i, j) in batch.into_iter().enumerate() {
@@ -552,7 +597,7 @@ async fn renew_batch(
                         detail: detail.clone(),
                     },
                     other => Error::Store {
-                        store: described.to_owned(),
+                        store: link.described.clone(),
                         detail: other.to_string(),
                         retryable: other.is_retryable(),
                     },
@@ -628,8 +673,22 @@ fn inspection(name: &str, raw: &[u8]) -> Inspection {
     }
 }
 
+/// Whether the server refused a write as a replica (`READONLY`).
+fn read_only(e: &::redis::RedisError) -> bool {
+    e.kind() == ::redis::ErrorKind::Server(::redis::ServerErrorKind::ReadOnly)
+}
+
 pub(crate) fn map_err(store: &str, e: ::redis::RedisError) -> Error {
     let text = e.to_string();
+    if read_only(&e) {
+        // A failover demoted the server; the store connects again (see `Link`).
+        return Error::Unavailable {
+            store: store.to_owned(),
+            detail: format!(
+                "the server is a read-only replica now (a failover?); connecting again: {text}"
+            ),
+        };
+    }
     if text.contains("certificate") {
         // A TLS trust failure does not heal by retrying.
         return Error::Store {
@@ -691,28 +750,30 @@ impl RedisStore {
             .set_number_of_retries(2)
             .set_max_delay(Duration::from_millis(500));
         let conn = if lazy {
-            ConnectionManager::new_lazy_with_config(client.clone(), config)
+            ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
                 .map_err(|e| map_err(&described, e))?
         } else {
             bounded(
                 &described,
                 opts.timeout * 2,
                 "no connection",
-                ConnectionManager::new_with_config(client.clone(), config),
+                ConnectionManager::new_with_config(client.clone(), config.clone()),
             )
             .await?
         };
         let scripts = Scripts::new();
-        let renewals = spawn_renewer(
-            conn.clone(),
-            scripts.renew.clone(),
-            described.clone(),
-            opts.timeout,
-        );
+        let link = Arc::new(Link {
+            client: client.clone(),
+            config,
+            described: described.clone(),
+            timeout: opts.timeout,
+            current: Mutex::new((0, conn)),
+        });
+        let renewals = spawn_renewer(link.clone(), scripts.renew.clone());
         Ok(RedisStore {
             inner: Arc::new(Inner {
                 client,
-                conn,
+                link,
                 scripts,
                 prefix: opts.prefix,
                 fence_prefix,
@@ -752,26 +813,18 @@ impl RedisStore {
 
     /// Sends a plain command, bounded by the store's timeout.
     async fn query<T: ::redis::FromRedisValue>(&self, cmd: &::redis::Cmd) -> Result<T> {
-        let mut conn = self.inner.conn.clone();
-        bounded(
-            &self.inner.described,
-            self.inner.timeout,
-            "no answer",
-            cmd.query_async(&mut conn),
-        )
-        .await
+        self.inner
+            .link
+            .send(|mut conn| async move { cmd.query_async(&mut conn).await })
+            .await
     }
 
     /// Sends a script call, bounded by the store's timeout.
     pub(crate) async fn call<T: ::redis::FromRedisValue>(&self, call: &ScriptCall) -> Result<T> {
-        let mut conn = self.inner.conn.clone();
-        bounded(
-            &self.inner.described,
-            self.inner.timeout,
-            "no answer",
-            call.send(&mut conn),
-        )
-        .await
+        self.inner
+            .link
+            .send(|mut conn| async move { call.send(&mut conn).await })
+            .await
     }
 
     /// A call of `script` (one of ours that takes one key) on `key` with `args`.
