@@ -972,3 +972,59 @@ async fn a_failover_behind_a_moved_name_reaches_the_new_primary() {
     assert!(left > 0, "no live record on the new primary: {pttl}");
     assert_eq!(held.release().await.unwrap(), Released::Released);
 }
+
+/// A server that is out of memory (`maxmemory` with the `noeviction` policy the README asks for)
+/// refuses writes with `OOM` until memory frees up. That is a passing condition, not a verdict:
+/// a holder keeps its lease by renewing once memory is back (it does not call it lost at the first
+/// refusal), a `try_acquire` is a retryable error, and a waiting `acquire` gets its lease when the
+/// server accepts writes again.
+#[tokio::test]
+async fn a_server_out_of_memory_is_retried_not_fatal() {
+    let server = RedisServer::start();
+    let l = locks(&server.url(), "a").await;
+    let g = l
+        .lock("held")
+        .unwrap()
+        .ttl(Duration::from_millis(1500))
+        .try_acquire()
+        .await
+        .unwrap()
+        .unwrap();
+    let set_maxmemory = |bytes: &str| {
+        assert!(server
+            .command(&["CONFIG", "SET", "maxmemory", bytes])
+            .is_some_and(|r| r.starts_with("+OK")));
+    };
+    set_maxmemory("1");
+    let err = l
+        .lock("other")
+        .unwrap()
+        .try_acquire()
+        .await
+        .expect_err("no writes while out of memory");
+    assert!(err.is_retryable(), "{err}");
+    assert!(err.to_string().contains("OOM"), "{err}");
+    let waiter = tokio::spawn({
+        let l = l.clone();
+        async move {
+            l.lock("other")
+                .unwrap()
+                .wait(Duration::from_secs(10))
+                .acquire()
+                .await
+        }
+    });
+    // A renewal (every 500 ms) meets the refusal in this second; memory comes back before expiry.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert!(g.is_current(), "the holder gave up at the first refusal");
+    set_maxmemory("0");
+    let w = waiter.await.unwrap().expect("a lease once memory is back");
+    // Past the TTL: the holder renewed once writes were accepted again.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert!(
+        g.is_current(),
+        "the holder lost its lease to an out-of-memory spell"
+    );
+    assert_eq!(g.release().await.unwrap(), Released::Released);
+    w.release().await.unwrap();
+}

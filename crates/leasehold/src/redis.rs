@@ -703,12 +703,17 @@ pub(crate) fn map_err(store: &str, e: ::redis::RedisError) -> Error {
             detail: e.to_string(),
         }
     } else {
+        // Passing conditions of the server: loading its data, out of memory (`maxmemory` with
+        // `noeviction` refuses writes until keys expire or are deleted), busy running a script,
+        // unable to persist (`MISCONF`), full of clients. A holder keeps renewing through them until
+        // its lease could have expired; a waiter keeps waiting.
         let retryable = matches!(
             e.kind(),
             ::redis::ErrorKind::Server(::redis::ServerErrorKind::BusyLoading)
                 | ::redis::ErrorKind::Server(::redis::ServerErrorKind::TryAgain)
                 | ::redis::ErrorKind::Server(::redis::ServerErrorKind::MasterDown)
-        );
+        ) || matches!(e.code(), Some("OOM" | "BUSY" | "MISCONF"))
+            || text.contains("max number of clients reached");
         Error::Store {
             store: store.to_owned(),
             detail: e.to_string(),
