@@ -200,16 +200,7 @@ impl RedisServer {
 
     /// Sends one command (RESP) and returns the raw first reply, if the server answers.
     pub fn command(&self, args: &[&str]) -> Option<String> {
-        let mut s = TcpStream::connect(("127.0.0.1", self.port)).ok()?;
-        s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-        let mut req = format!("*{}\r\n", args.len());
-        for a in args {
-            req.push_str(&format!("${}\r\n{a}\r\n", a.len()));
-        }
-        s.write_all(req.as_bytes()).ok()?;
-        let mut buf = [0u8; 65536];
-        let n = s.read(&mut buf).ok()?;
-        Some(String::from_utf8_lossy(&buf[..n]).into_owned())
+        command_on(self.port, args)
     }
 
     /// The server's PID.
@@ -245,6 +236,163 @@ impl Drop for RedisServer {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// Sends one command (RESP) to the server (or sentinel) on loopback `port` and returns the raw
+/// first reply, if it answers within 2 s.
+pub fn command_on(port: u16, args: &[&str]) -> Option<String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    let mut req = format!("*{}\r\n", args.len());
+    for a in args {
+        req.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+    }
+    s.write_all(req.as_bytes()).ok()?;
+    let mut buf = [0u8; 65536];
+    let n = s.read(&mut buf).ok()?;
+    Some(String::from_utf8_lossy(&buf[..n]).into_owned())
+}
+
+/// The master group name a [`SentinelSet`]'s sentinels watch.
+pub const SENTINEL_MASTER: &str = "leasehold";
+
+/// A Sentinel deployment on free loopback ports: a primary with one replica, watched by three
+/// sentinels (quorum 2; a primary silent for 500 ms is down). Every process stops on drop.
+#[derive(Debug)]
+pub struct SentinelSet {
+    /// The data servers: the first starts as primary, the second as its replica (failovers swap
+    /// the roles: [`SentinelSet::primary_port`] says which is primary now).
+    pub servers: Vec<RedisServer>,
+    /// The sentinels.
+    pub sentinels: Vec<SentinelServer>,
+}
+
+/// One `redis-server --sentinel` with its config file in a temp dir, stopped (SIGKILL) on drop.
+#[derive(Debug)]
+pub struct SentinelServer {
+    /// Its port.
+    pub port: u16,
+    child: Option<Child>,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for SentinelServer {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl SentinelSet {
+    /// Starts the servers and sentinels and waits until the replica has synced and every sentinel
+    /// knows the replica and the two other sentinels (so a failover can be agreed).
+    ///
+    /// # Panics
+    /// When a process cannot start or the deployment does not settle within 30 s.
+    pub fn start() -> Self {
+        let primary = RedisServer::start();
+        let replica = RedisServer::start();
+        let primary_port = primary.port.to_string();
+        assert!(
+            replica
+                .command(&["REPLICAOF", "127.0.0.1", &primary_port])
+                .is_some_and(|r| r.starts_with("+OK")),
+            "REPLICAOF refused"
+        );
+        let sentinels: Vec<SentinelServer> = (0..3)
+            .map(|_| {
+                let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+                let port = free_port();
+                let conf = dir.path().join("sentinel.conf");
+                let text = format!(
+                    "port {port}\nbind 127.0.0.1\ndir {}\n\
+                     sentinel monitor {SENTINEL_MASTER} 127.0.0.1 {primary_port} 2\n\
+                     sentinel down-after-milliseconds {SENTINEL_MASTER} 500\n\
+                     sentinel failover-timeout {SENTINEL_MASTER} 5000\n",
+                    dir.path().display()
+                );
+                std::fs::write(&conf, text).unwrap_or_else(|e| panic!("sentinel.conf: {e}"));
+                let mut cmd = Command::new("redis-server");
+                cmd.arg(&conf)
+                    .args(["--sentinel", "--daemonize", "no", "--loglevel", "warning"])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::inherit());
+                let child = spawn(cmd).unwrap_or_else(|e| {
+                    panic!("cannot start redis-server --sentinel ({e}): install redis-server, or run ./scripts/test which does")
+                });
+                SentinelServer {
+                    port,
+                    child: Some(child),
+                    _dir: dir,
+                }
+            })
+            .collect();
+        let set = SentinelSet {
+            servers: vec![primary, replica],
+            sentinels,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let settled = |s: &SentinelServer| {
+            let ask = |what: &str| command_on(s.port, &["SENTINEL", what, SENTINEL_MASTER]);
+            let others = ask("sentinels")
+                .unwrap_or_default()
+                .matches("runid")
+                .count();
+            let replicas = ask("replicas").unwrap_or_default();
+            others == 2 && replicas.contains("master-link-status") && !replicas.contains("s_down")
+        };
+        loop {
+            let synced = set.servers[1]
+                .command(&["INFO", "replication"])
+                .is_some_and(|i| i.contains("master_link_status:up"));
+            if synced && set.sentinels.iter().all(settled) {
+                return set;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the Sentinel deployment did not settle within 30 s"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// `redis+sentinel://127.0.0.1:S1,127.0.0.1:S2,127.0.0.1:S3/leasehold/0`.
+    pub fn url(&self) -> String {
+        let sentinels: Vec<String> = self
+            .sentinels
+            .iter()
+            .map(|s| format!("127.0.0.1:{}", s.port))
+            .collect();
+        format!(
+            "redis+sentinel://{}/{SENTINEL_MASTER}/0",
+            sentinels.join(",")
+        )
+    }
+
+    /// The port of the primary a sentinel that answers names now.
+    pub fn primary_port(&self) -> Option<u16> {
+        self.sentinels.iter().find_map(|s| {
+            let reply = command_on(
+                s.port,
+                &["SENTINEL", "get-master-addr-by-name", SENTINEL_MASTER],
+            )?;
+            // *2 $9 127.0.0.1 $5 PORT
+            reply.lines().nth(4)?.trim().parse().ok()
+        })
+    }
+
+    /// The data server listening on `port`.
+    pub fn server(&self, port: u16) -> Option<&RedisServer> {
+        self.servers.iter().find(|s| s.port == port)
+    }
+}
+
+/// A Sentinel deployment shared by all tests of this process.
+pub fn shared_sentinels() -> &'static SentinelSet {
+    static SET: OnceLock<SentinelSet> = OnceLock::new();
+    SET.get_or_init(SentinelSet::start)
 }
 
 /// One Redis server shared by all tests of this process (each test uses its own key prefix).

@@ -1,5 +1,5 @@
 //! The conformance suite against every store (and every way to reach one: `redis://`, `rediss://`,
-//! `redis+unix://`).
+//! `redis+unix://`, `redis+sentinel://`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -47,6 +47,17 @@ mod redis_unix {
         leasehold::open_store(&server.unix_url())
             .await
             .expect("redis+unix store")
+    }
+    leasehold_testkit::conformance_tests!(store().await);
+}
+
+mod redis_sentinel {
+    use super::*;
+    async fn store() -> Arc<dyn LockStore> {
+        let set = leasehold_testkit::servers::shared_sentinels();
+        leasehold::open_store(&set.url())
+            .await
+            .expect("redis+sentinel store")
     }
     leasehold_testkit::conformance_tests!(store().await);
 }

@@ -961,11 +961,19 @@ async fn a_failover_behind_a_moved_name_reaches_the_new_primary() {
     // The holder renewed through it: past its TTL, still current, and its record on the new primary
     // runs on.
     tokio::time::sleep(Duration::from_millis(2000)).await;
-    assert!(
-        held.is_current(),
-        "the holder lost its lease in the failover"
-    );
-    let pttl = new
+    renewed_on(held, &new).await;
+}
+
+/// Checks that `held` (the lease of key `held`) is still current and its record lives on `server`
+/// (the new primary after a failover), then releases it.
+async fn renewed_on(held: LeaseGuard, server: &RedisServer) {
+    if !held.is_current() {
+        panic!(
+            "the holder lost its lease in the failover: {}",
+            held.lost().await
+        );
+    }
+    let pttl = server
         .command(&["PTTL", "leasehold:lock:held"])
         .unwrap_or_default();
     let left: i64 = pttl.trim().trim_start_matches(':').parse().unwrap_or(-2);
@@ -1027,4 +1035,164 @@ async fn a_server_out_of_memory_is_retried_not_fatal() {
     );
     assert_eq!(g.release().await.unwrap(), Released::Released);
     w.release().await.unwrap();
+}
+
+/// Waits (up to 20 s) until the sentinels name a primary other than `old`, and that server says it
+/// is one; returns its port.
+async fn await_new_primary(set: &leasehold_testkit::servers::SentinelSet, old: u16) -> u16 {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(port) = set.primary_port().filter(|p| *p != old) {
+            let role = set
+                .server(port)
+                .and_then(|s| s.command(&["ROLE"]))
+                .unwrap_or_default();
+            if role.contains("master") {
+                return port;
+            }
+        }
+        assert!(Instant::now() < deadline, "no failover within 20 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// `redis+sentinel://`: a Sentinel failover (`SENTINEL FAILOVER`) moves the store to the
+/// promoted primary as the sentinels announce it (`+switch-master`) — while the old primary,
+/// which Sentinel demotes only at its next look, still takes writes — and a holder whose record was
+/// replicated keeps renewing it there.
+#[tokio::test]
+async fn a_sentinel_failover_moves_the_store_to_the_promoted_primary() {
+    let set = leasehold_testkit::servers::SentinelSet::start();
+    let old = set.primary_port().expect("a primary");
+    let l = locks(&format!("{}?timeout=1s", set.url()), "a").await;
+    let held = l
+        .lock("held")
+        .unwrap()
+        .ttl(Duration::from_secs(2))
+        .try_acquire()
+        .await
+        .unwrap()
+        .unwrap();
+    let old_server = set.server(old).expect("the old primary");
+    assert!(old_server
+        .command(&["WAIT", "1", "2000"])
+        .is_some_and(|r| r.starts_with(":1")));
+    assert!(leasehold_testkit::servers::command_on(
+        set.sentinels[0].port,
+        &[
+            "SENTINEL",
+            "FAILOVER",
+            leasehold_testkit::servers::SENTINEL_MASTER
+        ]
+    )
+    .is_some_and(|r| r.starts_with("+OK")));
+    let new = await_new_primary(&set, old).await;
+    let new_server = set.server(new).expect("the new primary");
+
+    // Within a second of the announcement, grants land on the new primary.
+    let switched = Instant::now();
+    for attempt in 0.. {
+        let key = format!("after-{attempt}");
+        let g = l.lock(&key).unwrap().try_acquire().await;
+        let landed = new_server
+            .command(&["EXISTS", &format!("leasehold:lock:{key}")])
+            .is_some_and(|r| r.starts_with(":1"));
+        if let Ok(Some(g)) = g {
+            g.release().await.unwrap();
+        }
+        if landed {
+            break;
+        }
+        assert!(
+            switched.elapsed() < Duration::from_secs(1),
+            "grants still missed the new primary 1 s after the switch"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The store moved on the announcement, not on a READONLY: the old primary still says it is one.
+    assert!(
+        old_server
+            .command(&["ROLE"])
+            .is_some_and(|r| r.contains("master")),
+        "the old primary was already demoted: this did not test the announcement"
+    );
+    // Past the holder's TTL: it renewed on the new primary.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    renewed_on(held, new_server).await;
+}
+
+/// `redis+sentinel://`: the primary is killed; the sentinels promote the replica, and a contender
+/// that was waiting through the outage gets its lease on the new primary.
+#[tokio::test]
+async fn a_killed_sentinel_primary_is_replaced_and_a_waiter_gets_its_lease() {
+    let mut set = leasehold_testkit::servers::SentinelSet::start();
+    let old = set.primary_port().expect("a primary");
+    let l = locks(&format!("{}?timeout=500ms", set.url()), "a").await;
+    let g = l
+        .lock("before")
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .unwrap();
+    g.release().await.unwrap();
+    let index = set.servers.iter().position(|s| s.port == old).expect("old");
+    set.servers[index].stop();
+    let waiter = tokio::spawn({
+        let l = l.clone();
+        async move {
+            l.lock("after")
+                .unwrap()
+                .wait(Duration::from_secs(30))
+                .acquire()
+                .await
+        }
+    });
+    let new = await_new_primary(&set, old).await;
+    let g = waiter
+        .await
+        .unwrap()
+        .expect("a lease from the promoted primary");
+    let record = set
+        .server(new)
+        .and_then(|s| s.command(&["GET", "leasehold:lock:after"]))
+        .unwrap_or_default();
+    assert!(
+        record.contains(&format!("\"fence\":{}", g.fence())),
+        "{record}"
+    );
+    g.release().await.unwrap();
+}
+
+/// `redis+sentinel://` URLs: a missing master name or a bad server is a bad URL; sentinels that do
+/// not answer are a retryable error; a master name the sentinels do not know is an error that says
+/// so; the data servers' password never shows.
+#[tokio::test]
+async fn sentinel_urls_are_checked() {
+    for bad in [
+        "redis+sentinel://127.0.0.1:1",
+        "redis+sentinel://127.0.0.1:1/",
+        "redis+sentinel://127.0.0.1:1,nohost/m",
+        "redis+sentinel://127.0.0.1:1/m?colour=red",
+    ] {
+        let res = leasehold::open_store(bad).await;
+        assert!(
+            matches!(res, Err(leasehold::Error::InvalidUrl { .. })),
+            "{bad}: {res:?}"
+        );
+    }
+    let port = leasehold_testkit::servers::free_port();
+    let err = leasehold::open_store(&format!(
+        "redis+sentinel://u:hunter2@127.0.0.1:{port}/m?timeout=300ms"
+    ))
+    .await
+    .expect_err("no sentinel listens");
+    assert!(err.is_retryable(), "{err}");
+    assert!(!err.to_string().contains("hunter2"), "{err}");
+    let set = leasehold_testkit::servers::shared_sentinels();
+    let unknown = set.url().replace("/leasehold/", "/nosuchmaster/");
+    let err = leasehold::open_store(&unknown)
+        .await
+        .expect_err("unknown master");
+    assert!(err.to_string().to_lowercase().contains("master"), "{err}");
 }

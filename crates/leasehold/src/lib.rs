@@ -30,7 +30,7 @@
 //! | `memory://` | [`memory`] | `memory` (default) |
 //! | `record-memory://` (the generic record adapter over memory) | [`memory`], [`adapter`] | `memory` |
 //! | `k8s://[namespace][?prefix=…&server=…]`, `kubernetes://…` (Lease objects) | `kubernetes` | `kubernetes` |
-//! | `redis://[user:pass@]host:port/db[?prefix=…&timeout=…]`, `rediss://…[?ca=…]`, `redis+unix:///path/redis.sock[?db=…&user=…&pass=…]` | `redis` | `redis` |
+//! | `redis://[user:pass@]host:port/db[?prefix=…&timeout=…]`, `rediss://…[?ca=…]`, `redis+unix:///path/redis.sock[?db=…&user=…&pass=…]`, `redis+sentinel://[user:pass@]s1:26379,s2:26379/MASTER[/db]` | `redis` | `redis` |
 //! | `redlock://host1:port1,host2:port2,host3:port3[/db]` | `redlock` | `redlock` |
 //!
 //! Contention is not an error: `try_acquire` answers `Ok(None)`. Store failures are [`Error`]s,
@@ -155,6 +155,12 @@ pub async fn open_store(url: &str) -> Result<Arc<dyn LockStore>> {
     if scheme == "redlock" {
         return Ok(Arc::new(crate::redlock::RedlockStore::from_url(url).await?));
     }
+    #[cfg(feature = "redis")]
+    if scheme == "redis+sentinel" {
+        return Ok(Arc::new(
+            crate::redis::RedisStore::from_sentinel_url(url).await?,
+        ));
+    }
     let parsed = url::Url::parse(url).map_err(|e| bad(&e.to_string()))?;
     let not_enabled = |feature: &'static str| Error::FeatureNotEnabled {
         scheme: scheme.clone(),
@@ -169,7 +175,7 @@ pub async fn open_store(url: &str) -> Result<Arc<dyn LockStore>> {
             Ok(Arc::new(crate::redis::RedisStore::from_url(&parsed).await?))
         }
         #[cfg(not(feature = "redis"))]
-        "redis" | "rediss" | "redis+unix" => Err(not_enabled("redis")),
+        "redis" | "rediss" | "redis+unix" | "redis+sentinel" => Err(not_enabled("redis")),
         "redlock" => Err(not_enabled("redlock")),
         #[cfg(feature = "kubernetes")]
         "k8s" | "kubernetes" => Ok(Arc::new(adapter::RecordLockStore::new(
@@ -181,7 +187,7 @@ pub async fn open_store(url: &str) -> Result<Arc<dyn LockStore>> {
         "s3" => Err(not_enabled("s3")),
         "postgres" | "postgresql" => Err(not_enabled("postgres")),
         "etcd" => Err(not_enabled("etcd")),
-        _ => Err(bad("unknown scheme (known: file, memory, record-memory, redis, rediss, redis+unix, redlock, k8s, gs, s3, postgres, etcd)")),
+        _ => Err(bad("unknown scheme (known: file, memory, record-memory, redis, rediss, redis+unix, redis+sentinel, redlock, k8s, gs, s3, postgres, etcd)")),
     }
 }
 

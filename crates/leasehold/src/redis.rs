@@ -428,7 +428,6 @@ pub struct RedisStore {
 }
 
 struct Inner {
-    client: ::redis::Client,
     link: Arc<Link>,
     scripts: Scripts,
     prefix: String,
@@ -439,25 +438,45 @@ struct Inner {
     renewals: tokio::sync::mpsc::UnboundedSender<RenewJob>,
 }
 
-/// The store's command connection, replaced when the server turns out to be a replica.
+/// Where the store finds its server.
+enum Origin {
+    /// One address (a name that may move to another server: DNS, a proxy, a managed endpoint).
+    Fixed,
+    /// Sentinels that name the primary of a master group (`redis+sentinel://`).
+    Sentinel {
+        sentinel: tokio::sync::Mutex<::redis::sentinel::Sentinel>,
+        master: String,
+        node: ::redis::sentinel::SentinelNodeConnectionInfo,
+        /// The task following the sentinels' `+switch-master` announcements.
+        follower: Mutex<Option<tokio::task::AbortHandle>>,
+    },
+}
+
+/// The store's command connection, replaced when its server stops being the primary.
 ///
 /// After a failover (Sentinel, a managed service) the old primary is often still up, demoted to a
-/// replica, and answers every write with `READONLY`; the name the store connects to has moved to
-/// the promoted server. The connection manager reconnects only when a connection breaks, so the
-/// link drops it on `READONLY` and starts a new one, which resolves the address again.
+/// replica, and answers every write with `READONLY`. The connection manager reconnects only when a
+/// connection breaks, and always to the same address, so the link replaces it: on `READONLY` at
+/// once (for a fixed address, connecting again resolves the name again; under Sentinel, to the
+/// primary the sentinels name), and under Sentinel also when the server is unreachable and the
+/// sentinels name another primary.
 struct Link {
-    client: ::redis::Client,
+    origin: Origin,
     config: ConnectionManagerConfig,
     described: String,
     timeout: Duration,
     /// The connection and its generation (so that calls failing together replace it once).
     current: Mutex<(u64, ConnectionManager)>,
+    /// The client the connection was made from (the pub/sub connection is made from it too).
+    client: Mutex<::redis::Client>,
+    /// A sentinel lookup is under way (one at a time).
+    looking_up: std::sync::atomic::AtomicBool,
 }
 
 impl Link {
     /// Sends what `call` sends on a clone of the connection, bounded by the store's timeout. A
-    /// `READONLY` answer replaces the connection and is a retryable [`Error::Unavailable`].
-    async fn send<T, F>(&self, call: impl FnOnce(ConnectionManager) -> F) -> Result<T>
+    /// `READONLY` answer is a retryable [`Error::Unavailable`] that replaces the connection.
+    async fn send<T, F>(self: &Arc<Self>, call: impl FnOnce(ConnectionManager) -> F) -> Result<T>
     where
         F: std::future::Future<Output = ::redis::RedisResult<T>>,
     {
@@ -465,33 +484,167 @@ impl Link {
         match tokio::time::timeout(self.timeout, call(conn)).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => {
-                if read_only(&e) {
-                    self.replace(generation);
+                let demoted = read_only(&e);
+                let err = map_err(&self.described, e);
+                if demoted || matches!(err, Error::Unavailable { .. }) {
+                    self.replace(generation, demoted);
                 }
-                Err(map_err(&self.described, e))
+                Err(err)
             }
-            Err(_) => Err(Error::Unavailable {
-                store: self.described.clone(),
-                detail: "no answer in time".into(),
-            }),
+            Err(_) => {
+                self.replace(generation, false);
+                Err(Error::Unavailable {
+                    store: self.described.clone(),
+                    detail: "no answer in time".into(),
+                })
+            }
         }
     }
 
-    /// Replaces connection `generation` (if still current) with a new one, made on first use.
-    fn replace(&self, generation: u64) {
+    /// After connection `generation` failed: replaces it if its server was `demoted`, or, under
+    /// Sentinel, if the sentinels name another primary (looked up in the background).
+    fn replace(self: &Arc<Self>, generation: u64, demoted: bool) {
+        let Origin::Sentinel { .. } = &self.origin else {
+            if demoted {
+                let client = self.client.lock().clone();
+                self.install(generation, client);
+            }
+            return;
+        };
+        if self
+            .looking_up
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            return;
+        }
+        let link = self.clone();
+        tokio::spawn(async move {
+            match link.look_up().await {
+                Ok(client) => {
+                    let moved = client.get_connection_info().addr()
+                        != link.client.lock().get_connection_info().addr();
+                    if moved || demoted {
+                        link.install(generation, client);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(store = %link.described, error = %e, "sentinel lookup failed")
+                }
+            }
+            link.looking_up
+                .store(false, std::sync::atomic::Ordering::SeqCst);
+        });
+    }
+
+    /// The primary the sentinels name, checked to be one (a client for it; for a fixed address,
+    /// the client as it is).
+    async fn look_up(&self) -> Result<::redis::Client> {
+        let Origin::Sentinel {
+            sentinel,
+            master,
+            node,
+            ..
+        } = &self.origin
+        else {
+            return Ok(self.client.lock().clone());
+        };
+        bounded(&self.described, self.timeout, "no primary named", async {
+            sentinel
+                .lock()
+                .await
+                .async_master_for(master, Some(node))
+                .await
+        })
+        .await
+    }
+
+    /// Moves to `client` (a primary the sentinels announced) unless the link is there already.
+    fn switch_to(&self, client: ::redis::Client) {
+        let generation = self.current.lock().0;
+        if client.get_connection_info().addr() != self.client.lock().get_connection_info().addr() {
+            self.install(generation, client);
+        }
+    }
+
+    /// Makes `client` the link's, with a new connection (made on first use) if `generation` is
+    /// still current.
+    fn install(&self, generation: u64, client: ::redis::Client) {
         let mut current = self.current.lock();
         if current.0 != generation {
             return;
         }
-        match ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone()) {
+        match ConnectionManager::new_lazy_with_config(client.clone(), self.config.clone()) {
             Ok(fresh) => {
-                tracing::warn!(store = %self.described, "the server answered READONLY (a replica now); connecting again");
+                tracing::warn!(store = %self.described, server = ?client.get_connection_info().addr(), "the server is no longer the primary; connecting again");
                 *current = (generation + 1, fresh);
+                *self.client.lock() = client;
             }
             Err(e) => {
-                tracing::warn!(store = %self.described, error = %e, "cannot replace the connection to a read-only replica")
+                tracing::warn!(store = %self.described, error = %e, "cannot replace the connection")
             }
         }
+    }
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        if let Origin::Sentinel { follower, .. } = &self.origin {
+            if let Some(task) = follower.lock().take() {
+                task.abort();
+            }
+        }
+    }
+}
+
+/// Follows the sentinels' `+switch-master` announcements (`<master> <old ip> <old port> <new ip>
+/// <new port>`) for the link's master group, on one sentinel at a time, and moves the link to the
+/// announced primary at once. Without it the store would move only when the old primary, demoted,
+/// answers `READONLY` — which Sentinel does at its next look at that server, up to ~10 s after the
+/// failover, while it still takes writes. `node` makes a data server's URL from `ip:port`.
+async fn follow_switches(
+    link: std::sync::Weak<Link>,
+    sentinels: Vec<String>,
+    master: String,
+    node: impl Fn(&str) -> String + Send + 'static,
+    timeout: Duration,
+) {
+    for url in sentinels.iter().cycle() {
+        let subscribed = async {
+            let client = ::redis::Client::open(url.as_str()).ok()?;
+            let mut pubsub = tokio::time::timeout(timeout, client.get_async_pubsub())
+                .await
+                .ok()?
+                .ok()?;
+            tokio::time::timeout(timeout, pubsub.subscribe("+switch-master"))
+                .await
+                .ok()?
+                .ok()?;
+            Some(pubsub)
+        };
+        if let Some(pubsub) = subscribed.await {
+            let mut messages = pubsub.into_on_message();
+            while let Some(msg) = messages.next().await {
+                let text: String = msg.get_payload().unwrap_or_default();
+                let words: Vec<&str> = text.split(' ').collect();
+                let [name, _, _, ip, port] = words[..] else {
+                    continue;
+                };
+                if name != master {
+                    continue;
+                }
+                let Some(link) = link.upgrade() else { return };
+                match ::redis::Client::open(node(&format!("{ip}:{port}"))) {
+                    Ok(client) => link.switch_to(client),
+                    Err(e) => {
+                        tracing::warn!(store = %link.described, error = %e, "cannot use the announced primary")
+                    }
+                }
+            }
+        }
+        if link.strong_count() == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
 
@@ -544,7 +697,7 @@ fn spawn_renewer(link: Arc<Link>, script: Lua) -> tokio::sync::mpsc::UnboundedSe
 }
 
 /// Runs one batch of renewals and answers each job.
-async fn renew_batch(link: &Link, script: &Lua, batch: Vec<RenewJob>) {
+async fn renew_batch(link: &Arc<Link>, script: &Lua, batch: Vec<RenewJob>) {
     let bytes: usize = batch
         .iter()
         .map(|j| j.record_key.len() + 3 * j.token.len() + 24)
@@ -614,6 +767,67 @@ impl std::fmt::Debug for RedisStore {
             .field("prefix", &self.inner.prefix)
             .finish()
     }
+}
+
+/// The fence prefix of `opts`, checked against its record prefix: both non-empty, neither a
+/// prefix of the other (so no record key can be a counter key).
+fn checked_fence_prefix(opts: &RedisOptions) -> Result<String> {
+    let fence_prefix = opts.fence_prefix();
+    if opts.prefix.is_empty()
+        || opts.prefix.starts_with(&fence_prefix)
+        || fence_prefix.starts_with(&opts.prefix)
+    {
+        return Err(Error::option(
+            "prefix",
+            format!("record prefix {:?} and fence prefix {fence_prefix:?} must be non-empty and neither may start with the other", opts.prefix),
+        ));
+    }
+    Ok(fence_prefix)
+}
+
+/// A URL naming several servers, as `redlock://` and `redis+sentinel://` do:
+/// `SCHEME://[user:pass@]host1:port1,host2:port2,…[/PATH][?QUERY]`.
+pub(crate) struct HostList<'a> {
+    /// `user:pass@` as written, or empty.
+    pub(crate) userinfo: String,
+    /// Each `host:port`, checked to have both.
+    pub(crate) hosts: Vec<&'a str>,
+    /// What follows the first `/` after the hosts (may be empty).
+    pub(crate) path: &'a str,
+    /// What follows `?` (may be empty).
+    pub(crate) query: &'a str,
+}
+
+/// Splits a [`HostList`] URL of `scheme`; `described` (the URL without its password) names it
+/// in errors.
+pub(crate) fn host_list<'a>(url: &'a str, scheme: &str, described: &str) -> Result<HostList<'a>> {
+    let bad = |reason: String| Error::InvalidUrl {
+        url: described.to_owned(),
+        reason,
+    };
+    let rest = url
+        .strip_prefix(scheme)
+        .and_then(|r| r.strip_prefix("://"))
+        .ok_or_else(|| bad(format!("expected {scheme}://host1:port1,host2:port2,…")))?;
+    let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let (userinfo, hosts) = match authority.rsplit_once('@') {
+        Some((u, h)) => (format!("{u}@"), h),
+        None => (String::new(), authority),
+    };
+    let hosts: Vec<&str> = hosts.split(',').collect();
+    for host in &hosts {
+        match host.rsplit_once(':') {
+            Some((h, p)) if !h.is_empty() && p.parse::<u16>().is_ok() => {}
+            _ => return Err(bad(format!("bad server {host:?}: expected host:port"))),
+        }
+    }
+    Ok(HostList {
+        userinfo,
+        hosts,
+        path,
+        query,
+    })
 }
 
 /// A client for `redis://` or `rediss://` (TLS through rustls with the ring provider; the CA from
@@ -736,18 +950,70 @@ impl RedisStore {
     /// start).
     pub(crate) async fn connect_inner(url: &str, opts: RedisOptions, lazy: bool) -> Result<Self> {
         let described = crate::redact_url(url);
-        let fence_prefix = opts.fence_prefix();
-        if opts.prefix.is_empty()
-            || opts.prefix.starts_with(&fence_prefix)
-            || fence_prefix.starts_with(&opts.prefix)
-        {
-            return Err(Error::option(
-                "prefix",
-                format!("record prefix {:?} and fence prefix {fence_prefix:?} must be non-empty and neither may start with the other", opts.prefix),
-            ));
-        }
+        let fence_prefix = checked_fence_prefix(&opts)?;
         let client = open_client(url, &opts, &described)?;
+        Self::start(client, Origin::Fixed, described, fence_prefix, opts, lazy).await
+    }
 
+    /// Connects to the primary that the sentinels at `sentinels` (`redis://host:port` each) name
+    /// for `master`; `userinfo` (`user:pass@` or empty) and `db` are the data servers'.
+    async fn connect_sentinel(
+        sentinels: Vec<String>,
+        master: String,
+        (userinfo, db): (String, String),
+        described: String,
+        opts: RedisOptions,
+    ) -> Result<Self> {
+        let fence_prefix = checked_fence_prefix(&opts)?;
+        let bad = |reason: String| Error::InvalidUrl {
+            url: described.clone(),
+            reason,
+        };
+        // A data server's URL from its `ip:port`, with our database and credentials (decoded as
+        // the redis crate decodes any URL).
+        let node_url = move |addr: &str| format!("redis://{userinfo}{addr}/{db}");
+        let node = ::redis::IntoConnectionInfo::into_connection_info(node_url("127.0.0.1:1"))
+            .map_err(|e| bad(e.to_string()))?
+            .redis_settings()
+            .clone();
+        let node = ::redis::sentinel::SentinelNodeConnectionInfo::default()
+            .set_redis_connection_info(node);
+        let mut sentinel = ::redis::sentinel::Sentinel::build(sentinels.clone())
+            .map_err(|e| bad(e.to_string()))?;
+        let client = bounded(&described, opts.timeout * 2, "no primary named", async {
+            sentinel.async_master_for(&master, Some(&node)).await
+        })
+        .await?;
+        let origin = Origin::Sentinel {
+            sentinel: tokio::sync::Mutex::new(sentinel),
+            master: master.clone(),
+            node,
+            follower: Mutex::new(None),
+        };
+        let timeout = opts.timeout;
+        let store = Self::start(client, origin, described, fence_prefix, opts, false).await?;
+        let link = &store.inner.link;
+        if let Origin::Sentinel { follower, .. } = &link.origin {
+            let task = tokio::spawn(follow_switches(
+                Arc::downgrade(link),
+                sentinels,
+                master,
+                node_url,
+                timeout,
+            ));
+            *follower.lock() = Some(task.abort_handle());
+        }
+        Ok(store)
+    }
+
+    async fn start(
+        client: ::redis::Client,
+        origin: Origin,
+        described: String,
+        fence_prefix: String,
+        opts: RedisOptions,
+        lazy: bool,
+    ) -> Result<Self> {
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(opts.timeout))
             // Every call is bounded by `bounded` (one timer per call, not two).
@@ -768,16 +1034,17 @@ impl RedisStore {
         };
         let scripts = Scripts::new();
         let link = Arc::new(Link {
-            client: client.clone(),
+            origin,
             config,
             described: described.clone(),
             timeout: opts.timeout,
             current: Mutex::new((0, conn)),
+            client: Mutex::new(client),
+            looking_up: Default::default(),
         });
         let renewals = spawn_renewer(link.clone(), scripts.renew.clone());
         Ok(RedisStore {
             inner: Arc::new(Inner {
-                client,
                 link,
                 scripts,
                 prefix: opts.prefix,
@@ -788,6 +1055,33 @@ impl RedisStore {
                 renewals,
             }),
         })
+    }
+
+    /// Parses `redis+sentinel://[user:pass@]host1:port1,host2:port2,…/MASTER[/DB][?prefix=…]` and
+    /// connects to the primary the sentinels name for `MASTER`. The user and password are the
+    /// data servers' (the sentinels are asked without).
+    pub(crate) async fn from_sentinel_url(url: &str) -> Result<Self> {
+        let described = crate::redact_url(url);
+        let bad = |reason: &str| Error::InvalidUrl {
+            url: described.clone(),
+            reason: reason.into(),
+        };
+        let list = host_list(url, "redis+sentinel", &described)?;
+        let (master, db) = match list.path.split_once('/') {
+            Some((m, d)) => (m, d),
+            None => (list.path, ""),
+        };
+        if master.is_empty() {
+            return Err(bad("expected the master group's name after the sentinels, as in redis+sentinel://h1:26379,h2:26379/mymaster/0"));
+        }
+        let sentinels = list.hosts.iter().map(|h| format!("redis://{h}")).collect();
+        let opts = RedisOptions::from_query(
+            url,
+            url::form_urlencoded::parse(list.query.as_bytes()),
+            RedisOptions::default(),
+        )?;
+        let (master, node) = (master.to_owned(), (list.userinfo, db.to_owned()));
+        Self::connect_sentinel(sentinels, master, node, described, opts).await
     }
 
     /// Parses `redis://…?prefix=…&fence_prefix=…&timeout=2s` (or `rediss://…`, or
@@ -973,12 +1267,8 @@ impl RedisStore {
                 return Ok(h.clone());
             }
         }
-        let hub = Hub::start(
-            &self.inner.client,
-            &self.inner.described,
-            self.inner.timeout,
-        )
-        .await?;
+        let client = self.inner.link.client.lock().clone();
+        let hub = Hub::start(&client, &self.inner.described, self.inner.timeout).await?;
         *slot = Some(hub.clone());
         Ok(hub)
     }

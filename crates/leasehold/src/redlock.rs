@@ -91,38 +91,21 @@ impl RedlockStore {
 
     /// Parses `redlock://[user:pass@]h1:p1,h2:p2,…[/db][?prefix=…&timeout=…]`.
     pub(crate) async fn from_url(url: &str) -> Result<Self> {
-        let bad = |reason: &str| Error::InvalidUrl {
-            url: crate::redact_url(url),
-            reason: reason.into(),
-        };
-        let rest = url
-            .strip_prefix("redlock://")
-            .ok_or_else(|| bad("expected redlock://host1:port1,host2:port2,host3:port3[/db]"))?;
-        let (rest, query) = match rest.split_once('?') {
-            Some((r, q)) => (r, q),
-            None => (rest, ""),
-        };
-        let (authority, db) = match rest.split_once('/') {
-            Some((a, d)) => (a, d),
-            None => (rest, ""),
-        };
+        let described = crate::redact_url(url);
+        let list = crate::redis::host_list(url, "redlock", &described)?;
+        let db = list.path;
         if !db.is_empty() && db.parse::<u32>().is_err() {
-            return Err(bad("the database must be a number, as in /0"));
+            return Err(Error::InvalidUrl {
+                url: described,
+                reason: "the database must be a number, as in /0".into(),
+            });
         }
-        let (userinfo, hosts) = match authority.rsplit_once('@') {
-            Some((u, h)) => (format!("{u}@"), h),
-            None => (String::new(), authority),
-        };
-        let mut urls = vec![];
-        for host in hosts.split(',') {
-            let (h, p) = host
-                .rsplit_once(':')
-                .ok_or_else(|| bad("every node needs host:port"))?;
-            if h.is_empty() || p.parse::<u16>().is_err() {
-                return Err(bad(&format!("bad node {host:?}: expected host:port")));
-            }
-            urls.push(format!("redis://{userinfo}{host}/{db}"));
-        }
+        let urls: Vec<String> = list
+            .hosts
+            .iter()
+            .map(|host| format!("redis://{}{host}/{db}", list.userinfo))
+            .collect();
+        let query = list.query;
         let defaults = RedisOptions {
             timeout: Duration::from_millis(200),
             ..RedisOptions::default()
