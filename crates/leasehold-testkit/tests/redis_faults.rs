@@ -1073,6 +1073,17 @@ async fn a_sentinel_failover_moves_the_store_to_the_promoted_primary() {
         .await
         .unwrap()
         .unwrap();
+    // `l` waits once before the failover: its pub/sub connection is on the old primary.
+    let b = locks(&format!("{}?timeout=1s", set.url()), "b").await;
+    let pre = b.lock("pre").unwrap().try_acquire().await.unwrap().unwrap();
+    let waited = l
+        .lock("pre")
+        .unwrap()
+        .wait(Duration::from_millis(100))
+        .acquire()
+        .await;
+    assert!(waited.is_err());
+    pre.release().await.unwrap();
     let old_server = set.server(old).expect("the old primary");
     assert!(old_server
         .command(&["WAIT", "1", "2000"])
@@ -1109,6 +1120,17 @@ async fn a_sentinel_failover_moves_the_store_to_the_promoted_primary() {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    // Its next wait subscribes on the new primary and is woken by the release's message.
+    let g = b
+        .lock("handoff")
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .unwrap();
+    let waiter = spawn_waiter(l.clone(), "handoff", true);
+    await_waiting(new_server, "handoff", "\"waiter_token\":\"").await;
+    release_wakes(g, waiter, "a waiter after the failover").await;
     // The store moved on the announcement, not on a READONLY: the old primary still says it is one.
     assert!(
         old_server

@@ -434,7 +434,8 @@ struct Inner {
     fence_prefix: String,
     described: String,
     timeout: Duration,
-    hub: tokio::sync::Mutex<Option<Arc<Hub>>>,
+    /// The pub/sub hub and the link generation it was made for.
+    hub: tokio::sync::Mutex<Option<(Arc<Hub>, u64)>>,
     renewals: tokio::sync::mpsc::UnboundedSender<RenewJob>,
 }
 
@@ -1262,14 +1263,17 @@ impl RedisStore {
 
     async fn hub(&self) -> Result<Arc<Hub>> {
         let mut slot = self.inner.hub.lock().await;
-        if let Some(h) = slot.as_ref() {
-            if !h.dead() {
+        // A hub on the server the link left (a failover) no longer hears releases; new
+        // subscriptions go to the link's server (older ones keep theirs, with the fallback timer).
+        let generation = self.inner.link.current.lock().0;
+        if let Some((h, made_for)) = slot.as_ref() {
+            if !h.dead() && *made_for == generation {
                 return Ok(h.clone());
             }
         }
         let client = self.inner.link.client.lock().clone();
         let hub = Hub::start(&client, &self.inner.described, self.inner.timeout).await?;
-        *slot = Some(hub.clone());
+        *slot = Some((hub.clone(), generation));
         Ok(hub)
     }
 }
