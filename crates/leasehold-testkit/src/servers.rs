@@ -241,16 +241,27 @@ impl Drop for RedisServer {
 /// Sends one command (RESP) to the server (or sentinel) on loopback `port` and returns the raw
 /// first reply, if it answers within 2 s.
 pub fn command_on(port: u16, args: &[&str]) -> Option<String> {
+    command_as(port, None, args)
+}
+
+/// [`command_on`] after `AUTH password` when `password` is given.
+fn command_as(port: u16, password: Option<&str>, args: &[&str]) -> Option<String> {
     let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    let mut req = format!("*{}\r\n", args.len());
-    for a in args {
-        req.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+    let mut ask = |args: &[&str]| {
+        let mut req = format!("*{}\r\n", args.len());
+        for a in args {
+            req.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+        }
+        s.write_all(req.as_bytes()).ok()?;
+        let mut buf = [0u8; 65536];
+        let n = s.read(&mut buf).ok()?;
+        Some(String::from_utf8_lossy(&buf[..n]).into_owned())
+    };
+    if let Some(pw) = password {
+        ask(&["AUTH", pw]).filter(|r| r.starts_with("+OK"))?;
     }
-    s.write_all(req.as_bytes()).ok()?;
-    let mut buf = [0u8; 65536];
-    let n = s.read(&mut buf).ok()?;
-    Some(String::from_utf8_lossy(&buf[..n]).into_owned())
+    ask(args)
 }
 
 /// The master group name a [`SentinelSet`]'s sentinels watch.
@@ -272,8 +283,16 @@ pub struct SentinelSet {
 pub struct SentinelServer {
     /// Its port.
     pub port: u16,
+    password: Option<String>,
     child: Option<Child>,
     _dir: tempfile::TempDir,
+}
+
+impl SentinelServer {
+    /// Sends one command (after `AUTH` if the sentinel has a password); the raw first reply.
+    pub fn command(&self, args: &[&str]) -> Option<String> {
+        command_as(self.port, self.password.as_deref(), args)
+    }
 }
 
 impl Drop for SentinelServer {
@@ -292,6 +311,15 @@ impl SentinelSet {
     /// # Panics
     /// When a process cannot start or the deployment does not settle within 30 s.
     pub fn start() -> Self {
+        Self::start_with_password(None)
+    }
+
+    /// [`SentinelSet::start`] with sentinels that require `password` (`requirepass`, as Helm
+    /// charts set them up); [`SentinelSet::url`] then carries it as `?sentinel_pass=`.
+    ///
+    /// # Panics
+    /// As [`SentinelSet::start`].
+    pub fn start_with_password(password: Option<&str>) -> Self {
         let primary = RedisServer::start();
         let replica = RedisServer::start();
         let primary_port = primary.port.to_string();
@@ -306,13 +334,17 @@ impl SentinelSet {
                 let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
                 let port = free_port();
                 let conf = dir.path().join("sentinel.conf");
-                let text = format!(
+                let mut text = format!(
                     "port {port}\nbind 127.0.0.1\ndir {}\n\
                      sentinel monitor {SENTINEL_MASTER} 127.0.0.1 {primary_port} 2\n\
                      sentinel down-after-milliseconds {SENTINEL_MASTER} 500\n\
                      sentinel failover-timeout {SENTINEL_MASTER} 5000\n",
                     dir.path().display()
                 );
+                if let Some(pw) = password {
+                    // The sentinels talk to each other with the same password.
+                    text.push_str(&format!("requirepass {pw}\nsentinel sentinel-pass {pw}\n"));
+                }
                 std::fs::write(&conf, text).unwrap_or_else(|e| panic!("sentinel.conf: {e}"));
                 let mut cmd = Command::new("redis-server");
                 cmd.arg(&conf)
@@ -324,6 +356,7 @@ impl SentinelSet {
                 });
                 SentinelServer {
                     port,
+                    password: password.map(str::to_owned),
                     child: Some(child),
                     _dir: dir,
                 }
@@ -335,7 +368,7 @@ impl SentinelSet {
         };
         let deadline = Instant::now() + Duration::from_secs(30);
         let settled = |s: &SentinelServer| {
-            let ask = |what: &str| command_on(s.port, &["SENTINEL", what, SENTINEL_MASTER]);
+            let ask = |what: &str| s.command(&["SENTINEL", what, SENTINEL_MASTER]);
             let others = ask("sentinels")
                 .unwrap_or_default()
                 .matches("runid")
@@ -358,26 +391,34 @@ impl SentinelSet {
         }
     }
 
-    /// `redis+sentinel://127.0.0.1:S1,127.0.0.1:S2,127.0.0.1:S3/leasehold/0`.
+    /// `redis+sentinel://127.0.0.1:S1,127.0.0.1:S2,127.0.0.1:S3/leasehold/0[?sentinel_pass=…]`.
     pub fn url(&self) -> String {
         let sentinels: Vec<String> = self
             .sentinels
             .iter()
             .map(|s| format!("127.0.0.1:{}", s.port))
             .collect();
+        let auth = match &self.sentinels[0].password {
+            Some(pw) => format!("?sentinel_pass={pw}"),
+            None => String::new(),
+        };
         format!(
-            "redis+sentinel://{}/{SENTINEL_MASTER}/0",
+            "redis+sentinel://{}/{SENTINEL_MASTER}/0{auth}",
             sentinels.join(",")
         )
+    }
+
+    /// [`SentinelSet::url`] with more query parameters (`timeout=1s`).
+    pub fn url_with(&self, params: &str) -> String {
+        let url = self.url();
+        let join = if url.contains('?') { '&' } else { '?' };
+        format!("{url}{join}{params}")
     }
 
     /// The port of the primary a sentinel that answers names now.
     pub fn primary_port(&self) -> Option<u16> {
         self.sentinels.iter().find_map(|s| {
-            let reply = command_on(
-                s.port,
-                &["SENTINEL", "get-master-addr-by-name", SENTINEL_MASTER],
-            )?;
+            let reply = s.command(&["SENTINEL", "get-master-addr-by-name", SENTINEL_MASTER])?;
             // *2 $9 127.0.0.1 $5 PORT
             reply.lines().nth(4)?.trim().parse().ok()
         })

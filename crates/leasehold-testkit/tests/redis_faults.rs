@@ -1059,12 +1059,26 @@ async fn await_new_primary(set: &leasehold_testkit::servers::SentinelSet, old: u
 /// `redis+sentinel://`: a Sentinel failover (`SENTINEL FAILOVER`) moves the store to the
 /// promoted primary as the sentinels announce it (`+switch-master`) — while the old primary,
 /// which Sentinel demotes only at its next look, still takes writes — and a holder whose record was
-/// replicated keeps renewing it there.
+/// replicated keeps renewing it there. The sentinels require a password (`?sentinel_pass=`).
 #[tokio::test]
 async fn a_sentinel_failover_moves_the_store_to_the_promoted_primary() {
-    let set = leasehold_testkit::servers::SentinelSet::start();
+    // Sentinels that require a password, as Helm charts deploy them.
+    let set = leasehold_testkit::servers::SentinelSet::start_with_password(Some("sentpw"));
+    let without = format!(
+        "{}?timeout=500ms",
+        set.url().replace("?sentinel_pass=sentpw", "")
+    );
+    let err = leasehold::open_store(&without)
+        .await
+        .expect_err("sentinels that require a password");
+    assert!(
+        !err.is_retryable() && err.to_string().contains("NOAUTH"),
+        "{err}"
+    );
+    let shown = leasehold::redact_url(&set.url());
+    assert!(!shown.contains("sentpw"), "{shown}");
     let old = set.primary_port().expect("a primary");
-    let l = locks(&format!("{}?timeout=1s", set.url()), "a").await;
+    let l = locks(&set.url_with("timeout=1s"), "a").await;
     let held = l
         .lock("held")
         .unwrap()
@@ -1074,7 +1088,7 @@ async fn a_sentinel_failover_moves_the_store_to_the_promoted_primary() {
         .unwrap()
         .unwrap();
     // `l` waits once before the failover: its pub/sub connection is on the old primary.
-    let b = locks(&format!("{}?timeout=1s", set.url()), "b").await;
+    let b = locks(&set.url_with("timeout=1s"), "b").await;
     let pre = b.lock("pre").unwrap().try_acquire().await.unwrap().unwrap();
     let waited = l
         .lock("pre")
@@ -1088,15 +1102,13 @@ async fn a_sentinel_failover_moves_the_store_to_the_promoted_primary() {
     assert!(old_server
         .command(&["WAIT", "1", "2000"])
         .is_some_and(|r| r.starts_with(":1")));
-    assert!(leasehold_testkit::servers::command_on(
-        set.sentinels[0].port,
-        &[
+    assert!(set.sentinels[0]
+        .command(&[
             "SENTINEL",
             "FAILOVER",
             leasehold_testkit::servers::SENTINEL_MASTER
-        ]
-    )
-    .is_some_and(|r| r.starts_with("+OK")));
+        ])
+        .is_some_and(|r| r.starts_with("+OK")));
     let new = await_new_primary(&set, old).await;
     let new_server = set.server(new).expect("the new primary");
 
@@ -1149,7 +1161,7 @@ async fn a_sentinel_failover_moves_the_store_to_the_promoted_primary() {
 async fn a_killed_sentinel_primary_is_replaced_and_a_waiter_gets_its_lease() {
     let mut set = leasehold_testkit::servers::SentinelSet::start();
     let old = set.primary_port().expect("a primary");
-    let l = locks(&format!("{}?timeout=500ms", set.url()), "a").await;
+    let l = locks(&set.url_with("timeout=500ms"), "a").await;
     let g = l
         .lock("before")
         .unwrap()

@@ -77,8 +77,9 @@ pub use store::{
 
 use std::sync::Arc;
 
-/// Hides a URL's password for messages: `user:password@` and a `pass=` or `password=` query
-/// parameter (the form `redis+unix://` takes) show as `***`.
+/// Hides a URL's passwords for messages: `user:password@` and a `pass=`, `password=` or
+/// `sentinel_pass=` query parameter (as `redis+unix://` and `redis+sentinel://` take them) show as
+/// `***`.
 ///
 /// ```
 /// assert_eq!(leasehold::redact_url("redis://u:secret@h:1/0"), "redis://u:***@h:1/0");
@@ -86,37 +87,39 @@ use std::sync::Arc;
 ///     leasehold::redact_url("redis+unix:///run/r.sock?user=u&pass=secret&db=2"),
 ///     "redis+unix:///run/r.sock?user=u&pass=***&db=2"
 /// );
+/// assert_eq!(
+///     leasehold::redact_url("redis+sentinel://u:secret@s1:1,s2:2/m?sentinel_pass=secret"),
+///     "redis+sentinel://***@s1:1,s2:2/m?sentinel_pass=***"
+/// );
 /// ```
 pub fn redact_url(url: &str) -> String {
-    match url::Url::parse(url) {
+    let (main, query) = match url.split_once('?') {
+        Some((m, q)) => (m, Some(q)),
+        None => (url, None),
+    };
+    let main = match url::Url::parse(main) {
         Ok(mut u) => {
             if u.password().is_some() {
                 let _ = u.set_password(Some("***"));
             }
-            let secret = |k: &str| matches!(k, "pass" | "password");
-            if u.query_pairs().any(|(k, _)| secret(&k)) {
-                // Encoded by hand: the form encoder would show `***` as `%2A%2A%2A`.
-                let enc = |s: &str| {
-                    url::form_urlencoded::byte_serialize(s.as_bytes())
-                        .collect::<String>()
-                        .replace("%2A", "*")
-                };
-                let query: Vec<String> = u
-                    .query_pairs()
-                    .map(|(k, v)| {
-                        let v = if secret(&k) { "***".into() } else { enc(&v) };
-                        format!("{}={v}", enc(&k))
-                    })
-                    .collect();
-                u.set_query(Some(&query.join("&")));
-            }
             u.to_string()
         }
-        Err(_) => match (url.find("://"), url.rfind('@')) {
-            (Some(s), Some(at)) if at > s => format!("{}***{}", &url[..s + 3], &url[at..]),
-            _ => url.to_owned(),
+        // Not a URL the parser takes (several hosts): whatever precedes an `@` goes.
+        Err(_) => match (main.find("://"), main.rfind('@')) {
+            (Some(s), Some(at)) if at > s => format!("{}***{}", &main[..s + 3], &main[at..]),
+            _ => main.to_owned(),
         },
-    }
+    };
+    let Some(query) = query else { return main };
+    let secret = |k: &str| matches!(k, "pass" | "password" | "sentinel_pass");
+    let pairs: Vec<String> = query
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some((k, _)) if secret(k) => format!("{k}=***"),
+            _ => pair.to_owned(),
+        })
+        .collect();
+    format!("{main}?{}", pairs.join("&"))
 }
 
 /// Opens the store a URL names (see the table in the crate docs).

@@ -1060,7 +1060,7 @@ impl RedisStore {
 
     /// Parses `redis+sentinel://[user:pass@]host1:port1,host2:port2,…/MASTER[/DB][?prefix=…]` and
     /// connects to the primary the sentinels name for `MASTER`. The user and password are the
-    /// data servers' (the sentinels are asked without).
+    /// data servers'; `?sentinel_pass=…[&sentinel_user=…]` are the sentinels' (none by default).
     pub(crate) async fn from_sentinel_url(url: &str) -> Result<Self> {
         let described = crate::redact_url(url);
         let bad = |reason: &str| Error::InvalidUrl {
@@ -1075,12 +1075,24 @@ impl RedisStore {
         if master.is_empty() {
             return Err(bad("expected the master group's name after the sentinels, as in redis+sentinel://h1:26379,h2:26379/mymaster/0"));
         }
-        let sentinels = list.hosts.iter().map(|h| format!("redis://{h}")).collect();
-        let opts = RedisOptions::from_query(
-            url,
-            url::form_urlencoded::parse(list.query.as_bytes()),
-            RedisOptions::default(),
-        )?;
+        // `sentinel_user` and `sentinel_pass` are the sentinels' credentials; the rest are ours.
+        let pairs: Vec<_> = url::form_urlencoded::parse(list.query.as_bytes()).collect();
+        let theirs = |k: &str| matches!(k, "sentinel_user" | "sentinel_pass");
+        let param = |name: &str| pairs.iter().find(|(k, _)| k == name).map(|(_, v)| v);
+        let mut sentinels = vec![];
+        for host in &list.hosts {
+            let mut u =
+                url::Url::parse(&format!("redis://{host}")).map_err(|e| bad(&e.to_string()))?;
+            if let Some(pass) = param("sentinel_pass") {
+                let user = param("sentinel_user").map_or("", |u| u.as_ref());
+                // Setting credentials fails only for URLs without a host, which these have.
+                let _ = u.set_username(user);
+                let _ = u.set_password(Some(pass));
+            }
+            sentinels.push(u.to_string());
+        }
+        let ours = pairs.iter().filter(|(k, _)| !theirs(k)).cloned();
+        let opts = RedisOptions::from_query(url, ours, RedisOptions::default())?;
         let (master, node) = (master.to_owned(), (list.userinfo, db.to_owned()));
         Self::connect_sentinel(sentinels, master, node, described, opts).await
     }
