@@ -1,7 +1,8 @@
 //! Local handoff across real processes: 3 OS processes × 4 tasks contend on one key. Inside a
 //! process the lease goes from task to task without a store call (fences from a reserved block);
 //! across processes it goes through the store. Never two holders at once, and the fences, in the
-//! order the holders entered, strictly increase — on the file store, Redis and 3-node Redlock.
+//! order the holders entered, strictly increase — on the file store, Redis (over TCP, a Unix socket
+//! and Sentinel) and 3-node Redlock.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -75,4 +76,14 @@ fn redis() {
 #[test]
 fn redlock() {
     contend(&redlock_url(&shared_redis_nodes()[..3]));
+}
+
+#[test]
+fn redis_unix_socket() {
+    contend(&shared_redis().unix_url());
+}
+
+#[test]
+fn redis_sentinel() {
+    contend(&leasehold_testkit::servers::shared_sentinels().url());
 }
