@@ -26,7 +26,7 @@
 //! ## Stores
 //! | URL | module | feature |
 //! |---|---|---|
-//! | `file:///path/to/dir[?mode=0640&fsync=true]` | [`file`] | `file` (default) |
+//! | `file:///path/to/dir[?mode=0640&fsync=true]` | [`file`](mod@file) | `file` (default) |
 //! | `memory://` | [`memory`] | `memory` (default) |
 //! | `record-memory://` (the generic record adapter over memory) | [`memory`], [`adapter`] | `memory` |
 //! | `k8s://[namespace][?prefix=…&server=…]`, `kubernetes://…` (Lease objects) | `kubernetes` | `kubernetes` |
