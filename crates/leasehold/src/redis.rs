@@ -432,8 +432,6 @@ struct Inner {
     scripts: Scripts,
     prefix: String,
     fence_prefix: String,
-    described: String,
-    timeout: Duration,
     /// The pub/sub hub and the link generation it was made for.
     hub: tokio::sync::Mutex<Option<(Arc<Hub>, u64)>>,
     renewals: tokio::sync::mpsc::UnboundedSender<RenewJob>,
@@ -444,13 +442,31 @@ enum Origin {
     /// One address (a name that may move to another server: DNS, a proxy, a managed endpoint).
     Fixed,
     /// Sentinels that name the primary of a master group (`redis+sentinel://`).
-    Sentinel {
-        sentinel: tokio::sync::Mutex<::redis::sentinel::Sentinel>,
-        master: String,
-        node: ::redis::sentinel::SentinelNodeConnectionInfo,
-        /// The task following the sentinels' `+switch-master` announcements.
-        follower: Mutex<Option<tokio::task::AbortHandle>>,
-    },
+    Sentinel(Sentinels),
+}
+
+/// The sentinels of a `redis+sentinel://` store.
+struct Sentinels {
+    sentinel: tokio::sync::Mutex<::redis::sentinel::Sentinel>,
+    master: String,
+    node: ::redis::sentinel::SentinelNodeConnectionInfo,
+    /// The task following the sentinels' `+switch-master` announcements.
+    follower: Mutex<Option<tokio::task::AbortHandle>>,
+}
+
+impl Sentinels {
+    /// A client for the primary the sentinels name, checked (`ROLE`) to be one; asking takes at
+    /// most `timeout`.
+    async fn primary(&self, described: &str, timeout: Duration) -> Result<::redis::Client> {
+        bounded(described, timeout, "no primary named", async {
+            self.sentinel
+                .lock()
+                .await
+                .async_master_for(&self.master, Some(&self.node))
+                .await
+        })
+        .await
+    }
 }
 
 /// The store's command connection, replaced when its server stops being the primary.
@@ -505,13 +521,13 @@ impl Link {
     /// After connection `generation` failed: replaces it if its server was `demoted`, or, under
     /// Sentinel, if the sentinels name another primary (looked up in the background).
     fn replace(self: &Arc<Self>, generation: u64, demoted: bool) {
-        let Origin::Sentinel { .. } = &self.origin else {
+        if !matches!(self.origin, Origin::Sentinel(_)) {
             if demoted {
                 let client = self.client.lock().clone();
                 self.install(generation, client);
             }
             return;
-        };
+        }
         if self
             .looking_up
             .swap(true, std::sync::atomic::Ordering::SeqCst)
@@ -520,14 +536,12 @@ impl Link {
         }
         let link = self.clone();
         tokio::spawn(async move {
-            match link.look_up().await {
-                Ok(client) => {
-                    let moved = client.get_connection_info().addr()
-                        != link.client.lock().get_connection_info().addr();
-                    if moved || demoted {
-                        link.install(generation, client);
-                    }
-                }
+            let Origin::Sentinel(sentinels) = &link.origin else {
+                return;
+            };
+            match sentinels.primary(&link.described, link.timeout).await {
+                Ok(client) if demoted => link.install(generation, client),
+                Ok(client) => link.switch_to(generation, client),
                 Err(e) => {
                     tracing::warn!(store = %link.described, error = %e, "sentinel lookup failed")
                 }
@@ -537,31 +551,9 @@ impl Link {
         });
     }
 
-    /// The primary the sentinels name, checked to be one (a client for it; for a fixed address,
-    /// the client as it is).
-    async fn look_up(&self) -> Result<::redis::Client> {
-        let Origin::Sentinel {
-            sentinel,
-            master,
-            node,
-            ..
-        } = &self.origin
-        else {
-            return Ok(self.client.lock().clone());
-        };
-        bounded(&self.described, self.timeout, "no primary named", async {
-            sentinel
-                .lock()
-                .await
-                .async_master_for(master, Some(node))
-                .await
-        })
-        .await
-    }
-
-    /// Moves to `client` (a primary the sentinels announced) unless the link is there already.
-    fn switch_to(&self, client: ::redis::Client) {
-        let generation = self.current.lock().0;
+    /// Moves connection `generation` to `client` (the primary the sentinels name) unless the link
+    /// is on that server already.
+    fn switch_to(&self, generation: u64, client: ::redis::Client) {
         if client.get_connection_info().addr() != self.client.lock().get_connection_info().addr() {
             self.install(generation, client);
         }
@@ -589,8 +581,8 @@ impl Link {
 
 impl Drop for Link {
     fn drop(&mut self) {
-        if let Origin::Sentinel { follower, .. } = &self.origin {
-            if let Some(task) = follower.lock().take() {
+        if let Origin::Sentinel(sentinels) = &self.origin {
+            if let Some(task) = sentinels.follower.lock().take() {
                 task.abort();
             }
         }
@@ -635,7 +627,10 @@ async fn follow_switches(
                 }
                 let Some(link) = link.upgrade() else { return };
                 match ::redis::Client::open(node(&format!("{ip}:{port}"))) {
-                    Ok(client) => link.switch_to(client),
+                    Ok(client) => {
+                        let generation = link.current.lock().0;
+                        link.switch_to(generation, client)
+                    }
                     Err(e) => {
                         tracing::warn!(store = %link.described, error = %e, "cannot use the announced primary")
                     }
@@ -764,7 +759,7 @@ async fn renew_batch(link: &Arc<Link>, script: &Lua, batch: Vec<RenewJob>) {
 impl std::fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisStore")
-            .field("url", &self.inner.described)
+            .field("url", &self.inner.link.described)
             .field("prefix", &self.inner.prefix)
             .finish()
     }
@@ -979,22 +974,20 @@ impl RedisStore {
             .clone();
         let node = ::redis::sentinel::SentinelNodeConnectionInfo::default()
             .set_redis_connection_info(node);
-        let mut sentinel = ::redis::sentinel::Sentinel::build(sentinels.clone())
+        let sentinel = ::redis::sentinel::Sentinel::build(sentinels.clone())
             .map_err(|e| bad(e.to_string()))?;
-        let client = bounded(&described, opts.timeout * 2, "no primary named", async {
-            sentinel.async_master_for(&master, Some(&node)).await
-        })
-        .await?;
-        let origin = Origin::Sentinel {
+        let named = Sentinels {
             sentinel: tokio::sync::Mutex::new(sentinel),
             master: master.clone(),
             node,
             follower: Mutex::new(None),
         };
+        let client = named.primary(&described, opts.timeout * 2).await?;
         let timeout = opts.timeout;
+        let origin = Origin::Sentinel(named);
         let store = Self::start(client, origin, described, fence_prefix, opts, false).await?;
         let link = &store.inner.link;
-        if let Origin::Sentinel { follower, .. } = &link.origin {
+        if let Origin::Sentinel(Sentinels { follower, .. }) = &link.origin {
             let task = tokio::spawn(follow_switches(
                 Arc::downgrade(link),
                 sentinels,
@@ -1037,7 +1030,7 @@ impl RedisStore {
         let link = Arc::new(Link {
             origin,
             config,
-            described: described.clone(),
+            described,
             timeout: opts.timeout,
             current: Mutex::new((0, conn)),
             client: Mutex::new(client),
@@ -1050,8 +1043,6 @@ impl RedisStore {
                 scripts,
                 prefix: opts.prefix,
                 fence_prefix,
-                described,
-                timeout: opts.timeout,
                 hub: tokio::sync::Mutex::new(None),
                 renewals,
             }),
@@ -1245,7 +1236,7 @@ impl RedisStore {
     /// An answer no version of our scripts gives.
     fn garbage(&self, key: &str, detail: &str) -> Error {
         Error::Store {
-            store: self.inner.described.clone(),
+            store: self.inner.link.described.clone(),
             detail: format!("unexpected answer to the acquire script for {key:?}: {detail}"),
             retryable: false,
         }
@@ -1284,7 +1275,7 @@ impl RedisStore {
             }
         }
         let client = self.inner.link.client.lock().clone();
-        let hub = Hub::start(&client, &self.inner.described, self.inner.timeout).await?;
+        let hub = Hub::start(&client, &self.inner.link.described, self.inner.link.timeout).await?;
         *slot = Some((hub.clone(), generation));
         Ok(hub)
     }
@@ -1427,7 +1418,7 @@ impl Drop for RedisWatch {
 #[async_trait]
 impl LockStore for RedisStore {
     fn describe(&self) -> String {
-        self.inner.described.clone()
+        self.inner.link.described.clone()
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -1454,7 +1445,7 @@ impl LockStore for RedisStore {
             reply,
         };
         let gone = || Error::Unavailable {
-            store: self.inner.described.clone(),
+            store: self.inner.link.described.clone(),
             detail: "the renewal batcher stopped (runtime shutting down)".into(),
         };
         self.inner.renewals.send(job).map_err(|_| gone())?;
@@ -1533,7 +1524,7 @@ impl LockStore for RedisStore {
     async fn subscribe(&self, key: &Key) -> Result<Option<Box<dyn ChangeWatch>>> {
         let hub = self.hub().await?;
         Ok(Some(Box::new(
-            hub.subscribe(self.record_key(key), &self.inner.described)
+            hub.subscribe(self.record_key(key), &self.inner.link.described)
                 .await?,
         )))
     }
