@@ -183,6 +183,14 @@ impl RedisServer {
         self.dir.path().join(SOCKET)
     }
 
+    /// Whether this server, a replica (`REPLICAOF`), has its link to the primary up and has
+    /// finished the initial sync.
+    pub fn replica_synced(&self) -> bool {
+        self.command(&["INFO", "replication"]).is_some_and(|i| {
+            i.contains("master_link_status:up") && i.contains("master_sync_in_progress:0")
+        })
+    }
+
     /// Whether the server answers `PING` (for TLS, through `redis-cli --tls`).
     pub fn ping(&self) -> bool {
         if self.tls {
@@ -377,10 +385,7 @@ impl SentinelSet {
             others == 2 && replicas.contains("master-link-status") && !replicas.contains("s_down")
         };
         loop {
-            let synced = set.servers[1]
-                .command(&["INFO", "replication"])
-                .is_some_and(|i| i.contains("master_link_status:up"));
-            if synced && set.sentinels.iter().all(settled) {
+            if set.servers[1].replica_synced() && set.sentinels.iter().all(settled) {
                 return set;
             }
             assert!(

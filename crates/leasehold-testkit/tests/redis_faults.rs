@@ -173,13 +173,18 @@ async fn operators_read_the_record_with_redis_cli_and_prefixes_apply() {
 type Waiter = tokio::task::JoinHandle<(leasehold::Result<LeaseGuard>, Instant)>;
 
 fn spawn_waiter(l: Locks, key: &str, register: bool) -> Waiter {
+    spawn_waiter_for(l, key, register, Duration::from_secs(10))
+}
+
+/// [`spawn_waiter`] with a wait limit of `wait`.
+fn spawn_waiter_for(l: Locks, key: &str, register: bool, wait: Duration) -> Waiter {
     let key = key.to_owned();
     tokio::spawn(async move {
         let g = l
             .lock(&key)
             .unwrap()
             .register_waiter(register)
-            .wait(Duration::from_secs(10))
+            .wait(wait)
             .acquire()
             .await;
         (g, Instant::now())
@@ -889,14 +894,14 @@ async fn a_unix_socket_url_takes_the_database_user_and_password() {
 /// Waits until `replica` (after `REPLICAOF`) has its link to the primary up and has caught up.
 async fn await_replica_synced(replica: &RedisServer) {
     let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let info = replica
-            .command(&["INFO", "replication"])
-            .unwrap_or_default();
-        if info.contains("master_link_status:up") && info.contains("master_sync_in_progress:0") {
-            return;
-        }
-        assert!(Instant::now() < deadline, "replica never synced: {info}");
+    while !replica.replica_synced() {
+        assert!(
+            Instant::now() < deadline,
+            "replica never synced: {}",
+            replica
+                .command(&["INFO", "replication"])
+                .unwrap_or_default()
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -1012,21 +1017,16 @@ async fn a_server_out_of_memory_is_retried_not_fatal() {
         .expect_err("no writes while out of memory");
     assert!(err.is_retryable(), "{err}");
     assert!(err.to_string().contains("OOM"), "{err}");
-    let waiter = tokio::spawn({
-        let l = l.clone();
-        async move {
-            l.lock("other")
-                .unwrap()
-                .wait(Duration::from_secs(10))
-                .acquire()
-                .await
-        }
-    });
+    let waiter = spawn_waiter(l.clone(), "other", true);
     // A renewal (every 500 ms) meets the refusal in this second; memory comes back before expiry.
     tokio::time::sleep(Duration::from_millis(1000)).await;
     assert!(g.is_current(), "the holder gave up at the first refusal");
     set_maxmemory("0");
-    let w = waiter.await.unwrap().expect("a lease once memory is back");
+    let w = waiter
+        .await
+        .unwrap()
+        .0
+        .expect("a lease once memory is back");
     // Past the TTL: the holder renewed once writes were accepted again.
     tokio::time::sleep(Duration::from_millis(1000)).await;
     assert!(
@@ -1172,20 +1172,12 @@ async fn a_killed_sentinel_primary_is_replaced_and_a_waiter_gets_its_lease() {
     g.release().await.unwrap();
     let index = set.servers.iter().position(|s| s.port == old).expect("old");
     set.servers[index].stop();
-    let waiter = tokio::spawn({
-        let l = l.clone();
-        async move {
-            l.lock("after")
-                .unwrap()
-                .wait(Duration::from_secs(30))
-                .acquire()
-                .await
-        }
-    });
+    let waiter = spawn_waiter_for(l.clone(), "after", true, Duration::from_secs(30));
     let new = await_new_primary(&set, old).await;
     let g = waiter
         .await
         .unwrap()
+        .0
         .expect("a lease from the promoted primary");
     let record = set
         .server(new)
