@@ -757,12 +757,15 @@ async fn a_server_restarted_empty_reconnects_and_its_fences_start_again() {
     release_wakes(g, waiter, "a waiter after the restart").await;
 }
 
-/// A server that stops answering while a contender waits: the contender's wait limit still holds
-/// (every call to the server is bounded, the pub/sub subscription included).
+/// A server that stops answering while contenders wait: their wait limits hold to the limit, not
+/// the limit plus the store's 2 s call timeout (every call to the server is bounded by the wait
+/// limit, the pub/sub subscription included); once the server answers again, what the abandoned
+/// calls did is undone: a lease granted after its caller left is released, a waiter registration
+/// withdrawn.
 #[tokio::test]
 async fn a_wait_limit_holds_when_the_server_stops_answering() {
     let server = RedisServer::start();
-    let url = format!("{}?timeout=200ms", server.url());
+    let url = server.url();
     let holder = locks(&url, "h").await;
     let g = holder
         .lock("job")
@@ -789,24 +792,57 @@ async fn a_wait_limit_holds_when_the_server_stops_answering() {
     assert!(waited.is_err());
     drop(other);
     server.signal(libc::SIGSTOP);
-    let started = Instant::now();
-    let got = tokio::time::timeout(
-        Duration::from_secs(5),
-        contender
-            .lock("job")
-            .unwrap()
-            .wait(Duration::from_secs(1))
-            .acquire(),
-    )
-    .await;
-    let took = started.elapsed();
+    let limit = Duration::from_millis(500);
+    let wait_for = |key: &'static str| {
+        let contender = contender.clone();
+        async move {
+            let started = Instant::now();
+            let got = tokio::time::timeout(
+                Duration::from_secs(5),
+                contender.lock(key).unwrap().wait(limit).acquire(),
+            )
+            .await;
+            (got, started.elapsed())
+        }
+    };
+    // A held key (the attempt would register as its waiter) and a free one (it would be granted).
+    let ((held, took_held), (free, took_free)) = tokio::join!(wait_for("job"), wait_for("free"));
     server.signal(libc::SIGCONT);
-    let got = got.expect("the 1 s wait limit did not hold: acquire still waiting after 5 s");
-    assert!(got.is_err(), "granted while the holder holds it");
+    for (key, got, took) in [("job", held, took_held), ("free", free, took_free)] {
+        let got = got.expect("the wait limit did not hold: acquire still waiting after 5 s");
+        assert!(
+            matches!(got, Err(leasehold::Error::Timeout { .. })),
+            "{key}: {got:?}"
+        );
+        assert!(
+            took < Duration::from_millis(1200),
+            "{key}: took {took:?} for a {limit:?} limit"
+        );
+    }
+    // The calls the server answers late are undone.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let undone = || {
+        !record(&server, "free").contains("\"token\"")
+            && record(&server, "job").contains("\"waiter_token\":null")
+    };
+    while !undone() {
+        assert!(
+            Instant::now() < deadline,
+            "abandoned calls not undone: free = {:?}, job = {:?}",
+            record(&server, "free"),
+            record(&server, "job")
+        );
+        tokio::task::yield_now().await;
+    }
     assert!(
-        took < Duration::from_secs(2),
-        "took {took:?} for a 1 s limit"
+        server
+            .command(&["GET", "leasehold:fence:free"])
+            .unwrap_or_default()
+            .contains('1'),
+        "the late grant of free did happen (fence 1)"
     );
+    let again = contender.lock("free").unwrap().try_acquire().await.unwrap();
+    assert!(again.is_some(), "free is free again");
     drop(g);
 }
 

@@ -316,6 +316,13 @@ impl LockBuilder {
     /// [`Wait::No`]); invalid options; a store failure that is not retryable (retryable ones are
     /// retried until the limit).
     ///
+    /// # The wait limit holds against a slow store
+    /// With [`Wait::For`], `acquire` returns by the limit plus 100 ms even if the store stops
+    /// answering (not the limit plus the store's own call timeout): the store's answers to the last
+    /// attempt and to the withdrawal of the waiter registration are awaited until then, and after
+    /// that left to finish in the background, where a lease granted too late is released at once
+    /// and a registration withdrawn.
+    ///
     /// # Cancel safety
     /// Dropping the future stops waiting; a waiter registration lapses after its `waiter_ttl`, and
     /// a lease granted by an in-flight store call expires after its TTL.
@@ -416,6 +423,14 @@ impl LockBuilder {
         let mut subscribed = false;
         let mut attempt = 0u32;
         let mut registered = false;
+        // Who held the key at the last answer, for the timeout's message.
+        let mut last_holder: Option<String> = None;
+        // A waiting acquire's store calls end by its wait limit and allowance (not a try: its
+        // one call has the store's own timeout).
+        let attempt_limit = match opts.wait {
+            Wait::For(_) => deadline.map(|d| d + WAIT_ALLOWANCE),
+            Wait::No | Wait::Forever => None,
+        };
         // If this future is dropped while registered as waiter, withdraw in the background.
         let mut on_cancel = WithdrawOnDrop {
             store: Some(store.clone()),
@@ -431,8 +446,20 @@ impl LockBuilder {
                 .as_ref()
                 .map_or(0, |l| l.waiting().min(MAX_BLOCK - 1) as u64);
             let sent = Instant::now();
-            let res = store.acquire(&req).await;
-            let (wait_hint, last_holder) = match res {
+            let res = match attempt_limit {
+                None => store.acquire(&req).await,
+                Some(limit) => match bounded_attempt(&store, &req, registered, limit).await {
+                    Some(res) => res,
+                    None => {
+                        // The call finishes in the background, undoing what it did.
+                        on_cancel.armed = false;
+                        return Err(timeout(last_holder.unwrap_or_else(|| {
+                            "unknown (the store did not answer within the wait limit)".into()
+                        })));
+                    }
+                },
+            };
+            let (wait_hint, holder) = match res {
                 Ok(AcquireOutcome::Granted(rec)) => {
                     on_cancel.armed = false;
                     tracing::debug!(key = %key, fence = rec.fence, "lease acquired");
@@ -470,16 +497,18 @@ impl LockBuilder {
                 }
                 Err(e) => {
                     on_cancel.armed = false;
-                    withdraw(&*store, &key, &req.token, registered).await;
+                    let until = attempt_limit.unwrap_or_else(|| Instant::now() + WAIT_ALLOWANCE);
+                    withdraw_by(until, &store, &key, &req.token, registered).await;
                     return Err(AcquireError::Failed(e));
                 }
             };
             let now = Instant::now();
-            if deadline.is_some_and(|d| now >= d) {
+            if let Some(d) = deadline.filter(|&d| now >= d) {
                 on_cancel.armed = false;
-                withdraw(&*store, &key, &req.token, registered).await;
-                return Err(timeout(last_holder));
+                withdraw_by(d + WAIT_ALLOWANCE, &store, &key, &req.token, registered).await;
+                return Err(timeout(holder));
             }
+            last_holder = Some(holder);
             if !subscribed {
                 subscribed = true;
                 // Within the wait limit, whatever the store does.
@@ -562,6 +591,70 @@ impl Drop for WithdrawOnDrop {
             handle.spawn(async move { withdraw(&*store, &key, &token, true).await });
         }
     }
+}
+
+/// How far past its wait limit a waiting `acquire` goes for the store's last answers (to its last
+/// attempt, to the withdrawal of its waiter registration) before it returns and leaves them to
+/// finish in the background.
+const WAIT_ALLOWANCE: Duration = Duration::from_millis(100);
+
+/// One acquisition attempt that gives up at `limit`: `None` then, and the call goes on in the
+/// background, where a lease it granted is released and a waiter registration (this attempt's or
+/// an earlier one's, `registered`) is withdrawn, so nothing stays taken for a caller that left.
+async fn bounded_attempt(
+    store: &Arc<dyn LockStore>,
+    req: &AcquireRequest,
+    registered: bool,
+    limit: Instant,
+) -> Option<Result<AcquireOutcome>> {
+    let call = {
+        let (store, req) = (store.clone(), req.clone());
+        async move {
+            let res = store.acquire(&req).await;
+            (store, req, res)
+        }
+    };
+    let mut call = Box::pin(call);
+    match tokio::time::timeout_at(limit, &mut call).await {
+        Ok((_, _, res)) => Some(res),
+        Err(_) => {
+            tokio::spawn(async move {
+                let (store, req, res) = call.await;
+                let (key, token) = (&req.key, req.token.as_str());
+                match res {
+                    Ok(AcquireOutcome::Granted(_)) => {
+                        tracing::debug!(key = %key, "releasing a lease granted after the wait limit");
+                        if let Err(e) = store.release(key, token).await {
+                            tracing::debug!(key = %key, error = %e, "could not release a lease granted after the wait limit; it expires with its TTL");
+                        }
+                    }
+                    Ok(AcquireOutcome::Held(rec)) => {
+                        let mine = rec.waiter_token.as_deref() == Some(token);
+                        withdraw(&*store, key, token, registered || mine).await;
+                    }
+                    Err(_) => withdraw(&*store, key, token, registered).await,
+                }
+            });
+            None
+        }
+    }
+}
+
+/// Withdraws a waiter registration, waiting for it until `until` at most (a slow store does not
+/// stretch a wait limit): the withdrawal then goes on in the background.
+async fn withdraw_by(
+    until: Instant,
+    store: &Arc<dyn LockStore>,
+    key: &Key,
+    token: &str,
+    registered: bool,
+) {
+    if !registered {
+        return;
+    }
+    let (store, key, token) = (store.clone(), key.clone(), token.to_owned());
+    let withdrawal = tokio::spawn(async move { withdraw(&*store, &key, &token, true).await });
+    let _ = tokio::time::timeout_at(until, withdrawal).await;
 }
 
 async fn withdraw(store: &dyn LockStore, key: &Key, token: &str, registered: bool) {
