@@ -441,6 +441,114 @@ pub fn shared_sentinels() -> &'static SentinelSet {
     SET.get_or_init(SentinelSet::start)
 }
 
+/// A Redis Cluster on loopback: three primaries and a replica of each, every one a
+/// `redis-server --cluster-enabled yes` [`RedisServer`] (node timeout 1 s), joined with
+/// `redis-cli --cluster create`.
+#[derive(Debug)]
+pub struct RedisCluster {
+    /// The nodes; the first three start as primaries (failovers change the roles:
+    /// [`RedisCluster::primary_for`] says who serves a key now).
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    /// Starts six nodes, creates the cluster and waits until every node sees it whole
+    /// (`cluster_state:ok`, six known nodes) and every replica has synced.
+    ///
+    /// # Panics
+    /// When a node cannot start, `redis-cli --cluster create` fails, or the cluster does not
+    /// settle within 30 s.
+    pub fn start() -> Self {
+        let config = [
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+            "--cluster-node-timeout",
+            "1000",
+        ];
+        let nodes: Vec<RedisServer> = (0..6)
+            .map(|_| RedisServer::launch(free_port(), false, &config))
+            .collect();
+        let mut create = Command::new("redis-cli");
+        create.arg("--cluster").arg("create");
+        for n in &nodes {
+            create.arg(format!("127.0.0.1:{}", n.port));
+        }
+        let out = create
+            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run redis-cli ({e}): install redis-tools, or run ./scripts/test which does"));
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster create failed: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let cluster = RedisCluster { nodes };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !cluster.settled() {
+            assert!(
+                Instant::now() < deadline,
+                "the Redis Cluster did not settle within 30 s"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        cluster
+    }
+
+    /// Whether every live node sees the cluster whole and every live replica has synced.
+    pub fn settled(&self) -> bool {
+        self.nodes.iter().filter(|n| n.pid().is_some()).all(|n| {
+            let info = n.command(&["CLUSTER", "INFO"]).unwrap_or_default();
+            let replica = n.command(&["ROLE"]).is_some_and(|r| r.contains("slave"));
+            info.contains("cluster_state:ok") && (!replica || n.replica_synced())
+        })
+    }
+
+    /// `redis+cluster://127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3` (the first three nodes as seeds).
+    pub fn url(&self) -> String {
+        let seeds: Vec<String> = self.nodes[..3]
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        format!("redis+cluster://{}", seeds.join(","))
+    }
+
+    /// The primary serving the Redis key `name` now: the live node that answers for it rather
+    /// than redirecting (`-MOVED`).
+    pub fn primary_for(&self, name: &str) -> Option<&RedisServer> {
+        self.nodes.iter().filter(|n| n.pid().is_some()).find(|n| {
+            n.command(&["EXISTS", name])
+                .is_some_and(|r| r.starts_with(':'))
+        })
+    }
+
+    /// The replicas of the primary on `port`.
+    pub fn replicas_of(&self, port: u16) -> Vec<&RedisServer> {
+        let mark = format!("master_port:{port}");
+        self.nodes
+            .iter()
+            .filter(|n| n.pid().is_some())
+            .filter(|n| {
+                n.command(&["INFO", "replication"])
+                    .is_some_and(|i| i.contains(&mark))
+            })
+            .collect()
+    }
+
+    /// The node on `port`, to stop or restart.
+    pub fn node_mut(&mut self, port: u16) -> Option<&mut RedisServer> {
+        self.nodes.iter_mut().find(|n| n.port == port)
+    }
+}
+
+/// A Redis Cluster shared by all tests of this process.
+pub fn shared_redis_cluster() -> &'static RedisCluster {
+    static CLUSTER: OnceLock<RedisCluster> = OnceLock::new();
+    CLUSTER.get_or_init(RedisCluster::start)
+}
+
 /// One Redis server shared by all tests of this process (each test uses its own key prefix).
 pub fn shared_redis() -> &'static RedisServer {
     static SERVER: OnceLock<RedisServer> = OnceLock::new();

@@ -1,5 +1,5 @@
 //! The conformance suite against every store (and every way to reach one: `redis://`, `rediss://`,
-//! `redis+unix://`, `redis+sentinel://`).
+//! `redis+unix://`, `redis+sentinel://`, `redis+cluster://`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -58,6 +58,17 @@ mod redis_sentinel {
         leasehold::open_store(&set.url())
             .await
             .expect("redis+sentinel store")
+    }
+    leasehold_testkit::conformance_tests!(store().await);
+}
+
+mod redis_cluster {
+    use super::*;
+    async fn store() -> Arc<dyn LockStore> {
+        let cluster = leasehold_testkit::servers::shared_redis_cluster();
+        leasehold::open_store(&cluster.url())
+            .await
+            .expect("redis+cluster store")
     }
     leasehold_testkit::conformance_tests!(store().await);
 }

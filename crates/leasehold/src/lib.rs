@@ -54,6 +54,8 @@ pub mod queue;
 pub mod record;
 #[cfg(feature = "redis")]
 pub mod redis;
+#[cfg(feature = "redis-cluster")]
+pub mod redis_cluster;
 #[cfg(feature = "redlock")]
 pub mod redlock;
 pub mod store;
@@ -164,6 +166,12 @@ pub async fn open_store(url: &str) -> Result<Arc<dyn LockStore>> {
             crate::redis::RedisStore::from_sentinel_url(url).await?,
         ));
     }
+    #[cfg(feature = "redis-cluster")]
+    if scheme == "redis+cluster" || scheme == "rediss+cluster" {
+        return Ok(Arc::new(
+            crate::redis::RedisStore::from_cluster_url(url).await?,
+        ));
+    }
     let parsed = url::Url::parse(url).map_err(|e| bad(&e.to_string()))?;
     let not_enabled = |feature: &'static str| Error::FeatureNotEnabled {
         scheme: scheme.clone(),
@@ -180,6 +188,7 @@ pub async fn open_store(url: &str) -> Result<Arc<dyn LockStore>> {
         #[cfg(not(feature = "redis"))]
         "redis" | "rediss" | "redis+unix" | "redis+sentinel" => Err(not_enabled("redis")),
         "redlock" => Err(not_enabled("redlock")),
+        "redis+cluster" | "rediss+cluster" => Err(not_enabled("redis-cluster")),
         #[cfg(feature = "kubernetes")]
         "k8s" | "kubernetes" => Ok(Arc::new(adapter::RecordLockStore::new(
             crate::kubernetes::KubernetesStore::from_url(&parsed).await?,
@@ -190,7 +199,7 @@ pub async fn open_store(url: &str) -> Result<Arc<dyn LockStore>> {
         "s3" => Err(not_enabled("s3")),
         "postgres" | "postgresql" => Err(not_enabled("postgres")),
         "etcd" => Err(not_enabled("etcd")),
-        _ => Err(bad("unknown scheme (known: file, memory, record-memory, redis, rediss, redis+unix, redis+sentinel, redlock, k8s, gs, s3, postgres, etcd)")),
+        _ => Err(bad("unknown scheme (known: file, memory, record-memory, redis, rediss, redis+unix, redis+sentinel, redis+cluster, rediss+cluster, redlock, k8s, gs, s3, postgres, etcd)")),
     }
 }
 

@@ -307,10 +307,7 @@ impl std::ops::DerefMut for ScriptCall {
 
 impl ScriptCall {
     /// Sends the call; on `NOSCRIPT` loads the script and sends it again.
-    async fn send<T: ::redis::FromRedisValue>(
-        &self,
-        conn: &mut ConnectionManager,
-    ) -> ::redis::RedisResult<T> {
+    async fn send<T: ::redis::FromRedisValue>(&self, conn: &mut Conn) -> ::redis::RedisResult<T> {
         match self.cmd.query_async(conn).await {
             Err(e)
                 if e.kind() == ::redis::ErrorKind::Server(::redis::ServerErrorKind::NoScript) =>
@@ -438,15 +435,62 @@ struct Inner {
 }
 
 /// Where the store finds its server.
-enum Origin {
+pub(crate) enum Origin {
     /// One address (a name that may move to another server: DNS, a proxy, a managed endpoint).
     Fixed,
     /// Sentinels that name the primary of a master group (`redis+sentinel://`).
     Sentinel(Sentinels),
+    /// A Redis Cluster (`redis+cluster://`): the connection routes each call to the node serving
+    /// its key's slot and follows the cluster's moves itself; pub/sub goes through any one of
+    /// these seed nodes (a cluster delivers a `PUBLISH` to subscribers on every node).
+    #[cfg(feature = "redis-cluster")]
+    Cluster(Vec<::redis::Client>),
+}
+
+/// The command connection: to one server, or to a Redis Cluster.
+#[derive(Clone)]
+pub(crate) enum Conn {
+    One(ConnectionManager),
+    #[cfg(feature = "redis-cluster")]
+    Cluster(::redis::cluster_async::ClusterConnection),
+}
+
+impl ::redis::aio::ConnectionLike for Conn {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a ::redis::Cmd,
+    ) -> ::redis::RedisFuture<'a, ::redis::Value> {
+        match self {
+            Conn::One(c) => c.req_packed_command(cmd),
+            #[cfg(feature = "redis-cluster")]
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a ::redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> ::redis::RedisFuture<'a, Vec<::redis::Value>> {
+        match self {
+            Conn::One(c) => c.req_packed_commands(cmd, offset, count),
+            #[cfg(feature = "redis-cluster")]
+            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::One(c) => c.get_db(),
+            #[cfg(feature = "redis-cluster")]
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
 }
 
 /// The sentinels of a `redis+sentinel://` store.
-struct Sentinels {
+pub(crate) struct Sentinels {
     sentinel: tokio::sync::Mutex<::redis::sentinel::Sentinel>,
     master: String,
     node: ::redis::sentinel::SentinelNodeConnectionInfo,
@@ -483,7 +527,7 @@ struct Link {
     described: String,
     timeout: Duration,
     /// The connection and its generation (so that calls failing together replace it once).
-    current: Mutex<(u64, ConnectionManager)>,
+    current: Mutex<(u64, Conn)>,
     /// The client the connection was made from (the pub/sub connection is made from it too).
     client: Mutex<::redis::Client>,
     /// A sentinel lookup is under way (one at a time).
@@ -493,7 +537,7 @@ struct Link {
 impl Link {
     /// Sends what `call` sends on a clone of the connection, bounded by the store's timeout. A
     /// `READONLY` answer is a retryable [`Error::Unavailable`] that replaces the connection.
-    async fn send<T, F>(self: &Arc<Self>, call: impl FnOnce(ConnectionManager) -> F) -> Result<T>
+    async fn send<T, F>(self: &Arc<Self>, call: impl FnOnce(Conn) -> F) -> Result<T>
     where
         F: std::future::Future<Output = ::redis::RedisResult<T>>,
     {
@@ -521,6 +565,11 @@ impl Link {
     /// After connection `generation` failed: replaces it if its server was `demoted`, or, under
     /// Sentinel, if the sentinels name another primary (looked up in the background).
     fn replace(self: &Arc<Self>, generation: u64, demoted: bool) {
+        #[cfg(feature = "redis-cluster")]
+        if matches!(self.origin, Origin::Cluster(_)) {
+            // The cluster connection follows failovers itself (`MOVED`, a new slot map).
+            return;
+        }
         if !matches!(self.origin, Origin::Sentinel(_)) {
             if demoted {
                 let client = self.client.lock().clone();
@@ -569,13 +618,24 @@ impl Link {
         match ConnectionManager::new_lazy_with_config(client.clone(), self.config.clone()) {
             Ok(fresh) => {
                 tracing::warn!(store = %self.described, server = ?client.get_connection_info().addr(), "the server is no longer the primary; connecting again");
-                *current = (generation + 1, fresh);
+                *current = (generation + 1, Conn::One(fresh));
                 *self.client.lock() = client;
             }
             Err(e) => {
                 tracing::warn!(store = %self.described, error = %e, "cannot replace the connection")
             }
         }
+    }
+}
+
+impl Link {
+    /// Whether the link is to a Redis Cluster.
+    fn clustered(&self) -> bool {
+        #[cfg(feature = "redis-cluster")]
+        if matches!(self.origin, Origin::Cluster(_)) {
+            return true;
+        }
+        false
     }
 }
 
@@ -692,8 +752,25 @@ fn spawn_renewer(link: Arc<Link>, script: Lua) -> tokio::sync::mpsc::UnboundedSe
     tx
 }
 
-/// Runs one batch of renewals and answers each job.
+/// Runs one batch of renewals and answers each job: one script call, or on a cluster one per
+/// slot (a script's keys must share one), all at once.
 async fn renew_batch(link: &Arc<Link>, script: &Lua, batch: Vec<RenewJob>) {
+    #[cfg(feature = "redis-cluster")]
+    if link.clustered() {
+        let mut by_slot: HashMap<_, Vec<RenewJob>> = HashMap::new();
+        for j in batch {
+            let slot = crate::redis_cluster::slot(&j.record_key);
+            by_slot.entry(slot).or_default().push(j);
+        }
+        let calls = by_slot.into_values().map(|g| renew_call(link, script, g));
+        futures_util::future::join_all(calls).await;
+        return;
+    }
+    renew_call(link, script, batch).await
+}
+
+/// Renews `batch` in one script call and answers each job.
+async fn renew_call(link: &Arc<Link>, script: &Lua, batch: Vec<RenewJob>) {
     let bytes: usize = batch
         .iter()
         .map(|j| j.record_key.len() + 3 * j.token.len() + 24)
@@ -767,7 +844,7 @@ impl std::fmt::Debug for RedisStore {
 
 /// The fence prefix of `opts`, checked against its record prefix: both non-empty, neither a
 /// prefix of the other (so no record key can be a counter key).
-fn checked_fence_prefix(opts: &RedisOptions) -> Result<String> {
+pub(crate) fn checked_fence_prefix(opts: &RedisOptions) -> Result<String> {
     let fence_prefix = opts.fence_prefix();
     if opts.prefix.is_empty()
         || opts.prefix.starts_with(&fence_prefix)
@@ -857,7 +934,7 @@ fn open_client(url: &str, opts: &RedisOptions, described: &str) -> Result<::redi
 
 /// Awaits a Redis call for at most `timeout`; a late answer is [`Error::Unavailable`] saying
 /// `what` did not come in time.
-async fn bounded<T>(
+pub(crate) async fn bounded<T>(
     store: &str,
     timeout: Duration,
     what: &str,
@@ -1026,6 +1103,28 @@ impl RedisStore {
             )
             .await?
         };
+        Ok(Self::assemble(
+            Conn::One(conn),
+            client,
+            origin,
+            config,
+            described,
+            fence_prefix,
+            opts,
+        ))
+    }
+
+    /// The store over connection `conn`, made from `client` (pub/sub connections are made from it
+    /// too).
+    pub(crate) fn assemble(
+        conn: Conn,
+        client: ::redis::Client,
+        origin: Origin,
+        config: ConnectionManagerConfig,
+        described: String,
+        fence_prefix: String,
+        opts: RedisOptions,
+    ) -> Self {
         let scripts = Scripts::new();
         let link = Arc::new(Link {
             origin,
@@ -1037,7 +1136,7 @@ impl RedisStore {
             looking_up: Default::default(),
         });
         let renewals = spawn_renewer(link.clone(), scripts.renew.clone());
-        Ok(RedisStore {
+        RedisStore {
             inner: Arc::new(Inner {
                 link,
                 scripts,
@@ -1046,7 +1145,7 @@ impl RedisStore {
                 hub: tokio::sync::Mutex::new(None),
                 renewals,
             }),
-        })
+        }
     }
 
     /// Parses `redis+sentinel://[user:pass@]host1:port1,host2:port2,…/MASTER[/DB][?prefix=…]` and
@@ -1107,11 +1206,33 @@ impl RedisStore {
     }
 
     fn record_key(&self, key: &Key) -> String {
+        if self.clustered() {
+            // The key as the hash tag: record and counter share a slot (see `redis_cluster`).
+            return format!("{}{{{}}}", self.inner.prefix, key.as_str());
+        }
         format!("{}{}", self.inner.prefix, key.as_str())
     }
 
     fn fence_key(&self, key: &Key) -> String {
+        if self.clustered() {
+            return format!("{}{{{}}}", self.inner.fence_prefix, key.as_str());
+        }
         format!("{}{}", self.inner.fence_prefix, key.as_str())
+    }
+
+    /// Whether the store is on a Redis Cluster.
+    fn clustered(&self) -> bool {
+        self.inner.link.clustered()
+    }
+
+    /// Refuses a key the store cannot name (on a cluster: one starting with `}`).
+    fn check(&self, key: &Key) -> Result<()> {
+        #[cfg(feature = "redis-cluster")]
+        if self.clustered() {
+            return crate::redis_cluster::check_key(key);
+        }
+        let _ = key;
+        Ok(())
     }
 
     /// Sends a plain command, bounded by the store's timeout.
@@ -1274,10 +1395,27 @@ impl RedisStore {
                 return Ok(h.clone());
             }
         }
-        let client = self.inner.link.client.lock().clone();
-        let hub = Hub::start(&client, &self.inner.link.described, self.inner.link.timeout).await?;
-        *slot = Some((hub.clone(), generation));
-        Ok(hub)
+        let link = &self.inner.link;
+        let clients = match &link.origin {
+            // Any node of a cluster hears every PUBLISH: the first seed node that answers.
+            #[cfg(feature = "redis-cluster")]
+            Origin::Cluster(nodes) => nodes.clone(),
+            _ => vec![link.client.lock().clone()],
+        };
+        let mut failure = None;
+        for client in &clients {
+            match Hub::start(client, &link.described, link.timeout).await {
+                Ok(hub) => {
+                    *slot = Some((hub.clone(), generation));
+                    return Ok(hub);
+                }
+                Err(e) => failure = Some(e),
+            }
+        }
+        Err(failure.unwrap_or_else(|| Error::Unavailable {
+            store: link.described.clone(),
+            detail: "no node for pub/sub".into(),
+        }))
     }
 }
 
@@ -1431,11 +1569,13 @@ impl LockStore for RedisStore {
     }
 
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome> {
+        self.check(&req.key)?;
         let answer = self.call(&self.acquire_call(req)).await?;
         self.acquire_answer(req, answer)
     }
 
     async fn renew(&self, key: &Key, token: &str, ttl: Duration) -> Result<RenewOutcome> {
+        self.check(key)?;
         let (reply, answer) = tokio::sync::oneshot::channel();
         let job = RenewJob {
             record_key: self.record_key(key),
@@ -1453,11 +1593,13 @@ impl LockStore for RedisStore {
     }
 
     async fn release(&self, key: &Key, token: &str) -> Result<ReleaseOutcome> {
+        self.check(key)?;
         let answer = self.call(&self.release_call(key, token)).await?;
         Ok(Self::release_answer(answer))
     }
 
     async fn withdraw_waiter(&self, key: &Key, token: &str) -> Result<()> {
+        self.check(key)?;
         let script = &self.inner.scripts.withdraw;
         let _: i64 = self
             .call(&Self::one_key(script, self.record_key(key), &[token]))
@@ -1466,20 +1608,30 @@ impl LockStore for RedisStore {
     }
 
     async fn inspect(&self, key: &Key) -> Result<Option<Inspection>> {
+        self.check(key)?;
         let name = self.record_key(key);
         let raw: Option<Vec<u8>> = self.query(::redis::cmd("GET").arg(&name)).await?;
         Ok(raw.map(|raw| inspection(&name, &raw)))
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<Inspection>> {
+        // On a cluster the key follows `{`, its hash tag's opening.
+        let tag = if self.clustered() { "{" } else { "" };
         let pattern = format!(
-            "{}{}*",
+            "{}{tag}{}*",
             glob_escape(&self.inner.prefix),
             glob_escape(prefix)
         );
         let mut cursor: u64 = 0;
         let mut names: Vec<String> = vec![];
-        loop {
+        #[cfg(feature = "redis-cluster")]
+        if self.clustered() {
+            let conn = self.inner.link.current.lock().1.clone();
+            let link = &self.inner.link;
+            names = crate::redis_cluster::scan_all(&conn, &pattern, &link.described, link.timeout)
+                .await?;
+        }
+        while !self.clustered() {
             let mut scan = ::redis::cmd("SCAN");
             scan.arg(cursor)
                 .arg("MATCH")
@@ -1508,6 +1660,7 @@ impl LockStore for RedisStore {
     }
 
     async fn force_release(&self, key: &Key) -> Result<Option<LeaseRecord>> {
+        self.check(key)?;
         let script = &self.inner.scripts.force;
         let raw: Option<Vec<u8>> = self
             .call(&Self::one_key(script, self.record_key(key), &[]))
@@ -1522,6 +1675,7 @@ impl LockStore for RedisStore {
     }
 
     async fn subscribe(&self, key: &Key) -> Result<Option<Box<dyn ChangeWatch>>> {
+        self.check(key)?;
         let hub = self.hub().await?;
         Ok(Some(Box::new(
             hub.subscribe(self.record_key(key), &self.inner.link.described)
