@@ -19,6 +19,40 @@ pub fn prefix(name: &str) -> String {
     format!("t{:08x}/{name}", fastrand::u32(..))
 }
 
+/// Takes `n` leases `{stem}/0` … `{stem}/{n-1}` for `ttl` through `l`, 200 at a time.
+///
+/// # Panics
+/// When one is not granted.
+pub async fn take_many(
+    l: &leasehold::Locks,
+    stem: &str,
+    n: usize,
+    ttl: std::time::Duration,
+) -> Vec<leasehold::LeaseGuard> {
+    let mut guards = Vec::with_capacity(n);
+    for chunk in (0..n).collect::<Vec<_>>().chunks(200) {
+        let tasks: Vec<_> = chunk
+            .iter()
+            .map(|i| {
+                let (l, key) = (l.clone(), format!("{stem}/{i}"));
+                tokio::spawn(async move {
+                    l.lock(&key)
+                        .unwrap()
+                        .ttl(ttl)
+                        .try_acquire()
+                        .await
+                        .unwrap()
+                        .unwrap_or_else(|| panic!("{key} is held"))
+                })
+            })
+            .collect();
+        for t in tasks {
+            guards.push(t.await.unwrap());
+        }
+    }
+    guards
+}
+
 /// Locks over the store at `url` acting as `holder`, with the local layer off so the client talks
 /// to the store like a separate process would.
 ///

@@ -64,6 +64,16 @@ pub const LOCKER_ACL: &str = "locker on >s3cret ~leasehold:* &leasehold:* -@all 
 /// The name of a [`RedisServer`]'s Unix socket in its directory.
 const SOCKET: &str = "redis.sock";
 
+/// Whether a [`RedisServer`] speaks TLS, and with which certificates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tls<'a> {
+    Off,
+    /// A fresh CA and server certificate in its directory.
+    Fresh,
+    /// The CA and server certificate of this directory (shared by a cluster's nodes).
+    From(&'a std::path::Path),
+}
+
 /// A `redis-server` on a free port (and a Unix socket in its directory) with no persistence,
 /// stopped (SIGKILL by PID) on drop.
 #[derive(Debug)]
@@ -86,7 +96,7 @@ impl RedisServer {
 
     /// Starts a server on `port` (to restart one in place).
     pub fn start_on(port: u16) -> Self {
-        Self::launch(port, false, &[])
+        Self::launch(port, Tls::Off, &[])
     }
 
     /// Starts a server with ACL users besides the default one (which stays usable without a
@@ -97,20 +107,28 @@ impl RedisServer {
             .iter()
             .flat_map(|u| std::iter::once("--user").chain(u.split(' ')))
             .collect();
-        Self::launch(free_port(), false, &config)
+        Self::launch(free_port(), Tls::Off, &config)
     }
 
     /// Starts a server that speaks only TLS, with a fresh CA and server certificate made by
     /// `openssl` in its directory; [`RedisServer::url`] then gives `rediss://…?ca=…`.
     pub fn start_tls() -> Self {
-        Self::launch(free_port(), true, &[])
+        Self::launch(free_port(), Tls::Fresh, &[])
     }
 
-    fn launch(port: u16, tls: bool, config: &[&str]) -> Self {
+    fn launch(port: u16, tls: Tls, config: &[&str]) -> Self {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
         let mut cmd = Command::new("redis-server");
-        if tls {
-            make_certs(dir.path());
+        if tls != Tls::Off {
+            match tls {
+                Tls::From(certs) => {
+                    for f in ["ca.crt", "server.crt", "server.key"] {
+                        std::fs::copy(certs.join(f), dir.path().join(f))
+                            .unwrap_or_else(|e| panic!("copy {f}: {e}"));
+                    }
+                }
+                _ => make_certs(dir.path()),
+            }
             let p = |f: &str| dir.path().join(f).display().to_string();
             cmd.args([
                 "--port",
@@ -145,7 +163,7 @@ impl RedisServer {
         });
         let server = RedisServer {
             port,
-            tls,
+            tls: tls != Tls::Off,
             child: Some(child),
             dir,
         };
@@ -193,22 +211,44 @@ impl RedisServer {
 
     /// Whether the server answers `PING` (for TLS, through `redis-cli --tls`).
     pub fn ping(&self) -> bool {
-        if self.tls {
-            let ca = self.dir.path().join("ca.crt");
-            return Command::new("redis-cli")
-                .args(["--tls", "--cacert"])
-                .arg(&ca)
-                .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "PING"])
-                .output()
-                .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).starts_with("PONG"));
-        }
         self.command(&["PING"])
-            .is_some_and(|r| r.starts_with("+PONG"))
+            .is_some_and(|r| r.starts_with("+PONG") || r.starts_with("PONG"))
     }
 
-    /// Sends one command (RESP) and returns the raw first reply, if the server answers.
+    /// Sends one command (RESP) and returns the raw first reply, if the server answers (for a TLS
+    /// server: `redis-cli --tls`'s output).
     pub fn command(&self, args: &[&str]) -> Option<String> {
+        if self.tls {
+            let ca = self.dir.path().join("ca.crt");
+            let out = Command::new("redis-cli")
+                .args(["--tls", "--cacert"])
+                .arg(&ca)
+                .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+                .args(args)
+                .output()
+                .ok()?;
+            return out
+                .status
+                .success()
+                .then(|| String::from_utf8_lossy(&out.stdout).into_owned());
+        }
         command_on(self.port, args)
+    }
+
+    /// How many script calls (`EVAL` and `EVALSHA`) the server has run (`INFO commandstats`).
+    pub fn script_calls(&self) -> u64 {
+        let info = self.command(&["INFO", "commandstats"]).unwrap_or_default();
+        info.lines()
+            .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+            .filter_map(|l| {
+                l.split("calls=")
+                    .nth(1)?
+                    .split(',')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum()
     }
 
     /// The server's PID.
@@ -449,6 +489,7 @@ pub struct RedisCluster {
     /// The nodes; the first three start as primaries (failovers change the roles:
     /// [`RedisCluster::primary_for`] says who serves a key now).
     pub nodes: Vec<RedisServer>,
+    _certs: tempfile::TempDir,
 }
 
 impl RedisCluster {
@@ -459,7 +500,22 @@ impl RedisCluster {
     /// When a node cannot start, `redis-cli --cluster create` fails, or the cluster does not
     /// settle within 30 s.
     pub fn start() -> Self {
-        let config = [
+        Self::launch(false)
+    }
+
+    /// [`RedisCluster::start`] with nodes that speak only TLS, to clients and to each other
+    /// (`--tls-cluster yes`, `--tls-replication yes`), all with one CA and server certificate;
+    /// [`RedisCluster::url`] then gives `rediss+cluster://…?ca=…`.
+    ///
+    /// # Panics
+    /// As [`RedisCluster::start`].
+    pub fn start_tls() -> Self {
+        Self::launch(true)
+    }
+
+    fn launch(tls: bool) -> Self {
+        let certs = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+        let mut config = vec![
             "--cluster-enabled",
             "yes",
             "--cluster-config-file",
@@ -467,10 +523,22 @@ impl RedisCluster {
             "--cluster-node-timeout",
             "1000",
         ];
+        let mode = if tls {
+            make_certs(certs.path());
+            config.extend(["--tls-cluster", "yes", "--tls-replication", "yes"]);
+            Tls::From(certs.path())
+        } else {
+            Tls::Off
+        };
         let nodes: Vec<RedisServer> = (0..6)
-            .map(|_| RedisServer::launch(free_port(), false, &config))
+            .map(|_| RedisServer::launch(free_port(), mode, &config))
             .collect();
         let mut create = Command::new("redis-cli");
+        if tls {
+            create
+                .args(["--tls", "--cacert"])
+                .arg(certs.path().join("ca.crt"));
+        }
         create.arg("--cluster").arg("create");
         for n in &nodes {
             create.arg(format!("127.0.0.1:{}", n.port));
@@ -485,7 +553,10 @@ impl RedisCluster {
             "redis-cli --cluster create failed: {}",
             String::from_utf8_lossy(&out.stdout)
         );
-        let cluster = RedisCluster { nodes };
+        let cluster = RedisCluster {
+            nodes,
+            _certs: certs,
+        };
         let deadline = Instant::now() + Duration::from_secs(30);
         while !cluster.settled() {
             assert!(
@@ -512,6 +583,10 @@ impl RedisCluster {
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port))
             .collect();
+        if self.nodes[0].tls {
+            let ca = self._certs.path().join("ca.crt");
+            return format!("rediss+cluster://{}?ca={}", seeds.join(","), ca.display());
+        }
         format!("redis+cluster://{}", seeds.join(","))
     }
 

@@ -1,8 +1,8 @@
 //! Local handoff across real processes: 3 OS processes × 4 tasks contend on one key. Inside a
 //! process the lease goes from task to task without a store call (fences from a reserved block);
 //! across processes it goes through the store. Never two holders at once, and the fences, in the
-//! order the holders entered, strictly increase — on the file store, Redis (over TCP, a Unix socket
-//! and Sentinel) and 3-node Redlock.
+//! order the holders entered, strictly increase — on the file store, Redis (over TCP, a Unix socket,
+//! Sentinel and a Redis Cluster) and 3-node Redlock.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -86,4 +86,9 @@ fn redis_unix_socket() {
 #[test]
 fn redis_sentinel() {
     contend(&leasehold_testkit::servers::shared_sentinels().url());
+}
+
+#[test]
+fn redis_cluster() {
+    contend(&leasehold_testkit::servers::shared_redis_cluster().url());
 }

@@ -306,52 +306,15 @@ async fn an_uncontended_release_publishes_nothing() {
     );
 }
 
-fn evalsha_calls(server: &RedisServer) -> u64 {
-    let info = server
-        .command(&["INFO", "commandstats"])
-        .unwrap_or_default();
-    info.lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-        .filter_map(|l| {
-            l.split("calls=")
-                .nth(1)?
-                .split(',')
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
-        .sum()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_leases_stay_alive_with_batched_renewals() {
     let server = RedisServer::start();
     let l = locks(&server.url(), "many").await;
     let ttl = Duration::from_millis(2000);
-    let mut guards = Vec::with_capacity(10_000);
-    for chunk in (0..10_000).collect::<Vec<_>>().chunks(200) {
-        let tasks: Vec<_> = chunk
-            .iter()
-            .map(|i| {
-                let (l, i) = (l.clone(), *i);
-                tokio::spawn(async move {
-                    l.lock(format!("many/{i}"))
-                        .unwrap()
-                        .ttl(ttl)
-                        .try_acquire()
-                        .await
-                        .unwrap()
-                        .unwrap()
-                })
-            })
-            .collect();
-        for t in tasks {
-            guards.push(t.await.unwrap());
-        }
-    }
-    let before = evalsha_calls(&server);
+    let guards = leasehold_testkit::take_many(&l, "many", 10_000, ttl).await;
+    let before = server.script_calls();
     tokio::time::sleep(Duration::from_millis(3000)).await; // 1.5 TTLs, 4.5 renewal periods
-    let calls = evalsha_calls(&server) - before;
+    let calls = server.script_calls() - before;
     let current = guards.iter().filter(|g| g.is_current()).count();
     assert_eq!(current, 10_000, "leases lost while renewing");
     // Unbatched, 4.5 renewal periods would be ~45,000 renewal calls.

@@ -984,7 +984,22 @@ pub(crate) fn map_err(store: &str, e: ::redis::RedisError) -> Error {
             retryable: false,
         };
     }
-    if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal() {
+    // A cluster in motion (a failover, a resharding): the connection retried its redirections
+    // and they still lead nowhere live; the slot is served again once a replica takes over.
+    let cluster_moving = matches!(
+        e.kind(),
+        ::redis::ErrorKind::Server(
+            ::redis::ServerErrorKind::Moved
+                | ::redis::ServerErrorKind::Ask
+                | ::redis::ServerErrorKind::ClusterDown
+        ) | ::redis::ErrorKind::ClusterConnectionNotFound
+    );
+    if cluster_moving
+        || e.is_io_error()
+        || e.is_timeout()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+    {
         Error::Unavailable {
             store: store.to_owned(),
             detail: e.to_string(),

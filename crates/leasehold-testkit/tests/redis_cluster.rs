@@ -1,0 +1,377 @@
+//! Redis Cluster behaviour against a real cluster (three primaries, a replica of each): the records
+//! as operators find them, listing across primaries, 10,000 leases renewed per slot, a graceful
+//! failover and a killed primary, and the URLs and keys the store refuses.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use leasehold::{Error, LeaseGuard, Locks, LostReason};
+use leasehold_testkit::servers::{shared_redis_cluster, RedisCluster, RedisServer};
+use std::time::{Duration, Instant};
+
+async fn locks(url: &str, holder: &str) -> Locks {
+    leasehold_testkit::connect_as(url, holder).await
+}
+
+async fn take(l: &Locks, key: &str, ttl: Duration) -> LeaseGuard {
+    l.lock(key)
+        .unwrap()
+        .ttl(ttl)
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("free")
+}
+
+/// A key (`{stem}-N`) whose record `leasehold:lock:{…}` the primary on `port` serves.
+fn key_served_by(cluster: &RedisCluster, port: u16, stem: &str) -> String {
+    (0..1000)
+        .map(|i| format!("{stem}-{i}"))
+        .find(|k| {
+            cluster
+                .primary_for(&format!("leasehold:lock:{{{k}}}"))
+                .is_some_and(|n| n.port == port)
+        })
+        .expect("a key on that primary")
+}
+
+/// Waits until `cond` holds, for at most `limit`.
+async fn await_until(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !cond() {
+        assert!(Instant::now() < deadline, "{what}: not within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Operators find a key's record and fence counter, in one slot, on the primary serving it
+/// (`redis-cli -c GET 'agent:lock:{KEY}'`); listing gathers the records of every primary; an
+/// operator's `DEL` fires the holder's `lost()` at its next renewal.
+#[tokio::test]
+async fn operators_find_the_record_and_counter_on_the_serving_primary() {
+    let cluster = shared_redis_cluster();
+    let url = format!("{}?prefix=agent:lock:", cluster.url());
+    let l = locks(&url, "ops").await;
+    let key = leasehold_testkit::prefix("job");
+    let g = take(&l, &key, Duration::from_millis(900)).await;
+    let (name, counter) = (
+        format!("agent:lock:{{{key}}}"),
+        format!("agent:fence:{{{key}}}"),
+    );
+    let node = cluster
+        .primary_for(&name)
+        .expect("a primary serves the key");
+    let record = node.command(&["GET", &name]).unwrap_or_default();
+    assert!(record.contains("\"holder\":\"ops\""), "{record}");
+    assert!(
+        record.contains(&format!("\"fence\":{}", g.fence())),
+        "{record}"
+    );
+    let fence = node.command(&["GET", &counter]).unwrap_or_default();
+    assert!(fence.contains(&g.fence().to_string()), "{fence}");
+    assert!(node
+        .command(&["PTTL", &name])
+        .is_some_and(|t| t.starts_with(':') && !t.starts_with(":-")));
+
+    // Listing: records on several primaries, all found.
+    let mut many = vec![];
+    for i in 0..20 {
+        many.push(take(&l, &format!("{key}/many/{i}"), Duration::from_secs(5)).await);
+    }
+    let listed = l.store().list(&format!("{key}/many/")).await.unwrap();
+    assert_eq!(listed.len(), 20, "{listed:?}");
+    let ports: std::collections::BTreeSet<u16> = (0..20)
+        .filter_map(|i| cluster.primary_for(&format!("agent:lock:{{{key}/many/{i}}}")))
+        .map(|n| n.port)
+        .collect();
+    assert!(ports.len() >= 2, "20 keys on one primary: {ports:?}");
+    for g in many {
+        g.release().await.unwrap();
+    }
+
+    assert!(node.command(&["DEL", &name]).unwrap().starts_with(":1"));
+    let reason = tokio::time::timeout(Duration::from_secs(2), g.lost())
+        .await
+        .expect("lost fires");
+    assert_eq!(reason, LostReason::Released);
+}
+
+/// 10,000 leases held by one process all stay alive on a cluster: renewals go out per slot, all
+/// at once over the connection to each primary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_leases_stay_alive_on_a_cluster() {
+    let cluster = RedisCluster::start();
+    let l = locks(&cluster.url(), "many").await;
+    let ttl = Duration::from_millis(2000);
+    let guards = leasehold_testkit::take_many(&l, "many", 10_000, ttl).await;
+    let before = cluster
+        .nodes
+        .iter()
+        .map(RedisServer::script_calls)
+        .sum::<u64>();
+    tokio::time::sleep(Duration::from_millis(3000)).await; // 1.5 TTLs, 4.5 renewal periods
+    let calls = cluster
+        .nodes
+        .iter()
+        .map(RedisServer::script_calls)
+        .sum::<u64>()
+        - before;
+    let current = guards.iter().filter(|g| g.is_current()).count();
+    eprintln!("{calls} script calls renewed 10,000 leases on 3 primaries for 3 s");
+    assert_eq!(current, 10_000, "leases lost while renewing");
+    let released = l.release_all().await.unwrap();
+    assert!(released > 9_000, "release_all released only {released}");
+    assert!(
+        l.store().list("many/").await.unwrap().is_empty(),
+        "leases left held after release_all"
+    );
+}
+
+/// The record of `name` on the primary serving it now.
+fn record(cluster: &RedisCluster, name: &str) -> String {
+    cluster
+        .primary_for(name)
+        .and_then(|n| n.command(&["GET", name]))
+        .unwrap_or_default()
+}
+
+/// A contender waiting for `key` through `l` (registered as waiter), up to `wait`.
+type Waiter = tokio::task::JoinHandle<(leasehold::Result<LeaseGuard>, Instant)>;
+
+fn spawn_waiter(l: Locks, key: &str, wait: Duration) -> Waiter {
+    let key = key.to_owned();
+    tokio::spawn(async move {
+        let g = l.lock(&key).unwrap().wait(wait).acquire().await;
+        (g, Instant::now())
+    })
+}
+
+/// A number from `INFO replication` (`field:N`).
+fn replication_offset(node: &RedisServer, field: &str) -> Option<u64> {
+    let info = node.command(&["INFO", "replication"])?;
+    let line = info.lines().find(|l| l.starts_with(field))?;
+    line.split(':').nth(1)?.trim().parse().ok()
+}
+
+/// A replica of the primary on `port` that has received everything the primary had written when
+/// this was called (the latest record included).
+async fn synced_replica(cluster: &RedisCluster, port: u16) -> &RedisServer {
+    let primary = cluster
+        .nodes
+        .iter()
+        .find(|n| n.port == port)
+        .expect("primary");
+    let written = replication_offset(primary, "master_repl_offset").expect("offset");
+    let mut found = None;
+    await_until(Duration::from_secs(10), "a synced replica", || {
+        found = cluster.replicas_of(port).into_iter().find(|r| {
+            r.replica_synced()
+                && replication_offset(r, "slave_repl_offset").is_some_and(|o| o >= written)
+        });
+        found.is_some()
+    })
+    .await;
+    found.expect("replica")
+}
+
+/// A graceful failover (`CLUSTER FAILOVER` on the replica): the cluster moves the slot, and the
+/// store follows without a lost lease — the holder keeps renewing on the promoted primary, a
+/// contender sees the lease held there, and a waiter is woken by the release within 100 ms.
+#[tokio::test]
+async fn a_graceful_failover_keeps_the_lease_and_wakes_the_waiter() {
+    let cluster = RedisCluster::start();
+    let port = cluster.nodes[1].port;
+    let key = key_served_by(&cluster, port, "moved");
+    let name = format!("leasehold:lock:{{{key}}}");
+    let a = locks(&format!("{}?timeout=1s", cluster.url()), "a").await;
+    let b = locks(&format!("{}?timeout=1s", cluster.url()), "b").await;
+    let g = take(&a, &key, Duration::from_millis(1500)).await;
+    let replica = synced_replica(&cluster, port).await;
+    let promoted = replica.port;
+    assert!(replica
+        .command(&["CLUSTER", "FAILOVER"])
+        .is_some_and(|r| r.starts_with("+OK")));
+    await_until(Duration::from_secs(10), "the replica promoted", || {
+        cluster
+            .primary_for(&name)
+            .is_some_and(|n| n.port == promoted)
+    })
+    .await;
+    // Past the TTL the holder still holds it: it renewed on the promoted primary.
+    let first = record(&cluster, &name);
+    await_until(
+        Duration::from_secs(3),
+        "a renewal on the promoted primary",
+        || {
+            let now = record(&cluster, &name);
+            now.contains("\"holder\":\"a\"") && now != first
+        },
+    )
+    .await;
+    assert!(g.is_current(), "the lease was lost in a graceful failover");
+    let held = b.lock(&key).unwrap().try_acquire().await.unwrap();
+    assert!(held.is_none(), "granted twice after the failover");
+    let waiter = spawn_waiter(b.clone(), &key, Duration::from_secs(10));
+    await_until(Duration::from_secs(5), "the waiter registered", || {
+        record(&cluster, &name).contains("\"waiter\":\"b\"")
+    })
+    .await;
+    let released = Instant::now();
+    let fence = g.fence();
+    g.release().await.unwrap();
+    let (got, at) = waiter.await.unwrap();
+    let got = got.expect("the waiter's lease");
+    let latency = at.duration_since(released);
+    assert!(
+        latency < Duration::from_millis(100),
+        "the waiter took {latency:?} after the release (a timer, not pub/sub)"
+    );
+    assert!(got.fence() > fence);
+    got.release().await.unwrap();
+}
+
+/// A killed primary (the first seed, which the store also used for pub/sub): the cluster promotes
+/// its replica, and a contender that waited through the outage gets its lease there; a lease held
+/// on another primary is kept throughout.
+#[tokio::test]
+async fn a_killed_primary_is_replaced_and_a_waiter_gets_its_lease() {
+    let mut cluster = RedisCluster::start();
+    let port = cluster.nodes[0].port;
+    let key = key_served_by(&cluster, port, "killed");
+    let name = format!("leasehold:lock:{{{key}}}");
+    let other = key_served_by(&cluster, cluster.nodes[1].port, "kept");
+    let a = locks(&format!("{}?timeout=500ms", cluster.url()), "a").await;
+    let b = locks(&format!("{}?timeout=500ms", cluster.url()), "b").await;
+    let kept = take(&a, &other, Duration::from_secs(10)).await;
+    let g = take(&a, &key, Duration::from_secs(10)).await;
+    let replica = synced_replica(&cluster, port).await.port;
+    // b waits (subscribed through the first seed) while its primary dies.
+    let waiter = spawn_waiter(b.clone(), &key, Duration::from_secs(30));
+    await_until(Duration::from_secs(5), "the waiter registered", || {
+        record(&cluster, &name).contains("\"waiter\":\"b\"")
+    })
+    .await;
+    cluster.node_mut(port).expect("node").stop();
+    await_until(Duration::from_secs(20), "the replica promoted", || {
+        cluster
+            .primary_for(&name)
+            .is_some_and(|n| n.port == replica)
+    })
+    .await;
+    // The holder's record reached the replica: the lease is still a's until it lets go.
+    assert!(record(&cluster, &name).contains("\"holder\":\"a\""));
+    let fence = g.fence();
+    g.release().await.unwrap();
+    let got = waiter
+        .await
+        .unwrap()
+        .0
+        .expect("a lease from the promoted primary");
+    assert!(got.fence() > fence);
+    assert!(record(&cluster, &name).contains("\"holder\":\"b\""));
+    assert!(kept.is_current(), "a lease on another primary was lost");
+    got.release().await.unwrap();
+    kept.release().await.unwrap();
+}
+
+/// `rediss+cluster://`: a cluster whose nodes speak only TLS (to clients and to each other) is
+/// reached with the CA from `?ca=`, every node checked against it; the system trust store, which
+/// does not know the test CA, is a clear non-retryable error.
+#[tokio::test]
+async fn a_tls_cluster_is_reached_with_its_ca() {
+    let cluster = RedisCluster::start_tls();
+    let url = cluster.url();
+    assert!(url.starts_with("rediss+cluster://"), "{url}");
+    let l = locks(&url, "tls").await;
+    // Keys on every primary, a waiter woken through pub/sub over TLS.
+    for i in 0..12 {
+        let g = take(&l, &format!("tls/{i}"), Duration::from_secs(5)).await;
+        g.release().await.unwrap();
+    }
+    let g = take(&l, "tls/handoff", Duration::from_secs(5)).await;
+    let b = locks(&url, "b").await;
+    let waiter = spawn_waiter(b, "tls/handoff", Duration::from_secs(10));
+    let name = "leasehold:lock:{tls/handoff}";
+    await_until(Duration::from_secs(5), "the waiter registered", || {
+        cluster
+            .nodes
+            .iter()
+            .filter_map(|n| n.command(&["GET", name]))
+            .any(|r| r.contains("\"waiter\":\"b\""))
+    })
+    .await;
+    g.release().await.unwrap();
+    waiter
+        .await
+        .unwrap()
+        .0
+        .expect("the waiter's lease")
+        .release()
+        .await
+        .unwrap();
+    let plain = url.split('?').next().expect("url").to_owned() + "?timeout=1s";
+    match leasehold::open_store(&plain).await {
+        Err(e) => assert!(!e.is_retryable(), "{e}"),
+        Ok(_) => panic!("the system trust store accepted the test CA"),
+    }
+}
+
+/// Bad cluster URLs and keys are clear errors; seeds that do not answer are a retryable error; a
+/// server without cluster support is a non-retryable one.
+#[tokio::test]
+async fn cluster_urls_and_keys_are_checked() {
+    for bad in [
+        "redis+cluster://",
+        "redis+cluster://127.0.0.1",
+        "redis+cluster://127.0.0.1:1,nohost",
+        "redis+cluster://127.0.0.1:1/2",
+        "redis+cluster://127.0.0.1:1?colour=red",
+        "redis+cluster://127.0.0.1:1?ca=/tmp/ca.pem",
+    ] {
+        let res = leasehold::open_store(bad).await;
+        assert!(
+            matches!(res, Err(Error::InvalidUrl { .. })),
+            "{bad}: {res:?}"
+        );
+    }
+    for bad in [
+        "redis+cluster://127.0.0.1:1?prefix=a{b}:",
+        "redis+cluster://127.0.0.1:1?fence_prefix=f}",
+    ] {
+        let res = leasehold::open_store(bad).await;
+        assert!(
+            matches!(res, Err(Error::InvalidOption { .. })),
+            "{bad}: {res:?}"
+        );
+    }
+    let port = leasehold_testkit::servers::free_port();
+    let res = leasehold::open_store(&format!(
+        "redis+cluster://u:secret@127.0.0.1:{port}?timeout=300ms"
+    ))
+    .await;
+    match res {
+        Err(e) => {
+            assert!(e.is_retryable(), "{e}");
+            assert!(!e.to_string().contains("secret"), "{e}");
+        }
+        Ok(_) => panic!("connected to nothing"),
+    }
+    // A plain server (no cluster support) as the seed.
+    let plain = leasehold_testkit::servers::shared_redis();
+    let res = leasehold::open_store(&format!("redis+cluster://127.0.0.1:{}", plain.port)).await;
+    match res {
+        Err(e) => assert!(!e.is_retryable(), "{e}"),
+        Ok(_) => panic!("a server without cluster support accepted as a cluster"),
+    }
+    // A key starting with `}` cannot be a hash tag.
+    let l = locks(&shared_redis_cluster().url(), "k").await;
+    let res = l.lock("}x").unwrap().try_acquire().await;
+    assert!(matches!(res, Err(Error::InvalidKey { .. })), "{res:?}");
+    // Braces elsewhere are fine.
+    let g = take(
+        &l,
+        &leasehold_testkit::prefix("a}b{c"),
+        Duration::from_secs(5),
+    )
+    .await;
+    g.release().await.unwrap();
+}
