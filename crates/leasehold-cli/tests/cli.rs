@@ -1057,14 +1057,16 @@ fn help_documents_the_exit_codes() {
 }
 
 #[test]
-fn run_works_on_redis_and_redlock() {
+fn run_works_on_redis_redlock_and_a_cluster() {
     let server = leasehold_testkit::servers::RedisServer::start();
     let nodes: Vec<_> = (0..3)
         .map(|_| leasehold_testkit::servers::RedisServer::start())
         .collect();
+    let cluster = leasehold_testkit::servers::RedisCluster::start();
     for url in [
         server.url(),
         leasehold_testkit::servers::redlock_url(&nodes),
+        cluster.url(),
     ] {
         let out = bare()
             .args([
@@ -1085,11 +1087,16 @@ fn run_works_on_redis_and_redlock() {
         assert!(fence >= 1);
         // Released on every node before leasehold exited (Redlock answers once a majority did,
         // and leasehold waits for the slower nodes' calls before it exits).
+        let mut record = "leasehold:lock:agent-1";
         let servers: Vec<&leasehold_testkit::servers::RedisServer> = if url.starts_with("redlock") {
             nodes.iter().collect()
+        } else if url.starts_with("redis+cluster") {
+            record = "leasehold:lock:{agent-1}";
+            cluster.primary_for(record).into_iter().collect()
         } else {
             vec![&server]
         };
+        assert!(!servers.is_empty(), "{url}: no server for {record}");
         for _ in 0..5 {
             let out = bare()
                 .args(["--store", &url, "run", "--key", "agent-1", "--", "true"])
@@ -1098,7 +1105,7 @@ fn run_works_on_redis_and_redlock() {
             assert_eq!(out.status.code(), Some(0), "{url}: {out:?}");
             for s in &servers {
                 assert_eq!(
-                    s.command(&["EXISTS", "leasehold:lock:agent-1"]).as_deref(),
+                    s.command(&["EXISTS", record]).as_deref(),
                     Some(":0\r\n"),
                     "{url}: a node kept the record after leasehold exited"
                 );

@@ -315,6 +315,52 @@ async fn a_tls_cluster_is_reached_with_its_ca() {
     }
 }
 
+/// An ACL user on every node (ACLs are per node) with the README's line plus `+cluster|slots`:
+/// leases, listing and pub/sub work as that user, with the password hidden; a wrong password is a
+/// non-retryable error.
+#[tokio::test]
+async fn acl_users_work_on_a_cluster() {
+    let cluster = shared_redis_cluster();
+    let rule = format!("{} +cluster|slots", leasehold_testkit::servers::LOCKER_ACL);
+    let mut args = vec!["ACL", "SETUSER"];
+    args.extend(rule.split(' '));
+    for n in &cluster.nodes {
+        assert!(
+            n.command(&args).is_some_and(|r| r.starts_with("+OK")),
+            "{rule}"
+        );
+    }
+    let url = cluster
+        .url()
+        .replace("redis+cluster://", "redis+cluster://locker:s3cret@");
+    let a = locks(&url, "a").await;
+    let b = locks(&url, "b").await;
+    let key = leasehold_testkit::prefix("acl");
+    let g = take(&a, &key, Duration::from_secs(5)).await;
+    assert_eq!(a.store().list(&key).await.unwrap().len(), 1);
+    let waiter = spawn_waiter(b, &key, Duration::from_secs(10));
+    let name = format!("leasehold:lock:{{{key}}}");
+    await_until(Duration::from_secs(5), "the waiter registered", || {
+        record(cluster, &name).contains("\"waiter\":\"b\"")
+    })
+    .await;
+    let released = Instant::now();
+    g.release().await.unwrap();
+    let (got, at) = waiter.await.unwrap();
+    got.expect("the waiter's lease").release().await.unwrap();
+    assert!(at.duration_since(released) < Duration::from_millis(100));
+    let wrong = cluster
+        .url()
+        .replace("redis+cluster://", "redis+cluster://locker:nope@");
+    match leasehold::open_store(&wrong).await {
+        Err(e) => {
+            assert!(!e.is_retryable(), "{e}");
+            assert!(!e.to_string().contains("nope"), "{e}");
+        }
+        Ok(_) => panic!("a wrong password was accepted"),
+    }
+}
+
 /// Bad cluster URLs and keys are clear errors; seeds that do not answer are a retryable error; a
 /// server without cluster support is a non-retryable one.
 #[tokio::test]

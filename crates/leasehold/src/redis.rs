@@ -976,8 +976,12 @@ pub(crate) fn map_err(store: &str, e: ::redis::RedisError) -> Error {
             ),
         };
     }
-    if text.contains("certificate") {
-        // A TLS trust failure does not heal by retrying.
+    // A TLS trust failure or refused credentials do not heal by retrying (the cluster client
+    // reports the latter inside an I/O error: "Failed to create initial connections").
+    if text.contains("certificate")
+        || e.kind() == ::redis::ErrorKind::AuthenticationFailed
+        || text.contains("AuthenticationFailed")
+    {
         return Error::Store {
             store: store.to_owned(),
             detail: text,
