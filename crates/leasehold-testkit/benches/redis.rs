@@ -3,7 +3,9 @@
 //! `cargo bench -p leasehold-testkit --bench redis` (about four minutes: every throughput row is
 //! the median of 3 interleaved runs, `-- rounds=N` to change), `-- --quick` for a smoke run.
 //! Starts its own `redis-server`s (1 + 3) on free loopback ports; `-- unix` runs the one-node rows
-//! through the server's Unix socket instead.
+//! through the server's Unix socket instead, and `-- cluster` on a Redis Cluster (three primaries
+//! with a replica each; the floors through the redis crate's cluster client, keys hash-tagged,
+//! no `rslock`, which has no cluster mode).
 //!
 //! 1. Acquire+release cycles/s and p50/p99 latency with 1, 8 and 64 concurrent tasks over distinct
 //!    keys: (a) the floor — `SET NX PX` + a compare-and-delete script through the same client;
@@ -18,7 +20,7 @@
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use leasehold::Locks;
-use leasehold_testkit::servers::{redlock_url, RedisServer};
+use leasehold_testkit::servers::{redlock_url, RedisCluster, RedisServer};
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -61,14 +63,45 @@ fn set_nx(key: &str, token: &str) -> redis::Cmd {
     set
 }
 
+/// A floor's connection: to one server, or to a cluster.
+#[derive(Clone)]
+enum FloorConn {
+    One(redis::aio::ConnectionManager),
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl redis::aio::ConnectionLike for FloorConn {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        match self {
+            FloorConn::One(c) => c.req_packed_command(cmd),
+            FloorConn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        match self {
+            FloorConn::One(c) => c.req_packed_commands(cmd, offset, count),
+            FloorConn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        0
+    }
+}
+
 #[derive(Clone)]
 enum Impl {
     /// A floor: acquire as [`FloorAcquire`] says, release with the compare-and-delete script.
-    Floor(
-        Vec<redis::aio::ConnectionManager>,
-        Arc<redis::Script>,
-        FloorAcquire,
-    ),
+    Floor(Vec<FloorConn>, Arc<redis::Script>, FloorAcquire),
     Leasehold(Locks),
     /// The store calls alone, without the guard (its renewal task) and the local layer.
     Raw(Arc<dyn leasehold::LockStore>),
@@ -79,6 +112,8 @@ impl Impl {
     async fn cycle(&self, key: &str) {
         match self {
             Impl::Floor(conns, cad, acquire) => {
+                // Hash-tagged, so that a fenced floor's two keys share a slot on a cluster.
+                let key = &format!("{{{key}}}");
                 let token = format!("{:x}", fastrand::u128(..));
                 let sets = conns.iter().map(|c| {
                     let mut c = c.clone();
@@ -359,13 +394,20 @@ async fn make(kind: &str, urls: &[String]) -> Impl {
         _ => {
             let mut conns = vec![];
             for u in urls {
-                conns.push(
+                if let Some(seeds) = u.strip_prefix("redis+cluster://") {
+                    let nodes = seeds.split(',').map(|s| format!("redis://{s}"));
+                    let client = redis::cluster::ClusterClient::new(nodes).unwrap();
+                    let conn = client.get_async_connection().await.unwrap();
+                    conns.push(FloorConn::Cluster(conn));
+                    continue;
+                }
+                conns.push(FloorConn::One(
                     redis::Client::open(u.as_str())
                         .unwrap()
                         .get_connection_manager()
                         .await
                         .unwrap(),
-                );
+                ));
             }
             let acquire = match kind {
                 "fenced-floor" => FloorAcquire::Script(Arc::new(redis::Script::new(FENCED))),
@@ -473,9 +515,17 @@ fn main() {
         .max(1);
     let one = RedisServer::start();
     let three: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
-    // `-- unix`: the one-node runs go through the server's Unix socket (`redis+unix://`).
+    // `-- unix`: the one-node runs go through the server's Unix socket (`redis+unix://`);
+    // `-- cluster`: on a Redis Cluster (`redis+cluster://`).
     let unix = std::env::args().any(|a| a == "unix");
-    let one_url = vec![if unix { one.unix_url() } else { one.url() }];
+    let cluster = std::env::args()
+        .any(|a| a == "cluster")
+        .then(RedisCluster::start);
+    let one_url = vec![match &cluster {
+        Some(c) => c.url(),
+        None if unix => one.unix_url(),
+        None => one.url(),
+    }];
     let three_urls: Vec<String> = three.iter().map(RedisServer::url).collect();
     let _ = redlock_url(&three);
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -484,7 +534,10 @@ fn main() {
         .build()
         .unwrap();
 
-    let one_pids: Vec<u32> = one.pid().into_iter().collect();
+    let one_pids: Vec<u32> = match &cluster {
+        Some(c) => c.nodes.iter().filter_map(RedisServer::pid).collect(),
+        None => one.pid().into_iter().collect(),
+    };
     let three_pids: Vec<u32> = three.iter().filter_map(RedisServer::pid).collect();
     println!("\n| store | tasks | implementation | cycles/s | p50 | p99 | vs floor | client CPU/cycle | server CPU/cycle |");
     println!("|---|---|---|---|---|---|---|---|---|");
@@ -498,7 +551,9 @@ fn main() {
         .unwrap_or_else(|| vec![1, 8, 64]);
     // `-- only=hot` runs the hot-key runs alone.
     let hot_only = only.as_deref() == Some("hot");
-    let one_label = if unix {
+    let one_label = if cluster.is_some() {
+        "redis cluster, 3 primaries"
+    } else if unix {
         "redis, 1 node, Unix socket"
     } else {
         "redis, 1 node"
@@ -507,7 +562,8 @@ fn main() {
         (one_label, &one_url, &one_pids),
         ("redlock, 3 nodes", &three_urls, &three_pids),
     ] {
-        if hot_only {
+        // With `-- cluster`, the cluster rows alone.
+        if hot_only || (cluster.is_some() && !label.starts_with("redis cluster")) {
             break;
         }
         for &tasks in &task_counts {
@@ -524,6 +580,8 @@ fn main() {
                 let named = |o: &str| o.split(',').any(|k| k == *kind);
                 *kind == "floor" || only.as_deref().map_or(*kind != "multi-floor", named)
             })
+            // rslock has no cluster mode (it takes independent masters).
+            .filter(|kind| !(label.starts_with("redis cluster") && *kind == "rslock"))
             .collect();
             // Rounds interleave the implementations, so a slow spell of the shared VM hits them
             // alike; each ratio is taken within its round (against that round's floor).
@@ -576,6 +634,9 @@ fn main() {
     println!("|---|---|---|---|---|---|---|");
     for tasks in [8usize, 64] {
         for kind in ["leasehold", "rslock"] {
+            if cluster.is_some() && kind == "rslock" {
+                continue;
+            }
             println!("{}", hot_key(&rt, kind, &one_url, tasks, dur));
         }
     }

@@ -95,6 +95,39 @@ async fn operators_find_the_record_and_counter_on_the_serving_primary() {
     assert_eq!(reason, LostReason::Released);
 }
 
+/// A waiter subscribes on the primary serving its key's slot, where the release publishes (the
+/// cluster's bus forwards messages to other nodes only with delays of up to ≈ 40 ms), and is woken
+/// within 100 ms of the release — on each of the three primaries.
+#[tokio::test]
+async fn waiters_subscribe_on_the_primary_serving_the_key() {
+    let cluster = shared_redis_cluster();
+    let a = locks(&cluster.url(), "a").await;
+    let b = locks(&cluster.url(), "b").await;
+    let stem = leasehold_testkit::prefix("sub");
+    for node in &cluster.nodes[..3] {
+        let key = key_served_by(cluster, node.port, &stem);
+        let name = format!("leasehold:lock:{{{key}}}");
+        let g = take(&a, &key, Duration::from_secs(5)).await;
+        let waiter = spawn_waiter(b.clone(), &key, Duration::from_secs(10));
+        let subscribed = || {
+            node.command(&["PUBSUB", "NUMSUB", &name])
+                .is_some_and(|r| r.trim_end().ends_with(":1"))
+        };
+        await_until(
+            Duration::from_secs(5),
+            "subscribed on the serving primary",
+            || subscribed() && record(cluster, &name).contains("\"waiter\":\"b\""),
+        )
+        .await;
+        let released = Instant::now();
+        g.release().await.unwrap();
+        let (got, at) = waiter.await.unwrap();
+        got.expect("the waiter's lease").release().await.unwrap();
+        let latency = at.duration_since(released);
+        assert!(latency < Duration::from_millis(100), "{latency:?}");
+    }
+}
+
 /// 10,000 leases held by one process all stay alive on a cluster: renewals go out per slot, all
 /// at once over the connection to each primary.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

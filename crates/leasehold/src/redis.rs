@@ -441,10 +441,9 @@ pub(crate) enum Origin {
     /// Sentinels that name the primary of a master group (`redis+sentinel://`).
     Sentinel(Sentinels),
     /// A Redis Cluster (`redis+cluster://`): the connection routes each call to the node serving
-    /// its key's slot and follows the cluster's moves itself; pub/sub goes through any one of
-    /// these seed nodes (a cluster delivers a `PUBLISH` to subscribers on every node).
+    /// its key's slot and follows the cluster's moves itself; pub/sub goes to that node too.
     #[cfg(feature = "redis-cluster")]
-    Cluster(Vec<::redis::Client>),
+    Cluster(crate::redis_cluster::ClusterNodes),
 }
 
 /// The command connection: to one server, or to a Redis Cluster.
@@ -1404,42 +1403,38 @@ impl RedisStore {
         })
     }
 
-    async fn hub(&self) -> Result<Arc<Hub>> {
+    /// The pub/sub hub that hears the releases of `key`: the store's one (on a cluster, the one of
+    /// the primary serving the key's slot).
+    async fn hub(&self, key: &Key) -> Result<Arc<Hub>> {
+        let link = &self.inner.link;
+        #[cfg(feature = "redis-cluster")]
+        if let Origin::Cluster(nodes) = &link.origin {
+            let conn = link.current.lock().1.clone();
+            let name = self.record_key(key);
+            return nodes
+                .hub_for(&conn, &name, &link.described, link.timeout)
+                .await;
+        }
+        let _ = key;
         let mut slot = self.inner.hub.lock().await;
         // A hub on the server the link left (a failover) no longer hears releases; new
         // subscriptions go to the link's server (older ones keep theirs, with the fallback timer).
-        let generation = self.inner.link.current.lock().0;
+        let generation = link.current.lock().0;
         if let Some((h, made_for)) = slot.as_ref() {
             if !h.dead() && *made_for == generation {
                 return Ok(h.clone());
             }
         }
-        let link = &self.inner.link;
-        let clients = match &link.origin {
-            // Any node of a cluster hears every PUBLISH: the first seed node that answers.
-            #[cfg(feature = "redis-cluster")]
-            Origin::Cluster(nodes) => nodes.clone(),
-            _ => vec![link.client.lock().clone()],
-        };
-        let mut failure = None;
-        for client in &clients {
-            match Hub::start(client, &link.described, link.timeout).await {
-                Ok(hub) => {
-                    *slot = Some((hub.clone(), generation));
-                    return Ok(hub);
-                }
-                Err(e) => failure = Some(e),
-            }
-        }
-        Err(failure.unwrap_or_else(|| Error::Unavailable {
-            store: link.described.clone(),
-            detail: "no node for pub/sub".into(),
-        }))
+        let client = link.client.lock().clone();
+        let hub = Hub::start(&client, &link.described, link.timeout).await?;
+        *slot = Some((hub.clone(), generation));
+        Ok(hub)
     }
 }
 
-/// One pub/sub connection per store, fanning messages out to per-channel watch channels.
-struct Hub {
+/// One pub/sub connection per store (per node on a cluster), fanning messages out to per-channel
+/// watch channels.
+pub(crate) struct Hub {
     sink: PubSubSink,
     subs: Subs,
     alive: watch::Receiver<bool>,
@@ -1450,7 +1445,11 @@ struct Hub {
 type Subs = Arc<Mutex<HashMap<String, (watch::Sender<()>, usize)>>>;
 
 impl Hub {
-    async fn start(client: &::redis::Client, store: &str, timeout: Duration) -> Result<Arc<Hub>> {
+    pub(crate) async fn start(
+        client: &::redis::Client,
+        store: &str,
+        timeout: Duration,
+    ) -> Result<Arc<Hub>> {
         let pubsub = bounded(
             store,
             timeout,
@@ -1482,7 +1481,7 @@ impl Hub {
         }))
     }
 
-    fn dead(&self) -> bool {
+    pub(crate) fn dead(&self) -> bool {
         !*self.alive.borrow()
     }
 
@@ -1695,7 +1694,7 @@ impl LockStore for RedisStore {
 
     async fn subscribe(&self, key: &Key) -> Result<Option<Box<dyn ChangeWatch>>> {
         self.check(key)?;
-        let hub = self.hub().await?;
+        let hub = self.hub(key).await?;
         Ok(Some(Box::new(
             hub.subscribe(self.record_key(key), &self.inner.link.described)
                 .await?,

@@ -13,8 +13,12 @@
 //!   or a resharding needs nothing from the caller; calls fail with a retryable error meanwhile.
 //! * **Renewals** are batched per slot: one script call per slot with due leases, all in flight at
 //!   once over the connection to each primary.
-//! * **Waiters** wake by pub/sub: the release script's `PUBLISH` reaches subscribers on every node
-//!   of the cluster, so the store subscribes through any reachable seed node.
+//! * **Waiters** wake by pub/sub on the primary serving the key's slot, where the release script
+//!   publishes (one pub/sub connection per primary, found from `CLUSTER SLOTS`). A cluster also
+//!   forwards every `PUBLISH` to the other nodes, but over its bus, where a message waits up to
+//!   ≈ 40 ms now and then (measured here with two plain clients); a subscription on another node —
+//!   after a failover, until the slot map is read again, or when the slot's primary cannot be
+//!   reached and a seed node stands in — still hears every release, only later.
 //! * **Listing** scans every primary.
 //!
 //! The seed nodes only start the connection: the store learns the cluster's other nodes from
@@ -24,10 +28,12 @@
 
 use crate::error::{Error, Result};
 use crate::key::Key;
-use crate::redis::{bounded, host_list, Conn, Origin, RedisOptions, RedisStore};
+use crate::redis::{bounded, host_list, Conn, Hub, Origin, RedisOptions, RedisStore};
 use ::redis::cluster_async::ClusterConnection;
-use ::redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo, Slot};
-use std::time::Duration;
+use ::redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// What the URL of a cluster store names.
 struct ClusterUrl {
@@ -89,7 +95,8 @@ impl RedisStore {
             .response_timeout(opts.timeout)
             .retries(8)
             .min_retry_wait(10)
-            .max_retry_wait(200);
+            .max_retry_wait(200)
+            .tcp_settings(nodelay());
         let mut clients = vec![];
         let tls_certs = |opts: &RedisOptions| -> Result<Option<::redis::TlsCertificates>> {
             let Some(ca) = &opts.ca_file else {
@@ -115,13 +122,7 @@ impl RedisStore {
             builder = builder.certs(certs.clone());
         }
         for node in &nodes {
-            clients.push(
-                match &certs {
-                    Some(c) => ::redis::Client::build_with_tls(node.as_str(), c.clone()),
-                    None => ::redis::Client::open(node.as_str()),
-                }
-                .map_err(bad)?,
-            );
+            clients.push(node_client(node, None, &certs).map_err(bad)?);
         }
         let client = builder.build().map_err(bad)?;
         let conn = bounded(
@@ -133,16 +134,161 @@ impl RedisStore {
         .await?;
         let fence_prefix = crate::redis::checked_fence_prefix(&opts)?;
         let first = clients[0].clone();
+        let nodes = ClusterNodes {
+            seeds: clients,
+            node_url: nodes[0].clone(),
+            certs,
+            map: parking_lot::Mutex::new(None),
+            hubs: tokio::sync::Mutex::new(HashMap::new()),
+        };
         Ok(Self::assemble(
             Conn::Cluster(conn),
             first,
-            Origin::Cluster(clients),
+            Origin::Cluster(nodes),
             ::redis::aio::ConnectionManagerConfig::new(),
             described,
             fence_prefix,
             opts,
         ))
     }
+}
+
+/// A client for the node at `node` (a seed's URL), or at `addr` (`host`, `port`) with that URL's
+/// scheme and credentials; with `TCP_NODELAY`, and over TLS with `certs` when given.
+fn node_client(
+    node: &str,
+    addr: Option<(&str, u16)>,
+    certs: &Option<::redis::TlsCertificates>,
+) -> ::redis::RedisResult<::redis::Client> {
+    let mut info = ::redis::IntoConnectionInfo::into_connection_info(node)?;
+    if let Some((host, port)) = addr {
+        let tls = node.starts_with("rediss://");
+        let url = url::Url::parse(node).ok().and_then(|mut u| {
+            u.set_host(Some(host)).ok()?;
+            u.set_port(Some(port)).ok()?;
+            Some(u)
+        });
+        let Some(url) = url else {
+            return Err(::redis::RedisError::from((
+                ::redis::ErrorKind::InvalidClientConfig,
+                "cannot make a node's URL",
+                format!("{host}:{port} (tls: {tls})"),
+            )));
+        };
+        info = ::redis::IntoConnectionInfo::into_connection_info(url.as_str())?;
+    }
+    let info = info.set_tcp_settings(nodelay());
+    match certs {
+        Some(c) => ::redis::Client::build_with_tls(info, c.clone()),
+        None => ::redis::Client::open(info),
+    }
+}
+
+/// The cluster's nodes as the store knows them, for pub/sub.
+pub(crate) struct ClusterNodes {
+    /// The seed nodes' clients (pub/sub falls back to them).
+    seeds: Vec<::redis::Client>,
+    /// The first seed's URL: other nodes' URLs are made from it.
+    node_url: String,
+    certs: Option<::redis::TlsCertificates>,
+    /// Which primary serves each slot range, and when that was read.
+    map: parking_lot::Mutex<Option<(Instant, Vec<SlotRange>)>>,
+    /// One pub/sub hub per node (`host`, `port`).
+    hubs: tokio::sync::Mutex<HashMap<(String, u16), Arc<Hub>>>,
+}
+
+/// Slots `start..=end` and the primary serving them.
+struct SlotRange {
+    start: u16,
+    end: u16,
+    node: (String, u16),
+}
+
+/// How long a slot map read from the cluster is used before it is read again.
+const MAP_AGE: Duration = Duration::from_secs(5);
+
+impl ClusterNodes {
+    /// The primary serving `slot` in a map younger than [`MAP_AGE`].
+    fn lookup(&self, slot: u16) -> Option<(String, u16)> {
+        let map = self.map.lock();
+        let (read, ranges) = map.as_ref()?;
+        if read.elapsed() > MAP_AGE {
+            return None;
+        }
+        ranges
+            .iter()
+            .find(|r| r.start <= slot && slot <= r.end)
+            .map(|r| r.node.clone())
+    }
+
+    /// The hub for the releases of `record_key`: on the primary serving its slot (the map read
+    /// again when stale), else on the first seed node that answers.
+    pub(crate) async fn hub_for(
+        &self,
+        conn: &Conn,
+        record_key: &str,
+        store: &str,
+        timeout: Duration,
+    ) -> Result<Arc<Hub>> {
+        let slot = slot(record_key);
+        let mut node = self.lookup(slot);
+        if node.is_none() {
+            if let Conn::Cluster(c) = conn {
+                match slot_map(&mut c.clone(), store, timeout).await {
+                    Ok(ranges) => *self.map.lock() = Some((Instant::now(), ranges)),
+                    Err(e) => {
+                        tracing::debug!(store, error = %e, "no slot map; pub/sub through a seed node")
+                    }
+                }
+            }
+            node = self.lookup(slot);
+        }
+        let mut hubs = self.hubs.lock().await;
+        if let Some((host, port)) = node {
+            if let Some(h) = hubs.get(&(host.clone(), port)).filter(|h| !h.dead()) {
+                return Ok(h.clone());
+            }
+            let started = match node_client(&self.node_url, Some((&host, port)), &self.certs) {
+                Ok(client) => Hub::start(&client, store, timeout).await,
+                Err(e) => Err(crate::redis::map_err(store, e)),
+            };
+            match started {
+                Ok(hub) => {
+                    hubs.insert((host, port), hub.clone());
+                    return Ok(hub);
+                }
+                Err(e) => {
+                    // The map may be out of date (a failover): read it again next time.
+                    tracing::debug!(store, node = %format!("{host}:{port}"), error = %e, "no pub/sub on the slot's primary; through a seed node");
+                    *self.map.lock() = None;
+                }
+            }
+        }
+        // Any node hears every PUBLISH (through the cluster's bus).
+        let mut failure = None;
+        for (i, seed) in self.seeds.iter().enumerate() {
+            let key = (format!("seed {i}"), 0);
+            if let Some(h) = hubs.get(&key).filter(|h| !h.dead()) {
+                return Ok(h.clone());
+            }
+            match Hub::start(seed, store, timeout).await {
+                Ok(hub) => {
+                    hubs.insert(key, hub.clone());
+                    return Ok(hub);
+                }
+                Err(e) => failure = Some(e),
+            }
+        }
+        Err(failure.unwrap_or_else(|| Error::Unavailable {
+            store: store.to_owned(),
+            detail: "no node for pub/sub".into(),
+        }))
+    }
+}
+
+/// TCP settings with `TCP_NODELAY` (the redis crate leaves Nagle's algorithm on).
+fn nodelay() -> ::redis::io::tcp::TcpSettings {
+    ::redis::io::tcp::TcpSettings::default().set_nodelay(true)
 }
 
 /// Refuses a key that cannot be a hash tag: one starting with `}` (its tag would be empty, so its
@@ -157,17 +303,35 @@ pub(crate) fn check_key(key: &Key) -> Result<()> {
     Ok(())
 }
 
-/// The hash slot of a record key.
-pub(crate) fn slot(record_key: &str) -> Slot {
-    Slot::for_key(record_key)
+/// The hash slot of a Redis key: CRC16 (XMODEM) of its hash tag (the part between the first `{`
+/// and the next `}`, if not empty) or of the whole key, modulo 16384.
+pub(crate) fn slot(name: &str) -> u16 {
+    let bytes = name.as_bytes();
+    let tagged = bytes.iter().position(|&b| b == b'{').and_then(|open| {
+        let rest = &bytes[open + 1..];
+        let close = rest.iter().position(|&b| b == b'}')?;
+        (close > 0).then(|| &rest[..close])
+    });
+    let mut crc: u16 = 0;
+    for &b in tagged.unwrap_or(bytes) {
+        crc ^= u16::from(b) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % 16384
 }
 
-/// The cluster's primaries (`host`, `port`), from `CLUSTER SLOTS`.
-async fn primaries(
+/// Which primary serves each slot range, from `CLUSTER SLOTS`.
+async fn slot_map(
     conn: &mut ClusterConnection,
     store: &str,
     timeout: Duration,
-) -> Result<Vec<(String, u16)>> {
+) -> Result<Vec<SlotRange>> {
     let mut ask = ::redis::cmd("CLUSTER");
     ask.arg("SLOTS");
     let slots: Vec<Vec<::redis::Value>> = bounded(
@@ -177,27 +341,43 @@ async fn primaries(
         ask.query_async(conn),
     )
     .await?;
-    let mut out: Vec<(String, u16)> = vec![];
+    let mut out = vec![];
     for range in slots {
         // [start, end, [host, port, id, …], replicas…]
+        let int = |v: Option<&::redis::Value>| {
+            v.and_then(|v| ::redis::from_redis_value_ref::<u16>(v).ok())
+        };
         let node: Option<(String, u16)> = range
             .get(2)
             .and_then(|n| ::redis::from_redis_value_ref::<Vec<::redis::Value>>(n).ok())
             .and_then(|n| {
                 let host = ::redis::from_redis_value_ref::<String>(n.first()?).ok()?;
-                let port = ::redis::from_redis_value_ref::<u16>(n.get(1)?).ok()?;
-                Some((host, port))
+                Some((host, int(n.get(1))?))
             });
-        match node {
-            Some(n) if !out.contains(&n) => out.push(n),
-            Some(_) => {}
-            None => {
+        match (int(range.first()), int(range.get(1)), node) {
+            (Some(start), Some(end), Some(node)) => out.push(SlotRange { start, end, node }),
+            _ => {
                 return Err(Error::Store {
                     store: store.to_owned(),
                     detail: "unreadable CLUSTER SLOTS answer".into(),
                     retryable: false,
                 })
             }
+        }
+    }
+    Ok(out)
+}
+
+/// The cluster's primaries (`host`, `port`).
+async fn primaries(
+    conn: &mut ClusterConnection,
+    store: &str,
+    timeout: Duration,
+) -> Result<Vec<(String, u16)>> {
+    let mut out: Vec<(String, u16)> = vec![];
+    for r in slot_map(conn, store, timeout).await? {
+        if !out.contains(&r.node) {
+            out.push(r.node);
         }
     }
     Ok(out)
@@ -249,4 +429,22 @@ pub(crate) async fn scan_all(
         }
     }
     Ok(names)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::slot;
+
+    #[test]
+    fn slots_are_those_redis_computes() {
+        // `CLUSTER KEYSLOT` of a Redis 7 server.
+        assert_eq!(slot("leasehold:lock:{job}"), 2906);
+        assert_eq!(slot("x{a}"), 15495);
+        assert_eq!(slot("x{b}"), 3300);
+        assert_eq!(slot("x{c}"), 7365);
+        assert_eq!(slot("123456789"), 12739);
+        // An empty tag: the whole key.
+        assert_eq!(slot("a{}b"), 13694);
+        assert_ne!(slot("lock:{}x}"), slot("fence:{}x}"));
+    }
 }
