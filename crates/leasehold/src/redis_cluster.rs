@@ -40,6 +40,7 @@ struct ClusterUrl {
     /// Each seed node's `redis://` (or `rediss://`) URL, with the user and password.
     nodes: Vec<String>,
     opts: RedisOptions,
+    fence_prefix: String,
 }
 
 /// Parses `redis+cluster://[user:pass@]h1:p1,h2:p2,…[/0][?…]` (or `rediss+cluster://`).
@@ -76,14 +77,23 @@ fn parse(url: &str, described: &str) -> Result<ClusterUrl> {
             ));
         }
     }
-    Ok(ClusterUrl { nodes, opts })
+    let fence_prefix = crate::redis::checked_fence_prefix(&opts)?;
+    Ok(ClusterUrl {
+        nodes,
+        opts,
+        fence_prefix,
+    })
 }
 
 impl RedisStore {
     /// Parses a `redis+cluster://` or `rediss+cluster://` URL and connects to the cluster.
     pub(crate) async fn from_cluster_url(url: &str) -> Result<Self> {
         let described = crate::redact_url(url);
-        let ClusterUrl { nodes, opts } = parse(url, &described)?;
+        let ClusterUrl {
+            nodes,
+            opts,
+            fence_prefix,
+        } = parse(url, &described)?;
         let bad = |e: ::redis::RedisError| Error::InvalidUrl {
             url: described.clone(),
             reason: e.to_string(),
@@ -97,17 +107,6 @@ impl RedisStore {
             .min_retry_wait(10)
             .max_retry_wait(200)
             .tcp_settings(nodelay());
-        let mut clients = vec![];
-        let tls_certs = |opts: &RedisOptions| -> Result<Option<::redis::TlsCertificates>> {
-            let Some(ca) = &opts.ca_file else {
-                return Ok(None);
-            };
-            let pem = std::fs::read(ca).map_err(|e| Error::io("read CA file", ca.display(), e))?;
-            Ok(Some(::redis::TlsCertificates {
-                client_tls: None,
-                root_cert: Some(pem),
-            }))
-        };
         if url.starts_with("rediss+cluster://") {
             // Several crates may race to install a provider; any installed one will do.
             let _ = rustls::crypto::ring::default_provider().install_default();
@@ -117,10 +116,19 @@ impl RedisStore {
                 reason: "?ca= needs a rediss+cluster:// URL".into(),
             });
         }
-        let certs = tls_certs(&opts)?;
+        let certs = match &opts.ca_file {
+            Some(ca) => Some(::redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(
+                    std::fs::read(ca).map_err(|e| Error::io("read CA file", ca.display(), e))?,
+                ),
+            }),
+            None => None,
+        };
         if let Some(certs) = &certs {
             builder = builder.certs(certs.clone());
         }
+        let mut clients = vec![];
         for node in &nodes {
             clients.push(node_client(node, None, &certs).map_err(bad)?);
         }
@@ -132,7 +140,6 @@ impl RedisStore {
             client.get_async_connection(),
         )
         .await?;
-        let fence_prefix = crate::redis::checked_fence_prefix(&opts)?;
         let first = clients[0].clone();
         let nodes = ClusterNodes {
             seeds: clients,
@@ -160,24 +167,24 @@ fn node_client(
     addr: Option<(&str, u16)>,
     certs: &Option<::redis::TlsCertificates>,
 ) -> ::redis::RedisResult<::redis::Client> {
-    let mut info = ::redis::IntoConnectionInfo::into_connection_info(node)?;
+    let mut url = node.to_owned();
     if let Some((host, port)) = addr {
-        let tls = node.starts_with("rediss://");
-        let url = url::Url::parse(node).ok().and_then(|mut u| {
+        let moved = url::Url::parse(node).ok().and_then(|mut u| {
             u.set_host(Some(host)).ok()?;
             u.set_port(Some(port)).ok()?;
             Some(u)
         });
-        let Some(url) = url else {
+        let Some(moved) = moved else {
             return Err(::redis::RedisError::from((
                 ::redis::ErrorKind::InvalidClientConfig,
                 "cannot make a node's URL",
-                format!("{host}:{port} (tls: {tls})"),
+                format!("{host}:{port}"),
             )));
         };
-        info = ::redis::IntoConnectionInfo::into_connection_info(url.as_str())?;
+        url = moved.into();
     }
-    let info = info.set_tcp_settings(nodelay());
+    let info = ::redis::IntoConnectionInfo::into_connection_info(url.as_str())?
+        .set_tcp_settings(nodelay());
     match certs {
         Some(c) => ::redis::Client::build_with_tls(info, c.clone()),
         None => ::redis::Client::open(info),
