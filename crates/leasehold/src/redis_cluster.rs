@@ -105,8 +105,7 @@ impl RedisStore {
             .response_timeout(opts.timeout)
             .retries(8)
             .min_retry_wait(10)
-            .max_retry_wait(200)
-            .tcp_settings(nodelay());
+            .max_retry_wait(200);
         if url.starts_with("rediss+cluster://") {
             // Several crates may race to install a provider; any installed one will do.
             let _ = rustls::crypto::ring::default_provider().install_default();
@@ -161,7 +160,7 @@ impl RedisStore {
 }
 
 /// A client for the node at `node` (a seed's URL), or at `addr` (`host`, `port`) with that URL's
-/// scheme and credentials; with `TCP_NODELAY`, and over TLS with `certs` when given.
+/// scheme and credentials; over TLS with `certs` when given.
 fn node_client(
     node: &str,
     addr: Option<(&str, u16)>,
@@ -183,8 +182,7 @@ fn node_client(
         };
         url = moved.into();
     }
-    let info = ::redis::IntoConnectionInfo::into_connection_info(url.as_str())?
-        .set_tcp_settings(nodelay());
+    let info = ::redis::IntoConnectionInfo::into_connection_info(url.as_str())?;
     match certs {
         Some(c) => ::redis::Client::build_with_tls(info, c.clone()),
         None => ::redis::Client::open(info),
@@ -291,11 +289,6 @@ impl ClusterNodes {
             detail: "no node for pub/sub".into(),
         }))
     }
-}
-
-/// TCP settings with `TCP_NODELAY` (the redis crate leaves Nagle's algorithm on).
-fn nodelay() -> ::redis::io::tcp::TcpSettings {
-    ::redis::io::tcp::TcpSettings::default().set_nodelay(true)
 }
 
 /// Refuses a key that cannot be a hash tag: one starting with `}` (its tag would be empty, so its
