@@ -262,6 +262,103 @@ async fn a_graceful_failover_keeps_the_lease_and_wakes_the_waiter() {
     got.release().await.unwrap();
 }
 
+/// The second line of a raw RESP bulk-string or integer reply (`$40\r\nID\r\n`, `:2906\r\n`).
+fn reply_value(reply: Option<String>) -> String {
+    let reply = reply.unwrap_or_default();
+    let mut lines = reply.lines();
+    match lines.next() {
+        Some(l) if l.starts_with(':') => l[1..].to_owned(),
+        _ => lines.next().unwrap_or_default().to_owned(),
+    }
+}
+
+/// Resharding: the slot of a held key moves to another primary (`CLUSTER SETSLOT … IMPORTING` /
+/// `MIGRATING`, `MIGRATE` of the record and its counter, `SETSLOT … NODE`) while its holder keeps
+/// renewing. The store follows the cluster's `ASK` (a renewal mid-migration runs on the target)
+/// and `MOVED` answers: the holder keeps its lease on the new primary, a contender is refused there, and the next holder's fence continues from the
+/// counter that moved with the record.
+#[tokio::test]
+async fn a_resharded_slot_keeps_its_leases_and_fences() {
+    let cluster = RedisCluster::start();
+    let (source, target) = (&cluster.nodes[0], &cluster.nodes[1]);
+    let key = key_served_by(&cluster, source.port, "resharded");
+    let (name, counter) = (
+        format!("leasehold:lock:{{{key}}}"),
+        format!("leasehold:fence:{{{key}}}"),
+    );
+    let slot = reply_value(source.command(&["CLUSTER", "KEYSLOT", &name]));
+    let source_id = reply_value(source.command(&["CLUSTER", "MYID"]));
+    let target_id = reply_value(target.command(&["CLUSTER", "MYID"]));
+    let a = locks(&format!("{}?timeout=1s", cluster.url()), "a").await;
+    let b = locks(&format!("{}?timeout=1s", cluster.url()), "b").await;
+    let g = take(&a, &key, Duration::from_millis(1500)).await;
+    let ok = |node: &RedisServer, args: &[&str]| {
+        let reply = node.command(args).unwrap_or_default();
+        assert!(reply.starts_with("+OK"), "{args:?}: {reply}");
+    };
+    ok(
+        target,
+        &["CLUSTER", "SETSLOT", &slot, "IMPORTING", &source_id],
+    );
+    ok(
+        source,
+        &["CLUSTER", "SETSLOT", &slot, "MIGRATING", &target_id],
+    );
+    let port = target.port.to_string();
+    let calls = target.script_calls();
+    ok(
+        source,
+        &[
+            "MIGRATE",
+            "127.0.0.1",
+            &port,
+            "",
+            "0",
+            "5000",
+            "KEYS",
+            &name,
+            &counter,
+        ],
+    );
+    // Mid-migration the source answers `ASK` for the moved keys: a renewal runs on the target.
+    await_until(Duration::from_secs(3), "a renewal through ASK", || {
+        target.script_calls() > calls
+    })
+    .await;
+    assert!(g.is_current(), "the lease was lost mid-migration");
+    for node in [target, source, &cluster.nodes[2]] {
+        ok(node, &["CLUSTER", "SETSLOT", &slot, "NODE", &target_id]);
+    }
+    await_until(Duration::from_secs(10), "the slot on the target", || {
+        cluster
+            .primary_for(&name)
+            .is_some_and(|n| n.port == target.port)
+    })
+    .await;
+    // Past the TTL: renewed on the new primary.
+    let moved = record(&cluster, &name);
+    await_until(
+        Duration::from_secs(3),
+        "a renewal on the new primary",
+        || {
+            let now = record(&cluster, &name);
+            now.contains("\"holder\":\"a\"") && now != moved
+        },
+    )
+    .await;
+    assert!(g.is_current(), "the lease was lost in the resharding");
+    assert!(b.lock(&key).unwrap().try_acquire().await.unwrap().is_none());
+    let fence = g.fence();
+    g.release().await.unwrap();
+    let next = take(&b, &key, Duration::from_secs(5)).await;
+    assert_eq!(
+        next.fence(),
+        fence + 1,
+        "the counter did not move with the record"
+    );
+    next.release().await.unwrap();
+}
+
 /// A killed primary (the first seed, which the store also used for pub/sub): the cluster promotes
 /// its replica, and a contender that waited through the outage gets its lease there; a lease held
 /// on another primary is kept throughout.
