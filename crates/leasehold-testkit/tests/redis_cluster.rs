@@ -8,6 +8,11 @@ use leasehold::{Error, LeaseGuard, Locks, LostReason};
 use leasehold_testkit::servers::{shared_redis_cluster, RedisCluster, RedisServer};
 use std::time::{Duration, Instant};
 
+/// Held by each test that starts a cluster of its own (six servers): they run one at a time, so
+/// that their timings (renewals every 500 ms, failovers) do not depend on how many others share
+/// the machine's cores at once.
+static ALONE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 async fn locks(url: &str, holder: &str) -> Locks {
     leasehold_testkit::connect_as(url, holder).await
 }
@@ -132,6 +137,7 @@ async fn waiters_subscribe_on_the_primary_serving_the_key() {
 /// at once over the connection to each primary.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_leases_stay_alive_on_a_cluster() {
+    let _alone = ALONE.lock().await;
     let cluster = RedisCluster::start();
     let l = locks(&cluster.url(), "many").await;
     let ttl = Duration::from_millis(2000);
@@ -151,7 +157,13 @@ async fn ten_thousand_leases_stay_alive_on_a_cluster() {
     let current = guards.iter().filter(|g| g.is_current()).count();
     eprintln!("{calls} script calls renewed 10,000 leases on 3 primaries for 3 s");
     assert_eq!(current, 10_000, "leases lost while renewing");
+    let started = Instant::now();
     let released = l.release_all().await.unwrap();
+    let lapsed = guards.iter().filter(|g| !g.is_current()).count();
+    eprintln!(
+        "release_all: {released} released in {:?}, {lapsed} not current",
+        started.elapsed()
+    );
     assert!(released > 9_000, "release_all released only {released}");
     assert!(
         l.store().list("many/").await.unwrap().is_empty(),
@@ -211,6 +223,7 @@ async fn synced_replica(cluster: &RedisCluster, port: u16) -> &RedisServer {
 /// contender sees the lease held there, and a waiter is woken by the release within 100 ms.
 #[tokio::test]
 async fn a_graceful_failover_keeps_the_lease_and_wakes_the_waiter() {
+    let _alone = ALONE.lock().await;
     let cluster = RedisCluster::start();
     let port = cluster.nodes[1].port;
     let key = key_served_by(&cluster, port, "moved");
@@ -279,6 +292,7 @@ fn reply_value(reply: Option<String>) -> String {
 /// counter that moved with the record.
 #[tokio::test]
 async fn a_resharded_slot_keeps_its_leases_and_fences() {
+    let _alone = ALONE.lock().await;
     let cluster = RedisCluster::start();
     let (source, target) = (&cluster.nodes[0], &cluster.nodes[1]);
     let key = key_served_by(&cluster, source.port, "resharded");
@@ -364,6 +378,7 @@ async fn a_resharded_slot_keeps_its_leases_and_fences() {
 /// on another primary is kept throughout.
 #[tokio::test]
 async fn a_killed_primary_is_replaced_and_a_waiter_gets_its_lease() {
+    let _alone = ALONE.lock().await;
     let mut cluster = RedisCluster::start();
     let port = cluster.nodes[0].port;
     let key = key_served_by(&cluster, port, "killed");
@@ -408,6 +423,7 @@ async fn a_killed_primary_is_replaced_and_a_waiter_gets_its_lease() {
 /// does not know the test CA, is a clear non-retryable error.
 #[tokio::test]
 async fn a_tls_cluster_is_reached_with_its_ca() {
+    let _alone = ALONE.lock().await;
     let cluster = RedisCluster::start_tls();
     let url = cluster.url();
     assert!(url.starts_with("rediss+cluster://"), "{url}");

@@ -31,6 +31,7 @@
 //! | `record-memory://` (the generic record adapter over memory) | [`memory`], [`adapter`] | `memory` |
 //! | `k8s://[namespace][?prefix=…&server=…]`, `kubernetes://…` (Lease objects) | `kubernetes` | `kubernetes` |
 //! | `redis://[user:pass@]host:port/db[?prefix=…&timeout=…]`, `rediss://…[?ca=…]`, `redis+unix:///path/redis.sock[?db=…&user=…&pass=…]`, `redis+sentinel://[user:pass@]s1:26379,s2:26379/MASTER[/db]` | `redis` | `redis` |
+//! | `redis+cluster://[user:pass@]h1:p1,h2:p2,…[?prefix=…]`, `rediss+cluster://…[?ca=…]` (Redis Cluster) | `redis_cluster` | `redis-cluster` |
 //! | `redlock://host1:port1,host2:port2,host3:port3[/db]` | `redlock` | `redlock` |
 //!
 //! Contention is not an error: `try_acquire` answers `Ok(None)`. Store failures are [`Error`]s,

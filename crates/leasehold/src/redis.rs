@@ -599,6 +599,15 @@ impl Link {
         });
     }
 
+    /// Whether the link is to a Redis Cluster.
+    fn clustered(&self) -> bool {
+        #[cfg(feature = "redis-cluster")]
+        if matches!(self.origin, Origin::Cluster(_)) {
+            return true;
+        }
+        false
+    }
+
     /// Moves connection `generation` to `client` (the primary the sentinels name) unless the link
     /// is on that server already.
     fn switch_to(&self, generation: u64, client: ::redis::Client) {
@@ -624,17 +633,6 @@ impl Link {
                 tracing::warn!(store = %self.described, error = %e, "cannot replace the connection")
             }
         }
-    }
-}
-
-impl Link {
-    /// Whether the link is to a Redis Cluster.
-    fn clustered(&self) -> bool {
-        #[cfg(feature = "redis-cluster")]
-        if matches!(self.origin, Origin::Cluster(_)) {
-            return true;
-        }
-        false
     }
 }
 
@@ -1640,29 +1638,15 @@ impl LockStore for RedisStore {
             glob_escape(&self.inner.prefix),
             glob_escape(prefix)
         );
-        let mut cursor: u64 = 0;
-        let mut names: Vec<String> = vec![];
-        #[cfg(feature = "redis-cluster")]
-        if self.clustered() {
-            let conn = self.inner.link.current.lock().1.clone();
-            let link = &self.inner.link;
-            names = crate::redis_cluster::scan_all(&conn, &pattern, &link.described, link.timeout)
-                .await?;
-        }
-        while !self.clustered() {
-            let mut scan = ::redis::cmd("SCAN");
-            scan.arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(1000);
-            let (next, batch): (u64, Vec<String>) = self.query(&scan).await?;
-            names.extend(batch);
-            cursor = next;
-            if cursor == 0 {
-                break;
+        let link = &self.inner.link;
+        let conn = link.current.lock().1.clone();
+        let mut names = match &conn {
+            #[cfg(feature = "redis-cluster")]
+            Conn::Cluster(c) => {
+                crate::redis_cluster::scan_all(c, &pattern, &link.described, link.timeout).await?
             }
-        }
+            Conn::One(_) => scan(&pattern, |page| async move { self.query(&page).await }).await?,
+        };
         names.sort();
         names.dedup();
         let mut out = vec![];
@@ -1699,6 +1683,30 @@ impl LockStore for RedisStore {
             hub.subscribe(self.record_key(key), &self.inner.link.described)
                 .await?,
         )))
+    }
+}
+
+/// The keys matching `pattern`: `SCAN` page by page, each page's command sent by `send`.
+pub(crate) async fn scan<F, Fut>(pattern: &str, mut send: F) -> Result<Vec<String>>
+where
+    F: FnMut(::redis::Cmd) -> Fut,
+    Fut: std::future::Future<Output = Result<(u64, Vec<String>)>>,
+{
+    let mut names = vec![];
+    let mut cursor: u64 = 0;
+    loop {
+        let mut page = ::redis::cmd("SCAN");
+        page.arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(1000);
+        let (next, batch) = send(page).await?;
+        names.extend(batch);
+        cursor = next;
+        if cursor == 0 {
+            return Ok(names);
+        }
     }
 }
 

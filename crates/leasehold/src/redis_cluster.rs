@@ -28,7 +28,7 @@
 
 use crate::error::{Error, Result};
 use crate::key::Key;
-use crate::redis::{bounded, host_list, Conn, Hub, Origin, RedisOptions, RedisStore};
+use crate::redis::{bounded, host_list, scan, Conn, Hub, Origin, RedisOptions, RedisStore};
 use ::redis::cluster_async::ClusterConnection;
 use ::redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use std::collections::HashMap;
@@ -383,50 +383,39 @@ async fn primaries(
     Ok(out)
 }
 
-/// The keys matching `pattern` on every primary (`SCAN` on each); none on one server.
+/// The keys matching `pattern` on every primary (`SCAN` on each).
 pub(crate) async fn scan_all(
-    conn: &Conn,
+    conn: &ClusterConnection,
     pattern: &str,
     store: &str,
     timeout: Duration,
 ) -> Result<Vec<String>> {
-    let Conn::Cluster(cluster) = conn else {
-        return Ok(vec![]);
-    };
-    let mut cluster = cluster.clone();
+    let mut cluster = conn.clone();
     let mut names = vec![];
     for (host, port) in primaries(&mut cluster, store, timeout).await? {
-        let mut cursor: u64 = 0;
-        loop {
-            let mut scan = ::redis::cmd("SCAN");
-            scan.arg(cursor)
-                .arg("MATCH")
-                .arg(pattern)
-                .arg("COUNT")
-                .arg(1000);
-            let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
-                host: host.clone(),
-                port,
-            });
-            let answer = bounded(
-                store,
-                timeout,
-                "no SCAN answer",
-                cluster.route_command(scan, route),
-            )
-            .await?;
-            let (next, batch): (u64, Vec<String>) =
+        let on = &cluster;
+        let host = &host;
+        names.extend(
+            scan(pattern, |page| async move {
+                let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                    host: host.clone(),
+                    port,
+                });
+                let answer = bounded(
+                    store,
+                    timeout,
+                    "no SCAN answer",
+                    on.clone().route_command(page, route),
+                )
+                .await?;
                 ::redis::from_redis_value(answer).map_err(|e| Error::Store {
                     store: store.to_owned(),
                     detail: format!("unreadable SCAN answer: {e}"),
                     retryable: false,
-                })?;
-            names.extend(batch);
-            cursor = next;
-            if cursor == 0 {
-                break;
-            }
-        }
+                })
+            })
+            .await?,
+        );
     }
     Ok(names)
 }
