@@ -247,6 +247,12 @@ fn seed_workload_on_redis() {
 }
 
 #[test]
+fn seed_workload_on_a_redis_cluster() {
+    let cluster = leasehold_testkit::servers::RedisCluster::start();
+    seed_workload(&format!("{}?prefix=agent:lock:", cluster.url()));
+}
+
+#[test]
 fn seed_workload_on_files() {
     let dir = tempfile::tempdir().unwrap();
     seed_workload(&format!("file://{}", dir.path().display()));
