@@ -15,6 +15,21 @@ use std::sync::mpsc;
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+/// Checks `ready` every `every` until it holds; panics with `failure()` once `limit` has passed
+/// (a server that does not come up fails the test loudly).
+fn poll_until(
+    limit: Duration,
+    every: Duration,
+    mut ready: impl FnMut() -> bool,
+    failure: impl Fn() -> String,
+) {
+    let deadline = Instant::now() + limit;
+    while !ready() {
+        assert!(Instant::now() < deadline, "{}", failure());
+        std::thread::sleep(every);
+    }
+}
+
 /// A free loopback port (bound and released; the server binds it right after).
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -167,14 +182,12 @@ impl RedisServer {
             child: Some(child),
             dir,
         };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !server.ping() {
-            assert!(
-                Instant::now() < deadline,
-                "redis-server on port {port} did not answer PING within 10 s"
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        poll_until(
+            Duration::from_secs(10),
+            Duration::from_millis(5),
+            || server.ping(),
+            || format!("redis-server on port {port} did not answer PING within 10 s"),
+        );
         server
     }
 
@@ -414,7 +427,6 @@ impl SentinelSet {
             servers: vec![primary, replica],
             sentinels,
         };
-        let deadline = Instant::now() + Duration::from_secs(30);
         let settled = |s: &SentinelServer| {
             let ask = |what: &str| s.command(&["SENTINEL", what, SENTINEL_MASTER]);
             let others = ask("sentinels")
@@ -424,16 +436,13 @@ impl SentinelSet {
             let replicas = ask("replicas").unwrap_or_default();
             others == 2 && replicas.contains("master-link-status") && !replicas.contains("s_down")
         };
-        loop {
-            if set.servers[1].replica_synced() && set.sentinels.iter().all(settled) {
-                return set;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the Sentinel deployment did not settle within 30 s"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        poll_until(
+            Duration::from_secs(30),
+            Duration::from_millis(50),
+            || set.servers[1].replica_synced() && set.sentinels.iter().all(settled),
+            || "the Sentinel deployment did not settle within 30 s".into(),
+        );
+        set
     }
 
     /// `redis+sentinel://127.0.0.1:S1,127.0.0.1:S2,127.0.0.1:S3/leasehold/0[?sentinel_pass=…]`.
@@ -557,14 +566,12 @@ impl RedisCluster {
             nodes,
             _certs: certs,
         };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !cluster.settled() {
-            assert!(
-                Instant::now() < deadline,
-                "the Redis Cluster did not settle within 30 s"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        poll_until(
+            Duration::from_secs(30),
+            Duration::from_millis(50),
+            || cluster.settled(),
+            || "the Redis Cluster did not settle within 30 s".into(),
+        );
         cluster
     }
 
@@ -816,14 +823,12 @@ impl EtcdServer {
             child: Some(child),
             _dir: dir,
         };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !http_ok(port, "/health", "\"health\":\"true\"") {
-            assert!(
-                Instant::now() < deadline,
-                "etcd on port {port} was not healthy within 20 s"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        poll_until(
+            Duration::from_secs(20),
+            Duration::from_millis(20),
+            || http_ok(port, "/health", "\"health\":\"true\""),
+            || format!("etcd on port {port} was not healthy within 20 s"),
+        );
         server
     }
 
@@ -917,14 +922,12 @@ impl ApiServer {
             etcd,
             dir,
         };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !http_ok(port, "/healthz", "ok") {
-            assert!(
-                Instant::now() < deadline,
-                "leasehold-apiserver on port {port} did not answer within 20 s"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        poll_until(
+            Duration::from_secs(20),
+            Duration::from_millis(10),
+            || http_ok(port, "/healthz", "ok"),
+            || format!("leasehold-apiserver on port {port} did not answer within 20 s"),
+        );
         server
     }
 
@@ -1104,15 +1107,17 @@ impl PostgresServer {
             bin,
             dir,
         };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !server.ready() {
-            assert!(
-                Instant::now() < deadline,
-                "postgres on port {port} not ready within 30 s; its log:\n{}",
-                std::fs::read_to_string(server.dir.path().join("log")).unwrap_or_default()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        poll_until(
+            Duration::from_secs(30),
+            Duration::from_millis(20),
+            || server.ready(),
+            || {
+                format!(
+                    "postgres on port {port} not ready within 30 s; its log:\n{}",
+                    std::fs::read_to_string(server.dir.path().join("log")).unwrap_or_default()
+                )
+            },
+        );
         server
     }
 

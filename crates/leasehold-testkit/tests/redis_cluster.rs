@@ -190,6 +190,31 @@ fn spawn_waiter(l: Locks, key: &str, wait: Duration) -> Waiter {
     })
 }
 
+/// Waits until the primary on `port` serves the Redis key `name`.
+async fn await_served_by(
+    cluster: &RedisCluster,
+    name: &str,
+    port: u16,
+    limit: Duration,
+    what: &str,
+) {
+    await_until(limit, what, || {
+        cluster.primary_for(name).is_some_and(|n| n.port == port)
+    })
+    .await;
+}
+
+/// Waits (up to 3 s) until holder `a` has rewritten the record `name` on the primary serving it
+/// now: a renewal there.
+async fn await_renewal_by_a(cluster: &RedisCluster, name: &str, what: &str) {
+    let before = record(cluster, name);
+    await_until(Duration::from_secs(3), what, || {
+        let now = record(cluster, name);
+        now.contains("\"holder\":\"a\"") && now != before
+    })
+    .await;
+}
+
 /// A number from `INFO replication` (`field:N`).
 fn replication_offset(node: &RedisServer, field: &str) -> Option<u64> {
     let info = node.command(&["INFO", "replication"])?;
@@ -236,23 +261,16 @@ async fn a_graceful_failover_keeps_the_lease_and_wakes_the_waiter() {
     assert!(replica
         .command(&["CLUSTER", "FAILOVER"])
         .is_some_and(|r| r.starts_with("+OK")));
-    await_until(Duration::from_secs(10), "the replica promoted", || {
-        cluster
-            .primary_for(&name)
-            .is_some_and(|n| n.port == promoted)
-    })
-    .await;
-    // Past the TTL the holder still holds it: it renewed on the promoted primary.
-    let first = record(&cluster, &name);
-    await_until(
-        Duration::from_secs(3),
-        "a renewal on the promoted primary",
-        || {
-            let now = record(&cluster, &name);
-            now.contains("\"holder\":\"a\"") && now != first
-        },
+    await_served_by(
+        &cluster,
+        &name,
+        promoted,
+        Duration::from_secs(10),
+        "the replica promoted",
     )
     .await;
+    // Past the TTL the holder still holds it: it renewed on the promoted primary.
+    await_renewal_by_a(&cluster, &name, "a renewal on the promoted primary").await;
     assert!(g.is_current(), "the lease was lost in a graceful failover");
     let held = b.lock(&key).unwrap().try_acquire().await.unwrap();
     assert!(held.is_none(), "granted twice after the failover");
@@ -343,23 +361,16 @@ async fn a_resharded_slot_keeps_its_leases_and_fences() {
     for node in [target, source, &cluster.nodes[2]] {
         ok(node, &["CLUSTER", "SETSLOT", &slot, "NODE", &target_id]);
     }
-    await_until(Duration::from_secs(10), "the slot on the target", || {
-        cluster
-            .primary_for(&name)
-            .is_some_and(|n| n.port == target.port)
-    })
-    .await;
-    // Past the TTL: renewed on the new primary.
-    let moved = record(&cluster, &name);
-    await_until(
-        Duration::from_secs(3),
-        "a renewal on the new primary",
-        || {
-            let now = record(&cluster, &name);
-            now.contains("\"holder\":\"a\"") && now != moved
-        },
+    await_served_by(
+        &cluster,
+        &name,
+        target.port,
+        Duration::from_secs(10),
+        "the slot on the target",
     )
     .await;
+    // Past the TTL: renewed on the new primary.
+    await_renewal_by_a(&cluster, &name, "a renewal on the new primary").await;
     assert!(g.is_current(), "the lease was lost in the resharding");
     assert!(b.lock(&key).unwrap().try_acquire().await.unwrap().is_none());
     let fence = g.fence();
@@ -396,11 +407,13 @@ async fn a_killed_primary_is_replaced_and_a_waiter_gets_its_lease() {
     })
     .await;
     cluster.node_mut(port).expect("node").stop();
-    await_until(Duration::from_secs(20), "the replica promoted", || {
-        cluster
-            .primary_for(&name)
-            .is_some_and(|n| n.port == replica)
-    })
+    await_served_by(
+        &cluster,
+        &name,
+        replica,
+        Duration::from_secs(20),
+        "the replica promoted",
+    )
     .await;
     // The holder's record reached the replica: the lease is still a's until it lets go.
     assert!(record(&cluster, &name).contains("\"holder\":\"a\""));

@@ -1222,18 +1222,20 @@ impl RedisStore {
     }
 
     fn record_key(&self, key: &Key) -> String {
-        if self.clustered() {
-            // The key as the hash tag: record and counter share a slot (see `redis_cluster`).
-            return format!("{}{{{}}}", self.inner.prefix, key.as_str());
-        }
-        format!("{}{}", self.inner.prefix, key.as_str())
+        self.name(&self.inner.prefix, key)
     }
 
     fn fence_key(&self, key: &Key) -> String {
+        self.name(&self.inner.fence_prefix, key)
+    }
+
+    /// The Redis key of `key` under `prefix`: on a cluster with the key as the hash tag, so that
+    /// record and counter share a slot (see `redis_cluster`).
+    fn name(&self, prefix: &str, key: &Key) -> String {
         if self.clustered() {
-            return format!("{}{{{}}}", self.inner.fence_prefix, key.as_str());
+            return format!("{prefix}{{{}}}", key.as_str());
         }
-        format!("{}{}", self.inner.fence_prefix, key.as_str())
+        format!("{prefix}{}", key.as_str())
     }
 
     /// Whether the store is on a Redis Cluster.
