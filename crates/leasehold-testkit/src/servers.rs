@@ -15,6 +15,64 @@ use std::sync::mpsc;
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+/// The file in a [`server_dir`] naming the test process that made it.
+const OWNER: &str = "owner.pid";
+
+/// A directory under /tmp for a server's files, named `leasehold-<kind>-…`, with [`OWNER`]
+/// naming this process. A shared server lives in a static that is never dropped, so its directory
+/// outlives the process (the server itself dies with it, by `PR_SET_PDEATHSIG`) — etcd's and
+/// PostgreSQL's hold ≈ 125–140 MB each; the first call in a process removes the directories of
+/// processes that are gone.
+fn server_dir(kind: &str) -> tempfile::TempDir {
+    static SWEEP: std::sync::Once = std::sync::Once::new();
+    SWEEP.call_once(remove_stale_dirs);
+    let dir = tempfile::Builder::new()
+        .prefix(&format!("leasehold-{kind}-"))
+        .tempdir_in("/tmp")
+        .unwrap_or_else(|e| panic!("tempdir: {e}"));
+    std::fs::write(dir.path().join(OWNER), std::process::id().to_string())
+        .unwrap_or_else(|e| panic!("write {OWNER}: {e}"));
+    dir
+}
+
+/// Removes the [`server_dir`]s that earlier test processes left under /tmp: one older than a
+/// minute whose owner (its [`OWNER`] file, or for older PostgreSQL directories the server's
+/// `postmaster.pid`) is no live process.
+fn remove_stale_dirs() {
+    let Ok(entries) = std::fs::read_dir("/tmp") else {
+        return;
+    };
+    for e in entries.flatten() {
+        let path = e.path();
+        let ours = e
+            .file_name()
+            .to_str()
+            .is_some_and(|n| n.starts_with("leasehold-"));
+        let old = e
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > Duration::from_secs(60));
+        if !ours || !old {
+            continue;
+        }
+        let pid = |file: PathBuf| -> Option<i32> {
+            let text = std::fs::read_to_string(file).ok()?;
+            text.lines().next()?.trim().parse().ok()
+        };
+        let Some(owner) = pid(path.join(OWNER)).or_else(|| pid(path.join("data/postmaster.pid")))
+        else {
+            continue;
+        };
+        // SAFETY: kill(2) with signal 0 only checks that the process exists.
+        let alive = owner > 0 && unsafe { libc::kill(owner, 0) } == 0;
+        if !alive {
+            let _ = std::fs::remove_dir_all(&path);
+        }
+    }
+}
+
 /// Checks `ready` every `every` until it holds; panics with `failure()` once `limit` has passed
 /// (a server that does not come up fails the test loudly).
 fn poll_until(
@@ -132,7 +190,7 @@ impl RedisServer {
     }
 
     fn launch(port: u16, tls: Tls, config: &[&str]) -> Self {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+        let dir = server_dir("redis");
         let mut cmd = Command::new("redis-server");
         if tls != Tls::Off {
             match tls {
@@ -392,7 +450,7 @@ impl SentinelSet {
         );
         let sentinels: Vec<SentinelServer> = (0..3)
             .map(|_| {
-                let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+                let dir = server_dir("sentinel");
                 let port = free_port();
                 let conf = dir.path().join("sentinel.conf");
                 let mut text = format!(
@@ -523,7 +581,7 @@ impl RedisCluster {
     }
 
     fn launch(tls: bool) -> Self {
-        let certs = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+        let certs = server_dir("cluster-certs");
         let mut config = vec![
             "--cluster-enabled",
             "yes",
@@ -799,7 +857,7 @@ impl EtcdServer {
     /// # Panics
     /// When `etcd` is missing or does not come up within 20 s.
     pub fn start() -> Self {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+        let dir = server_dir("etcd");
         let (port, peer) = (free_port(), free_port());
         let client_url = format!("http://127.0.0.1:{port}");
         let peer_url = format!("http://127.0.0.1:{peer}");
@@ -915,7 +973,7 @@ impl ApiServer {
             .stdout(Stdio::null())
             .stderr(Stdio::inherit());
         let child = spawn(cmd).unwrap_or_else(|e| panic!("cannot start {} ({e})", bin.display()));
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+        let dir = server_dir("apiserver");
         let server = ApiServer {
             port,
             child: Some(child),
@@ -1055,11 +1113,7 @@ impl PostgresServer {
     pub fn start() -> Self {
         let bin = postgres_bin();
         let ids = postgres_ids();
-        remove_stale_postgres_dirs();
-        let dir = tempfile::Builder::new()
-            .prefix("leasehold-pg")
-            .tempdir_in("/tmp")
-            .unwrap_or_else(|e| panic!("tempdir: {e}"));
+        let dir = server_dir("pg");
         let as_server = |cmd: &mut Command| {
             use std::os::unix::process::CommandExt;
             if let Some((uid, gid)) = ids {
@@ -1166,40 +1220,6 @@ impl PostgresServer {
 impl Drop for PostgresServer {
     fn drop(&mut self) {
         self.stop();
-    }
-}
-
-/// Removes the data directories (≈ 140 MB each) that earlier test processes left under /tmp: a
-/// shared server lives in a static that is never dropped, so its directory outlives the process
-/// (the server itself dies with it, by `PR_SET_PDEATHSIG`). A directory is removed only when it
-/// is older than a minute and its `postmaster.pid` names no live process.
-fn remove_stale_postgres_dirs() {
-    let Ok(entries) = std::fs::read_dir("/tmp") else {
-        return;
-    };
-    for e in entries.flatten() {
-        let path = e.path();
-        let ours = e
-            .file_name()
-            .to_str()
-            .is_some_and(|n| n.starts_with("leasehold-pg"));
-        let old = e
-            .metadata()
-            .and_then(|m| m.modified())
-            .ok()
-            .and_then(|t| t.elapsed().ok())
-            .is_some_and(|age| age > Duration::from_secs(60));
-        if !ours || !old {
-            continue;
-        }
-        let pid: Option<i32> = std::fs::read_to_string(path.join("data/postmaster.pid"))
-            .ok()
-            .and_then(|s| s.lines().next().and_then(|l| l.trim().parse().ok()));
-        // SAFETY: kill(2) with signal 0 only checks that the process exists.
-        let alive = pid.is_some_and(|p| p > 0 && unsafe { libc::kill(p, 0) } == 0);
-        if !alive {
-            let _ = std::fs::remove_dir_all(&path);
-        }
     }
 }
 
