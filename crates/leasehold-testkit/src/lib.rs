@@ -53,6 +53,53 @@ pub async fn take_many(
     guards
 }
 
+/// A Redis record overwritten with a hash by an operator: 20 leases `{stem}/N` are taken through
+/// the store at `url` (record names `{record_prefix}{stem}/N`), and `redis` (a command line to
+/// the server holding the record) replaces one with a hash. That lease is lost (`TakenOver`) at
+/// its next renewal, the others renewed in the same script calls are not; the key inspects as
+/// corrupt, force-releasing it finds no lease, and an acquire replaces it, as it does any
+/// unreadable record.
+///
+/// # Panics
+/// When any of that does not hold.
+pub async fn overwritten_with_a_hash(url: &str, record_prefix: &str, redis: impl Fn(&[&str])) {
+    use std::time::Duration;
+    let l = connect_as(url, "typed").await;
+    let stem = prefix("typed");
+    let ttl = Duration::from_millis(900);
+    let guards = take_many(&l, &stem, 20, ttl).await;
+    let name = format!("{record_prefix}{stem}/7");
+    redis(&["DEL", &name]);
+    redis(&["HSET", &name, "f", "v"]);
+    let reason = tokio::time::timeout(Duration::from_secs(2), guards[7].lost())
+        .await
+        .expect("lost fires");
+    assert!(
+        matches!(reason, leasehold::LostReason::TakenOver { .. }),
+        "{reason:?}"
+    );
+    // Two more renewal periods: every other lease is still held.
+    tokio::time::sleep(ttl).await;
+    for (i, g) in guards.iter().enumerate() {
+        assert_eq!(g.is_current(), i != 7, "lease {i}");
+    }
+    let key = leasehold::Key::new(format!("{stem}/7")).unwrap();
+    let seen = l.store().inspect(&key).await.unwrap();
+    assert!(
+        matches!(seen, Some(leasehold::Inspection::Corrupt { .. })),
+        "{seen:?}"
+    );
+    assert_eq!(l.store().force_release(&key).await.unwrap(), None);
+    let other = connect_as(url, "other").await;
+    let g = other
+        .lock_key(key)
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("granted");
+    assert!(g.fence() > 0);
+}
+
 /// Locks over the store at `url` acting as `holder`, with the local layer off so the client talks
 /// to the store like a separate process would.
 ///

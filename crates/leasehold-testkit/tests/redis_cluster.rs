@@ -1,5 +1,5 @@
 //! Redis Cluster behaviour against a real cluster (three primaries, a replica of each): the records
-//! as operators find them, listing across primaries, 10,000 leases renewed per slot, a graceful
+//! as operators find them, listing across primaries, 10,000 leases renewed per primary, a graceful
 //! failover and a killed primary, and the URLs and keys the store refuses.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -133,8 +133,8 @@ async fn waiters_subscribe_on_the_primary_serving_the_key() {
     }
 }
 
-/// 10,000 leases held by one process all stay alive on a cluster: renewals go out per slot, all
-/// at once over the connection to each primary.
+/// 10,000 leases held by one process all stay alive on a cluster, renewed by one script call per
+/// primary per batch (naming no keys), not one per slot.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_leases_stay_alive_on_a_cluster() {
     let _alone = ALONE.lock().await;
@@ -157,6 +157,12 @@ async fn ten_thousand_leases_stay_alive_on_a_cluster() {
     let current = guards.iter().filter(|g| g.is_current()).count();
     eprintln!("{calls} script calls renewed 10,000 leases on 3 primaries for 3 s");
     assert_eq!(current, 10_000, "leases lost while renewing");
+    // By slot, 4.5 renewal periods would be ~40,000 calls (10,000 leases spread over ~6,000
+    // slots); by primary, 10 batches of 1,000 to each of 3 primaries per period.
+    assert!(
+        calls < 2_000,
+        "{calls} script calls: not batched per primary"
+    );
     let started = Instant::now();
     let released = l.release_all().await.unwrap();
     let lapsed = guards.iter().filter(|g| !g.is_current()).count();
@@ -579,4 +585,20 @@ async fn cluster_urls_and_keys_are_checked() {
     )
     .await;
     g.release().await.unwrap();
+}
+
+/// A record overwritten with a hash costs its own lease only, on a cluster too, where renewals
+/// go one call per primary.
+#[tokio::test]
+async fn a_record_overwritten_with_another_type_costs_only_its_own_lease() {
+    let cluster = shared_redis_cluster();
+    leasehold_testkit::overwritten_with_a_hash(&cluster.url(), "leasehold:lock:", |args| {
+        // The record's name is the command's second word; its key is the hash tag.
+        let (stem, key) = args[1].split_at("leasehold:lock:".len());
+        let name = format!("{stem}{{{key}}}");
+        let mut line = args.to_vec();
+        line[1] = &name;
+        cluster.primary_for(&name).unwrap().command(&line).unwrap();
+    })
+    .await;
 }

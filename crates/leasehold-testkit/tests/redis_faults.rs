@@ -1221,3 +1221,14 @@ async fn sentinel_urls_are_checked() {
         .expect_err("unknown master");
     assert!(err.to_string().to_lowercase().contains("master"), "{err}");
 }
+
+/// An operator (or another program) storing a hash where a record lives costs that one lease,
+/// not the others renewed in the same batch (see [`leasehold_testkit::overwritten_with_a_hash`]).
+#[tokio::test]
+async fn a_record_overwritten_with_another_type_costs_only_its_own_lease() {
+    let server = shared_redis();
+    leasehold_testkit::overwritten_with_a_hash(&server.url(), "leasehold:lock:", |args| {
+        server.command(args).unwrap();
+    })
+    .await;
+}

@@ -42,6 +42,8 @@ use tokio::sync::watch;
 const PRELUDE: &str = r#"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- A record as a table, nil (none) or 'corrupt' (not JSON, or an error table from `redis.pcall`:
+-- a value of another type).
 local function decode(raw)
   if not raw then return nil end
   local ok, r = pcall(cjson.decode, raw)
@@ -89,7 +91,8 @@ end
 /// Returns `"<fence> <now>"` when it granted a key that was free (the record is then exactly what
 /// the caller sent, with that fence and time), else {1, record} granted or {0, record or ''} held.
 const ACQUIRE_FREE: &str = r#"
-local raw = redis.call('GET', KEYS[1])
+-- `pcall`: a value of another type (an operator's hash) is an error table, read as corrupt.
+local raw = redis.pcall('GET', KEYS[1])
 if not raw then
   -- The server's time in milliseconds as a string, from TIME's seconds and microseconds strings
   -- (the microseconds' first digits, zero-padded to three): no number conversion.
@@ -145,25 +148,48 @@ if type(r) == 'table' and r.watched == true then g.watched = true end
 return {1, put(g, KEYS[1])}
 "#;
 
-/// KEYS: records. ARGV: token, ttl_ms, token as a JSON string per key. Returns three values per
-/// key: 1, record, '' | 0, 'released'|'expired'|'taken', holder. One call renews a whole batch.
-/// A record nobody waits for is renewed by rewriting its times in place, without decoding it.
+/// The renewal script's arguments on one server and on a cluster's slot: KEYS: records. ARGV:
+/// token, ttl_ms, token as a JSON string per key.
+const RENEW_KEYS: &str = "local keys, args = KEYS, ARGV\n";
+
+/// The renewal script's arguments on a cluster's node, for records in any of the slots it serves
+/// (the keys are not declared, since declared keys must share one slot): ARGV: the number of
+/// records n, n records, then token, ttl_ms, token as a JSON string per record. A record whose
+/// slot the node does not serve (a failover, a resharding: the call finds it moved or moving
+/// away) is answered `elsewhere`, and renewed by a call naming its key, which follows the
+/// cluster's redirections. The flag lets one call touch keys of several slots.
+#[cfg(feature = "redis-cluster")]
+const RENEW_NODE_ARGS: &str = r#"#!lua flags=allow-cross-slot-keys
+local n = tonumber(ARGV[1])
+local keys, args = {}, {}
+for i = 1, n do keys[i] = ARGV[i + 1] end
+for i = n + 2, #ARGV do args[#args + 1] = ARGV[i] end
+"#;
+
+/// The renewal script, after its arguments ([`RENEW_KEYS`], [`RENEW_NODE_ARGS`]) and the
+/// [`PRELUDE`]. Returns three values per record: 1, record, '' | 0, 'released'|'expired'|'taken',
+/// holder | 0, 'elsewhere', the server's error. One call renews a whole batch. A record nobody
+/// waits for is renewed by rewriting its times in place, without decoding it.
 const RENEW: &str = r#"
 local out = {}
-for i, k in ipairs(KEYS) do
-  local token = ARGV[3 * i - 2]
-  local ttl = tonumber(ARGV[3 * i - 1])
-  local raw = redis.call('GET', k)
+for i, k in ipairs(keys) do
+  local token = args[3 * i - 2]
+  local ttl = tonumber(args[3 * i - 1])
+  -- `pcall`: a value of another type is read as corrupt, and a key of a slot this node does not
+  -- serve (only possible for undeclared keys) is left to a call naming it.
+  local raw = redis.pcall('GET', k)
   local a, b, c = 0, 'released', ''
-  if raw and string.find(raw, '"waiter_token":null', 1, true)
-      and string.find(raw, '"token":' .. ARGV[3 * i], 1, true) then
+  if type(raw) == 'table' and not string.find(tostring(raw.err), 'WRONGTYPE', 1, true) then
+    b = 'elsewhere'; c = tostring(raw.err)
+  elseif type(raw) == 'string' and string.find(raw, '"waiter_token":null', 1, true)
+      and string.find(raw, '"token":' .. args[3 * i], 1, true) then
     -- Ours and nobody waits: rewrite the times without decoding.
     if (tonumber(string.match(raw, '"expires":(%d+)')) or 0) > now then
       -- Integers formatted as such (see the acquire script), the TTL passed on as sent.
       raw = string.gsub(raw, '"renewed":%d+', '"renewed":' .. string.format('%d', now), 1)
       raw = string.gsub(raw, '"expires":%d+', '"expires":' .. string.format('%d', now + ttl), 1)
-      raw = string.gsub(raw, '"ttl_ms":%d+', '"ttl_ms":' .. ARGV[3 * i - 1], 1)
-      redis.call('SET', k, raw, 'PX', ARGV[3 * i - 1])
+      raw = string.gsub(raw, '"ttl_ms":%d+', '"ttl_ms":' .. args[3 * i - 1], 1)
+      redis.call('SET', k, raw, 'PX', args[3 * i - 1])
       a = 1; b = raw
     else
       b = 'expired'
@@ -196,9 +222,9 @@ return out
 /// KEYS: record. ARGV: token, token as a JSON string. Returns 1 released, 0 not ours (2: ours but
 /// already expired).
 const RELEASE_OURS: &str = r#"
-local raw = redis.call('GET', KEYS[1])
+local raw = redis.pcall('GET', KEYS[1])
 if not raw then return 0 end
-if string.find(raw, '"token":' .. ARGV[2], 1, true) and string.find(raw, '"waiter_token":null', 1, true) then
+if type(raw) == 'string' and string.find(raw, '"token":' .. ARGV[2], 1, true) and string.find(raw, '"waiter_token":null', 1, true) then
   redis.call('DEL', KEYS[1])
   if string.find(raw, '"watched":true', 1, true) then
     redis.call('PUBLISH', KEYS[1], 'released')
@@ -220,7 +246,7 @@ return 2
 
 /// KEYS: record. ARGV: token.
 const WITHDRAW: &str = r#"
-local r = decode(redis.call('GET', KEYS[1]))
+local r = decode(redis.pcall('GET', KEYS[1]))
 if type(r) ~= 'table' or str(r.waiter_token) ~= ARGV[1] then return 0 end
 clear_waiter(r)
 put(r, KEYS[1])
@@ -228,9 +254,10 @@ redis.call('PUBLISH', KEYS[1], 'withdrawn')
 return 1
 "#;
 
-/// KEYS: record. Returns the record as it was (or false).
+/// KEYS: record. Returns the record as it was (or false; a value of another type is false too).
 const FORCE: &str = r#"
-local raw = redis.call('GET', KEYS[1])
+local raw = redis.pcall('GET', KEYS[1])
+if type(raw) == 'table' then return false end
 local r = decode(raw)
 if type(r) ~= 'table' then return raw or false end
 if str(r.token) ~= nil then
@@ -324,12 +351,47 @@ impl ScriptCall {
     }
 }
 
+#[cfg(feature = "redis-cluster")]
+impl ScriptCall {
+    /// Sends the call to the cluster node `route` names, as [`ScriptCall::send`] does.
+    async fn send_routed<T: ::redis::FromRedisValue>(
+        &self,
+        conn: Conn,
+        route: ::redis::cluster_routing::RoutingInfo,
+    ) -> ::redis::RedisResult<T> {
+        let Conn::Cluster(mut conn) = conn else {
+            return Err((::redis::ErrorKind::Client, "not a cluster connection").into());
+        };
+        // A routed command's error reply is a value, not an error: made one here.
+        let sent = conn.route_command(self.cmd.clone(), route.clone()).await;
+        let answer = match sent.and_then(::redis::Value::extract_error) {
+            Err(e)
+                if e.kind() == ::redis::ErrorKind::Server(::redis::ServerErrorKind::NoScript) =>
+            {
+                let mut load = ::redis::cmd("SCRIPT");
+                load.arg("LOAD").arg(&self.lua.0.body);
+                conn.route_command(load, route.clone())
+                    .await?
+                    .extract_error()?;
+                conn.route_command(self.cmd.clone(), route)
+                    .await?
+                    .extract_error()?
+            }
+            r => r?,
+        };
+        Ok(::redis::from_redis_value(answer)?)
+    }
+}
+
 /// The store's scripts, each with its hash.
 struct Scripts {
     #[cfg(feature = "redlock")]
     raise_fence: Lua,
     acquire: Lua,
     renew: Lua,
+    /// The renewal script for several slots of one cluster node.
+    #[cfg(feature = "redis-cluster")]
+    renew_node: Lua,
     release: Lua,
     withdraw: Lua,
     force: Lua,
@@ -343,7 +405,9 @@ impl Scripts {
             #[cfg(feature = "redlock")]
             raise_fence: Lua::new(RAISE_FENCE.to_owned()),
             acquire: fast(ACQUIRE_FREE, ACQUIRE),
-            renew: s(RENEW),
+            renew: Lua::new(format!("{RENEW_KEYS}{PRELUDE}{RENEW}")),
+            #[cfg(feature = "redis-cluster")]
+            renew_node: Lua::new(format!("{RENEW_NODE_ARGS}{PRELUDE}{RENEW}")),
             release: fast(RELEASE_OURS, RELEASE),
             withdraw: s(WITHDRAW),
             force: s(FORCE),
@@ -716,16 +780,26 @@ const RENEW_BATCH: usize = 1000;
 /// How many renewal batches may be in flight at once.
 const RENEW_IN_FLIGHT: usize = 8;
 
+/// The renewal scripts: for one server or slot, and for one cluster node.
+struct RenewScripts {
+    keyed: Lua,
+    #[cfg(feature = "redis-cluster")]
+    node: Lua,
+}
+
 /// Renews in batches: the renewals queued when a batch leaves go into one script call (at most
 /// [`RENEW_BATCH`]), so many leases held by one process cost one round trip per batch, not one
 /// per lease. Up to [`RENEW_IN_FLIGHT`] batches are in flight at once (pipelined on the one
 /// connection), so 10,000 leases coming due together are renewed in about one round trip.
 /// Guards line their renewals up on a shared grid (see the guard), so a process's leases come
 /// due together.
-fn spawn_renewer(link: Arc<Link>, script: Lua) -> tokio::sync::mpsc::UnboundedSender<RenewJob> {
+fn spawn_renewer(
+    link: Arc<Link>,
+    scripts: RenewScripts,
+) -> tokio::sync::mpsc::UnboundedSender<RenewJob> {
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<RenewJob>();
     let slots = Arc::new(tokio::sync::Semaphore::new(RENEW_IN_FLIGHT));
-    let batcher = Arc::new((link, script));
+    let batcher = Arc::new((link, scripts));
     tokio::spawn(async move {
         while let Some(first) = rx.recv().await {
             let Ok(slot) = slots.clone().acquire_owned().await else {
@@ -740,8 +814,8 @@ fn spawn_renewer(link: Arc<Link>, script: Lua) -> tokio::sync::mpsc::UnboundedSe
             }
             let batcher = batcher.clone();
             tokio::spawn(async move {
-                let (link, script) = &*batcher;
-                renew_batch(link, script, batch).await;
+                let (link, scripts) = &*batcher;
+                renew_batch(link, scripts, batch).await;
                 drop(slot);
             });
         }
@@ -750,83 +824,202 @@ fn spawn_renewer(link: Arc<Link>, script: Lua) -> tokio::sync::mpsc::UnboundedSe
 }
 
 /// Runs one batch of renewals and answers each job: one script call, or on a cluster one per
-/// slot (a script's keys must share one), all at once.
-async fn renew_batch(link: &Arc<Link>, script: &Lua, batch: Vec<RenewJob>) {
+/// primary (see [`renew_on_nodes`]).
+async fn renew_batch(link: &Arc<Link>, scripts: &RenewScripts, batch: Vec<RenewJob>) {
     #[cfg(feature = "redis-cluster")]
-    if link.clustered() {
-        let mut by_slot: HashMap<_, Vec<RenewJob>> = HashMap::new();
-        for j in batch {
-            let slot = crate::redis_cluster::slot(&j.record_key);
-            by_slot.entry(slot).or_default().push(j);
-        }
-        let calls = by_slot.into_values().map(|g| renew_call(link, script, g));
-        futures_util::future::join_all(calls).await;
-        return;
+    if let Origin::Cluster(nodes) = &link.origin {
+        return renew_on_nodes(link, nodes, scripts, batch).await;
     }
-    renew_call(link, script, batch).await
+    let left = renew_call(link, &scripts.keyed, batch).await;
+    refuse(link, left);
 }
 
-/// Renews `batch` in one script call and answers each job.
-async fn renew_call(link: &Arc<Link>, script: &Lua, batch: Vec<RenewJob>) {
-    let bytes: usize = batch
+/// On a cluster: one call per primary of the slot map, naming no keys, for the records of all
+/// the slots it serves (the call's answers are pipelined on the connections to each primary).
+/// Records a primary no longer serves (a failover or resharding since the map was read) are
+/// renewed by calls naming their keys ([`renew_by_slot`]), which follow the cluster's
+/// redirections; so is the whole batch when there is no map or a node refuses the call itself
+/// (a server older than Redis 7, out of memory).
+#[cfg(feature = "redis-cluster")]
+async fn renew_on_nodes(
+    link: &Arc<Link>,
+    nodes: &crate::redis_cluster::ClusterNodes,
+    scripts: &RenewScripts,
+    batch: Vec<RenewJob>,
+) {
+    let conn = link.current.lock().1.clone();
+    let groups = nodes
+        .by_primary(
+            &conn,
+            batch,
+            |j| &j.record_key,
+            &link.described,
+            link.timeout,
+        )
+        .await;
+    let calls = groups.into_iter().map(|(route, jobs)| async move {
+        let left = match route {
+            Some(route) => renew_node_call(link, &scripts.node, route, jobs).await,
+            None => jobs.into_iter().map(|j| (j, String::new())).collect(),
+        };
+        if !left.is_empty() {
+            nodes.forget_map();
+            renew_by_slot(link, &scripts.keyed, left).await;
+        }
+    });
+    futures_util::future::join_all(calls).await;
+}
+
+/// Renews `batch` by calls naming their keys: one per slot (a script's keys must share one),
+/// all at once.
+#[cfg(feature = "redis-cluster")]
+async fn renew_by_slot(link: &Arc<Link>, keyed: &Lua, batch: Vec<(RenewJob, String)>) {
+    let mut by_slot: HashMap<_, Vec<RenewJob>> = HashMap::new();
+    for (j, _) in batch {
+        let slot = crate::redis_cluster::slot(&j.record_key);
+        by_slot.entry(slot).or_default().push(j);
+    }
+    let calls = by_slot
+        .into_values()
+        .map(|g| async move { refuse(link, renew_call(link, keyed, g).await) });
+    futures_util::future::join_all(calls).await;
+}
+
+/// Answers the renewals a script call naming their keys answered `elsewhere`: the server could
+/// not read the record (an ACL denying the key, …).
+fn refuse(link: &Link, left: Vec<(RenewJob, String)>) {
+    for (j, detail) in left {
+        let _ = j.reply.send(Err(Error::Store {
+            store: link.described.clone(),
+            detail: format!("cannot read the record {}: {detail}", j.record_key),
+            retryable: false,
+        }));
+    }
+}
+
+/// The arguments of a renewal call for `batch`: tokens, TTLs and tokens as JSON strings.
+fn renew_args(call: &mut ScriptCall, batch: &[RenewJob]) {
+    for j in batch {
+        call.arg(&j.token).arg(j.ttl_ms).arg(json_str(&j.token));
+    }
+}
+
+/// The size of a renewal call's keys and arguments, to size its buffer once.
+fn renew_bytes(batch: &[RenewJob]) -> usize {
+    batch
         .iter()
         .map(|j| j.record_key.len() + 3 * j.token.len() + 24)
-        .sum();
-    let mut call = script.prepare(batch.len(), 3 * batch.len(), bytes);
+        .sum()
+}
+
+/// Renews `batch` in one script call naming its keys, answers each job, and returns those the
+/// server answered `elsewhere` (with its error).
+async fn renew_call(
+    link: &Arc<Link>,
+    script: &Lua,
+    batch: Vec<RenewJob>,
+) -> Vec<(RenewJob, String)> {
+    let mut call = script.prepare(batch.len(), 3 * batch.len(), renew_bytes(&batch));
     for j in &batch {
         call.arg(&j.record_key);
     }
-    for j in &batch {
-        call.arg(&j.token).arg(j.ttl_ms).arg(json_str(&j.token));
-    }
+    renew_args(&mut call, &batch);
     let res: Result<Vec<::redis::Value>> = link
         .send(|mut conn| async move { call.send(&mut conn).await })
         .await;
     match res {
-        Ok(values) => {
-            for (i, j) in batch.into_iter().enumerate() {
-                let text = |n: usize| -> String {
-                    values
-                        .get(3 * i + n)
-                        .and_then(|x| ::redis::from_redis_value_ref::<String>(x).ok())
-                        .unwrap_or_default()
-                };
-                let ok = values
-                    .get(3 * i)
-                    .and_then(|x| ::redis::from_redis_value_ref::<i64>(x).ok())
-                    .unwrap_or(0);
-                let out = if ok == 1 {
-                    serde_json::from_str::<LeaseRecord>(&text(1))
-                        .map(RenewOutcome::Renewed)
-                        .map_err(|e| Error::Corrupt {
-                            key: j.key.clone(),
-                            detail: e.to_string(),
-                        })
-                } else {
-                    Ok(RenewOutcome::Lost(match text(1).as_str() {
-                        "expired" => LostReason::Expired,
-                        "taken" => LostReason::TakenOver { holder: text(2) },
-                        _ => LostReason::Released,
-                    }))
-                };
-                let _ = j.reply.send(out);
-            }
+        Ok(values) => answer_renewals(&values, batch),
+        Err(e) => {
+            fail_renewals(link, &e, batch);
+            vec![]
+        }
+    }
+}
+
+/// Renews `batch` in one call of the node script sent to `route` (a slot of the node), answers
+/// each job, and returns those to renew by calls naming their keys: those the node answered
+/// `elsewhere`, or all when the node refused the call itself.
+#[cfg(feature = "redis-cluster")]
+async fn renew_node_call(
+    link: &Arc<Link>,
+    script: &Lua,
+    route: ::redis::cluster_routing::RoutingInfo,
+    batch: Vec<RenewJob>,
+) -> Vec<(RenewJob, String)> {
+    let mut call = script.prepare(0, 1 + 4 * batch.len(), renew_bytes(&batch));
+    call.arg(batch.len());
+    for j in &batch {
+        call.arg(&j.record_key);
+    }
+    renew_args(&mut call, &batch);
+    let res: Result<Vec<::redis::Value>> = link
+        .send(|conn| async move { call.send_routed(conn, route).await })
+        .await;
+    match res {
+        Ok(values) => answer_renewals(&values, batch),
+        Err(e @ Error::Unavailable { .. }) => {
+            fail_renewals(link, &e, batch);
+            vec![]
         }
         Err(e) => {
-            for j in batch {
-                let _ = j.reply.send(Err(match &e {
-                    Error::Unavailable { store, detail } => Error::Unavailable {
-                        store: store.clone(),
-                        detail: detail.clone(),
-                    },
-                    other => Error::Store {
-                        store: link.described.clone(),
-                        detail: other.to_string(),
-                        retryable: other.is_retryable(),
-                    },
-                }));
-            }
+            tracing::debug!(store = %link.described, error = %e, "a node refused the renewal script; renewing by key");
+            batch.into_iter().map(|j| (j, e.to_string())).collect()
         }
+    }
+}
+
+/// Answers each job of `batch` from a renewal script's `values` (three per record), and returns
+/// the jobs answered `elsewhere`, with the server's error.
+fn answer_renewals(values: &[::redis::Value], batch: Vec<RenewJob>) -> Vec<(RenewJob, String)> {
+    let mut left = vec![];
+    for (i, j) in batch.into_iter().enumerate() {
+        let text = |n: usize| -> String {
+            values
+                .get(3 * i + n)
+                .and_then(|x| ::redis::from_redis_value_ref::<String>(x).ok())
+                .unwrap_or_default()
+        };
+        let ok = values
+            .get(3 * i)
+            .and_then(|x| ::redis::from_redis_value_ref::<i64>(x).ok())
+            .unwrap_or(0);
+        let out = if ok == 1 {
+            serde_json::from_str::<LeaseRecord>(&text(1))
+                .map(RenewOutcome::Renewed)
+                .map_err(|e| Error::Corrupt {
+                    key: j.key.clone(),
+                    detail: e.to_string(),
+                })
+        } else {
+            Ok(RenewOutcome::Lost(match text(1).as_str() {
+                "elsewhere" => {
+                    left.push((j, text(2)));
+                    continue;
+                }
+                "expired" => LostReason::Expired,
+                "taken" => LostReason::TakenOver { holder: text(2) },
+                _ => LostReason::Released,
+            }))
+        };
+        let _ = j.reply.send(out);
+    }
+    left
+}
+
+/// Answers every job of `batch` with the error `e` of the call that carried it.
+fn fail_renewals(link: &Link, e: &Error, batch: Vec<RenewJob>) {
+    for j in batch {
+        let _ = j.reply.send(Err(match e {
+            Error::Unavailable { store, detail } => Error::Unavailable {
+                store: store.clone(),
+                detail: detail.clone(),
+            },
+            other => Error::Store {
+                store: link.described.clone(),
+                detail: other.to_string(),
+                retryable: other.is_retryable(),
+            },
+        }));
     }
 }
 
@@ -1151,7 +1344,14 @@ impl RedisStore {
             client: Mutex::new(client),
             looking_up: Default::default(),
         });
-        let renewals = spawn_renewer(link.clone(), scripts.renew.clone());
+        let renewals = spawn_renewer(
+            link.clone(),
+            RenewScripts {
+                keyed: scripts.renew.clone(),
+                #[cfg(feature = "redis-cluster")]
+                node: scripts.renew_node.clone(),
+            },
+        );
         RedisStore {
             inner: Arc::new(Inner {
                 link,
@@ -1628,8 +1828,25 @@ impl LockStore for RedisStore {
     async fn inspect(&self, key: &Key) -> Result<Option<Inspection>> {
         self.check(key)?;
         let name = self.record_key(key);
-        let raw: Option<Vec<u8>> = self.query(::redis::cmd("GET").arg(&name)).await?;
-        Ok(raw.map(|raw| inspection(&name, &raw)))
+        let get = ::redis::cmd("GET").arg(&name).clone();
+        let read: std::result::Result<Option<Vec<u8>>, String> = self
+            .inner
+            .link
+            .send(|mut conn| async move {
+                match get.query_async(&mut conn).await {
+                    // An operator's hash, list, … where the record lives.
+                    Err(e) if e.code() == Some("WRONGTYPE") => Ok(Err(e.to_string())),
+                    r => r.map(Ok),
+                }
+            })
+            .await?;
+        Ok(match read {
+            Ok(raw) => raw.map(|raw| inspection(&name, &raw)),
+            Err(detail) => Some(Inspection::Corrupt {
+                name,
+                detail: format!("not a string record: {detail}"),
+            }),
+        })
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<Inspection>> {

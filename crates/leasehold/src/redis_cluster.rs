@@ -11,8 +11,12 @@
 //! * **Routing**: the connection sends each call to the primary serving its slot and follows the
 //!   cluster's `MOVED`/`ASK` answers and new slot maps itself, so a failover (a replica promoted)
 //!   or a resharding needs nothing from the caller; calls fail with a retryable error meanwhile.
-//! * **Renewals** are batched per slot: one script call per slot with due leases, all in flight at
-//!   once over the connection to each primary.
+//! * **Renewals** are batched per primary: one script call to each primary the slot map names,
+//!   for the due leases of all its slots (up to 1,000 a call; the call names no keys, since
+//!   declared keys must share a slot, and carries the `allow-cross-slot-keys` flag of Redis 7). A
+//!   record the primary does not serve (a failover or resharding since the map was read) is
+//!   answered "elsewhere", never lost, and renewed by a call naming its key, which follows
+//!   `MOVED`/`ASK`; a node refusing the call itself (before Redis 7) gets calls per slot.
 //! * **Waiters** wake by pub/sub on the primary serving the key's slot, where the release script
 //!   publishes (one pub/sub connection per primary, found from `CLUSTER SLOTS`). A cluster also
 //!   forwards every `PUBLISH` to the other nodes, but over its bus, where a message waits up to
@@ -30,7 +34,7 @@ use crate::error::{Error, Result};
 use crate::key::Key;
 use crate::redis::{bounded, host_list, scan, Conn, Hub, Origin, RedisOptions, RedisStore};
 use ::redis::cluster_async::ClusterConnection;
-use ::redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use ::redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -199,14 +203,17 @@ pub(crate) struct ClusterNodes {
     /// Which primary serves each slot range, and when that was read.
     map: parking_lot::Mutex<Option<(Instant, Vec<SlotRange>)>>,
     /// One pub/sub hub per node (`host`, `port`).
-    hubs: tokio::sync::Mutex<HashMap<(String, u16), Arc<Hub>>>,
+    hubs: tokio::sync::Mutex<HashMap<Node, Arc<Hub>>>,
 }
+
+/// A node's host and port.
+type Node = (String, u16);
 
 /// Slots `start..=end` and the primary serving them.
 struct SlotRange {
     start: u16,
     end: u16,
-    node: (String, u16),
+    node: Node,
 }
 
 /// How long a slot map read from the cluster is used before it is read again.
@@ -214,7 +221,7 @@ const MAP_AGE: Duration = Duration::from_secs(5);
 
 impl ClusterNodes {
     /// The primary serving `slot` in a map younger than [`MAP_AGE`].
-    fn lookup(&self, slot: u16) -> Option<(String, u16)> {
+    fn lookup(&self, slot: u16) -> Option<Node> {
         let map = self.map.lock();
         let (read, ranges) = map.as_ref()?;
         if read.elapsed() > MAP_AGE {
@@ -224,6 +231,57 @@ impl ClusterNodes {
             .iter()
             .find(|r| r.start <= slot && slot <= r.end)
             .map(|r| r.node.clone())
+    }
+
+    /// Reads the slot map from the cluster (when it is missing, stale or forgotten).
+    async fn read_map(&self, conn: &Conn, store: &str, timeout: Duration) {
+        if let Conn::Cluster(c) = conn {
+            match slot_map(&mut c.clone(), store, timeout).await {
+                Ok(ranges) => *self.map.lock() = Some((Instant::now(), ranges)),
+                Err(e) => tracing::debug!(store, error = %e, "no slot map"),
+            }
+        }
+    }
+
+    /// Forgets the slot map (found out of date), so that it is read again.
+    pub(crate) fn forget_map(&self) {
+        *self.map.lock() = None;
+    }
+
+    /// `items` grouped by the primary serving the slot of their `key` in the slot map (read
+    /// again when stale), each group with a route to that primary: by the slot of one of its
+    /// keys, so the connection resolves it with its own map and reconnects as it would for a
+    /// key. Items of slots the map does not name form a group without a route.
+    pub(crate) async fn by_primary<J>(
+        &self,
+        conn: &Conn,
+        items: Vec<J>,
+        key: impl Fn(&J) -> &String,
+        store: &str,
+        timeout: Duration,
+    ) -> Vec<(Option<RoutingInfo>, Vec<J>)> {
+        let fresh = matches!(&*self.map.lock(), Some((read, _)) if read.elapsed() <= MAP_AGE);
+        if !fresh {
+            self.read_map(conn, store, timeout).await;
+        }
+        let mut groups: HashMap<Option<Node>, (u16, Vec<J>)> = HashMap::new();
+        for j in items {
+            let slot = slot(key(&j));
+            let group = groups.entry(self.lookup(slot)).or_insert((slot, vec![]));
+            group.1.push(j);
+        }
+        groups
+            .into_iter()
+            .map(|(node, (slot, jobs))| {
+                let route = node.map(|_| {
+                    RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::new(
+                        slot,
+                        SlotAddr::Master,
+                    )))
+                });
+                (route, jobs)
+            })
+            .collect()
     }
 
     /// The hub for the releases of `record_key`: on the primary serving its slot (the map read
@@ -238,14 +296,7 @@ impl ClusterNodes {
         let slot = slot(record_key);
         let mut node = self.lookup(slot);
         if node.is_none() {
-            if let Conn::Cluster(c) = conn {
-                match slot_map(&mut c.clone(), store, timeout).await {
-                    Ok(ranges) => *self.map.lock() = Some((Instant::now(), ranges)),
-                    Err(e) => {
-                        tracing::debug!(store, error = %e, "no slot map; pub/sub through a seed node")
-                    }
-                }
-            }
+            self.read_map(conn, store, timeout).await;
             node = self.lookup(slot);
         }
         let mut hubs = self.hubs.lock().await;
@@ -347,7 +398,7 @@ async fn slot_map(
         let int = |v: Option<&::redis::Value>| {
             v.and_then(|v| ::redis::from_redis_value_ref::<u16>(v).ok())
         };
-        let node: Option<(String, u16)> = range
+        let node: Option<Node> = range
             .get(2)
             .and_then(|n| ::redis::from_redis_value_ref::<Vec<::redis::Value>>(n).ok())
             .and_then(|n| {
@@ -373,8 +424,8 @@ async fn primaries(
     conn: &mut ClusterConnection,
     store: &str,
     timeout: Duration,
-) -> Result<Vec<(String, u16)>> {
-    let mut out: Vec<(String, u16)> = vec![];
+) -> Result<Vec<Node>> {
+    let mut out: Vec<Node> = vec![];
     for r in slot_map(conn, store, timeout).await? {
         if !out.contains(&r.node) {
             out.push(r.node);
@@ -405,7 +456,8 @@ pub(crate) async fn scan_all(
                     store,
                     timeout,
                     "no SCAN answer",
-                    on.clone().route_command(page, route),
+                    // An error reply is a value here: made an error.
+                    async { on.clone().route_command(page, route).await?.extract_error() },
                 )
                 .await?;
                 ::redis::from_redis_value(answer).map_err(|e| Error::Store {
