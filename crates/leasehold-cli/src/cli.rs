@@ -34,7 +34,9 @@ pub(crate) enum Command {
     /// command (not a terminal's Ctrl-C, which the command gets from the terminal); after it exits
     /// (or is killed once --grace has passed) the lease is released. If the lease is lost while the
     /// command runs, the command gets SIGTERM (SIGKILL after --grace) and leasehold exits 76. The
-    /// command and its process group never outlive leasehold, even a leasehold killed with SIGKILL.
+    /// command and its process group never outlive leasehold, even a leasehold killed with SIGKILL,
+    /// and whatever the command left running (a daemon in a new session too) is killed before the
+    /// lease is released.
     #[command(after_help = exit::HELP)]
     Run(RunArgs),
 

@@ -86,6 +86,11 @@ impl Guard {
         })
     }
 
+    /// The guard's pid (`None`: reaped already).
+    pub(crate) fn id(&self) -> Option<u32> {
+        self.process.id()
+    }
+
     /// Kills what is left of the command's process group (SIGKILL) and waits for the guard to
     /// finish doing so. Call it once the command itself has exited, before the lease is released.
     pub(crate) async fn finish(mut self) {

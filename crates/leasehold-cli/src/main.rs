@@ -11,6 +11,7 @@ mod queue;
 mod run;
 mod signals;
 mod store;
+mod tree;
 mod worker;
 
 use clap::Parser;

@@ -8,7 +8,8 @@
 //! `--on-handoff` signal goes to the child alone. Signals are sent by pid (or process-group id, the
 //! child's pid), which is safe against reuse because the child is not reaped before we stop
 //! signalling it. The command dies with leasehold (`PR_SET_PDEATHSIG`), and its process group
-//! with it ([`crate::guard`]).
+//! with it ([`crate::guard`]). When the command ends, whatever it left running — in its group or
+//! not (`setsid`), on a terminal too — is killed before the lease is released ([`crate::tree`]).
 
 use crate::admin::key_arg;
 use crate::cli::RunArgs;
@@ -16,6 +17,7 @@ use crate::exit::{self, Failure, CANNOT_EXECUTE, ERROR, LOST, NOT_FOUND, SIGNAL_
 use crate::guard::Guard;
 use crate::signals::{self, Forwarded, Received};
 use crate::store;
+use crate::tree;
 use leasehold::{Error, Key, LeaseGuard, Locks, LostReason, Released, Wait};
 use std::io;
 use std::os::unix::process::ExitStatusExt;
@@ -23,6 +25,10 @@ use std::process::ExitStatus;
 use std::time::Duration;
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
+
+/// How long killed leftovers of the command may take to exit before the lease is released
+/// anyway (SIGKILL cannot be caught; only an uninterruptible system call delays it).
+const SWEEP_LIMIT: Duration = Duration::from_secs(5);
 
 /// How supervision of the child ended.
 enum End {
@@ -86,6 +92,12 @@ pub(crate) async fn run(store_url: Option<&str>, args: RunArgs) -> Result<u8, Fa
     // The command never outlives leasehold: a leasehold that is killed cannot release, and the
     // lease's expiry would let another holder start next to it.
     die_with_parent(&mut command);
+    // Nor does anything it starts outlive the run, wherever it goes ([`crate::tree`]).
+    if let Err(e) = tree::become_subreaper() {
+        tracing::warn!(error = %e, "cannot become the command's subreaper; processes that leave its group may outlive the run");
+    }
+    let mut orphans = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child())
+        .map_err(|e| Failure::error(format!("cannot watch for exited processes: {e}")))?;
     let mut child = match command.spawn() {
         Ok(child) => child,
         Err(e) => {
@@ -104,6 +116,10 @@ pub(crate) async fn run(store_url: Option<&str>, args: RunArgs) -> Result<u8, Fa
 
     // Nor do the command's own children (the guard kills the group once leasehold ends).
     let group_guard = Guard::for_group(child.id().filter(|_| own_group));
+    let keep: Vec<u32> = [child.id(), group_guard.as_ref().and_then(Guard::id)]
+        .into_iter()
+        .flatten()
+        .collect();
     let mut on_handoff = args.on_handoff;
     let end = loop {
         tokio::select! {
@@ -111,6 +127,7 @@ pub(crate) async fn run(store_url: Option<&str>, args: RunArgs) -> Result<u8, Fa
             reason = guard.lost() => break End::Lost(reason),
             status = child.wait() => break End::Exited(status),
             sig = signals.recv() => break End::Signalled(sig),
+            Some(()) = orphans.recv() => tree::reap_orphans(&keep),
             waiter = guard.handoff_requested(), if on_handoff.is_some() => {
                 if let Some(sig) = on_handoff.take() {
                     tracing::info!(key = %key, waiter, signal = %sig, "a waiter wants the lease; signalling the command");
@@ -120,11 +137,12 @@ pub(crate) async fn run(store_url: Option<&str>, args: RunArgs) -> Result<u8, Fa
         }
     };
 
-    // Whatever the command left running in its group ends before the lease does.
+    // Whatever the command left running, in its group or not, ends before the lease does.
     let finish_group = || async {
         if let Some(g) = group_guard {
             g.finish().await;
         }
+        tree::sweep(SWEEP_LIMIT).await;
     };
     match end {
         End::Exited(status) => {

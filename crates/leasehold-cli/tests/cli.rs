@@ -521,14 +521,18 @@ fn a_command_that_ignores_sigterm_is_killed_after_the_grace_period() {
     assert_eq!(s.inspect("k")["state"], "free");
 }
 
+/// The fields of a `/proc/PID/stat` file after the command name (which may hold spaces and
+/// parentheses): `STATE PPID PGRP SESSION …`; `None` once the process is gone.
+fn stat_fields(stat_file: &Path) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(stat_file).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    Some(rest.split_whitespace().map(str::to_owned).collect())
+}
+
 /// Whether `pid` has exited (gone, or a zombie waiting for init).
 fn exited(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => true,
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
-    }
+    stat_fields(Path::new(&format!("/proc/{pid}/stat")))
+        .map_or(true, |f| f.first().is_some_and(|state| state == "Z"))
 }
 
 #[test]
@@ -1402,4 +1406,123 @@ fn ctrl_c_on_a_terminal_reaches_the_command_once() {
     let ints = seen.iter().filter(|l| l.contains("got-INT")).count();
     assert_eq!(ints, 2, "one SIGINT per Ctrl-C and one per kill: {seen:?}");
     assert_eq!(s.inspect("k")["state"], "free");
+}
+
+/// A shell script that starts a daemon of the usual kind — a new session (`setsid`), its output
+/// elsewhere — writes the daemon's pid to `$PIDFILE` once it is in its new session (through the
+/// FIFO `$PIDFILE.fifo`, no polling) and its own to `$PIDFILE.sh`, then runs `rest`.
+fn starts_a_daemon(rest: &str) -> String {
+    format!(
+        "mkfifo \"$PIDFILE.fifo\"; \
+         setsid sh -c 'echo $$ > \"$PIDFILE.fifo\"; exec sleep 60 >/dev/null 2>&1' </dev/null & \
+         read pid < \"$PIDFILE.fifo\"; echo $pid > \"$PIDFILE\"; echo $$ > \"$PIDFILE.sh\"; {rest}"
+    )
+}
+
+/// The session of `pid`.
+fn session_of(pid: i32) -> i32 {
+    stat_fields(Path::new(&format!("/proc/{pid}/stat"))).unwrap()[3]
+        .parse()
+        .unwrap()
+}
+
+/// The daemon `starts_a_daemon` started, checked to have left the command's session.
+fn escaped_daemon(s: &Store) -> i32 {
+    let daemon = read_pid(&s.path("daemon.pid"));
+    let shell = read_pid(&s.path("daemon.pid.sh"));
+    assert_ne!(session_of(daemon), session_of(shell), "not a new session");
+    assert!(!exited(daemon));
+    daemon
+}
+
+#[test]
+fn a_daemon_the_command_started_ends_with_the_run() {
+    let s = Store::new();
+    let script = starts_a_daemon("echo ready; read x; exit 4");
+    let mut cmd = s.cmd(["run", "--key", "k", "--", "sh", "-c", &script]);
+    cmd.env("PIDFILE", s.path("daemon.pid"));
+    let mut run = Proc::spawn(cmd);
+    run.wait_line("ready");
+    let daemon = escaped_daemon(&s);
+    let out = run.finish(LIMIT); // Closes stdin: the command exits.
+    assert_eq!(out.code, Some(4), "{out:?}");
+    assert!(awaits_exit(daemon), "the daemon {daemon} outlived the run");
+    assert_eq!(s.inspect("k")["state"], "free");
+}
+
+#[test]
+fn a_lost_lease_ends_the_command_s_daemons_too() {
+    let s = Store::new();
+    let script = starts_a_daemon(TRAP_TERM);
+    let mut cmd = s.cmd(["run", "--key", "k", "--", "sh", "-c", &script]);
+    cmd.env("PIDFILE", s.path("daemon.pid"));
+    let mut run = Proc::spawn(cmd);
+    run.wait_line("ready");
+    let daemon = escaped_daemon(&s);
+    assert_eq!(s.output(["release", "--force", "k"]).code, Some(0));
+    let out = run.finish(LIMIT);
+    assert_eq!(out.code, Some(76), "{out:?}");
+    assert!(
+        awaits_exit(daemon),
+        "the daemon {daemon} outlived the lease"
+    );
+}
+
+#[test]
+fn on_a_terminal_what_the_command_leaves_running_ends_with_the_run() {
+    let s = Store::new();
+    let pidfile = s.path("leftover.pid");
+    // On a terminal the command shares leasehold's process group (no group guard).
+    let script = "sleep 60 </dev/null >/dev/null 2>&1 & echo $! > \"$PIDFILE\"; echo ready; exit 4";
+    let run = s.cmd(["run", "--key", "k", "--", "sh", "-c", script]);
+    // leasehold under a shell that leads the terminal's session, as at a prompt: when leasehold
+    // exits, nobody hangs up on the terminal's processes.
+    let mut cmd = Command::new("sh");
+    cmd.args(["-c", "\"$@\"; echo status $?; read x", "sh"])
+        .arg(run.get_program())
+        .args(run.get_args())
+        .env("PIDFILE", &pidfile);
+    for (name, value) in run.get_envs() {
+        match value {
+            Some(v) => cmd.env(name, v),
+            None => cmd.env_remove(name),
+        };
+    }
+    let mut t = OnTerminal::spawn(cmd);
+    t.wait_for("ready");
+    t.wait_for("status 4");
+    let leftover = read_pid(&pidfile);
+    assert!(awaits_exit(leftover), "{leftover} outlived the run");
+    t.type_in(b"\n");
+    let (code, seen) = t.finish();
+    assert_eq!(code, Some(0), "{seen:?}");
+    assert_eq!(s.inspect("k")["state"], "free");
+}
+
+/// The zombie children of `pid` (exited, not reaped).
+fn zombie_children(pid: i32) -> usize {
+    let parent = pid.to_string();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| stat_fields(&e.path().join("stat")))
+        .filter(|f| f.len() > 1 && f[0] == "Z" && f[1] == parent)
+        .count()
+}
+
+#[test]
+fn orphans_of_a_long_run_are_reaped_while_it_runs() {
+    let s = Store::new();
+    // Each subshell exits at once, leaving its `sleep 0` to leasehold (the subreaper).
+    let script =
+        "for i in 1 2 3 4 5; do (sleep 0 </dev/null >/dev/null 2>&1 &); done; echo ready; read x; exit 0";
+    let mut run = s.spawn(["run", "--key", "k", "--", "sh", "-c", script]);
+    run.wait_line("ready");
+    // Reaping follows each SIGCHLD; no event says when, so this looks until none is left.
+    let deadline = Instant::now() + LIMIT;
+    while zombie_children(run.pid) > 0 {
+        assert!(Instant::now() < deadline, "orphans left as zombies");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(run.finish(LIMIT).code, Some(0));
 }
