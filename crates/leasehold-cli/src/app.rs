@@ -2,7 +2,7 @@
 
 use crate::cli::{Cli, Command};
 use crate::exit::{self, Failure, ERROR};
-use crate::{admin, queue, run, store};
+use crate::{admin, elect, queue, run, store};
 use std::io::IsTerminal;
 use std::time::Duration;
 use tracing_subscriber::EnvFilter;
@@ -55,6 +55,7 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
     let url = cli.store.as_deref();
     match cli.command {
         Command::Run(args) => run::run(url, args).await,
+        Command::Elect(args) => elect::elect(url, args).await,
         Command::Ls(args) => {
             let prefix = admin::prefix_arg(args.prefix.as_deref())?;
             admin::ls(&*store::open(url).await?, &prefix, args.json).await

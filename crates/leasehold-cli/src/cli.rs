@@ -40,6 +40,20 @@ pub(crate) enum Command {
     #[command(after_help = exit::HELP)]
     Run(RunArgs),
 
+    /// Elect a leader: campaign for the lease on a key, lead while holding it, campaign again
+    /// when it is lost.
+    ///
+    /// Candidates wait for the lease (registered as its waiter, so a leader stepping down hands
+    /// over at once). Without a command, the leader holds the lease until SIGTERM, SIGINT or
+    /// SIGHUP (then releases it and exits 0), and events go to stdout, one line each: `elected
+    /// KEY HOLDER FENCE` and `lost KEY REASON` (--json: one JSON object per line). With a
+    /// command, the leader runs it as `run` does and exits with its status; events go to stderr.
+    /// When the lease is lost the command is stopped (SIGTERM, SIGKILL after --grace) and the
+    /// candidate campaigns again; --once exits 76 instead. A candidate still campaigning exits
+    /// 128+S on signal S.
+    #[command(after_help = exit::HELP)]
+    Elect(ElectArgs),
+
     /// List lease records (KEY, HOLDER, FENCE, EXPIRES, WAITER).
     #[command(after_help = exit::HELP)]
     Ls(LsArgs),
@@ -100,6 +114,39 @@ pub(crate) struct RunArgs {
 
     /// The command to run, and its arguments (after `--`).
     #[arg(value_name = "CMD", required = true, trailing_var_arg = true, num_args = 1..)]
+    pub(crate) command: Vec<OsString>,
+}
+
+/// Options of `elect`.
+#[derive(Debug, Args)]
+pub(crate) struct ElectArgs {
+    /// The key whose holder is the leader.
+    #[arg(long, value_name = "KEY")]
+    pub(crate) key: OsString,
+
+    /// Time to live of the lease; it is renewed every TTL/3 while leading. A leader that dies
+    /// without releasing is replaced after the TTL.
+    #[arg(long, value_name = "DURATION", default_value = "15s", value_parser = parse_duration)]
+    pub(crate) ttl: Duration,
+
+    /// Exit 76 when the lease is lost instead of campaigning again.
+    #[arg(long)]
+    pub(crate) once: bool,
+
+    /// Print events as JSON objects, one per line (without a command).
+    #[arg(long)]
+    pub(crate) json: bool,
+
+    /// How long the command may take to exit after SIGTERM before it is killed with SIGKILL.
+    #[arg(long, value_name = "DURATION", default_value = "25s", value_parser = parse_duration)]
+    pub(crate) grace: Duration,
+
+    /// A label stored with the lease (repeatable), e.g. --label pod=web-1.
+    #[arg(long = "label", value_name = "NAME=VALUE", value_parser = parse_label)]
+    pub(crate) labels: Vec<(String, String)>,
+
+    /// The command the leader runs, and its arguments (after `--`); none: just hold the lease.
+    #[arg(value_name = "CMD", trailing_var_arg = true)]
     pub(crate) command: Vec<OsString>,
 }
 

@@ -4,6 +4,7 @@
 mod admin;
 mod app;
 mod cli;
+mod elect;
 mod exit;
 mod guard;
 mod output;

@@ -15,10 +15,12 @@ use crate::admin::key_arg;
 use crate::cli::RunArgs;
 use crate::exit::{self, Failure, CANNOT_EXECUTE, ERROR, LOST, NOT_FOUND, SIGNAL_BASE};
 use crate::guard::Guard;
+use crate::signals::SignalArg;
 use crate::signals::{self, Forwarded, Received};
 use crate::store;
 use crate::tree;
-use leasehold::{Error, Key, LeaseGuard, Locks, LostReason, Released, Wait};
+use leasehold::{Error, Key, LeaseGuard, LockBuilder, Locks, LostReason, Released, Wait};
+use std::ffi::OsString;
 use std::io;
 use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
@@ -65,10 +67,30 @@ pub(crate) async fn run(store_url: Option<&str>, args: RunArgs) -> Result<u8, Fa
     for (name, value) in args.labels {
         builder = builder.label(name, value);
     }
+    let guard = obtain(builder, &key, args.no_wait, &mut signals).await?;
+    let command = Supervised {
+        program,
+        args: program_args,
+        grace: args.grace,
+        on_handoff: args.on_handoff,
+    };
+    match supervise(&locks, &guard, &key, &command, &mut signals).await? {
+        Ended::Status(code) => Ok(code),
+        Ended::Lost(_) => Ok(LOST),
+    }
+}
 
+/// Waits for the lease as `builder` says, ended early by SIGTERM, SIGINT or SIGHUP (a failure
+/// with status 128+S).
+pub(crate) async fn obtain(
+    builder: LockBuilder,
+    key: &Key,
+    no_wait: bool,
+    signals: &mut Forwarded,
+) -> Result<LeaseGuard, Failure> {
     let guard = tokio::select! {
         biased;
-        got = builder.acquire() => got.map_err(|e| not_obtained(&key, e, args.no_wait))?,
+        got = builder.acquire() => got.map_err(|e| not_obtained(key, e, no_wait))?,
         sig = signals.recv() => {
             return Err(Failure::new(
                 signal_status(sig.signal),
@@ -77,31 +99,63 @@ pub(crate) async fn run(store_url: Option<&str>, args: RunArgs) -> Result<u8, Fa
         }
     };
     tracing::info!(key = %key, fence = guard.fence(), "lease acquired");
+    Ok(guard)
+}
 
-    let mut command = Command::new(program);
-    command
-        .args(program_args)
+/// A command to run under a lease.
+pub(crate) struct Supervised<'a> {
+    pub(crate) program: &'a OsString,
+    pub(crate) args: &'a [OsString],
+    /// How long it may take to exit after SIGTERM before SIGKILL.
+    pub(crate) grace: Duration,
+    /// The signal it gets (once) when someone waits for the lease.
+    pub(crate) on_handoff: Option<SignalArg>,
+}
+
+/// How a command run under a lease ended.
+pub(crate) enum Ended {
+    /// It exited (by itself, or stopped by a signal leasehold got): leasehold's exit status, the
+    /// lease released.
+    Status(u8),
+    /// The lease was lost and the command stopped.
+    Lost(LostReason),
+}
+
+/// Runs `command` while `guard` holds the lease on `key`: signals forwarded, the handoff signal
+/// sent, the command stopped (SIGTERM, SIGKILL after the grace period) when the lease is lost,
+/// and whatever it left running killed ([`crate::tree`]) before the lease is released.
+pub(crate) async fn supervise(
+    locks: &Locks,
+    guard: &LeaseGuard,
+    key: &Key,
+    command: &Supervised<'_>,
+    signals: &mut Forwarded,
+) -> Result<Ended, Failure> {
+    let program = command.program;
+    let mut child_command = Command::new(program);
+    child_command
+        .args(command.args)
         .env("LEASEHOLD_KEY", key.as_str())
         .env("LEASEHOLD_FENCE", guard.fence().to_string())
         .env("LEASEHOLD_HOLDER", locks.holder().as_str());
     // SAFETY: isatty(3) only inspects the descriptor.
     let own_group = unsafe { libc::isatty(0) } == 0;
     if own_group {
-        command.process_group(0);
+        child_command.process_group(0);
     }
     // The command never outlives leasehold: a leasehold that is killed cannot release, and the
     // lease's expiry would let another holder start next to it.
-    die_with_parent(&mut command);
+    die_with_parent(&mut child_command);
     // Nor does anything it starts outlive the run, wherever it goes ([`crate::tree`]).
     if let Err(e) = tree::become_subreaper() {
         tracing::warn!(error = %e, "cannot become the command's subreaper; processes that leave its group may outlive the run");
     }
     let mut orphans = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child())
         .map_err(|e| Failure::error(format!("cannot watch for exited processes: {e}")))?;
-    let mut child = match command.spawn() {
+    let mut child = match child_command.spawn() {
         Ok(child) => child,
         Err(e) => {
-            release(&guard, &key).await;
+            release(guard, key).await;
             let code = if e.kind() == io::ErrorKind::NotFound {
                 NOT_FOUND
             } else {
@@ -120,7 +174,7 @@ pub(crate) async fn run(store_url: Option<&str>, args: RunArgs) -> Result<u8, Fa
         .into_iter()
         .flatten()
         .collect();
-    let mut on_handoff = args.on_handoff;
+    let mut on_handoff = command.on_handoff;
     let end = loop {
         tokio::select! {
             biased;
@@ -144,33 +198,34 @@ pub(crate) async fn run(store_url: Option<&str>, args: RunArgs) -> Result<u8, Fa
         }
         tree::sweep(SWEEP_LIMIT).await;
     };
+    let grace = command.grace;
     match end {
         End::Exited(status) => {
             finish_group().await;
-            release(&guard, &key).await;
-            exit_status(status)
+            release(guard, key).await;
+            exit_status(status).map(Ended::Status)
         }
         End::Signalled(sig) => {
             forward(&child, sig);
-            let status = wait_within(&mut child, args.grace, &mut signals).await;
+            let status = wait_within(&mut child, grace, signals).await;
             finish_group().await;
-            release(&guard, &key).await;
-            exit_status(status)
+            release(guard, key).await;
+            exit_status(status).map(Ended::Status)
         }
         End::Lost(reason) => {
             exit::report(&format!(
                 "lease on {:?} lost: {reason}; stopping the command (SIGTERM, SIGKILL after {})",
                 key.as_str(),
-                humantime::format_duration(args.grace)
+                humantime::format_duration(grace)
             ));
             stop_signal(&child, libc::SIGTERM);
-            if let Err(e) = wait_within(&mut child, args.grace, &mut signals).await {
+            if let Err(e) = wait_within(&mut child, grace, signals).await {
                 tracing::warn!(error = %e, "waiting for the command failed");
             }
             finish_group().await;
             // Not ours any more; this only stops the guard (the store answers "not held").
             let _ = guard.release().await;
-            Ok(LOST)
+            Ok(Ended::Lost(reason))
         }
     }
 }

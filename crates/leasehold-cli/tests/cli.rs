@@ -193,6 +193,16 @@ impl Proc {
 
     /// Waits for the stdout line `want`.
     fn wait_line(&mut self, want: &str) {
+        self.wait_for_line(want, |line| line == want);
+    }
+
+    /// Waits for a stdout line starting with `prefix`; returns it.
+    fn wait_line_starting(&mut self, prefix: &str) -> String {
+        self.wait_for_line(prefix, |line| line.starts_with(prefix))
+    }
+
+    /// Waits for a stdout line that is `wanted` (described as `want`); returns it.
+    fn wait_for_line(&mut self, want: &str, wanted: impl Fn(&str) -> bool) -> String {
         let deadline = Instant::now() + LIMIT;
         loop {
             match self
@@ -200,10 +210,10 @@ impl Proc {
                 .recv_timeout(deadline.saturating_duration_since(Instant::now()))
             {
                 Ok(line) => {
-                    let hit = line == want;
-                    self.seen.push(line);
+                    let hit = wanted(&line);
+                    self.seen.push(line.clone());
                     if hit {
-                        return;
+                        return line;
                     }
                 }
                 Err(e) => {
@@ -1154,7 +1164,46 @@ fn run_works_on_redis_redlock_and_a_cluster() {
             .output()
             .unwrap();
         assert_eq!(out.status.code(), Some(0), "{out:?}");
+        elect_hands_over(&url);
     }
+}
+
+/// Two `elect` candidates on the store at `url`: the second, waiting, leads within a second of
+/// the first stepping down, with a higher fence.
+fn elect_hands_over(url: &str) {
+    let elect = || {
+        let mut c = bare();
+        c.args(["--store", url, "elect", "--key", "leader", "--ttl", "2s"]);
+        Proc::spawn(c)
+    };
+    let mut a = elect();
+    let first = last_number(&a.wait_line_starting("elected leader "));
+    let mut b = elect();
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        let out = bare()
+            .args(["--store", url, "inspect", "leader", "--json"])
+            .output()
+            .unwrap();
+        let record: Value = serde_json::from_slice(&out.stdout).unwrap();
+        if !record["waiter"].is_null() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{url}: no waiter registered");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    a.signal(libc::SIGTERM);
+    let t = Instant::now();
+    assert_eq!(a.finish(LIMIT).code, Some(0), "{url}");
+    let second = last_number(&b.wait_line_starting("elected leader "));
+    assert!(
+        t.elapsed() < Duration::from_secs(1),
+        "{url}: {:?}",
+        t.elapsed()
+    );
+    assert!(second > first, "{url}: fence {second} after {first}");
+    b.signal(libc::SIGTERM);
+    assert_eq!(b.finish(LIMIT).code, Some(0), "{url}");
 }
 
 #[test]
@@ -1242,6 +1291,7 @@ fn run_works_on_kubernetes_leases() {
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let rec: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(fence(&rec), later);
+    elect_hands_over(&url);
 }
 
 /// A `leasehold` process on a terminal of its own (a pseudo-terminal whose session it leads, so
@@ -1525,4 +1575,74 @@ fn orphans_of_a_long_run_are_reaped_while_it_runs() {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert_eq!(run.finish(LIMIT).code, Some(0));
+}
+
+/// The number a line ends with (a fence).
+fn last_number(line: &str) -> u64 {
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+#[test]
+fn elect_hands_leadership_over_and_campaigns_again_after_a_loss() {
+    let s = Store::new();
+    let mut a = s.spawn(["elect", "--key", "lead", "--ttl", "2s"]);
+    let first = last_number(&a.wait_line_starting("elected lead "));
+    let mut b = s.spawn(["elect", "--key", "lead", "--ttl", "2s", "--json"]);
+    wait_for_waiter(&s, "lead");
+    // The leader steps down on SIGTERM: released, and the candidate waiting takes over at once.
+    a.signal(libc::SIGTERM);
+    let t = Instant::now();
+    let out = a.finish(LIMIT);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let elected: Value = serde_json::from_str(&b.wait_line_starting("{")).unwrap();
+    assert!(
+        t.elapsed() < Duration::from_secs(1),
+        "handover took {:?}",
+        t.elapsed()
+    );
+    assert_eq!(elected["event"], "elected");
+    assert_eq!(elected["key"], "lead");
+    assert!(fence(&elected) > first, "{elected}");
+    assert_eq!(elected["holder"], holder(&s.inspect("lead")));
+    // Lost (an operator force-releases it): told, and the candidate campaigns again.
+    assert_eq!(s.output(["release", "--force", "lead"]).code, Some(0));
+    let lost: Value = serde_json::from_str(&b.wait_line_starting("{")).unwrap();
+    assert_eq!(lost["event"], "lost");
+    assert!(
+        lost["reason"].as_str().unwrap().contains("released"),
+        "{lost}"
+    );
+    let again: Value = serde_json::from_str(&b.wait_line_starting("{")).unwrap();
+    assert_eq!(again["event"], "elected");
+    assert!(fence(&again) > fence(&elected), "{again}");
+    b.signal(libc::SIGINT);
+    assert_eq!(b.finish(LIMIT).code, Some(0));
+    assert_eq!(s.inspect("lead")["state"], "free");
+}
+
+#[test]
+fn elect_runs_the_command_while_leading() {
+    let s = Store::new();
+    let script = "echo leading $LEASEHOLD_FENCE; trap 'echo got-TERM; exit 3' TERM; \
+        while :; do sleep 0.1 </dev/null >/dev/null 2>&1 & wait $!; done";
+    let mut a = s.spawn(["elect", "--key", "lead", "--", "sh", "-c", script]);
+    let first = last_number(&a.wait_line_starting("leading "));
+    // Lost: the command is stopped, and started again once elected again.
+    assert_eq!(s.output(["release", "--force", "lead"]).code, Some(0));
+    a.wait_line("got-TERM");
+    let second = last_number(&a.wait_line_starting("leading "));
+    assert!(second > first);
+    // SIGTERM goes to the command; its status is leasehold's, and the lease is released.
+    a.signal(libc::SIGTERM);
+    let out = a.finish(LIMIT);
+    assert_eq!(out.code, Some(3), "{out:?}");
+    assert!(out.stderr.contains("elected lead"), "{out:?}");
+    assert!(out.stderr.contains("lost lead"), "{out:?}");
+    assert_eq!(s.inspect("lead")["state"], "free");
+
+    // --once: a lost lease ends the election with 76.
+    let mut b = s.spawn(["elect", "--key", "lead", "--once", "--", "sh", "-c", script]);
+    b.wait_line_starting("leading ");
+    assert_eq!(s.output(["release", "--force", "lead"]).code, Some(0));
+    assert_eq!(b.finish(LIMIT).code, Some(76));
 }

@@ -1,0 +1,127 @@
+//! `leasehold elect`: leader election over any store. A candidate campaigns for the lease on a key
+//! (waiting for it forever, registered as its waiter), leads while it holds it, and campaigns
+//! again when it loses it (unless `--once`).
+//!
+//! Without a command the leader only holds the lease, until a termination signal; its events go to
+//! stdout, one line each, for a script or a supervisor to follow. With a command the leader runs
+//! it as `leasehold run` does ([`crate::run::supervise`]): the command's exit ends the election
+//! (the lease released, leasehold exiting with its status), a lost lease stops it.
+
+use crate::admin::key_arg;
+use crate::cli::ElectArgs;
+use crate::exit::{self, Failure, LOST, OK};
+use crate::output::{clean, print};
+use crate::run::{self, Ended, Supervised};
+use crate::signals::{self, Forwarded};
+use crate::store;
+use leasehold::{Key, LeaseGuard, Locks, LostReason, Wait};
+use serde_json::json;
+
+/// `leasehold elect`.
+pub(crate) async fn elect(store_url: Option<&str>, args: ElectArgs) -> Result<u8, Failure> {
+    let key = key_arg(&args.key)?;
+    let mut signals = Forwarded::install()
+        .map_err(|e| Failure::error(format!("cannot install signal handlers: {e}")))?;
+    let locks = Locks::from_arc(store::open(store_url).await?);
+    let command = args
+        .command
+        .split_first()
+        .map(|(program, rest)| Supervised {
+            program,
+            args: rest,
+            grace: args.grace,
+            on_handoff: None,
+        });
+    let events = Events {
+        json: args.json,
+        to_stdout: command.is_none(),
+    };
+    loop {
+        let mut builder = locks
+            .lock_key(key.clone())
+            .ttl(args.ttl)
+            .wait_policy(Wait::Forever);
+        for (name, value) in &args.labels {
+            builder = builder.label(name, value);
+        }
+        let guard = run::obtain(builder, &key, false, &mut signals).await?;
+        events.elected(&key, &guard)?;
+        let ended = match &command {
+            Some(command) => run::supervise(&locks, &guard, &key, command, &mut signals).await?,
+            None => hold(&guard, &key, &mut signals).await,
+        };
+        match ended {
+            Ended::Status(code) => return Ok(code),
+            Ended::Lost(reason) => {
+                events.lost(&key, &reason)?;
+                if args.once {
+                    return Ok(LOST);
+                }
+            }
+        }
+    }
+}
+
+/// Holds the lease until a termination signal (then releases it: status 0) or its loss.
+async fn hold(guard: &LeaseGuard, key: &Key, signals: &mut Forwarded) -> Ended {
+    tokio::select! {
+        reason = guard.lost() => Ended::Lost(reason),
+        sig = signals.recv() => {
+            tracing::info!(key = %key, signal = %signals::name(sig.signal), "stepping down");
+            match guard.release().await {
+                Ok(_) => Ended::Status(OK),
+                Err(e) => {
+                    exit::report(&format!(
+                        "cannot release the lease on {:?}: {e}; it expires by its TTL",
+                        key.as_str()
+                    ));
+                    Ended::Status(exit::ERROR)
+                }
+            }
+        }
+    }
+}
+
+/// Where and how events are told.
+struct Events {
+    json: bool,
+    /// Stdout without a command; stderr with one (stdout is the command's).
+    to_stdout: bool,
+}
+
+impl Events {
+    fn elected(&self, key: &Key, guard: &LeaseGuard) -> Result<(), Failure> {
+        let holder = guard.record().holder.clone().unwrap_or_default();
+        self.tell(
+            json!({"event": "elected", "key": key.as_str(), "holder": holder, "fence": guard.fence()}),
+            format!(
+                "elected {} {} {}",
+                clean(key.as_str()),
+                clean(&holder),
+                guard.fence()
+            ),
+        )
+    }
+
+    fn lost(&self, key: &Key, reason: &LostReason) -> Result<(), Failure> {
+        self.tell(
+            json!({"event": "lost", "key": key.as_str(), "reason": reason.to_string()}),
+            format!(
+                "lost {} {}",
+                clean(key.as_str()),
+                clean(&reason.to_string())
+            ),
+        )
+    }
+
+    fn tell(&self, object: serde_json::Value, line: String) -> Result<(), Failure> {
+        if !self.to_stdout {
+            exit::report(&line);
+            return Ok(());
+        }
+        if self.json {
+            return print(&format!("{object}\n"));
+        }
+        print(&format!("{line}\n"))
+    }
+}
