@@ -3,6 +3,7 @@
 use crate::cli::{CleanupArgs, ReleaseArgs};
 use crate::exit::{Failure, OK};
 use crate::output::{self, clean, print, print_json};
+use crate::signals::Forwarded;
 use leasehold::record::now_ms;
 use leasehold::{Inspection, Key, LeaseRecord, LockStore};
 use serde_json::{json, Value};
@@ -107,6 +108,84 @@ pub(crate) async fn inspect(store: &dyn LockStore, key: Key, json: bool) -> Resu
                 print(&record_text(&r, now))?;
             }
             Ok(OK)
+        }
+    }
+}
+
+/// `leasehold watch KEY`: the key's state now and at every change (holder, fence, state, waiter;
+/// not the renewals), until SIGTERM, SIGINT or SIGHUP (exit 0). A change is seen through the
+/// store's notification where it has one, at the lease's expiry, and at the latest `every`.
+pub(crate) async fn watch(
+    store: &dyn LockStore,
+    key: Key,
+    json: bool,
+    every: Duration,
+) -> Result<u8, Failure> {
+    let mut signals = Forwarded::install()
+        .map_err(|e| Failure::error(format!("cannot install signal handlers: {e}")))?;
+    let every = every.max(Duration::from_millis(10));
+    let mut changes = store.subscribe(&key).await?;
+    let mut last = None;
+    loop {
+        let now = now_ms();
+        let seen = store.inspect(&key).await?;
+        let (line, object) = watched(&key, seen.as_ref(), now);
+        if last.as_ref() != Some(&line) {
+            if json {
+                print(&format!("{object}\n"))?;
+            } else {
+                print(&format!("{line}\n"))?;
+            }
+            last = Some(line);
+        }
+        // Wake at the lease's expiry too: a store's own expiry sends no notification.
+        let mut wait = every;
+        if let Some(Inspection::Record(r)) = &seen {
+            if r.is_held(now) {
+                wait = wait.min(r.remaining(now) + Duration::from_millis(1));
+            }
+        }
+        let changed = async {
+            match changes.as_mut() {
+                Some(c) => c.changed().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = changed => {}
+            () = tokio::time::sleep(wait) => {}
+            _ = signals.recv() => return Ok(OK),
+        }
+    }
+}
+
+/// What `watch` tells of a key: its line, and its JSON (the record as `inspect --json` shows it,
+/// or `{"key": …, "state": "none"}`). The line leaves out what renewals change.
+fn watched(key: &Key, seen: Option<&Inspection>, now: u64) -> (String, Value) {
+    let k = clean(key.as_str());
+    match seen {
+        None => (
+            format!("{k} none"),
+            json!({"key": key.as_str(), "state": "none"}),
+        ),
+        Some(Inspection::Corrupt { name, detail }) => (
+            format!("{k} corrupt {}", clean(detail)),
+            corrupt_json(name, detail),
+        ),
+        Some(Inspection::Record(r)) => {
+            let mut line = format!("{k} {} fence {}", state(r, now), r.fence);
+            if let (Some(h), "held" | "expired") = (&r.holder, state(r, now)) {
+                line.push_str(&format!(" holder {}", clean(h)));
+            }
+            if let Some(w) = waiter(r, now) {
+                line.push_str(&format!(" waiter {}", clean(&w)));
+            }
+            let mut object = record_json(r, now);
+            if let Some(o) = object.as_object_mut() {
+                // Renewals change these; the line above does not show them either.
+                o.remove("remaining_ms");
+            }
+            (line, object)
         }
     }
 }

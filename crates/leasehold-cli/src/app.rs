@@ -64,6 +64,10 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
             let key = admin::key_arg(&args.key)?;
             admin::inspect(&*store::open(url).await?, key, args.json).await
         }
+        Command::Watch(args) => {
+            let key = admin::key_arg(&args.key)?;
+            admin::watch(&*store::open(url).await?, key, args.json, args.every).await
+        }
         Command::Release(args) => {
             admin::check_force(&args)?;
             let key = admin::key_arg(&args.key)?;

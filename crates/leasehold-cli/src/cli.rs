@@ -54,6 +54,15 @@ pub(crate) enum Command {
     #[command(after_help = exit::HELP)]
     Elect(ElectArgs),
 
+    /// Follow a key: its state now and at every change, one line each, until interrupted.
+    ///
+    /// A line is `KEY STATE fence N [holder H] [waiter W]` (STATE: held, expired, free; or `KEY
+    /// none`, `KEY corrupt DETAIL`); renewals are not changes. Changes are seen through the
+    /// store's notification where it has one, when the lease expires, and at the latest every
+    /// --every.
+    #[command(after_help = exit::HELP)]
+    Watch(WatchArgs),
+
     /// List lease records (KEY, HOLDER, FENCE, EXPIRES, WAITER).
     #[command(after_help = exit::HELP)]
     Ls(LsArgs),
@@ -172,6 +181,22 @@ pub(crate) struct InspectArgs {
     /// Print the record as JSON.
     #[arg(long)]
     pub(crate) json: bool,
+}
+
+/// Options of `watch`.
+#[derive(Debug, Args)]
+pub(crate) struct WatchArgs {
+    /// The key.
+    #[arg(value_name = "KEY")]
+    pub(crate) key: OsString,
+
+    /// Print each state as a JSON object on one line (the record as `inspect --json` shows it).
+    #[arg(long)]
+    pub(crate) json: bool,
+
+    /// Look at the record at least this often.
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
+    pub(crate) every: Duration,
 }
 
 /// Options of `release`.

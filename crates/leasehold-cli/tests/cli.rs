@@ -1169,15 +1169,22 @@ fn run_works_on_redis_redlock_and_a_cluster() {
 }
 
 /// Two `elect` candidates on the store at `url`: the second, waiting, leads within a second of
-/// the first stepping down, with a higher fence.
+/// the first stepping down, with a higher fence; `watch` sees each leader.
 fn elect_hands_over(url: &str) {
-    let elect = || {
+    let leasehold = |args: &[&str]| {
         let mut c = bare();
-        c.args(["--store", url, "elect", "--key", "leader", "--ttl", "2s"]);
+        c.args(["--store", url]).args(args);
         Proc::spawn(c)
     };
+    let elect = || leasehold(&["elect", "--key", "leader", "--ttl", "2s"]);
+    let mut watch = leasehold(&["watch", "leader", "--every", "100ms"]);
     let mut a = elect();
     let first = last_number(&a.wait_line_starting("elected leader "));
+    let seen = watch.wait_line_starting("leader held ");
+    assert!(
+        seen.starts_with(&format!("leader held fence {first} holder ")),
+        "{url}: {seen}"
+    );
     let mut b = elect();
     let deadline = Instant::now() + LIMIT;
     loop {
@@ -1202,8 +1209,12 @@ fn elect_hands_over(url: &str) {
         t.elapsed()
     );
     assert!(second > first, "{url}: fence {second} after {first}");
+    let seen = watch.wait_line_starting(&format!("leader held fence {second} "));
+    assert!(seen.contains(" holder "), "{url}: {seen}");
     b.signal(libc::SIGTERM);
     assert_eq!(b.finish(LIMIT).code, Some(0), "{url}");
+    watch.signal(libc::SIGTERM);
+    assert_eq!(watch.finish(LIMIT).code, Some(0), "{url}");
 }
 
 #[test]
@@ -1645,4 +1656,41 @@ fn elect_runs_the_command_while_leading() {
     b.wait_line_starting("leading ");
     assert_eq!(s.output(["release", "--force", "lead"]).code, Some(0));
     assert_eq!(b.finish(LIMIT).code, Some(76));
+}
+
+#[test]
+fn watch_tells_each_change_of_a_key() {
+    let s = Store::new();
+    let mut plain = s.spawn(["watch", "k"]);
+    let mut json = s.spawn(["watch", "k", "--json", "--every", "200ms"]);
+    plain.wait_line("k none");
+    let none: Value = serde_json::from_str(&json.wait_line_starting("{")).unwrap();
+    assert_eq!(none["state"], "none");
+    let mut run = s.spawn([
+        "run", "--key", "k", "--ttl", "1s", "--", "sh", "-c", UNTIL_EOF,
+    ]);
+    run.wait_line("ready");
+    let rec = s.inspect("k");
+    let held = plain.wait_line_starting("k held ");
+    assert_eq!(
+        held,
+        format!("k held fence {} holder {}", fence(&rec), holder(&rec))
+    );
+    let object: Value = serde_json::from_str(&json.wait_line_starting("{")).unwrap();
+    assert_eq!(object["state"], "held");
+    assert_eq!(object["holder"], holder(&rec));
+    assert!(object.get("token").is_none(), "{object}");
+    // Renewals (every 333 ms) are not changes: after two of them, the next line is the release.
+    std::thread::sleep(Duration::from_millis(800));
+    assert_eq!(run.finish(LIMIT).code, Some(0));
+    assert_eq!(
+        plain.wait_line_starting("k "),
+        format!("k free fence {}", fence(&rec))
+    );
+    let object: Value = serde_json::from_str(&json.wait_line_starting("{")).unwrap();
+    assert_eq!(object["state"], "free");
+    plain.signal(libc::SIGINT);
+    assert_eq!(plain.finish(LIMIT).code, Some(0));
+    json.signal(libc::SIGTERM);
+    assert_eq!(json.finish(LIMIT).code, Some(0));
 }
