@@ -56,8 +56,8 @@ pub async fn take_many(
 /// A Redis record overwritten with a hash by an operator: 20 leases `{stem}/N` are taken through
 /// the store at `url` (record names `{record_prefix}{stem}/N`), and `redis` (a command line to
 /// the server holding the record) replaces one with a hash. That lease is lost (`TakenOver`) at
-/// its next renewal, the others renewed in the same script calls are not; the key inspects as
-/// corrupt, force-releasing it finds no lease, and an acquire replaces it, as it does any
+/// its next renewal, the others renewed in the same script calls are not; the key inspects and
+/// lists as corrupt, force-releasing it finds no lease, and an acquire replaces it, as it does any
 /// unreadable record.
 ///
 /// # Panics
@@ -89,6 +89,14 @@ pub async fn overwritten_with_a_hash(url: &str, record_prefix: &str, redis: impl
         matches!(seen, Some(leasehold::Inspection::Corrupt { .. })),
         "{seen:?}"
     );
+    // Listed as corrupt too, next to the 19 records.
+    let listed = l.store().list(&stem).await.unwrap();
+    assert_eq!(listed.len(), 20, "{listed:?}");
+    let corrupt = listed
+        .iter()
+        .filter(|i| matches!(i, leasehold::Inspection::Corrupt { .. }))
+        .count();
+    assert_eq!(corrupt, 1, "{listed:?}");
     assert_eq!(l.store().force_release(&key).await.unwrap(), None);
     let other = connect_as(url, "other").await;
     let g = other

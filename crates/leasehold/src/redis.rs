@@ -1872,8 +1872,18 @@ impl LockStore for RedisStore {
         for chunk in names.chunks(500) {
             let raws: Vec<Option<Vec<u8>>> = self.query(::redis::cmd("MGET").arg(chunk)).await?;
             for (name, raw) in chunk.iter().zip(raws) {
-                if let Some(raw) = raw {
-                    out.push(inspection(name, &raw));
+                match raw {
+                    Some(raw) => out.push(inspection(name, &raw)),
+                    // Expired since the scan, or a value of another type (`MGET` reads neither).
+                    None => {
+                        let kind: String = self.query(::redis::cmd("TYPE").arg(name)).await?;
+                        if kind != "none" && kind != "string" {
+                            out.push(Inspection::Corrupt {
+                                name: name.clone(),
+                                detail: format!("not a string record: a Redis {kind}"),
+                            });
+                        }
+                    }
                 }
             }
         }
