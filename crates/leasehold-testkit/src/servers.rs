@@ -290,18 +290,7 @@ impl RedisServer {
     /// server: `redis-cli --tls`'s output).
     pub fn command(&self, args: &[&str]) -> Option<String> {
         if self.tls {
-            let ca = self.dir.path().join("ca.crt");
-            let out = Command::new("redis-cli")
-                .args(["--tls", "--cacert"])
-                .arg(&ca)
-                .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
-                .args(args)
-                .output()
-                .ok()?;
-            return out
-                .status
-                .success()
-                .then(|| String::from_utf8_lossy(&out.stdout).into_owned());
+            return command_over_tls(self.port, &self.dir.path().join("ca.crt"), None, args);
         }
         command_on(self.port, args)
     }
@@ -363,6 +352,27 @@ pub fn command_on(port: u16, args: &[&str]) -> Option<String> {
     command_as(port, None, args)
 }
 
+/// One command to the TLS port `port` through `redis-cli --tls` (trusting `ca`, after `AUTH
+/// password` when given); its output (`redis-cli`'s text, not raw RESP) when it succeeds.
+fn command_over_tls(
+    port: u16,
+    ca: &std::path::Path,
+    password: Option<&str>,
+    args: &[&str],
+) -> Option<String> {
+    let mut cli = Command::new("redis-cli");
+    cli.args(["--tls", "--cacert"])
+        .arg(ca)
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()]);
+    if let Some(pw) = password {
+        cli.args(["--no-auth-warning", "-a", pw]);
+    }
+    let out = cli.args(args).output().ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
 /// [`command_on`] after `AUTH password` when `password` is given.
 fn command_as(port: u16, password: Option<&str>, args: &[&str]) -> Option<String> {
     let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
@@ -395,6 +405,8 @@ pub struct SentinelSet {
     pub servers: Vec<RedisServer>,
     /// The sentinels.
     pub sentinels: Vec<SentinelServer>,
+    /// The CA and certificate every process of a TLS deployment uses.
+    certs: Option<tempfile::TempDir>,
 }
 
 /// One `redis-server --sentinel` with its config file in a temp dir, stopped (SIGKILL) on drop.
@@ -403,14 +415,20 @@ pub struct SentinelServer {
     /// Its port.
     pub port: u16,
     password: Option<String>,
+    /// The CA to trust, for a sentinel that speaks TLS only.
+    ca: Option<std::path::PathBuf>,
     child: Option<Child>,
     _dir: tempfile::TempDir,
 }
 
 impl SentinelServer {
-    /// Sends one command (after `AUTH` if the sentinel has a password); the raw first reply.
+    /// Sends one command (after `AUTH` if the sentinel has a password); the raw first reply (over
+    /// TLS: `redis-cli`'s output).
     pub fn command(&self, args: &[&str]) -> Option<String> {
-        command_as(self.port, self.password.as_deref(), args)
+        match &self.ca {
+            Some(ca) => command_over_tls(self.port, ca, self.password.as_deref(), args),
+            None => command_as(self.port, self.password.as_deref(), args),
+        }
     }
 }
 
@@ -439,13 +457,40 @@ impl SentinelSet {
     /// # Panics
     /// As [`SentinelSet::start`].
     pub fn start_with_password(password: Option<&str>) -> Self {
-        let primary = RedisServer::start();
-        let replica = RedisServer::start();
+        Self::launch(password, false)
+    }
+
+    /// [`SentinelSet::start`] over TLS only: data servers (replicating over TLS) and sentinels
+    /// listen on TLS ports, with certificates from one test CA; [`SentinelSet::url`] is then
+    /// `rediss+sentinel://…?ca=CA`.
+    ///
+    /// # Panics
+    /// As [`SentinelSet::start`].
+    pub fn start_tls() -> Self {
+        Self::launch(None, true)
+    }
+
+    fn launch(password: Option<&str>, tls: bool) -> Self {
+        let certs = tls.then(|| {
+            let certs = server_dir("sentinel-certs");
+            make_certs(certs.path());
+            certs
+        });
+        let data_server = || match &certs {
+            Some(c) => RedisServer::launch(
+                free_port(),
+                Tls::From(c.path()),
+                &["--tls-replication", "yes"],
+            ),
+            None => RedisServer::start(),
+        };
+        let primary = data_server();
+        let replica = data_server();
         let primary_port = primary.port.to_string();
         assert!(
             replica
                 .command(&["REPLICAOF", "127.0.0.1", &primary_port])
-                .is_some_and(|r| r.starts_with("+OK")),
+                .is_some_and(|r| r.starts_with("+OK") || r.starts_with("OK")),
             "REPLICAOF refused"
         );
         let sentinels: Vec<SentinelServer> = (0..3)
@@ -464,6 +509,18 @@ impl SentinelSet {
                     // The sentinels talk to each other with the same password.
                     text.push_str(&format!("requirepass {pw}\nsentinel sentinel-pass {pw}\n"));
                 }
+                if let Some(c) = &certs {
+                    // TLS only, to clients, data servers and the other sentinels alike.
+                    let p = |f: &str| c.path().join(f).display().to_string();
+                    text = text.replace(&format!("port {port}\n"), "port 0\n");
+                    text.push_str(&format!(
+                        "tls-port {port}\ntls-cert-file {}\ntls-key-file {}\n\
+                         tls-ca-cert-file {}\ntls-auth-clients no\ntls-replication yes\n",
+                        p("server.crt"),
+                        p("server.key"),
+                        p("ca.crt")
+                    ));
+                }
                 std::fs::write(&conf, text).unwrap_or_else(|e| panic!("sentinel.conf: {e}"));
                 let mut cmd = Command::new("redis-server");
                 cmd.arg(&conf)
@@ -476,6 +533,7 @@ impl SentinelSet {
                 SentinelServer {
                     port,
                     password: password.map(str::to_owned),
+                    ca: certs.as_ref().map(|c| c.path().join("ca.crt")),
                     child: Some(child),
                     _dir: dir,
                 }
@@ -484,6 +542,7 @@ impl SentinelSet {
         let set = SentinelSet {
             servers: vec![primary, replica],
             sentinels,
+            certs,
         };
         let settled = |s: &SentinelServer| {
             let ask = |what: &str| s.command(&["SENTINEL", what, SENTINEL_MASTER]);
@@ -503,19 +562,30 @@ impl SentinelSet {
         set
     }
 
-    /// `redis+sentinel://127.0.0.1:S1,127.0.0.1:S2,127.0.0.1:S3/leasehold/0[?sentinel_pass=…]`.
+    /// `redis+sentinel://127.0.0.1:S1,127.0.0.1:S2,127.0.0.1:S3/leasehold/0[?sentinel_pass=…]`,
+    /// or `rediss+sentinel://…?ca=CA` over TLS.
     pub fn url(&self) -> String {
         let sentinels: Vec<String> = self
             .sentinels
             .iter()
             .map(|s| format!("127.0.0.1:{}", s.port))
             .collect();
-        let auth = match &self.sentinels[0].password {
-            Some(pw) => format!("?sentinel_pass={pw}"),
-            None => String::new(),
+        let mut query = vec![];
+        if let Some(pw) = &self.sentinels[0].password {
+            query.push(format!("sentinel_pass={pw}"));
+        }
+        let mut scheme = "redis+sentinel";
+        if let Some(c) = &self.certs {
+            scheme = "rediss+sentinel";
+            query.push(format!("ca={}", c.path().join("ca.crt").display()));
+        }
+        let query = if query.is_empty() {
+            String::new()
+        } else {
+            format!("?{}", query.join("&"))
         };
         format!(
-            "redis+sentinel://{}/{SENTINEL_MASTER}/0{auth}",
+            "{scheme}://{}/{SENTINEL_MASTER}/0{query}",
             sentinels.join(",")
         )
     }
@@ -531,8 +601,9 @@ impl SentinelSet {
     pub fn primary_port(&self) -> Option<u16> {
         self.sentinels.iter().find_map(|s| {
             let reply = s.command(&["SENTINEL", "get-master-addr-by-name", SENTINEL_MASTER])?;
-            // *2 $9 127.0.0.1 $5 PORT
-            reply.lines().nth(4)?.trim().parse().ok()
+            // The port is the last line, in raw RESP (`*2 $9 127.0.0.1 $5 PORT`) and in
+            // `redis-cli`'s output (`127.0.0.1 PORT`) alike.
+            reply.lines().last()?.trim().parse().ok()
         })
     }
 
@@ -546,6 +617,13 @@ impl SentinelSet {
 pub fn shared_sentinels() -> &'static SentinelSet {
     static SET: OnceLock<SentinelSet> = OnceLock::new();
     SET.get_or_init(SentinelSet::start)
+}
+
+/// A TLS-only Sentinel deployment ([`SentinelSet::start_tls`]) shared by all tests of this
+/// process.
+pub fn shared_tls_sentinels() -> &'static SentinelSet {
+    static SET: OnceLock<SentinelSet> = OnceLock::new();
+    SET.get_or_init(SentinelSet::start_tls)
 }
 
 /// A Redis Cluster on loopback: three primaries and a replica of each, every one a

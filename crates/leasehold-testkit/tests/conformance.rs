@@ -1,5 +1,5 @@
 //! The conformance suite against every store (and every way to reach one: `redis://`, `rediss://`,
-//! `redis+unix://`, `redis+sentinel://`, `redis+cluster://`).
+//! `redis+unix://`, `redis+sentinel://`, `rediss+sentinel://`, `redis+cluster://`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -58,6 +58,17 @@ mod redis_sentinel {
         leasehold::open_store(&set.url())
             .await
             .expect("redis+sentinel store")
+    }
+    leasehold_testkit::conformance_tests!(store().await);
+}
+
+mod redis_sentinel_tls {
+    use super::*;
+    async fn store() -> Arc<dyn LockStore> {
+        let set = leasehold_testkit::servers::shared_tls_sentinels();
+        leasehold::open_store(&set.url())
+            .await
+            .expect("rediss+sentinel store")
     }
     leasehold_testkit::conformance_tests!(store().await);
 }

@@ -1158,7 +1158,30 @@ async fn a_sentinel_failover_moves_the_store_to_the_promoted_primary() {
 /// that was waiting through the outage gets its lease on the new primary.
 #[tokio::test]
 async fn a_killed_sentinel_primary_is_replaced_and_a_waiter_gets_its_lease() {
-    let mut set = leasehold_testkit::servers::SentinelSet::start();
+    killed_primary_replaced(leasehold_testkit::servers::SentinelSet::start()).await;
+}
+
+/// `rediss+sentinel://…?ca=`: the same over TLS only (sentinels, data servers and replication),
+/// trusting the test CA; without `?ca=` the system trust store refuses it for good.
+#[tokio::test]
+async fn a_tls_sentinel_deployment_is_followed_through_a_failover() {
+    let set = leasehold_testkit::servers::SentinelSet::start_tls();
+    let url = set.url();
+    assert!(url.starts_with("rediss+sentinel://"), "{url}");
+    let untrusted = format!("{}?timeout=500ms", &url[..url.find('?').unwrap()]);
+    let err = leasehold::open_store(&untrusted)
+        .await
+        .expect_err("the test CA is not in the system trust store");
+    assert!(!err.is_retryable(), "{err}");
+    let plain = url.replacen("rediss+sentinel", "redis+sentinel", 1);
+    assert!(matches!(
+        leasehold::open_store(&plain).await,
+        Err(leasehold::Error::InvalidUrl { .. })
+    ));
+    killed_primary_replaced(set).await;
+}
+
+async fn killed_primary_replaced(mut set: leasehold_testkit::servers::SentinelSet) {
     let old = set.primary_port().expect("a primary");
     let l = locks(&set.url_with("timeout=500ms"), "a").await;
     let g = l
@@ -1199,6 +1222,7 @@ async fn sentinel_urls_are_checked() {
         "redis+sentinel://127.0.0.1:1/",
         "redis+sentinel://127.0.0.1:1,nohost/m",
         "redis+sentinel://127.0.0.1:1/m?colour=red",
+        "rediss+sentinel://127.0.0.1:1",
     ] {
         let res = leasehold::open_store(bad).await;
         assert!(
@@ -1206,6 +1230,11 @@ async fn sentinel_urls_are_checked() {
             "{bad}: {res:?}"
         );
     }
+    let missing_ca = "rediss+sentinel://127.0.0.1:1/m?ca=/nonexistent/ca.pem";
+    assert!(matches!(
+        leasehold::open_store(missing_ca).await,
+        Err(leasehold::Error::Io { .. })
+    ));
     let port = leasehold_testkit::servers::free_port();
     let err = leasehold::open_store(&format!(
         "redis+sentinel://u:hunter2@127.0.0.1:{port}/m?timeout=300ms"

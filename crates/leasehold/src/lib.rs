@@ -162,7 +162,7 @@ pub async fn open_store(url: &str) -> Result<Arc<dyn LockStore>> {
         return Ok(Arc::new(crate::redlock::RedlockStore::from_url(url).await?));
     }
     #[cfg(feature = "redis")]
-    if scheme == "redis+sentinel" {
+    if scheme == "redis+sentinel" || scheme == "rediss+sentinel" {
         return Ok(Arc::new(
             crate::redis::RedisStore::from_sentinel_url(url).await?,
         ));
@@ -187,7 +187,9 @@ pub async fn open_store(url: &str) -> Result<Arc<dyn LockStore>> {
             Ok(Arc::new(crate::redis::RedisStore::from_url(&parsed).await?))
         }
         #[cfg(not(feature = "redis"))]
-        "redis" | "rediss" | "redis+unix" | "redis+sentinel" => Err(not_enabled("redis")),
+        "redis" | "rediss" | "redis+unix" | "redis+sentinel" | "rediss+sentinel" => {
+            Err(not_enabled("redis"))
+        }
         "redlock" => Err(not_enabled("redlock")),
         "redis+cluster" | "rediss+cluster" => Err(not_enabled("redis-cluster")),
         #[cfg(feature = "kubernetes")]
@@ -200,7 +202,7 @@ pub async fn open_store(url: &str) -> Result<Arc<dyn LockStore>> {
         "s3" => Err(not_enabled("s3")),
         "postgres" | "postgresql" => Err(not_enabled("postgres")),
         "etcd" => Err(not_enabled("etcd")),
-        _ => Err(bad("unknown scheme (known: file, memory, record-memory, redis, rediss, redis+unix, redis+sentinel, redis+cluster, rediss+cluster, redlock, k8s, gs, s3, postgres, etcd)")),
+        _ => Err(bad("unknown scheme (known: file, memory, record-memory, redis, rediss, redis+unix, redis+sentinel, rediss+sentinel, redis+cluster, rediss+cluster, redlock, k8s, gs, s3, postgres, etcd)")),
     }
 }
 

@@ -1,5 +1,6 @@
 //! The Redis store (`redis://[user:pass@]host:port/db`, `rediss://…` over TLS,
-//! `redis+unix:///path/to/redis.sock?db=N&user=…&pass=…` over a Unix socket): one Redis server.
+//! `redis+unix:///path/to/redis.sock?db=N&user=…&pass=…` over a Unix socket,
+//! `redis+sentinel://…` / `rediss+sentinel://…` through Redis Sentinel): one Redis server.
 //!
 //! Checklist — native TTL: yes (`PX` on the record key; expiry judged by the server's clock, read
 //! with `TIME` inside the scripts); watch: yes (pub/sub on a channel named like the record key:
@@ -552,27 +553,79 @@ impl ::redis::aio::ConnectionLike for Conn {
     }
 }
 
-/// The sentinels of a `redis+sentinel://` store.
+/// Makes a client for the data server at (`ip`, `port`), with the store's credentials, database
+/// and TLS settings.
+type NodeClient = Arc<dyn Fn(&str, u16) -> Result<::redis::Client> + Send + Sync>;
+
+/// The sentinels of a `redis+sentinel://` (or `rediss+sentinel://`) store.
 pub(crate) struct Sentinels {
-    sentinel: tokio::sync::Mutex<::redis::sentinel::Sentinel>,
+    /// A client for each sentinel (over TLS for `rediss+sentinel://`).
+    sentinels: Vec<::redis::Client>,
     master: String,
-    node: ::redis::sentinel::SentinelNodeConnectionInfo,
+    node: NodeClient,
     /// The task following the sentinels' `+switch-master` announcements.
     follower: Mutex<Option<tokio::task::AbortHandle>>,
 }
 
 impl Sentinels {
-    /// A client for the primary the sentinels name, checked (`ROLE`) to be one; asking takes at
-    /// most `timeout`.
+    /// A client for the primary the sentinels name, checked (`ROLE`) to be one: all sentinels are
+    /// asked at once and the first good answer is taken; each answer takes at most `timeout`.
     async fn primary(&self, described: &str, timeout: Duration) -> Result<::redis::Client> {
-        bounded(described, timeout, "no primary named", async {
-            self.sentinel
-                .lock()
-                .await
-                .async_master_for(&self.master, Some(&self.node))
-                .await
-        })
-        .await
+        let asks = self
+            .sentinels
+            .iter()
+            .map(|s| Box::pin(self.ask(s, described, timeout)));
+        match futures_util::future::select_ok(asks).await {
+            Ok((client, _)) => Ok(client),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The primary `sentinel` names for the master group, checked to be one.
+    async fn ask(
+        &self,
+        sentinel: &::redis::Client,
+        described: &str,
+        timeout: Duration,
+    ) -> Result<::redis::Client> {
+        let named: Option<(String, u16)> =
+            bounded(described, timeout, "no answer from a sentinel", async {
+                let mut conn = sentinel.get_multiplexed_async_connection().await?;
+                ::redis::cmd("SENTINEL")
+                    .arg("get-master-addr-by-name")
+                    .arg(&self.master)
+                    .query_async(&mut conn)
+                    .await
+            })
+            .await?;
+        let Some((ip, port)) = named else {
+            return Err(Error::Store {
+                store: described.to_owned(),
+                detail: format!("the sentinels monitor no master named {:?}", self.master),
+                retryable: false,
+            });
+        };
+        let client = (self.node)(&ip, port)?;
+        let role: Vec<::redis::Value> = bounded(
+            described,
+            timeout,
+            "no answer from the primary the sentinels name",
+            async {
+                let mut conn = client.get_multiplexed_async_connection().await?;
+                ::redis::cmd("ROLE").query_async(&mut conn).await
+            },
+        )
+        .await?;
+        let first = role
+            .first()
+            .and_then(|v| ::redis::from_redis_value_ref::<String>(v).ok());
+        if first.as_deref() != Some("master") {
+            return Err(Error::Unavailable {
+                store: described.to_owned(),
+                detail: format!("{ip}:{port}, which the sentinels name, is not a primary (yet)"),
+            });
+        }
+        Ok(client)
     }
 }
 
@@ -714,17 +767,16 @@ impl Drop for Link {
 /// <new port>`) for the link's master group, on one sentinel at a time, and moves the link to the
 /// announced primary at once. Without it the store would move only when the old primary, demoted,
 /// answers `READONLY` — which Sentinel does at its next look at that server, up to ~10 s after the
-/// failover, while it still takes writes. `node` makes a data server's URL from `ip:port`.
+/// failover, while it still takes writes. `node` makes a data server's client.
 async fn follow_switches(
     link: std::sync::Weak<Link>,
-    sentinels: Vec<String>,
+    sentinels: Vec<::redis::Client>,
     master: String,
-    node: impl Fn(&str) -> String + Send + 'static,
+    node: NodeClient,
     timeout: Duration,
 ) {
-    for url in sentinels.iter().cycle() {
+    for client in sentinels.iter().cycle() {
         let subscribed = async {
-            let client = ::redis::Client::open(url.as_str()).ok()?;
             let mut pubsub = tokio::time::timeout(timeout, client.get_async_pubsub())
                 .await
                 .ok()?
@@ -743,11 +795,14 @@ async fn follow_switches(
                 let [name, _, _, ip, port] = words[..] else {
                     continue;
                 };
+                let Ok(port) = port.parse::<u16>() else {
+                    continue;
+                };
                 if name != master {
                     continue;
                 }
                 let Some(link) = link.upgrade() else { return };
-                match ::redis::Client::open(node(&format!("{ip}:{port}"))) {
+                match node(ip, port) {
                     Ok(client) => {
                         let generation = link.current.lock().0;
                         link.switch_to(generation, client)
@@ -1237,8 +1292,9 @@ impl RedisStore {
         Self::start(client, Origin::Fixed, described, fence_prefix, opts, lazy).await
     }
 
-    /// Connects to the primary that the sentinels at `sentinels` (`redis://host:port` each) name
-    /// for `master`; `userinfo` (`user:pass@` or empty) and `db` are the data servers'.
+    /// Connects to the primary that the sentinels at `sentinels` (`redis://host:port` or
+    /// `rediss://host:port` each) name for `master`; `userinfo` (`user:pass@` or empty) and `db`
+    /// are the data servers', which are spoken to over TLS when the sentinels are.
     async fn connect_sentinel(
         sentinels: Vec<String>,
         master: String,
@@ -1247,25 +1303,39 @@ impl RedisStore {
         opts: RedisOptions,
     ) -> Result<Self> {
         let fence_prefix = checked_fence_prefix(&opts)?;
-        let bad = |reason: String| Error::InvalidUrl {
-            url: described.clone(),
-            reason,
+        let sentinels = sentinels
+            .iter()
+            .map(|url| open_client(url, &opts, &described))
+            .collect::<Result<Vec<_>>>()?;
+        let scheme = if sentinels.iter().any(|s| {
+            matches!(
+                s.get_connection_info().addr(),
+                ::redis::ConnectionAddr::TcpTls { .. }
+            )
+        }) {
+            "rediss"
+        } else {
+            "redis"
         };
-        // A data server's URL from its `ip:port`, with our database and credentials (decoded as
-        // the redis crate decodes any URL).
-        let node_url = move |addr: &str| format!("redis://{userinfo}{addr}/{db}");
-        let node = ::redis::IntoConnectionInfo::into_connection_info(node_url("127.0.0.1:1"))
-            .map_err(|e| bad(e.to_string()))?
-            .redis_settings()
-            .clone();
-        let node = ::redis::sentinel::SentinelNodeConnectionInfo::default()
-            .set_redis_connection_info(node);
-        let sentinel = ::redis::sentinel::Sentinel::build(sentinels.clone())
-            .map_err(|e| bad(e.to_string()))?;
+        // A data server's client from its address, with our database and credentials (decoded as
+        // the redis crate decodes any URL) and the sentinels' TLS settings.
+        let node_opts = opts.clone();
+        let node_described = described.clone();
+        let node: NodeClient = Arc::new(move |ip: &str, port: u16| {
+            let host = if ip.contains(':') {
+                format!("[{ip}]")
+            } else {
+                ip.to_owned()
+            };
+            let url = format!("{scheme}://{userinfo}{host}:{port}/{db}");
+            open_client(&url, &node_opts, &node_described)
+        });
+        // Bad credentials or database: refused now, not at the first lookup.
+        node("127.0.0.1", 1)?;
         let named = Sentinels {
-            sentinel: tokio::sync::Mutex::new(sentinel),
+            sentinels: sentinels.clone(),
             master: master.clone(),
-            node,
+            node: node.clone(),
             follower: Mutex::new(None),
         };
         let client = named.primary(&described, opts.timeout * 2).await?;
@@ -1278,7 +1348,7 @@ impl RedisStore {
                 Arc::downgrade(link),
                 sentinels,
                 master,
-                node_url,
+                node,
                 timeout,
             ));
             *follower.lock() = Some(task.abort_handle());
@@ -1364,16 +1434,23 @@ impl RedisStore {
         }
     }
 
-    /// Parses `redis+sentinel://[user:pass@]host1:port1,host2:port2,…/MASTER[/DB][?prefix=…]` and
-    /// connects to the primary the sentinels name for `MASTER`. The user and password are the
-    /// data servers'; `?sentinel_pass=…[&sentinel_user=…]` are the sentinels' (none by default).
+    /// Parses `redis+sentinel://[user:pass@]host1:port1,host2:port2,…/MASTER[/DB][?prefix=…]` (or
+    /// `rediss+sentinel://…[?ca=…]`: TLS to sentinels and data servers alike) and connects to the
+    /// primary the sentinels name for `MASTER`. The user and password are the data servers';
+    /// `?sentinel_pass=…[&sentinel_user=…]` are the sentinels' (none by default).
     pub(crate) async fn from_sentinel_url(url: &str) -> Result<Self> {
         let described = crate::redact_url(url);
         let bad = |reason: &str| Error::InvalidUrl {
             url: described.clone(),
             reason: reason.into(),
         };
-        let list = host_list(url, "redis+sentinel", &described)?;
+        let tls = url.starts_with("rediss+sentinel://");
+        let scheme = if tls {
+            "rediss+sentinel"
+        } else {
+            "redis+sentinel"
+        };
+        let list = host_list(url, scheme, &described)?;
         let (master, db) = match list.path.split_once('/') {
             Some((m, d)) => (m, d),
             None => (list.path, ""),
@@ -1387,8 +1464,9 @@ impl RedisStore {
         let param = |name: &str| pairs.iter().find(|(k, _)| k == name).map(|(_, v)| v);
         let mut sentinels = vec![];
         for host in &list.hosts {
-            let mut u =
-                url::Url::parse(&format!("redis://{host}")).map_err(|e| bad(&e.to_string()))?;
+            let sentinel = if tls { "rediss" } else { "redis" };
+            let mut u = url::Url::parse(&format!("{sentinel}://{host}"))
+                .map_err(|e| bad(&e.to_string()))?;
             if let Some(pass) = param("sentinel_pass") {
                 let user = param("sentinel_user").map_or("", |u| u.as_ref());
                 // Setting credentials fails only for URLs without a host, which these have.
