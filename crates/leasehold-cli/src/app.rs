@@ -2,7 +2,7 @@
 
 use crate::cli::{Cli, Command};
 use crate::exit::{self, Failure, ERROR};
-use crate::{admin, elect, queue, run, store};
+use crate::{admin, bench, elect, queue, run, store};
 use std::io::IsTerminal;
 use std::time::Duration;
 use tracing_subscriber::EnvFilter;
@@ -64,6 +64,7 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
             let key = admin::key_arg(&args.key)?;
             admin::inspect(&*store::open(url).await?, key, args.json).await
         }
+        Command::Bench(args) => bench::bench(store::open(url).await?, args).await,
         Command::Watch(args) => {
             let key = admin::key_arg(&args.key)?;
             admin::watch(&*store::open(url).await?, key, args.json, args.every).await

@@ -63,6 +63,14 @@ pub(crate) enum Command {
     #[command(after_help = exit::HELP)]
     Watch(WatchArgs),
 
+    /// Measure the store from here: acquire+release cycles per second with N tasks on distinct
+    /// keys, and handoffs per second with N tasks taking turns on one key, with latencies.
+    ///
+    /// Keys are leasehold-bench/PID-MS/…, all released at the end (stores that keep free
+    /// records keep these too: `cleanup` removes them).
+    #[command(after_help = exit::HELP)]
+    Bench(BenchArgs),
+
     /// List lease records (KEY, HOLDER, FENCE, EXPIRES, WAITER).
     #[command(after_help = exit::HELP)]
     Ls(LsArgs),
@@ -179,6 +187,31 @@ pub(crate) struct InspectArgs {
     pub(crate) key: OsString,
 
     /// Print the record as JSON.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// Options of `bench`.
+#[derive(Debug, Args)]
+pub(crate) struct BenchArgs {
+    /// How many concurrent tasks, one run each (comma-separated).
+    #[arg(
+        long,
+        value_name = "N,…",
+        value_delimiter = ',',
+        default_value = "1,8,64"
+    )]
+    pub(crate) tasks: Vec<usize>,
+
+    /// How long each run lasts.
+    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_duration)]
+    pub(crate) duration: Duration,
+
+    /// Skip the hot-key runs (all tasks on one key).
+    #[arg(long)]
+    pub(crate) no_hot: bool,
+
+    /// Print the figures as one JSON object.
     #[arg(long)]
     pub(crate) json: bool,
 }

@@ -3,6 +3,7 @@
 
 mod admin;
 mod app;
+mod bench;
 mod cli;
 mod elect;
 mod exit;

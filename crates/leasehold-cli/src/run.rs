@@ -374,7 +374,7 @@ fn exit_status(status: io::Result<ExitStatus>) -> Result<u8, Failure> {
 }
 
 /// 128+S.
-fn signal_status(sig: libc::c_int) -> u8 {
+pub(crate) fn signal_status(sig: libc::c_int) -> u8 {
     u8::try_from(sig).map_or(ERROR, |s| SIGNAL_BASE.saturating_add(s))
 }
 

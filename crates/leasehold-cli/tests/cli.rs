@@ -1169,8 +1169,31 @@ fn run_works_on_redis_redlock_and_a_cluster() {
 }
 
 /// Two `elect` candidates on the store at `url`: the second, waiting, leads within a second of
-/// the first stepping down, with a higher fence; `watch` sees each leader.
+/// the first stepping down, with a higher fence; `watch` sees each leader. And `bench` runs there.
 fn elect_hands_over(url: &str) {
+    let out = bare()
+        .args([
+            "--store",
+            url,
+            "bench",
+            "--tasks",
+            "2",
+            "--duration",
+            "100ms",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{url}: {out:?}");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        v["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["count"].as_u64() > Some(0)),
+        "{url}: {v}"
+    );
     let leasehold = |args: &[&str]| {
         let mut c = bare();
         c.args(["--store", url]).args(args);
@@ -1693,4 +1716,41 @@ fn watch_tells_each_change_of_a_key() {
     assert_eq!(plain.finish(LIMIT).code, Some(0));
     json.signal(libc::SIGTERM);
     assert_eq!(json.finish(LIMIT).code, Some(0));
+}
+
+#[test]
+fn bench_measures_the_store_and_leaves_nothing_held() {
+    let s = Store::new();
+    let out = s.output(["bench", "--tasks", "1,3", "--duration", "200ms"]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert!(lines[0].starts_with("file://"), "{out:?}");
+    assert!(lines[2].starts_with("TASKS  KEYS"), "{out:?}");
+    // 2 task counts × (distinct keys, one hot key).
+    assert_eq!(lines.len(), 3 + 4, "{out:?}");
+    let out = s.output([
+        "bench",
+        "--tasks",
+        "2",
+        "--duration",
+        "200ms",
+        "--no-hot",
+        "--json",
+    ]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let v: Value = serde_json::from_str(&out.stdout).unwrap();
+    let runs = v["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 1, "{v}");
+    assert_eq!(runs[0]["keys"], "distinct");
+    assert!(runs[0]["count"].as_u64().unwrap() > 0, "{v}");
+    assert!(runs[0]["per_second"].as_f64().unwrap() > 0.0, "{v}");
+    let held = s
+        .ls_json(Some("leasehold-bench/"))
+        .into_iter()
+        .filter(|r| r["state"] == "held")
+        .count();
+    assert_eq!(held, 0);
+    let out = s.output(["bench", "--tasks", "0"]);
+    assert_eq!(out.code, Some(2), "{out:?}");
+    out.one_stderr_line();
 }
