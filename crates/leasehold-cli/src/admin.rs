@@ -126,9 +126,25 @@ pub(crate) async fn watch(
     let every = every.max(Duration::from_millis(10));
     let mut changes = store.subscribe(&key).await?;
     let mut last = None;
+    let mut away = false;
     loop {
         let now = now_ms();
-        let seen = store.inspect(&key).await?;
+        let seen = match store.inspect(&key).await {
+            Ok(seen) => seen,
+            // A store briefly away (a restart, a failover): said once per outage, looked at again.
+            Err(e) if e.is_retryable() => {
+                if !away {
+                    crate::exit::report(&format!("{e}; watching on"));
+                    away = true;
+                }
+                tokio::select! {
+                    () = tokio::time::sleep(every) => continue,
+                    _ = signals.recv() => return Ok(OK),
+                }
+            }
+            Err(e) => return Err(e.into()),
+        };
+        away = false;
         let (line, object) = watched(&key, seen.as_ref(), now);
         if last.as_ref() != Some(&line) {
             if json {

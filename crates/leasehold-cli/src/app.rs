@@ -2,7 +2,7 @@
 
 use crate::cli::{Cli, Command};
 use crate::exit::{self, Failure, ERROR};
-use crate::{admin, bench, elect, queue, run, store};
+use crate::{admin, bench, elect, hold, queue, run, store};
 use std::io::IsTerminal;
 use std::time::Duration;
 use tracing_subscriber::EnvFilter;
@@ -39,7 +39,14 @@ pub(crate) fn main(cli: Cli) -> u8 {
             return ERROR;
         }
     };
-    let result = runtime.block_on(dispatch(cli));
+    let result = runtime.block_on(async {
+        let result = dispatch(cli).await;
+        // What cancelled waits and dropped guards left to the background (withdrawing a waiter
+        // registration, a release) finishes before the runtime goes: a signalled candidate must
+        // not keep the lease reserved for itself after it exits.
+        leasehold::settle(Duration::from_secs(1)).await;
+        result
+    });
     // Leases are released explicitly before this point; do not hang on a stuck store call.
     runtime.shutdown_timeout(Duration::from_millis(500));
     match result {
@@ -56,6 +63,7 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
     match cli.command {
         Command::Run(args) => run::run(url, args).await,
         Command::Elect(args) => elect::elect(url, args).await,
+        Command::Hold(args) => hold::hold(url, args).await,
         Command::Ls(args) => {
             let prefix = admin::prefix_arg(args.prefix.as_deref())?;
             admin::ls(&*store::open(url).await?, &prefix, args.json).await

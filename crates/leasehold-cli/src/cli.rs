@@ -40,6 +40,15 @@ pub(crate) enum Command {
     #[command(after_help = exit::HELP)]
     Run(RunArgs),
 
+    /// Hold the lease on a key while stdin stays open: for a script that runs several commands
+    /// under one lease (as a coprocess).
+    ///
+    /// Once the lease is obtained, prints `held KEY HOLDER FENCE` (--json: an object); then holds
+    /// it until stdin reaches end-of-file (closed, or its writer died) or SIGTERM, SIGINT or
+    /// SIGHUP, and releases it (exit 0). A lost lease prints `lost KEY REASON` and exits 76.
+    #[command(after_help = exit::HELP)]
+    Hold(HoldArgs),
+
     /// Elect a leader: campaign for the lease on a key, lead while holding it, campaign again
     /// when it is lost.
     ///
@@ -132,6 +141,34 @@ pub(crate) struct RunArgs {
     /// The command to run, and its arguments (after `--`).
     #[arg(value_name = "CMD", required = true, trailing_var_arg = true, num_args = 1..)]
     pub(crate) command: Vec<OsString>,
+}
+
+/// Options of `hold`.
+#[derive(Debug, Args)]
+pub(crate) struct HoldArgs {
+    /// The key to lock.
+    #[arg(long, value_name = "KEY")]
+    pub(crate) key: OsString,
+
+    /// Time to live of the lease; it is renewed every TTL/3 while held.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    pub(crate) ttl: Duration,
+
+    /// Wait at most this long for the lease, then exit 75 [default: wait forever].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, conflicts_with = "no_wait")]
+    pub(crate) wait: Option<Duration>,
+
+    /// Do not wait: if the lease is held elsewhere, exit 75 at once.
+    #[arg(long)]
+    pub(crate) no_wait: bool,
+
+    /// Print the events as JSON objects, one per line.
+    #[arg(long)]
+    pub(crate) json: bool,
+
+    /// A label stored with the lease (repeatable), e.g. --label step=deploy.
+    #[arg(long = "label", value_name = "NAME=VALUE", value_parser = parse_label)]
+    pub(crate) labels: Vec<(String, String)>,
 }
 
 /// Options of `elect`.

@@ -48,7 +48,7 @@ pub(crate) async fn elect(store_url: Option<&str>, args: ElectArgs) -> Result<u8
         events.elected(&key, &guard)?;
         let ended = match &command {
             Some(command) => run::supervise(&locks, &guard, &key, command, &mut signals).await?,
-            None => hold(&guard, &key, &mut signals).await,
+            None => hold(&guard, &key, &mut signals, &events).await?,
         };
         match ended {
             Ended::Status(code) => return Ok(code),
@@ -62,20 +62,30 @@ pub(crate) async fn elect(store_url: Option<&str>, args: ElectArgs) -> Result<u8
     }
 }
 
-/// Holds the lease until a termination signal (then releases it: status 0) or its loss.
-async fn hold(guard: &LeaseGuard, key: &Key, signals: &mut Forwarded) -> Ended {
+/// Holds the lease until its loss, or a termination signal: then releases it and ends with 0 —
+/// or with 76 when the release finds the lease lost already (told as a `lost` event).
+async fn hold(
+    guard: &LeaseGuard,
+    key: &Key,
+    signals: &mut Forwarded,
+    events: &Events,
+) -> Result<Ended, Failure> {
     tokio::select! {
-        reason = guard.lost() => Ended::Lost(reason),
+        reason = guard.lost() => Ok(Ended::Lost(reason)),
         sig = signals.recv() => {
             tracing::info!(key = %key, signal = %signals::name(sig.signal), "stepping down");
             match guard.release().await {
-                Ok(_) => Ended::Status(OK),
+                Ok(leasehold::Released::Lost(reason)) => {
+                    events.lost(key, &reason)?;
+                    Ok(Ended::Status(LOST))
+                }
+                Ok(_) => Ok(Ended::Status(OK)),
                 Err(e) => {
                     exit::report(&format!(
                         "cannot release the lease on {:?}: {e}; it expires by its TTL",
                         key.as_str()
                     ));
-                    Ended::Status(exit::ERROR)
+                    Ok(Ended::Status(exit::ERROR))
                 }
             }
         }
@@ -83,19 +93,29 @@ async fn hold(guard: &LeaseGuard, key: &Key, signals: &mut Forwarded) -> Ended {
 }
 
 /// Where and how events are told.
-struct Events {
-    json: bool,
+pub(crate) struct Events {
+    pub(crate) json: bool,
     /// Stdout without a command; stderr with one (stdout is the command's).
-    to_stdout: bool,
+    pub(crate) to_stdout: bool,
 }
 
 impl Events {
     fn elected(&self, key: &Key, guard: &LeaseGuard) -> Result<(), Failure> {
+        self.obtained("elected", key, guard)
+    }
+
+    /// `EVENT KEY HOLDER FENCE`: the lease on `key` was obtained.
+    pub(crate) fn obtained(
+        &self,
+        event: &str,
+        key: &Key,
+        guard: &LeaseGuard,
+    ) -> Result<(), Failure> {
         let holder = guard.record().holder.clone().unwrap_or_default();
         self.tell(
-            json!({"event": "elected", "key": key.as_str(), "holder": holder, "fence": guard.fence()}),
+            json!({"event": event, "key": key.as_str(), "holder": holder, "fence": guard.fence()}),
             format!(
-                "elected {} {} {}",
+                "{event} {} {} {}",
                 clean(key.as_str()),
                 clean(&holder),
                 guard.fence()
@@ -103,7 +123,8 @@ impl Events {
         )
     }
 
-    fn lost(&self, key: &Key, reason: &LostReason) -> Result<(), Failure> {
+    /// `lost KEY REASON`.
+    pub(crate) fn lost(&self, key: &Key, reason: &LostReason) -> Result<(), Failure> {
         self.tell(
             json!({"event": "lost", "key": key.as_str(), "reason": reason.to_string()}),
             format!(

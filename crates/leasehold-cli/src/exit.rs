@@ -25,11 +25,12 @@ Exit status:
   0    success
   1    error (store failure, no record to inspect, corrupt record)
   2    usage error (bad option, store URL, key or duration)
-  75   run: the lease was not obtained (held elsewhere with --no-wait, or --wait ran out)
-  76   run: the lease was lost while the command ran (the command was stopped)
-  126  run: the command could not be executed
-  127  run: the command was not found
-  N    run: otherwise the command's own exit status, 128+S if signal S ended it
+  75   run, hold: the lease was not obtained (held elsewhere with --no-wait, or --wait ran out)
+  76   run, hold, elect --once: the lease was lost (a command running under it was stopped)
+  126  run, elect: the command could not be executed
+  127  run, elect: the command was not found
+  N    run, elect: otherwise the command's own exit status, 128+S if signal S ended it;
+       128+S also when signal S ends a wait for the lease
 
 Environment:
   LEASEHOLD_STORE  the store URL when --store is not given

@@ -8,6 +8,7 @@ mod cli;
 mod elect;
 mod exit;
 mod guard;
+mod hold;
 mod output;
 mod queue;
 mod run;

@@ -1,16 +1,17 @@
 //! Everything `leasehold run`'s command started, wherever it went: leasehold is the command's
 //! child subreaper (`PR_SET_CHILD_SUBREAPER`), so a process whose parent exits is re-parented to
-//! leasehold instead of to init — a daemon that double-forked and called `setsid` included — and
-//! stays findable as one of leasehold's descendants. [`sweep`] kills them all before the lease is
-//! released.
+//! leasehold instead of to init — a daemon that double-forked and called `setsid` included. Once
+//! the command has exited, [`sweep`] kills leasehold's children with SIGKILL, generation by
+//! generation: each one killed hands its own children to leasehold, until none is left.
 //!
+//! Only leasehold's own children are ever signalled, by pid: a child's pid cannot be reused
+//! before its parent reaps it, and leasehold reaps them itself, so no other process can be hit.
 //! The process group (see [`crate::guard`]) covers a `leasehold` killed with SIGKILL; the sweep
 //! covers what left that group (`setsid`, `setpgid`), and on a terminal, where the command shares
 //! leasehold's group and has no group guard, every process it started.
 
-use std::collections::HashMap;
+use std::collections::HashSet;
 use std::io;
-use std::os::fd::{FromRawFd, OwnedFd};
 use std::time::Duration;
 
 /// Makes leasehold the subreaper of its descendants. Call it before the command starts.
@@ -42,149 +43,95 @@ fn parse_stat(stat: &str) -> Option<Entry> {
     })
 }
 
-/// Every process on the machine (that can be read) with its entry.
-fn processes() -> HashMap<i32, Entry> {
-    let mut out = HashMap::new();
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return out;
-    };
-    for e in dir.flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
-            continue;
-        };
-        // A process may exit between listing and reading: skipped.
-        if let Some(entry) = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .ok()
-            .as_deref()
-            .and_then(parse_stat)
-        {
-            out.insert(pid, entry);
-        }
-    }
-    out
+/// The entry of `pid`, if it still exists.
+fn entry(pid: i32) -> Option<Entry> {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .as_deref()
+        .and_then(parse_stat)
 }
 
-/// The descendants of `root` in `table`, each with its entry.
-fn descendants(root: i32, table: &HashMap<i32, Entry>) -> Vec<(i32, Entry)> {
-    let mut children: HashMap<i32, Vec<i32>> = HashMap::new();
-    for (&pid, e) in table {
-        children.entry(e.parent).or_default().push(pid);
-    }
-    let mut out = vec![];
-    let mut next = vec![root];
-    while let Some(p) = next.pop() {
-        for &c in children.get(&p).into_iter().flatten() {
-            if let Some(&e) = table.get(&c) {
-                out.push((c, e));
-                next.push(c);
+/// This process's children, each with whether it is a zombie: from
+/// `/proc/self/task/*/children` (a few small files), else, on a kernel without them, from every
+/// process's `/proc/PID/stat`.
+fn children() -> Vec<(i32, bool)> {
+    // SAFETY: getpid(2) only reads.
+    let me = unsafe { libc::getpid() };
+    let mut pids = HashSet::new();
+    let mut listed = false;
+    if let Ok(tasks) = std::fs::read_dir("/proc/self/task") {
+        for t in tasks.flatten() {
+            if let Ok(text) = std::fs::read_to_string(t.path().join("children")) {
+                listed = true;
+                pids.extend(
+                    text.split_ascii_whitespace()
+                        .filter_map(|p| p.parse::<i32>().ok()),
+                );
             }
         }
     }
-    out
-}
-
-/// Whether `pid` is a live (not zombie) descendant of `root`, following its parents up.
-fn is_descendant(pid: i32, root: i32) -> bool {
-    let read = |p: i32| {
-        std::fs::read_to_string(format!("/proc/{p}/stat"))
-            .ok()
-            .as_deref()
-            .and_then(parse_stat)
-    };
-    let Some(first) = read(pid).filter(|e| !e.zombie) else {
-        return false;
-    };
-    let mut parent = first.parent;
-    // Bounded: a parent chain is never this long, and a read racing exits cannot loop forever.
-    for _ in 0..4096 {
-        if parent == root {
-            return true;
-        }
-        if parent <= 1 {
-            return false;
-        }
-        match read(parent) {
-            Some(e) => parent = e.parent,
-            None => return false,
+    if !listed {
+        if let Ok(all) = std::fs::read_dir("/proc") {
+            pids.extend(
+                all.flatten()
+                    .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok()),
+            );
         }
     }
-    false
-}
-
-/// Sends SIGKILL to `pid` if it is still a descendant of `root`: through a pidfd opened first, so
-/// that a pid reused in the meantime by an unrelated process is never signalled.
-fn kill_descendant(pid: i32, root: i32) {
-    // SAFETY: pidfd_open(2) takes a pid and flags; it returns a new descriptor or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    let Ok(fd) = i32::try_from(fd) else { return };
-    if fd < 0 {
-        return; // Gone already.
-    }
-    // SAFETY: a new descriptor that nothing else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    // The descriptor pins the process: if it is ours now, it is the one signalled.
-    if !is_descendant(pid, root) {
-        return;
-    }
-    // SAFETY: pidfd_send_signal(2) on a valid pidfd, no siginfo, no flags.
-    let sent = unsafe {
-        libc::syscall(
-            libc::SYS_pidfd_send_signal,
-            std::os::fd::AsRawFd::as_raw_fd(&fd),
-            libc::SIGKILL,
-            std::ptr::null::<libc::siginfo_t>(),
-            0,
-        )
-    };
-    if sent == -1 {
-        let e = io::Error::last_os_error();
-        tracing::warn!(pid, error = %e, "cannot kill a process the command left");
-    } else {
-        tracing::info!(pid, "killed a process the command left running");
-    }
+    pids.into_iter()
+        .filter_map(|pid| {
+            let e = entry(pid)?;
+            (e.parent == me).then_some((pid, e.zombie))
+        })
+        .collect()
 }
 
 /// Reaps the zombies among leasehold's children except `keep` (the command and the group guard,
 /// which are waited for where they were started): orphans of the command that exited while it
 /// runs, so a long run does not pile them up. Call it on SIGCHLD.
 pub(crate) fn reap_orphans(keep: &[u32]) {
-    // SAFETY: getpid(2) only reads.
-    let me = unsafe { libc::getpid() };
-    for (pid, e) in processes() {
+    for (pid, zombie) in children() {
         let kept = u32::try_from(pid).is_ok_and(|p| keep.contains(&p));
-        if e.parent == me && e.zombie && !kept {
-            let mut status = 0;
-            // SAFETY: waitpid(2) on a zombie child of ours, without blocking.
-            unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if zombie && !kept {
+            reap(pid);
         }
     }
+}
+
+/// Collects the exit status of our child `pid` if it has exited (without blocking).
+fn reap(pid: i32) {
+    let mut status = 0;
+    // SAFETY: waitpid(2) on a child of ours, without blocking.
+    unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
 }
 
 /// How often [`sweep`] looks again while killed processes are still exiting.
 const SWEEP_EVERY: Duration = Duration::from_millis(10);
 
-/// Kills (SIGKILL) every descendant of leasehold still running, and reaps those re-parented to it,
-/// until none is left or `limit` has passed (then warns: a process in uninterruptible sleep dies
-/// when its system call returns). Call it once the command has exited and been reaped, and the
-/// group guard has finished: leasehold then has no other children, so every zombie child is one
-/// of the command's orphans.
+/// Kills (SIGKILL) every child of leasehold and reaps it, generation after generation (a killed
+/// child's children become leasehold's), until none is left or `limit` has passed (then warns: a
+/// process in uninterruptible sleep dies when its system call returns). Call it once the command
+/// has exited and been reaped, and the group guard has finished: leasehold then has no other
+/// children.
 pub(crate) async fn sweep(limit: Duration) {
-    // SAFETY: getpid(2) only reads.
-    let me = unsafe { libc::getpid() };
     let deadline = tokio::time::Instant::now() + limit;
+    let mut refused = HashSet::new();
     loop {
-        let left = descendants(me, &processes());
+        let left = children();
         if left.is_empty() {
             return;
         }
-        for &(pid, e) in &left {
-            if e.zombie && e.parent == me {
-                let mut status = 0;
-                // SAFETY: waitpid(2) on a zombie child of ours, without blocking.
-                unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-            } else if !e.zombie {
-                kill_descendant(pid, me);
+        for &(pid, zombie) in &left {
+            // A zombie too: its other threads may still run (a leader that called pthread_exit).
+            // SAFETY: kill(2) on our own child, not reaped yet: its pid is not reused.
+            let killed = unsafe { libc::kill(pid, libc::SIGKILL) } == 0;
+            if !zombie && killed {
+                tracing::info!(pid, "killed a process the command left running");
+            } else if !zombie && refused.insert(pid) {
+                let e = io::Error::last_os_error();
+                tracing::warn!(pid, error = %e, "cannot kill a process the command left");
             }
+            reap(pid);
         }
         if tokio::time::Instant::now() >= deadline {
             let pids: Vec<i32> = left.iter().map(|&(p, _)| p).collect();
@@ -222,14 +169,15 @@ mod tests {
     }
 
     #[test]
-    fn descendants_are_found_through_every_generation() {
-        let e = |parent| Entry {
-            parent,
-            zombie: false,
-        };
-        let table = HashMap::from([(2, e(1)), (3, e(2)), (4, e(3)), (5, e(1)), (6, e(9))]);
-        let mut found: Vec<i32> = descendants(2, &table).iter().map(|d| d.0).collect();
-        found.sort_unstable();
-        assert_eq!(found, vec![3, 4]);
+    fn children_of_this_process_are_found_and_reaped() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .unwrap();
+        let pid = i32::try_from(child.id()).unwrap();
+        assert!(children().iter().any(|&(p, zombie)| p == pid && !zombie));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(!children().iter().any(|&(p, _)| p == pid));
     }
 }

@@ -1754,3 +1754,49 @@ fn bench_measures_the_store_and_leaves_nothing_held() {
     assert_eq!(out.code, Some(2), "{out:?}");
     out.one_stderr_line();
 }
+
+#[test]
+fn a_candidate_stopped_while_waiting_gives_up_its_place() {
+    let s = Store::new();
+    let mut a = s.spawn(["elect", "--key", "lead"]);
+    a.wait_line_starting("elected lead ");
+    let b = s.spawn(["elect", "--key", "lead"]);
+    wait_for_waiter(&s, "lead");
+    b.signal(libc::SIGTERM);
+    assert_eq!(b.finish(LIMIT).code, Some(128 + libc::SIGTERM));
+    // Withdrawn before it exited: the next candidate is not kept waiting for a registration
+    // nobody will take up.
+    let rec = s.inspect("lead");
+    assert!(rec["waiter"].is_null(), "{rec}");
+    a.signal(libc::SIGTERM);
+    assert_eq!(a.finish(LIMIT).code, Some(0));
+}
+
+#[test]
+fn hold_keeps_the_lease_while_stdin_is_open() {
+    let s = Store::new();
+    let mut h = s.spawn(["hold", "--key", "deploy", "--ttl", "1s"]);
+    let line = h.wait_line_starting("held deploy ");
+    let rec = s.inspect("deploy");
+    assert_eq!(
+        line,
+        format!("held deploy {} {}", holder(&rec), fence(&rec))
+    );
+    // Held past its TTL (renewed), and refused to others meanwhile.
+    std::thread::sleep(Duration::from_millis(1200));
+    assert_eq!(s.inspect("deploy")["state"], "held");
+    let out = s.output(["hold", "--key", "deploy", "--no-wait"]);
+    assert_eq!(out.code, Some(75), "{out:?}");
+    // Closing stdin releases it.
+    let out = h.finish(LIMIT);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(s.inspect("deploy")["state"], "free");
+    // Lost: told, exit 76.
+    let mut h = s.spawn(["hold", "--key", "deploy", "--ttl", "1s", "--json"]);
+    let held: Value = serde_json::from_str(&h.wait_line_starting("{")).unwrap();
+    assert_eq!(held["event"], "held");
+    assert_eq!(s.output(["release", "--force", "deploy"]).code, Some(0));
+    let lost: Value = serde_json::from_str(&h.wait_line_starting("{")).unwrap();
+    assert_eq!(lost["event"], "lost");
+    assert_eq!(h.finish(LIMIT).code, Some(76));
+}

@@ -584,11 +584,11 @@ impl Drop for WithdrawOnDrop {
         if !self.armed {
             return;
         }
-        if let (Some(store), Ok(handle)) =
-            (self.store.take(), tokio::runtime::Handle::try_current())
-        {
+        if let Some(store) = self.store.take() {
             let (key, token) = (self.key.clone(), std::mem::take(&mut self.token));
-            handle.spawn(async move { withdraw(&*store, &key, &token, true).await });
+            crate::background::spawn_here(
+                async move { withdraw(&*store, &key, &token, true).await },
+            );
         }
     }
 }
@@ -618,7 +618,7 @@ async fn bounded_attempt(
     match tokio::time::timeout_at(limit, &mut call).await {
         Ok((_, _, res)) => Some(res),
         Err(_) => {
-            tokio::spawn(async move {
+            crate::background::spawn_here(async move {
                 let (store, req, res) = call.await;
                 let (key, token) = (&req.key, req.token.as_str());
                 match res {
@@ -653,8 +653,12 @@ async fn withdraw_by(
         return;
     }
     let (store, key, token) = (store.clone(), key.clone(), token.to_owned());
-    let withdrawal = tokio::spawn(async move { withdraw(&*store, &key, &token, true).await });
-    let _ = tokio::time::timeout_at(until, withdrawal).await;
+    let (done, finished) = tokio::sync::oneshot::channel::<()>();
+    crate::background::spawn_here(async move {
+        withdraw(&*store, &key, &token, true).await;
+        let _ = done.send(());
+    });
+    let _ = tokio::time::timeout_at(until, finished).await;
 }
 
 async fn withdraw(store: &dyn LockStore, key: &Key, token: &str, registered: bool) {

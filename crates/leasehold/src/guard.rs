@@ -511,7 +511,7 @@ impl Drop for Carry {
                 std::mem::take(&mut self.token),
                 self.transit.take(),
             );
-            handle.spawn(async move {
+            crate::background::spawn(&handle, async move {
                 release_carried(&*store, &key, &token).await;
                 drop(transit);
             });
@@ -745,7 +745,7 @@ impl Drop for LeaseGuard {
         };
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             let shared = self.shared.clone();
-            handle.spawn(async move {
+            crate::background::spawn(&handle, async move {
                 if let Err(e) = shared.release_in_store(prior).await {
                     tracing::warn!(key = %shared.key, error = %e,
                         "background release failed; the lease expires by its TTL");

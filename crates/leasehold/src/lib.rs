@@ -38,6 +38,7 @@
 //! with [`Error::is_retryable`].
 
 pub mod adapter;
+mod background;
 pub mod decide;
 pub mod error;
 pub mod file;
@@ -64,6 +65,7 @@ pub mod traced;
 
 mod client;
 
+pub use background::settle;
 pub use client::{LockBuilder, Locks};
 pub use error::{Error, Result};
 pub use guard::{LeaseGuard, Released};

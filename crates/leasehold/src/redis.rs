@@ -570,15 +570,29 @@ pub(crate) struct Sentinels {
 impl Sentinels {
     /// A client for the primary the sentinels name, checked (`ROLE`) to be one: all sentinels are
     /// asked at once and the first good answer is taken; each answer takes at most `timeout`.
+    /// When none is good, the error is retryable if any sentinel's was (one that knows no such
+    /// master does not make the others' outage final).
     async fn primary(&self, described: &str, timeout: Duration) -> Result<::redis::Client> {
-        let asks = self
+        let mut asks: futures_util::stream::FuturesUnordered<_> = self
             .sentinels
             .iter()
-            .map(|s| Box::pin(self.ask(s, described, timeout)));
-        match futures_util::future::select_ok(asks).await {
-            Ok((client, _)) => Ok(client),
-            Err(e) => Err(e),
+            .map(|s| self.ask(s, described, timeout))
+            .collect();
+        let mut failure: Option<Error> = None;
+        while let Some(answer) = asks.next().await {
+            match answer {
+                Ok(client) => return Ok(client),
+                Err(e) => {
+                    if failure.as_ref().map_or(true, |f| !f.is_retryable()) {
+                        failure = Some(e);
+                    }
+                }
+            }
         }
+        Err(failure.unwrap_or_else(|| Error::Unavailable {
+            store: described.to_owned(),
+            detail: "no sentinels".into(),
+        }))
     }
 
     /// The primary `sentinel` names for the master group, checked to be one.
@@ -840,6 +854,10 @@ struct RenewScripts {
     keyed: Lua,
     #[cfg(feature = "redis-cluster")]
     node: Lua,
+    /// A node could not load the node script (a server before Redis 7, which knows no script
+    /// flags): renewals go by slot from then on.
+    #[cfg(feature = "redis-cluster")]
+    node_refused: std::sync::atomic::AtomicBool,
 }
 
 /// Renews in batches: the renewals queued when a batch leaves go into one script call (at most
@@ -902,6 +920,11 @@ async fn renew_on_nodes(
     scripts: &RenewScripts,
     batch: Vec<RenewJob>,
 ) {
+    use std::sync::atomic::Ordering;
+    if scripts.node_refused.load(Ordering::Relaxed) {
+        let all = batch.into_iter().map(|j| (j, String::new())).collect();
+        return renew_by_slot(link, &scripts.keyed, all).await;
+    }
     let conn = link.current.lock().1.clone();
     let groups = nodes
         .by_primary(
@@ -914,15 +937,41 @@ async fn renew_on_nodes(
         .await;
     let calls = groups.into_iter().map(|(route, jobs)| async move {
         let left = match route {
-            Some(route) => renew_node_call(link, &scripts.node, route, jobs).await,
+            Some(route) => match renew_node_call(link, &scripts.node, route, jobs).await {
+                NodeRenewal::Answered(elsewhere) if !elsewhere.is_empty() => {
+                    // Found out of date (a failover, a resharding): read again next time.
+                    nodes.forget_map();
+                    elsewhere
+                }
+                NodeRenewal::Answered(none) => none,
+                NodeRenewal::Refused { jobs, lasting } => {
+                    if lasting {
+                        tracing::info!(store = %link.described, "the cluster does not take the renewal script for several slots (a server before Redis 7?); renewing by slot");
+                        scripts.node_refused.store(true, Ordering::Relaxed);
+                    }
+                    jobs
+                }
+            },
             None => jobs.into_iter().map(|j| (j, String::new())).collect(),
         };
         if !left.is_empty() {
-            nodes.forget_map();
             renew_by_slot(link, &scripts.keyed, left).await;
         }
     });
     futures_util::future::join_all(calls).await;
+}
+
+/// How a node answered a renewal call for several slots.
+#[cfg(feature = "redis-cluster")]
+enum NodeRenewal {
+    /// It ran: the jobs it answered `elsewhere` (with its error) are left.
+    Answered(Vec<(RenewJob, String)>),
+    /// It refused the call itself: every job is left; `lasting` when it cannot run the script at
+    /// all (it does not compile there), not only now (out of memory, busy).
+    Refused {
+        jobs: Vec<(RenewJob, String)>,
+        lasting: bool,
+    },
 }
 
 /// Renews `batch` by calls naming their keys: one per slot (a script's keys must share one),
@@ -992,15 +1041,15 @@ async fn renew_call(
 }
 
 /// Renews `batch` in one call of the node script sent to `route` (a slot of the node), answers
-/// each job, and returns those to renew by calls naming their keys: those the node answered
-/// `elsewhere`, or all when the node refused the call itself.
+/// each job, and says which are left to renew by calls naming their keys: those the node
+/// answered `elsewhere`, or all when the node refused the call itself.
 #[cfg(feature = "redis-cluster")]
 async fn renew_node_call(
     link: &Arc<Link>,
     script: &Lua,
     route: ::redis::cluster_routing::RoutingInfo,
     batch: Vec<RenewJob>,
-) -> Vec<(RenewJob, String)> {
+) -> NodeRenewal {
     let mut call = script.prepare(0, 1 + 4 * batch.len(), renew_bytes(&batch));
     call.arg(batch.len());
     for j in &batch {
@@ -1011,14 +1060,23 @@ async fn renew_node_call(
         .send(|conn| async move { call.send_routed(conn, route).await })
         .await;
     match res {
-        Ok(values) => answer_renewals(&values, batch),
+        Ok(values) => NodeRenewal::Answered(answer_renewals(&values, batch)),
         Err(e @ Error::Unavailable { .. }) => {
             fail_renewals(link, &e, batch);
-            vec![]
+            NodeRenewal::Answered(vec![])
         }
         Err(e) => {
             tracing::debug!(store = %link.described, error = %e, "a node refused the renewal script; renewing by key");
-            batch.into_iter().map(|j| (j, e.to_string())).collect()
+            let text = e.to_string();
+            // Redis 6 reads the flags line as Lua ("Error compiling script"); an older 7 may not
+            // know the flag.
+            let lasting = text.contains("compiling script")
+                || text.contains("shebang")
+                || text.contains("flag");
+            NodeRenewal::Refused {
+                jobs: batch.into_iter().map(|j| (j, text.clone())).collect(),
+                lasting,
+            }
         }
     }
 }
@@ -1420,6 +1478,8 @@ impl RedisStore {
                 keyed: scripts.renew.clone(),
                 #[cfg(feature = "redis-cluster")]
                 node: scripts.renew_node.clone(),
+                #[cfg(feature = "redis-cluster")]
+                node_refused: Default::default(),
             },
         );
         RedisStore {

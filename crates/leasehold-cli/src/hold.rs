@@ -1,0 +1,65 @@
+//! `leasehold hold`: hold a lease for as long as whoever started it keeps its stdin open — for a
+//! shell script that runs several commands under one lease (a coprocess), or a process that is
+//! not a child of leasehold. The lease is released when stdin reaches end-of-file (the script
+//! closed it, or died) or on SIGTERM, SIGINT or SIGHUP.
+
+use crate::admin::key_arg;
+use crate::cli::HoldArgs;
+use crate::elect::Events;
+use crate::exit::{self, Failure, LOST, OK};
+use crate::run;
+use crate::signals::Forwarded;
+use crate::store;
+use leasehold::{Locks, Wait};
+use tokio::io::AsyncReadExt;
+
+/// `leasehold hold`.
+pub(crate) async fn hold(store_url: Option<&str>, args: HoldArgs) -> Result<u8, Failure> {
+    let key = key_arg(&args.key)?;
+    let mut signals = Forwarded::install()
+        .map_err(|e| Failure::error(format!("cannot install signal handlers: {e}")))?;
+    let locks = Locks::from_arc(store::open(store_url).await?);
+    let mut builder = locks.lock_key(key.clone()).ttl(args.ttl);
+    builder = match (args.no_wait, args.wait) {
+        (true, _) => builder.wait_policy(Wait::No),
+        (false, Some(limit)) => builder.wait(limit),
+        (false, None) => builder.wait_policy(Wait::Forever),
+    };
+    for (name, value) in args.labels {
+        builder = builder.label(name, value);
+    }
+    let guard = run::obtain(builder, &key, args.no_wait, &mut signals).await?;
+    let events = Events {
+        json: args.json,
+        to_stdout: true,
+    };
+    events.obtained("held", &key, &guard)?;
+    // End-of-file (or a read error: either way, nobody is there any more) ends the hold.
+    let closed = async {
+        let mut stdin = tokio::io::stdin();
+        let mut buf = [0u8; 4096];
+        while matches!(stdin.read(&mut buf).await, Ok(n) if n > 0) {}
+    };
+    tokio::select! {
+        reason = guard.lost() => {
+            events.lost(&key, &reason)?;
+            Ok(LOST)
+        }
+        () = closed => release(&guard, &key).await,
+        _ = signals.recv() => release(&guard, &key).await,
+    }
+}
+
+/// Releases the lease: 0, or 1 when the store could not be told (it then expires by its TTL).
+async fn release(guard: &leasehold::LeaseGuard, key: &leasehold::Key) -> Result<u8, Failure> {
+    match guard.release().await {
+        Ok(_) => Ok(OK),
+        Err(e) => {
+            exit::report(&format!(
+                "cannot release the lease on {:?}: {e}; it expires by its TTL",
+                key.as_str()
+            ));
+            Ok(exit::ERROR)
+        }
+    }
+}

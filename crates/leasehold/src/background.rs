@@ -1,0 +1,62 @@
+//! Store calls left to finish in the background: the release of a guard dropped without
+//! `release()`, the withdrawal of a waiter registration whose `acquire` was cancelled, the release
+//! of a lease granted after its caller's wait limit. [`settle`] waits for them before a process
+//! exits, so that what it held or reserved is freed at once, not by expiry.
+
+use std::future::Future;
+use std::sync::Mutex;
+use std::time::Duration;
+use tokio::task::JoinHandle;
+
+/// The background calls not known to have finished.
+static PENDING: Mutex<Vec<JoinHandle<()>>> = Mutex::new(Vec::new());
+
+/// Runs `call` on `handle`'s runtime and keeps track of it for [`settle`].
+pub(crate) fn spawn(
+    handle: &tokio::runtime::Handle,
+    call: impl Future<Output = ()> + Send + 'static,
+) {
+    let task = handle.spawn(call);
+    let mut pending = PENDING.lock().unwrap_or_else(|e| e.into_inner());
+    pending.retain(|t| !t.is_finished());
+    pending.push(task);
+}
+
+/// [`spawn`] on the current runtime; nothing outside one (there is no runtime to run it).
+pub(crate) fn spawn_here(call: impl Future<Output = ()> + Send + 'static) {
+    if let Ok(handle) = tokio::runtime::Handle::try_current() {
+        spawn(&handle, call);
+    }
+}
+
+/// Waits, at most `limit`, for the store calls that dropped guards and cancelled or timed-out
+/// acquisitions left running in the background (releases, waiter withdrawals); returns how many
+/// did not finish in time (they go on if the runtime does; their leases and registrations expire
+/// by themselves otherwise).
+///
+/// Call it before a process or runtime shuts down: a runtime that is shut down drops such calls
+/// unfinished, so a lease a dropped guard held would stay taken until its TTL ran out, and a
+/// waiter registration would keep the next holder waiting until it lapsed.
+///
+/// ```
+/// # async fn demo() -> leasehold::Result<()> {
+/// let locks = leasehold::Locks::new(leasehold::memory::MemoryStore::new());
+/// let guard = locks.lock("job")?.try_acquire().await?;
+/// drop(guard); // released in the background
+/// assert_eq!(leasehold::settle(std::time::Duration::from_secs(1)).await, 0);
+/// # Ok(()) }
+/// ```
+pub async fn settle(limit: Duration) -> usize {
+    let tasks: Vec<JoinHandle<()>> =
+        std::mem::take(&mut *PENDING.lock().unwrap_or_else(|e| e.into_inner()));
+    let deadline = tokio::time::Instant::now() + limit;
+    let mut left = 0;
+    for mut task in tasks {
+        if tokio::time::timeout_at(deadline, &mut task).await.is_err() {
+            left += 1;
+            // Still tracked: a later `settle` waits for it again.
+            PENDING.lock().unwrap_or_else(|e| e.into_inner()).push(task);
+        }
+    }
+    left
+}
