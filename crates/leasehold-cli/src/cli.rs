@@ -105,47 +105,9 @@ pub(crate) enum Command {
     Queue(QueueArgs),
 }
 
-/// Options of `run`.
+/// How `run` and `hold` take the lease.
 #[derive(Debug, Args)]
-pub(crate) struct RunArgs {
-    /// The key to lock.
-    #[arg(long, value_name = "KEY")]
-    pub(crate) key: OsString,
-
-    /// Time to live of the lease; it is renewed every TTL/3 while the command runs.
-    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
-    pub(crate) ttl: Duration,
-
-    /// Wait at most this long for the lease, then exit 75 [default: wait forever].
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration, conflicts_with = "no_wait")]
-    pub(crate) wait: Option<Duration>,
-
-    /// Do not wait: if the lease is held elsewhere, exit 75 at once.
-    #[arg(long)]
-    pub(crate) no_wait: bool,
-
-    /// Send this signal to the command (once) when another process starts waiting for the lease,
-    /// e.g. SIGUSR1, USR1, TERM or 10.
-    #[arg(long, value_name = "SIGNAL", value_parser = SignalArg::parse)]
-    pub(crate) on_handoff: Option<SignalArg>,
-
-    /// How long the command may take to exit after it was sent SIGTERM (forwarded, or because the
-    /// lease was lost) before it is killed with SIGKILL.
-    #[arg(long, value_name = "DURATION", default_value = "25s", value_parser = parse_duration)]
-    pub(crate) grace: Duration,
-
-    /// A label stored with the lease (repeatable), e.g. --label task=nightly.
-    #[arg(long = "label", value_name = "NAME=VALUE", value_parser = parse_label)]
-    pub(crate) labels: Vec<(String, String)>,
-
-    /// The command to run, and its arguments (after `--`).
-    #[arg(value_name = "CMD", required = true, trailing_var_arg = true, num_args = 1..)]
-    pub(crate) command: Vec<OsString>,
-}
-
-/// Options of `hold`.
-#[derive(Debug, Args)]
-pub(crate) struct HoldArgs {
+pub(crate) struct LeaseArgs {
     /// The key to lock.
     #[arg(long, value_name = "KEY")]
     pub(crate) key: OsString,
@@ -162,13 +124,41 @@ pub(crate) struct HoldArgs {
     #[arg(long)]
     pub(crate) no_wait: bool,
 
+    /// A label stored with the lease (repeatable), e.g. --label task=nightly.
+    #[arg(long = "label", value_name = "NAME=VALUE", value_parser = parse_label)]
+    pub(crate) labels: Vec<(String, String)>,
+}
+
+/// Options of `run`.
+#[derive(Debug, Args)]
+pub(crate) struct RunArgs {
+    #[command(flatten)]
+    pub(crate) lease: LeaseArgs,
+
+    /// Send this signal to the command (once) when another process starts waiting for the lease,
+    /// e.g. SIGUSR1, USR1, TERM or 10.
+    #[arg(long, value_name = "SIGNAL", value_parser = SignalArg::parse)]
+    pub(crate) on_handoff: Option<SignalArg>,
+
+    /// How long the command may take to exit after it was sent SIGTERM (forwarded, or because the
+    /// lease was lost) before it is killed with SIGKILL.
+    #[arg(long, value_name = "DURATION", default_value = "25s", value_parser = parse_duration)]
+    pub(crate) grace: Duration,
+
+    /// The command to run, and its arguments (after `--`).
+    #[arg(value_name = "CMD", required = true, trailing_var_arg = true, num_args = 1..)]
+    pub(crate) command: Vec<OsString>,
+}
+
+/// Options of `hold`.
+#[derive(Debug, Args)]
+pub(crate) struct HoldArgs {
+    #[command(flatten)]
+    pub(crate) lease: LeaseArgs,
+
     /// Print the events as JSON objects, one per line.
     #[arg(long)]
     pub(crate) json: bool,
-
-    /// A label stored with the lease (repeatable), e.g. --label step=deploy.
-    #[arg(long = "label", value_name = "NAME=VALUE", value_parser = parse_label)]
-    pub(crate) labels: Vec<(String, String)>,
 }
 
 /// Options of `elect`.

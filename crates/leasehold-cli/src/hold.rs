@@ -10,25 +10,17 @@ use crate::exit::{self, Failure, LOST, OK};
 use crate::run;
 use crate::signals::Forwarded;
 use crate::store;
-use leasehold::{Locks, Wait};
+use leasehold::Locks;
 use tokio::io::AsyncReadExt;
 
 /// `leasehold hold`.
 pub(crate) async fn hold(store_url: Option<&str>, args: HoldArgs) -> Result<u8, Failure> {
-    let key = key_arg(&args.key)?;
+    let key = key_arg(&args.lease.key)?;
     let mut signals = Forwarded::install()
         .map_err(|e| Failure::error(format!("cannot install signal handlers: {e}")))?;
     let locks = Locks::from_arc(store::open(store_url).await?);
-    let mut builder = locks.lock_key(key.clone()).ttl(args.ttl);
-    builder = match (args.no_wait, args.wait) {
-        (true, _) => builder.wait_policy(Wait::No),
-        (false, Some(limit)) => builder.wait(limit),
-        (false, None) => builder.wait_policy(Wait::Forever),
-    };
-    for (name, value) in args.labels {
-        builder = builder.label(name, value);
-    }
-    let guard = run::obtain(builder, &key, args.no_wait, &mut signals).await?;
+    let builder = run::lease_builder(&locks, &key, &args.lease);
+    let guard = run::obtain(builder, &key, args.lease.no_wait, &mut signals).await?;
     let events = Events {
         json: args.json,
         to_stdout: true,

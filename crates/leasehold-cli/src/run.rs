@@ -12,7 +12,7 @@
 //! not (`setsid`), on a terminal too — is killed before the lease is released ([`crate::tree`]).
 
 use crate::admin::key_arg;
-use crate::cli::RunArgs;
+use crate::cli::{LeaseArgs, RunArgs};
 use crate::exit::{self, Failure, CANNOT_EXECUTE, ERROR, LOST, NOT_FOUND, SIGNAL_BASE};
 use crate::guard::Guard;
 use crate::signals::SignalArg;
@@ -44,7 +44,7 @@ enum End {
 
 /// `leasehold run`.
 pub(crate) async fn run(store_url: Option<&str>, args: RunArgs) -> Result<u8, Failure> {
-    let key = key_arg(&args.key)?;
+    let key = key_arg(&args.lease.key)?;
     let Some((program, program_args)) = args.command.split_first() else {
         return Err(Failure::usage(
             "no command to run: leasehold run --key KEY -- CMD [ARGS...]",
@@ -55,19 +55,8 @@ pub(crate) async fn run(store_url: Option<&str>, args: RunArgs) -> Result<u8, Fa
     let mut signals = Forwarded::install()
         .map_err(|e| Failure::error(format!("cannot install signal handlers: {e}")))?;
     let locks = Locks::from_arc(store::open(store_url).await?);
-
-    let mut builder = locks.lock_key(key.clone()).ttl(args.ttl);
-    builder = match (args.no_wait, args.wait) {
-        // One attempt; held elsewhere is `Error::Timeout` naming the holder, and a store error
-        // stays a store error (exit 1), not "not obtained".
-        (true, _) => builder.wait_policy(Wait::No),
-        (false, Some(limit)) => builder.wait(limit),
-        (false, None) => builder.wait_policy(Wait::Forever),
-    };
-    for (name, value) in args.labels {
-        builder = builder.label(name, value);
-    }
-    let guard = obtain(builder, &key, args.no_wait, &mut signals).await?;
+    let builder = lease_builder(&locks, &key, &args.lease);
+    let guard = obtain(builder, &key, args.lease.no_wait, &mut signals).await?;
     let command = Supervised {
         program,
         args: program_args,
@@ -78,6 +67,22 @@ pub(crate) async fn run(store_url: Option<&str>, args: RunArgs) -> Result<u8, Fa
         Ended::Status(code) => Ok(code),
         Ended::Lost(_) => Ok(LOST),
     }
+}
+
+/// The acquisition `lease` asks for: its TTL, wait and labels.
+pub(crate) fn lease_builder(locks: &Locks, key: &Key, lease: &LeaseArgs) -> LockBuilder {
+    let mut builder = locks.lock_key(key.clone()).ttl(lease.ttl);
+    builder = match (lease.no_wait, lease.wait) {
+        // One attempt; held elsewhere is `Error::Timeout` naming the holder, and a store error
+        // stays a store error (exit 1), not "not obtained".
+        (true, _) => builder.wait_policy(Wait::No),
+        (false, Some(limit)) => builder.wait(limit),
+        (false, None) => builder.wait_policy(Wait::Forever),
+    };
+    for (name, value) in &lease.labels {
+        builder = builder.label(name, value);
+    }
+    builder
 }
 
 /// Waits for the lease as `builder` says, ended early by SIGTERM, SIGINT or SIGHUP (a failure

@@ -1657,7 +1657,8 @@ fn elect_hands_leadership_over_and_campaigns_again_after_a_loss() {
 #[test]
 fn elect_runs_the_command_while_leading() {
     let s = Store::new();
-    let script = "echo leading $LEASEHOLD_FENCE; trap 'echo got-TERM; exit 3' TERM; \
+    // The trap first: a SIGTERM right after the line must find it.
+    let script = "trap 'echo got-TERM; exit 3' TERM; echo leading $LEASEHOLD_FENCE; \
         while :; do sleep 0.1 </dev/null >/dev/null 2>&1 & wait $!; done";
     let mut a = s.spawn(["elect", "--key", "lead", "--", "sh", "-c", script]);
     let first = last_number(&a.wait_line_starting("leading "));
