@@ -154,6 +154,8 @@ pub struct RedisServer {
     /// Its port.
     pub port: u16,
     tls: bool,
+    /// It asks clients for a certificate.
+    mtls: bool,
     child: Option<Child>,
     dir: tempfile::TempDir,
 }
@@ -189,13 +191,27 @@ impl RedisServer {
         Self::launch(free_port(), Tls::Fresh, &[])
     }
 
+    /// [`RedisServer::start_tls`] with a server that requires a client certificate from its CA
+    /// (`tls-auth-clients yes`, Redis's own default); [`RedisServer::url`] then adds `&cert=…&key=…`.
+    pub fn start_mtls() -> Self {
+        let mut server = Self::launch(free_port(), Tls::Fresh, &["--tls-auth-clients", "yes"]);
+        server.mtls = true;
+        server
+    }
+
     fn launch(port: u16, tls: Tls, config: &[&str]) -> Self {
         let dir = server_dir("redis");
         let mut cmd = Command::new("redis-server");
         if tls != Tls::Off {
             match tls {
                 Tls::From(certs) => {
-                    for f in ["ca.crt", "server.crt", "server.key"] {
+                    for f in [
+                        "ca.crt",
+                        "server.crt",
+                        "server.key",
+                        "client.crt",
+                        "client.key",
+                    ] {
                         std::fs::copy(certs.join(f), dir.path().join(f))
                             .unwrap_or_else(|e| panic!("copy {f}: {e}"));
                     }
@@ -237,6 +253,7 @@ impl RedisServer {
         let server = RedisServer {
             port,
             tls: tls != Tls::Off,
+            mtls: false,
             child: Some(child),
             dir,
         };
@@ -252,11 +269,16 @@ impl RedisServer {
     /// `redis://127.0.0.1:PORT/0` (or `rediss://…?ca=CA_FILE` for a TLS server).
     pub fn url(&self) -> String {
         if self.tls {
-            format!(
-                "rediss://127.0.0.1:{}/0?ca={}",
-                self.port,
-                self.dir.path().join("ca.crt").display()
-            )
+            let file = |f: &str| self.dir.path().join(f).display().to_string();
+            let mut url = format!("rediss://127.0.0.1:{}/0?ca={}", self.port, file("ca.crt"));
+            if self.mtls {
+                url.push_str(&format!(
+                    "&cert={}&key={}",
+                    file("client.crt"),
+                    file("client.key")
+                ));
+            }
+            url
         } else {
             format!("redis://127.0.0.1:{}/0", self.port)
         }
@@ -364,6 +386,14 @@ fn command_over_tls(
     cli.args(["--tls", "--cacert"])
         .arg(ca)
         .args(["-h", "127.0.0.1", "-p", &port.to_string()]);
+    // The client certificate next to the CA, for servers that ask for one.
+    let dir = ca.parent().unwrap_or(std::path::Path::new("."));
+    if dir.join("client.crt").exists() {
+        cli.arg("--cert")
+            .arg(dir.join("client.crt"))
+            .arg("--key")
+            .arg(dir.join("client.key"));
+    }
     if let Some(pw) = password {
         cli.args(["--no-auth-warning", "-a", pw]);
     }
@@ -619,6 +649,13 @@ pub fn shared_sentinels() -> &'static SentinelSet {
     SET.get_or_init(SentinelSet::start)
 }
 
+/// A TLS-only Redis server that requires a client certificate ([`RedisServer::start_mtls`])
+/// shared by all tests of this process.
+pub fn shared_redis_mtls() -> &'static RedisServer {
+    static SERVER: OnceLock<RedisServer> = OnceLock::new();
+    SERVER.get_or_init(RedisServer::start_mtls)
+}
+
 /// A TLS-only Sentinel deployment ([`SentinelSet::start_tls`]) shared by all tests of this
 /// process.
 pub fn shared_tls_sentinels() -> &'static SentinelSet {
@@ -805,11 +842,37 @@ fn make_certs(dir: &std::path::Path) {
             String::from_utf8_lossy(&out.stderr)
         );
     };
-    std::fs::write(
-        dir.join("ext"),
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
-    )
-    .unwrap_or_else(|e| panic!("write: {e}"));
+    // A key and a certificate for `name` (`name.key`, `name.crt`), signed by the CA, X.509 v3
+    // with the extensions in `ext` (rustls takes no v1 certificate).
+    let signed = |name: &str, subject: &str, ext: &str| {
+        let ext_file = format!("{name}.ext");
+        std::fs::write(dir.join(&ext_file), ext).unwrap_or_else(|e| panic!("write: {e}"));
+        let (key, csr, crt) = (
+            format!("{name}.key"),
+            format!("{name}.csr"),
+            format!("{name}.crt"),
+        );
+        run(&[
+            "req", "-newkey", "rsa:2048", "-nodes", "-keyout", &key, "-out", &csr, "-subj", subject,
+        ]);
+        run(&[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            &crt,
+            "-days",
+            "2",
+            "-extfile",
+            &ext_file,
+        ]);
+    };
     run(&[
         "req",
         "-x509",
@@ -825,35 +888,17 @@ fn make_certs(dir: &std::path::Path) {
         "-subj",
         "/CN=leasehold test CA",
     ]);
-    run(&[
-        "req",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        "server.key",
-        "-out",
-        "server.csr",
-        "-subj",
+    signed(
+        "server",
         "/CN=127.0.0.1",
-    ]);
-    run(&[
-        "x509",
-        "-req",
-        "-in",
-        "server.csr",
-        "-CA",
-        "ca.crt",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-out",
-        "server.crt",
-        "-days",
-        "2",
-        "-extfile",
-        "ext",
-    ]);
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
+    );
+    // For servers that ask clients for a certificate.
+    signed(
+        "client",
+        "/CN=leasehold test client",
+        "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n",
+    );
 }
 
 /// Whether something answers `GET path` on `127.0.0.1:port` with a 200 whose body contains `needle`.

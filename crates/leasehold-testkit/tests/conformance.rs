@@ -1,4 +1,5 @@
-//! The conformance suite against every store (and every way to reach one: `redis://`, `rediss://`,
+//! The conformance suite against every store (and every way to reach one: `redis://`, `rediss://`
+//! with and without a client certificate,
 //! `redis+unix://`, `redis+sentinel://`, `rediss+sentinel://`, `redis+cluster://`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -36,6 +37,17 @@ mod redis {
         leasehold::open_store(&server.url())
             .await
             .expect("redis store")
+    }
+    leasehold_testkit::conformance_tests!(store().await);
+}
+
+mod redis_mtls {
+    use super::*;
+    async fn store() -> Arc<dyn LockStore> {
+        let server = leasehold_testkit::servers::shared_redis_mtls();
+        leasehold::open_store(&server.url())
+            .await
+            .expect("rediss store with a client certificate")
     }
     leasehold_testkit::conformance_tests!(store().await);
 }

@@ -365,6 +365,59 @@ async fn tls_needs_a_trusted_certificate() {
     ));
 }
 
+/// A server that asks for a client certificate (`tls-auth-clients yes`, Redis's default with
+/// TLS): `?cert=&key=` give it ours; without them the handshake fails for good (non-retryable);
+/// the two go together, only on `rediss://`, and a missing file is an error naming it.
+#[tokio::test]
+async fn mutual_tls_presents_the_client_certificate() {
+    let server = leasehold_testkit::servers::shared_redis_mtls();
+    let url = server.url();
+    let l = locks(&url, "mtls").await;
+    let key = leasehold_testkit::prefix("mtls");
+    let g = l.lock(&key).unwrap().try_acquire().await.unwrap().unwrap();
+    assert!(g.fence() >= 1);
+    g.release().await.unwrap();
+    let (ca_only, _) = url.split_once("&cert=").unwrap();
+    let without = format!("{ca_only}&timeout=500ms");
+    let refused = match leasehold::open_store(&without).await {
+        Err(e) => e,
+        Ok(store) => {
+            let req = leasehold::AcquireRequest::new(
+                leasehold::Key::new("k").unwrap(),
+                "h",
+                Duration::from_secs(1),
+            );
+            store
+                .acquire(&req)
+                .await
+                .expect_err("no client certificate")
+        }
+    };
+    // The server's "certificate required" alert: retrying does not heal it.
+    assert!(!refused.is_retryable(), "{refused}");
+    let cert_only = url.split("&key=").next().unwrap().to_owned();
+    assert!(matches!(
+        leasehold::open_store(&cert_only).await,
+        Err(leasehold::Error::InvalidUrl { .. })
+    ));
+    let plain = format!(
+        "redis://127.0.0.1:{}/0?{}",
+        server.port,
+        url.split_once("&cert=")
+            .map(|(_, c)| format!("cert={c}"))
+            .unwrap()
+    );
+    assert!(matches!(
+        leasehold::open_store(&plain).await,
+        Err(leasehold::Error::InvalidUrl { .. })
+    ));
+    let missing = format!("{ca_only}&cert=/nonexistent/c.crt&key=/nonexistent/c.key");
+    assert!(matches!(
+        leasehold::open_store(&missing).await,
+        Err(leasehold::Error::Io { .. })
+    ));
+}
+
 #[tokio::test]
 async fn a_server_that_answers_garbage_is_an_error_not_a_panic() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

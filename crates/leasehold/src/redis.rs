@@ -429,6 +429,10 @@ pub struct RedisOptions {
     /// For `rediss://`: a PEM file of the CA that signed the server's certificate (`?ca=`);
     /// default: the system's trust store.
     pub ca_file: Option<std::path::PathBuf>,
+    /// For `rediss://` to a server that asks clients for a certificate (`tls-auth-clients yes`,
+    /// Redis's default with TLS): PEM files of the client's certificate and key (`?cert=` and
+    /// `?key=`, given together).
+    pub client_cert: Option<(std::path::PathBuf, std::path::PathBuf)>,
 }
 
 impl Default for RedisOptions {
@@ -438,6 +442,7 @@ impl Default for RedisOptions {
             fence_prefix: None,
             timeout: Duration::from_secs(2),
             ca_file: None,
+            client_cert: None,
         }
     }
 }
@@ -453,23 +458,67 @@ impl RedisOptions {
             url: crate::redact_url(url),
             reason,
         };
+        let (mut cert, mut key) = (None, None);
         for (k, v) in pairs {
             match &*k {
                 "prefix" => opts.prefix = v.into_owned(),
                 "fence_prefix" => opts.fence_prefix = Some(v.into_owned()),
                 "ca" => opts.ca_file = Some(v.into_owned().into()),
+                "cert" => cert = Some(std::path::PathBuf::from(v.into_owned())),
+                "key" => key = Some(std::path::PathBuf::from(v.into_owned())),
                 "timeout" => {
                     opts.timeout = humantime::parse_duration(&v)
                         .map_err(|e| bad(format!("timeout {v:?}: {e}")))?
                 }
                 other => {
                     return Err(bad(format!(
-                        "unknown parameter {other:?} (known: prefix, fence_prefix, timeout, ca; db, user, pass for redis+unix)"
+                        "unknown parameter {other:?} (known: prefix, fence_prefix, timeout, ca, cert, key; db, user, pass for redis+unix)"
                     )))
                 }
             }
         }
+        opts.client_cert = match (cert, key) {
+            (Some(c), Some(k)) => Some((c, k)),
+            (None, None) => opts.client_cert,
+            _ => {
+                return Err(bad(
+                    "?cert= (the client's certificate) and ?key= (its key) go together".into(),
+                ))
+            }
+        };
         Ok(opts)
+    }
+
+    /// Whether the options name TLS files (`?ca=`, `?cert=`, `?key=`), which only a TLS URL
+    /// takes.
+    pub(crate) fn names_tls_files(&self) -> bool {
+        self.ca_file.is_some() || self.client_cert.is_some()
+    }
+
+    /// The TLS material the options name, read from its files: the CA and the client's
+    /// certificate and key; `None` when none is named (the system trust store, no client
+    /// certificate).
+    pub(crate) fn tls_certificates(&self) -> Result<Option<::redis::TlsCertificates>> {
+        let read = |what: &'static str, path: &std::path::Path| {
+            std::fs::read(path).map_err(|e| Error::io(what, path.display(), e))
+        };
+        let root_cert = match &self.ca_file {
+            Some(ca) => Some(read("read CA file", ca)?),
+            None => None,
+        };
+        let client_tls = match &self.client_cert {
+            Some((cert, key)) => Some(::redis::ClientTlsConfig {
+                client_cert: read("read client certificate", cert)?,
+                client_key: read("read client key", key)?,
+            }),
+            None => None,
+        };
+        Ok(
+            (root_cert.is_some() || client_tls.is_some()).then_some(::redis::TlsCertificates {
+                client_tls,
+                root_cert,
+            }),
+        )
     }
 
     fn fence_prefix(&self) -> String {
@@ -1218,20 +1267,14 @@ fn open_client(url: &str, opts: &RedisOptions, described: &str) -> Result<::redi
         // Several crates may race to install a provider; any installed one will do.
         let _ = rustls::crypto::ring::default_provider().install_default();
     }
-    match (&opts.ca_file, tls) {
-        (Some(ca), true) => {
-            let pem = std::fs::read(ca).map_err(|e| Error::io("read CA file", ca.display(), e))?;
-            ::redis::Client::build_with_tls(
-                url,
-                ::redis::TlsCertificates {
-                    client_tls: None,
-                    root_cert: Some(pem),
-                },
-            )
-            .map_err(|e| bad(e.to_string()))
+    if !tls && opts.names_tls_files() {
+        return Err(bad("?ca=, ?cert= and ?key= need a rediss:// URL".into()));
+    }
+    match opts.tls_certificates()? {
+        Some(certs) if tls => {
+            ::redis::Client::build_with_tls(url, certs).map_err(|e| bad(e.to_string()))
         }
-        (Some(_), false) => Err(bad("?ca= needs a rediss:// URL".into())),
-        (None, _) => ::redis::Client::open(url).map_err(|e| bad(e.to_string())),
+        _ => ::redis::Client::open(url).map_err(|e| bad(e.to_string())),
     }
 }
 
@@ -1281,7 +1324,7 @@ pub(crate) fn map_err(store: &str, e: ::redis::RedisError) -> Error {
     }
     // A TLS trust failure or refused credentials do not heal by retrying (the cluster client
     // reports the latter inside an I/O error: "Failed to create initial connections").
-    if text.contains("certificate")
+    if text.to_ascii_lowercase().contains("certificate")
         || e.kind() == ::redis::ErrorKind::AuthenticationFailed
         || text.contains("AuthenticationFailed")
     {

@@ -113,21 +113,13 @@ impl RedisStore {
         if url.starts_with("rediss+cluster://") {
             // Several crates may race to install a provider; any installed one will do.
             let _ = rustls::crypto::ring::default_provider().install_default();
-        } else if opts.ca_file.is_some() {
+        } else if opts.names_tls_files() {
             return Err(Error::InvalidUrl {
                 url: described,
-                reason: "?ca= needs a rediss+cluster:// URL".into(),
+                reason: "?ca=, ?cert= and ?key= need a rediss+cluster:// URL".into(),
             });
         }
-        let certs = match &opts.ca_file {
-            Some(ca) => Some(::redis::TlsCertificates {
-                client_tls: None,
-                root_cert: Some(
-                    std::fs::read(ca).map_err(|e| Error::io("read CA file", ca.display(), e))?,
-                ),
-            }),
-            None => None,
-        };
+        let certs = opts.tls_certificates()?;
         if let Some(certs) = &certs {
             builder = builder.certs(certs.clone());
         }
