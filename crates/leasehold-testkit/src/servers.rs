@@ -452,6 +452,19 @@ pub struct SentinelServer {
 }
 
 impl SentinelServer {
+    /// Sends `sig` to the sentinel process (SIGSTOP: it stops answering, its connections stay
+    /// open, as behind a partition).
+    pub fn signal(&self, sig: i32) {
+        if let Some(pid) = self
+            .child
+            .as_ref()
+            .and_then(|c| libc::pid_t::try_from(c.id()).ok())
+        {
+            // SAFETY: kill(2) on our own child's pid (not reaped: it is waited for on drop).
+            unsafe { libc::kill(pid, sig) };
+        }
+    }
+
     /// Sends one command (after `AUTH` if the sentinel has a password); the raw first reply (over
     /// TLS: `redis-cli`'s output).
     pub fn command(&self, args: &[&str]) -> Option<String> {

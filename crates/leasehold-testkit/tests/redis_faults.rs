@@ -7,6 +7,12 @@ use leasehold::{LeaseGuard, Locks, LostReason, Released};
 use leasehold_testkit::servers::{shared_redis, RedisServer, LOCKER_ACL};
 use std::time::{Duration, Instant};
 
+/// Held by each test that starts a Sentinel deployment of its own and fails it over: they run
+/// one at a time. A failover's timing (sentinels that judge a primary down after 500 ms, a holder
+/// whose 2 s lease must be renewed on the promoted primary before its replicated record expires
+/// there) should not depend on how many other deployments share the machine's two cores.
+static SENTINELS_ALONE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 async fn locks(url: &str, holder: &str) -> Locks {
     leasehold_testkit::connect_as(url, holder).await
 }
@@ -1115,6 +1121,7 @@ async fn await_new_primary(set: &leasehold_testkit::servers::SentinelSet, old: u
 #[tokio::test]
 async fn a_sentinel_failover_moves_the_store_to_the_promoted_primary() {
     // Sentinels that require a password, as Helm charts deploy them.
+    let _alone = SENTINELS_ALONE.lock().await;
     let set = leasehold_testkit::servers::SentinelSet::start_with_password(Some("sentpw"));
     let without = format!(
         "{}?timeout=500ms",
@@ -1164,26 +1171,7 @@ async fn a_sentinel_failover_moves_the_store_to_the_promoted_primary() {
     let new = await_new_primary(&set, old).await;
     let new_server = set.server(new).expect("the new primary");
 
-    // Within a second of the announcement, grants land on the new primary.
-    let switched = Instant::now();
-    for attempt in 0.. {
-        let key = format!("after-{attempt}");
-        let g = l.lock(&key).unwrap().try_acquire().await;
-        let landed = new_server
-            .command(&["EXISTS", &format!("leasehold:lock:{key}")])
-            .is_some_and(|r| r.starts_with(":1"));
-        if let Ok(Some(g)) = g {
-            g.release().await.unwrap();
-        }
-        if landed {
-            break;
-        }
-        assert!(
-            switched.elapsed() < Duration::from_secs(1),
-            "grants still missed the new primary 1 s after the switch"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    grants_land_on(&l, new_server).await;
     // Its next wait subscribes on the new primary and is woken by the release's message.
     let g = b
         .lock("handoff")
@@ -1207,10 +1195,90 @@ async fn a_sentinel_failover_moves_the_store_to_the_promoted_primary() {
     renewed_on(held, new_server).await;
 }
 
+/// Within a second of the sentinels' announcement, grants through `l` land on `new_server` (each
+/// held and released at once; the record stays on the new primary only while held, so its
+/// presence there is checked while held).
+async fn grants_land_on(l: &Locks, new_server: &RedisServer) {
+    let switched = Instant::now();
+    for attempt in 0.. {
+        let key = format!("after-{attempt}");
+        let g = l.lock(&key).unwrap().try_acquire().await;
+        let landed = new_server
+            .command(&["EXISTS", &format!("leasehold:lock:{key}")])
+            .is_some_and(|r| r.starts_with(":1"));
+        if let Ok(Some(g)) = g {
+            g.release().await.unwrap();
+        }
+        if landed {
+            return;
+        }
+        assert!(
+            switched.elapsed() < Duration::from_secs(1),
+            "grants still missed the new primary 1 s after the switch"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A sentinel that stops answering (SIGSTOP: its connections stay open, as behind a partition)
+/// does not hide a failover the others announce: the store follows every sentinel, and moves to
+/// the promoted primary on their announcement, while the old primary still claims to be one.
+#[tokio::test]
+async fn a_silent_sentinel_does_not_hide_a_failover() {
+    let _alone = SENTINELS_ALONE.lock().await;
+    let set = leasehold_testkit::servers::SentinelSet::start();
+    let old = set.primary_port().expect("a primary");
+    let l = locks(&set.url_with("timeout=1s"), "a").await;
+    let g = l
+        .lock("before")
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .unwrap();
+    g.release().await.unwrap();
+    let old_server = set.server(old).expect("the old primary");
+    assert!(old_server
+        .command(&["WAIT", "1", "2000"])
+        .is_some_and(|r| r.starts_with(":1")));
+    set.sentinels[0].signal(libc::SIGSTOP);
+    let master = leasehold_testkit::servers::SENTINEL_MASTER;
+    assert!(set.sentinels[1]
+        .command(&["SENTINEL", "FAILOVER", master])
+        .is_some_and(|r| r.starts_with("+OK")));
+    // The promoted primary, as the sentinel that ran the failover names it.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let new = loop {
+        let named = set.sentinels[1]
+            .command(&["SENTINEL", "get-master-addr-by-name", master])
+            .and_then(|r| r.lines().last()?.trim().parse::<u16>().ok())
+            .filter(|p| *p != old);
+        let promoted = named.filter(|p| {
+            set.server(*p)
+                .and_then(|s| s.command(&["ROLE"]))
+                .is_some_and(|r| r.contains("master"))
+        });
+        if let Some(p) = promoted {
+            break p;
+        }
+        assert!(Instant::now() < deadline, "no failover within 20 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    grants_land_on(&l, set.server(new).expect("the new primary")).await;
+    assert!(
+        old_server
+            .command(&["ROLE"])
+            .is_some_and(|r| r.contains("master")),
+        "the old primary was already demoted: this did not test the announcement"
+    );
+    set.sentinels[0].signal(libc::SIGCONT);
+}
+
 /// `redis+sentinel://`: the primary is killed; the sentinels promote the replica, and a contender
 /// that was waiting through the outage gets its lease on the new primary.
 #[tokio::test]
 async fn a_killed_sentinel_primary_is_replaced_and_a_waiter_gets_its_lease() {
+    let _alone = SENTINELS_ALONE.lock().await;
     killed_primary_replaced(leasehold_testkit::servers::SentinelSet::start()).await;
 }
 
@@ -1218,6 +1286,7 @@ async fn a_killed_sentinel_primary_is_replaced_and_a_waiter_gets_its_lease() {
 /// trusting the test CA; without `?ca=` the system trust store refuses it for good.
 #[tokio::test]
 async fn a_tls_sentinel_deployment_is_followed_through_a_failover() {
+    let _alone = SENTINELS_ALONE.lock().await;
     let set = leasehold_testkit::servers::SentinelSet::start_tls();
     let url = set.url();
     assert!(url.starts_with("rediss+sentinel://"), "{url}");

@@ -613,7 +613,8 @@ pub(crate) struct Sentinels {
     master: String,
     node: NodeClient,
     /// The task following the sentinels' `+switch-master` announcements.
-    follower: Mutex<Option<tokio::task::AbortHandle>>,
+    /// The tasks following the sentinels' `+switch-master` announcements, one per sentinel.
+    followers: Mutex<Vec<tokio::task::AbortHandle>>,
 }
 
 impl Sentinels {
@@ -819,26 +820,29 @@ impl Link {
 impl Drop for Link {
     fn drop(&mut self) {
         if let Origin::Sentinel(sentinels) = &self.origin {
-            if let Some(task) = sentinels.follower.lock().take() {
+            for task in sentinels.followers.lock().drain(..) {
                 task.abort();
             }
         }
     }
 }
 
-/// Follows the sentinels' `+switch-master` announcements (`<master> <old ip> <old port> <new ip>
-/// <new port>`) for the link's master group, on one sentinel at a time, and moves the link to the
-/// announced primary at once. Without it the store would move only when the old primary, demoted,
-/// answers `READONLY` — which Sentinel does at its next look at that server, up to ~10 s after the
-/// failover, while it still takes writes. `node` makes a data server's client.
+/// Follows one sentinel's `+switch-master` announcements (`<master> <old ip> <old port> <new ip>
+/// <new port>`) for the link's master group, subscribing again whenever the subscription ends, and
+/// moves the link to the announced primary at once. Every sentinel has a follower of its own, so a
+/// sentinel that is down, or silent behind a partition, does not hide a failover the others
+/// announce (the first announcement moves the link; the others find it there). Without them the
+/// store would move only when the old primary, demoted, answers `READONLY` — which Sentinel does
+/// at its next look at that server, up to ~10 s after the failover, while it still takes writes.
+/// `node` makes a data server's client.
 async fn follow_switches(
     link: std::sync::Weak<Link>,
-    sentinels: Vec<::redis::Client>,
+    client: ::redis::Client,
     master: String,
     node: NodeClient,
     timeout: Duration,
 ) {
-    for client in sentinels.iter().cycle() {
+    loop {
         let subscribed = async {
             let mut pubsub = tokio::time::timeout(timeout, client.get_async_pubsub())
                 .await
@@ -1437,22 +1441,24 @@ impl RedisStore {
             sentinels: sentinels.clone(),
             master: master.clone(),
             node: node.clone(),
-            follower: Mutex::new(None),
+            followers: Mutex::new(vec![]),
         };
         let client = named.primary(&described, opts.timeout * 2).await?;
         let timeout = opts.timeout;
         let origin = Origin::Sentinel(named);
         let store = Self::start(client, origin, described, fence_prefix, opts, false).await?;
         let link = &store.inner.link;
-        if let Origin::Sentinel(Sentinels { follower, .. }) = &link.origin {
-            let task = tokio::spawn(follow_switches(
-                Arc::downgrade(link),
-                sentinels,
-                master,
-                node,
-                timeout,
-            ));
-            *follower.lock() = Some(task.abort_handle());
+        if let Origin::Sentinel(Sentinels { followers, .. }) = &link.origin {
+            for sentinel in sentinels {
+                let task = tokio::spawn(follow_switches(
+                    Arc::downgrade(link),
+                    sentinel,
+                    master.clone(),
+                    node.clone(),
+                    timeout,
+                ));
+                followers.lock().push(task.abort_handle());
+            }
         }
         Ok(store)
     }
