@@ -612,7 +612,6 @@ pub(crate) struct Sentinels {
     sentinels: Vec<::redis::Client>,
     master: String,
     node: NodeClient,
-    /// The task following the sentinels' `+switch-master` announcements.
     /// The tasks following the sentinels' `+switch-master` announcements, one per sentinel.
     followers: Mutex<Vec<tokio::task::AbortHandle>>,
 }
@@ -1054,8 +1053,12 @@ fn refuse(link: &Link, left: Vec<(RenewJob, String)>) {
     }
 }
 
-/// The arguments of a renewal call for `batch`: tokens, TTLs and tokens as JSON strings.
+/// The records and arguments of a renewal call for `batch`: the record names, then token, TTL
+/// and token as a JSON string per record (as keys or as arguments: the call's `prepare` says).
 fn renew_args(call: &mut ScriptCall, batch: &[RenewJob]) {
+    for j in batch {
+        call.arg(&j.record_key);
+    }
     for j in batch {
         call.arg(&j.token).arg(j.ttl_ms).arg(json_str(&j.token));
     }
@@ -1077,9 +1080,6 @@ async fn renew_call(
     batch: Vec<RenewJob>,
 ) -> Vec<(RenewJob, String)> {
     let mut call = script.prepare(batch.len(), 3 * batch.len(), renew_bytes(&batch));
-    for j in &batch {
-        call.arg(&j.record_key);
-    }
     renew_args(&mut call, &batch);
     let res: Result<Vec<::redis::Value>> = link
         .send(|mut conn| async move { call.send(&mut conn).await })
@@ -1105,9 +1105,6 @@ async fn renew_node_call(
 ) -> NodeRenewal {
     let mut call = script.prepare(0, 1 + 4 * batch.len(), renew_bytes(&batch));
     call.arg(batch.len());
-    for j in &batch {
-        call.arg(&j.record_key);
-    }
     renew_args(&mut call, &batch);
     let res: Result<Vec<::redis::Value>> = link
         .send(|conn| async move { call.send_routed(conn, route).await })
@@ -1397,11 +1394,11 @@ impl RedisStore {
         Self::start(client, Origin::Fixed, described, fence_prefix, opts, lazy).await
     }
 
-    /// Connects to the primary that the sentinels at `sentinels` (`redis://host:port` or
-    /// `rediss://host:port` each) name for `master`; `userinfo` (`user:pass@` or empty) and `db`
-    /// are the data servers', which are spoken to over TLS when the sentinels are.
+    /// Connects to the primary that the sentinels at `sentinels` (`scheme://host:port` each,
+    /// `scheme` `rediss` for TLS, else `redis`) name for `master`; `userinfo` (`user:pass@` or
+    /// empty) and `db` are the data servers', which are spoken to with the same scheme.
     async fn connect_sentinel(
-        sentinels: Vec<String>,
+        (scheme, sentinels): (&'static str, Vec<String>),
         master: String,
         (userinfo, db): (String, String),
         described: String,
@@ -1412,16 +1409,6 @@ impl RedisStore {
             .iter()
             .map(|url| open_client(url, &opts, &described))
             .collect::<Result<Vec<_>>>()?;
-        let scheme = if sentinels.iter().any(|s| {
-            matches!(
-                s.get_connection_info().addr(),
-                ::redis::ConnectionAddr::TcpTls { .. }
-            )
-        }) {
-            "rediss"
-        } else {
-            "redis"
-        };
         // A data server's client from its address, with our database and credentials (decoded as
         // the redis crate decodes any URL) and the sentinels' TLS settings.
         let node_opts = opts.clone();
@@ -1553,11 +1540,11 @@ impl RedisStore {
             url: described.clone(),
             reason: reason.into(),
         };
-        let tls = url.starts_with("rediss+sentinel://");
-        let scheme = if tls {
-            "rediss+sentinel"
+        // The sentinels' and data servers' scheme: TLS for all, or for none.
+        let (scheme, sentinel) = if url.starts_with("rediss+sentinel://") {
+            ("rediss+sentinel", "rediss")
         } else {
-            "redis+sentinel"
+            ("redis+sentinel", "redis")
         };
         let list = host_list(url, scheme, &described)?;
         let (master, db) = match list.path.split_once('/') {
@@ -1573,7 +1560,6 @@ impl RedisStore {
         let param = |name: &str| pairs.iter().find(|(k, _)| k == name).map(|(_, v)| v);
         let mut sentinels = vec![];
         for host in &list.hosts {
-            let sentinel = if tls { "rediss" } else { "redis" };
             let mut u = url::Url::parse(&format!("{sentinel}://{host}"))
                 .map_err(|e| bad(&e.to_string()))?;
             if let Some(pass) = param("sentinel_pass") {
@@ -1587,7 +1573,7 @@ impl RedisStore {
         let ours = pairs.iter().filter(|(k, _)| !theirs(k)).cloned();
         let opts = RedisOptions::from_query(url, ours, RedisOptions::default())?;
         let (master, node) = (master.to_owned(), (list.userinfo, db.to_owned()));
-        Self::connect_sentinel(sentinels, master, node, described, opts).await
+        Self::connect_sentinel((sentinel, sentinels), master, node, described, opts).await
     }
 
     /// Parses `redis://…?prefix=…&fence_prefix=…&timeout=2s` (or `rediss://…`, or
