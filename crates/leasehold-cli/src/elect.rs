@@ -48,7 +48,13 @@ pub(crate) async fn elect(store_url: Option<&str>, args: ElectArgs) -> Result<u8
         events.elected(&key, &guard)?;
         let ended = match &command {
             Some(command) => run::supervise(&locks, &guard, &key, command, &mut signals).await?,
-            None => hold(&guard, &key, &mut signals, &events).await?,
+            None => {
+                let stop = async {
+                    let sig = signals.recv().await;
+                    tracing::info!(key = %key, signal = %signals::name(sig.signal), "stepping down");
+                };
+                hold_until(&guard, &key, &events, stop).await?
+            }
         };
         match ended {
             Ended::Status(code) => return Ok(code),
@@ -62,33 +68,28 @@ pub(crate) async fn elect(store_url: Option<&str>, args: ElectArgs) -> Result<u8
     }
 }
 
-/// Holds the lease until its loss, or a termination signal: then releases it and ends with 0 —
-/// or with 76 when the release finds the lease lost already (told as a `lost` event).
-async fn hold(
+/// Holds the lease until its loss (`Ended::Lost`), or until `stop` completes: then releases it
+/// and ends with 0 — or with 76 when the release finds the lease lost already (told as a `lost`
+/// event), or 1 when the store could not be told (the lease then expires by its TTL).
+pub(crate) async fn hold_until(
     guard: &LeaseGuard,
     key: &Key,
-    signals: &mut Forwarded,
     events: &Events,
+    stop: impl std::future::Future<Output = ()>,
 ) -> Result<Ended, Failure> {
     tokio::select! {
         reason = guard.lost() => Ok(Ended::Lost(reason)),
-        sig = signals.recv() => {
-            tracing::info!(key = %key, signal = %signals::name(sig.signal), "stepping down");
-            match guard.release().await {
-                Ok(leasehold::Released::Lost(reason)) => {
-                    events.lost(key, &reason)?;
-                    Ok(Ended::Status(LOST))
-                }
-                Ok(_) => Ok(Ended::Status(OK)),
-                Err(e) => {
-                    exit::report(&format!(
-                        "cannot release the lease on {:?}: {e}; it expires by its TTL",
-                        key.as_str()
-                    ));
-                    Ok(Ended::Status(exit::ERROR))
-                }
+        () = stop => match guard.release().await {
+            Ok(leasehold::Released::Lost(reason)) => {
+                events.lost(key, &reason)?;
+                Ok(Ended::Status(LOST))
             }
-        }
+            Ok(_) => Ok(Ended::Status(OK)),
+            Err(e) => {
+                run::release_failed(key, &e);
+                Ok(Ended::Status(exit::ERROR))
+            }
+        },
     }
 }
 

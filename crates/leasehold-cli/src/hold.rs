@@ -1,13 +1,14 @@
 //! `leasehold hold`: hold a lease for as long as whoever started it keeps its stdin open — for a
 //! shell script that runs several commands under one lease (a coprocess), or a process that is
 //! not a child of leasehold. The lease is released when stdin reaches end-of-file (the script
-//! closed it, or died) or on SIGTERM, SIGINT or SIGHUP.
+//! closed it, or died) or on SIGTERM, SIGINT or SIGHUP, as `elect` without a command releases it
+//! ([`hold_until`]).
 
 use crate::admin::key_arg;
 use crate::cli::HoldArgs;
-use crate::elect::Events;
-use crate::exit::{self, Failure, LOST, OK};
-use crate::run;
+use crate::elect::{hold_until, Events};
+use crate::exit::{Failure, LOST};
+use crate::run::{self, Ended};
 use crate::signals::Forwarded;
 use crate::store;
 use leasehold::Locks;
@@ -32,26 +33,17 @@ pub(crate) async fn hold(store_url: Option<&str>, args: HoldArgs) -> Result<u8, 
         let mut buf = [0u8; 4096];
         while matches!(stdin.read(&mut buf).await, Ok(n) if n > 0) {}
     };
-    tokio::select! {
-        reason = guard.lost() => {
+    let stop = async {
+        tokio::select! {
+            () = closed => {}
+            _ = signals.recv() => {}
+        }
+    };
+    match hold_until(&guard, &key, &events, stop).await? {
+        Ended::Lost(reason) => {
             events.lost(&key, &reason)?;
             Ok(LOST)
         }
-        () = closed => release(&guard, &key).await,
-        _ = signals.recv() => release(&guard, &key).await,
-    }
-}
-
-/// Releases the lease: 0, or 1 when the store could not be told (it then expires by its TTL).
-async fn release(guard: &leasehold::LeaseGuard, key: &leasehold::Key) -> Result<u8, Failure> {
-    match guard.release().await {
-        Ok(_) => Ok(OK),
-        Err(e) => {
-            exit::report(&format!(
-                "cannot release the lease on {:?}: {e}; it expires by its TTL",
-                key.as_str()
-            ));
-            Ok(exit::ERROR)
-        }
+        Ended::Status(code) => Ok(code),
     }
 }

@@ -362,11 +362,16 @@ async fn release(guard: &LeaseGuard, key: &Key) {
             "the lease on {:?} was no longer held when the command finished: {reason}",
             key.as_str()
         )),
-        Err(e) => exit::report(&format!(
-            "cannot release the lease on {:?}: {e}; it expires by its TTL",
-            key.as_str()
-        )),
+        Err(e) => release_failed(key, &e),
     }
+}
+
+/// Tells that the lease on `key` could not be released (`e`): it expires by its TTL.
+pub(crate) fn release_failed(key: &Key, e: &Error) {
+    exit::report(&format!(
+        "cannot release the lease on {:?}: {e}; it expires by its TTL",
+        key.as_str()
+    ));
 }
 
 /// leasehold's exit status for the child's: its code, or 128+S if signal S ended it.
