@@ -2,7 +2,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use leasehold::{Error, Locks};
+use leasehold::{Error, LeaseGuard, Locks};
 use leasehold_testkit::servers::{redlock_url, RedisServer, LOCKER_ACL};
 use std::time::Duration;
 
@@ -14,27 +14,24 @@ async fn locks(servers: &[RedisServer], holder: &str) -> Locks {
     leasehold_testkit::connect_as(&redlock_url(servers), holder).await
 }
 
+/// `try_acquire` of `key` with `ttl` (the default when `None`): the guard, or `None` when held.
+async fn take(l: &Locks, key: &str, ttl: Option<Duration>) -> Option<LeaseGuard> {
+    let mut lock = l.lock(key).unwrap();
+    if let Some(ttl) = ttl {
+        lock = lock.ttl(ttl);
+    }
+    lock.try_acquire().await.unwrap()
+}
+
 #[tokio::test]
 async fn one_of_three_stopped_still_grants() {
     let mut s = three();
     s[2].stop();
     let a = locks(&s, "a").await;
-    let g = a
-        .lock("job")
-        .unwrap()
-        .ttl(Duration::from_millis(900))
-        .try_acquire()
+    let g = take(&a, "job", Some(Duration::from_millis(900)))
         .await
-        .unwrap()
         .expect("granted by 2 of 3");
-    assert!(locks(&s, "b")
-        .await
-        .lock("job")
-        .unwrap()
-        .try_acquire()
-        .await
-        .unwrap()
-        .is_none());
+    assert!(take(&locks(&s, "b").await, "job", None).await.is_none());
     // Renewal works with the majority too.
     tokio::time::sleep(Duration::from_millis(1200)).await;
     assert!(g.is_current());
@@ -74,26 +71,15 @@ async fn two_of_three_stopped_fails_naming_the_unreachable_nodes() {
 async fn a_lease_holder_keeps_renewing_while_a_node_restarts_empty() {
     let mut s = three();
     let a = locks(&s, "a").await;
-    let g = a
-        .lock("job")
-        .unwrap()
-        .ttl(Duration::from_millis(900))
-        .try_acquire()
+    let g = take(&a, "job", Some(Duration::from_millis(900)))
         .await
-        .unwrap()
         .unwrap();
     let port = s[0].port;
     s[0].stop();
     s[0] = RedisServer::start_on(port);
     // The restarted node forgot the lease, the other two did not: nobody else gets it.
     let b = locks(&s, "b").await;
-    assert!(b
-        .lock("job")
-        .unwrap()
-        .try_acquire()
-        .await
-        .unwrap()
-        .is_none());
+    assert!(take(&b, "job", None).await.is_none());
     tokio::time::sleep(Duration::from_millis(1200)).await;
     assert!(
         g.is_current(),
@@ -114,26 +100,15 @@ async fn a_majority_restarted_empty_breaks_exclusion_and_the_fence_shows_it() {
         let g = a.lock("job").unwrap().try_acquire().await.unwrap().unwrap();
         g.release().await.unwrap();
     }
-    let first = a
-        .lock("job")
-        .unwrap()
-        .ttl(Duration::from_secs(2))
-        .try_acquire()
-        .await
-        .unwrap()
-        .unwrap();
+    let first = take(&a, "job", Some(Duration::from_secs(2))).await.unwrap();
     for node in s.iter_mut().take(2) {
         let port = node.port;
         node.stop();
         *node = RedisServer::start_on(port);
     }
     let b = locks(&s, "b").await;
-    let second = b
-        .lock("job")
-        .unwrap()
-        .try_acquire()
+    let second = take(&b, "job", None)
         .await
-        .unwrap()
         .expect("granted by the two amnesiac nodes");
     assert!(
         first.is_current(),
@@ -208,13 +183,8 @@ async fn acl_users_and_passwords_apply_to_every_node() {
         .collect();
     let url = |cred: &str| redlock_url(&s).replacen("redlock://", &format!("redlock://{cred}@"), 1);
     let a = leasehold_testkit::connect_as(&url("locker:s3cret"), "a").await;
-    let g = a
-        .lock("job")
-        .unwrap()
-        .ttl(Duration::from_millis(600))
-        .try_acquire()
+    let g = take(&a, "job", Some(Duration::from_millis(600)))
         .await
-        .unwrap()
         .expect("granted");
     tokio::time::sleep(Duration::from_millis(1300)).await;
     assert!(g.is_current(), "renewals went through on every node");
@@ -238,4 +208,57 @@ async fn acl_users_and_passwords_apply_to_every_node() {
     assert!(started.elapsed() < Duration::from_secs(2), "{text}");
     assert!(text.to_lowercase().contains("auth"), "{text}");
     assert!(!text.contains("nope"), "{text}");
+}
+
+/// A node that hangs (SIGSTOP: its connections stay open and silent, as behind a partition that
+/// drops packets) costs one per-node timeout, not one per call: it is left out while the other two
+/// make a majority, and taken back once it answers again.
+#[tokio::test]
+async fn a_hung_node_is_left_out_until_it_answers_again() {
+    let s = three();
+    let a = locks(&s, "a").await;
+    let held = take(&a, "held", Some(Duration::from_millis(900)))
+        .await
+        .unwrap();
+    s[2].signal(libc::SIGSTOP);
+    // 20 acquire+release cycles: waiting for the hung node in each would take 40 × 200 ms = 8 s.
+    let started = std::time::Instant::now();
+    for i in 0..20 {
+        let g = take(&a, &format!("k{i}"), None)
+            .await
+            .expect("granted by the two nodes that answer");
+        g.release().await.unwrap();
+    }
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(2),
+        "20 cycles took {took:?}: the hung node is waited for"
+    );
+    // Renewals by the two others keep a lease whose TTL passes meanwhile.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert!(held.is_current(), "renewed by the majority that answers");
+    // Others are still refused it: the left-out node counts as a node that is down.
+    let b = locks(&s, "b").await;
+    assert!(take(&b, "held", None).await.is_none());
+
+    // Answering again, the node is probed back in and gets new leases again.
+    s[2].signal(libc::SIGCONT);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let mut n = 0;
+    loop {
+        let key = format!("back{n}");
+        let g = a.lock(&key).unwrap().try_acquire().await.unwrap().unwrap();
+        let there = s[2].command(&["EXISTS", &format!("leasehold:lock:{key}")]);
+        g.release().await.unwrap();
+        if there.as_deref().is_some_and(|r| r.contains('1')) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the node that answers again never got a lease back"
+        );
+        n += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    held.release().await.unwrap();
 }

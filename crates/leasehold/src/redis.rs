@@ -1653,6 +1653,13 @@ impl RedisStore {
         call
     }
 
+    /// Asks the server for `PING`, bounded by the store's timeout: whether it answers at all.
+    #[cfg(feature = "redlock")]
+    pub(crate) async fn ping(&self) -> Result<()> {
+        let _: String = self.query(&::redis::cmd("PING")).await?;
+        Ok(())
+    }
+
     /// Raises the fence counter of `key` to at least `floor`.
     #[cfg(feature = "redlock")]
     pub(crate) async fn raise_fence(&self, key: &Key, floor: u64) -> Result<()> {

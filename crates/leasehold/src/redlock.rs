@@ -24,6 +24,9 @@
 //!   the lease is lost; when too few nodes answer, the renewal is retried until the lease's validity
 //!   runs out, and then `lost()` fires.
 //! * **Release** runs on all nodes and answers when every node answered or timed out.
+//! * **A hung node** (one that let a call run out of time) is left out of every call while the
+//!   others make a majority, until it answers a `PING` in time, so it costs one timeout, not one
+//!   per call. Taken back, it has missed what happened meanwhile, as a node restarted empty has.
 //!
 //! # Where the guarantees end
 //! Mutual exclusion needs a majority of nodes to remember the lease for its TTL. A node restarted
@@ -48,6 +51,8 @@ use async_trait::async_trait;
 use futures_util::future::{join_all, select_all};
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 /// The Redlock store; see the [module docs](self).
@@ -57,6 +62,8 @@ pub struct RedlockStore {
     quorum: usize,
     timeout: Duration,
     described: String,
+    /// Per node (in `nodes`' order): whether it is left out (see [`RedlockStore::all`]).
+    left_out: Arc<[AtomicBool]>,
 }
 
 impl RedlockStore {
@@ -83,6 +90,7 @@ impl RedlockStore {
         let described = format!("redlock({})", names.join(","));
         Ok(RedlockStore {
             quorum: nodes.len() / 2 + 1,
+            left_out: nodes.iter().map(|_| AtomicBool::new(false)).collect(),
             nodes,
             timeout: opts.timeout,
             described,
@@ -126,25 +134,71 @@ impl RedlockStore {
     }
 
     /// Runs `f` on every node at once, each bounded by the per-node timeout.
+    ///
+    /// A node that lets a call run out of time (a hung server, a partition that drops packets) is
+    /// then **left out**: it is sent no calls and not waited for, as long as the other nodes can
+    /// still make a majority, until it answers a `PING` in time (probed in the background every
+    /// timeout). Otherwise one hung node of three would add the whole timeout to every acquire,
+    /// renewal and release. It answers as a node that is down (an [`Error::Unavailable`]), which
+    /// is what waiting for it would have given. When too many nodes are out for a majority
+    /// without them, every node is sent the call and waited for, as before.
     async fn all<'a, T, F, Fut>(&'a self, f: F) -> Vec<(&'a str, Result<T>)>
     where
         F: Fn(&'a RedisStore) -> Fut,
         Fut: Future<Output = Result<T>> + 'a,
     {
-        let calls = self.nodes.iter().map(|(name, node)| {
-            let fut = f(node);
+        let out: Vec<bool> = self
+            .left_out
+            .iter()
+            .map(|o| o.load(Ordering::Relaxed))
+            .collect();
+        let skip = self.nodes.len() - out.iter().filter(|o| **o).count() >= self.quorum;
+        let calls = self.nodes.iter().zip(out).enumerate().map(|(i, ((name, node), out))| {
+            let fut = (!(skip && out)).then(|| f(node));
             async move {
-                let r = match tokio::time::timeout(self.timeout, fut).await {
-                    Ok(r) => r,
-                    Err(_) => Err(Error::Unavailable {
+                let r = match fut {
+                    None => Err(Error::Unavailable {
                         store: name.clone(),
-                        detail: "no answer in time".into(),
+                        detail: "left out: it let a call run out of time and has not answered a PING since".into(),
                     }),
+                    Some(fut) => match tokio::time::timeout(self.timeout, fut).await {
+                        Ok(r) => {
+                            if r.is_ok() && out {
+                                self.back(i);
+                            }
+                            r
+                        }
+                        Err(_) => {
+                            self.leave_out(i);
+                            Err(Error::Unavailable {
+                                store: name.clone(),
+                                detail: "no answer in time".into(),
+                            })
+                        }
+                    },
                 };
                 (name.as_str(), r)
             }
         });
         join_all(calls).await
+    }
+
+    /// Leaves node `i` out after a call to it ran out of time, and probes it until it answers.
+    fn leave_out(&self, i: usize) {
+        if self.left_out[i].swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let (name, node) = self.nodes[i].clone();
+        tracing::warn!(store = %self.described, node = %name, "a Redlock node did not answer in time; left out until it answers a PING");
+        let (left_out, timeout) = (Arc::downgrade(&self.left_out), self.timeout);
+        tokio::spawn(probe(left_out, i, name, node, timeout));
+    }
+
+    /// Takes node `i` back after it answered a call.
+    fn back(&self, i: usize) {
+        if self.left_out[i].swap(false, Ordering::Relaxed) {
+            tracing::info!(store = %self.described, node = %self.nodes[i].0, "a Redlock node answers again");
+        }
     }
 
     /// Runs `f` on every node and keeps the answers; an error naming every node when none answered.
@@ -433,6 +487,34 @@ impl LockStore for RedlockStore {
         } else {
             Some(Box::new(AnyWatch(watches)))
         })
+    }
+}
+
+/// PINGs a left-out node every `timeout` until it answers in time, then takes it back; ends
+/// early when a call took it back, or when the store is dropped.
+async fn probe(
+    left_out: Weak<[AtomicBool]>,
+    i: usize,
+    name: String,
+    node: RedisStore,
+    timeout: Duration,
+) {
+    loop {
+        let answered = matches!(tokio::time::timeout(timeout, node.ping()).await, Ok(Ok(())));
+        let Some(left_out) = left_out.upgrade() else {
+            return;
+        };
+        if answered {
+            if left_out[i].swap(false, Ordering::Relaxed) {
+                tracing::info!(node = %name, "a Redlock node answers again");
+            }
+            return;
+        }
+        if !left_out[i].load(Ordering::Relaxed) {
+            return;
+        }
+        drop(left_out);
+        tokio::time::sleep(timeout).await;
     }
 }
 
