@@ -602,3 +602,59 @@ async fn a_record_overwritten_with_another_type_costs_only_its_own_lease() {
     })
     .await;
 }
+
+/// A primary that hangs (SIGSTOP: its connections stay open and silent, as behind a partition that
+/// drops packets) gives the cluster connection no error to follow a failover by: the store
+/// connects again, reads the slot map afresh and reaches the promoted replica — the lease held
+/// since before the hang is renewed there, and a fresh key of the slot is granted there. Before,
+/// every call to those slots ran out of time for as long as the old primary hung.
+#[tokio::test]
+async fn a_hung_primary_is_replaced_and_the_store_follows() {
+    let _alone = ALONE.lock().await;
+    let cluster = RedisCluster::start();
+    let port = cluster.nodes[0].port;
+    let key = key_served_by(&cluster, port, "hung");
+    let name = format!("leasehold:lock:{{{key}}}");
+    let fresh = key_served_by(&cluster, port, "fresh");
+    let a = locks(&format!("{}?timeout=500ms", cluster.url()), "a").await;
+    let g = take(&a, &key, Duration::from_secs(6)).await;
+    let replica = synced_replica(&cluster, port).await;
+    cluster.nodes[0].signal(libc::SIGSTOP);
+    await_until(Duration::from_secs(20), "the replica promoted", || {
+        replica
+            .command(&["ROLE"])
+            .is_some_and(|r| r.contains("master"))
+    })
+    .await;
+    let promoted = Instant::now();
+    loop {
+        match a.lock(&fresh).unwrap().try_acquire().await {
+            Ok(Some(g2)) => {
+                g2.release().await.unwrap();
+                break;
+            }
+            Ok(None) => panic!("{fresh} is free"),
+            Err(e) => {
+                assert!(e.is_retryable(), "{e}");
+                assert!(
+                    promoted.elapsed() < Duration::from_secs(10),
+                    "still no grant 10 s after the promotion: {e}"
+                );
+            }
+        }
+    }
+    let on_replica = || replica.command(&["GET", &name]).unwrap_or_default();
+    let before = on_replica();
+    await_until(
+        Duration::from_secs(3),
+        "a renewal on the promoted replica",
+        || {
+            let now = on_replica();
+            now.contains("\"holder\":\"a\"") && now != before
+        },
+    )
+    .await;
+    assert!(g.is_current());
+    g.release().await.unwrap();
+    cluster.nodes[0].signal(libc::SIGCONT);
+}

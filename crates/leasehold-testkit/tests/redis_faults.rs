@@ -972,6 +972,23 @@ async fn await_replica_synced(replica: &RedisServer) {
 /// it there.
 #[tokio::test]
 async fn a_failover_behind_a_moved_name_reaches_the_new_primary() {
+    failover_behind_a_moved_name(false).await;
+}
+
+/// The same failover behind a moved name, but the old primary hangs (SIGSTOP: the connection to
+/// it stays open and silent, as behind a partition that drops packets) instead of answering
+/// `READONLY`: no error tells the connection to go, so the store connects again after a call runs
+/// out of time, and reaches the promoted server through the moved name. Before, every call ran out
+/// of time for as long as the old primary hung.
+#[tokio::test]
+async fn a_hung_primary_behind_a_moved_name_is_left_for_the_new_one() {
+    failover_behind_a_moved_name(true).await;
+}
+
+/// A failover behind a TCP proxy: the replica promoted, the proxy repointed to it, and the old
+/// primary following it as a replica — or, when it `hangs`, stopped with SIGSTOP. A contender
+/// waits through it and gets its lease on the new primary; the holder keeps renewing there.
+async fn failover_behind_a_moved_name(hangs: bool) {
     use leasehold_testkit::proxy::TcpProxy;
     let (old, new) = (RedisServer::start(), RedisServer::start());
     let port = |s: &RedisServer| s.port.to_string();
@@ -980,12 +997,18 @@ async fn a_failover_behind_a_moved_name_reaches_the_new_primary() {
         .is_some_and(|r| r.starts_with("+OK")));
     await_replica_synced(&new).await;
     let proxy = TcpProxy::start(old.port);
-    let url = format!("redis://127.0.0.1:{}/0?timeout=1s", proxy.port);
+    // A hung server is noticed by a call running out of time: 500 ms, and the lease outlives it.
+    let (timeout, ttl) = if hangs {
+        ("500ms", Duration::from_secs(3))
+    } else {
+        ("1s", Duration::from_millis(1500))
+    };
+    let url = format!("redis://127.0.0.1:{}/0?timeout={timeout}", proxy.port);
     let l = locks(&url, "a").await;
     let held = l
         .lock("held")
         .unwrap()
-        .ttl(Duration::from_millis(1500))
+        .ttl(ttl)
         .try_acquire()
         .await
         .unwrap()
@@ -995,14 +1018,19 @@ async fn a_failover_behind_a_moved_name_reaches_the_new_primary() {
         .command(&["WAIT", "1", "2000"])
         .is_some_and(|r| r.starts_with(":1")));
 
-    // The failover: the replica is promoted, the old primary follows it, the name moves.
+    // The failover: the replica is promoted, the old primary follows it (or hangs), the name moves.
+    if hangs {
+        old.signal(libc::SIGSTOP);
+    }
     assert!(new
         .command(&["REPLICAOF", "NO", "ONE"])
         .is_some_and(|r| r.starts_with("+OK")));
-    assert!(old
-        .command(&["REPLICAOF", "127.0.0.1", &port(&new)])
-        .is_some_and(|r| r.starts_with("+OK")));
-    await_replica_synced(&old).await;
+    if !hangs {
+        assert!(old
+            .command(&["REPLICAOF", "127.0.0.1", &port(&new)])
+            .is_some_and(|r| r.starts_with("+OK")));
+        await_replica_synced(&old).await;
+    }
     proxy.point_to(new.port);
 
     // A contender waits through the failover and gets its lease on the new primary.
@@ -1023,8 +1051,11 @@ async fn a_failover_behind_a_moved_name_reaches_the_new_primary() {
     g.release().await.unwrap();
     // The holder renewed through it: past its TTL, still current, and its record on the new primary
     // runs on.
-    tokio::time::sleep(Duration::from_millis(2000)).await;
+    tokio::time::sleep(ttl + Duration::from_millis(500)).await;
     renewed_on(held, &new).await;
+    if hangs {
+        old.signal(libc::SIGCONT);
+    }
 }
 
 /// Checks that `held` (the lease of key `held`) is still current and its record lives on `server`

@@ -709,9 +709,14 @@ struct Link {
     current: Mutex<(u64, Conn)>,
     /// The client the connection was made from (the pub/sub connection is made from it too).
     client: Mutex<::redis::Client>,
-    /// A sentinel lookup is under way (one at a time).
+    /// A sentinel lookup, or a new cluster connection, is under way (one at a time).
     looking_up: std::sync::atomic::AtomicBool,
+    /// When a call that ran out of time last made a new connection ([`Link::timed_out`]).
+    reconnected: Mutex<Option<std::time::Instant>>,
 }
+
+/// The least time between two new connections made because calls ran out of time.
+const RECONNECT_GAP: Duration = Duration::from_secs(1);
 
 impl Link {
     /// Sends what `call` sends on a clone of the connection, bounded by the store's timeout. A
@@ -725,14 +730,18 @@ impl Link {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => {
                 let demoted = read_only(&e);
+                // The cluster connection's own response timeout.
+                let timed_out = e.is_timeout();
                 let err = map_err(&self.described, e);
-                if demoted || matches!(err, Error::Unavailable { .. }) {
+                if timed_out {
+                    self.timed_out(generation);
+                } else if demoted || matches!(err, Error::Unavailable { .. }) {
                     self.replace(generation, demoted);
                 }
                 Err(err)
             }
             Err(_) => {
-                self.replace(generation, false);
+                self.timed_out(generation);
                 Err(Error::Unavailable {
                     store: self.described.clone(),
                     detail: "no answer in time".into(),
@@ -741,41 +750,84 @@ impl Link {
         }
     }
 
+    /// After a call on connection `generation` ran out of time. A server that hangs (stopped, or
+    /// behind a partition that drops packets) gives the connection no error to reconnect on, and
+    /// calls would run out of time for as long as it hangs, even after a failover had replaced it.
+    /// So a new connection is made (at most one a second): through a name that has moved (DNS, a
+    /// proxy, a managed endpoint) it reaches the new server; on a cluster it reads the slot map
+    /// afresh from the nodes that answer; under Sentinel the sentinels are asked, as on any error.
+    fn timed_out(self: &Arc<Self>, generation: u64) {
+        if matches!(self.origin, Origin::Sentinel(_)) {
+            return self.replace(generation, false);
+        }
+        {
+            let mut last = self.reconnected.lock();
+            if last.is_some_and(|t| t.elapsed() < RECONNECT_GAP) {
+                return;
+            }
+            *last = Some(std::time::Instant::now());
+        }
+        #[cfg(feature = "redis-cluster")]
+        if matches!(self.origin, Origin::Cluster(_)) {
+            return self.one_at_a_time(move |link| async move {
+                if let Origin::Cluster(nodes) = &link.origin {
+                    if let Some(conn) = nodes.reconnect(&link.described, link.timeout).await {
+                        link.put(generation, conn, "calls ran out of time");
+                    }
+                }
+            });
+        }
+        let client = self.client.lock().clone();
+        self.install(generation, client, "calls ran out of time");
+    }
+
     /// After connection `generation` failed: replaces it if its server was `demoted`, or, under
-    /// Sentinel, if the sentinels name another primary (looked up in the background).
+    /// Sentinel, if the sentinels name another primary (looked up in the background). The
+    /// cluster connection follows the failovers it hears of (`MOVED`, `READONLY`, a dropped
+    /// connection) itself.
     fn replace(self: &Arc<Self>, generation: u64, demoted: bool) {
         #[cfg(feature = "redis-cluster")]
         if matches!(self.origin, Origin::Cluster(_)) {
-            // The cluster connection follows failovers itself (`MOVED`, a new slot map).
             return;
         }
         if !matches!(self.origin, Origin::Sentinel(_)) {
             if demoted {
                 let client = self.client.lock().clone();
-                self.install(generation, client);
+                self.install(generation, client, "the server is no longer the primary");
             }
             return;
         }
-        if self
-            .looking_up
-            .swap(true, std::sync::atomic::Ordering::SeqCst)
-        {
-            return;
-        }
-        let link = self.clone();
-        tokio::spawn(async move {
+        self.one_at_a_time(move |link| async move {
             let Origin::Sentinel(sentinels) = &link.origin else {
                 return;
             };
             match sentinels.primary(&link.described, link.timeout).await {
-                Ok(client) if demoted => link.install(generation, client),
+                Ok(client) if demoted => {
+                    link.install(generation, client, "the server is no longer the primary")
+                }
                 Ok(client) => link.switch_to(generation, client),
                 Err(e) => {
                     tracing::warn!(store = %link.described, error = %e, "sentinel lookup failed")
                 }
             }
-            link.looking_up
-                .store(false, std::sync::atomic::Ordering::SeqCst);
+        });
+    }
+
+    /// Runs `work` in the background, unless a sentinel lookup or a new cluster connection is
+    /// under way already (one at a time).
+    fn one_at_a_time<F, Fut>(self: &Arc<Self>, work: F)
+    where
+        F: FnOnce(Arc<Self>) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        use std::sync::atomic::Ordering::SeqCst;
+        if self.looking_up.swap(true, SeqCst) {
+            return;
+        }
+        let link = self.clone();
+        tokio::spawn(async move {
+            work(link.clone()).await;
+            link.looking_up.store(false, SeqCst);
         });
     }
 
@@ -792,22 +844,32 @@ impl Link {
     /// is on that server already.
     fn switch_to(&self, generation: u64, client: ::redis::Client) {
         if client.get_connection_info().addr() != self.client.lock().get_connection_info().addr() {
-            self.install(generation, client);
+            self.install(generation, client, "the sentinels name another primary");
         }
     }
 
-    /// Makes `client` the link's, with a new connection (made on first use) if `generation` is
-    /// still current.
-    fn install(&self, generation: u64, client: ::redis::Client) {
+    /// Makes `conn` the link's connection if `generation` is still current (`why`: for the log).
+    fn put(&self, generation: u64, conn: Conn, why: &str) -> bool {
         let mut current = self.current.lock();
         if current.0 != generation {
+            return false;
+        }
+        tracing::warn!(store = %self.described, "{why}; connecting again");
+        *current = (generation + 1, conn);
+        true
+    }
+
+    /// Makes `client` the link's, with a new connection (made on first use) if `generation` is
+    /// still current (`why`: for the log).
+    fn install(&self, generation: u64, client: ::redis::Client, why: &str) {
+        if self.current.lock().0 != generation {
             return;
         }
         match ConnectionManager::new_lazy_with_config(client.clone(), self.config.clone()) {
             Ok(fresh) => {
-                tracing::warn!(store = %self.described, server = ?client.get_connection_info().addr(), "the server is no longer the primary; connecting again");
-                *current = (generation + 1, Conn::One(fresh));
-                *self.client.lock() = client;
+                if self.put(generation, Conn::One(fresh), why) {
+                    *self.client.lock() = client;
+                }
             }
             Err(e) => {
                 tracing::warn!(store = %self.described, error = %e, "cannot replace the connection")
@@ -1507,6 +1569,7 @@ impl RedisStore {
             current: Mutex::new((0, conn)),
             client: Mutex::new(client),
             looking_up: Default::default(),
+            reconnected: Mutex::new(None),
         });
         let renewals = spawn_renewer(
             link.clone(),

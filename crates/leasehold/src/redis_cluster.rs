@@ -137,6 +137,7 @@ impl RedisStore {
         .await?;
         let first = clients[0].clone();
         let nodes = ClusterNodes {
+            client,
             seeds: clients,
             node_url: nodes[0].clone(),
             certs,
@@ -187,6 +188,9 @@ fn node_client(
 
 /// The cluster's nodes as the store knows them, for pub/sub.
 pub(crate) struct ClusterNodes {
+    /// The cluster client, for a new connection when calls run out of time
+    /// ([`ClusterNodes::reconnect`]).
+    client: ::redis::cluster::ClusterClient,
     /// The seed nodes' clients (pub/sub falls back to them).
     seeds: Vec<::redis::Client>,
     /// The first seed's URL: other nodes' URLs are made from it.
@@ -223,6 +227,31 @@ impl ClusterNodes {
             .iter()
             .find(|r| r.start <= slot && slot <= r.end)
             .map(|r| r.node.clone())
+    }
+
+    /// A new connection to the cluster after calls ran out of time, or `None`.
+    ///
+    /// The crate's connection learns of a failover only from an error (`MOVED`, a dropped
+    /// connection). A primary that hangs — stopped, or behind a partition that drops packets —
+    /// gives none: calls to its slots ran out of time forever, even long after the cluster had
+    /// promoted its replica. A new connection reads the slot map afresh from the nodes that
+    /// answer. The store's own slot map is forgotten too (read again on next use).
+    pub(crate) async fn reconnect(&self, store: &str, timeout: Duration) -> Option<Conn> {
+        *self.map.lock() = None;
+        let made = bounded(
+            store,
+            timeout * 2,
+            "no connection to the cluster",
+            self.client.get_async_connection(),
+        )
+        .await;
+        match made {
+            Ok(conn) => Some(Conn::Cluster(conn)),
+            Err(e) => {
+                tracing::warn!(store, error = %e, "cannot connect to the cluster again");
+                None
+            }
+        }
     }
 
     /// Reads the slot map from the cluster (when it is missing, stale or forgotten).
