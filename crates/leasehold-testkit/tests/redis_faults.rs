@@ -1310,7 +1310,16 @@ async fn a_silent_sentinel_does_not_hide_a_failover() {
 #[tokio::test]
 async fn a_killed_sentinel_primary_is_replaced_and_a_waiter_gets_its_lease() {
     let _alone = SENTINELS_ALONE.lock().await;
-    killed_primary_replaced(leasehold_testkit::servers::SentinelSet::start()).await;
+    primary_replaced(leasehold_testkit::servers::SentinelSet::start(), false).await;
+}
+
+/// `redis+sentinel://`: the primary hangs (SIGSTOP: its connections stay open and silent, as
+/// behind a partition that drops packets); the sentinels promote the replica, and a contender
+/// waiting through it gets its lease on the new primary.
+#[tokio::test]
+async fn a_hung_sentinel_primary_is_replaced_and_a_waiter_gets_its_lease() {
+    let _alone = SENTINELS_ALONE.lock().await;
+    primary_replaced(leasehold_testkit::servers::SentinelSet::start(), true).await;
 }
 
 /// `rediss+sentinel://…?ca=`: the same over TLS only (sentinels, data servers and replication),
@@ -1331,10 +1340,12 @@ async fn a_tls_sentinel_deployment_is_followed_through_a_failover() {
         leasehold::open_store(&plain).await,
         Err(leasehold::Error::InvalidUrl { .. })
     ));
-    killed_primary_replaced(set).await;
+    primary_replaced(set, false).await;
 }
 
-async fn killed_primary_replaced(mut set: leasehold_testkit::servers::SentinelSet) {
+/// The primary of `set` is killed (or, when it `hangs`, stopped with SIGSTOP) while a contender
+/// waits; the contender gets its lease from the promoted primary.
+async fn primary_replaced(mut set: leasehold_testkit::servers::SentinelSet, hangs: bool) {
     let old = set.primary_port().expect("a primary");
     let l = locks(&set.url_with("timeout=500ms"), "a").await;
     let g = l
@@ -1346,7 +1357,11 @@ async fn killed_primary_replaced(mut set: leasehold_testkit::servers::SentinelSe
         .unwrap();
     g.release().await.unwrap();
     let index = set.servers.iter().position(|s| s.port == old).expect("old");
-    set.servers[index].stop();
+    if hangs {
+        set.servers[index].signal(libc::SIGSTOP);
+    } else {
+        set.servers[index].stop();
+    }
     let waiter = spawn_waiter_for(l.clone(), "after", true, Duration::from_secs(30));
     let new = await_new_primary(&set, old).await;
     let g = waiter
@@ -1363,6 +1378,9 @@ async fn killed_primary_replaced(mut set: leasehold_testkit::servers::SentinelSe
         "{record}"
     );
     g.release().await.unwrap();
+    if hangs {
+        set.servers[index].signal(libc::SIGCONT);
+    }
 }
 
 /// `redis+sentinel://` URLs: a missing master name or a bad server is a bad URL; sentinels that do
