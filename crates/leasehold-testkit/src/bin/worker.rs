@@ -10,6 +10,12 @@
 //! create `DIR/inside` exclusively (exit 3 on an overlap), append the fence to `DIR/fences`,
 //! remove `DIR/inside`, release.
 //!
+//! `leasehold-worker fenced STORE KEY DIR MILLIS TTL_MS`: for MILLIS, acquire KEY (TTL_MS, waiting
+//! up to 2 s at a time and trying again after store errors), then write three steps to the fenced
+//! resource in DIR ([`fenced_write`]) 20 ms apart without looking at the lease again — an
+//! application that checks its lease once per job, which a pause can catch mid-job — and release.
+//! Prints `sections N` at the end.
+//!
 //! `leasehold-worker hold STORE KEY TTL_MS`: acquire KEY, print `held FENCE`, then wait; print
 //! `lost REASON` and exit 4 when the lease is lost; exit 0 on SIGTERM after releasing.
 
@@ -51,6 +57,45 @@ async fn hold(
         .await
         .unwrap_or_else(|e| fail(e.to_string()));
     (g, enter(dir))
+}
+
+/// A write to the fenced resource in `dir`, as a storage service that knows fences does it: under
+/// an exclusive `flock` of `DIR/resource.lock`, a fence below the highest seen (`DIR/max`) is
+/// rejected (a line in `DIR/rejected`); any other is accepted (a line `FENCE PID STEP` in
+/// `DIR/log`) and becomes the highest seen.
+fn fenced_write(dir: &std::path::Path, fence: u64, step: u32) {
+    use std::os::fd::AsRawFd;
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join("resource.lock"))
+        .unwrap_or_else(|e| fail(e.to_string()));
+    // SAFETY: flock(2) on a descriptor we own; the lock goes with it when `lock` is dropped.
+    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
+        fail(std::io::Error::last_os_error().to_string());
+    }
+    let max: u64 = std::fs::read_to_string(dir.join("max"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0);
+    let line = format!("{fence} {} {step}\n", std::process::id());
+    let file = if fence < max {
+        "rejected"
+    } else {
+        // Written whole and renamed over: a worker killed here leaves the old value, never none.
+        let next = dir.join(format!("max.{}", std::process::id()));
+        std::fs::write(&next, fence.to_string())
+            .and_then(|()| std::fs::rename(&next, dir.join("max")))
+            .unwrap_or_else(|e| fail(e.to_string()));
+        "log"
+    };
+    std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(dir.join(file))
+        .and_then(|mut f| f.write_all(line.as_bytes()))
+        .unwrap_or_else(|e| fail(e.to_string()));
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -123,6 +168,47 @@ async fn main() {
                     fail("a task panicked".into());
                 }
             }
+        }
+        "fenced" => {
+            let dir = std::path::PathBuf::from(arg(4));
+            let num = |i: usize| -> u64 {
+                arg(i)
+                    .parse()
+                    .unwrap_or_else(|_| fail(format!("bad number {:?}", arg(i))))
+            };
+            let (end, ttl) = (
+                std::time::Instant::now() + Duration::from_millis(num(5)),
+                Duration::from_millis(num(6)),
+            );
+            let mut sections = 0u64;
+            while std::time::Instant::now() < end {
+                let wait = end
+                    .saturating_duration_since(std::time::Instant::now())
+                    .min(Duration::from_secs(2));
+                let g = match locks
+                    .lock_key(key.clone())
+                    .ttl(ttl)
+                    .wait(wait)
+                    .acquire()
+                    .await
+                {
+                    Ok(g) => g,
+                    Err(leasehold::Error::Timeout { .. }) => continue,
+                    Err(e) if e.is_retryable() => {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        continue;
+                    }
+                    Err(e) => fail(e.to_string()),
+                };
+                for step in 0..3 {
+                    fenced_write(&dir, g.fence(), step);
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                // A lease lost meanwhile (a pause, a store fault) is reported, not fatal here.
+                let _ = g.release().await;
+                sections += 1;
+            }
+            println!("sections {sections}");
         }
         "hold" => {
             let ttl: u64 = arg(4).parse().unwrap_or_else(|_| fail("bad ttl".into()));

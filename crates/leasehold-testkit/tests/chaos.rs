@@ -1,0 +1,214 @@
+//! The fault harness: worker processes contend for one key and write each job's three steps to a
+//! fenced resource (a storage service that rejects fences below the highest it has seen), while
+//! the harness injects real faults — the holder paused (SIGSTOP) mid-job for longer than its TTL,
+//! the holder killed (SIGKILL) mid-job and replaced by a new process, the store's servers paused
+//! or restarted empty. Whatever happens, the writes the resource accepted come in fence order and
+//! each fence belongs to one process; the paused holders' late steps are the writes it rejected;
+//! and the lease keeps moving (progress). On the file store, one Redis server and 3-node Redlock.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use leasehold_testkit::servers::{redlock_url, RedisServer};
+use std::collections::HashMap;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const WORKER: &str = env!("CARGO_BIN_EXE_leasehold-worker");
+const TTL: Duration = Duration::from_millis(600);
+const WORKERS: usize = 4;
+const RUN: Duration = Duration::from_secs(9);
+
+/// Worker processes contending for one key, writing to the fenced resource in `dir`.
+struct Harness {
+    url: String,
+    key: String,
+    dir: tempfile::TempDir,
+    workers: Vec<Child>,
+    end: Instant,
+    pauses: usize,
+}
+
+/// One accepted (or rejected) write: fence, process, step.
+type Write = (u64, u32, u32);
+
+impl Harness {
+    fn start(url: &str) -> Self {
+        let mut h = Harness {
+            url: url.to_owned(),
+            key: format!("chaos-{}", fastrand::u32(..)),
+            dir: tempfile::tempdir().expect("tempdir"),
+            workers: vec![],
+            end: Instant::now() + RUN,
+            pauses: 0,
+        };
+        for _ in 0..WORKERS {
+            let w = h.spawn();
+            h.workers.push(w);
+        }
+        h
+    }
+
+    /// A worker that runs until the harness's end.
+    fn spawn(&self) -> Child {
+        let left = self.end.saturating_duration_since(Instant::now());
+        Command::new(WORKER)
+            .args(["fenced", &self.url, &self.key])
+            .arg(self.dir.path())
+            .args([left.as_millis().to_string(), TTL.as_millis().to_string()])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("spawn worker")
+    }
+
+    fn read(&self, name: &str) -> Vec<Write> {
+        std::fs::read_to_string(self.dir.path().join(name))
+            .unwrap_or_default()
+            .lines()
+            .map(|l| {
+                let mut it = l.split(' ').map(|n| n.parse::<u64>().expect("number"));
+                let (f, p, s) = (it.next(), it.next(), it.next());
+                (
+                    f.expect("fence"),
+                    p.expect("pid") as u32,
+                    s.expect("step") as u32,
+                )
+            })
+            .collect()
+    }
+
+    /// The worker that has just written the first step of a job (so it is mid-job, holding the
+    /// lease), found within 3 s.
+    fn holder_mid_job(&self) -> Option<usize> {
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < deadline {
+            if let Some(&(_, pid, 0)) = self.read("log").last() {
+                if let Some(i) = self.workers.iter().position(|w| w.id() == pid) {
+                    return Some(i);
+                }
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        None
+    }
+
+    fn signal(&self, i: usize, sig: i32) {
+        // SAFETY: kill(2) on our own, unreaped child.
+        unsafe {
+            libc::kill(self.workers[i].id() as i32, sig);
+        }
+    }
+
+    /// Pauses the holder mid-job for 2.5 TTLs: the others take the lease over, and its two late
+    /// steps must be rejected.
+    fn pause_holder(&mut self) {
+        if let Some(i) = self.holder_mid_job() {
+            self.signal(i, libc::SIGSTOP);
+            std::thread::sleep(TTL * 5 / 2);
+            self.signal(i, libc::SIGCONT);
+            self.pauses += 1;
+        }
+    }
+
+    /// Kills the holder mid-job and starts another worker in its place.
+    fn kill_holder(&mut self) {
+        if let Some(i) = self.holder_mid_job() {
+            self.signal(i, libc::SIGKILL);
+            let _ = self.workers[i].wait();
+            self.workers[i] = self.spawn();
+        }
+    }
+
+    /// Runs `fault` (the store's own) between holder pauses and kills until the run's end nears,
+    /// waits for the workers and checks what the resource accepted.
+    fn run(mut self, mut fault: impl FnMut()) {
+        while Instant::now() + TTL * 5 < self.end {
+            self.pause_holder();
+            std::thread::sleep(Duration::from_millis(100));
+            self.kill_holder();
+            std::thread::sleep(Duration::from_millis(100));
+            fault();
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        for w in &mut self.workers {
+            let status = w.wait().expect("wait");
+            assert!(status.success(), "a worker failed: {status}");
+        }
+        let (log, rejected) = (self.read("log"), self.read("rejected"));
+        let mut owner: HashMap<u64, u32> = HashMap::new();
+        for (i, w) in log.windows(2).enumerate() {
+            assert!(
+                w[1].0 >= w[0].0,
+                "{}: the resource accepted fence {:?} after {:?}; accepted around it: {:?}; rejected: {:?}; kept in {:?}",
+                self.url,
+                w[1],
+                w[0],
+                &log[i.saturating_sub(8)..(i + 8).min(log.len())],
+                rejected,
+                self.dir.keep()
+            );
+        }
+        for &(fence, pid, _) in &log {
+            let first = *owner.entry(fence).or_insert(pid);
+            assert_eq!(
+                first, pid,
+                "{}: fence {fence} used by two processes",
+                self.url
+            );
+        }
+        eprintln!(
+            "{}: {} jobs, {} writes accepted, {} rejected, {} pauses",
+            self.url,
+            owner.len(),
+            log.len(),
+            rejected.len(),
+            self.pauses
+        );
+        assert!(owner.len() >= 10, "{}: only {} jobs", self.url, owner.len());
+        assert!(self.pauses >= 1, "{}: no holder was paused", self.url);
+        assert!(
+            !rejected.is_empty(),
+            "{}: no late write of a paused holder was rejected",
+            self.url
+        );
+    }
+}
+
+#[test]
+fn on_files_through_holder_pauses_and_kills() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    Harness::start(&format!("file://{}", dir.path().display())).run(|| {});
+}
+
+/// The server is paused past the TTL too: every holder loses its lease, and the lease goes on when
+/// the server is back.
+#[test]
+fn on_redis_through_holder_pauses_kills_and_a_paused_server() {
+    let server = RedisServer::start();
+    Harness::start(&format!("{}?timeout=300ms", server.url())).run(|| {
+        server.signal(libc::SIGSTOP);
+        std::thread::sleep(TTL * 3 / 2);
+        server.signal(libc::SIGCONT);
+    });
+}
+
+/// One node at a time is paused past the TTL, and one is restarted empty once: a majority always
+/// remembers the lease, so neither breaks exclusion.
+#[test]
+fn on_redlock_through_holder_pauses_kills_and_node_faults() {
+    let mut nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let url = redlock_url(&nodes);
+    let mut round = 0;
+    Harness::start(&url).run(|| {
+        round += 1;
+        let n = round % nodes.len();
+        if round == 2 {
+            let port = nodes[n].port;
+            nodes[n].stop();
+            nodes[n] = RedisServer::start_on(port);
+        } else {
+            nodes[n].signal(libc::SIGSTOP);
+            std::thread::sleep(TTL * 3 / 2);
+            nodes[n].signal(libc::SIGCONT);
+        }
+    });
+}
