@@ -137,11 +137,7 @@ async fn a_majority_restarted_empty_breaks_exclusion_and_the_fence_shows_it() {
 #[tokio::test]
 async fn fences_stay_increasing_when_node_counters_differ() {
     let mut s = three();
-    assert_eq!(
-        s[0].command(&["SET", "leasehold:fence:job", "100"])
-            .as_deref(),
-        Some("+OK\r\n")
-    );
+    ahead(&s[0]);
     // With node 2 down, the majority is nodes 0 and 1: node 0's counter must count.
     let port2 = s[2].port;
     s[2].stop();
@@ -157,21 +153,7 @@ async fn fences_stay_increasing_when_node_counters_differ() {
     // Node 2 back (empty), node 0 — the one that was ahead — down: nodes 1 and 2 grant.
     s[2] = RedisServer::start_on(port2);
     s[0].stop();
-    // Waiting rides over node 2's reconnection (the store retries unavailable nodes).
-    let second = a
-        .lock("job")
-        .unwrap()
-        .wait(Duration::from_secs(5))
-        .acquire()
-        .await
-        .unwrap();
-    assert!(
-        second.fence() > first.fence(),
-        "fence {} from the other two nodes is not above {}",
-        second.fence(),
-        first.fence()
-    );
-    second.release().await.unwrap();
+    fence_rises(&a, first.fence()).await;
 }
 
 /// `redlock://user:pass@…` authenticates on every node; a wrong password is a non-retryable error
@@ -208,6 +190,71 @@ async fn acl_users_and_passwords_apply_to_every_node() {
     assert!(started.elapsed() < Duration::from_secs(2), "{text}");
     assert!(text.to_lowercase().contains("auth"), "{text}");
     assert!(!text.contains("nope"), "{text}");
+}
+
+/// A node that answers but refuses (here a stale record of another holder, as a minority grant
+/// not undone or a waiter registered there alone leaves) is raised to the granted fence too: else
+/// it and a node restarted empty would later make a majority that grants a lower fence — the
+/// fault harness (tests/chaos.rs) saw the same fence granted twice that way.
+#[tokio::test]
+async fn a_node_that_refused_is_raised_to_the_granted_fence() {
+    let mut s = three();
+    ahead(&s[0]);
+    let stale = r#"{"key":"job","holder":"gone","token":"t-gone","fence":7,"acquired":0,"renewed":0,"expires":99999999999999,"ttl_ms":60000,"waiter":null,"waiter_token":null,"waiter_expires":null,"labels":{}}"#;
+    assert_eq!(
+        s[1].command(&["SET", "leasehold:lock:job", stale, "PX", "60000"])
+            .as_deref(),
+        Some("+OK\r\n")
+    );
+    let a = locks(&s, "a").await;
+    let first = take(&a, "job", None)
+        .await
+        .expect("granted by nodes 0 and 2");
+    assert_eq!(first.fence(), 101);
+    first.release().await.unwrap();
+    assert_eq!(
+        s[1].command(&["GET", "leasehold:fence:job"]).as_deref(),
+        Some("$3\r\n101\r\n"),
+        "the node that refused was not raised"
+    );
+    // Node 2 restarted empty, node 0 (ahead) down, node 1's stale record gone: nodes 1 and 2
+    // grant, and the fence still rises.
+    let port2 = s[2].port;
+    s[2].stop();
+    s[2] = RedisServer::start_on(port2);
+    s[0].stop();
+    assert!(s[1]
+        .command(&["DEL", "leasehold:lock:job"])
+        .is_some_and(|r| r.starts_with(':')));
+    fence_rises(&a, first.fence()).await;
+}
+
+/// Puts node `server`'s fence counter of `job` far ahead of the others', at 100.
+fn ahead(server: &RedisServer) {
+    assert_eq!(
+        server
+            .command(&["SET", "leasehold:fence:job", "100"])
+            .as_deref(),
+        Some("+OK\r\n")
+    );
+}
+
+/// Waits for `job` (riding over nodes reconnecting: the store retries unavailable nodes) and
+/// checks that its fence is above `before`.
+async fn fence_rises(a: &Locks, before: u64) {
+    let second = a
+        .lock("job")
+        .unwrap()
+        .wait(Duration::from_secs(5))
+        .acquire()
+        .await
+        .unwrap();
+    assert!(
+        second.fence() > before,
+        "fence {} from the other two nodes is not above {before}",
+        second.fence()
+    );
+    second.release().await.unwrap();
 }
 
 /// A node that hangs (SIGSTOP: its connections stay open and silent, as behind a partition that

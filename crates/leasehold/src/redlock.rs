@@ -18,8 +18,10 @@
 //! * **Fence**: per-node counters drift apart (a node that refused a contender, or a minority grant
 //!   undone, still counted), so the granted fence is the maximum over the granting majority, and
 //!   before the lease is returned every granting node whose counter lags is raised to it (one more
-//!   round trip, only when the counters differ). Any later majority then shares a node whose counter
-//!   is at least that fence, so the next fence is higher: strictly increasing across holders.
+//!   round trip, only when the counters differ), and so is every node that answered but refused.
+//!   Any later majority then shares a node whose counter is at least that fence, so the next fence
+//!   is higher: strictly increasing across holders — unless that shared node restarted empty
+//!   meanwhile and the other did not answer at the grant (two faulty nodes of three).
 //! * **Renew** runs on all nodes; it succeeds with a majority of renewals. When a majority refuses,
 //!   the lease is lost; when too few nodes answer, the renewal is retried until the lease's validity
 //!   runs out, and then `lost()` fires.
@@ -267,7 +269,9 @@ impl LockStore for RedlockStore {
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome> {
         let started = Instant::now();
         let mut granted: Vec<(&RedisStore, LeaseRecord)> = vec![];
+        // The records of the nodes that refused, and the nodes.
         let mut held: Vec<LeaseRecord> = vec![];
+        let mut refused: Vec<&RedisStore> = vec![];
         let mut failed: Vec<(&str, Error)> = vec![];
         // One call, built once, sent to every node (their prefixes are the same). Every node's
         // answer is awaited (or its timeout), not just a majority's: a lease granted by all the
@@ -284,7 +288,10 @@ impl LockStore for RedlockStore {
         for ((name, r), (_, node)) in answers.into_iter().zip(&self.nodes) {
             match r {
                 Ok(AcquireOutcome::Granted(rec)) => granted.push((node, rec)),
-                Ok(AcquireOutcome::Held(rec)) => held.push(rec),
+                Ok(AcquireOutcome::Held(rec)) => {
+                    held.push(rec);
+                    refused.push(node);
+                }
                 Err(e) => failed.push((name, e)),
             }
         }
@@ -294,12 +301,29 @@ impl LockStore for RedlockStore {
             // majority, still counted). Raise every granting node that lags to `fence` before the
             // lease is ours: then any later majority meets a node at `fence` or above, and its fence
             // is higher — fences stay strictly increasing across holders.
-            let lagging = granted.iter().filter(|(_, r)| r.fence < fence);
-            let raised = join_all(lagging.map(|(node, _)| {
+            //
+            // The nodes that answered but refused (a stale record, a waiter registered on that
+            // node alone) are raised too, though the grant does not depend on it: left behind, such
+            // a node and one restarted empty could later make a majority whose fence is lower (the
+            // fault harness, tests/chaos.rs, found it: the same fence granted twice). Only a node
+            // that did not answer at all is left behind now; with another restarted empty, that is
+            // two faulty nodes, more than three nodes tolerate.
+            // (node, whether the grant needs it raised)
+            let targets: Vec<(&RedisStore, bool)> = granted
+                .iter()
+                .filter(|(_, r)| r.fence < fence)
+                .map(|(node, _)| (*node, true))
+                .chain(refused.iter().map(|node| (*node, false)))
+                .collect();
+            let raised = join_all(targets.iter().map(|(node, _)| {
                 tokio::time::timeout(self.timeout, node.raise_fence(&req.key, fence))
             }))
             .await;
-            let not_raised = raised.iter().filter(|r| !matches!(r, Ok(Ok(())))).count();
+            let not_raised = targets
+                .iter()
+                .zip(&raised)
+                .filter(|((_, needed), r)| *needed && !matches!(r, Ok(Ok(()))))
+                .count();
             let drift = crate::options::drift(req.ttl);
             let valid = req
                 .ttl

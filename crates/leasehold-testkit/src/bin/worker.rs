@@ -61,8 +61,8 @@ async fn hold(
 
 /// A write to the fenced resource in `dir`, as a storage service that knows fences does it: under
 /// an exclusive `flock` of `DIR/resource.lock`, a fence below the highest seen (`DIR/max`) is
-/// rejected (a line in `DIR/rejected`); any other is accepted (a line `FENCE PID STEP` in
-/// `DIR/log`) and becomes the highest seen.
+/// rejected (a line in `DIR/rejected`); any other is accepted (a line in `DIR/log`) and becomes
+/// the highest seen. Lines are `FENCE PID STEP TIME` (TIME: CLOCK_MONOTONIC ns).
 fn fenced_write(dir: &std::path::Path, fence: u64, step: u32) {
     use std::os::fd::AsRawFd;
     let lock = std::fs::OpenOptions::new()
@@ -79,7 +79,11 @@ fn fenced_write(dir: &std::path::Path, fence: u64, step: u32) {
         .ok()
         .and_then(|s| s.trim().parse().ok())
         .unwrap_or(0);
-    let line = format!("{fence} {} {step}\n", std::process::id());
+    let line = format!(
+        "{fence} {} {step} {}\n",
+        std::process::id(),
+        leasehold_testkit::mono_ns()
+    );
     let file = if fence < max {
         "rejected"
     } else {
