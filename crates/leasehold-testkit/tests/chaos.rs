@@ -4,11 +4,12 @@
 //! the holder killed (SIGKILL) mid-job and replaced by a new process, the store's servers paused
 //! or restarted empty. Whatever happens, the writes the resource accepted come in fence order and
 //! each fence belongs to one process; the paused holders' late steps are the writes it rejected;
-//! and the lease keeps moving (progress). On the file store, one Redis server and 3-node Redlock.
+//! and the lease keeps moving (progress). On the file store, one Redis server, 3-node Redlock and a
+//! Redis Cluster.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use leasehold_testkit::servers::{redlock_url, RedisServer};
+use leasehold_testkit::servers::{redlock_url, RedisCluster, RedisServer};
 use std::collections::HashMap;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -237,5 +238,31 @@ fn on_redlock_through_holder_pauses_kills_and_node_faults() {
             nodes[n].signal(libc::SIGCONT);
             h.note(&format!("node {n} SIGCONT"));
         }
+    });
+}
+
+/// The key's slot is failed over to its replica and back (`CLUSTER FAILOVER`, which loses no write)
+/// while the holders are paused and killed: the store follows the slot, and the fences stay in order
+/// across the primaries.
+#[test]
+fn on_a_redis_cluster_through_holder_pauses_kills_and_failovers() {
+    let cluster = RedisCluster::start();
+    Harness::start(&format!("{}?timeout=500ms", cluster.url())).run(|h| {
+        let name = format!("leasehold:lock:{{{}}}", h.key);
+        let Some(primary) = cluster.primary_for(&name) else {
+            return;
+        };
+        let Some(replica) = cluster.replicas_of(primary.port).into_iter().next() else {
+            return;
+        };
+        let port = replica.port;
+        replica.command(&["CLUSTER", "FAILOVER"]);
+        h.note(&format!("CLUSTER FAILOVER to {port}"));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !cluster.primary_for(&name).is_some_and(|p| p.port == port) {
+            assert!(Instant::now() < deadline, "no failover to {port} in 10 s");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        h.note(&format!("{port} serves the key"));
     });
 }
