@@ -1130,6 +1130,16 @@ impl ApiServer {
         format!("http://127.0.0.1:{}", self.port)
     }
 
+    /// Sends `sig` to the API server process (SIGSTOP: it hangs, its connections open and silent).
+    pub fn signal(&self, sig: i32) {
+        if let Some(c) = &self.child {
+            // SAFETY: kill(2) on our own child's pid.
+            unsafe {
+                libc::kill(c.id() as i32, sig);
+            }
+        }
+    }
+
     /// The etcd behind it.
     pub fn etcd(&self) -> &EtcdServer {
         &self.etcd

@@ -4,12 +4,12 @@
 //! the holder killed (SIGKILL) mid-job and replaced by a new process, the store's servers paused
 //! or restarted empty. Whatever happens, the writes the resource accepted come in fence order and
 //! each fence belongs to one process; the paused holders' late steps are the writes it rejected;
-//! and the lease keeps moving (progress). On the file store, one Redis server, 3-node Redlock and a
-//! Redis Cluster.
+//! and the lease keeps moving (progress). On the file store, one Redis server, 3-node Redlock, a
+//! Redis Cluster and Kubernetes Leases (the project's API server).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use leasehold_testkit::servers::{redlock_url, RedisCluster, RedisServer};
+use leasehold_testkit::servers::{redlock_url, ApiServer, RedisCluster, RedisServer};
 use std::collections::HashMap;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -264,5 +264,20 @@ fn on_a_redis_cluster_through_holder_pauses_kills_and_failovers() {
             std::thread::sleep(Duration::from_millis(20));
         }
         h.note(&format!("{port} serves the key"));
+    });
+}
+
+/// Kubernetes Leases on the project's API server, which is paused past the TTL too (its
+/// connections stay open and silent): every holder loses its lease, and the lease goes on when the
+/// server answers again.
+#[test]
+fn on_kubernetes_through_holder_pauses_kills_and_a_paused_api_server() {
+    let api = ApiServer::start();
+    Harness::start(&format!("{}&timeout=300ms", api.store_url("default"))).run(|h| {
+        api.signal(libc::SIGSTOP);
+        h.note("API server SIGSTOP");
+        std::thread::sleep(TTL * 3 / 2);
+        api.signal(libc::SIGCONT);
+        h.note("API server SIGCONT");
     });
 }
