@@ -264,9 +264,6 @@ async fn fence_rises(a: &Locks, before: u64) {
 async fn a_hung_node_is_left_out_until_it_answers_again() {
     let s = three();
     let a = locks(&s, "a").await;
-    let held = take(&a, "held", Some(Duration::from_millis(900)))
-        .await
-        .unwrap();
     s[2].signal(libc::SIGSTOP);
     // 20 acquire+release cycles: waiting for the hung node in each would take 40 × 200 ms = 8 s.
     let started = std::time::Instant::now();
@@ -282,6 +279,9 @@ async fn a_hung_node_is_left_out_until_it_answers_again() {
         "20 cycles took {took:?}: the hung node is waited for"
     );
     // Renewals by the two others keep a lease whose TTL passes meanwhile.
+    let held = take(&a, "held", Some(Duration::from_millis(900)))
+        .await
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(1200)).await;
     assert!(held.is_current(), "renewed by the majority that answers");
     // Others are still refused it: the left-out node counts as a node that is down.

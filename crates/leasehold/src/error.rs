@@ -108,7 +108,17 @@ pub enum Error {
     },
 }
 
+/// The detail of an [`Error::Unavailable`] for a call that ran out of time.
+#[cfg(feature = "redis")]
+pub(crate) const NO_ANSWER: &str = "no answer in time";
+
 impl Error {
+    /// Whether this is a call that ran out of time ([`NO_ANSWER`]).
+    #[cfg(feature = "redlock")]
+    pub(crate) fn is_no_answer(&self) -> bool {
+        matches!(self, Error::Unavailable { detail, .. } if detail == NO_ANSWER)
+    }
+
     /// Whether retrying the same call later can succeed (the store was unreachable, busy, or a
     /// transient I/O error happened). Input errors, corrupt records and timeouts are not retryable.
     ///

@@ -711,7 +711,7 @@ struct Link {
     client: Mutex<::redis::Client>,
     /// A sentinel lookup, or a new cluster connection, is under way (one at a time).
     looking_up: std::sync::atomic::AtomicBool,
-    /// When a call that ran out of time last made a new connection ([`Link::timed_out`]).
+    /// When a call that ran out of time last started a new connection ([`Link::timed_out`]).
     reconnected: Mutex<Option<std::time::Instant>>,
 }
 
@@ -744,7 +744,7 @@ impl Link {
                 self.timed_out(generation);
                 Err(Error::Unavailable {
                     store: self.described.clone(),
-                    detail: "no answer in time".into(),
+                    detail: crate::error::NO_ANSWER.into(),
                 })
             }
         }
@@ -760,6 +760,10 @@ impl Link {
         if matches!(self.origin, Origin::Sentinel(_)) {
             return self.replace(generation, false);
         }
+        if self.current.lock().0 != generation {
+            // Replaced already (a call that was in flight on the old connection).
+            return;
+        }
         {
             let mut last = self.reconnected.lock();
             if last.is_some_and(|t| t.elapsed() < RECONNECT_GAP) {
@@ -772,7 +776,7 @@ impl Link {
             return self.one_at_a_time(move |link| async move {
                 if let Origin::Cluster(nodes) = &link.origin {
                     if let Some(conn) = nodes.reconnect(&link.described, link.timeout).await {
-                        link.put(generation, conn, "calls ran out of time");
+                        link.put(generation, conn, None, "calls ran out of time");
                     }
                 }
             });
@@ -820,14 +824,25 @@ impl Link {
         F: FnOnce(Arc<Self>) -> Fut + Send + 'static,
         Fut: std::future::Future<Output = ()> + Send + 'static,
     {
-        use std::sync::atomic::Ordering::SeqCst;
-        if self.looking_up.swap(true, SeqCst) {
+        /// Clears the flag however the work ends (a panic, a runtime shutting down).
+        struct Done(Arc<Link>);
+        impl Drop for Done {
+            fn drop(&mut self) {
+                self.0
+                    .looking_up
+                    .store(false, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+        if self
+            .looking_up
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
             return;
         }
-        let link = self.clone();
+        let done = Done(self.clone());
         tokio::spawn(async move {
-            work(link.clone()).await;
-            link.looking_up.store(false, SeqCst);
+            work(done.0.clone()).await;
+            drop(done);
         });
     }
 
@@ -848,14 +863,19 @@ impl Link {
         }
     }
 
-    /// Makes `conn` the link's connection if `generation` is still current (`why`: for the log).
-    fn put(&self, generation: u64, conn: Conn, why: &str) -> bool {
+    /// Makes `conn` (made from `client`, when that changes too) the link's connection if
+    /// `generation` is still current (`why`: for the log). Both change under the connection's
+    /// lock, so whoever reads a generation reads its client.
+    fn put(&self, generation: u64, conn: Conn, client: Option<::redis::Client>, why: &str) -> bool {
         let mut current = self.current.lock();
         if current.0 != generation {
             return false;
         }
         tracing::warn!(store = %self.described, "{why}; connecting again");
         *current = (generation + 1, conn);
+        if let Some(client) = client {
+            *self.client.lock() = client;
+        }
         true
     }
 
@@ -867,9 +887,7 @@ impl Link {
         }
         match ConnectionManager::new_lazy_with_config(client.clone(), self.config.clone()) {
             Ok(fresh) => {
-                if self.put(generation, Conn::One(fresh), why) {
-                    *self.client.lock() = client;
-                }
+                self.put(generation, Conn::One(fresh), Some(client), why);
             }
             Err(e) => {
                 tracing::warn!(store = %self.described, error = %e, "cannot replace the connection")

@@ -65,7 +65,14 @@ pub struct RedlockStore {
     timeout: Duration,
     described: String,
     /// Per node (in `nodes`' order): whether it is left out (see [`RedlockStore::all`]).
-    left_out: Arc<[AtomicBool]>,
+    health: Arc<[Health]>,
+}
+
+/// Whether a node is left out, and whether a probe of it is under way (one at a time).
+#[derive(Debug, Default)]
+struct Health {
+    out: AtomicBool,
+    probing: AtomicBool,
 }
 
 impl RedlockStore {
@@ -92,7 +99,7 @@ impl RedlockStore {
         let described = format!("redlock({})", names.join(","));
         Ok(RedlockStore {
             quorum: nodes.len() / 2 + 1,
-            left_out: nodes.iter().map(|_| AtomicBool::new(false)).collect(),
+            health: nodes.iter().map(|_| Health::default()).collect(),
             nodes,
             timeout: opts.timeout,
             described,
@@ -139,8 +146,8 @@ impl RedlockStore {
     ///
     /// A node that lets a call run out of time (a hung server, a partition that drops packets) is
     /// then **left out**: it is sent no calls and not waited for, as long as the other nodes can
-    /// still make a majority, until it answers a `PING` in time (probed in the background every
-    /// timeout). Otherwise one hung node of three would add the whole timeout to every acquire,
+    /// still make a majority, until it answers a `PING` in time (probed in the background: a
+    /// `PING` bounded by the timeout, then a pause as long). Otherwise one hung node of three would add the whole timeout to every acquire,
     /// renewal and release. It answers as a node that is down (an [`Error::Unavailable`]), which
     /// is what waiting for it would have given. When too many nodes are out for a majority
     /// without them, every node is sent the call and waited for, as before.
@@ -150,9 +157,9 @@ impl RedlockStore {
         Fut: Future<Output = Result<T>> + 'a,
     {
         let out: Vec<bool> = self
-            .left_out
+            .health
             .iter()
-            .map(|o| o.load(Ordering::Relaxed))
+            .map(|h| h.out.load(Ordering::Relaxed))
             .collect();
         let skip = self.nodes.len() - out.iter().filter(|o| **o).count() >= self.quorum;
         let calls = self.nodes.iter().zip(out).enumerate().map(|(i, ((name, node), out))| {
@@ -163,21 +170,23 @@ impl RedlockStore {
                         store: name.clone(),
                         detail: "left out: it let a call run out of time and has not answered a PING since".into(),
                     }),
-                    Some(fut) => match tokio::time::timeout(self.timeout, fut).await {
-                        Ok(r) => {
-                            if r.is_ok() && out {
-                                self.back(i);
-                            }
-                            r
+                    Some(fut) => {
+                        // The node's own bound (the same timeout) usually ends the call first.
+                        let r = tokio::time::timeout(self.timeout, fut)
+                            .await
+                            .unwrap_or_else(|_| {
+                                Err(Error::Unavailable {
+                                    store: name.clone(),
+                                    detail: crate::error::NO_ANSWER.into(),
+                                })
+                            });
+                        match &r {
+                            Ok(_) if out => self.back(i),
+                            Err(e) if e.is_no_answer() => self.leave_out(i),
+                            _ => {}
                         }
-                        Err(_) => {
-                            self.leave_out(i);
-                            Err(Error::Unavailable {
-                                store: name.clone(),
-                                detail: "no answer in time".into(),
-                            })
-                        }
-                    },
+                        r
+                    }
                 };
                 (name.as_str(), r)
             }
@@ -187,18 +196,21 @@ impl RedlockStore {
 
     /// Leaves node `i` out after a call to it ran out of time, and probes it until it answers.
     fn leave_out(&self, i: usize) {
-        if self.left_out[i].swap(true, Ordering::Relaxed) {
+        let health = &self.health[i];
+        if health.out.swap(true, Ordering::Relaxed) {
             return;
         }
         let (name, node) = self.nodes[i].clone();
         tracing::warn!(store = %self.described, node = %name, "a Redlock node did not answer in time; left out until it answers a PING");
-        let (left_out, timeout) = (Arc::downgrade(&self.left_out), self.timeout);
-        tokio::spawn(probe(left_out, i, name, node, timeout));
+        if !health.probing.swap(true, Ordering::Relaxed) {
+            let (health, timeout) = (Arc::downgrade(&self.health), self.timeout);
+            tokio::spawn(probe(health, i, name, node, timeout));
+        }
     }
 
     /// Takes node `i` back after it answered a call.
     fn back(&self, i: usize) {
-        if self.left_out[i].swap(false, Ordering::Relaxed) {
+        if self.health[i].out.swap(false, Ordering::Relaxed) {
             tracing::info!(store = %self.described, node = %self.nodes[i].0, "a Redlock node answers again");
         }
     }
@@ -303,7 +315,8 @@ impl LockStore for RedlockStore {
             // is higher — fences stay strictly increasing across holders.
             //
             // The nodes that answered but refused (a stale record, a waiter registered on that
-            // node alone) are raised too, though the grant does not depend on it: left behind, such
+            // node alone) are raised too, though the grant does not count on it (a refusing node
+            // that hangs on the raise still adds up to one timeout): left behind, such
             // a node and one restarted empty could later make a majority whose fence is lower (the
             // fault harness, tests/chaos.rs, found it: the same fence granted twice). Only a node
             // that did not answer at all is left behind now; with another restarted empty, that is
@@ -514,10 +527,11 @@ impl LockStore for RedlockStore {
     }
 }
 
-/// PINGs a left-out node every `timeout` until it answers in time, then takes it back; ends
-/// early when a call took it back, or when the store is dropped.
+/// PINGs a left-out node (each `PING` bounded by `timeout`, then a pause as long) until it
+/// answers in time, then takes it back; ends early when a call took it back, or when the store is
+/// dropped.
 async fn probe(
-    left_out: Weak<[AtomicBool]>,
+    health: Weak<[Health]>,
     i: usize,
     name: String,
     node: RedisStore,
@@ -525,20 +539,22 @@ async fn probe(
 ) {
     loop {
         let answered = matches!(tokio::time::timeout(timeout, node.ping()).await, Ok(Ok(())));
-        let Some(left_out) = left_out.upgrade() else {
+        let Some(all) = health.upgrade() else {
             return;
         };
-        if answered {
-            if left_out[i].swap(false, Ordering::Relaxed) {
-                tracing::info!(node = %name, "a Redlock node answers again");
+        let h = &all[i];
+        if answered && h.out.swap(false, Ordering::Relaxed) {
+            tracing::info!(node = %name, "a Redlock node answers again");
+        }
+        if !h.out.load(Ordering::Relaxed) {
+            h.probing.store(false, Ordering::Relaxed);
+            // Left out again meanwhile, by a call that found this probe still under way: go on.
+            if !h.out.load(Ordering::Relaxed) || h.probing.swap(true, Ordering::Relaxed) {
+                return;
             }
-            return;
         }
-        if !left_out[i].load(Ordering::Relaxed) {
-            return;
-        }
-        drop(left_out);
-        tokio::time::sleep(timeout).await;
+        drop(all);
+        tokio::time::sleep(timeout.max(Duration::from_millis(10))).await;
     }
 }
 
