@@ -113,6 +113,15 @@ pub enum Error {
 pub(crate) const NO_ANSWER: &str = "no answer in time";
 
 impl Error {
+    /// [`Error::Unavailable`] for a call to `store` that ran out of time ([`NO_ANSWER`]).
+    #[cfg(feature = "redis")]
+    pub(crate) fn no_answer(store: impl Into<String>) -> Self {
+        Error::Unavailable {
+            store: store.into(),
+            detail: NO_ANSWER.into(),
+        }
+    }
+
     /// Whether this is a call that ran out of time ([`NO_ANSWER`]).
     #[cfg(feature = "redlock")]
     pub(crate) fn is_no_answer(&self) -> bool {

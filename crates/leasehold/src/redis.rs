@@ -742,10 +742,7 @@ impl Link {
             }
             Err(_) => {
                 self.timed_out(generation);
-                Err(Error::Unavailable {
-                    store: self.described.clone(),
-                    detail: crate::error::NO_ANSWER.into(),
-                })
+                Err(Error::no_answer(self.described.clone()))
             }
         }
     }

@@ -128,13 +128,7 @@ impl RedisStore {
             clients.push(node_client(node, None, &certs).map_err(bad)?);
         }
         let client = builder.build().map_err(bad)?;
-        let conn = bounded(
-            &described,
-            opts.timeout * 2,
-            "no connection to the cluster",
-            client.get_async_connection(),
-        )
-        .await?;
+        let conn = connect(&client, &described, opts.timeout).await?;
         let first = clients[0].clone();
         let nodes = ClusterNodes {
             client,
@@ -154,6 +148,22 @@ impl RedisStore {
             opts,
         ))
     }
+}
+
+/// A connection to the cluster `client` names (it reads the slot map from the nodes that answer),
+/// bounded by twice the store's timeout.
+async fn connect(
+    client: &::redis::cluster::ClusterClient,
+    store: &str,
+    timeout: Duration,
+) -> Result<ClusterConnection> {
+    bounded(
+        store,
+        timeout * 2,
+        "no connection to the cluster",
+        client.get_async_connection(),
+    )
+    .await
 }
 
 /// A client for the node at `node` (a seed's URL), or at `addr` (`host`, `port`) with that URL's
@@ -238,14 +248,7 @@ impl ClusterNodes {
     /// answer. The store's own slot map is forgotten too (read again on next use).
     pub(crate) async fn reconnect(&self, store: &str, timeout: Duration) -> Option<Conn> {
         *self.map.lock() = None;
-        let made = bounded(
-            store,
-            timeout * 2,
-            "no connection to the cluster",
-            self.client.get_async_connection(),
-        )
-        .await;
-        match made {
+        match connect(&self.client, store, timeout).await {
             Ok(conn) => Some(Conn::Cluster(conn)),
             Err(e) => {
                 tracing::warn!(store, error = %e, "cannot connect to the cluster again");

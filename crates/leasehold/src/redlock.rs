@@ -147,8 +147,8 @@ impl RedlockStore {
     /// A node that lets a call run out of time (a hung server, a partition that drops packets) is
     /// then **left out**: it is sent no calls and not waited for, as long as the other nodes can
     /// still make a majority, until it answers a `PING` in time (probed in the background: a
-    /// `PING` bounded by the timeout, then a pause as long). Otherwise one hung node of three would add the whole timeout to every acquire,
-    /// renewal and release. It answers as a node that is down (an [`Error::Unavailable`]), which
+    /// `PING` bounded by the timeout, then a pause as long). Otherwise one hung node of three
+    /// would add the whole timeout to every acquire, renewal and release. It answers as a node that is down (an [`Error::Unavailable`]), which
     /// is what waiting for it would have given. When too many nodes are out for a majority
     /// without them, every node is sent the call and waited for, as before.
     async fn all<'a, T, F, Fut>(&'a self, f: F) -> Vec<(&'a str, Result<T>)>
@@ -174,12 +174,7 @@ impl RedlockStore {
                         // The node's own bound (the same timeout) usually ends the call first.
                         let r = tokio::time::timeout(self.timeout, fut)
                             .await
-                            .unwrap_or_else(|_| {
-                                Err(Error::Unavailable {
-                                    store: name.clone(),
-                                    detail: crate::error::NO_ANSWER.into(),
-                                })
-                            });
+                            .unwrap_or_else(|_| Err(Error::no_answer(name.clone())));
                         match &r {
                             Ok(_) if out => self.back(i),
                             Err(e) if e.is_no_answer() => self.leave_out(i),
@@ -281,9 +276,8 @@ impl LockStore for RedlockStore {
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome> {
         let started = Instant::now();
         let mut granted: Vec<(&RedisStore, LeaseRecord)> = vec![];
-        // The records of the nodes that refused, and the nodes.
-        let mut held: Vec<LeaseRecord> = vec![];
-        let mut refused: Vec<&RedisStore> = vec![];
+        // The nodes that refused, with their records.
+        let mut held: Vec<(&RedisStore, LeaseRecord)> = vec![];
         let mut failed: Vec<(&str, Error)> = vec![];
         // One call, built once, sent to every node (their prefixes are the same). Every node's
         // answer is awaited (or its timeout), not just a majority's: a lease granted by all the
@@ -300,10 +294,7 @@ impl LockStore for RedlockStore {
         for ((name, r), (_, node)) in answers.into_iter().zip(&self.nodes) {
             match r {
                 Ok(AcquireOutcome::Granted(rec)) => granted.push((node, rec)),
-                Ok(AcquireOutcome::Held(rec)) => {
-                    held.push(rec);
-                    refused.push(node);
-                }
+                Ok(AcquireOutcome::Held(rec)) => held.push((node, rec)),
                 Err(e) => failed.push((name, e)),
             }
         }
@@ -326,7 +317,7 @@ impl LockStore for RedlockStore {
                 .iter()
                 .filter(|(_, r)| r.fence < fence)
                 .map(|(node, _)| (*node, true))
-                .chain(refused.iter().map(|node| (*node, false)))
+                .chain(held.iter().map(|(node, _)| (*node, false)))
                 .collect();
             let raised = join_all(targets.iter().map(|(node, _)| {
                 tokio::time::timeout(self.timeout, node.raise_fence(&req.key, fence))
@@ -362,7 +353,7 @@ impl LockStore for RedlockStore {
         }
         // Report the holder most nodes name (or a split vote, which the waiter retries with jitter).
         let mut counts: BTreeMap<Option<String>, usize> = BTreeMap::new();
-        for r in &held {
+        for (_, r) in &held {
             *counts.entry(r.holder.clone()).or_default() += 1;
         }
         let top = counts
@@ -371,6 +362,7 @@ impl LockStore for RedlockStore {
             .and_then(|(h, _)| h);
         let mut rec = held
             .iter()
+            .map(|(_, r)| r)
             .filter(|r| r.holder == top)
             .max_by_key(|r| r.expires_ms)
             .cloned()
@@ -382,7 +374,7 @@ impl LockStore for RedlockStore {
         }
         if held
             .iter()
-            .any(|r| r.waiter_token.as_deref() == Some(req.token.as_str()))
+            .any(|(_, r)| r.waiter_token.as_deref() == Some(req.token.as_str()))
         {
             rec.waiter_token = Some(req.token.clone());
         }
