@@ -88,6 +88,39 @@ fn poll_until(
     }
 }
 
+/// Waits until `ready` holds for a server that `child` runs, checking every `every` for at most
+/// `limit`; an error names `what` and says whether the process exited or ran out of time.
+fn wait_up(
+    child: &mut Child,
+    what: &str,
+    limit: Duration,
+    every: Duration,
+    mut ready: impl FnMut() -> bool,
+) -> Result<(), String> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if ready() {
+            return Ok(());
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(format!("{what} exited ({status})"));
+        }
+        if Instant::now() >= deadline {
+            return Err(format!("{what} did not come up within {limit:?}"));
+        }
+        std::thread::sleep(every);
+    }
+}
+
+/// A connection to `127.0.0.1:port`, unless nothing listens there — or the connection is to
+/// itself. Probing a port in the ephemeral range before its server binds it can pick that very
+/// port as the local end, and TCP's simultaneous open then connects the socket to itself: it holds
+/// the port, so the server starting there fails to bind ("address already in use").
+fn connect_loopback(port: u16) -> Option<TcpStream> {
+    let s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    (s.local_addr().ok()? != s.peer_addr().ok()?).then_some(s)
+}
+
 /// A free loopback port (bound and released; the server binds it right after).
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -405,7 +438,7 @@ fn command_over_tls(
 
 /// [`command_on`] after `AUTH password` when `password` is given.
 fn command_as(port: u16, password: Option<&str>, args: &[&str]) -> Option<String> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    let mut s = connect_loopback(port)?;
     s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
     let mut ask = |args: &[&str]| {
         let mut req = format!("*{}\r\n", args.len());
@@ -933,7 +966,7 @@ pub fn http_request(
     headers: &[(&str, &str)],
     body: &str,
 ) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    let mut s = connect_loopback(port)?;
     s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
     let mut req = format!(
         "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\nContent-Length: {}\r\n",
@@ -988,15 +1021,35 @@ pub struct EtcdServer {
 }
 
 impl EtcdServer {
-    /// Starts etcd and waits until `/health` says it is healthy.
+    /// Starts etcd and waits until `/health` says it is healthy. A start that fails (etcd exits,
+    /// say because another process took one of its ports between [`free_port`] and its bind, or
+    /// stays unhealthy for 20 s) is logged on stderr and tried again on new ports, three times in
+    /// all.
     ///
     /// # Panics
-    /// When `etcd` is missing or does not come up within 20 s.
+    /// When `etcd` is missing, or none of the three starts comes up; the message has each
+    /// start's failure and the end of its log.
     pub fn start() -> Self {
+        let mut failures = Vec::new();
+        for _ in 0..3 {
+            match Self::start_once() {
+                Ok(server) => return server,
+                Err(why) => {
+                    eprintln!("etcd did not start: {why}");
+                    failures.push(why);
+                }
+            }
+        }
+        panic!("etcd did not start in 3 attempts:\n{}", failures.join("\n"));
+    }
+
+    fn start_once() -> Result<Self, String> {
         let dir = server_dir("etcd");
         let (port, peer) = (free_port(), free_port());
         let client_url = format!("http://127.0.0.1:{port}");
         let peer_url = format!("http://127.0.0.1:{peer}");
+        let log_path = dir.path().join("log");
+        let log = std::fs::File::create(&log_path).map_err(|e| format!("etcd log: {e}"))?;
         let mut cmd = Command::new("etcd");
         cmd.args(["--name", "n1", "--data-dir"])
             .arg(dir.path().join("data"))
@@ -1006,24 +1059,32 @@ impl EtcdServer {
             .args(["--initial-advertise-peer-urls", &peer_url])
             .args(["--initial-cluster", &format!("n1={peer_url}")])
             .args(["--initial-cluster-state", "new", "--unsafe-no-fsync"])
-            .args(["--log-level", "error"])
+            .args(["--log-level", "warn"])
             .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        let child = spawn(cmd).unwrap_or_else(|e| {
+            .stderr(log);
+        let mut child = spawn(cmd).unwrap_or_else(|e| {
             panic!("cannot start etcd ({e}): install it with `apt-get install etcd-server etcd-client`, or run ./scripts/test which does")
         });
-        let server = EtcdServer {
-            port,
-            child: Some(child),
-            _dir: dir,
-        };
-        poll_until(
+        let up = wait_up(
+            &mut child,
+            &format!("etcd on ports {port}/{peer}"),
             Duration::from_secs(20),
             Duration::from_millis(20),
             || http_ok(port, "/health", "\"health\":\"true\""),
-            || format!("etcd on port {port} was not healthy within 20 s"),
         );
-        server
+        if let Err(why) = up {
+            let _ = child.kill();
+            let _ = child.wait();
+            let text = std::fs::read_to_string(&log_path).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            let tail = lines[lines.len().saturating_sub(8)..].join("\n");
+            return Err(format!("{why}; its log ends:\n{tail}"));
+        }
+        Ok(EtcdServer {
+            port,
+            child: Some(child),
+            _dir: dir,
+        })
     }
 
     /// `http://127.0.0.1:PORT`.
@@ -1098,31 +1159,51 @@ impl ApiServer {
     }
 
     /// Starts one with extra arguments (`["--deny", "update"]` to refuse a verb as RBAC would).
+    /// An API server that exits before it answers (another process took its port between
+    /// [`free_port`] and its bind) is started again on a new port, three times in all.
     pub fn start_with(args: &[&str]) -> Self {
         let etcd = EtcdServer::start();
         let bin = apiserver_bin();
-        let port = free_port();
-        let mut cmd = Command::new(&bin);
-        cmd.args(["--listen", &format!("127.0.0.1:{port}")])
-            .args(["--etcd", &etcd.url()])
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit());
-        let child = spawn(cmd).unwrap_or_else(|e| panic!("cannot start {} ({e})", bin.display()));
         let dir = server_dir("apiserver");
-        let server = ApiServer {
-            port,
-            child: Some(child),
-            etcd,
-            dir,
-        };
-        poll_until(
-            Duration::from_secs(20),
-            Duration::from_millis(10),
-            || http_ok(port, "/healthz", "ok"),
-            || format!("leasehold-apiserver on port {port} did not answer within 20 s"),
+        let mut failures = Vec::new();
+        for _ in 0..3 {
+            let port = free_port();
+            let mut cmd = Command::new(&bin);
+            cmd.args(["--listen", &format!("127.0.0.1:{port}")])
+                .args(["--etcd", &etcd.url()])
+                .args(args)
+                .stdout(Stdio::null())
+                .stderr(Stdio::inherit());
+            let mut child =
+                spawn(cmd).unwrap_or_else(|e| panic!("cannot start {} ({e})", bin.display()));
+            let up = wait_up(
+                &mut child,
+                &format!("leasehold-apiserver on port {port}"),
+                Duration::from_secs(20),
+                Duration::from_millis(10),
+                || http_ok(port, "/healthz", "ok"),
+            );
+            match up {
+                Ok(()) => {
+                    return ApiServer {
+                        port,
+                        child: Some(child),
+                        etcd,
+                        dir,
+                    }
+                }
+                Err(why) => {
+                    eprintln!("{why}");
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    failures.push(why);
+                }
+            }
+        }
+        panic!(
+            "leasehold-apiserver did not start in 3 attempts:\n{}",
+            failures.join("\n")
         );
-        server
     }
 
     /// `http://127.0.0.1:PORT`.
