@@ -88,8 +88,31 @@ fn poll_until(
     }
 }
 
+/// Runs `start` until it gives a server, three times at most (a start fails when another process
+/// took a port between [`free_port`] and the server's bind); each failure is logged on stderr.
+///
+/// # Panics
+/// When all three fail, with each failure.
+fn in_three_starts<T>(what: &str, mut start: impl FnMut() -> Result<T, String>) -> T {
+    let mut failures = Vec::new();
+    for _ in 0..3 {
+        match start() {
+            Ok(server) => return server,
+            Err(why) => {
+                eprintln!("{what} did not start: {why}");
+                failures.push(why);
+            }
+        }
+    }
+    panic!(
+        "{what} did not start in 3 attempts:\n{}",
+        failures.join("\n")
+    );
+}
+
 /// Waits until `ready` holds for a server that `child` runs, checking every `every` for at most
-/// `limit`; an error names `what` and says whether the process exited or ran out of time.
+/// `limit`; an error names `what` and says whether the process exited or ran out of time, and the
+/// process is then killed and reaped.
 fn wait_up(
     child: &mut Child,
     what: &str,
@@ -106,6 +129,8 @@ fn wait_up(
             return Err(format!("{what} exited ({status})"));
         }
         if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
             return Err(format!("{what} did not come up within {limit:?}"));
         }
         std::thread::sleep(every);
@@ -1030,17 +1055,7 @@ impl EtcdServer {
     /// When `etcd` is missing, or none of the three starts comes up; the message has each
     /// start's failure and the end of its log.
     pub fn start() -> Self {
-        let mut failures = Vec::new();
-        for _ in 0..3 {
-            match Self::start_once() {
-                Ok(server) => return server,
-                Err(why) => {
-                    eprintln!("etcd did not start: {why}");
-                    failures.push(why);
-                }
-            }
-        }
-        panic!("etcd did not start in 3 attempts:\n{}", failures.join("\n"));
+        in_three_starts("etcd", Self::start_once)
     }
 
     fn start_once() -> Result<Self, String> {
@@ -1073,8 +1088,6 @@ impl EtcdServer {
             || http_ok(port, "/health", "\"health\":\"true\""),
         );
         if let Err(why) = up {
-            let _ = child.kill();
-            let _ = child.wait();
             let text = std::fs::read_to_string(&log_path).unwrap_or_default();
             let lines: Vec<&str> = text.lines().collect();
             let tail = lines[lines.len().saturating_sub(8)..].join("\n");
@@ -1165,8 +1178,7 @@ impl ApiServer {
         let etcd = EtcdServer::start();
         let bin = apiserver_bin();
         let dir = server_dir("apiserver");
-        let mut failures = Vec::new();
-        for _ in 0..3 {
+        let (port, child) = in_three_starts("leasehold-apiserver", || {
             let port = free_port();
             let mut cmd = Command::new(&bin);
             cmd.args(["--listen", &format!("127.0.0.1:{port}")])
@@ -1176,34 +1188,21 @@ impl ApiServer {
                 .stderr(Stdio::inherit());
             let mut child =
                 spawn(cmd).unwrap_or_else(|e| panic!("cannot start {} ({e})", bin.display()));
-            let up = wait_up(
+            wait_up(
                 &mut child,
                 &format!("leasehold-apiserver on port {port}"),
                 Duration::from_secs(20),
                 Duration::from_millis(10),
                 || http_ok(port, "/healthz", "ok"),
-            );
-            match up {
-                Ok(()) => {
-                    return ApiServer {
-                        port,
-                        child: Some(child),
-                        etcd,
-                        dir,
-                    }
-                }
-                Err(why) => {
-                    eprintln!("{why}");
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    failures.push(why);
-                }
-            }
+            )
+            .map(|()| (port, child))
+        });
+        ApiServer {
+            port,
+            child: Some(child),
+            etcd,
+            dir,
         }
-        panic!(
-            "leasehold-apiserver did not start in 3 attempts:\n{}",
-            failures.join("\n")
-        );
     }
 
     /// `http://127.0.0.1:PORT`.
