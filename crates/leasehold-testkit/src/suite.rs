@@ -497,6 +497,51 @@ pub async fn abandoned_handoff_is_released(store: Arc<dyn LockStore>) {
     other.release().await.expect("release");
 }
 
+/// An `acquire` or `try_acquire` dropped at any point (before, during or after its store call,
+/// free key or held) leaves nothing taken: the lease it may have been granted is released and its
+/// waiter registration withdrawn, so another holder gets the key at once, not after a TTL.
+pub async fn cancelled_acquires_leave_nothing_taken(store: Arc<dyn LockStore>) {
+    let k = key("cancelled-acquires");
+    for round in 0..32u32 {
+        // Odd rounds wait behind a holder (registered as waiter), even ones find the key free.
+        let held = if round % 2 == 1 {
+            Some(take(&store, "h", &k, "free (the last round released it)").await)
+        } else {
+            None
+        };
+        let l = client(&store, &format!("c{round}"));
+        let k2 = k.clone();
+        let task = tokio::spawn(async move {
+            let b = l.lock_key(k2).ttl(30_000 * MS);
+            if round % 4 == 0 {
+                b.try_acquire().await.ok().flatten()
+            } else {
+                b.wait(30_000 * MS).acquire().await.ok()
+            }
+        });
+        // Abort at a different point each round.
+        for _ in 0..round * 4 {
+            tokio::task::yield_now().await;
+        }
+        task.abort();
+        // A guard the task returned before the abort landed is its output: dropping it releases.
+        drop(task.await);
+        if let Some(h) = held {
+            h.release().await.expect("release");
+        }
+        let other = client(&store, "other")
+            .lock_key(k.clone())
+            .ttl(2000 * MS)
+            .wait(4000 * MS)
+            .acquire()
+            .await
+            .unwrap_or_else(|e| {
+                panic!("round {round}: a cancelled acquisition left the key taken: {e}")
+            });
+        other.release().await.expect("release");
+    }
+}
+
 /// Only the owner renews or releases.
 pub async fn owner_only(store: Arc<dyn LockStore>) {
     let k = key("owner");

@@ -9,6 +9,8 @@ use crate::metrics::Metrics;
 use crate::options::{Backoff, LockOptions, Wait};
 use crate::record::now_ms;
 use crate::store::{AcquireOutcome, AcquireRequest, LockStore};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -292,8 +294,10 @@ impl LockBuilder {
     /// Invalid options, or a store failure.
     ///
     /// # Cancel safety
-    /// If cancelled while the store call is in flight the lease may have been taken; it then
-    /// expires after its TTL.
+    /// Cancel safe: if the future is dropped while the store call is in flight, the call finishes in
+    /// the background and a lease it granted is released at once ([`crate::settle`] waits for
+    /// that before a process exits; outside a runtime, or if the release fails, the lease expires
+    /// after its TTL).
     pub async fn try_acquire(self) -> Result<Option<LeaseGuard>> {
         let mut me = self;
         me.opts.wait = Wait::No;
@@ -324,8 +328,11 @@ impl LockBuilder {
     /// and a registration withdrawn.
     ///
     /// # Cancel safety
-    /// Dropping the future stops waiting; a waiter registration lapses after its `waiter_ttl`, and
-    /// a lease granted by an in-flight store call expires after its TTL.
+    /// Cancel safe: dropping the future stops waiting and leaves nothing taken. A waiter
+    /// registration is withdrawn, and a store call in flight finishes in the background, where a
+    /// lease it granted is released at once ([`crate::settle`] waits for both before a process
+    /// exits; outside a runtime, or if the store does not answer, the registration lapses after its
+    /// `waiter_ttl` and the lease expires after its TTL).
     pub async fn acquire(self) -> Result<LeaseGuard> {
         let key = self.key.clone();
         let started = Instant::now();
@@ -439,20 +446,23 @@ impl LockBuilder {
             armed: false,
         };
         loop {
-            on_cancel.armed = registered;
             // One fence for us and one for each task of this process queued behind us: the lease
             // is handed down that line before it goes back to the store.
             req.fences = 1 + local
                 .as_ref()
                 .map_or(0, |l| l.waiting().min(MAX_BLOCK - 1) as u64);
             let sent = Instant::now();
+            // While the call is in flight, a drop of this future leaves it to the attempt, which
+            // finishes it in the background and undoes what it did.
+            on_cancel.armed = false;
+            let mut call = Attempt::start(&store, &req, registered);
             let res = match attempt_limit {
-                None => store.acquire(&req).await,
-                Some(limit) => match bounded_attempt(&store, &req, registered, limit).await {
-                    Some(res) => res,
-                    None => {
-                        // The call finishes in the background, undoing what it did.
-                        on_cancel.armed = false;
+                None => call.answer().await,
+                Some(limit) => match tokio::time::timeout_at(limit, call.answer()).await {
+                    Ok(res) => res,
+                    Err(_) => {
+                        // Dropped unanswered: it finishes in the background, undoing what it did.
+                        drop(call);
                         return Err(timeout(last_holder.unwrap_or_else(|| {
                             "unknown (the store did not answer within the wait limit)".into()
                         })));
@@ -502,6 +512,7 @@ impl LockBuilder {
                     return Err(AcquireError::Failed(e));
                 }
             };
+            on_cancel.armed = registered;
             let now = Instant::now();
             if let Some(d) = deadline.filter(|&d| now >= d) {
                 on_cancel.armed = false;
@@ -598,45 +609,68 @@ impl Drop for WithdrawOnDrop {
 /// finish in the background.
 const WAIT_ALLOWANCE: Duration = Duration::from_millis(100);
 
-/// One acquisition attempt that gives up at `limit`: `None` then, and the call goes on in the
-/// background, where a lease it granted is released and a waiter registration (this attempt's or
-/// an earlier one's, `registered`) is withdrawn, so nothing stays taken for a caller that left.
-async fn bounded_attempt(
-    store: &Arc<dyn LockStore>,
-    req: &AcquireRequest,
+/// The answer of one store acquisition, with the store and request it was made with.
+type Answered = (Arc<dyn LockStore>, AcquireRequest, Result<AcquireOutcome>);
+
+/// One store acquisition in flight. Dropped before it answers (its caller's wait limit passed, or
+/// the caller's future was dropped), the call goes on in the background, where a lease it granted
+/// is released and a waiter registration (its own or an earlier attempt's, `registered`) is
+/// withdrawn, so nothing stays taken for a caller that left. [`crate::settle`] waits for it.
+struct Attempt {
+    call: Option<Pin<Box<dyn Future<Output = Answered> + Send>>>,
     registered: bool,
-    limit: Instant,
-) -> Option<Result<AcquireOutcome>> {
-    let call = {
+}
+
+impl Attempt {
+    fn start(store: &Arc<dyn LockStore>, req: &AcquireRequest, registered: bool) -> Self {
         let (store, req) = (store.clone(), req.clone());
-        async move {
-            let res = store.acquire(&req).await;
-            (store, req, res)
+        Attempt {
+            call: Some(Box::pin(async move {
+                let res = store.acquire(&req).await;
+                (store, req, res)
+            })),
+            registered,
         }
-    };
-    let mut call = Box::pin(call);
-    match tokio::time::timeout_at(limit, &mut call).await {
-        Ok((_, _, res)) => Some(res),
-        Err(_) => {
-            crate::background::spawn_here(async move {
-                let (store, req, res) = call.await;
-                let (key, token) = (&req.key, req.token.as_str());
-                match res {
-                    Ok(AcquireOutcome::Granted(_)) => {
-                        tracing::debug!(key = %key, "releasing a lease granted after the wait limit");
-                        if let Err(e) = store.release(key, token).await {
-                            tracing::debug!(key = %key, error = %e, "could not release a lease granted after the wait limit; it expires with its TTL");
-                        }
-                    }
-                    Ok(AcquireOutcome::Held(rec)) => {
-                        let mine = rec.waiter_token.as_deref() == Some(token);
-                        withdraw(&*store, key, token, registered || mine).await;
-                    }
-                    Err(_) => withdraw(&*store, key, token, registered).await,
-                }
+    }
+
+    /// The store's answer. Cancel safe: a dropped wait leaves the call to the attempt's drop.
+    async fn answer(&mut self) -> Result<AcquireOutcome> {
+        let Some(call) = self.call.as_mut() else {
+            return Err(Error::Store {
+                store: String::new(),
+                detail: "an acquisition attempt was asked for its answer twice".into(),
+                retryable: false,
             });
-            None
-        }
+        };
+        let (_, _, res) = call.await;
+        self.call = None;
+        res
+    }
+}
+
+impl Drop for Attempt {
+    fn drop(&mut self) {
+        let Some(call) = self.call.take() else {
+            return;
+        };
+        let registered = self.registered;
+        crate::background::spawn_here(async move {
+            let (store, req, res) = call.await;
+            let (key, token) = (&req.key, req.token.as_str());
+            match res {
+                Ok(AcquireOutcome::Granted(_)) => {
+                    tracing::debug!(key = %key, "releasing a lease granted to an acquisition that was given up");
+                    if let Err(e) = store.release(key, token).await {
+                        tracing::debug!(key = %key, error = %e, "could not release a lease granted to an acquisition that was given up; it expires with its TTL");
+                    }
+                }
+                Ok(AcquireOutcome::Held(rec)) => {
+                    let mine = rec.waiter_token.as_deref() == Some(token);
+                    withdraw(&*store, key, token, registered || mine).await;
+                }
+                Err(_) => withdraw(&*store, key, token, registered).await,
+            }
+        });
     }
 }
 
