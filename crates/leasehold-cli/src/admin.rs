@@ -125,6 +125,8 @@ pub(crate) async fn watch(
         .map_err(|e| Failure::error(format!("cannot install signal handlers: {e}")))?;
     let every = every.max(Duration::from_millis(10));
     let mut changes = store.subscribe(&key).await?;
+    // Whether a lost subscription is still to be made again.
+    let mut resubscribe = false;
     let mut last = None;
     let mut away = false;
     loop {
@@ -145,6 +147,12 @@ pub(crate) async fn watch(
             Err(e) => return Err(e.into()),
         };
         away = false;
+        if resubscribe || changes.as_ref().is_some_and(|c| c.stale()) {
+            // The notification's connection ended or its server stopped answering (a failover):
+            // subscribe again; until that works, the store is looked at every `every`.
+            changes = store.subscribe(&key).await.unwrap_or_default();
+            resubscribe = changes.is_none();
+        }
         let (line, object) = watched(&key, seen.as_ref(), now);
         if last.as_ref() != Some(&line) {
             if json {

@@ -121,6 +121,51 @@ pub async fn connect_as(url: &str, holder: &str) -> leasehold::Locks {
         .with_local_layer(false)
 }
 
+/// A contender for `key` through `l` that only a change notification wakes in a test's time: not
+/// registered as waiter (a registration is renewed by waking), with 30 s backoff timers and a 30 s
+/// wait limit. Hold `key` with a TTL of 30 s or more, so its expiry does not wake it either. Its
+/// guard, and when it got it.
+pub fn spawn_deaf_waiter(
+    l: leasehold::Locks,
+    key: &str,
+) -> tokio::task::JoinHandle<(leasehold::Result<leasehold::LeaseGuard>, std::time::Instant)> {
+    let key = key.to_owned();
+    tokio::spawn(async move {
+        let long = std::time::Duration::from_secs(30);
+        let g = match l.lock(&key) {
+            Ok(b) => {
+                b.register_waiter(false)
+                    .backoff(leasehold::Backoff {
+                        initial: long,
+                        max: long,
+                    })
+                    .wait(long)
+                    .acquire()
+                    .await
+            }
+            Err(e) => Err(e),
+        };
+        (g, std::time::Instant::now())
+    })
+}
+
+/// Force-releases `key` as an operator would, through a store opened on `url` now (so after a
+/// failover it reaches the new server).
+///
+/// # Panics
+/// When the store cannot be opened or the key is not held.
+pub async fn force_release_through(url: &str, key: &str) {
+    let store = leasehold::open_store(url)
+        .await
+        .unwrap_or_else(|e| panic!("open {url}: {e}"));
+    let key = leasehold::Key::new(key).unwrap_or_else(|e| panic!("{key}: {e}"));
+    let freed = store
+        .force_release(&key)
+        .await
+        .unwrap_or_else(|e| panic!("force-release {key}: {e}"));
+    assert!(freed.is_some(), "{key} was not held");
+}
+
 /// CLOCK_MONOTONIC in nanoseconds: one clock for every process of a host, so events logged by
 /// several processes can be ordered.
 pub fn mono_ns() -> u64 {

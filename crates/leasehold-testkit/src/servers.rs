@@ -360,6 +360,38 @@ impl RedisServer {
         })
     }
 
+    /// A numeric field of `INFO replication` (`master_repl_offset`, `slave_repl_offset`).
+    pub fn replication_offset(&self, field: &str) -> Option<u64> {
+        let info = self.command(&["INFO", "replication"])?;
+        let line = info.lines().find(|l| l.starts_with(field))?;
+        line.split(':').nth(1)?.trim().parse().ok()
+    }
+
+    /// Waits until `replica` has received everything this primary had written when called.
+    ///
+    /// (`WAIT 1` from another connection, such as `redis-cli`'s, proves nothing: it waits only
+    /// for that connection's own writes, and one that wrote nothing is answered at once.)
+    ///
+    /// # Panics
+    /// When it has not within 10 s.
+    pub async fn replicated_to(&self, replica: &RedisServer) {
+        let written = self
+            .replication_offset("master_repl_offset")
+            .expect("the primary's replication offset");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !replica
+            .replication_offset("slave_repl_offset")
+            .is_some_and(|o| o >= written)
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the replica on port {} did not reach offset {written} within 10 s",
+                replica.port
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     /// Whether the server answers `PING` (for TLS, through `redis-cli --tls`).
     pub fn ping(&self) -> bool {
         self.command(&["PING"])

@@ -221,13 +221,6 @@ async fn await_renewal_by_a(cluster: &RedisCluster, name: &str, what: &str) {
     .await;
 }
 
-/// A number from `INFO replication` (`field:N`).
-fn replication_offset(node: &RedisServer, field: &str) -> Option<u64> {
-    let info = node.command(&["INFO", "replication"])?;
-    let line = info.lines().find(|l| l.starts_with(field))?;
-    line.split(':').nth(1)?.trim().parse().ok()
-}
-
 /// A replica of the primary on `port` that has received everything the primary had written when
 /// this was called (the latest record included).
 async fn synced_replica(cluster: &RedisCluster, port: u16) -> &RedisServer {
@@ -236,12 +229,15 @@ async fn synced_replica(cluster: &RedisCluster, port: u16) -> &RedisServer {
         .iter()
         .find(|n| n.port == port)
         .expect("primary");
-    let written = replication_offset(primary, "master_repl_offset").expect("offset");
+    let written = primary
+        .replication_offset("master_repl_offset")
+        .expect("offset");
     let mut found = None;
     await_until(Duration::from_secs(10), "a synced replica", || {
         found = cluster.replicas_of(port).into_iter().find(|r| {
             r.replica_synced()
-                && replication_offset(r, "slave_repl_offset").is_some_and(|o| o >= written)
+                && r.replication_offset("slave_repl_offset")
+                    .is_some_and(|o| o >= written)
         });
         found.is_some()
     })
@@ -618,6 +614,23 @@ async fn a_hung_primary_is_replaced_and_the_store_follows() {
     let fresh = key_served_by(&cluster, port, "fresh");
     let a = locks(&format!("{}?timeout=500ms", cluster.url()), "a").await;
     let g = take(&a, &key, Duration::from_secs(6)).await;
+    // A contender subscribed on the node before it hangs, which only a notification wakes in
+    // time: its subscription goes deaf with the node, and it must subscribe again on the
+    // promoted replica to hear the release there.
+    let waited = key_served_by(&cluster, port, "waited");
+    let h = locks(&format!("{}?timeout=500ms", cluster.url()), "h").await;
+    let hg = take(&h, &waited, Duration::from_secs(30)).await;
+    let waiter = leasehold_testkit::spawn_deaf_waiter(
+        locks(&format!("{}?timeout=500ms", cluster.url()), "w").await,
+        &waited,
+    );
+    let waited_name = format!("leasehold:lock:{{{waited}}}");
+    await_until(Duration::from_secs(10), "the contender subscribed", || {
+        cluster.nodes[0]
+            .command(&["GET", &waited_name])
+            .is_some_and(|r| r.contains("\"watched\":true"))
+    })
+    .await;
     let replica = synced_replica(&cluster, port).await;
     cluster.nodes[0].signal(libc::SIGSTOP);
     await_until(Duration::from_secs(20), "the replica promoted", || {
@@ -656,5 +669,20 @@ async fn a_hung_primary_is_replaced_and_the_store_follows() {
     .await;
     assert!(g.is_current());
     g.release().await.unwrap();
+    // An operator frees the contended key (through a store opened after the promotion); the
+    // contender hears it on the promoted replica.
+    leasehold_testkit::force_release_through(&cluster.url(), &waited).await;
+    let released = Instant::now();
+    let (wg, got) = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the contender slept through the failover: it never subscribed again")
+        .unwrap();
+    assert!(
+        got.duration_since(released) < Duration::from_secs(5),
+        "the contender took {:?} after the release",
+        got.duration_since(released)
+    );
+    wg.expect("the contender's lease").release().await.unwrap();
+    drop(hg);
     cluster.nodes[0].signal(libc::SIGCONT);
 }

@@ -428,6 +428,9 @@ impl LockBuilder {
         // once, so no change between the first attempt and the subscription is missed.
         let mut watch: Option<Box<dyn crate::store::ChangeWatch>> = None;
         let mut subscribed = false;
+        // Subscribing failed (or a lost subscription could not be made again): try again after
+        // the next pause, which is at most RESUBSCRIBE_EVERY.
+        let mut resubscribe = false;
         let mut attempt = 0u32;
         let mut registered = false;
         // Who held the key at the last answer, for the timeout's message.
@@ -520,6 +523,14 @@ impl LockBuilder {
                 return Err(timeout(holder));
             }
             last_holder = Some(holder);
+            if watch.as_ref().is_some_and(|w| w.stale()) {
+                // Its connection ended or its server stopped answering (a failover whose old
+                // server hangs): subscribe again, where the store now is.
+                tracing::debug!(key = %key, "change notification lost; subscribing again");
+                watch = None;
+                subscribed = false;
+                req.watching = false;
+            }
             if !subscribed {
                 subscribed = true;
                 // Within the wait limit, whatever the store does.
@@ -531,7 +542,8 @@ impl LockBuilder {
                 watch = match answer {
                     Some(Ok(w)) => w,
                     Some(Err(e)) => {
-                        tracing::debug!(key = %key, error = %e, "no change notification; polling");
+                        tracing::debug!(key = %key, error = %e, "no change notification; polling, and subscribing again in a while");
+                        resubscribe = true;
                         None
                     }
                     None => None,
@@ -550,6 +562,9 @@ impl LockBuilder {
             if req.waiter_ttl.is_some() {
                 pause = pause.min(opts.waiter_lifetime() / 3);
             }
+            if resubscribe {
+                pause = pause.min(RESUBSCRIBE_EVERY);
+            }
             let mut until = now + pause;
             if let Some(d) = deadline {
                 until = until.min(d);
@@ -565,6 +580,10 @@ impl LockBuilder {
                     tokio::time::sleep_until(until).await;
                     attempt = attempt.saturating_add(1);
                 }
+            }
+            if resubscribe {
+                resubscribe = false;
+                subscribed = false;
             }
         }
     }
@@ -603,6 +622,10 @@ impl Drop for WithdrawOnDrop {
         }
     }
 }
+
+/// How often a waiting `acquire` whose change notification could not be made (or made again,
+/// after its connection ended) tries to subscribe again; it polls by its backoff meanwhile.
+const RESUBSCRIBE_EVERY: Duration = Duration::from_secs(1);
 
 /// How far past its wait limit a waiting `acquire` goes for the store's last answers (to its last
 /// attempt, to the withdrawal of its waiter registration) before it returns and leaves them to

@@ -35,7 +35,7 @@ use async_trait::async_trait;
 use futures_util::StreamExt;
 use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 use tokio::sync::watch;
 
@@ -1870,7 +1870,13 @@ impl RedisStore {
             let conn = link.current.lock().1.clone();
             let name = self.record_key(key);
             return nodes
-                .hub_for(&conn, &name, &link.described, link.timeout)
+                .hub_for(
+                    &conn,
+                    &name,
+                    &self.inner.prefix,
+                    &link.described,
+                    link.timeout,
+                )
                 .await;
         }
         let _ = key;
@@ -1884,14 +1890,23 @@ impl RedisStore {
             }
         }
         let client = link.client.lock().clone();
-        let hub = Hub::start(&client, &link.described, link.timeout).await?;
+        let hub = Hub::start(&client, &self.inner.prefix, &link.described, link.timeout).await?;
         *slot = Some((hub.clone(), generation));
         Ok(hub)
     }
 }
 
+/// How often a hub with subscriptions checks that its server still answers (an `UNSUBSCRIBE` of a
+/// channel no record has, on its connection, bounded by the store's timeout).
+const HUB_CHECK: Duration = Duration::from_secs(1);
+
 /// One pub/sub connection per store (per node on a cluster), fanning messages out to per-channel
 /// watch channels.
+///
+/// A connection that ends (the server closed it) or stops answering (a server that hangs, such as
+/// an old primary after a failover, keeps its connection open and silent) ends the hub: its
+/// subscriptions turn stale ([`ChangeWatch::stale`]) and are woken, and their waiters subscribe
+/// again, through a new hub on the server the store now uses.
 pub(crate) struct Hub {
     sink: PubSubSink,
     subs: Subs,
@@ -1900,11 +1915,16 @@ pub(crate) struct Hub {
     timeout: Duration,
 }
 
-type Subs = Arc<Mutex<HashMap<String, (watch::Sender<()>, usize)>>>;
+/// Each channel's watch sender and how many subscriptions share it.
+type SubMap = Mutex<HashMap<String, (watch::Sender<()>, usize)>>;
+type Subs = Arc<SubMap>;
 
 impl Hub {
+    /// A hub on `client`'s server, its connection checked with `probe`, a channel no record has
+    /// (the record prefix: keys are never empty).
     pub(crate) async fn start(
         client: &::redis::Client,
+        probe: &str,
         store: &str,
         timeout: Duration,
     ) -> Result<Arc<Hub>> {
@@ -1918,19 +1938,32 @@ impl Hub {
         let (sink, mut stream) = pubsub.split();
         let subs: Subs = Arc::default();
         let (alive_tx, alive) = watch::channel(true);
-        let fan = subs.clone();
-        tokio::spawn(async move {
+        let alive_tx = Arc::new(alive_tx);
+        // The reader and the check hold the subscriptions weakly: once the hub and every
+        // subscription are dropped, the check ends, the connection's last sink goes, and so does
+        // the reader.
+        let (fan, ended) = (Arc::downgrade(&subs), alive_tx.clone());
+        let reader = tokio::spawn(async move {
             while let Some(msg) = stream.next().await {
-                if let Some((tx, _)) = fan.lock().get(msg.get_channel_name()) {
+                let Some(subs) = fan.upgrade() else {
+                    break;
+                };
+                let map = subs.lock();
+                if let Some((tx, _)) = map.get(msg.get_channel_name()) {
                     tx.send_replace(());
                 }
             }
-            let _ = alive_tx.send(false);
-            // Wake every watcher: they re-check the store and fall back to timers.
-            for (tx, _) in fan.lock().values() {
-                tx.send_replace(());
-            }
+            hub_ended(&ended, &fan);
         });
+        tokio::spawn(check(
+            sink.clone(),
+            Arc::downgrade(&subs),
+            alive_tx,
+            reader.abort_handle(),
+            probe.to_owned(),
+            store.to_owned(),
+            timeout,
+        ));
         Ok(Arc::new(Hub {
             sink,
             subs,
@@ -1958,6 +1991,7 @@ impl Hub {
             subs,
             channel: channel.clone(),
             sink: sink.clone(),
+            alive: self.alive.clone(),
         };
         if first {
             // Confirmed by the server before we return: no release published after this is missed.
@@ -1975,12 +2009,68 @@ impl Hub {
     }
 }
 
+/// Marks a hub ended and wakes its subscriptions: their waiters look at the store again and,
+/// seeing them stale, subscribe again.
+fn hub_ended(alive: &watch::Sender<bool>, subs: &Weak<SubMap>) {
+    alive.send_replace(false);
+    if let Some(subs) = subs.upgrade() {
+        for (tx, _) in subs.lock().values() {
+            tx.send_replace(());
+        }
+    }
+}
+
+/// Every [`HUB_CHECK`] while a hub has subscriptions, sends `UNSUBSCRIBE probe` on its connection
+/// (a subscribed RESP2 connection takes few commands: `PING` would do, but the least ACL a
+/// deployment grants — see the README — has no `PING`, and a refusal every second would fill the
+/// ACL log). A connection that gives no answer within `timeout`, or fails, ends the hub (and its
+/// reader, which a silent connection would keep waiting); any answer, an error too, is life. Ends
+/// with the hub, or once nothing refers to its subscriptions.
+async fn check(
+    mut sink: PubSubSink,
+    subs: Weak<SubMap>,
+    alive: Arc<watch::Sender<bool>>,
+    reader: tokio::task::AbortHandle,
+    probe: String,
+    store: String,
+    timeout: Duration,
+) {
+    let mut every = tokio::time::interval(HUB_CHECK);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    every.tick().await;
+    loop {
+        every.tick().await;
+        if !*alive.borrow() {
+            return;
+        }
+        match subs.upgrade() {
+            None => return,
+            Some(s) if s.lock().is_empty() => continue,
+            Some(_) => {}
+        }
+        let answered = tokio::time::timeout(timeout, sink.unsubscribe(&probe)).await;
+        let alive_now = match answered {
+            Ok(Ok(())) => true,
+            Ok(Err(e)) => !(e.is_io_error() || e.is_connection_dropped()),
+            Err(_) => false,
+        };
+        if !alive_now {
+            tracing::warn!(store = %store, "the pub/sub connection does not answer; its waiters subscribe again");
+            reader.abort();
+            hub_ended(&alive, &subs);
+            return;
+        }
+    }
+}
+
 /// A pub/sub subscription to one record's channel.
 struct RedisWatch {
     rx: watch::Receiver<()>,
     subs: Subs,
     channel: String,
     sink: PubSubSink,
+    /// The hub's liveness: a subscription of an ended hub hears nothing more.
+    alive: watch::Receiver<bool>,
 }
 
 impl std::fmt::Debug for RedisWatch {
@@ -1997,6 +2087,10 @@ impl ChangeWatch for RedisWatch {
         if self.rx.changed().await.is_err() {
             std::future::pending::<()>().await;
         }
+    }
+
+    fn stale(&self) -> bool {
+        !*self.alive.borrow()
     }
 }
 

@@ -309,11 +309,13 @@ impl ClusterNodes {
     }
 
     /// The hub for the releases of `record_key`: on the primary serving its slot (the map read
-    /// again when stale), else on the first seed node that answers.
+    /// again when stale), else on the first seed node that answers. `probe` is the channel its
+    /// connection is checked with (see [`Hub::start`]).
     pub(crate) async fn hub_for(
         &self,
         conn: &Conn,
         record_key: &str,
+        probe: &str,
         store: &str,
         timeout: Duration,
     ) -> Result<Arc<Hub>> {
@@ -329,7 +331,7 @@ impl ClusterNodes {
                 return Ok(h.clone());
             }
             let started = match node_client(&self.node_url, Some((&host, port)), &self.certs) {
-                Ok(client) => Hub::start(&client, store, timeout).await,
+                Ok(client) => Hub::start(&client, probe, store, timeout).await,
                 Err(e) => Err(crate::redis::map_err(store, e)),
             };
             match started {
@@ -351,7 +353,7 @@ impl ClusterNodes {
             if let Some(h) = hubs.get(&key).filter(|h| !h.dead()) {
                 return Ok(h.clone());
             }
-            match Hub::start(seed, store, timeout).await {
+            match Hub::start(seed, probe, store, timeout).await {
                 Ok(hub) => {
                     hubs.insert(key, hub.clone());
                     return Ok(hub);

@@ -560,4 +560,9 @@ impl ChangeWatch for AnyWatch {
         let futs = self.0.iter_mut().map(|w| w.changed());
         select_all(futs).await;
     }
+
+    /// Stale once every node's subscription is: one node still heard is enough to wake a waiter.
+    fn stale(&self) -> bool {
+        self.0.iter().all(|w| w.stale())
+    }
 }

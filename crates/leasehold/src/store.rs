@@ -170,6 +170,13 @@ pub trait ChangeWatch: Send + fmt::Debug {
     /// Completes when the key may have changed since the subscription or the previous call.
     /// Spurious wake-ups are allowed. Cancel safe.
     async fn changed(&mut self);
+
+    /// Whether this subscription hears nothing more (its connection ended, or its server stopped
+    /// answering): a waiter then subscribes again. `changed` completes once when it turns stale.
+    /// Default: never (a subscription that cannot go deaf).
+    fn stale(&self) -> bool {
+        false
+    }
 }
 
 /// The lock-level store contract. See the crate docs and ARCHITECTURE.md for what every
