@@ -458,20 +458,20 @@ impl LockBuilder {
             // While the call is in flight, a drop of this future leaves it to the attempt, which
             // finishes it in the background and undoes what it did.
             on_cancel.armed = false;
-            let mut call = Attempt::start(&store, &req, registered);
-            let res = match attempt_limit {
+            let call = Attempt::start(&store, req, registered);
+            let (sent_req, res) = match attempt_limit {
                 None => call.answer().await,
                 Some(limit) => match tokio::time::timeout_at(limit, call.answer()).await {
-                    Ok(res) => res,
+                    Ok(answered) => answered,
                     Err(_) => {
                         // Dropped unanswered: it finishes in the background, undoing what it did.
-                        drop(call);
                         return Err(timeout(last_holder.unwrap_or_else(|| {
                             "unknown (the store did not answer within the wait limit)".into()
                         })));
                     }
                 },
             };
+            req = sent_req;
             let (wait_hint, holder) = match res {
                 Ok(AcquireOutcome::Granted(rec)) => {
                     on_cancel.armed = false;
@@ -640,42 +640,40 @@ type Answered = (Arc<dyn LockStore>, AcquireRequest, Result<AcquireOutcome>);
 /// is released and a waiter registration (its own or an earlier attempt's, `registered`) is
 /// withdrawn, so nothing stays taken for a caller that left. [`crate::settle`] waits for it.
 struct Attempt {
-    call: Option<Pin<Box<dyn Future<Output = Answered> + Send>>>,
+    call: Pin<Box<dyn Future<Output = Answered> + Send>>,
+    answered: bool,
     registered: bool,
 }
 
 impl Attempt {
-    fn start(store: &Arc<dyn LockStore>, req: &AcquireRequest, registered: bool) -> Self {
-        let (store, req) = (store.clone(), req.clone());
+    fn start(store: &Arc<dyn LockStore>, req: AcquireRequest, registered: bool) -> Self {
+        let store = store.clone();
         Attempt {
-            call: Some(Box::pin(async move {
+            call: Box::pin(async move {
                 let res = store.acquire(&req).await;
                 (store, req, res)
-            })),
+            }),
+            answered: false,
             registered,
         }
     }
 
-    /// The store's answer. Cancel safe: a dropped wait leaves the call to the attempt's drop.
-    async fn answer(&mut self) -> Result<AcquireOutcome> {
-        let Some(call) = self.call.as_mut() else {
-            return Err(Error::Store {
-                store: String::new(),
-                detail: "an acquisition attempt was asked for its answer twice".into(),
-                retryable: false,
-            });
-        };
-        let (_, _, res) = call.await;
-        self.call = None;
-        res
+    /// The request back, and the store's answer. Cancel safe: a dropped wait drops the attempt,
+    /// which leaves the call to the background.
+    async fn answer(mut self) -> (AcquireRequest, Result<AcquireOutcome>) {
+        let (_, req, res) = (&mut self.call).await;
+        self.answered = true;
+        (req, res)
     }
 }
 
 impl Drop for Attempt {
     fn drop(&mut self) {
-        let Some(call) = self.call.take() else {
+        if self.answered {
             return;
-        };
+        }
+        // A zero-sized stand-in: no allocation.
+        let call = std::mem::replace(&mut self.call, Box::pin(std::future::pending()));
         let registered = self.registered;
         crate::background::spawn_here(async move {
             let (store, req, res) = call.await;
