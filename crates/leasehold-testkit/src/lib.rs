@@ -149,6 +149,28 @@ pub fn spawn_deaf_waiter(
     })
 }
 
+/// Awaits a [`spawn_deaf_waiter`] and checks that it got its lease within 5 s of `released` (its
+/// timers are 30 s: only a notification wakes it that soon). Its guard.
+///
+/// # Panics
+/// When it did not, naming `who`.
+pub async fn woken_after(
+    waiter: tokio::task::JoinHandle<(leasehold::Result<leasehold::LeaseGuard>, std::time::Instant)>,
+    released: std::time::Instant,
+    who: &str,
+) -> leasehold::LeaseGuard {
+    let (g, got) = tokio::time::timeout(std::time::Duration::from_secs(10), waiter)
+        .await
+        .unwrap_or_else(|_| panic!("{who} slept through the failover: it never subscribed again"))
+        .expect("the waiter's task");
+    let took = got.duration_since(released);
+    assert!(
+        took < std::time::Duration::from_secs(5),
+        "{who} took {took:?} after the release"
+    );
+    g.unwrap_or_else(|e| panic!("{who}'s lease: {e}"))
+}
+
 /// Force-releases `key` as an operator would, through a store opened on `url` now (so after a
 /// failover it reaches the new server).
 ///

@@ -744,6 +744,20 @@ impl SentinelSet {
     pub fn server(&self, port: u16) -> Option<&RedisServer> {
         self.servers.iter().find(|s| s.port == port)
     }
+
+    /// Waits until every other data server has received what the one on `primary` had written
+    /// ([`RedisServer::replicated_to`]).
+    ///
+    /// # Panics
+    /// When `primary` is not one of the set's servers, or a replica lags 10 s.
+    pub async fn replicated_from(&self, primary: u16) {
+        let from = self
+            .server(primary)
+            .expect("the primary is one of the set's servers");
+        for replica in self.servers.iter().filter(|s| s.port != primary) {
+            from.replicated_to(replica).await;
+        }
+    }
 }
 
 /// A Sentinel deployment shared by all tests of this process.

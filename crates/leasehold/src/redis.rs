@@ -2035,9 +2035,8 @@ async fn check(
     store: String,
     timeout: Duration,
 ) {
-    let mut every = tokio::time::interval(HUB_CHECK);
+    let mut every = tokio::time::interval_at(tokio::time::Instant::now() + HUB_CHECK, HUB_CHECK);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    every.tick().await;
     loop {
         every.tick().await;
         if !*alive.borrow() {
