@@ -494,6 +494,95 @@ async fn a_fast_grant_returns_the_stored_record() {
     store.release(&key, &req.token).await.unwrap();
 }
 
+/// Acquisitions and releases made together share script calls (each answered on its own, as
+/// separate calls would be): 64 acquisitions on one store at once take a few calls, not 64. One
+/// of them meets a fence counter an operator overwrote, and gets its own error (the one a lone
+/// call gets), while the others in its call are granted; one finds its key held and is told so.
+#[tokio::test]
+async fn concurrent_calls_share_script_calls_and_keep_their_own_answers() {
+    let server = RedisServer::start();
+    let store = leasehold::open_store(&server.url()).await.unwrap();
+    let stem = leasehold_testkit::prefix("coalesced");
+    let keys: Vec<leasehold::Key> = (0..64)
+        .map(|i| leasehold::Key::new(format!("{stem}/{i}")).unwrap())
+        .collect();
+    let (broken, held) = (10, 20);
+    let fence_key = format!("leasehold:fence:{}", keys[broken].as_str());
+    server
+        .command(&["SET", &fence_key, "not a number"])
+        .unwrap();
+    let holder =
+        leasehold::AcquireRequest::new(keys[held].clone(), "other", Duration::from_secs(30));
+    granted(store.acquire(&holder).await.unwrap());
+    let reqs: Vec<_> = keys
+        .iter()
+        .map(|k| leasehold::AcquireRequest::new(k.clone(), "me", Duration::from_secs(30)))
+        .collect();
+
+    let before = server.script_calls();
+    let answers = futures_util::future::join_all(reqs.iter().map(|r| store.acquire(r))).await;
+    let acquire_calls = server.script_calls() - before;
+    // Not one call: a few go out alone while the server is idle, and `join_all` polls its futures
+    // 32 at a time, letting answers in between.
+    assert!(
+        acquire_calls < 16,
+        "64 acquisitions took {acquire_calls} script calls"
+    );
+    let mut granted_keys = vec![];
+    for (i, answer) in answers.into_iter().enumerate() {
+        match (i, answer) {
+            (i, Err(e)) if i == broken => {
+                assert!(e.to_string().contains("not an integer"), "{e}");
+                assert!(!e.is_retryable(), "{e}");
+            }
+            (i, Ok(leasehold::AcquireOutcome::Held(r))) if i == held => {
+                assert_eq!(r.holder.as_deref(), Some("other"));
+            }
+            (i, Ok(leasehold::AcquireOutcome::Granted(r))) if i != broken && i != held => {
+                assert_eq!(r, stored(&*store, &keys[i]).await);
+                granted_keys.push(i);
+            }
+            (i, other) => panic!("key {i}: {other:?}"),
+        }
+    }
+    assert_eq!(granted_keys.len(), 62);
+    // A lone call on the broken key gets the same error.
+    let alone = store
+        .acquire(&reqs[broken])
+        .await
+        .expect_err("the fence counter is broken");
+    assert!(alone.to_string().contains("not an integer"), "{alone}");
+    assert!(!alone.is_retryable(), "{alone}");
+
+    let before = server.script_calls();
+    let released = futures_util::future::join_all(
+        granted_keys
+            .iter()
+            .map(|&i| store.release(&keys[i], &reqs[i].token)),
+    )
+    .await;
+    let release_calls = server.script_calls() - before;
+    assert!(
+        release_calls < 16,
+        "62 releases took {release_calls} script calls"
+    );
+    for (i, r) in granted_keys.iter().zip(released) {
+        assert_eq!(r.unwrap(), leasehold::ReleaseOutcome::Released, "key {i}");
+        assert!(store.inspect(&keys[*i]).await.unwrap().is_none(), "key {i}");
+    }
+    // Not ours: refused, together as alone.
+    let refused =
+        futures_util::future::join_all((0..8).map(|_| store.release(&keys[held], "not-the-token")))
+            .await;
+    for r in refused {
+        assert_eq!(r.unwrap(), leasehold::ReleaseOutcome::NotHeld);
+    }
+    assert_eq!(
+        stored(&*store, &keys[held]).await.holder.as_deref(),
+        Some("other")
+    );
+}
+
 /// The server's clock in milliseconds, from `TIME`.
 fn server_ms(server: &RedisServer) -> u64 {
     let reply = server.command(&["TIME"]).unwrap();

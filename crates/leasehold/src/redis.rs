@@ -21,7 +21,9 @@
 //! key can collide with a counter). Times inside the record are Unix milliseconds of the server.
 //!
 //! Every operation is one script call (`EVALSHA`, falling back to loading the script on
-//! `NOSCRIPT`): acquire-when-free, renew and release each cost one round trip.
+//! `NOSCRIPT`): acquire-when-free, renew and release each cost one round trip. Renewals are
+//! batched per period; acquisitions and releases made at once by many tasks share calls while
+//! the server is busy (`coalesce`; each still answered on its own).
 
 use crate::error::{Error, Result};
 use crate::key::Key;
@@ -38,6 +40,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 use tokio::sync::watch;
+
+mod coalesce;
 
 /// Shared Lua helpers: server time, record decoding, waiter liveness.
 const PRELUDE: &str = r#"
@@ -80,7 +84,26 @@ local function freed(r)
 end
 "#;
 
-/// The acquire script's fast path, run before the [`PRELUDE`] (whose helpers it does not need):
+/// Comes before the acquire script's body ([`ACQUIRE_FREE`]), and before the whole of its batched
+/// form, so that a batch reads the server's time once: `server_ms()`, the server's time in
+/// milliseconds as a string, read at its first use in the call, from TIME's seconds and
+/// microseconds strings (the microseconds' first digits, zero-padded to three): no number
+/// conversion. The operations of one batch run together (nothing else runs on the server
+/// meanwhile), so they share one time; later ones' leases then end a little earlier by the
+/// record's times, never later (the key's TTL is counted by the server from its `SET`).
+const SERVER_MS: &str = r#"
+local server_ms_read
+local function server_ms()
+  if not server_ms_read then
+    local t = redis.call('TIME')
+    local us = t[2]
+    if #us > 3 then server_ms_read = t[1] .. string.rep('0', 6 - #us) .. string.sub(us, 1, -4) else server_ms_read = t[1] .. '000' end
+  end
+  return server_ms_read
+end
+"#;
+
+/// The acquire script's fast path, run before the [`PRELUDE`] (after [`SERVER_MS`]) (whose helpers it does not need):
 /// a key free and never waited for.
 ///
 /// KEYS: record, fence counter. ARGV: the record up to its fence (`{"key":…,"holder":…,
@@ -95,12 +118,7 @@ const ACQUIRE_FREE: &str = r#"
 -- `pcall`: a value of another type (an operator's hash) is an error table, read as corrupt.
 local raw = redis.pcall('GET', KEYS[1])
 if not raw then
-  -- The server's time in milliseconds as a string, from TIME's seconds and microseconds strings
-  -- (the microseconds' first digits, zero-padded to three): no number conversion.
-  local t = redis.call('TIME')
-  local us = t[2]
-  local ns
-  if #us > 3 then ns = t[1] .. string.rep('0', 6 - #us) .. string.sub(us, 1, -4) else ns = t[1] .. '000' end
+  local ns = server_ms()
   -- Each number formatted once, as an integer: Lua formats a number on every concatenation, with
   -- the floating-point '%.14g' (several times slower than '%d', and an exponent from 1e14 up);
   -- the TTL goes to PX as the string sent, not a number Redis would format again.
@@ -292,12 +310,37 @@ pub(crate) struct Lua(Arc<LuaText>);
 struct LuaText {
     hash: String,
     body: String,
+    /// The form that runs many calls of it in one ([`coalesce`]), for the acquire and release
+    /// scripts.
+    batched: Option<coalesce::Batched>,
 }
 
 impl Lua {
     fn new(body: String) -> Self {
         let hash = ::redis::Script::new(&body).get_hash().to_owned();
-        Lua(Arc::new(LuaText { hash, body }))
+        Lua(Arc::new(LuaText {
+            hash,
+            body,
+            batched: None,
+        }))
+    }
+
+    /// A script (`prologue`, then `body`) taking `keys` keys and `args` arguments whose calls are
+    /// coalesced in `lane` while the server is busy ([`coalesce`]).
+    fn coalesced(prologue: &str, body: String, keys: usize, args: usize, lane: usize) -> Self {
+        let batched = coalesce::Batched::new(prologue, &body, keys, args, lane);
+        let body = format!("{prologue}{body}");
+        let hash = ::redis::Script::new(&body).get_hash().to_owned();
+        Lua(Arc::new(LuaText {
+            hash,
+            body,
+            batched: Some(batched),
+        }))
+    }
+
+    /// The batched form of this script, if it has one.
+    fn batched(&self) -> Option<&coalesce::Batched> {
+        self.0.batched.as_ref()
     }
 
     /// A call of this script taking `keys` keys; the caller appends the keys, then the arguments
@@ -401,15 +444,26 @@ struct Scripts {
 impl Scripts {
     fn new() -> Self {
         let s = |body: &str| Lua::new(format!("{PRELUDE}{body}"));
-        let fast = |fast: &str, body: &str| Lua::new(format!("{fast}{PRELUDE}{body}"));
         Scripts {
             #[cfg(feature = "redlock")]
             raise_fence: Lua::new(RAISE_FENCE.to_owned()),
-            acquire: fast(ACQUIRE_FREE, ACQUIRE),
+            acquire: Lua::coalesced(
+                SERVER_MS,
+                format!("{ACQUIRE_FREE}{PRELUDE}{ACQUIRE}"),
+                2,
+                6,
+                coalesce::ACQUIRE_LANE,
+            ),
             renew: Lua::new(format!("{RENEW_KEYS}{PRELUDE}{RENEW}")),
             #[cfg(feature = "redis-cluster")]
             renew_node: Lua::new(format!("{RENEW_NODE_ARGS}{PRELUDE}{RENEW}")),
-            release: fast(RELEASE_OURS, RELEASE),
+            release: Lua::coalesced(
+                "",
+                format!("{RELEASE_OURS}{PRELUDE}{RELEASE}"),
+                1,
+                2,
+                coalesce::RELEASE_LANE,
+            ),
             withdraw: s(WITHDRAW),
             force: s(FORCE),
         }
@@ -713,6 +767,9 @@ struct Link {
     looking_up: std::sync::atomic::AtomicBool,
     /// When a call that ran out of time last started a new connection ([`Link::timed_out`]).
     reconnected: Mutex<Option<std::time::Instant>>,
+    /// The acquire and release calls in flight, and those queued for the next batch
+    /// ([`coalesce`]).
+    lanes: [Mutex<coalesce::Lane>; coalesce::LANES],
 }
 
 /// The least time between two new connections made because calls ran out of time.
@@ -1249,17 +1306,24 @@ fn answer_renewals(values: &[::redis::Value], batch: Vec<RenewJob>) -> Vec<(Rene
 /// Answers every job of `batch` with the error `e` of the call that carried it.
 fn fail_renewals(link: &Link, e: &Error, batch: Vec<RenewJob>) {
     for j in batch {
-        let _ = j.reply.send(Err(match e {
-            Error::Unavailable { store, detail } => Error::Unavailable {
-                store: store.clone(),
-                detail: detail.clone(),
-            },
-            other => Error::Store {
-                store: link.described.clone(),
-                detail: other.to_string(),
-                retryable: other.is_retryable(),
-            },
-        }));
+        let _ = j.reply.send(Err(shared_error(link, e)));
+    }
+}
+
+/// The error `e` of a call that carried several callers' operations, for one of them: an
+/// [`Error::Unavailable`] as it is (Redlock tells a node that did not answer in time by it),
+/// anything else as an [`Error::Store`] with its text and retryability.
+fn shared_error(link: &Link, e: &Error) -> Error {
+    match e {
+        Error::Unavailable { store, detail } => Error::Unavailable {
+            store: store.clone(),
+            detail: detail.clone(),
+        },
+        other => Error::Store {
+            store: link.described.clone(),
+            detail: other.to_string(),
+            retryable: other.is_retryable(),
+        },
     }
 }
 
@@ -1585,6 +1649,7 @@ impl RedisStore {
             client: Mutex::new(client),
             looking_up: Default::default(),
             reconnected: Mutex::new(None),
+            lanes: Default::default(),
         });
         let renewals = spawn_renewer(
             link.clone(),
@@ -1712,12 +1777,20 @@ impl RedisStore {
             .await
     }
 
-    /// Sends a script call, bounded by the store's timeout.
+    /// Sends a script call, bounded by the store's timeout; the acquire and release scripts'
+    /// calls are coalesced while the server is busy ([`coalesce`]; not on a cluster).
     pub(crate) async fn call<T: ::redis::FromRedisValue>(&self, call: &ScriptCall) -> Result<T> {
-        self.inner
-            .link
-            .send(|mut conn| async move { call.send(&mut conn).await })
-            .await
+        let link = &self.inner.link;
+        match call.lua.batched() {
+            Some(batched) if !link.clustered() => {
+                let answer = coalesce::send(link, batched, call).await?;
+                ::redis::from_redis_value(answer).map_err(|e| map_err(&link.described, e.into()))
+            }
+            _ => {
+                link.send(|mut conn| async move { call.send(&mut conn).await })
+                    .await
+            }
+        }
     }
 
     /// A call of `script` (one of ours that takes one key) on `key` with `args`.
