@@ -195,6 +195,9 @@ pub const LOCKER_ACL: &str = "locker on >s3cret ~leasehold:* &leasehold:* -@all 
 /// The name of a [`RedisServer`]'s Unix socket in its directory.
 const SOCKET: &str = "redis.sock";
 
+/// The server's log file, in its directory.
+const LOG: &str = "redis.log";
+
 /// Whether a [`RedisServer`] speaks TLS, and with which certificates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Tls<'a> {
@@ -224,12 +227,12 @@ impl RedisServer {
     /// # Panics
     /// When `redis-server` is missing or does not come up within 10 s.
     pub fn start() -> Self {
-        Self::start_on(free_port())
+        Self::launch(Tls::Off, &[])
     }
 
     /// Starts a server on `port` (to restart one in place).
     pub fn start_on(port: u16) -> Self {
-        Self::launch(port, Tls::Off, &[])
+        Self::launch_on(port, Tls::Off, &[]).unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// Starts a server with ACL users besides the default one (which stays usable without a
@@ -240,24 +243,33 @@ impl RedisServer {
             .iter()
             .flat_map(|u| std::iter::once("--user").chain(u.split(' ')))
             .collect();
-        Self::launch(free_port(), Tls::Off, &config)
+        Self::launch(Tls::Off, &config)
     }
 
     /// Starts a server that speaks only TLS, with a fresh CA and server certificate made by
     /// `openssl` in its directory; [`RedisServer::url`] then gives `rediss://…?ca=…`.
     pub fn start_tls() -> Self {
-        Self::launch(free_port(), Tls::Fresh, &[])
+        Self::launch(Tls::Fresh, &[])
     }
 
     /// [`RedisServer::start_tls`] with a server that requires a client certificate from its CA
     /// (`tls-auth-clients yes`, Redis's own default); [`RedisServer::url`] then adds `&cert=…&key=…`.
     pub fn start_mtls() -> Self {
-        let mut server = Self::launch(free_port(), Tls::Fresh, &["--tls-auth-clients", "yes"]);
+        let mut server = Self::launch(Tls::Fresh, &["--tls-auth-clients", "yes"]);
         server.mtls = true;
         server
     }
 
-    fn launch(port: u16, tls: Tls, config: &[&str]) -> Self {
+    /// Starts a server on a free port: up to three times, each on a new port (another process
+    /// can take a port between [`free_port`] and the server's bind — an outgoing connection's
+    /// ephemeral port, from the same range).
+    fn launch(tls: Tls, config: &[&str]) -> Self {
+        in_three_starts("redis-server", || Self::launch_on(free_port(), tls, config))
+    }
+
+    /// Starts a server on `port` and waits until it answers `PING`; an error (with the server's
+    /// log) when it exits or does not answer within 10 s.
+    fn launch_on(port: u16, tls: Tls, config: &[&str]) -> Result<Self, String> {
         let dir = server_dir("redis");
         let mut cmd = Command::new("redis-server");
         if tls != Tls::Off {
@@ -302,26 +314,43 @@ impl RedisServer {
             .arg(dir.path().join(SOCKET))
             .args(["--unixsocketperm", "700"])
             .args(["--daemonize", "no", "--loglevel", "warning"])
+            .arg("--logfile")
+            .arg(dir.path().join(LOG))
             .args(config)
             .stdout(Stdio::null())
             .stderr(Stdio::inherit());
         let child = spawn(cmd).unwrap_or_else(|e| {
             panic!("cannot start redis-server ({e}): install it with `apt-get install redis-server`, or run ./scripts/test which does")
         });
-        let server = RedisServer {
+        let mut server = RedisServer {
             port,
             tls: tls != Tls::Off,
             mtls: false,
             child: Some(child),
             dir,
         };
-        poll_until(
-            Duration::from_secs(10),
-            Duration::from_millis(5),
-            || server.ping(),
-            || format!("redis-server on port {port} did not answer PING within 10 s"),
-        );
-        server
+        let up = match server.child.take() {
+            Some(mut child) => {
+                let what = format!("redis-server on port {port}");
+                let up = wait_up(
+                    &mut child,
+                    &what,
+                    Duration::from_secs(10),
+                    Duration::from_millis(5),
+                    || server.ping(),
+                );
+                server.child = Some(child);
+                up
+            }
+            None => Ok(()),
+        };
+        match up {
+            Ok(()) => Ok(server),
+            Err(why) => Err(format!(
+                "{why}; its log:\n{}",
+                std::fs::read_to_string(server.dir.path().join(LOG)).unwrap_or_default()
+            )),
+        }
     }
 
     /// `redis://127.0.0.1:PORT/0` (or `rediss://…?ca=CA_FILE` for a TLS server).
@@ -610,11 +639,7 @@ impl SentinelSet {
             certs
         });
         let data_server = || match &certs {
-            Some(c) => RedisServer::launch(
-                free_port(),
-                Tls::From(c.path()),
-                &["--tls-replication", "yes"],
-            ),
+            Some(c) => RedisServer::launch(Tls::From(c.path()), &["--tls-replication", "yes"]),
             None => RedisServer::start(),
         };
         let primary = data_server();
@@ -626,8 +651,10 @@ impl SentinelSet {
                 .is_some_and(|r| r.starts_with("+OK") || r.starts_with("OK")),
             "REPLICAOF refused"
         );
+        // Each up to three times on a new port (another process can take one between `free_port`
+        // and the sentinel's bind), waiting until it answers `PING`.
         let sentinels: Vec<SentinelServer> = (0..3)
-            .map(|_| {
+            .map(|_| in_three_starts("redis-server --sentinel", || {
                 let dir = server_dir("sentinel");
                 let port = free_port();
                 let conf = dir.path().join("sentinel.conf");
@@ -663,14 +690,28 @@ impl SentinelSet {
                 let child = spawn(cmd).unwrap_or_else(|e| {
                     panic!("cannot start redis-server --sentinel ({e}): install redis-server, or run ./scripts/test which does")
                 });
-                SentinelServer {
+                let mut sentinel = SentinelServer {
                     port,
                     password: password.map(str::to_owned),
                     ca: certs.as_ref().map(|c| c.path().join("ca.crt")),
-                    child: Some(child),
+                    child: None,
                     _dir: dir,
-                }
-            })
+                };
+                let mut child = child;
+                let up = wait_up(
+                    &mut child,
+                    &format!("sentinel on port {port}"),
+                    Duration::from_secs(10),
+                    Duration::from_millis(5),
+                    || {
+                        sentinel
+                            .command(&["PING"])
+                            .is_some_and(|r| r.contains("PONG"))
+                    },
+                );
+                sentinel.child = Some(child);
+                up.map(|()| sentinel)
+            }))
             .collect();
         let set = SentinelSet {
             servers: vec![primary, replica],
@@ -829,9 +870,7 @@ impl RedisCluster {
         } else {
             Tls::Off
         };
-        let nodes: Vec<RedisServer> = (0..6)
-            .map(|_| RedisServer::launch(free_port(), mode, &config))
-            .collect();
+        let nodes: Vec<RedisServer> = (0..6).map(|_| RedisServer::launch(mode, &config)).collect();
         let mut create = Command::new("redis-cli");
         if tls {
             create
@@ -1373,7 +1412,7 @@ pub struct PostgresServer {
     pub port: u16,
     child: Option<Child>,
     bin: PathBuf,
-    dir: tempfile::TempDir,
+    _dir: tempfile::TempDir,
 }
 
 impl PostgresServer {
@@ -1412,46 +1451,57 @@ impl PostgresServer {
             "initdb failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let port = free_port();
-        let log = std::fs::File::create(dir.path().join("log"))
-            .unwrap_or_else(|e| panic!("postgres log: {e}"));
-        let mut cmd = Command::new(bin.join("postgres"));
-        cmd.arg("-D")
-            .arg(&data)
-            .args(["-p", &port.to_string(), "-k"])
-            .arg(dir.path())
-            .args(["-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"])
-            .args(["-c", "full_page_writes=off", "-c", "max_connections=200"])
-            .current_dir(dir.path())
-            .stdout(Stdio::null())
-            .stderr(log);
-        as_server(&mut cmd);
-        let child = spawn(cmd).unwrap_or_else(|e| panic!("cannot start postgres: {e}"));
-        let server = PostgresServer {
+        // Up to three starts, each on a new port: another process can take a port between
+        // `free_port` and the server's bind. The data directory is kept.
+        let started = in_three_starts("postgres", || {
+            let port = free_port();
+            let log = std::fs::File::create(dir.path().join("log"))
+                .unwrap_or_else(|e| panic!("postgres log: {e}"));
+            let mut cmd = Command::new(bin.join("postgres"));
+            cmd.arg("-D")
+                .arg(&data)
+                .args(["-p", &port.to_string(), "-k"])
+                .arg(dir.path())
+                .args(["-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"])
+                .args(["-c", "full_page_writes=off", "-c", "max_connections=200"])
+                .current_dir(dir.path())
+                .stdout(Stdio::null())
+                .stderr(log);
+            as_server(&mut cmd);
+            let mut child = spawn(cmd).unwrap_or_else(|e| panic!("cannot start postgres: {e}"));
+            // `pg_isready`: it accepts connections.
+            let ready = || {
+                Command::new(bin.join("pg_isready"))
+                    .args(["-q", "-h", "127.0.0.1", "-p", &port.to_string()])
+                    .status()
+                    .is_ok_and(|s| s.success())
+            };
+            let what = format!("postgres on port {port}");
+            match wait_up(
+                &mut child,
+                &what,
+                Duration::from_secs(30),
+                Duration::from_millis(20),
+                ready,
+            ) {
+                Ok(()) => Ok((port, child)),
+                Err(why) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    Err(format!(
+                        "{why}; its log:\n{}",
+                        std::fs::read_to_string(dir.path().join("log")).unwrap_or_default()
+                    ))
+                }
+            }
+        });
+        let (port, child) = started;
+        PostgresServer {
             port,
             child: Some(child),
             bin,
-            dir,
-        };
-        poll_until(
-            Duration::from_secs(30),
-            Duration::from_millis(20),
-            || server.ready(),
-            || {
-                format!(
-                    "postgres on port {port} not ready within 30 s; its log:\n{}",
-                    std::fs::read_to_string(server.dir.path().join("log")).unwrap_or_default()
-                )
-            },
-        );
-        server
-    }
-
-    fn ready(&self) -> bool {
-        Command::new(self.bin.join("pg_isready"))
-            .args(["-q", "-h", "127.0.0.1", "-p", &self.port.to_string()])
-            .status()
-            .is_ok_and(|s| s.success())
+            _dir: dir,
+        }
     }
 
     /// `postgres://postgres@127.0.0.1:PORT/DB`.
@@ -1499,4 +1549,27 @@ impl Drop for PostgresServer {
 pub fn shared_postgres() -> &'static PostgresServer {
     static SERVER: OnceLock<PostgresServer> = OnceLock::new();
     SERVER.get_or_init(PostgresServer::start)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    /// A port another process holds makes the start fail at once, with the server's own words
+    /// (and [`RedisServer::start`] then tries a new port).
+    #[test]
+    fn a_taken_port_fails_the_start_with_the_servers_log() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = taken.local_addr().unwrap().port();
+        let started = Instant::now();
+        let err = RedisServer::launch_on(port, Tls::Off, &[]).expect_err("the port is taken");
+        assert!(err.contains("exited"), "{err}");
+        assert!(
+            err.to_lowercase().contains("address already in use"),
+            "{err}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(5), "{err}");
+        assert!(RedisServer::start().ping());
+    }
 }
