@@ -583,6 +583,59 @@ async fn concurrent_calls_share_script_calls_and_keep_their_own_answers() {
     );
 }
 
+/// An acquisition dropped while it waits in the queue for a shared call is never sent: it takes no
+/// lease that nobody holds (until its TTL).
+#[tokio::test]
+async fn an_acquisition_dropped_in_the_queue_is_never_sent() {
+    let server = RedisServer::start();
+    let store = leasehold::open_store(&server.url()).await.unwrap();
+    let stem = leasehold_testkit::prefix("abandoned");
+    let reqs: Vec<_> = (0..8)
+        .map(|i| {
+            let key = leasehold::Key::new(format!("{stem}/{i}")).unwrap();
+            leasehold::AcquireRequest::new(key, "me", Duration::from_secs(30))
+        })
+        .collect();
+    // The scripts loaded, so that a batch takes one round trip (a first one reloads on NOSCRIPT).
+    let warm: Vec<_> = (0..8)
+        .map(|i| {
+            let key = leasehold::Key::new(format!("{stem}/warm/{i}")).unwrap();
+            leasehold::AcquireRequest::new(key, "me", Duration::from_secs(30))
+        })
+        .collect();
+    for answer in futures_util::future::join_all(warm.iter().map(|r| store.acquire(r))).await {
+        granted(answer.unwrap());
+    }
+    {
+        // Polled once: the first four go out on their own, the other four queue. Then dropped.
+        let mut all = std::pin::pin!(futures_util::future::join_all(
+            reqs.iter().map(|r| store.acquire(r))
+        ));
+        tokio::select! {
+            biased;
+            _ = &mut all => panic!("answered before the server could be asked"),
+            () = std::future::ready(()) => {}
+        }
+    }
+    // Round trips on the same connection: whatever the drop sent has reached the server.
+    for _ in 0..3 {
+        store.inspect(&reqs[0].key).await.unwrap();
+    }
+    for r in &reqs[4..] {
+        let counter = format!("leasehold:fence:{}", r.key.as_str());
+        assert_eq!(
+            server.command(&["EXISTS", &counter]).as_deref(),
+            Some(":0\r\n"),
+            "{counter} was incremented"
+        );
+        assert!(
+            store.inspect(&r.key).await.unwrap().is_none(),
+            "{} taken",
+            r.key
+        );
+    }
+}
+
 /// The server's clock in milliseconds, from `TIME`.
 fn server_ms(server: &RedisServer) -> u64 {
     let reply = server.command(&["TIME"]).unwrap();
