@@ -9,7 +9,7 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::sync::{Mutex, OnceLock};
@@ -135,6 +135,14 @@ fn wait_up(
         }
         std::thread::sleep(every);
     }
+}
+
+/// `why` a server did not start, with its log file `log` (empty if there is none).
+fn with_log(why: &str, log: &Path) -> String {
+    format!(
+        "{why}; its log:\n{}",
+        std::fs::read_to_string(log).unwrap_or_default()
+    )
 }
 
 /// A connection to `127.0.0.1:port`, unless nothing listens there — or the connection is to
@@ -319,37 +327,27 @@ impl RedisServer {
             .args(config)
             .stdout(Stdio::null())
             .stderr(Stdio::inherit());
-        let child = spawn(cmd).unwrap_or_else(|e| {
+        let mut child = spawn(cmd).unwrap_or_else(|e| {
             panic!("cannot start redis-server ({e}): install it with `apt-get install redis-server`, or run ./scripts/test which does")
         });
         let mut server = RedisServer {
             port,
             tls: tls != Tls::Off,
             mtls: false,
-            child: Some(child),
+            child: None,
             dir,
         };
-        let up = match server.child.take() {
-            Some(mut child) => {
-                let what = format!("redis-server on port {port}");
-                let up = wait_up(
-                    &mut child,
-                    &what,
-                    Duration::from_secs(10),
-                    Duration::from_millis(5),
-                    || server.ping(),
-                );
-                server.child = Some(child);
-                up
-            }
-            None => Ok(()),
-        };
+        let up = wait_up(
+            &mut child,
+            &format!("redis-server on port {port}"),
+            Duration::from_secs(10),
+            Duration::from_millis(5),
+            || server.ping(),
+        );
+        server.child = Some(child);
         match up {
             Ok(()) => Ok(server),
-            Err(why) => Err(format!(
-                "{why}; its log:\n{}",
-                std::fs::read_to_string(server.dir.path().join(LOG)).unwrap_or_default()
-            )),
+            Err(why) => Err(with_log(&why, &server.dir.path().join(LOG))),
         }
     }
 
@@ -687,7 +685,7 @@ impl SentinelSet {
                     .args(["--sentinel", "--daemonize", "no", "--loglevel", "warning"])
                     .stdout(Stdio::null())
                     .stderr(Stdio::inherit());
-                let child = spawn(cmd).unwrap_or_else(|e| {
+                let mut child = spawn(cmd).unwrap_or_else(|e| {
                     panic!("cannot start redis-server --sentinel ({e}): install redis-server, or run ./scripts/test which does")
                 });
                 let mut sentinel = SentinelServer {
@@ -697,7 +695,6 @@ impl SentinelSet {
                     child: None,
                     _dir: dir,
                 };
-                let mut child = child;
                 let up = wait_up(
                     &mut child,
                     &format!("sentinel on port {port}"),
@@ -1488,10 +1485,7 @@ impl PostgresServer {
                 Err(why) => {
                     let _ = child.kill();
                     let _ = child.wait();
-                    Err(format!(
-                        "{why}; its log:\n{}",
-                        std::fs::read_to_string(dir.path().join("log")).unwrap_or_default()
-                    ))
+                    Err(with_log(&why, &dir.path().join("log")))
                 }
             }
         });

@@ -103,8 +103,8 @@ local function server_ms()
 end
 "#;
 
-/// The acquire script's fast path, run before the [`PRELUDE`] (after [`SERVER_MS`]) (whose helpers it does not need):
-/// a key free and never waited for.
+/// The acquire script's fast path, run after [`SERVER_MS`] and before the [`PRELUDE`] (whose
+/// helpers it does not need): a key free and never waited for.
 ///
 /// KEYS: record, fence counter. ARGV: the record up to its fence (`{"key":…,"holder":…,
 /// "token":…,"fence":`), the record after its times (`,"ttl_ms":…,"waiter":null,…,"labels":…}`),
@@ -379,7 +379,20 @@ impl std::ops::DerefMut for ScriptCall {
 impl ScriptCall {
     /// Sends the call; on `NOSCRIPT` loads the script and sends it again.
     async fn send<T: ::redis::FromRedisValue>(&self, conn: &mut Conn) -> ::redis::RedisResult<T> {
-        match self.cmd.query_async(conn).await {
+        Ok(::redis::from_redis_value(
+            self.send_raw(conn).await?.extract_error()?,
+        )?)
+    }
+
+    /// [`ScriptCall::send`], answering the value as it came: an error reply to the call is an
+    /// error, errors inside its answer are left as values (a batched call's, one per operation).
+    async fn send_raw(&self, conn: &mut Conn) -> ::redis::RedisResult<::redis::Value> {
+        use ::redis::aio::ConnectionLike;
+        let top = |v: ::redis::Value| match v {
+            ::redis::Value::ServerError(e) => Err(::redis::RedisError::from(e)),
+            v => Ok(v),
+        };
+        match top(conn.req_packed_command(&self.cmd).await?) {
             Err(e)
                 if e.kind() == ::redis::ErrorKind::Server(::redis::ServerErrorKind::NoScript) =>
             {
@@ -388,7 +401,7 @@ impl ScriptCall {
                     .arg(&self.lua.0.body)
                     .query_async(conn)
                     .await?;
-                self.cmd.query_async(conn).await
+                top(conn.req_packed_command(&self.cmd).await?)
             }
             r => r,
         }

@@ -17,7 +17,6 @@
 
 use super::{map_err, read_only, shared_error, Conn, Link, Lua, ScriptCall};
 use crate::error::{Error, Result};
-use ::redis::aio::ConnectionLike;
 use ::redis::Value;
 use std::sync::Arc;
 
@@ -149,6 +148,11 @@ pub(super) async fn send(link: &Arc<Link>, batched: &Batched, call: &ScriptCall)
         link: link.clone(),
         lua: call.lua.clone(),
     };
+    alone(link, call).await
+}
+
+/// Sends `call` as its own call.
+async fn alone(link: &Arc<Link>, call: &ScriptCall) -> Result<Value> {
     link.send(|mut conn| async move { call.send::<Value>(&mut conn).await })
         .await
 }
@@ -190,32 +194,22 @@ impl Drop for Turn {
 /// and answers each.
 async fn run(turn: Turn, mut jobs: Vec<Queued>) {
     let link = &turn.link;
-    if turn
-        .lua
-        .batched()
-        .is_some_and(|b| leave_out_abandoned(b.lane))
-    {
+    let Some(batched) = turn.lua.batched() else {
+        return;
+    };
+    if leave_out_abandoned(batched.lane) {
         jobs.retain(|j| !j.reply.is_closed());
     }
-    if jobs.is_empty() {
-        return;
-    }
-    if jobs.len() == 1 {
+    if jobs.len() <= 1 {
         if let Some(job) = jobs.pop() {
             let call = ScriptCall {
                 lua: turn.lua.clone(),
                 cmd: job.cmd,
             };
-            let answer = link
-                .send(|mut conn| async move { call.send::<Value>(&mut conn).await })
-                .await;
-            let _ = job.reply.send(answer);
+            let _ = job.reply.send(alone(link, &call).await);
         }
         return;
     }
-    let Some(batched) = turn.lua.batched() else {
-        return;
-    };
     let call = batch_call(batched, &jobs);
     let answer = link
         .send(|mut conn| async move {
@@ -297,25 +291,9 @@ fn batch_call(batched: &Batched, jobs: &[Queued]) -> ScriptCall {
 }
 
 /// Sends a batched call and returns its answers, errors among them as values (a command's
-/// answer read the usual way turns any error inside it into an error of the whole call); on
-/// `NOSCRIPT` loads the script and sends it again.
+/// answer read the usual way turns any error inside it into an error of the whole call).
 async fn send_batch(call: &ScriptCall, conn: &mut Conn) -> ::redis::RedisResult<Vec<Value>> {
-    let top = |v: Value| match v {
-        Value::ServerError(e) => Err(::redis::RedisError::from(e)),
-        v => Ok(v),
-    };
-    let answer = match top(conn.req_packed_command(&call.cmd).await?) {
-        Err(e) if e.kind() == ::redis::ErrorKind::Server(::redis::ServerErrorKind::NoScript) => {
-            let _: String = ::redis::cmd("SCRIPT")
-                .arg("LOAD")
-                .arg(&call.lua.0.body)
-                .query_async(conn)
-                .await?;
-            top(conn.req_packed_command(&call.cmd).await?)?
-        }
-        r => r?,
-    };
-    match answer {
+    match call.send_raw(conn).await? {
         Value::Array(values) => Ok(values),
         other => Err((
             ::redis::ErrorKind::Client,
