@@ -590,19 +590,9 @@ async fn an_acquisition_dropped_in_the_queue_is_never_sent() {
     let server = RedisServer::start();
     let store = leasehold::open_store(&server.url()).await.unwrap();
     let stem = leasehold_testkit::prefix("abandoned");
-    let reqs: Vec<_> = (0..8)
-        .map(|i| {
-            let key = leasehold::Key::new(format!("{stem}/{i}")).unwrap();
-            leasehold::AcquireRequest::new(key, "me", Duration::from_secs(30))
-        })
-        .collect();
+    let reqs = requests(&stem, 8, Duration::from_secs(30));
     // The scripts loaded, so that a batch takes one round trip (a first one reloads on NOSCRIPT).
-    let warm: Vec<_> = (0..8)
-        .map(|i| {
-            let key = leasehold::Key::new(format!("{stem}/warm/{i}")).unwrap();
-            leasehold::AcquireRequest::new(key, "me", Duration::from_secs(30))
-        })
-        .collect();
+    let warm = requests(&format!("{stem}/warm"), 8, Duration::from_secs(30));
     for answer in futures_util::future::join_all(warm.iter().map(|r| store.acquire(r))).await {
         granted(answer.unwrap());
     }
@@ -634,6 +624,51 @@ async fn an_acquisition_dropped_in_the_queue_is_never_sent() {
             r.key
         );
     }
+}
+
+/// A call queued for a shared script call (four of its kind already wait for the server) is
+/// bounded by the store's timeout from the moment it is made, as a lone call is: not by the time
+/// the calls ahead of it take to run out of theirs plus its own.
+#[tokio::test]
+async fn a_queued_call_fails_within_the_stores_timeout() {
+    let server = RedisServer::start();
+    let timeout = Duration::from_secs(1);
+    let store = leasehold::open_store(&format!("{}?timeout=1s", server.url()))
+        .await
+        .unwrap();
+    let reqs = requests(
+        &leasehold_testkit::prefix("queued-timeout"),
+        5,
+        Duration::from_secs(2),
+    );
+    // Connected, so that the first calls wait for the server's answer, not for a connection.
+    store.inspect(&reqs[0].key).await.unwrap();
+    server.signal(libc::SIGSTOP);
+    // The first four go out on their own and hang; the fifth queues behind them.
+    let answers = futures_util::future::join_all(reqs.iter().map(|r| async {
+        let started = Instant::now();
+        (store.acquire(r).await, started.elapsed())
+    }))
+    .await;
+    server.signal(libc::SIGCONT);
+    for (i, (answer, took)) in answers.into_iter().enumerate() {
+        let e = answer.expect_err("the server is stopped");
+        assert!(e.is_retryable(), "call {i}: {e}");
+        assert!(
+            took < timeout + Duration::from_millis(500),
+            "call {i} failed after {took:?}, the store's timeout being {timeout:?}"
+        );
+    }
+}
+
+/// `n` acquisitions by "me" of keys `<stem>/0`, `<stem>/1`, … for `ttl`.
+fn requests(stem: &str, n: usize, ttl: Duration) -> Vec<leasehold::AcquireRequest> {
+    (0..n)
+        .map(|i| {
+            let key = leasehold::Key::new(format!("{stem}/{i}")).unwrap();
+            leasehold::AcquireRequest::new(key, "me", ttl)
+        })
+        .collect()
 }
 
 /// The server's clock in milliseconds, from `TIME`.

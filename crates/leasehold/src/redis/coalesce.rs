@@ -12,7 +12,8 @@
 //! reply) and the connection's per-request cost on the client: with 64 tasks acquiring and
 //! releasing, about a quarter more cycles a second (see the README's performance section). A
 //! queued call waits for one call of its lane to come back, then takes one round trip; the
-//! store's timeout bounds each of the two. An acquisition whose caller has gone before its batch
+//! store's timeout bounds the two together, from the moment the call is made, as it bounds a
+//! lone call. An acquisition whose caller has gone before its batch
 //! leaves is left out of it. Not on a cluster, whose script calls must keep to one slot.
 
 use super::{map_err, read_only, shared_error, Conn, Link, Lua, ScriptCall};
@@ -139,10 +140,16 @@ pub(super) async fn send(link: &Arc<Link>, batched: &Batched, call: &ScriptCall)
         }
     };
     if let Some(answer) = queued {
-        return answer.await.map_err(|_| Error::Unavailable {
-            store: link.described.clone(),
-            detail: "the call was dropped unsent (the runtime is shutting down)".into(),
-        })?;
+        // The store's timeout bounds the whole wait, from now, as it bounds a lone call. A call
+        // still queued when its caller gives up is left out of its batch if it acquires.
+        return match tokio::time::timeout(link.timeout, answer).await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(_)) => Err(Error::Unavailable {
+                store: link.described.clone(),
+                detail: "the call was dropped unsent (the runtime is shutting down)".into(),
+            }),
+            Err(_) => Err(Error::no_answer(link.described.clone())),
+        };
     }
     let _turn = Turn {
         link: link.clone(),
