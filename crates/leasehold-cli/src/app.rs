@@ -27,17 +27,24 @@ pub(crate) fn init_logging() {
         .try_init();
 }
 
-/// Runs the command and returns leasehold's exit code; failures are reported on stderr.
-pub(crate) fn main(cli: Cli) -> u8 {
-    let runtime = match tokio::runtime::Builder::new_current_thread()
+/// The single-threaded runtime leasehold runs on; `None` (told on stderr) if it cannot start.
+pub(crate) fn runtime() -> Option<tokio::runtime::Runtime> {
+    match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {
-        Ok(rt) => rt,
+        Ok(rt) => Some(rt),
         Err(e) => {
             exit::report(&format!("cannot start the async runtime: {e}"));
-            return ERROR;
+            None
         }
+    }
+}
+
+/// Runs the command and returns leasehold's exit code; failures are reported on stderr.
+pub(crate) fn main(cli: Cli) -> u8 {
+    let Some(runtime) = runtime() else {
+        return ERROR;
     };
     let result = runtime.block_on(async {
         let result = dispatch(cli).await;

@@ -312,8 +312,9 @@ pub(crate) enum QueueCommand {
     Cancel(QueueCancelArgs),
     /// Run tasks: claim them, take each key's lease, run the command with LEASEHOLD_TASK_ID,
     /// LEASEHOLD_KEY, LEASEHOLD_FENCE and LEASEHOLD_HOLDER in its environment, renew while it
-    /// runs, release when it ends. SIGTERM or SIGINT drains: no new tasks, running ones may finish
-    /// until --drain-timeout, then they are stopped.
+    /// runs, release when it ends. Whatever a task leaves running (a daemon in a new session
+    /// too) is killed when it ends, before the lease is released. SIGTERM or SIGINT drains: no
+    /// new tasks, running ones may finish until --drain-timeout, then they are stopped.
     Work(QueueWorkArgs),
 }
 

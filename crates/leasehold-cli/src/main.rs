@@ -14,6 +14,7 @@ mod queue;
 mod run;
 mod signals;
 mod store;
+mod supervise;
 mod tree;
 mod worker;
 
@@ -23,6 +24,12 @@ use std::process::ExitCode;
 fn main() -> ExitCode {
     if std::env::args_os().nth(1).is_some_and(|a| a == guard::ARG) {
         return guard::main();
+    }
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|a| a == supervise::ARG)
+    {
+        return supervise::main();
     }
     let cli = match cli::Cli::try_parse() {
         Ok(cli) => cli,

@@ -28,10 +28,6 @@ use std::time::Duration;
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
-/// How long killed leftovers of the command may take to exit before the lease is released
-/// anyway (SIGKILL cannot be caught; only an uninterruptible system call delays it).
-const SWEEP_LIMIT: Duration = Duration::from_secs(5);
-
 /// How supervision of the child ended.
 enum End {
     /// The child exited by itself.
@@ -201,7 +197,7 @@ pub(crate) async fn supervise(
         if let Some(g) = group_guard {
             g.finish().await;
         }
-        tree::sweep(SWEEP_LIMIT).await;
+        tree::sweep(tree::SWEEP_LIMIT).await;
     };
     let grace = command.grace;
     match end {

@@ -105,6 +105,10 @@ fn reap(pid: i32) {
     unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
 }
 
+/// How long killed leftovers of a command may take to exit before its lease is released anyway
+/// (SIGKILL cannot be caught; only an uninterruptible system call delays it).
+pub(crate) const SWEEP_LIMIT: Duration = Duration::from_secs(5);
+
 /// How often [`sweep`] looks again while killed processes are still exiting.
 const SWEEP_EVERY: Duration = Duration::from_millis(10);
 

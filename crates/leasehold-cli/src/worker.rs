@@ -13,13 +13,13 @@ use crate::queue::decode_command;
 use crate::run::{die_with_parent, stop_child};
 use crate::signals::{self, Forwarded};
 use crate::store;
+use crate::supervise;
 use leasehold::queue::{CancelReason, ClaimRequest, Outcome, QueueBackend, Task};
 use leasehold::{Error, Locks};
 use std::collections::HashMap;
 use std::os::unix::process::ExitStatusExt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::process::Command;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -268,22 +268,9 @@ async fn run_task_inner(ctx: &Ctx, task: Task, stop: &mut watch::Receiver<Option
             return;
         }
     }
-    let mut command = Command::new(&argv[0]);
-    command
-        .args(&argv[1..])
-        .env("LEASEHOLD_TASK_ID", task.id.to_string())
-        .env("LEASEHOLD_KEY", &task.key)
-        .env("LEASEHOLD_FENCE", guard.fence().to_string())
-        .env("LEASEHOLD_HOLDER", &ctx.worker)
-        .stdin(std::process::Stdio::null())
-        .kill_on_drop(true)
-        // Its own process group: stopping the task (timeout, cancel, drain) stops its children too.
-        .process_group(0);
-    die_with_parent(&mut command);
-    let mut child = match command.spawn() {
-        Ok(c) => c,
-        Err(e) => {
-            let why = format!("cannot start {:?}: {e}", argv[0]);
+    let (mut child, report) = match supervised(ctx, &task, &argv, guard.fence()) {
+        Ok(started) => started,
+        Err(why) => {
             exit::report(&format!("task {}: {why}", task.id));
             finish(ctx, &task, Outcome::Failed(why)).await;
             let _ = guard.release().await;
@@ -295,6 +282,9 @@ async fn run_task_inner(ctx: &Ctx, task: Task, stop: &mut watch::Receiver<Option
     let deadline = task
         .timeout_ms
         .map(|ms| Instant::now() + Duration::from_millis(ms));
+    // The supervisor is told to stop with the task's group, and kills the task itself once the
+    // grace has passed; it is killed only if it overruns.
+    let grace = ctx.grace + supervise::OVERRUN;
     let outcome = tokio::select! {
         biased;
         status = child.wait() => match status {
@@ -307,12 +297,12 @@ async fn run_task_inner(ctx: &Ctx, task: Task, stop: &mut watch::Receiver<Option
             Err(e) => Outcome::Failed(format!("cannot wait for the command: {e}")),
         },
         reason = guard.lost() => {
-            let _ = stop_child(&mut child, ctx.grace).await;
+            let _ = stop_child(&mut child, grace).await;
             Outcome::Failed(format!("the key's lease was lost: {reason}"))
         }
         _ = stop.changed() => {
             let why = *stop.borrow();
-            let _ = stop_child(&mut child, ctx.grace).await;
+            let _ = stop_child(&mut child, grace).await;
             match why {
                 Some(Stop::Timeout) => Outcome::Cancelled("timed out".into()),
                 Some(Stop::Drain) => Outcome::Cancelled("stopped: the worker was shutting down".into()),
@@ -320,13 +310,20 @@ async fn run_task_inner(ctx: &Ctx, task: Task, stop: &mut watch::Receiver<Option
             }
         }
         () = async { if let Some(d) = deadline { tokio::time::sleep_until(d).await } }, if deadline.is_some() => {
-            let _ = stop_child(&mut child, ctx.grace).await;
+            let _ = stop_child(&mut child, grace).await;
             Outcome::Cancelled("timed out".into())
         }
     };
     if let Some(g) = group_guard {
         g.finish().await;
     }
+    let outcome = match report.read() {
+        Some(why) => {
+            exit::report(&format!("task {}: {why}", task.id));
+            Outcome::Failed(why)
+        }
+        None => outcome,
+    };
     finish(ctx, &task, outcome).await;
     if let Err(e) = guard.release().await {
         exit::report(&format!(
@@ -334,4 +331,30 @@ async fn run_task_inner(ctx: &Ctx, task: Task, stop: &mut watch::Receiver<Option
             task.key
         ));
     }
+}
+
+/// Starts `argv` for `task` (its lease's fence `fence`) under a supervisor, so that what the task
+/// leaves running ends with it ([`supervise`]), in a process group of its own, so that stopping
+/// the task (timeout, cancel, drain) stops its children too.
+fn supervised(
+    ctx: &Ctx,
+    task: &Task,
+    argv: &[String],
+    fence: u64,
+) -> Result<(tokio::process::Child, supervise::Report), String> {
+    let (mut command, mut report) = supervise::command(argv, ctx.grace)
+        .map_err(|e| format!("cannot prepare the task's supervisor: {e}"))?;
+    command
+        .env("LEASEHOLD_TASK_ID", task.id.to_string())
+        .env("LEASEHOLD_KEY", &task.key)
+        .env("LEASEHOLD_FENCE", fence.to_string())
+        .env("LEASEHOLD_HOLDER", &ctx.worker)
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .process_group(0);
+    die_with_parent(&mut command);
+    let spawned = command.spawn();
+    report.started();
+    let child = spawned.map_err(|e| format!("cannot start the task's supervisor: {e}"))?;
+    Ok((child, report))
 }

@@ -502,6 +502,56 @@ fn cancel_and_timeout(s: Setup) {
     assert!(out.contains("2 cancelled"), "{out}");
 }
 
+#[test]
+fn what_a_task_leaves_running_ends_with_it() {
+    let s = Setup::new();
+    let dir = s.dir.path().display().to_string();
+    // Each task starts a daemon in a new session (out of the task's process group), writes its
+    // pid, and then exits (a) or runs past its timeout (b).
+    let daemon =
+        |name: &str, then: &str| format!("setsid sleep 60 & echo $! > '{dir}/{name}.pid'; {then}");
+    for (key, script, timeout) in [
+        ("a", daemon("a", "true"), None),
+        ("b", daemon("b", "sleep 30"), Some("300ms")),
+        // The next task on a: is a's daemon still there?
+        (
+            "a",
+            format!("if kill -0 \"$(cat '{dir}/a.pid')\" 2>/dev/null; then echo alive; else echo gone; fi > '{dir}/seen'"),
+            None,
+        ),
+    ] {
+        let mut args = vec!["queue", "add", "--key", key];
+        if let Some(t) = timeout {
+            args.extend(["--timeout", t]);
+        }
+        args.extend(["--", "sh", "-c", &script]);
+        let (code, _, err) = run(&s, &args);
+        assert_eq!(code, 0, "{err}");
+    }
+    let w = s.worker(0, &["--exit-when-idle", "--slots", "1", "--grace", "1s"]);
+    assert!(
+        wait_for(w, Duration::from_secs(20)).success(),
+        "{}",
+        s.worker_errors()
+    );
+    let seen = std::fs::read_to_string(s.dir.path().join("seen")).unwrap();
+    assert_eq!(
+        seen.trim(),
+        "gone",
+        "the next task on a ran beside a's daemon"
+    );
+    for name in ["a", "b"] {
+        let pid = std::fs::read_to_string(s.dir.path().join(format!("{name}.pid"))).unwrap();
+        let proc_dir = PathBuf::from(format!("/proc/{}", pid.trim()));
+        assert!(!proc_dir.exists(), "{name}'s daemon outlived its task");
+    }
+    let (_, out, _) = run(&s, &["queue", "ls", "--all", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v[0]["state"], "succeeded", "{v}");
+    assert_eq!(v[1]["detail"], "timed out", "{v}");
+    assert_eq!(v[2]["state"], "succeeded", "{v}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_of_100k_pending_tasks_answers_under_a_second() {
     status_of_100k(Setup::new()).await;
