@@ -112,6 +112,9 @@ pub(crate) async fn inspect(store: &dyn LockStore, key: Key, json: bool) -> Resu
     }
 }
 
+/// How soon `watch` looks again at a store that answered with a retryable error.
+const AWAY_RETRY: Duration = Duration::from_secs(1);
+
 /// `leasehold watch KEY`: the key's state now and at every change (holder, fence, state, waiter;
 /// not the renewals), until SIGTERM, SIGINT or SIGHUP (exit 0). A change is seen through the
 /// store's notification where it has one, at the lease's expiry, and at the latest `every`.
@@ -133,14 +136,15 @@ pub(crate) async fn watch(
         let now = now_ms();
         let seen = match store.inspect(&key).await {
             Ok(seen) => seen,
-            // A store briefly away (a restart, a failover): said once per outage, looked at again.
+            // A store briefly away (a restart, a failover): said once per outage, looked at again
+            // within a second, not a long `every` (its notifications may be gone with it).
             Err(e) if e.is_retryable() => {
                 if !away {
                     crate::exit::report(&format!("{e}; watching on"));
                     away = true;
                 }
                 tokio::select! {
-                    () = tokio::time::sleep(every) => continue,
+                    () = tokio::time::sleep(every.min(AWAY_RETRY)) => continue,
                     _ = signals.recv() => return Ok(OK),
                 }
             }

@@ -1719,6 +1719,55 @@ fn watch_tells_each_change_of_a_key() {
     assert_eq!(json.finish(LIMIT).code, Some(0));
 }
 
+/// `watch` through a failover whose old primary hangs (SIGSTOP: its connections stay open and
+/// silent), behind a name that moves (a TCP proxy repointed to the promoted replica): its
+/// subscription is found dead and made again, the store is looked at again within a second of
+/// answering, not after `--every` (30 s here), and a release on the new primary is seen.
+#[test]
+fn watch_follows_a_hung_failover_to_the_new_primary() {
+    use leasehold_testkit::{proxy::TcpProxy, servers::RedisServer};
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (old, new) = (RedisServer::start(), RedisServer::start());
+    assert!(new
+        .command(&["REPLICAOF", "127.0.0.1", &old.port.to_string()])
+        .is_some_and(|r| r.starts_with("+OK")));
+    rt.block_on(new.synced_as_replica());
+    let proxy = TcpProxy::start(old.port);
+    let url = format!("redis://127.0.0.1:{}/0?timeout=500ms", proxy.port);
+    let leasehold = |args: &[&str]| {
+        let mut c = bare();
+        c.args(["--store", &url]).args(args);
+        Proc::spawn(c)
+    };
+    let mut holder = leasehold(&["hold", "--key", "k", "--ttl", "30s"]);
+    holder.wait_line_starting("held k ");
+    let mut watch = leasehold(&["watch", "k", "--every", "30s"]);
+    watch.wait_line_starting("k held ");
+    rt.block_on(old.replicated_to(&new));
+
+    // The failover: the old primary hangs, the replica is promoted, the name moves.
+    old.signal(libc::SIGSTOP);
+    assert!(new
+        .command(&["REPLICAOF", "NO", "ONE"])
+        .is_some_and(|r| r.starts_with("+OK")));
+    proxy.point_to(new.port);
+    let out = leasehold(&["release", "--force", "k"]).finish(LIMIT);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let released = Instant::now();
+    // The record is gone (nobody waited for it), where the file store keeps it free.
+    watch.wait_line("k none");
+    let took = released.elapsed();
+    old.signal(libc::SIGCONT);
+    assert!(
+        took < Duration::from_secs(10),
+        "watch saw the release after {took:?}"
+    );
+    watch.signal(libc::SIGTERM);
+    assert_eq!(watch.finish(LIMIT).code, Some(0));
+    holder.close_stdin();
+    holder.finish(LIMIT);
+}
+
 #[test]
 fn bench_measures_the_store_and_leaves_nothing_held() {
     let s = Store::new();

@@ -387,6 +387,22 @@ impl RedisServer {
         })
     }
 
+    /// Waits until this server, a replica, is [synced](RedisServer::replica_synced).
+    ///
+    /// # Panics
+    /// When it has not within 10 s.
+    pub async fn synced_as_replica(&self) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !self.replica_synced() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "replica never synced: {}",
+                self.command(&["INFO", "replication"]).unwrap_or_default()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// A numeric field of `INFO replication` (`master_repl_offset`, `slave_repl_offset`).
     pub fn replication_offset(&self, field: &str) -> Option<u64> {
         let info = self.command(&["INFO", "replication"])?;

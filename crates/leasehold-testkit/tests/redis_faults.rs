@@ -1126,21 +1126,6 @@ async fn a_unix_socket_url_takes_the_database_user_and_password() {
     }
 }
 
-/// Waits until `replica` (after `REPLICAOF`) has its link to the primary up and has caught up.
-async fn await_replica_synced(replica: &RedisServer) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !replica.replica_synced() {
-        assert!(
-            Instant::now() < deadline,
-            "replica never synced: {}",
-            replica
-                .command(&["INFO", "replication"])
-                .unwrap_or_default()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 /// A failover as Sentinel or a managed service does it, through a name that moves (here a TCP
 /// proxy repointed to the promoted server, old connections left open as a DNS change leaves
 /// them): the old primary, demoted to a replica, answers writes with `READONLY`. The store
@@ -1172,7 +1157,7 @@ async fn failover_behind_a_moved_name(hangs: bool) {
     assert!(new
         .command(&["REPLICAOF", "127.0.0.1", &port(&old)])
         .is_some_and(|r| r.starts_with("+OK")));
-    await_replica_synced(&new).await;
+    new.synced_as_replica().await;
     let proxy = TcpProxy::start(old.port);
     // A hung server is noticed by a call running out of time: 500 ms, and the lease outlives it.
     let (timeout, ttl) = if hangs {
@@ -1204,7 +1189,7 @@ async fn failover_behind_a_moved_name(hangs: bool) {
         assert!(old
             .command(&["REPLICAOF", "127.0.0.1", &port(&new)])
             .is_some_and(|r| r.starts_with("+OK")));
-        await_replica_synced(&old).await;
+        old.synced_as_replica().await;
     }
     proxy.point_to(new.port);
 
@@ -1245,7 +1230,7 @@ async fn a_waiter_subscribed_before_a_hung_failover_hears_the_new_primary() {
     assert!(new
         .command(&["REPLICAOF", "127.0.0.1", &old.port.to_string()])
         .is_some_and(|r| r.starts_with("+OK")));
-    await_replica_synced(&new).await;
+    new.synced_as_replica().await;
     let proxy = TcpProxy::start(old.port);
     let url = format!("redis://127.0.0.1:{}/0?timeout=500ms", proxy.port);
     let key = "deaf";
