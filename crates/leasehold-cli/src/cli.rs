@@ -425,6 +425,12 @@ pub(crate) struct QueueWorkArgs {
     /// Exit once the whole queue has nothing pending or running.
     #[arg(long)]
     pub(crate) exit_when_idle: bool,
+
+    /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464): the queue's depth,
+    /// running tasks and slots (read at each scrape), this worker's started and finished tasks,
+    /// their wait and run times, and its leases (leasehold_acquire_*, leasehold_lost_total …).
+    #[arg(long, value_name = "ADDR")]
+    pub(crate) metrics: Option<std::net::SocketAddr>,
 }
 
 /// Parses a priority.

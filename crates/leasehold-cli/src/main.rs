@@ -9,6 +9,7 @@ mod elect;
 mod exit;
 mod guard;
 mod hold;
+mod metrics;
 mod output;
 mod queue;
 mod run;

@@ -14,6 +14,7 @@ use crate::run::{die_with_parent, stop_child};
 use crate::signals::{self, Forwarded};
 use crate::store;
 use crate::supervise;
+use leasehold::queue::metrics::QueueMetrics;
 use leasehold::queue::{CancelReason, ClaimRequest, Outcome, QueueBackend, Task};
 use leasehold::{Error, Locks};
 use std::collections::HashMap;
@@ -44,6 +45,8 @@ struct Ctx {
     lease_wait: Duration,
     grace: Duration,
     stops: Mutex<HashMap<u64, watch::Sender<Option<Stop>>>>,
+    /// With `--metrics`.
+    metrics: Option<QueueMetrics>,
 }
 
 impl Ctx {
@@ -83,11 +86,35 @@ pub(crate) async fn work(
 ) -> Result<u8, Failure> {
     let mut signals = Forwarded::install()
         .map_err(|e| Failure::error(format!("cannot install signal handlers: {e}")))?;
-    let locks = Locks::from_arc(store::open(store_url).await?);
-    let worker = locks.holder().as_str().to_owned();
     if args.ttl < Duration::from_millis(30) {
         return Err(Failure::usage("--ttl must be at least 30ms"));
     }
+    let mut locks = Locks::from_arc(store::open(store_url).await?);
+    let metrics = match args.metrics {
+        Some(addr) => {
+            let registry = prometheus::Registry::new();
+            let e = |e: Error| Failure::error(format!("cannot set up the metrics: {e}"));
+            locks = locks
+                .with_metrics(leasehold::Metrics::register("leasehold", &registry).map_err(e)?);
+            let m = QueueMetrics::register("leasehold", &registry).map_err(e)?;
+            let (q, observed) = (queue.clone(), m.clone());
+            crate::metrics::serve(addr, registry, move || {
+                let (q, observed) = (q.clone(), observed.clone());
+                async move {
+                    match q.status().await {
+                        Ok(s) => observed.observe(&s),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "metrics: cannot read the queue status")
+                        }
+                    }
+                }
+            })
+            .await?;
+            Some(m)
+        }
+        None => None,
+    };
+    let worker = locks.holder().as_str().to_owned();
     let ctx = Arc::new(Ctx {
         queue: queue.clone(),
         locks: locks.clone(),
@@ -96,6 +123,7 @@ pub(crate) async fn work(
         lease_wait: args.lease_wait.unwrap_or(args.ttl * 2),
         grace: args.grace,
         stops: Mutex::new(HashMap::new()),
+        metrics,
     });
     let req = ClaimRequest {
         worker: worker.clone(),
@@ -176,6 +204,9 @@ pub(crate) async fn work(
             },
             _ = recover.tick() => match queue.recover(args.aging).await {
                 Ok(r) => {
+                    if let Some(m) = &ctx.metrics {
+                        m.recovered(&r);
+                    }
                     for id in &r.requeued { tracing::warn!(task = id, "a dead worker's task was requeued"); }
                     for id in &r.failed { tracing::warn!(task = id, "a dead worker's task was marked failed"); }
                 }
@@ -203,7 +234,11 @@ async fn run_task(ctx: Arc<Ctx>, task: Task, mut stop: watch::Receiver<Option<St
         .remove(&id);
 }
 
-async fn finish(ctx: &Ctx, task: &Task, outcome: Outcome) {
+/// Records the end of `task` with `outcome`, after it ran for `ran` (zero: it never started).
+async fn finish(ctx: &Ctx, task: &Task, outcome: Outcome, ran: Duration) {
+    if let Some(m) = &ctx.metrics {
+        m.finished(&outcome, ran);
+    }
     match ctx.queue.finish(task.id, &ctx.worker, &outcome).await {
         Ok(true) => {
             tracing::info!(task = task.id, key = %task.key, outcome = ?outcome, "task ended");
@@ -224,7 +259,13 @@ async fn run_task_inner(ctx: &Ctx, task: Task, stop: &mut watch::Receiver<Option
         Ok(argv) => argv,
         Err(e) => {
             exit::report(&format!("task {}: corrupt payload: {e}", task.id));
-            return finish(ctx, &task, Outcome::Failed(format!("corrupt payload: {e}"))).await;
+            return finish(
+                ctx,
+                &task,
+                Outcome::Failed(format!("corrupt payload: {e}")),
+                Duration::ZERO,
+            )
+            .await;
         }
     };
     let builder = match ctx.locks.lock(&task.key) {
@@ -232,12 +273,12 @@ async fn run_task_inner(ctx: &Ctx, task: Task, stop: &mut watch::Receiver<Option
             .ttl(ctx.ttl)
             .wait(ctx.lease_wait)
             .label("task", task.id.to_string()),
-        Err(e) => return finish(ctx, &task, Outcome::Failed(e.to_string())).await,
+        Err(e) => return finish(ctx, &task, Outcome::Failed(e.to_string()), Duration::ZERO).await,
     };
     let guard = tokio::select! {
         g = builder.acquire() => g,
         _ = stop.changed() => {
-            return finish(ctx, &task, Outcome::Cancelled("stopped while waiting for the key's lease".into())).await;
+            return finish(ctx, &task, Outcome::Cancelled("stopped while waiting for the key's lease".into()), Duration::ZERO).await;
         }
     };
     let guard = match guard {
@@ -256,7 +297,11 @@ async fn run_task_inner(ctx: &Ctx, task: Task, stop: &mut watch::Receiver<Option
         }
     };
     match ctx.queue.started(task.id, &ctx.worker, guard.fence()).await {
-        Ok(true) => {}
+        Ok(true) => {
+            if let Some(m) = &ctx.metrics {
+                m.started(&task, leasehold::record::now_ms());
+            }
+        }
         Ok(false) => {
             let _ = guard.release().await;
             return;
@@ -268,11 +313,12 @@ async fn run_task_inner(ctx: &Ctx, task: Task, stop: &mut watch::Receiver<Option
             return;
         }
     }
+    let started = Instant::now();
     let (mut child, report) = match supervised(ctx, &task, &argv, guard.fence()) {
         Ok(started) => started,
         Err(why) => {
             exit::report(&format!("task {}: {why}", task.id));
-            finish(ctx, &task, Outcome::Failed(why)).await;
+            finish(ctx, &task, Outcome::Failed(why), Duration::ZERO).await;
             let _ = guard.release().await;
             return;
         }
@@ -324,7 +370,7 @@ async fn run_task_inner(ctx: &Ctx, task: Task, stop: &mut watch::Receiver<Option
         }
         None => outcome,
     };
-    finish(ctx, &task, outcome).await;
+    finish(ctx, &task, outcome, started.elapsed()).await;
     if let Err(e) = guard.release().await {
         exit::report(&format!(
             "cannot release the lease on {:?}: {e}; it expires by its TTL",

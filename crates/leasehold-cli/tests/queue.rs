@@ -552,6 +552,97 @@ fn what_a_task_leaves_running_ends_with_it() {
     assert_eq!(v[2]["state"], "succeeded", "{v}");
 }
 
+/// `queue work --metrics ADDR` serves the queue's depth and this worker's work and leases in the
+/// Prometheus text format.
+#[test]
+fn a_worker_serves_its_metrics() {
+    let s = Setup::new();
+    let add = |args: &[&str]| {
+        let mut all = vec!["queue", "add"];
+        all.extend_from_slice(args);
+        let (code, _, err) = run(&s, &all);
+        assert_eq!(code, 0, "{err}");
+    };
+    add(&["--key", "a", "--", "true"]);
+    add(&["--key", "a", "--", "false"]);
+    add(&["--key", "b", "--timeout", "300ms", "--", "sleep", "30"]);
+    let port = leasehold_testkit::servers::free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let w = s.worker(
+        0,
+        &[
+            "--slots",
+            "1",
+            "--grace",
+            "1s",
+            "--drain-timeout",
+            "100ms",
+            "--metrics",
+            &addr,
+        ],
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let await_states = |want: &[&str]| loop {
+        let (_, out, _) = run(&s, &["queue", "ls", "--all", "--json"]);
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let states: Vec<&str> = v
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["state"].as_str().unwrap_or_default())
+            .collect();
+        if states == want {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "states {states:?}, waiting for {want:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    await_states(&["succeeded", "failed", "cancelled"]);
+    // One task runs in the only slot, two wait behind it.
+    add(&["--key", "z", "--", "sleep", "30"]);
+    await_states(&["succeeded", "failed", "cancelled", "running"]);
+    add(&["--key", "y", "--", "true"]);
+    add(&["--key", "x", "--priority", "high", "--", "true"]);
+
+    let (code, text) = leasehold_testkit::servers::http_get(port, "/metrics").unwrap();
+    assert_eq!(code, 200, "{text}");
+    for line in [
+        "leasehold_queue_running 1",
+        "leasehold_queue_slots 1",
+        "leasehold_queue_workers 1",
+        "leasehold_queue_pending{priority=\"high\"} 1",
+        "leasehold_queue_pending{priority=\"normal\"} 1",
+        "leasehold_queue_pending{priority=\"low\"} 0",
+        "leasehold_queue_tasks_started_total 4",
+        "leasehold_queue_tasks_finished_total{outcome=\"succeeded\"} 1",
+        "leasehold_queue_tasks_finished_total{outcome=\"failed\"} 1",
+        "leasehold_queue_tasks_finished_total{outcome=\"cancelled\"} 1",
+        "leasehold_queue_task_run_seconds_count 3",
+        "leasehold_queue_task_wait_seconds_count 4",
+        "leasehold_acquire_success_total 4",
+        "leasehold_releases_total 3",
+    ] {
+        assert!(text.contains(line), "{line} missing from\n{text}");
+    }
+    let (code, _) = leasehold_testkit::servers::http_get(port, "/").unwrap();
+    assert_eq!(code, 404);
+    let (code, _) =
+        leasehold_testkit::servers::http_request(port, "POST", "/metrics", &[], "").unwrap();
+    assert_eq!(code, 405);
+
+    // SIGTERM drains: the running task is stopped after the drain timeout, the worker exits 0.
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(w.id() as i32, libc::SIGTERM) };
+    assert!(
+        wait_for(w, Duration::from_secs(20)).success(),
+        "{}",
+        s.worker_errors()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_of_100k_pending_tasks_answers_under_a_second() {
     status_of_100k(Setup::new()).await;

@@ -1,0 +1,183 @@
+//! `--metrics ADDR`: the process's Prometheus metrics at `http://ADDR/metrics`, in the text format.
+//!
+//! A small HTTP/1.1 server: one request per connection (`Connection: close`), `GET` or `HEAD` of
+//! `/metrics` (a query string is ignored); any other path is 404, any other method 405, a request
+//! that is not HTTP, too long (8 KiB) or too slow (5 s) is answered 400 or dropped. Before each
+//! answer a refresh sets the metrics read at scrape time (a queue's depth).
+
+use crate::exit::Failure;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// The longest request head read.
+const MOST: usize = 8 * 1024;
+
+/// How long a client may take to send its request.
+const READ_LIMIT: Duration = Duration::from_secs(5);
+
+/// Listens on `addr` (bound before this returns, so that a taken port fails the command) and
+/// serves `registry` in the background, running `refresh` before each answer.
+pub(crate) async fn serve<F, Fut>(
+    addr: SocketAddr,
+    registry: prometheus::Registry,
+    refresh: F,
+) -> Result<(), Failure>
+where
+    F: Fn() -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = ()> + Send,
+{
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|e| Failure::error(format!("cannot serve metrics on {addr}: {e}")))?;
+    tracing::info!(addr = %addr, "serving metrics at /metrics");
+    let shared = Arc::new((registry, refresh));
+    tokio::spawn(async move {
+        loop {
+            match listener.accept().await {
+                Ok((conn, _)) => {
+                    let shared = shared.clone();
+                    tokio::spawn(async move {
+                        let (registry, refresh) = &*shared;
+                        if let Err(e) = answer(conn, registry, refresh).await {
+                            tracing::debug!(error = %e, "metrics request failed");
+                        }
+                    });
+                }
+                Err(e) => {
+                    // Out of descriptors, say: a pause, not a busy loop.
+                    tracing::warn!(error = %e, "cannot accept a metrics connection");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    });
+    Ok(())
+}
+
+/// Reads one request from `conn` and answers it.
+async fn answer<F, Fut>(
+    mut conn: TcpStream,
+    registry: &prometheus::Registry,
+    refresh: &F,
+) -> std::io::Result<()>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let head = match tokio::time::timeout(READ_LIMIT, read_head(&mut conn)).await {
+        Ok(head) => head?,
+        Err(_) => return Ok(()),
+    };
+    let (status, body) = match route(head.as_deref()) {
+        Route::Metrics { head_only } => {
+            refresh().await;
+            let text = leasehold::Metrics::render(registry);
+            (
+                "200 OK",
+                if head_only {
+                    (text.len(), None)
+                } else {
+                    (text.len(), Some(text))
+                },
+            )
+        }
+        Route::Status(status) => (status, (status.len() + 1, Some(format!("{status}\n")))),
+    };
+    let (length, text) = body;
+    let mut out = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n\
+         Content-Length: {length}\r\nConnection: close\r\n\r\n"
+    );
+    if let Some(text) = text {
+        out.push_str(&text);
+    }
+    conn.write_all(out.as_bytes()).await?;
+    conn.shutdown().await
+}
+
+/// The request head (up to the blank line), or `None` when it is too long or the connection
+/// ended first.
+async fn read_head(conn: &mut TcpStream) -> std::io::Result<Option<String>> {
+    let mut buf = Vec::with_capacity(512);
+    let mut chunk = [0u8; 1024];
+    loop {
+        let n = conn.read(&mut chunk).await?;
+        if n == 0 {
+            return Ok(None);
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        if buf.windows(4).any(|w| w == b"\r\n\r\n") || buf.windows(2).any(|w| w == b"\n\n") {
+            return Ok(String::from_utf8(buf).ok());
+        }
+        if buf.len() > MOST {
+            return Ok(None);
+        }
+    }
+}
+
+/// What a request asks for.
+#[derive(Debug, PartialEq, Eq)]
+enum Route {
+    Metrics { head_only: bool },
+    Status(&'static str),
+}
+
+/// Routes a request by its head (`None`: unreadable).
+fn route(head: Option<&str>) -> Route {
+    let Some(line) = head.and_then(|h| h.lines().next()) else {
+        return Route::Status("400 Bad Request");
+    };
+    let mut parts = line.split(' ');
+    let (Some(method), Some(target), Some(version)) = (parts.next(), parts.next(), parts.next())
+    else {
+        return Route::Status("400 Bad Request");
+    };
+    if !version.starts_with("HTTP/1.") {
+        return Route::Status("400 Bad Request");
+    }
+    let path = target.split('?').next().unwrap_or_default();
+    match (method, path) {
+        ("GET" | "HEAD", "/metrics") => Route::Metrics {
+            head_only: method == "HEAD",
+        },
+        (_, "/metrics") => Route::Status("405 Method Not Allowed"),
+        _ => Route::Status("404 Not Found"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_are_routed_by_method_and_path() {
+        let r = |s: &str| route(Some(s));
+        assert_eq!(
+            r("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"),
+            Route::Metrics { head_only: false }
+        );
+        assert_eq!(
+            r("GET /metrics?x=1 HTTP/1.0\r\n\r\n"),
+            Route::Metrics { head_only: false }
+        );
+        assert_eq!(
+            r("HEAD /metrics HTTP/1.1\r\n\r\n"),
+            Route::Metrics { head_only: true }
+        );
+        assert_eq!(
+            r("POST /metrics HTTP/1.1\r\n\r\n"),
+            Route::Status("405 Method Not Allowed")
+        );
+        assert_eq!(r("GET / HTTP/1.1\r\n\r\n"), Route::Status("404 Not Found"));
+        assert_eq!(r("garbage\r\n\r\n"), Route::Status("400 Bad Request"));
+        assert_eq!(
+            r("GET /metrics SPDY\r\n\r\n"),
+            Route::Status("400 Bad Request")
+        );
+        assert_eq!(route(None), Route::Status("400 Bad Request"));
+    }
+}
