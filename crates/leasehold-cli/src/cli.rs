@@ -128,6 +128,10 @@ pub(crate) struct LeaseArgs {
     /// A label stored with the lease (repeatable), e.g. --label task=nightly.
     #[arg(long = "label", value_name = "NAME=VALUE", value_parser = parse_label)]
     pub(crate) labels: Vec<(String, String)>,
+    /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464): this process's
+    /// lease metrics (leasehold_acquire_*, leasehold_renewals_total, leasehold_lost_total …).
+    #[arg(long, value_name = "ADDR")]
+    pub(crate) metrics: Option<std::net::SocketAddr>,
 }
 
 /// Options of `run`.
@@ -189,6 +193,12 @@ pub(crate) struct ElectArgs {
     /// A label stored with the lease (repeatable), e.g. --label pod=web-1.
     #[arg(long = "label", value_name = "NAME=VALUE", value_parser = parse_label)]
     pub(crate) labels: Vec<(String, String)>,
+
+    /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464): leasehold_leader
+    /// (1 while this candidate leads, else 0) and its lease metrics (leasehold_acquire_*,
+    /// leasehold_lost_total …).
+    #[arg(long, value_name = "ADDR")]
+    pub(crate) metrics: Option<std::net::SocketAddr>,
 
     /// The command the leader runs, and its arguments (after `--`); none: just hold the lease.
     #[arg(value_name = "CMD", trailing_var_arg = true)]

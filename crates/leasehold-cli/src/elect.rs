@@ -10,11 +10,12 @@
 use crate::admin::key_arg;
 use crate::cli::ElectArgs;
 use crate::exit::{self, Failure, LOST, OK};
+use crate::metrics;
 use crate::output::{clean, print};
 use crate::run::{self, Ended, Supervised};
 use crate::signals::{self, Forwarded};
-use crate::store;
-use leasehold::{Key, LeaseGuard, Locks, LostReason, Wait};
+use leasehold::{Key, LeaseGuard, LostReason, Wait};
+use prometheus::IntGauge;
 use serde_json::json;
 
 /// `leasehold elect`.
@@ -22,7 +23,15 @@ pub(crate) async fn elect(store_url: Option<&str>, args: ElectArgs) -> Result<u8
     let key = key_arg(&args.key)?;
     let mut signals = Forwarded::install()
         .map_err(|e| Failure::error(format!("cannot install signal handlers: {e}")))?;
-    let locks = Locks::from_arc(store::open(store_url).await?);
+    let registry = metrics::registry(args.metrics);
+    let locks = metrics::locks(store_url, registry.as_ref()).await?;
+    let leader = IntGauge::new("leasehold_leader", "1 while this candidate leads, else 0")
+        .map_err(metrics::setup_failed)?;
+    if let Some(r) = &registry {
+        r.register(Box::new(leader.clone()))
+            .map_err(metrics::setup_failed)?;
+    }
+    metrics::serve_given(args.metrics, registry).await?;
     let command = args
         .command
         .split_first()
@@ -45,6 +54,7 @@ pub(crate) async fn elect(store_url: Option<&str>, args: ElectArgs) -> Result<u8
             builder = builder.label(name, value);
         }
         let guard = run::obtain(builder, &key, false, &mut signals).await?;
+        leader.set(1);
         events.elected(&key, &guard)?;
         let ended = match &command {
             Some(command) => run::supervise(&locks, &guard, &key, command, &mut signals).await?,
@@ -56,6 +66,7 @@ pub(crate) async fn elect(store_url: Option<&str>, args: ElectArgs) -> Result<u8
                 hold_until(&guard, &key, &events, stop).await?
             }
         };
+        leader.set(0);
         match ended {
             Ended::Status(code) => return Ok(code),
             Ended::Lost(reason) => {

@@ -6,6 +6,9 @@
 //! answer a refresh sets the metrics read at scrape time (a queue's depth).
 
 use crate::exit::Failure;
+use crate::store;
+use leasehold::Locks;
+use prometheus::Registry;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -19,11 +22,48 @@ const MOST: usize = 8 * 1024;
 /// How long a client may take to send its request.
 const READ_LIMIT: Duration = Duration::from_secs(5);
 
+/// The registry of `--metrics ADDR`, if given.
+pub(crate) fn registry(addr: Option<SocketAddr>) -> Option<Registry> {
+    addr.map(|_| Registry::new())
+}
+
+/// `Locks` over the store at `store_url` (the default store without one); with `registry`, its
+/// lease metrics (`leasehold_acquire_…`, `leasehold_lost_total` …) are recorded there.
+pub(crate) async fn locks(
+    store_url: Option<&str>,
+    registry: Option<&Registry>,
+) -> Result<Locks, Failure> {
+    let locks = Locks::from_arc(store::open(store_url).await?);
+    match registry {
+        Some(r) => {
+            Ok(locks
+                .with_metrics(leasehold::Metrics::register("leasehold", r).map_err(setup_failed)?))
+        }
+        None => Ok(locks),
+    }
+}
+
+/// A metric that could not be registered.
+pub(crate) fn setup_failed(e: impl std::fmt::Display) -> Failure {
+    Failure::error(format!("cannot set up the metrics: {e}"))
+}
+
+/// [`serve`] for `--metrics ADDR` when given, with nothing read at scrape time.
+pub(crate) async fn serve_given(
+    addr: Option<SocketAddr>,
+    registry: Option<Registry>,
+) -> Result<(), Failure> {
+    match (addr, registry) {
+        (Some(addr), Some(registry)) => serve(addr, registry, || async {}).await,
+        _ => Ok(()),
+    }
+}
+
 /// Listens on `addr` (bound before this returns, so that a taken port fails the command) and
 /// serves `registry` in the background, running `refresh` before each answer.
 pub(crate) async fn serve<F, Fut>(
     addr: SocketAddr,
-    registry: prometheus::Registry,
+    registry: Registry,
     refresh: F,
 ) -> Result<(), Failure>
 where
@@ -61,7 +101,7 @@ where
 /// Reads one request from `conn` and answers it.
 async fn answer<F, Fut>(
     mut conn: TcpStream,
-    registry: &prometheus::Registry,
+    registry: &Registry,
     refresh: &F,
 ) -> std::io::Result<()>
 where

@@ -15,9 +15,9 @@ use crate::admin::key_arg;
 use crate::cli::{LeaseArgs, RunArgs};
 use crate::exit::{self, Failure, CANNOT_EXECUTE, ERROR, LOST, NOT_FOUND, SIGNAL_BASE};
 use crate::guard::Guard;
+use crate::metrics;
 use crate::signals::SignalArg;
 use crate::signals::{self, Forwarded, Received};
-use crate::store;
 use crate::tree;
 use leasehold::{Error, Key, LeaseGuard, LockBuilder, Locks, LostReason, Released, Wait};
 use std::ffi::OsString;
@@ -50,7 +50,9 @@ pub(crate) async fn run(store_url: Option<&str>, args: RunArgs) -> Result<u8, Fa
     // while the command runs they are forwarded to it.
     let mut signals = Forwarded::install()
         .map_err(|e| Failure::error(format!("cannot install signal handlers: {e}")))?;
-    let locks = Locks::from_arc(store::open(store_url).await?);
+    let registry = metrics::registry(args.lease.metrics);
+    let locks = metrics::locks(store_url, registry.as_ref()).await?;
+    metrics::serve_given(args.lease.metrics, registry).await?;
     let builder = lease_builder(&locks, &key, &args.lease);
     let guard = obtain(builder, &key, args.lease.no_wait, &mut signals).await?;
     let command = Supervised {

@@ -12,7 +12,6 @@ use crate::guard::Guard;
 use crate::queue::decode_command;
 use crate::run::{die_with_parent, stop_child};
 use crate::signals::{self, Forwarded};
-use crate::store;
 use crate::supervise;
 use leasehold::queue::metrics::QueueMetrics;
 use leasehold::queue::{CancelReason, ClaimRequest, Outcome, QueueBackend, Task};
@@ -89,14 +88,12 @@ pub(crate) async fn work(
     if args.ttl < Duration::from_millis(30) {
         return Err(Failure::usage("--ttl must be at least 30ms"));
     }
-    let mut locks = Locks::from_arc(store::open(store_url).await?);
-    let metrics = match args.metrics {
-        Some(addr) => {
-            let registry = prometheus::Registry::new();
-            let e = |e: Error| Failure::error(format!("cannot set up the metrics: {e}"));
-            locks = locks
-                .with_metrics(leasehold::Metrics::register("leasehold", &registry).map_err(e)?);
-            let m = QueueMetrics::register("leasehold", &registry).map_err(e)?;
+    let registry = crate::metrics::registry(args.metrics);
+    let locks = crate::metrics::locks(store_url, registry.as_ref()).await?;
+    let metrics = match (args.metrics, registry) {
+        (Some(addr), Some(registry)) => {
+            let m = QueueMetrics::register("leasehold", &registry)
+                .map_err(crate::metrics::setup_failed)?;
             let (q, observed) = (queue.clone(), m.clone());
             crate::metrics::serve(addr, registry, move || {
                 let (q, observed) = (q.clone(), observed.clone());
@@ -112,7 +109,7 @@ pub(crate) async fn work(
             .await?;
             Some(m)
         }
-        None => None,
+        _ => None,
     };
     let worker = locks.holder().as_str().to_owned();
     let ctx = Arc::new(Ctx {

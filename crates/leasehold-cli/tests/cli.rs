@@ -1768,6 +1768,56 @@ fn watch_follows_a_hung_failover_to_the_new_primary() {
     holder.finish(LIMIT);
 }
 
+/// `--metrics ADDR` on `elect` (and `run`, `hold`): the lease metrics and, for a candidate,
+/// `leasehold_leader`, scraped over HTTP; a taken address fails the command at once.
+#[test]
+fn candidates_serve_their_metrics() {
+    use leasehold_testkit::servers::{free_port, http_get};
+    let s = Store::new();
+    let scrape = |port: u16| {
+        let (code, text) = http_get(port, "/metrics").unwrap();
+        assert_eq!(code, 200, "{text}");
+        text
+    };
+    let (pa, pb) = (free_port(), free_port());
+    let candidate = |port: u16| {
+        let addr = format!("127.0.0.1:{port}");
+        s.spawn(["elect", "--key", "lead", "--ttl", "2s", "--metrics", &addr])
+    };
+    let mut a = candidate(pa);
+    a.wait_line_starting("elected lead ");
+    let text = scrape(pa);
+    assert!(text.contains("leasehold_leader 1"), "{text}");
+    assert!(text.contains("leasehold_acquire_success_total 1"), "{text}");
+    let mut b = candidate(pb);
+    // b campaigns: serving (once started), not leading.
+    let deadline = Instant::now() + LIMIT;
+    while !http_get(pb, "/metrics")
+        .is_some_and(|(_, text)| text.contains("leasehold_acquire_attempts_total 1"))
+    {
+        assert!(Instant::now() < deadline, "b never campaigned");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(scrape(pb).contains("leasehold_leader 0"));
+    a.signal(libc::SIGTERM);
+    assert_eq!(a.finish(LIMIT).code, Some(0));
+    b.wait_line_starting("elected lead ");
+    let text = scrape(pb);
+    assert!(text.contains("leasehold_leader 1"), "{text}");
+    assert!(text.contains("leasehold_acquire_success_total 1"), "{text}");
+
+    // The address b serves on is taken: another command fails at once, saying so.
+    let taken = format!("127.0.0.1:{pb}");
+    let out = s.output(["run", "--key", "other", "--metrics", &taken, "--", "true"]);
+    assert_eq!(out.code, Some(1), "{out:?}");
+    assert!(
+        out.one_stderr_line().contains("cannot serve metrics"),
+        "{out:?}"
+    );
+    b.signal(libc::SIGTERM);
+    assert_eq!(b.finish(LIMIT).code, Some(0));
+}
+
 #[test]
 fn bench_measures_the_store_and_leaves_nothing_held() {
     let s = Store::new();
