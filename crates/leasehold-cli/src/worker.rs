@@ -231,8 +231,8 @@ async fn run_task(ctx: Arc<Ctx>, task: Task, mut stop: watch::Receiver<Option<St
         .remove(&id);
 }
 
-/// Records the end of `task` with `outcome`, after it ran for `ran` (zero: it never started).
-async fn finish(ctx: &Ctx, task: &Task, outcome: Outcome, ran: Duration) {
+/// Records the end of `task` with `outcome`, after it ran for `ran` (`None`: it never started).
+async fn finish(ctx: &Ctx, task: &Task, outcome: Outcome, ran: Option<Duration>) {
     if let Some(m) = &ctx.metrics {
         m.finished(&outcome, ran);
     }
@@ -260,7 +260,7 @@ async fn run_task_inner(ctx: &Ctx, task: Task, stop: &mut watch::Receiver<Option
                 ctx,
                 &task,
                 Outcome::Failed(format!("corrupt payload: {e}")),
-                Duration::ZERO,
+                None,
             )
             .await;
         }
@@ -270,12 +270,12 @@ async fn run_task_inner(ctx: &Ctx, task: Task, stop: &mut watch::Receiver<Option
             .ttl(ctx.ttl)
             .wait(ctx.lease_wait)
             .label("task", task.id.to_string()),
-        Err(e) => return finish(ctx, &task, Outcome::Failed(e.to_string()), Duration::ZERO).await,
+        Err(e) => return finish(ctx, &task, Outcome::Failed(e.to_string()), None).await,
     };
     let guard = tokio::select! {
         g = builder.acquire() => g,
         _ = stop.changed() => {
-            return finish(ctx, &task, Outcome::Cancelled("stopped while waiting for the key's lease".into()), Duration::ZERO).await;
+            return finish(ctx, &task, Outcome::Cancelled("stopped while waiting for the key's lease".into()), None).await;
         }
     };
     let guard = match guard {
@@ -315,7 +315,7 @@ async fn run_task_inner(ctx: &Ctx, task: Task, stop: &mut watch::Receiver<Option
         Ok(started) => started,
         Err(why) => {
             exit::report(&format!("task {}: {why}", task.id));
-            finish(ctx, &task, Outcome::Failed(why), Duration::ZERO).await;
+            finish(ctx, &task, Outcome::Failed(why), None).await;
             let _ = guard.release().await;
             return;
         }
@@ -367,7 +367,7 @@ async fn run_task_inner(ctx: &Ctx, task: Task, stop: &mut watch::Receiver<Option
         }
         None => outcome,
     };
-    finish(ctx, &task, outcome, started.elapsed()).await;
+    finish(ctx, &task, outcome, Some(started.elapsed())).await;
     if let Err(e) = guard.release().await {
         exit::report(&format!(
             "cannot release the lease on {:?}: {e}; it expires by its TTL",

@@ -139,15 +139,18 @@ impl QueueMetrics {
             .observe(Duration::from_millis(waited).as_secs_f64());
     }
 
-    /// Counts a task ended with `outcome` after running for `ran`.
-    pub fn finished(&self, outcome: &Outcome, ran: Duration) {
+    /// Counts a task ended with `outcome`, after running for `ran` (`None`: ended before it
+    /// started, e.g. cancelled while waiting for its key's lease; no run time is observed).
+    pub fn finished(&self, outcome: &Outcome, ran: Option<Duration>) {
         let label = match outcome {
             Outcome::Succeeded => "succeeded",
             Outcome::Failed(_) => "failed",
             Outcome::Cancelled(_) => "cancelled",
         };
         self.finished.with_label_values(&[label]).inc();
-        self.run_seconds.observe(ran.as_secs_f64());
+        if let Some(ran) = ran {
+            self.run_seconds.observe(ran.as_secs_f64());
+        }
     }
 
     /// Counts what a [`recover`](super::QueueBackend::recover) call did.
@@ -182,11 +185,12 @@ mod tests {
             keys_total: 7,
             ..Status::default()
         });
-        m.finished(&Outcome::Succeeded, Duration::from_millis(20));
+        m.finished(&Outcome::Succeeded, Some(Duration::from_millis(20)));
         m.finished(
             &Outcome::Cancelled("timed out".into()),
-            Duration::from_secs(1),
+            Some(Duration::from_secs(1)),
         );
+        m.finished(&Outcome::Failed("corrupt payload".into()), None);
         m.recovered(&Recovered {
             requeued: vec![1, 2],
             ..Recovered::default()
@@ -201,6 +205,8 @@ mod tests {
             "t_queue_workers 0",
             "t_queue_tasks_finished_total{outcome=\"succeeded\"} 1",
             "t_queue_tasks_finished_total{outcome=\"cancelled\"} 1",
+            "t_queue_tasks_finished_total{outcome=\"failed\"} 1",
+            "t_queue_tasks_finished_total{outcome=\"failed\"} 1",
             "t_queue_task_run_seconds_count 2",
             "t_queue_recovered_total{action=\"requeued\"} 2",
         ] {
