@@ -23,6 +23,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 /// Why a runner must stop its task.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -146,7 +147,9 @@ pub(crate) async fn work(
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
                         .insert(task.id, tx);
-                    runners.spawn(run_task(ctx.clone(), task, rx));
+                    // Every log line of the task's run names it (LEASEHOLD_LOG=info).
+                    let span = tracing::info_span!("leasehold.task", id = task.id, key = %task.key);
+                    runners.spawn(run_task(ctx.clone(), task, rx).instrument(span));
                 }
                 Ok(None) => break,
                 Err(e) => {
