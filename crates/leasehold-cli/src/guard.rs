@@ -5,11 +5,14 @@
 //! children running while the lease runs out and another holder starts: two copies of the work
 //! under one lock. The direct child dies with leasehold (`PR_SET_PDEATHSIG`), but that reaches
 //! no further. The guard is `leasehold` itself, started as `leasehold __guard` with the read end
-//! of a pipe as its stdin; leasehold holds the only write end. When leasehold exits, the kernel
-//! closes the write end, the guard reads end-of-file and sends SIGKILL to its own process group,
-//! which is the command's. Because the guard is a member of that group, the group id cannot be
-//! reused by an unrelated process while the guard runs. The guard ignores the termination signals
-//! leasehold forwards to the group; only the final SIGKILL ends it.
+//! of a pipe as its stdin; leasehold holds the only write end. It is started first, as the leader
+//! of a new process group, and the command is then started in that group: there is no moment in
+//! which the command runs unguarded (a guard started after the command missed a leasehold killed
+//! in between). When leasehold exits, the kernel closes the write end, the guard reads end-of-file
+//! and sends SIGKILL to its own process group, which is the command's. Because the guard leads
+//! that group, the group id cannot be reused by an unrelated process while the guard runs. The
+//! guard ignores the termination signals leasehold sends to the group; only the final SIGKILL
+//! ends it.
 
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd};
@@ -39,19 +42,9 @@ pub(crate) struct Guard {
 }
 
 impl Guard {
-    /// [`Guard::spawn`] for a child that leads its process group (`None`: already reaped); a
-    /// guard that cannot start is logged, and the command runs unguarded.
-    pub(crate) fn for_group(pgid: Option<u32>) -> Option<Guard> {
-        Guard::spawn(pgid?)
-            .map_err(|e| {
-                tracing::warn!(error = %e, "cannot start the process-group guard; the command's children may outlive leasehold");
-            })
-            .ok()
-    }
-
-    /// Starts a guard in the process group `pgid` (the command's, led by our unreaped child).
-    pub(crate) fn spawn(pgid: u32) -> io::Result<Guard> {
-        let pgid = crate::signals::pid(pgid)?;
+    /// Starts a guard as the leader of a new process group, for a command to be started in it
+    /// (`process_group(guard.pgid())`).
+    pub(crate) fn lead() -> io::Result<Guard> {
         let mut fds = [0; 2];
         // SAFETY: pipe2(2) writes two descriptors into `fds`.
         if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } == -1 {
@@ -66,24 +59,41 @@ impl Guard {
             .arg(ARG)
             .stdin(Stdio::from(read))
             .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        // SAFETY: setpgid(2) and signal(2) are async-signal-safe; called between fork and exec.
-        // Ignored dispositions survive exec.
+            .stderr(Stdio::null())
+            .process_group(0);
+        // SAFETY: signal(2) is async-signal-safe; called between fork and exec. Ignored
+        // dispositions survive exec.
         unsafe {
-            command.pre_exec(move || {
-                if libc::setpgid(0, pgid) == -1 {
-                    return Err(io::Error::last_os_error());
-                }
+            command.pre_exec(|| {
                 for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT] {
                     libc::signal(sig, libc::SIG_IGN);
                 }
                 Ok(())
             });
         }
+        let process = command.spawn()?;
+        if process.id().is_none() {
+            return Err(io::Error::other("the group guard exited at once"));
+        }
         Ok(Guard {
-            process: command.spawn()?,
+            process,
             pipe: Some(write),
         })
+    }
+
+    /// [`Guard::lead`], or `None` (logged: the command's children may then outlive leasehold)
+    /// when it cannot start.
+    pub(crate) fn try_lead() -> Option<Guard> {
+        Guard::lead()
+            .map_err(|e| {
+                tracing::warn!(error = %e, "cannot start the process-group guard; the command's children may outlive leasehold");
+            })
+            .ok()
+    }
+
+    /// The process group the guard leads: the command's to be.
+    pub(crate) fn pgid(&self) -> Option<i32> {
+        self.process.id().and_then(|p| i32::try_from(p).ok())
     }
 
     /// The guard's pid (`None`: reaped already).

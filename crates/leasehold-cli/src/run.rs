@@ -1,13 +1,13 @@
 //! `leasehold run`: a command run while holding a lease.
 //!
-//! When leasehold's stdin is not a terminal (services, cron, CI) the child leads a process group
-//! of its own, and termination signals (forwarded ones, SIGTERM on a lost lease, SIGKILL after the
+//! When leasehold's stdin is not a terminal (services, cron, CI) the child runs in a process group
+//! of its own (led by its group guard, started just before it), and termination signals (forwarded ones, SIGTERM on a lost lease, SIGKILL after the
 //! grace period) go to that whole group, so a shell script's children stop with it. On a terminal
 //! the child stays in leasehold's group, so interactive commands keep the terminal (and a Ctrl-C,
 //! which the terminal sends to that whole group, is not forwarded a second time). The
 //! `--on-handoff` signal goes to the child alone. Signals are sent by pid (or process-group id, the
-//! child's pid), which is safe against reuse because the child is not reaped before we stop
-//! signalling it. The command dies with leasehold (`PR_SET_PDEATHSIG`), and its process group
+//! guard's pid, or the child's without a guard), which is safe against reuse because neither is
+//! reaped before we stop signalling it. The command dies with leasehold (`PR_SET_PDEATHSIG`), and its process group
 //! with it ([`crate::guard`]). When the command ends, whatever it left running — in its group or
 //! not (`setsid`), on a terminal too — is killed before the lease is released ([`crate::tree`]).
 
@@ -143,8 +143,11 @@ pub(crate) async fn supervise(
         .env("LEASEHOLD_HOLDER", locks.holder().as_str());
     // SAFETY: isatty(3) only inspects the descriptor.
     let own_group = unsafe { libc::isatty(0) } == 0;
+    // Nor do the command's own children: the guard, started first as the leader of the group the
+    // command joins, kills the group once leasehold ends, however it ends.
+    let group_guard = own_group.then(Guard::try_lead).flatten();
     if own_group {
-        child_command.process_group(0);
+        child_command.process_group(group_guard.as_ref().and_then(Guard::pgid).unwrap_or(0));
     }
     // The command never outlives leasehold: a leasehold that is killed cannot release, and the
     // lease's expiry would let another holder start next to it.
@@ -171,8 +174,6 @@ pub(crate) async fn supervise(
         }
     };
 
-    // Nor do the command's own children (the guard kills the group once leasehold ends).
-    let group_guard = Guard::for_group(child.id().filter(|_| own_group));
     let keep: Vec<u32> = [child.id(), group_guard.as_ref().and_then(Guard::id)]
         .into_iter()
         .flatten()
@@ -281,15 +282,20 @@ fn forward(child: &Child, sig: Received) {
     stop_signal(child, sig.signal);
 }
 
-/// Sends a termination signal `sig` to the child's process group when the child leads one (see the
-/// module docs), else to the child alone; nothing once it has been reaped.
+/// Sends a termination signal `sig` to the child's process group when it has one of its own (led
+/// by the child or by its group guard; see the module docs), else to the child alone; nothing
+/// once it has been reaped.
 pub(crate) fn stop_signal(child: &Child, sig: libc::c_int) {
     let Some(pid) = child.id() else { return };
-    let own_group = signals::group_of(pid).is_some_and(|g| u32::try_from(g) == Ok(pid));
-    let sent = if own_group {
-        signals::send_group(pid, sig)
-    } else {
-        signals::send(pid, sig)
+    // SAFETY: getpgrp(2) only reads.
+    let ours = unsafe { libc::getpgrp() };
+    let group = signals::group_of(pid)
+        .filter(|g| *g != ours)
+        .and_then(|g| u32::try_from(g).ok());
+    let own_group = group.is_some();
+    let sent = match group {
+        Some(g) => signals::send_group(g, sig),
+        None => signals::send(pid, sig),
     };
     match sent {
         Ok(()) => {

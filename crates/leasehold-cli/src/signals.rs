@@ -85,7 +85,8 @@ pub(crate) fn send(pid: u32, sig: libc::c_int) -> io::Result<()> {
     kill(pid, false, sig)
 }
 
-/// Sends `sig` to the process group `pgid` (a child that leads its own group); a group that is
+/// Sends `sig` to the process group `pgid` (led by a child of ours: a command or its group
+/// guard); a group that is
 /// already gone is not an error.
 pub(crate) fn send_group(pgid: u32, sig: libc::c_int) -> io::Result<()> {
     kill(pgid, true, sig)
@@ -111,7 +112,7 @@ pub(crate) fn group_of(pid: u32) -> Option<libc::pid_t> {
 fn kill(id: u32, group: bool, sig: libc::c_int) -> io::Result<()> {
     let id = pid(id)?;
     // SAFETY: kill(2) has no memory-safety preconditions. `id` is our own unreaped child's pid
-    // (> 1), or the group it leads: it cannot name a recycled pid, and a group target is never
+    // (> 1), or the group such a child leads: it cannot name a recycled pid, and a group target is never
     // -1 ("every process").
     if unsafe { libc::kill(if group { -id } else { id }, sig) } == 0 {
         return Ok(());

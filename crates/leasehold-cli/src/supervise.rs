@@ -1,25 +1,31 @@
 //! The task supervisor: the process a queue worker runs each task under, so that whatever the
 //! task leaves running ends with the task — before its lease is released and the next task on
-//! its key starts — a daemon in a new session (`setsid`) included.
+//! its key starts — a daemon in a new session (`setsid`) included, and even when the worker is
+//! killed with SIGKILL.
 //!
 //! The worker runs `leasehold __supervise GRACE_MS -- CMD…` (this binary, through
-//! `/proc/self/exe`) as the leader of the task's process group. The supervisor makes itself the
-//! child subreaper of its descendants ([`crate::tree`]) and starts the command in that group.
-//! A process of the task whose parent exits is re-parented to the supervisor, not to the worker
-//! (where it could not be told apart from another task's) nor to init. Once the command has
-//! exited, the supervisor kills what is left, generation by generation ([`tree::sweep`]), and
-//! exits as the command did: its exit code, or the same signal.
+//! `/proc/self/exe`) in a process group of its own. The supervisor makes itself the child
+//! subreaper of its descendants ([`crate::tree`]) and starts the command in another process
+//! group, guarded as `leasehold run` guards its command's ([`crate::guard`]). A process of the
+//! task whose parent exits is re-parented to the supervisor, not to the worker (where it could not
+//! be told apart from another task's) nor to init. Once the command has exited, the supervisor
+//! kills what is left of its group and, generation by generation, everything else it started
+//! ([`tree::sweep`]), and exits as the command did: its exit code, or the same signal.
 //!
-//! The worker stops a task by signalling its process group (SIGTERM): the command gets the
-//! signal, and the supervisor, which gets it too, waits up to GRACE_MS for the command to exit
-//! before it kills it (SIGKILL), then sweeps. A command that cannot start is reported to the
-//! worker on descriptor 3 (a pipe), one line, and the supervisor exits 127.
+//! The worker stops a task by sending the supervisor SIGTERM: the supervisor passes it to the
+//! command's group and, once GRACE_MS has passed, kills the group (SIGKILL), then sweeps. When the
+//! worker dies, the kernel sends the supervisor SIGTERM too (`PR_SET_PDEATHSIG`); with the worker
+//! gone, the supervisor kills the command at once (its lease is no longer renewed) and sweeps. A
+//! command that cannot start is reported to the worker on descriptor 3 (a pipe), one line, and the
+//! supervisor exits 127.
 //!
-//! Limit: a worker killed with SIGKILL kills the task's process group (its group guard) and the
-//! supervisor with it; what left the group by then is not swept, as with `leasehold run`.
+//! Limit: a supervisor itself killed with SIGKILL (the worker's last resort when it overruns the
+//! grace by [`OVERRUN`], or the OOM killer) takes the command and its process group with it (the
+//! command dies with its parent; the group guard kills the group), but not what left the group.
 
 use crate::exit::{self, NOT_FOUND};
-use crate::run::die_with_parent;
+use crate::guard::Guard;
+use crate::run::{die_with_parent, stop_signal};
 use crate::tree;
 use std::ffi::OsString;
 use std::io::{self, Read, Write};
@@ -157,6 +163,13 @@ async fn supervise(
     argv: &[OsString],
     report: Option<std::fs::File>,
 ) -> Result<ExitStatus, u8> {
+    // SAFETY: getppid(2) only reads.
+    let worker = unsafe { libc::getppid() };
+    // The worker's death is a SIGTERM here (not the SIGKILL it asked for), so that the task is
+    // still swept; SAFETY: prctl(2) sets a flag of this process.
+    if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) } == -1 {
+        tracing::warn!(error = %io::Error::last_os_error(), "cannot watch for the worker's death");
+    }
     if let Err(e) = tree::become_subreaper() {
         tracing::warn!(error = %e, "cannot become the task's subreaper; processes that leave its group may outlive it");
     }
@@ -175,8 +188,16 @@ async fn supervise(
         exit::report(&format!("cannot watch for exited processes: {e}"));
         exit::ERROR
     })?;
+    if !worker_alive(worker) {
+        // Gone before the handlers were in place: the task does not start.
+        return Err(exit::ERROR);
+    }
+    // The command's process group, led by its guard, ends with the supervisor, however it ends.
+    let group_guard = Guard::try_lead();
     let mut command = Command::new(&argv[0]);
-    command.args(&argv[1..]);
+    command
+        .args(&argv[1..])
+        .process_group(group_guard.as_ref().and_then(Guard::pgid).unwrap_or(0));
     die_with_parent(&mut command);
     let mut child = match command.spawn() {
         Ok(child) => child,
@@ -190,28 +211,88 @@ async fn supervise(
         }
     };
     drop(report);
-    let keep: Vec<u32> = child.id().into_iter().collect();
-    let mut kill_at: Option<Instant> = None;
-    let mut killed = false;
+    let keep: Vec<u32> = [child.id(), group_guard.as_ref().and_then(Guard::id)]
+        .into_iter()
+        .flatten()
+        .collect();
+    let mut stopping = Stopping {
+        grace,
+        worker,
+        kill_at: None,
+        killed: false,
+    };
     let status = loop {
         tokio::select! {
             status = child.wait() => break status,
-            Some(()) = term.recv() => kill_at = kill_at.or(Some(Instant::now() + grace)),
-            Some(()) = int.recv() => kill_at = kill_at.or(Some(Instant::now() + grace)),
-            Some(()) = hup.recv() => kill_at = kill_at.or(Some(Instant::now() + grace)),
+            Some(()) = term.recv() => stopping.asked(&child),
+            Some(()) = int.recv() => stopping.asked(&child),
+            Some(()) = hup.recv() => stopping.asked(&child),
             Some(()) = orphans.recv() => tree::reap_orphans(&keep),
-            () = async { if let Some(at) = kill_at { tokio::time::sleep_until(at).await } }, if kill_at.is_some() && !killed => {
+            () = stopping.due(), if stopping.pending() => {
                 tracing::warn!(grace = %humantime::format_duration(grace), "the task did not exit in time; sending SIGKILL");
-                killed = true;
-                let _ = child.start_kill();
+                stopping.kill(&child);
             }
         }
     };
+    if let Some(g) = group_guard {
+        g.finish().await;
+    }
     tree::sweep(tree::SWEEP_LIMIT).await;
     status.map_err(|e| {
         exit::report(&format!("cannot wait for the task: {e}"));
         exit::ERROR
     })
+}
+
+/// Whether `worker` is still this process's parent.
+fn worker_alive(worker: libc::pid_t) -> bool {
+    // SAFETY: getppid(2) only reads.
+    let parent = unsafe { libc::getppid() };
+    parent == worker
+}
+
+/// How the command is being stopped.
+struct Stopping {
+    grace: Duration,
+    /// The worker's pid: a termination signal after it is gone means it died.
+    worker: libc::pid_t,
+    /// When the command gets SIGKILL, once asked to stop.
+    kill_at: Option<Instant>,
+    killed: bool,
+}
+
+impl Stopping {
+    /// A termination signal: the worker stops the task (SIGTERM to the command's group, SIGKILL
+    /// after the grace), or the worker died (SIGKILL at once: its lease is no longer renewed).
+    fn asked(&mut self, child: &tokio::process::Child) {
+        if !worker_alive(self.worker) {
+            tracing::warn!("the worker is gone; killing the task");
+            return self.kill(child);
+        }
+        if self.kill_at.is_none() {
+            stop_signal(child, libc::SIGTERM);
+            self.kill_at = Some(Instant::now() + self.grace);
+        }
+    }
+
+    fn kill(&mut self, child: &tokio::process::Child) {
+        if !self.killed {
+            self.killed = true;
+            stop_signal(child, libc::SIGKILL);
+        }
+    }
+
+    /// Whether a SIGKILL is due later.
+    fn pending(&self) -> bool {
+        self.kill_at.is_some() && !self.killed
+    }
+
+    /// Until the SIGKILL is due.
+    async fn due(&self) {
+        if let Some(at) = self.kill_at {
+            tokio::time::sleep_until(at).await;
+        }
+    }
 }
 
 /// Exits as `status` says the command did: with its code, or killed by its signal.

@@ -8,7 +8,6 @@
 
 use crate::cli::QueueWorkArgs;
 use crate::exit::{self, Failure, OK};
-use crate::guard::Guard;
 use crate::queue::decode_command;
 use crate::run::{die_with_parent, stop_child};
 use crate::signals::{self, Forwarded};
@@ -323,12 +322,10 @@ async fn run_task_inner(ctx: &Ctx, task: Task, stop: &mut watch::Receiver<Option
             return;
         }
     };
-    // What the task leaves running ends with it, and with the worker even if it is killed.
-    let group_guard = Guard::for_group(child.id());
     let deadline = task
         .timeout_ms
         .map(|ms| Instant::now() + Duration::from_millis(ms));
-    // The supervisor is told to stop with the task's group, and kills the task itself once the
+    // The supervisor is told to stop (SIGTERM), passes it on and kills the task itself once the
     // grace has passed; it is killed only if it overruns.
     let grace = ctx.grace + supervise::OVERRUN;
     let outcome = tokio::select! {
@@ -360,9 +357,6 @@ async fn run_task_inner(ctx: &Ctx, task: Task, stop: &mut watch::Receiver<Option
             Outcome::Cancelled("timed out".into())
         }
     };
-    if let Some(g) = group_guard {
-        g.finish().await;
-    }
     let outcome = match report.read() {
         Some(why) => {
             exit::report(&format!("task {}: {why}", task.id));
@@ -380,8 +374,9 @@ async fn run_task_inner(ctx: &Ctx, task: Task, stop: &mut watch::Receiver<Option
 }
 
 /// Starts `argv` for `task` (its lease's fence `fence`) under a supervisor, so that what the task
-/// leaves running ends with it ([`supervise`]), in a process group of its own, so that stopping
-/// the task (timeout, cancel, drain) stops its children too.
+/// leaves running ends with it, also when the worker is killed ([`supervise`]). The supervisor
+/// gets a process group of its own (the signals stopping the task go to it alone), and starts
+/// the command in another.
 fn supervised(
     ctx: &Ctx,
     task: &Task,

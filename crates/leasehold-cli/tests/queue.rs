@@ -552,6 +552,53 @@ fn what_a_task_leaves_running_ends_with_it() {
     assert_eq!(v[2]["state"], "succeeded", "{v}");
 }
 
+/// A worker killed with SIGKILL takes its task with it — the command, its process group and a
+/// daemon it started in a new session — so a rerun of the task never runs beside them.
+#[test]
+fn a_killed_worker_s_task_leaves_nothing_running() {
+    let s = Setup::new();
+    let dir = s.dir.path().display().to_string();
+    let script = format!(
+        "setsid sleep 60 & echo $! > '{dir}/daemon.pid'; sleep 60 & echo $! > '{dir}/child.pid'; \
+         echo $$ > '{dir}/task.pid'; wait"
+    );
+    let (code, _, err) = run(
+        &s,
+        &["queue", "add", "--key", "a", "--", "sh", "-c", &script],
+    );
+    assert_eq!(code, 0, "{err}");
+    let w = s.worker(0, &[]);
+    let pid_of = |name: &str| {
+        std::fs::read_to_string(s.dir.path().join(format!("{name}.pid")))
+            .ok()
+            .and_then(|p| p.trim().parse::<i32>().ok())
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while pid_of("task").is_none() {
+        assert!(Instant::now() < deadline, "the task never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(w.id() as i32, libc::SIGKILL) };
+    wait_for(w, Duration::from_secs(20));
+    for name in ["task", "child", "daemon"] {
+        let pid = pid_of(name).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while PathBuf::from(format!("/proc/{pid}")).exists()
+            && !std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|st| {
+                st.rsplit_once(')')
+                    .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
+            })
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the task's {name} (pid {pid}) outlived its killed worker"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
 /// `queue work --metrics ADDR` serves the queue's depth and this worker's work and leases in the
 /// Prometheus text format.
 #[test]
