@@ -44,12 +44,13 @@ pub(crate) const ARG: &str = "__supervise";
 const REPORT_FD: RawFd = 3;
 
 /// How much longer than its grace the worker gives a supervisor that was told to stop before it
-/// kills the task's process group itself: the supervisor's own sweep, and a margin.
+/// kills the supervisor (SIGKILL; its group guard then kills the command's group): the
+/// supervisor's own sweep, and a margin.
 pub(crate) const OVERRUN: Duration = Duration::from_secs(6);
 
 /// The command that runs `argv` under a supervisor that gives it `grace` to exit once told to
 /// stop, and the read end of the pipe on which a command that could not start is reported
-/// ([`report`]). The write end stays open in this process until the returned [`Report`] is told
+/// ([`Report::read`]). The write end stays open in this process until the returned [`Report`] is told
 /// the supervisor has started ([`Report::started`]).
 pub(crate) fn command(argv: &[String], grace: Duration) -> io::Result<(Command, Report)> {
     let mut fds = [0; 2];
