@@ -1806,6 +1806,20 @@ fn candidates_serve_their_metrics() {
     assert!(text.contains("leasehold_leader 1"), "{text}");
     assert!(text.contains("leasehold_acquire_success_total 1"), "{text}");
 
+    // Garbage and an endless request head are answered 400, and the server goes on.
+    let raw = |bytes: &[u8]| {
+        use std::io::{Read, Write};
+        let mut c = std::net::TcpStream::connect(("127.0.0.1", pb)).unwrap();
+        c.set_read_timeout(Some(LIMIT)).unwrap();
+        c.write_all(bytes).unwrap();
+        let mut answer = String::new();
+        let _ = c.read_to_string(&mut answer);
+        answer
+    };
+    assert!(raw(b"hello\r\n\r\n").starts_with("HTTP/1.1 400"));
+    assert!(raw(&[0xff; 9000]).starts_with("HTTP/1.1 400"));
+    assert!(scrape(pb).contains("leasehold_leader 1"));
+
     // The address b serves on is taken: another command fails at once, saying so.
     let taken = format!("127.0.0.1:{pb}");
     let out = s.output(["run", "--key", "other", "--metrics", &taken, "--", "true"]);
