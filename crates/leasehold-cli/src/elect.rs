@@ -10,7 +10,7 @@
 use crate::admin::key_arg;
 use crate::cli::ElectArgs;
 use crate::exit::{self, Failure, LOST, OK};
-use crate::metrics;
+use crate::metrics::{self, Endpoint};
 use crate::output::{clean, print};
 use crate::run::{self, Ended, Supervised};
 use crate::signals::{self, Forwarded};
@@ -23,15 +23,16 @@ pub(crate) async fn elect(store_url: Option<&str>, args: ElectArgs) -> Result<u8
     let key = key_arg(&args.key)?;
     let mut signals = Forwarded::install()
         .map_err(|e| Failure::error(format!("cannot install signal handlers: {e}")))?;
-    let registry = metrics::registry(args.metrics);
-    let locks = metrics::locks(store_url, registry.as_ref()).await?;
+    let endpoint = Endpoint::given(args.metrics);
+    let locks = metrics::locks(store_url, endpoint.as_ref()).await?;
     let leader = IntGauge::new("leasehold_leader", "1 while this candidate leads, else 0")
         .map_err(metrics::setup_failed)?;
-    if let Some(r) = &registry {
-        r.register(Box::new(leader.clone()))
+    if let Some(e) = &endpoint {
+        e.registry
+            .register(Box::new(leader.clone()))
             .map_err(metrics::setup_failed)?;
     }
-    metrics::serve_given(args.metrics, registry).await?;
+    Endpoint::serve_given(endpoint).await?;
     let command = args
         .command
         .split_first()

@@ -42,16 +42,9 @@ pub(crate) struct Guard {
 }
 
 impl Guard {
-    /// Starts a guard as the leader of a new process group, for a command to be started in it
-    /// (`process_group(guard.pgid())`).
-    pub(crate) fn lead() -> io::Result<Guard> {
-        let mut fds = [0; 2];
-        // SAFETY: pipe2(2) writes two descriptors into `fds`.
-        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } == -1 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: pipe2 returned two open descriptors that nothing else owns.
-        let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    /// Starts a guard as the leader of a new process group, for a command to be started in it.
+    fn lead() -> io::Result<Guard> {
+        let (read, write) = pipe(libc::O_CLOEXEC)?;
         // /proc/self/exe: this very binary, even if it was replaced on disk since.
         let mut command = Command::new("/proc/self/exe");
         command
@@ -81,19 +74,30 @@ impl Guard {
         })
     }
 
-    /// [`Guard::lead`], or `None` (logged: the command's children may then outlive leasehold)
-    /// when it cannot start.
-    pub(crate) fn try_lead() -> Option<Guard> {
-        Guard::lead()
+    /// Starts a guard and puts `command` (not started yet) in the process group it leads; without
+    /// a guard (it cannot start: logged, the command's children may then outlive leasehold), in a
+    /// group of its own.
+    pub(crate) fn group(command: &mut Command) -> Option<Guard> {
+        let guard = Guard::lead()
             .map_err(|e| {
                 tracing::warn!(error = %e, "cannot start the process-group guard; the command's children may outlive leasehold");
             })
-            .ok()
+            .ok();
+        let pgid = guard
+            .as_ref()
+            .and_then(Guard::id)
+            .and_then(|p| i32::try_from(p).ok());
+        command.process_group(pgid.unwrap_or(0));
+        guard
     }
 
-    /// The process group the guard leads: the command's to be.
-    pub(crate) fn pgid(&self) -> Option<i32> {
-        self.process.id().and_then(|p| i32::try_from(p).ok())
+    /// The processes a supervisor waits for itself, not to be reaped as orphans: its `child` and
+    /// the child's `guard`.
+    pub(crate) fn kept(child: &Child, guard: Option<&Guard>) -> Vec<u32> {
+        [child.id(), guard.and_then(Guard::id)]
+            .into_iter()
+            .flatten()
+            .collect()
     }
 
     /// The guard's pid (`None`: reaped already).
@@ -109,4 +113,15 @@ impl Guard {
             tracing::warn!(error = %e, "waiting for the process-group guard failed");
         }
     }
+}
+
+/// A pipe (read end, write end) with `flags` (`O_CLOEXEC`, `O_NONBLOCK`) on both ends.
+pub(crate) fn pipe(flags: libc::c_int) -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: pipe2(2) writes two descriptors into `fds`.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), flags) } == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: pipe2 returned two open descriptors that nothing else owns.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }

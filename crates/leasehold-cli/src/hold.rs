@@ -8,7 +8,7 @@ use crate::admin::key_arg;
 use crate::cli::HoldArgs;
 use crate::elect::{hold_until, Events};
 use crate::exit::{Failure, LOST};
-use crate::metrics;
+use crate::metrics::{self, Endpoint};
 use crate::run::{self, Ended};
 use crate::signals::Forwarded;
 use tokio::io::AsyncReadExt;
@@ -18,9 +18,9 @@ pub(crate) async fn hold(store_url: Option<&str>, args: HoldArgs) -> Result<u8, 
     let key = key_arg(&args.lease.key)?;
     let mut signals = Forwarded::install()
         .map_err(|e| Failure::error(format!("cannot install signal handlers: {e}")))?;
-    let registry = metrics::registry(args.lease.metrics);
-    let locks = metrics::locks(store_url, registry.as_ref()).await?;
-    metrics::serve_given(args.lease.metrics, registry).await?;
+    let endpoint = Endpoint::given(args.lease.metrics);
+    let locks = metrics::locks(store_url, endpoint.as_ref()).await?;
+    Endpoint::serve_given(endpoint).await?;
     let builder = run::lease_builder(&locks, &key, &args.lease);
     let guard = run::obtain(builder, &key, args.lease.no_wait, &mut signals).await?;
     let events = Events {

@@ -22,23 +22,50 @@ const MOST: usize = 8 * 1024;
 /// How long a client may take to send its request.
 const READ_LIMIT: Duration = Duration::from_secs(5);
 
-/// The registry of `--metrics ADDR`, if given.
-pub(crate) fn registry(addr: Option<SocketAddr>) -> Option<Registry> {
-    addr.map(|_| Registry::new())
+/// What `--metrics ADDR` asks for: the address, and the registry served there.
+pub(crate) struct Endpoint {
+    addr: SocketAddr,
+    pub(crate) registry: Registry,
 }
 
-/// `Locks` over the store at `store_url` (the default store without one); with `registry`, its
-/// lease metrics (`leasehold_acquire_…`, `leasehold_lost_total` …) are recorded there.
+impl Endpoint {
+    /// The endpoint of `--metrics ADDR`, if given, with an empty registry.
+    pub(crate) fn given(addr: Option<SocketAddr>) -> Option<Endpoint> {
+        addr.map(|addr| Endpoint {
+            addr,
+            registry: Registry::new(),
+        })
+    }
+
+    /// Serves the registry ([`serve`]), running `refresh` before each answer.
+    pub(crate) async fn serve<F, Fut>(self, refresh: F) -> Result<(), Failure>
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send,
+    {
+        serve(self.addr, self.registry, refresh).await
+    }
+
+    /// [`Endpoint::serve`] when given, with nothing read at scrape time.
+    pub(crate) async fn serve_given(endpoint: Option<Endpoint>) -> Result<(), Failure> {
+        match endpoint {
+            Some(e) => e.serve(|| async {}).await,
+            None => Ok(()),
+        }
+    }
+}
+
+/// `Locks` over the store at `store_url` (the default store without one); with an `endpoint`, its
+/// lease metrics (`leasehold_acquire_…`, `leasehold_lost_total` …) are recorded in its registry.
 pub(crate) async fn locks(
     store_url: Option<&str>,
-    registry: Option<&Registry>,
+    endpoint: Option<&Endpoint>,
 ) -> Result<Locks, Failure> {
     let locks = Locks::from_arc(store::open(store_url).await?);
-    match registry {
-        Some(r) => {
-            Ok(locks
-                .with_metrics(leasehold::Metrics::register("leasehold", r).map_err(setup_failed)?))
-        }
+    match endpoint {
+        Some(e) => Ok(locks.with_metrics(
+            leasehold::Metrics::register("leasehold", &e.registry).map_err(setup_failed)?,
+        )),
         None => Ok(locks),
     }
 }
@@ -48,24 +75,9 @@ pub(crate) fn setup_failed(e: impl std::fmt::Display) -> Failure {
     Failure::error(format!("cannot set up the metrics: {e}"))
 }
 
-/// [`serve`] for `--metrics ADDR` when given, with nothing read at scrape time.
-pub(crate) async fn serve_given(
-    addr: Option<SocketAddr>,
-    registry: Option<Registry>,
-) -> Result<(), Failure> {
-    match (addr, registry) {
-        (Some(addr), Some(registry)) => serve(addr, registry, || async {}).await,
-        _ => Ok(()),
-    }
-}
-
 /// Listens on `addr` (bound before this returns, so that a taken port fails the command) and
 /// serves `registry` in the background, running `refresh` before each answer.
-pub(crate) async fn serve<F, Fut>(
-    addr: SocketAddr,
-    registry: Registry,
-    refresh: F,
-) -> Result<(), Failure>
+async fn serve<F, Fut>(addr: SocketAddr, registry: Registry, refresh: F) -> Result<(), Failure>
 where
     F: Fn() -> Fut + Send + Sync + 'static,
     Fut: Future<Output = ()> + Send,

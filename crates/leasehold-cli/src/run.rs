@@ -1,21 +1,22 @@
 //! `leasehold run`: a command run while holding a lease.
 //!
 //! When leasehold's stdin is not a terminal (services, cron, CI) the child runs in a process group
-//! of its own (led by its group guard, started just before it), and termination signals (forwarded ones, SIGTERM on a lost lease, SIGKILL after the
-//! grace period) go to that whole group, so a shell script's children stop with it. On a terminal
-//! the child stays in leasehold's group, so interactive commands keep the terminal (and a Ctrl-C,
-//! which the terminal sends to that whole group, is not forwarded a second time). The
-//! `--on-handoff` signal goes to the child alone. Signals are sent by pid (or process-group id, the
-//! guard's pid, or the child's without a guard), which is safe against reuse because neither is
-//! reaped before we stop signalling it. The command dies with leasehold (`PR_SET_PDEATHSIG`), and its process group
-//! with it ([`crate::guard`]). When the command ends, whatever it left running — in its group or
+//! of its own (led by its group guard, started just before it), and termination signals
+//! (forwarded ones, SIGTERM on a lost lease, SIGKILL after the grace period) go to that whole
+//! group, so a shell script's children stop with it. On a terminal the child stays in leasehold's
+//! group, so interactive commands keep the terminal (and a Ctrl-C, which the terminal sends to
+//! that whole group, is not forwarded a second time). The `--on-handoff` signal goes to the child
+//! alone. Signals are sent by pid (or process-group id: the guard's pid, or the child's without a
+//! guard), which is safe against reuse because neither is reaped before we stop signalling it.
+//! The command dies with leasehold (`PR_SET_PDEATHSIG`), and its process group with it
+//! ([`crate::guard`]). When the command ends, whatever it left running — in its group or
 //! not (`setsid`), on a terminal too — is killed before the lease is released ([`crate::tree`]).
 
 use crate::admin::key_arg;
 use crate::cli::{LeaseArgs, RunArgs};
 use crate::exit::{self, Failure, CANNOT_EXECUTE, ERROR, LOST, NOT_FOUND, SIGNAL_BASE};
 use crate::guard::Guard;
-use crate::metrics;
+use crate::metrics::{self, Endpoint};
 use crate::signals::SignalArg;
 use crate::signals::{self, Forwarded, Received};
 use crate::tree;
@@ -50,9 +51,9 @@ pub(crate) async fn run(store_url: Option<&str>, args: RunArgs) -> Result<u8, Fa
     // while the command runs they are forwarded to it.
     let mut signals = Forwarded::install()
         .map_err(|e| Failure::error(format!("cannot install signal handlers: {e}")))?;
-    let registry = metrics::registry(args.lease.metrics);
-    let locks = metrics::locks(store_url, registry.as_ref()).await?;
-    metrics::serve_given(args.lease.metrics, registry).await?;
+    let endpoint = Endpoint::given(args.lease.metrics);
+    let locks = metrics::locks(store_url, endpoint.as_ref()).await?;
+    Endpoint::serve_given(endpoint).await?;
     let builder = lease_builder(&locks, &key, &args.lease);
     let guard = obtain(builder, &key, args.lease.no_wait, &mut signals).await?;
     let command = Supervised {
@@ -145,10 +146,11 @@ pub(crate) async fn supervise(
     let own_group = unsafe { libc::isatty(0) } == 0;
     // Nor do the command's own children: the guard, started first as the leader of the group the
     // command joins, kills the group once leasehold ends, however it ends.
-    let group_guard = own_group.then(Guard::try_lead).flatten();
-    if own_group {
-        child_command.process_group(group_guard.as_ref().and_then(Guard::pgid).unwrap_or(0));
-    }
+    let group_guard = if own_group {
+        Guard::group(&mut child_command)
+    } else {
+        None
+    };
     // The command never outlives leasehold: a leasehold that is killed cannot release, and the
     // lease's expiry would let another holder start next to it.
     die_with_parent(&mut child_command);
@@ -174,10 +176,7 @@ pub(crate) async fn supervise(
         }
     };
 
-    let keep: Vec<u32> = [child.id(), group_guard.as_ref().and_then(Guard::id)]
-        .into_iter()
-        .flatten()
-        .collect();
+    let keep = Guard::kept(&child, group_guard.as_ref());
     let mut on_handoff = command.on_handoff;
     let end = loop {
         tokio::select! {

@@ -53,13 +53,7 @@ pub(crate) const OVERRUN: Duration = Duration::from_secs(6);
 /// ([`Report::read`]). The write end stays open in this process until the returned [`Report`] is told
 /// the supervisor has started ([`Report::started`]).
 pub(crate) fn command(argv: &[String], grace: Duration) -> io::Result<(Command, Report)> {
-    let mut fds = [0; 2];
-    // SAFETY: pipe2(2) writes two descriptors into `fds`.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } == -1 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: pipe2 returned two open descriptors that nothing else owns.
-    let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let (read, write) = crate::guard::pipe(libc::O_CLOEXEC | libc::O_NONBLOCK)?;
     let raw = write.as_raw_fd();
     // /proc/self/exe: this very binary, even if it was replaced on disk since.
     let mut command = Command::new("/proc/self/exe");
@@ -193,12 +187,10 @@ async fn supervise(
         // Gone before the handlers were in place: the task does not start.
         return Err(exit::ERROR);
     }
-    // The command's process group, led by its guard, ends with the supervisor, however it ends.
-    let group_guard = Guard::try_lead();
     let mut command = Command::new(&argv[0]);
-    command
-        .args(&argv[1..])
-        .process_group(group_guard.as_ref().and_then(Guard::pgid).unwrap_or(0));
+    command.args(&argv[1..]);
+    // The command's process group, led by its guard, ends with the supervisor, however it ends.
+    let group_guard = Guard::group(&mut command);
     die_with_parent(&mut command);
     let mut child = match command.spawn() {
         Ok(child) => child,
@@ -212,10 +204,7 @@ async fn supervise(
         }
     };
     drop(report);
-    let keep: Vec<u32> = [child.id(), group_guard.as_ref().and_then(Guard::id)]
-        .into_iter()
-        .flatten()
-        .collect();
+    let keep = Guard::kept(&child, group_guard.as_ref());
     let mut stopping = Stopping {
         grace,
         worker,

@@ -8,6 +8,7 @@
 
 use crate::cli::QueueWorkArgs;
 use crate::exit::{self, Failure, OK};
+use crate::metrics::Endpoint;
 use crate::queue::decode_command;
 use crate::run::{die_with_parent, stop_child};
 use crate::signals::{self, Forwarded};
@@ -88,28 +89,29 @@ pub(crate) async fn work(
     if args.ttl < Duration::from_millis(30) {
         return Err(Failure::usage("--ttl must be at least 30ms"));
     }
-    let registry = crate::metrics::registry(args.metrics);
-    let locks = crate::metrics::locks(store_url, registry.as_ref()).await?;
-    let metrics = match (args.metrics, registry) {
-        (Some(addr), Some(registry)) => {
-            let m = QueueMetrics::register("leasehold", &registry)
+    let endpoint = Endpoint::given(args.metrics);
+    let locks = crate::metrics::locks(store_url, endpoint.as_ref()).await?;
+    let metrics = match endpoint {
+        Some(endpoint) => {
+            let m = QueueMetrics::register("leasehold", &endpoint.registry)
                 .map_err(crate::metrics::setup_failed)?;
             let (q, observed) = (queue.clone(), m.clone());
-            crate::metrics::serve(addr, registry, move || {
-                let (q, observed) = (q.clone(), observed.clone());
-                async move {
-                    match q.status().await {
-                        Ok(s) => observed.observe(&s),
-                        Err(e) => {
-                            tracing::warn!(error = %e, "metrics: cannot read the queue status")
+            endpoint
+                .serve(move || {
+                    let (q, observed) = (q.clone(), observed.clone());
+                    async move {
+                        match q.status().await {
+                            Ok(s) => observed.observe(&s),
+                            Err(e) => {
+                                tracing::warn!(error = %e, "metrics: cannot read the queue status")
+                            }
                         }
                     }
-                }
-            })
-            .await?;
+                })
+                .await?;
             Some(m)
         }
-        _ => None,
+        None => None,
     };
     let worker = locks.holder().as_str().to_owned();
     let ctx = Arc::new(Ctx {
