@@ -3,7 +3,9 @@
 //! A small HTTP/1.1 server: one request per connection (`Connection: close`), `GET` or `HEAD` of
 //! `/metrics` (a query string is ignored); any other path is 404, any other method 405, a request
 //! that is not HTTP, too long (8 KiB) or too slow (5 s) is answered 400 or dropped. Before each
-//! answer a refresh sets the metrics read at scrape time (a queue's depth).
+//! answer a refresh sets the metrics read at scrape time (a queue's depth). At most
+//! [`CONNECTIONS`] connections are served at once, each for at most [`CONNECTION_LIMIT`]; more wait
+//! in the listen backlog, so a flood of idle connections costs neither descriptors nor tasks.
 
 use crate::exit::Failure;
 use crate::store;
@@ -21,6 +23,12 @@ const MOST: usize = 8 * 1024;
 
 /// How long a client may take to send its request.
 const READ_LIMIT: Duration = Duration::from_secs(5);
+
+/// How long one connection may last in all, its answer included (a client that does not read).
+const CONNECTION_LIMIT: Duration = Duration::from_secs(10);
+
+/// The most connections served at once.
+const CONNECTIONS: usize = 16;
 
 /// What `--metrics ADDR` asks for: the address, and the registry served there.
 pub(crate) struct Endpoint {
@@ -87,16 +95,26 @@ where
         .map_err(|e| Failure::error(format!("cannot serve metrics on {addr}: {e}")))?;
     tracing::info!(addr = %addr, "serving metrics at /metrics");
     let shared = Arc::new((registry, refresh));
+    let slots = Arc::new(tokio::sync::Semaphore::new(CONNECTIONS));
     tokio::spawn(async move {
         loop {
+            // A free slot first: connections beyond it wait in the backlog, not in this process.
+            let Ok(slot) = slots.clone().acquire_owned().await else {
+                return;
+            };
             match listener.accept().await {
                 Ok((conn, _)) => {
                     let shared = shared.clone();
                     tokio::spawn(async move {
                         let (registry, refresh) = &*shared;
-                        if let Err(e) = answer(conn, registry, refresh).await {
-                            tracing::debug!(error = %e, "metrics request failed");
+                        let answered =
+                            tokio::time::timeout(CONNECTION_LIMIT, answer(conn, registry, refresh));
+                        match answered.await {
+                            Ok(Err(e)) => tracing::debug!(error = %e, "metrics request failed"),
+                            Err(_) => tracing::debug!("metrics connection ran out of time"),
+                            Ok(Ok(())) => {}
                         }
+                        drop(slot);
                     });
                 }
                 Err(e) => {

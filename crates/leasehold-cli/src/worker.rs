@@ -256,6 +256,8 @@ async fn finish(ctx: &Ctx, task: &Task, outcome: Outcome, ran: Option<Duration>)
 }
 
 async fn run_task_inner(ctx: &Ctx, task: Task, stop: &mut watch::Receiver<Option<Stop>>) {
+    // Just claimed: its wait until it starts goes on from here, on this process's clock.
+    let claimed = std::time::Instant::now();
     let argv = match decode_command(&task.payload) {
         Ok(argv) => argv,
         Err(e) => {
@@ -300,7 +302,7 @@ async fn run_task_inner(ctx: &Ctx, task: Task, stop: &mut watch::Receiver<Option
     match ctx.queue.started(task.id, &ctx.worker, guard.fence()).await {
         Ok(true) => {
             if let Some(m) = &ctx.metrics {
-                m.started(&task, leasehold::record::now_ms());
+                m.started(&task, claimed.elapsed());
             }
         }
         Ok(false) => {

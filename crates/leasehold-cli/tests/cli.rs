@@ -1820,6 +1820,38 @@ fn candidates_serve_their_metrics() {
     assert!(raw(&[0xff; 9000]).starts_with("HTTP/1.1 400"));
     assert!(scrape(pb).contains("leasehold_leader 1"));
 
+    // A flood of idle connections (fewer than the listen backlog holds) costs b a bounded number
+    // of descriptors (16 served at once, the rest wait in the backlog); once they go, scrapes are
+    // answered again.
+    let descriptors = || {
+        std::fs::read_dir(format!("/proc/{}/fd", b.pid))
+            .unwrap()
+            .count()
+    };
+    let before = descriptors();
+    let idle: Vec<std::net::TcpStream> = (0..100)
+        .map(|_| std::net::TcpStream::connect(("127.0.0.1", pb)).unwrap())
+        .collect();
+    // Connections are taken in (a slot each) before the count is read.
+    let deadline = Instant::now() + LIMIT;
+    while descriptors() < before + 8 {
+        assert!(
+            Instant::now() < deadline,
+            "the first connections were not taken in: {before} descriptors, then {}",
+            descriptors()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Time for more to be taken in, were there no bound (a negative check: nothing to await).
+    std::thread::sleep(Duration::from_millis(300));
+    let during = descriptors();
+    assert!(
+        during <= before + 20,
+        "{before} descriptors before, {during} with 100 idle connections"
+    );
+    drop(idle);
+    assert!(scrape(pb).contains("leasehold_leader 1"));
+
     // The address b serves on is taken: another command fails at once, saying so.
     let taken = format!("127.0.0.1:{pb}");
     let out = s.output(["run", "--key", "other", "--metrics", &taken, "--", "true"]);

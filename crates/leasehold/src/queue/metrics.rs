@@ -130,13 +130,18 @@ impl QueueMetrics {
         set(&self.keys, status.keys_total);
     }
 
-    /// Counts `task` started at `now_ms` (milliseconds since the epoch, the clock its
-    /// `enqueued_ms` was read with); its wait is observed from its enqueue time.
-    pub fn started(&self, task: &Task, now_ms: u64) {
+    /// Counts `task` started; its wait from enqueue to start is observed without comparing two
+    /// machines' clocks: `task` is as [claimed](super::QueueBackend::claim), its `started_ms` the
+    /// claim's time on the queue's clock (the one its `enqueued_ms` was read with: PostgreSQL's;
+    /// a SQLite queue's writers share one machine's), and `since_claim` is how long it then took to start (waiting for its
+    /// key's lease), measured here. A task without a claim time counts `since_claim` alone.
+    pub fn started(&self, task: &Task, since_claim: Duration) {
         self.started.inc();
-        let waited = now_ms.saturating_sub(task.enqueued_ms);
-        self.wait_seconds
-            .observe(Duration::from_millis(waited).as_secs_f64());
+        let queued = task
+            .started_ms
+            .map_or(0, |claimed| claimed.saturating_sub(task.enqueued_ms));
+        let waited = Duration::from_millis(queued) + since_claim;
+        self.wait_seconds.observe(waited.as_secs_f64());
     }
 
     /// Counts a task ended with `outcome`, after running for `ran` (`None`: ended before it
@@ -212,6 +217,31 @@ mod tests {
         ] {
             assert!(text.contains(line), "{line} missing from\n{text}");
         }
+        // Enqueued at 1 s and claimed at 3 s by the queue's clock, started 0.5 s after the claim.
+        let task = Task {
+            id: 1,
+            key: "k".into(),
+            group: None,
+            priority: crate::queue::Priority::Normal,
+            effective: crate::queue::Priority::Normal,
+            payload: String::new(),
+            state: crate::queue::TaskState::Running,
+            policy: crate::queue::Policy::AtMostOnce,
+            attempts: 1,
+            timeout_ms: None,
+            enqueued_ms: 1_000,
+            started_ms: Some(3_000),
+            ended_ms: None,
+            worker: None,
+            fence: None,
+            lease_expires_ms: None,
+            cancel: None,
+            detail: None,
+        };
+        m.started(&task, Duration::from_millis(500));
+        let text = crate::Metrics::render(&registry);
+        assert!(text.contains("t_queue_task_wait_seconds_sum 2.5"), "{text}");
+        assert!(text.contains("t_queue_tasks_started_total 1"), "{text}");
         assert!(QueueMetrics::register("t", &registry).is_err());
         assert!(QueueMetrics::register("bad prefix", &Registry::new()).is_err());
     }
