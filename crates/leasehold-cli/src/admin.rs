@@ -132,6 +132,10 @@ pub(crate) async fn watch(
     let mut resubscribe = false;
     let mut last = None;
     let mut away = false;
+    // The lease (its fence) whose release the store was asked to notify, and whether the last
+    // look was made again at once because the lease changed while it was being asked.
+    let mut notified: Option<u64> = None;
+    let mut looked_again = false;
     loop {
         let now = now_ms();
         let seen = match store.inspect(&key).await {
@@ -157,6 +161,26 @@ pub(crate) async fn watch(
             changes = store.subscribe(&key).await.unwrap_or_default();
             resubscribe = changes.is_none();
         }
+        // A store that notifies only the releases someone waits for (Redis) is asked to notify
+        // this lease's; if it changed meanwhile, it is looked at again at once (once: a clock
+        // that disagrees with the store's on its expiry must not make a busy loop).
+        if let Some(Inspection::Record(r)) = &seen {
+            if r.is_held(now) && notified != Some(r.fence) {
+                match store.notify_release(&key, Some(r.fence)).await {
+                    Ok(true) => notified = Some(r.fence),
+                    Ok(false) if !looked_again => {
+                        looked_again = true;
+                        continue;
+                    }
+                    Ok(false) => {}
+                    // Its release is then seen within `every`.
+                    Err(e) => {
+                        tracing::debug!(key = %key, error = %e, "cannot ask for the release to be notified")
+                    }
+                }
+            }
+        }
+        looked_again = false;
         let (line, object) = watched(&key, seen.as_ref(), now);
         if last.as_ref() != Some(&line) {
             if json {

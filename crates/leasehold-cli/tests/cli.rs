@@ -1768,6 +1768,39 @@ fn watch_follows_a_hung_failover_to_the_new_primary() {
     holder.finish(LIMIT);
 }
 
+/// `watch` on Redis, Redlock and a Redis Cluster sees a release nobody waited for at once, not
+/// after `--every` (30 s here): Redis publishes only releases someone asked for, and `watch`
+/// asks for each lease it sees (it marks the record, as a waiting contender does).
+#[test]
+fn watch_sees_an_uncontended_release_on_redis_at_once() {
+    use leasehold_testkit::servers::{redlock_url, RedisCluster, RedisServer};
+    let server = RedisServer::start();
+    let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let cluster = RedisCluster::start();
+    for url in [server.url(), redlock_url(&nodes), cluster.url()] {
+        let leasehold = |args: &[&str]| {
+            let mut c = bare();
+            c.args(["--store", &url]).args(args);
+            Proc::spawn(c)
+        };
+        let mut holder = leasehold(&["hold", "--key", "k", "--ttl", "30s"]);
+        holder.wait_line_starting("held k ");
+        let mut watch = leasehold(&["watch", "k", "--every", "30s"]);
+        watch.wait_line_starting("k held ");
+        let released = Instant::now();
+        holder.close_stdin();
+        assert_eq!(holder.finish(LIMIT).code, Some(0), "{url}");
+        watch.wait_line("k none");
+        let took = released.elapsed();
+        assert!(
+            took < Duration::from_secs(10),
+            "{url}: watch saw the release after {took:?}"
+        );
+        watch.signal(libc::SIGTERM);
+        assert_eq!(watch.finish(LIMIT).code, Some(0), "{url}");
+    }
+}
+
 /// `--metrics ADDR` on `elect` (and `run`, `hold`): the lease metrics and, for a candidate,
 /// `leasehold_leader`, scraped over HTTP; a taken address fails the command at once.
 #[test]

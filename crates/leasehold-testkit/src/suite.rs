@@ -917,6 +917,9 @@ impl LockStore for Counting {
     async fn inspect(&self, key: &Key) -> leasehold::Result<Option<Inspection>> {
         self.inner.inspect(key).await
     }
+    async fn notify_release(&self, key: &Key, fence: Option<u64>) -> leasehold::Result<bool> {
+        self.inner.notify_release(key, fence).await
+    }
     async fn list(&self, prefix: &str) -> leasehold::Result<Vec<Inspection>> {
         self.inner.list(prefix).await
     }

@@ -1632,3 +1632,65 @@ async fn a_record_overwritten_with_another_type_costs_only_its_own_lease() {
     })
     .await;
 }
+
+/// `notify_release` (what `leasehold watch` asks): a lease nobody waits for gets the
+/// `"watched":true` mark and nothing else changes (fence, times, the key's TTL), so its release
+/// publishes to a subscriber; a fence other than the held one, or no lease, answers `false`.
+#[tokio::test]
+async fn a_release_asked_for_is_published_and_the_mark_changes_nothing_else() {
+    let server = shared_redis();
+    let l = locks(&server.url(), "a").await;
+    let store = l.store().clone();
+    let name = leasehold_testkit::prefix("notify");
+    let key = leasehold::Key::new(&name).unwrap();
+    assert!(
+        !store.notify_release(&key, Some(1)).await.unwrap(),
+        "no lease"
+    );
+    assert!(
+        store.notify_release(&key, None).await.unwrap(),
+        "nothing to do"
+    );
+    let g = l
+        .lock(&name)
+        .unwrap()
+        .ttl(Duration::from_secs(30))
+        .try_acquire()
+        .await
+        .unwrap()
+        .unwrap();
+    let before = record(server, &name);
+    assert!(!before.contains("\"watched\":true"), "{before}");
+    let fence = g.fence();
+    assert!(!store.notify_release(&key, Some(fence + 1)).await.unwrap());
+    assert_eq!(
+        record(server, &name),
+        before,
+        "a wrong fence changed the record"
+    );
+    let mut changes = store.subscribe(&key).await.unwrap().unwrap();
+    assert!(store.notify_release(&key, Some(fence)).await.unwrap());
+    let after = record(server, &name);
+    // The text after RESP's length line: the mark adds itself, nothing else changes.
+    let text = |raw: &str| raw.split_once("\r\n").map(|(_, t)| t.to_owned()).unwrap();
+    assert_eq!(
+        text(&after).replace(",\"watched\":true", ""),
+        text(&before),
+        "the mark changed more than itself"
+    );
+    let ttl: i64 = server
+        .command(&["PTTL", &format!("leasehold:lock:{name}")])
+        .and_then(|r| r.trim_start_matches(':').trim().parse().ok())
+        .unwrap();
+    assert!(
+        (20_000..=30_000).contains(&ttl),
+        "the key's TTL is now {ttl} ms"
+    );
+    // Asked again (a watcher looking twice): still true, still one mark.
+    assert!(store.notify_release(&key, Some(fence)).await.unwrap());
+    assert_eq!(record(server, &name), after);
+    g.release().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), changes.changed())
+        .await
+        .expect("the release was not published");
+}

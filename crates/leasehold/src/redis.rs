@@ -273,6 +273,29 @@ redis.call('PUBLISH', KEYS[1], 'withdrawn')
 return 1
 "#;
 
+/// KEYS: record. ARGV: the fence of the lease to mark, or '' for whichever is held. Marks a held
+/// record `"watched":true`, so that its release publishes, keeping everything else (the record's
+/// text and the key's TTL). Returns 0 when the key holds no lease
+/// with that fence (no record, another fence; asked for a fence), else 1 (marked now or before, or nothing to mark:
+/// an unreadable record, one that is free by the server's clock but not yet taken).
+const MARK_WATCHED: &str = r#"
+local raw = redis.pcall('GET', KEYS[1])
+if type(raw) ~= 'string' then if ARGV[1] == '' then return 1 end return 0 end
+-- The fence compared as written: exact at any size.
+if ARGV[1] ~= '' and string.match(raw, '"fence":(%d+)') ~= ARGV[1] then return 0 end
+if string.find(raw, '"watched":true', 1, true) then return 1 end
+local r = decode(raw)
+if type(r) ~= 'table' or not held(r) then return 1 end
+if string.sub(raw, -1) == '}' then
+  -- Added as text: the record stays byte for byte as it was, and so does the key's TTL.
+  redis.call('SET', KEYS[1], string.sub(raw, 1, -2) .. ',"watched":true}', 'KEEPTTL')
+else
+  r.watched = true
+  put(r, KEYS[1])
+end
+return 1
+"#;
+
 /// KEYS: record. Returns the record as it was (or false; a value of another type is false too).
 const FORCE: &str = r#"
 local raw = redis.pcall('GET', KEYS[1])
@@ -452,6 +475,7 @@ struct Scripts {
     release: Lua,
     withdraw: Lua,
     force: Lua,
+    mark_watched: Lua,
 }
 
 impl Scripts {
@@ -479,6 +503,7 @@ impl Scripts {
             ),
             withdraw: s(WITHDRAW),
             force: s(FORCE),
+            mark_watched: s(MARK_WATCHED),
         }
     }
 }
@@ -2260,6 +2285,16 @@ impl LockStore for RedisStore {
             .call(&Self::one_key(script, self.record_key(key), &[token]))
             .await?;
         Ok(())
+    }
+
+    async fn notify_release(&self, key: &Key, fence: Option<u64>) -> Result<bool> {
+        self.check(key)?;
+        let script = &self.inner.scripts.mark_watched;
+        let fence = fence.map(|f| f.to_string()).unwrap_or_default();
+        let marked: i64 = self
+            .call(&Self::one_key(script, self.record_key(key), &[&fence]))
+            .await?;
+        Ok(marked == 1)
     }
 
     async fn inspect(&self, key: &Key) -> Result<Option<Inspection>> {

@@ -439,6 +439,14 @@ impl LockStore for RedlockStore {
         Ok(())
     }
 
+    /// On every node that answers (the release goes to each), whichever lease each holds: a
+    /// node's fence may be below the majority's, so `fence` is not compared and the answer is
+    /// `Ok(true)`.
+    async fn notify_release(&self, key: &Key, _fence: Option<u64>) -> Result<bool> {
+        self.answers(|n| n.notify_release(key, None)).await?;
+        Ok(true)
+    }
+
     async fn inspect(&self, key: &Key) -> Result<Option<Inspection>> {
         let mut best: Option<Inspection> = None;
         for found in self

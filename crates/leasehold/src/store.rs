@@ -224,6 +224,31 @@ pub trait LockStore: Send + Sync + fmt::Debug + 'static {
     async fn subscribe(&self, _key: &Key) -> Result<Option<Box<dyn ChangeWatch>>> {
         Ok(None)
     }
+
+    /// Asks for the release of the lease on `key` whose fence is `fence` (`None`: whichever is
+    /// held) to be notified to subscribers ([`LockStore::subscribe`]) even though no contender
+    /// waits for it: for an observer, such as `leasehold watch`, that waits for changes without
+    /// acquiring. `Ok(false)` when the key no longer holds that lease (it changed since it was
+    /// read: read it again), else `Ok(true)`, also when there is nothing to do.
+    ///
+    /// A store that notifies every change does nothing (the default). Redis notifies only
+    /// releases a subscribed contender asked for: this marks the record `"watched":true`, a
+    /// write that changes nothing else (its TTL, times and fence stay). The mark lasts as long as
+    /// that lease, so an observer asks again for each lease it sees.
+    ///
+    /// ```
+    /// # async fn f(store: &dyn leasehold::LockStore, key: &leasehold::Key) -> leasehold::Result<()> {
+    /// let mut changes = store.subscribe(key).await?;
+    /// if let Some(leasehold::Inspection::Record(r)) = store.inspect(key).await? {
+    ///     if !store.notify_release(key, Some(r.fence)).await? {
+    ///         // Released or taken over since it was read: read it again.
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// ```
+    async fn notify_release(&self, _key: &Key, _fence: Option<u64>) -> Result<bool> {
+        Ok(true)
+    }
 }
 
 /// A record read from a [`RecordStore`], with the version that conditions the next write.

@@ -99,6 +99,16 @@ impl LockStore for Traced {
         .await
     }
 
+    async fn notify_release(&self, key: &Key, fence: Option<u64>) -> Result<bool> {
+        traced(
+            "notify_release",
+            &self.name,
+            key.as_str(),
+            self.inner.notify_release(key, fence),
+        )
+        .await
+    }
+
     async fn inspect(&self, key: &Key) -> Result<Option<Inspection>> {
         traced("inspect", &self.name, key.as_str(), self.inner.inspect(key)).await
     }
