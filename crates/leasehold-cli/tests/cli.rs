@@ -1739,10 +1739,7 @@ fn watch_follows_a_hung_failover_to_the_new_primary() {
         c.args(["--store", &url]).args(args);
         Proc::spawn(c)
     };
-    let mut holder = leasehold(&["hold", "--key", "k", "--ttl", "30s"]);
-    holder.wait_line_starting("held k ");
-    let mut watch = leasehold(&["watch", "k", "--every", "30s"]);
-    watch.wait_line_starting("k held ");
+    let (mut holder, mut watch) = held_and_watched(&url);
     rt.block_on(old.replicated_to(&new));
 
     // The failover: the old primary hangs, the replica is promoted, the name moves.
@@ -1768,6 +1765,21 @@ fn watch_follows_a_hung_failover_to_the_new_primary() {
     holder.finish(LIMIT);
 }
 
+/// On the store at `url`: `hold` of key `k` (30 s TTL), and `watch k --every 30s` once it has
+/// printed the held lease.
+fn held_and_watched(url: &str) -> (Proc, Proc) {
+    let leasehold = |args: &[&str]| {
+        let mut c = bare();
+        c.args(["--store", url]).args(args);
+        Proc::spawn(c)
+    };
+    let mut holder = leasehold(&["hold", "--key", "k", "--ttl", "30s"]);
+    holder.wait_line_starting("held k ");
+    let mut watch = leasehold(&["watch", "k", "--every", "30s"]);
+    watch.wait_line_starting("k held ");
+    (holder, watch)
+}
+
 /// `watch` on Redis, Redlock and a Redis Cluster sees a release nobody waited for at once, not
 /// after `--every` (30 s here): Redis publishes only releases someone asked for, and `watch`
 /// asks for each lease it sees (it marks the record, as a waiting contender does).
@@ -1778,15 +1790,7 @@ fn watch_sees_an_uncontended_release_on_redis_at_once() {
     let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
     let cluster = RedisCluster::start();
     for url in [server.url(), redlock_url(&nodes), cluster.url()] {
-        let leasehold = |args: &[&str]| {
-            let mut c = bare();
-            c.args(["--store", &url]).args(args);
-            Proc::spawn(c)
-        };
-        let mut holder = leasehold(&["hold", "--key", "k", "--ttl", "30s"]);
-        holder.wait_line_starting("held k ");
-        let mut watch = leasehold(&["watch", "k", "--every", "30s"]);
-        watch.wait_line_starting("k held ");
+        let (mut holder, mut watch) = held_and_watched(&url);
         let released = Instant::now();
         holder.close_stdin();
         assert_eq!(holder.finish(LIMIT).code, Some(0), "{url}");
