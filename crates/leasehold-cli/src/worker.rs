@@ -236,12 +236,14 @@ async fn run_task(ctx: Arc<Ctx>, task: Task, mut stop: watch::Receiver<Option<St
 }
 
 /// Records the end of `task` with `outcome`, after it ran for `ran` (`None`: it never started).
+/// Counted in the metrics only once recorded: a task another worker recovered meanwhile (or whose
+/// end cannot be recorded, which a later recovery acts on) is counted where it is recovered.
 async fn finish(ctx: &Ctx, task: &Task, outcome: Outcome, ran: Option<Duration>) {
-    if let Some(m) = &ctx.metrics {
-        m.finished(&outcome, ran);
-    }
     match ctx.queue.finish(task.id, &ctx.worker, &outcome).await {
         Ok(true) => {
+            if let Some(m) = &ctx.metrics {
+                m.finished(&outcome, ran);
+            }
             tracing::info!(task = task.id, key = %task.key, outcome = ?outcome, "task ended");
         }
         Ok(false) => exit::report(&format!(

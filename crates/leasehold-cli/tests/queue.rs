@@ -690,6 +690,73 @@ fn a_worker_serves_its_metrics() {
     );
 }
 
+/// A task another worker recovered (its worker paused past its claim) is counted where it was
+/// recovered, not also as finished by the worker that ran it: a sum over the workers stays the
+/// queue's.
+#[test]
+fn a_task_recovered_elsewhere_is_not_counted_finished_by_its_first_worker() {
+    let s = Setup::new();
+    let (code, _, err) = run(&s, &["queue", "add", "--key", "k", "--", "sleep", "2"]);
+    assert_eq!(code, 0, "{err}");
+    let port = leasehold_testkit::servers::free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let a = s.worker(0, &["--slots", "1", "--metrics", &addr]);
+    let task = |s: &Setup| -> serde_json::Value {
+        let (_, out, _) = run(s, &["queue", "ls", "--all", "--json"]);
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        v[0].clone()
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let until = |what: &str, done: &dyn Fn(&serde_json::Value) -> bool| loop {
+        let t = task(&s);
+        if done(&t) {
+            return t;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: {t}\n{}",
+            s.worker_errors()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let started = until("never started", &|t| t["state"] == "running");
+    // Paused past its claim's TTL (1 s): the second worker recovers the task.
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(a.id() as i32, libc::SIGSTOP) };
+    let b = s.worker(1, &["--slots", "1"]);
+    until("not recovered", &|t| {
+        t["state"] != "running"
+            || t["attempts"] != started["attempts"]
+            || t["worker"] != started["worker"]
+    });
+    // SAFETY: as above.
+    unsafe { libc::kill(a.id() as i32, libc::SIGCONT) };
+    let errors = Instant::now() + Duration::from_secs(20);
+    while !s.worker_errors().contains("recovered by another worker") {
+        assert!(Instant::now() < errors, "{}", s.worker_errors());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (code, text) = leasehold_testkit::servers::http_get(port, "/metrics").unwrap();
+    assert_eq!(code, 200, "{text}");
+    assert!(
+        text.contains("leasehold_queue_tasks_started_total 1"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("leasehold_queue_tasks_finished_total{"),
+        "counted as finished here too:\n{text}"
+    );
+    for w in [a, b] {
+        // SAFETY: as above.
+        unsafe { libc::kill(w.id() as i32, libc::SIGTERM) };
+        assert!(
+            wait_for(w, Duration::from_secs(20)).success(),
+            "{}",
+            s.worker_errors()
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_of_100k_pending_tasks_answers_under_a_second() {
     status_of_100k(Setup::new()).await;

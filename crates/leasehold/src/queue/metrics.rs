@@ -8,7 +8,7 @@
 //! | `queue_workers` | gauge | live workers |
 //! | `queue_keys` | gauge | keys with pending or running tasks |
 //! | `queue_tasks_started_total` | counter | tasks this process started |
-//! | `queue_tasks_finished_total{outcome}` | counter | tasks this process ended: `succeeded`, `failed`, `cancelled` |
+//! | `queue_tasks_finished_total{outcome}` | counter | tasks this process ended and recorded: `succeeded`, `failed`, `cancelled` (not one another worker recovered meanwhile) |
 //! | `queue_task_wait_seconds` | histogram | from enqueue to start, for the tasks this process started |
 //! | `queue_task_run_seconds` | histogram | from start to end, for the tasks this process ended |
 //! | `queue_recovered_total{action}` | counter | tasks this process's recovery acted on: `requeued`, `failed`, `timed_out` |
@@ -145,7 +145,9 @@ impl QueueMetrics {
     }
 
     /// Counts a task ended with `outcome`, after running for `ran` (`None`: ended before it
-    /// started, e.g. cancelled while waiting for its key's lease; no run time is observed).
+    /// started, e.g. cancelled while waiting for its key's lease; no run time is observed). Call
+    /// it once [`QueueBackend::finish`](super::QueueBackend::finish) answered `true`: a task it
+    /// answers `false` for was recovered by another worker, which counts it.
     pub fn finished(&self, outcome: &Outcome, ran: Option<Duration>) {
         let label = match outcome {
             Outcome::Succeeded => "succeeded",
