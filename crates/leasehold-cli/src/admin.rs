@@ -164,6 +164,12 @@ pub(crate) async fn watch(
         // A store that notifies only the releases someone waits for (Redis) is asked to notify
         // this lease's; if it changed meanwhile, it is looked at again at once (once: a clock
         // that disagrees with the store's on its expiry must not make a busy loop).
+        match &seen {
+            Some(Inspection::Record(r)) if r.is_held(now) => {}
+            // Nothing held: the next lease is asked for, whatever its fence (a store that lost
+            // its data may count fences again).
+            _ => notified = None,
+        }
         if let Some(Inspection::Record(r)) = &seen {
             if r.is_held(now) && notified != Some(r.fence) {
                 match store.notify_release(&key, Some(r.fence)).await {

@@ -275,9 +275,9 @@ return 1
 
 /// KEYS: record. ARGV: the fence of the lease to mark, or '' for whichever is held. Marks a held
 /// record `"watched":true`, so that its release publishes, keeping everything else (the record's
-/// text and the key's TTL). Returns 0 when the key holds no lease
-/// with that fence (no record, another fence; asked for a fence), else 1 (marked now or before, or nothing to mark:
-/// an unreadable record, one that is free by the server's clock but not yet taken).
+/// text and the key's TTL). Returns 0 when asked for a fence and the key holds no lease with it
+/// (no record, another fence), else 1: marked now or before, or nothing to mark (an unreadable
+/// record, one that is free by the server's clock but not yet taken).
 const MARK_WATCHED: &str = r#"
 local raw = redis.pcall('GET', KEYS[1])
 if type(raw) ~= 'string' then if ARGV[1] == '' then return 1 end return 0 end
