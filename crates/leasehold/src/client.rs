@@ -54,6 +54,12 @@ pub struct Locks {
 impl Locks {
     /// Locks over `store`, with the holder id from the environment ([`HolderId::from_env`]) and the
     /// local layer on.
+    ///
+    /// ```
+    /// use leasehold::{memory::MemoryStore, HolderId, Locks};
+    /// let locks = Locks::new(MemoryStore::new()).with_holder(HolderId::new("web-1"));
+    /// assert_eq!(locks.holder().as_str(), "web-1");
+    /// ```
     pub fn new(store: impl LockStore) -> Self {
         Self::from_arc(Arc::new(store))
     }
@@ -196,6 +202,14 @@ impl Locks {
     ///
     /// # Errors
     /// [`Error::InvalidKey`] for a key [`Key::new`] refuses.
+    ///
+    /// ```
+    /// let locks = leasehold::Locks::new(leasehold::memory::MemoryStore::new());
+    /// assert!(locks.lock("user:alice").is_ok());
+    /// assert!(locks.lock("../x").is_ok()); // each store names its records safely
+    /// assert!(matches!(locks.lock(""), Err(leasehold::Error::InvalidKey { .. })));
+    /// assert!(matches!(locks.lock("a\0b"), Err(leasehold::Error::InvalidKey { .. })));
+    /// ```
     pub fn lock(&self, key: impl AsRef<str>) -> Result<LockBuilder> {
         Ok(self.lock_key(Key::new(key)?))
     }
@@ -298,6 +312,20 @@ impl LockBuilder {
     /// the background and a lease it granted is released at once ([`crate::settle`] waits for
     /// that before a process exits; outside a runtime, or if the release fails, the lease expires
     /// after its TTL).
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// use leasehold::{memory::MemoryStore, HolderId, Locks};
+    /// let store = std::sync::Arc::new(MemoryStore::new());
+    /// let a = Locks::from_arc(store.clone()).with_holder(HolderId::new("a"));
+    /// let b = Locks::from_arc(store).with_holder(HolderId::new("b"));
+    /// let held = a.lock("agent-7")?.try_acquire().await?.expect("free");
+    /// // Another holder does not wait: `None` while `a` holds it.
+    /// assert!(b.lock("agent-7")?.try_acquire().await?.is_none());
+    /// held.release().await?;
+    /// assert!(b.lock("agent-7")?.try_acquire().await?.is_some());
+    /// # Ok::<(), leasehold::Error>(()) }).unwrap();
+    /// ```
     pub async fn try_acquire(self) -> Result<Option<LeaseGuard>> {
         let mut me = self;
         me.opts.wait = Wait::No;
@@ -333,6 +361,26 @@ impl LockBuilder {
     /// lease it granted is released at once ([`crate::settle`] waits for both before a process
     /// exits; outside a runtime, or if the store does not answer, the registration lapses after its
     /// `waiter_ttl` and the lease expires after its TTL).
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// use leasehold::{memory::MemoryStore, Error, HolderId, Locks};
+    /// use std::time::Duration;
+    /// let store = std::sync::Arc::new(MemoryStore::new());
+    /// let a = Locks::from_arc(store.clone()).with_holder(HolderId::new("a"));
+    /// let b = Locks::from_arc(store).with_holder(HolderId::new("b"));
+    /// let held = a.lock("report")?.acquire().await?;
+    /// let waited = b.lock("report")?.wait(Duration::from_millis(50)).acquire().await;
+    /// assert!(matches!(waited, Err(Error::Timeout { .. })), "a holds it");
+    /// // A waiter is woken by the release, not after the TTL.
+    /// let next = tokio::spawn(async move {
+    ///     b.lock("report")?.wait(Duration::from_secs(5)).acquire().await
+    /// });
+    /// held.release().await?;
+    /// let mine = next.await.expect("task")?;
+    /// assert!(mine.fence() > held.fence());
+    /// # Ok::<(), leasehold::Error>(()) }).unwrap();
+    /// ```
     pub async fn acquire(self) -> Result<LeaseGuard> {
         let key = self.key.clone();
         let started = Instant::now();

@@ -620,6 +620,19 @@ impl LeaseGuard {
     }
 
     /// The fence of this acquisition: strictly greater than every earlier fence of this key.
+    /// Hand it to the resource the lease guards, which refuses a write with a fence below the
+    /// highest it has seen (a holder paused past its TTL, then resumed, is stopped there).
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// let locks = leasehold::Locks::new(leasehold::memory::MemoryStore::new());
+    /// let first = locks.lock("k")?.try_acquire().await?.expect("free");
+    /// let f1 = first.fence();
+    /// first.release().await?;
+    /// let second = locks.lock("k")?.try_acquire().await?.expect("free");
+    /// assert!(second.fence() > f1);
+    /// # Ok::<(), leasehold::Error>(()) }).unwrap();
+    /// ```
     pub fn fence(&self) -> u64 {
         self.shared.fence
     }
@@ -652,6 +665,18 @@ impl LeaseGuard {
     ///
     /// # Cancel safety
     /// Cancel safe; call it again to wait again.
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// use leasehold::{memory::MemoryStore, Locks, LostReason};
+    /// let locks = Locks::new(MemoryStore::new());
+    /// let guard = locks.lock("job")?.try_acquire().await?.expect("free");
+    /// // An operator frees it: the holder's next renewal is refused, and `lost()` fires.
+    /// locks.store().force_release(guard.key()).await?;
+    /// let reason = guard.lost().await;
+    /// assert!(!guard.is_current(), "{reason}");
+    /// # Ok::<(), leasehold::Error>(()) }).unwrap();
+    /// ```
     pub async fn lost(&self) -> LostReason {
         loop {
             let changed = self.shared.state.changed();
@@ -683,6 +708,23 @@ impl LeaseGuard {
     ///
     /// # Cancel safety
     /// Cancel safe.
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// use leasehold::{memory::MemoryStore, HolderId, Locks};
+    /// use std::time::Duration;
+    /// let store = std::sync::Arc::new(MemoryStore::new());
+    /// let a = Locks::from_arc(store.clone()).with_holder(HolderId::new("a"));
+    /// let b = Locks::from_arc(store).with_holder(HolderId::new("b"));
+    /// let guard = a.lock("task-9")?.ttl(Duration::from_secs(2)).acquire().await?;
+    /// let waiter = tokio::spawn(async move {
+    ///     b.lock("task-9")?.wait(Duration::from_secs(10)).acquire().await
+    /// });
+    /// assert_eq!(guard.handoff_requested().await, "b"); // checkpoint, then hand over
+    /// guard.release().await?;
+    /// assert_eq!(waiter.await.expect("task")?.record().holder.as_deref(), Some("b"));
+    /// # Ok::<(), leasehold::Error>(()) }).unwrap();
+    /// ```
     pub async fn handoff_requested(&self) -> String {
         loop {
             let changed = self.shared.state.changed();
@@ -710,6 +752,16 @@ impl LeaseGuard {
     ///
     /// # Cancel safety
     /// If cancelled, the lease is still marked released locally and expires by its TTL.
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// use leasehold::Released;
+    /// let locks = leasehold::Locks::new(leasehold::memory::MemoryStore::new());
+    /// let guard = locks.lock("k")?.try_acquire().await?.expect("free");
+    /// assert_eq!(guard.release().await?, Released::Released);
+    /// assert_eq!(guard.release().await?, Released::AlreadyReleased);
+    /// # Ok::<(), leasehold::Error>(()) }).unwrap();
+    /// ```
     pub async fn release(&self) -> Result<Released> {
         let local = self.local.lock().take();
         let renew_at = *self.shared.scheduled.lock();

@@ -1560,6 +1560,21 @@ impl RedisStore {
     /// # Errors
     /// [`Error::InvalidUrl`], [`Error::InvalidOption`] for colliding prefixes, or
     /// [`Error::Unavailable`] when the server cannot be reached.
+    ///
+    /// ```no_run
+    /// # async fn f() -> leasehold::Result<()> {
+    /// use leasehold::redis::{RedisOptions, RedisStore};
+    /// use std::time::Duration;
+    /// // The seed deployments' prefix; a server that stops answering fails calls after 1 s.
+    /// let opts = RedisOptions {
+    ///     prefix: "agent:lock:".into(),
+    ///     timeout: Duration::from_secs(1),
+    ///     ..RedisOptions::default()
+    /// };
+    /// let store = RedisStore::connect("redis://127.0.0.1:6379/0", opts).await?;
+    /// let locks = leasehold::Locks::new(store);
+    /// # let _ = locks; Ok(()) }
+    /// ```
     pub async fn connect(url: &str, opts: RedisOptions) -> Result<Self> {
         Self::connect_inner(url, opts, false).await
     }

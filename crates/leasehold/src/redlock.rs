@@ -81,6 +81,20 @@ impl RedlockStore {
     ///
     /// # Errors
     /// [`Error::InvalidUrl`] for a bad node URL; [`Error::InvalidOption`] for no nodes.
+    ///
+    /// ```no_run
+    /// # async fn f() -> leasehold::Result<()> {
+    /// use leasehold::redis::RedisOptions;
+    /// use leasehold::redlock::RedlockStore;
+    /// let nodes: Vec<String> = ["10.0.0.1:6379", "10.0.0.2:6379", "10.0.0.3:6379"]
+    ///     .iter()
+    ///     .map(|n| format!("redis://{n}/0"))
+    ///     .collect();
+    /// let store = RedlockStore::connect(&nodes, RedisOptions::default()).await?;
+    /// assert_eq!(store.quorum(), 2);
+    /// // The same as `leasehold::connect("redlock://10.0.0.1:6379,10.0.0.2:6379,10.0.0.3:6379/0")`.
+    /// # Ok(()) }
+    /// ```
     pub async fn connect(urls: &[String], opts: RedisOptions) -> Result<Self> {
         if urls.is_empty() {
             return Err(Error::option(
