@@ -239,7 +239,8 @@ macro_rules! conformance_tests {
             lost_on_takeover, fencing_is_monotonic, owner_only, idempotent_release, waiter_handoff,
             waiter_withdraws_on_timeout, hostile_keys, racing_workers, inspect_list_cleanup,
             try_acquire_never_waits, drop_releases, waiters_do_not_spin, fence_blocks,
-            local_handoff, abandoned_handoff_is_released, cancelled_acquires_leave_nothing_taken);
+            local_handoff, abandoned_handoff_is_released, cancelled_acquires_leave_nothing_taken,
+            release_is_notified_when_asked);
     };
     (@each $make:expr; $($name:ident),*) => {
         $(

@@ -552,6 +552,37 @@ pub async fn cancelled_acquires_leave_nothing_taken(store: Arc<dyn LockStore>) {
     }
 }
 
+/// An observer that asked for a lease's release to be notified ([`LockStore::notify_release`],
+/// what `leasehold watch` does) hears it through its subscription, though no contender waited;
+/// asking about a lease the key does not hold (another fence) changes nothing and, on a store that
+/// can tell, answers `false`.
+pub async fn release_is_notified_when_asked(store: Arc<dyn LockStore>) {
+    let k = key("notify");
+    let g = take(&store, "h", &k, "free").await;
+    assert!(
+        store
+            .notify_release(&k, Some(g.fence()))
+            .await
+            .expect("notify_release"),
+        "the key holds the lease with that fence"
+    );
+    // Asking about another lease leaves this one as it is.
+    let _ = store
+        .notify_release(&k, Some(g.fence() + 1))
+        .await
+        .expect("notify_release");
+    assert!(g.is_current());
+    // Subscribed after the grant and the mark, so that the release is the change heard.
+    let Some(mut changes) = store.subscribe(&k).await.expect("subscribe") else {
+        // No notifications on this store: an observer polls, nothing to ask.
+        return g.release().await.map(drop).expect("release");
+    };
+    g.release().await.expect("release");
+    tokio::time::timeout(5000 * MS, changes.changed())
+        .await
+        .expect("the release was not notified to the subscriber within 5 s");
+}
+
 /// Only the owner renews or releases.
 pub async fn owner_only(store: Arc<dyn LockStore>) {
     let k = key("owner");
