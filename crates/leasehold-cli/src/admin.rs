@@ -165,26 +165,25 @@ pub(crate) async fn watch(
         // this lease's; if it changed meanwhile, it is looked at again at once (once: a clock
         // that disagrees with the store's on its expiry must not make a busy loop).
         match &seen {
-            Some(Inspection::Record(r)) if r.is_held(now) => {}
-            // Nothing held: the next lease is asked for, whatever its fence (a store that lost
-            // its data may count fences again).
-            _ => notified = None,
-        }
-        if let Some(Inspection::Record(r)) = &seen {
-            if r.is_held(now) && notified != Some(r.fence) {
-                match store.notify_release(&key, Some(r.fence)).await {
-                    Ok(true) => notified = Some(r.fence),
-                    Ok(false) if !looked_again => {
-                        looked_again = true;
-                        continue;
-                    }
-                    Ok(false) => {}
-                    // Its release is then seen within `every`.
-                    Err(e) => {
-                        tracing::debug!(key = %key, error = %e, "cannot ask for the release to be notified")
+            Some(Inspection::Record(r)) if r.is_held(now) => {
+                if notified != Some(r.fence) {
+                    match store.notify_release(&key, Some(r.fence)).await {
+                        Ok(true) => notified = Some(r.fence),
+                        Ok(false) if !looked_again => {
+                            looked_again = true;
+                            continue;
+                        }
+                        Ok(false) => {}
+                        // Its release is then seen within `every`.
+                        Err(e) => {
+                            tracing::debug!(key = %key, error = %e, "cannot ask for the release to be notified")
+                        }
                     }
                 }
             }
+            // Nothing held: the next lease is asked for, whatever its fence (a store that lost
+            // its data may count fences again).
+            _ => notified = None,
         }
         looked_again = false;
         let (line, object) = watched(&key, seen.as_ref(), now);

@@ -70,8 +70,8 @@ pub(crate) enum Command {
     /// store's notification where it has one, when the lease expires, and at the latest every
     /// --every. On Redis, which notifies only releases someone waits for, each lease seen is
     /// marked `"watched":true` in its record so that its release is notified; a free key taken
-    /// is seen within --every. A store that is away (a restart, a failover) is said once on stderr and looked
-    /// at again every second (or --every, if shorter) until it answers.
+    /// is seen within --every. A store that is away (a restart, a failover) is said once on
+    /// stderr and looked at again every second (or --every, if shorter) until it answers.
     #[command(after_help = exit::HELP)]
     Watch(WatchArgs),
 
