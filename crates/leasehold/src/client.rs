@@ -8,7 +8,7 @@ use crate::local::{LocalGuard, LocalLocks};
 use crate::metrics::Metrics;
 use crate::options::{Backoff, LockOptions, Wait};
 use crate::record::now_ms;
-use crate::store::{AcquireOutcome, AcquireRequest, LockStore};
+use crate::store::{AcquireOutcome, AcquireRequest, GiveUp, LockStore};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -691,12 +691,17 @@ struct Attempt {
     call: Pin<Box<dyn Future<Output = Answered> + Send>>,
     answered: bool,
     registered: bool,
+    /// The request's flag, set when the attempt is dropped unanswered: a store retrying within
+    /// the call (a lost compare-and-set race) stops instead of taking the key for nobody.
+    given_up: GiveUp,
 }
 
 impl Attempt {
     fn start(store: &Arc<dyn LockStore>, req: AcquireRequest, registered: bool) -> Self {
         let store = store.clone();
+        let given_up = req.given_up.clone();
         Attempt {
+            given_up,
             call: Box::pin(async move {
                 let res = store.acquire(&req).await;
                 (store, req, res)
@@ -720,6 +725,7 @@ impl Drop for Attempt {
         if self.answered {
             return;
         }
+        self.given_up.give_up();
         // A zero-sized stand-in: no allocation.
         let call = std::mem::replace(&mut self.call, Box::pin(std::future::pending()));
         let registered = self.registered;

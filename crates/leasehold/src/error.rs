@@ -100,6 +100,13 @@ pub enum Error {
         /// What is not supported.
         what: String,
     },
+    /// The caller gave an acquisition up ([`crate::store::AcquireRequest::given_up`]) while the
+    /// store was still retrying it; the attempt stopped before writing anything more.
+    #[error("acquisition of {key} given up by its caller")]
+    GivenUp {
+        /// The key.
+        key: String,
+    },
     /// The named thing (a queue task, …) does not exist.
     #[error("{what} not found")]
     NotFound {

@@ -9,6 +9,8 @@ use crate::record::LeaseRecord;
 use async_trait::async_trait;
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// What a store can do, filled in by each store.
@@ -53,6 +55,38 @@ pub struct AcquireRequest {
     /// A store that notifies only watched keys (Redis publishes a release only when a subscribed
     /// contender marked the record) marks the held record.
     pub watching: bool,
+    /// Set once the caller no longer waits for this attempt's answer (its wait limit passed, its
+    /// future was dropped; [`crate::LockBuilder::acquire`] then releases whatever the attempt
+    /// still grants). A store that retries within one call (a compare-and-set store after a lost
+    /// race) stops before its next request and answers [`crate::Error::GivenUp`]; a request
+    /// already sent is answered as usual. Shared by the clones of one request.
+    pub given_up: GiveUp,
+}
+
+/// The flag of an acquisition its caller gave up ([`AcquireRequest::given_up`]); cloning shares it.
+///
+/// ```
+/// use leasehold::store::GiveUp;
+///
+/// let flag = GiveUp::default();
+/// let seen_by_the_store = flag.clone();
+/// assert!(!seen_by_the_store.is_given_up());
+/// flag.give_up();
+/// assert!(seen_by_the_store.is_given_up());
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct GiveUp(Arc<AtomicBool>);
+
+impl GiveUp {
+    /// Marks the acquisition given up (for every clone of the flag).
+    pub fn give_up(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+
+    /// Whether the acquisition was given up.
+    pub fn is_given_up(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
 }
 
 impl AcquireRequest {
@@ -67,6 +101,7 @@ impl AcquireRequest {
             labels: BTreeMap::new(),
             fences: 1,
             watching: false,
+            given_up: GiveUp::default(),
         }
     }
 
