@@ -476,9 +476,8 @@ impl LockBuilder {
         // once, so no change between the first attempt and the subscription is missed.
         let mut watch: Option<Box<dyn crate::store::ChangeWatch>> = None;
         let mut subscribed = false;
-        // Subscribing failed (or a lost subscription could not be made again): try again after
-        // the next pause, which is at most RESUBSCRIBE_EVERY.
-        let mut resubscribe = false;
+        // Subscribing failed: when to try again (polling meanwhile).
+        let mut resubscribe_at: Option<Instant> = None;
         let mut attempt = 0u32;
         let mut registered = false;
         // Who held the key at the last answer, for the timeout's message.
@@ -591,13 +590,18 @@ impl LockBuilder {
                     Some(Ok(w)) => w,
                     Some(Err(e)) => {
                         tracing::debug!(key = %key, error = %e, "no change notification; polling, and subscribing again in a while");
-                        resubscribe = true;
+                        resubscribe_at = Some(Instant::now() + RESUBSCRIBE_EVERY);
                         None
                     }
                     None => None,
                 };
                 req.watching = watch.is_some();
-                continue;
+                if watch.is_some() {
+                    // Attempt again at once: a release between the last attempt and the
+                    // subscription was not heard. Without a subscription there is nothing to
+                    // miss, and the next attempt waits for the pause.
+                    continue;
+                }
             }
             let mut pause = opts.backoff.delay(attempt);
             if watch.is_some() {
@@ -610,8 +614,8 @@ impl LockBuilder {
             if req.waiter_ttl.is_some() {
                 pause = pause.min(opts.waiter_lifetime() / 3);
             }
-            if resubscribe {
-                pause = pause.min(RESUBSCRIBE_EVERY);
+            if let Some(at) = resubscribe_at {
+                pause = pause.min(at.saturating_duration_since(now));
             }
             let mut until = now + pause;
             if let Some(d) = deadline {
@@ -629,8 +633,8 @@ impl LockBuilder {
                     attempt = attempt.saturating_add(1);
                 }
             }
-            if resubscribe {
-                resubscribe = false;
+            if resubscribe_at.is_some_and(|at| Instant::now() >= at) {
+                resubscribe_at = None;
                 subscribed = false;
             }
         }
@@ -782,4 +786,104 @@ enum AcquireError {
     /// Held elsewhere; by whom.
     Held(String),
     Failed(Error),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::MemoryStore;
+    use crate::record::LeaseRecord;
+    use crate::store::{
+        Capabilities, ChangeWatch, CleanupReport, Inspection, ReleaseOutcome, RenewOutcome,
+    };
+    use crate::HolderId;
+    use async_trait::async_trait;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A memory store whose change notification cannot be made (a pub/sub connection refused),
+    /// counting acquisitions and subscriptions.
+    #[derive(Debug, Default)]
+    struct NoNotifications {
+        inner: MemoryStore,
+        acquires: AtomicUsize,
+        subscribes: AtomicUsize,
+    }
+
+    #[async_trait]
+    impl LockStore for NoNotifications {
+        fn describe(&self) -> String {
+            "memory without notifications".into()
+        }
+        fn capabilities(&self) -> Capabilities {
+            self.inner.capabilities()
+        }
+        async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome> {
+            self.acquires.fetch_add(1, Ordering::SeqCst);
+            self.inner.acquire(req).await
+        }
+        async fn renew(&self, key: &Key, token: &str, ttl: Duration) -> Result<RenewOutcome> {
+            self.inner.renew(key, token, ttl).await
+        }
+        async fn release(&self, key: &Key, token: &str) -> Result<ReleaseOutcome> {
+            self.inner.release(key, token).await
+        }
+        async fn withdraw_waiter(&self, key: &Key, token: &str) -> Result<()> {
+            self.inner.withdraw_waiter(key, token).await
+        }
+        async fn inspect(&self, key: &Key) -> Result<Option<Inspection>> {
+            self.inner.inspect(key).await
+        }
+        async fn list(&self, prefix: &str) -> Result<Vec<Inspection>> {
+            self.inner.list(prefix).await
+        }
+        async fn force_release(&self, key: &Key) -> Result<Option<LeaseRecord>> {
+            self.inner.force_release(key).await
+        }
+        async fn cleanup(&self, older_than: Duration) -> Result<CleanupReport> {
+            self.inner.cleanup(older_than).await
+        }
+        async fn subscribe(&self, _key: &Key) -> Result<Option<Box<dyn ChangeWatch>>> {
+            self.subscribes.fetch_add(1, Ordering::SeqCst);
+            Err(Error::Unavailable {
+                store: self.describe(),
+                detail: "no pub/sub connection".into(),
+            })
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_without_notifications_polls_and_subscribes_again_once_a_second() {
+        let store = Arc::new(NoNotifications::default());
+        let a = Locks::from_arc(store.clone()).with_holder(HolderId::new("a"));
+        let b = Locks::from_arc(store.clone()).with_holder(HolderId::new("b"));
+        let held = a
+            .lock("k")
+            .unwrap()
+            .ttl(Duration::from_secs(60))
+            .acquire()
+            .await
+            .unwrap();
+        let before = store.acquires.load(Ordering::SeqCst);
+        let waited = b
+            .lock("k")
+            .unwrap()
+            .wait(Duration::from_secs(10))
+            .acquire()
+            .await;
+        assert!(matches!(waited, Err(Error::Timeout { .. })), "{waited:?}");
+        let subscribes = store.subscribes.load(Ordering::SeqCst);
+        let acquires = store.acquires.load(Ordering::SeqCst) - before;
+        // One subscription at first, then one a second: not one per poll.
+        assert!(
+            (9..=12).contains(&subscribes),
+            "{subscribes} subscriptions in 10 s"
+        );
+        // Polls by the backoff (at most 500 ms, jittered down to 250 ms) and nothing more: a
+        // failed subscription is not followed by an attempt of its own.
+        assert!(
+            (20..=50).contains(&acquires),
+            "{acquires} acquisitions in 10 s"
+        );
+        held.release().await.unwrap();
+    }
 }
