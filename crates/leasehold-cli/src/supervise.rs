@@ -19,9 +19,11 @@
 //! command that cannot start is reported to the worker on descriptor 3 (a pipe), one line, and the
 //! supervisor exits 127.
 //!
-//! Limit: a supervisor itself killed with SIGKILL (the worker's last resort when it overruns the
-//! grace by [`OVERRUN`], or the OOM killer) takes the command and its process group with it (the
-//! command dies with its parent; the group guard kills the group), but not what left the group.
+//! A supervisor itself killed with SIGKILL (the worker's last resort when it overruns the grace
+//! by [`OVERRUN`], or the OOM killer) takes the command and its process group with it (the
+//! command dies with its parent; the group guard kills the group). What left the group is
+//! re-parented to the worker, the subreaper above the supervisor, which kills it before it
+//! records the task's end ([`crate::tree::sweep_except`]).
 
 use crate::exit::{self, NOT_FOUND};
 use crate::guard::Guard;

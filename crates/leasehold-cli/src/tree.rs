@@ -12,6 +12,7 @@
 
 use std::collections::HashSet;
 use std::io;
+use std::sync::Mutex;
 use std::time::Duration;
 
 /// Makes leasehold the subreaper of its descendants. Call it before the command starts.
@@ -118,24 +119,40 @@ const SWEEP_EVERY: Duration = Duration::from_millis(10);
 /// has exited and been reaped, and the group guard has finished: leasehold then has no other
 /// children.
 pub(crate) async fn sweep(limit: Duration) {
+    sweep_except(limit, &Mutex::new(HashSet::new())).await;
+}
+
+/// [`sweep`], sparing the children `keep` names: a queue worker's live task supervisors, while
+/// what a dead one left behind (re-parented to the worker, its subreaper) is killed. `keep` is
+/// locked while children are listed and killed, so a supervisor started under the same lock and
+/// named in it at once is never taken for a leftover.
+pub(crate) async fn sweep_except(limit: Duration, keep: &Mutex<HashSet<u32>>) {
     let deadline = tokio::time::Instant::now() + limit;
     let mut refused = HashSet::new();
     loop {
-        let left = children();
+        let left = {
+            let keep = keep.lock().unwrap_or_else(|e| e.into_inner());
+            let left: Vec<(i32, bool)> = children()
+                .into_iter()
+                .filter(|&(pid, _)| !u32::try_from(pid).is_ok_and(|p| keep.contains(&p)))
+                .collect();
+            for &(pid, zombie) in &left {
+                // A zombie too: its other threads may still run (a leader that called
+                // pthread_exit).
+                // SAFETY: kill(2) on our own child, not reaped yet: its pid is not reused.
+                let killed = unsafe { libc::kill(pid, libc::SIGKILL) } == 0;
+                if !zombie && killed {
+                    tracing::info!(pid, "killed a process the command left running");
+                } else if !zombie && refused.insert(pid) {
+                    let e = io::Error::last_os_error();
+                    tracing::warn!(pid, error = %e, "cannot kill a process the command left");
+                }
+                reap(pid);
+            }
+            left
+        };
         if left.is_empty() {
             return;
-        }
-        for &(pid, zombie) in &left {
-            // A zombie too: its other threads may still run (a leader that called pthread_exit).
-            // SAFETY: kill(2) on our own child, not reaped yet: its pid is not reused.
-            let killed = unsafe { libc::kill(pid, libc::SIGKILL) } == 0;
-            if !zombie && killed {
-                tracing::info!(pid, "killed a process the command left running");
-            } else if !zombie && refused.insert(pid) {
-                let e = io::Error::last_os_error();
-                tracing::warn!(pid, error = %e, "cannot kill a process the command left");
-            }
-            reap(pid);
         }
         if tokio::time::Instant::now() >= deadline {
             let pids: Vec<i32> = left.iter().map(|&(p, _)| p).collect();

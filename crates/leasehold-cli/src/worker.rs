@@ -13,10 +13,11 @@ use crate::queue::decode_command;
 use crate::run::{die_with_parent, stop_child};
 use crate::signals::{self, Forwarded};
 use crate::supervise;
+use crate::tree;
 use leasehold::queue::metrics::QueueMetrics;
 use leasehold::queue::{CancelReason, ClaimRequest, Outcome, QueueBackend, Task};
 use leasehold::{Error, Locks};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::os::unix::process::ExitStatusExt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -45,6 +46,11 @@ struct Ctx {
     lease_wait: Duration,
     grace: Duration,
     stops: Mutex<HashMap<u64, watch::Sender<Option<Stop>>>>,
+    /// The running tasks' supervisors (pids), each named here as it is started, under this lock.
+    /// The worker is the subreaper of their descendants, so what a supervisor that died (killed
+    /// with SIGKILL) left running becomes the worker's child; every other child is such a
+    /// leftover, and is killed ([`tree::sweep_except`]) before the task's end is recorded.
+    supervisors: Mutex<HashSet<u32>>,
     /// With `--metrics`.
     metrics: Option<QueueMetrics>,
 }
@@ -89,6 +95,10 @@ pub(crate) async fn work(
     if args.ttl < Duration::from_millis(30) {
         return Err(Failure::usage("--ttl must be at least 30ms"));
     }
+    // What a task supervisor killed with SIGKILL leaves becomes ours, to end ([`Ctx::supervisors`]).
+    if let Err(e) = tree::become_subreaper() {
+        tracing::warn!(error = %e, "cannot become the task supervisors' subreaper; what a killed supervisor leaves may outlive its task");
+    }
     let endpoint = Endpoint::given(args.metrics);
     let locks = crate::metrics::locks(store_url, endpoint.as_ref()).await?;
     let metrics = match endpoint {
@@ -122,6 +132,7 @@ pub(crate) async fn work(
         lease_wait: args.lease_wait.unwrap_or(args.ttl * 2),
         grace: args.grace,
         stops: Mutex::new(HashMap::new()),
+        supervisors: Mutex::new(HashSet::new()),
         metrics,
     });
     let req = ClaimRequest {
@@ -328,6 +339,7 @@ async fn run_task_inner(ctx: &Ctx, task: Task, stop: &mut watch::Receiver<Option
             return;
         }
     };
+    let supervisor = child.id();
     let deadline = task
         .timeout_ms
         .map(|ms| Instant::now() + Duration::from_millis(ms));
@@ -363,6 +375,13 @@ async fn run_task_inner(ctx: &Ctx, task: Task, stop: &mut watch::Receiver<Option
             Outcome::Cancelled("timed out".into())
         }
     };
+    // The supervisor has ended (and been reaped). Killed before its own sweep, it left what the
+    // task still runs to the worker: ended here, before the task's end is recorded and its key
+    // passed on.
+    if let Some(pid) = supervisor {
+        lock(&ctx.supervisors).remove(&pid);
+    }
+    tree::sweep_except(tree::SWEEP_LIMIT, &ctx.supervisors).await;
     let outcome = match report.read() {
         Some(why) => {
             exit::report(&format!("task {}: {why}", task.id));
@@ -400,8 +419,21 @@ fn supervised(
         .kill_on_drop(true)
         .process_group(0);
     die_with_parent(&mut command);
-    let spawned = command.spawn();
+    // Named as a supervisor as it starts: a sweep never takes it for a leftover.
+    let spawned = {
+        let mut supervisors = lock(&ctx.supervisors);
+        let spawned = command.spawn();
+        if let Some(pid) = spawned.as_ref().ok().and_then(|c| c.id()) {
+            supervisors.insert(pid);
+        }
+        spawned
+    };
     report.started();
     let child = spawned.map_err(|e| format!("cannot start the task's supervisor: {e}"))?;
     Ok((child, report))
+}
+
+/// Locks `m`, whatever a panicking holder left in it (a set of pids stays usable).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }

@@ -568,21 +568,12 @@ fn a_killed_worker_s_task_leaves_nothing_running() {
     );
     assert_eq!(code, 0, "{err}");
     let w = s.worker(0, &[]);
-    let pid_of = |name: &str| {
-        std::fs::read_to_string(s.dir.path().join(format!("{name}.pid")))
-            .ok()
-            .and_then(|p| p.trim().parse::<i32>().ok())
-    };
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while pid_of("task").is_none() {
-        assert!(Instant::now() < deadline, "the task never started");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    await_pid_file(&s, "task");
     // SAFETY: kill(2) on our own child.
     unsafe { libc::kill(w.id() as i32, libc::SIGKILL) };
     wait_for(w, Duration::from_secs(20));
     for name in ["task", "child", "daemon"] {
-        let pid = pid_of(name).unwrap();
+        let pid = await_pid_file(&s, name);
         let deadline = Instant::now() + Duration::from_secs(10);
         while PathBuf::from(format!("/proc/{pid}")).exists()
             && !std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|st| {
@@ -596,6 +587,67 @@ fn a_killed_worker_s_task_leaves_nothing_running() {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+}
+
+/// A task's supervisor killed with SIGKILL (the OOM killer, the worker's last resort) dies before
+/// its own sweep; what the task started in a new session is re-parented to the worker, which
+/// kills it before it records the task's end.
+#[test]
+fn a_killed_supervisor_s_task_leaves_nothing_running() {
+    let s = Setup::new();
+    let dir = s.dir.path().display().to_string();
+    let script =
+        format!("setsid sleep 60 & echo $! > '{dir}/daemon.pid'; echo $$ > '{dir}/task.pid'; wait");
+    let (code, _, err) = run(
+        &s,
+        &["queue", "add", "--key", "a", "--", "sh", "-c", &script],
+    );
+    assert_eq!(code, 0, "{err}");
+    let w = s.worker(0, &["--exit-when-idle"]);
+    let task = await_pid_file(&s, "task");
+    let daemon = await_pid_file(&s, "daemon");
+    let stat = std::fs::read_to_string(format!("/proc/{task}/stat")).unwrap();
+    let supervisor: i32 = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse().ok())
+        .unwrap();
+    // SAFETY: kill(2) on the supervisor, a grandchild of ours that is running.
+    unsafe { libc::kill(supervisor, libc::SIGKILL) };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, out, _) = run(&s, &["queue", "ls", "--all", "--json"]);
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        if v[0]["state"] == "failed" {
+            assert_eq!(v[0]["detail"], "killed by SIGKILL", "{v}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the task never ended: {v}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        !PathBuf::from(format!("/proc/{daemon}")).exists(),
+        "the task's daemon outlived its killed supervisor"
+    );
+    assert!(
+        wait_for(w, Duration::from_secs(20)).success(),
+        "{}",
+        s.worker_errors()
+    );
+}
+
+/// The pid the task writes to `NAME.pid` in the temp dir, once it has.
+fn await_pid_file(s: &Setup, name: &str) -> i32 {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let pid = std::fs::read_to_string(s.dir.path().join(format!("{name}.pid")))
+            .ok()
+            .and_then(|p| p.trim().parse::<i32>().ok());
+        if let Some(pid) = pid {
+            return pid;
+        }
+        assert!(Instant::now() < deadline, "the task never wrote {name}.pid");
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
