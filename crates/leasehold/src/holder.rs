@@ -22,7 +22,18 @@ impl HolderId {
         HolderId(id.into())
     }
 
-    /// `POD_NAMESPACE/POD_NAME` (or `POD_NAME`) when set, else `hostname-pid-xxxxxx`.
+    /// `POD_NAMESPACE/POD_NAME` (or `POD_NAME`) when set and not empty, else
+    /// `hostname-pid-xxxxxx` (six random lowercase letters and digits, drawn anew by each call).
+    ///
+    /// ```
+    /// use leasehold::{holder::hostname, HolderId};
+    /// std::env::remove_var("POD_NAME");
+    /// let id = HolderId::from_env();
+    /// assert!(id.as_str().starts_with(&format!("{}-{}-", hostname(), std::process::id())));
+    /// std::env::set_var("POD_NAME", "web-0");
+    /// std::env::set_var("POD_NAMESPACE", "shop");
+    /// assert_eq!(HolderId::from_env().as_str(), "shop/web-0");
+    /// ```
     pub fn from_env() -> Self {
         let pod = std::env::var("POD_NAME").ok().filter(|s| !s.is_empty());
         let ns = std::env::var("POD_NAMESPACE")
@@ -64,7 +75,11 @@ impl fmt::Debug for HolderId {
     }
 }
 
-/// This machine's host name (or `"localhost"` when it cannot be read).
+/// This machine's host name (or `"localhost"` when it cannot be read or is not UTF-8).
+///
+/// ```
+/// assert!(!leasehold::holder::hostname().is_empty());
+/// ```
 pub fn hostname() -> String {
     let mut buf = [0u8; 256];
     // SAFETY: the buffer is valid for its whole length; gethostname NUL-terminates or truncates.

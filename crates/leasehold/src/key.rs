@@ -26,13 +26,38 @@ pub struct Key(String);
 
 impl Key {
     /// The longest key accepted, in bytes.
+    ///
+    /// ```
+    /// use leasehold::Key;
+    /// assert!(Key::new("x".repeat(Key::MAX_LEN)).is_ok());
+    /// assert!(Key::new("x".repeat(Key::MAX_LEN + 1)).is_err());
+    /// assert!(Key::new("é".repeat(Key::MAX_LEN / 2 + 1)).is_err(), "bytes, not characters");
+    /// ```
     pub const MAX_LEN: usize = 1024;
 
-    /// Validates `key`.
+    /// Validates `key`. Anything else is accepted as it is, slashes and dots included: each store
+    /// maps keys to safe names of its own ([`Naming`]).
     ///
     /// # Errors
     /// [`Error::InvalidKey`] when the key is empty, longer than [`Key::MAX_LEN`] bytes, or contains
-    /// NUL or another control character.
+    /// NUL or another control character. The error shows the key escaped and cut to 80
+    /// characters, with the reason.
+    ///
+    /// ```
+    /// use leasehold::{Error, Key};
+    /// assert_eq!(Key::new("../x")?.as_str(), "../x"); // a valid key; no store uses it as a path
+    /// for (hostile, why) in [
+    ///     ("", "empty"),
+    ///     ("a\0b", "NUL"),
+    ///     ("line\nbreak", "control character"),
+    ///     (&"x".repeat(10 * 1024), "at most 1024"),
+    /// ] {
+    ///     let err = Key::new(hostile).unwrap_err();
+    ///     assert!(matches!(err, Error::InvalidKey { .. }));
+    ///     assert!(err.to_string().contains(why) && err.to_string().len() < 200, "{err}");
+    /// }
+    /// # Ok::<(), leasehold::Error>(())
+    /// ```
     pub fn new(key: impl AsRef<str>) -> Result<Self> {
         let key = key.as_ref();
         let bad = |reason: &str| Error::InvalidKey {
@@ -62,6 +87,15 @@ impl Key {
     ///
     /// # Errors
     /// [`Error::InvalidKey`] for non-UTF-8 bytes and everything [`Key::new`] refuses.
+    ///
+    /// ```
+    /// use leasehold::Key;
+    /// assert_eq!(Key::from_bytes("tâche/7".as_bytes())?.as_str(), "tâche/7");
+    /// let err = Key::from_bytes(b"ab\xffcd").unwrap_err();
+    /// assert!(err.to_string().contains("not valid UTF-8"), "{err}");
+    /// assert!(Key::from_bytes(b"").is_err());
+    /// # Ok::<(), leasehold::Error>(())
+    /// ```
     pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
         match std::str::from_utf8(bytes) {
             Ok(s) => Self::new(s),
@@ -76,6 +110,15 @@ impl Key {
     ///
     /// # Errors
     /// As [`Key::from_bytes`].
+    ///
+    /// ```
+    /// use leasehold::Key;
+    /// use std::ffi::OsStr;
+    /// use std::os::unix::ffi::OsStrExt;
+    /// assert_eq!(Key::from_os_str(OsStr::new("user:alice"))?.as_str(), "user:alice");
+    /// assert!(Key::from_os_str(OsStr::from_bytes(b"\xff")).is_err());
+    /// # Ok::<(), leasehold::Error>(())
+    /// ```
     pub fn from_os_str(s: &OsStr) -> Result<Self> {
         match s.to_str() {
             Some(s) => Self::new(s),
@@ -86,7 +129,14 @@ impl Key {
         }
     }
 
-    /// The key as a string.
+    /// The key as a string, exactly as given (also what `Display` shows).
+    ///
+    /// ```
+    /// let key = leasehold::Key::new("user:alice")?;
+    /// assert_eq!(key.as_str(), "user:alice");
+    /// assert_eq!(key.to_string(), "user:alice");
+    /// # Ok::<(), leasehold::Error>(())
+    /// ```
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -156,6 +206,16 @@ pub struct Naming {
 impl Naming {
     /// File names: `[A-Za-z0-9_.-]`, not starting with `.`, at most 200 bytes (plus the store's
     /// extension), 32 hex digits (128 bits) of hash when hashing.
+    ///
+    /// ```
+    /// use leasehold::{Key, Naming};
+    /// let n = Naming::file();
+    /// assert_eq!(n.name(&Key::new("user-alice_1.x")?), "user-alice_1.x"); // fits: as it is
+    /// let escaped = n.name(&Key::new("../x")?);
+    /// assert!(escaped.starts_with("x--") && escaped.len() == 3 + 32, "{escaped}");
+    /// assert_ne!(n.name(&Key::new("a/b")?), n.name(&Key::new("a_b")?));
+    /// # Ok::<(), leasehold::Error>(())
+    /// ```
     pub fn file() -> Self {
         Naming {
             prefix: String::new(),
@@ -198,7 +258,17 @@ impl Naming {
     }
 
     /// The store name of `key`; two different keys never get the same name (hashed names carry
-    /// 64 or 128 bits of SHA-256).
+    /// 64 or 128 bits of SHA-256). The same key always gets the same name.
+    ///
+    /// ```
+    /// use leasehold::{Key, Naming};
+    /// let n = Naming::file();
+    /// let hashed = n.name(&Key::new("a/b")?);
+    /// assert_eq!(n.name(&Key::new("a/b")?), hashed);
+    /// // A key that merely looks hashed is hashed too: it cannot take another key's name.
+    /// assert_ne!(n.name(&Key::new(hashed.as_str())?), hashed);
+    /// # Ok::<(), leasehold::Error>(())
+    /// ```
     pub fn name(&self, key: &Key) -> String {
         let k = key.as_str();
         let fits = self.prefix.len() + k.len() <= self.max_len
