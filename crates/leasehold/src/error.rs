@@ -139,8 +139,16 @@ impl Error {
     /// transient I/O error happened). Input errors, corrupt records and timeouts are not retryable.
     ///
     /// ```
-    /// let e = leasehold::Error::Unavailable { store: "redis://x".into(), detail: "refused".into() };
+    /// use leasehold::Error;
+    /// use std::io::{Error as IoError, ErrorKind};
+    /// let e = Error::Unavailable { store: "redis://x".into(), detail: "refused".into() };
     /// assert!(e.is_retryable());
+    /// let busy = |retryable| Error::Store { store: "s".into(), detail: "busy".into(), retryable };
+    /// assert!(busy(true).is_retryable() && !busy(false).is_retryable());
+    /// let io = |kind| Error::Io { op: "read", path: "/x".into(), source: IoError::from(kind) };
+    /// assert!(io(ErrorKind::TimedOut).is_retryable());
+    /// assert!(!io(ErrorKind::PermissionDenied).is_retryable());
+    /// assert!(!leasehold::Key::new("").unwrap_err().is_retryable()); // an input error
     /// ```
     pub fn is_retryable(&self) -> bool {
         match self {

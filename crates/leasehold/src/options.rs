@@ -4,7 +4,22 @@ use crate::error::{Error, Result};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-/// How long `acquire` waits for a held lease.
+/// How long `acquire` waits for a held lease. `try_acquire` never waits, whatever the policy.
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// use leasehold::{memory::MemoryStore, Error, HolderId, Locks, Wait};
+/// let store = std::sync::Arc::new(MemoryStore::new());
+/// let a = Locks::from_arc(store.clone()).with_holder(HolderId::new("a"));
+/// let b = Locks::from_arc(store).with_holder(HolderId::new("b"));
+/// let held = a.lock("k")?.acquire().await?;
+/// // `Wait::No`: a held lease fails at once, naming its holder.
+/// match b.lock("k")?.wait_policy(Wait::No).acquire().await {
+///     Err(Error::Timeout { holder, .. }) => assert_eq!(holder, "a"),
+///     other => panic!("{other:?}"),
+/// }
+/// # held.release().await?; Ok::<(), leasehold::Error>(()) }).unwrap();
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Wait {
     /// Do not wait: held elsewhere is answered at once.
@@ -35,7 +50,18 @@ impl Default for Backoff {
 }
 
 impl Backoff {
-    /// The `n`th delay (from 0), jittered uniformly in [d/2, d].
+    /// The `n`th delay (from 0), jittered uniformly in [d/2, d], where d is `initial · 2ⁿ` capped at
+    /// `max` (and at `initial · 2²⁰`).
+    ///
+    /// ```
+    /// use leasehold::Backoff;
+    /// use std::time::Duration;
+    /// let b = Backoff::default(); // 5 ms doubling up to 500 ms
+    /// let ms = Duration::from_micros;
+    /// assert!((ms(2_500)..=ms(5_000)).contains(&b.delay(0)));
+    /// assert!((ms(5_000)..=ms(10_000)).contains(&b.delay(1)));
+    /// assert!((ms(250_000)..=ms(500_000)).contains(&b.delay(100)), "capped at max");
+    /// ```
     pub fn delay(&self, n: u32) -> Duration {
         let base = self.initial.saturating_mul(1u32 << n.min(20)).min(self.max);
         let nanos = base.as_nanos() as u64;
@@ -43,7 +69,24 @@ impl Backoff {
     }
 }
 
-/// Options of one lock; every default is stated.
+/// Options of one lock; every default is stated. Set them per lock with [`LockBuilder`]'s
+/// setters, or for every lock with [`Locks::with_defaults`]. They are checked
+/// ([`validate`](Self::validate)) when a lock is acquired, not when they are set.
+///
+/// [`LockBuilder`]: crate::LockBuilder
+/// [`Locks::with_defaults`]: crate::Locks::with_defaults
+///
+/// ```
+/// use leasehold::{LockOptions, Wait};
+/// use std::time::Duration;
+/// let mut o = LockOptions::default();
+/// assert_eq!((o.ttl, o.wait, o.auto_renew), (Duration::from_secs(30), Wait::Forever, true));
+/// assert_eq!(o.renew_period(), Duration::from_secs(10)); // ttl / 3
+/// assert_eq!(o.waiter_lifetime(), Duration::from_secs(5)); // min(ttl, 5 s)
+/// assert_eq!(o.drift(), Duration::from_millis(302)); // 1 % of ttl + 2 ms
+/// o.ttl = Duration::from_secs(2);
+/// assert_eq!(o.waiter_lifetime(), Duration::from_secs(2));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LockOptions {
@@ -82,12 +125,13 @@ impl Default for LockOptions {
 }
 
 impl LockOptions {
-    /// The renewal period in effect.
+    /// The renewal period in effect: `renew_every`, else `ttl / 3` (see the type's example).
     pub fn renew_period(&self) -> Duration {
         self.renew_every.unwrap_or(self.ttl / 3)
     }
 
-    /// The waiter registration lifetime in effect.
+    /// The waiter registration lifetime in effect: `waiter_ttl`, else `min(ttl, 5 s)` (see the
+    /// type's example).
     pub fn waiter_lifetime(&self) -> Duration {
         self.waiter_ttl
             .unwrap_or_else(|| self.ttl.min(Duration::from_secs(5)))
@@ -99,10 +143,31 @@ impl LockOptions {
         drift(self.ttl)
     }
 
-    /// Checks that the options can work.
+    /// Checks that the options can work: a TTL from 10 ms to one year, a renewal period above
+    /// zero that leaves the [drift](Self::drift) margin before the TTL, a backoff with
+    /// `0 < initial ≤ max`, and a waiter lifetime of at least 10 ms.
     ///
     /// # Errors
     /// [`Error::InvalidOption`] naming the option.
+    ///
+    /// ```
+    /// use leasehold::{Error, LockOptions};
+    /// use std::time::Duration;
+    /// let name = |o: LockOptions| match o.validate() {
+    ///     Err(Error::InvalidOption { name, .. }) => name,
+    ///     other => panic!("{other:?}"),
+    /// };
+    /// assert!(LockOptions::default().validate().is_ok());
+    /// let mut o = LockOptions::default();
+    /// o.ttl = Duration::from_millis(5);
+    /// assert_eq!(name(o), "ttl");
+    /// let mut o = LockOptions::default();
+    /// o.renew_every = Some(o.ttl); // no time left to renew before expiry
+    /// assert_eq!(name(o), "renew_every");
+    /// let mut o = LockOptions::default();
+    /// o.waiter_ttl = Some(Duration::from_millis(1));
+    /// assert_eq!(name(o), "waiter_ttl");
+    /// ```
     pub fn validate(&self) -> Result<()> {
         if self.ttl < Duration::from_millis(10) {
             return Err(Error::option(

@@ -4,7 +4,19 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// Milliseconds since the Unix epoch on this machine's wall clock.
+/// Milliseconds since the Unix epoch on this machine's wall clock (0 if the clock is set before
+/// 1970). The `now_ms` the [`LeaseRecord`] helpers take.
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// use leasehold::record::now_ms;
+/// use std::time::Duration;
+/// let locks = leasehold::Locks::new(leasehold::memory::MemoryStore::new());
+/// let guard = locks.lock("k")?.ttl(Duration::from_secs(30)).acquire().await?;
+/// assert!(guard.record().is_held(now_ms()));
+/// assert!(guard.record().remaining(now_ms()) <= Duration::from_secs(30));
+/// # guard.release().await?; Ok::<(), leasehold::Error>(()) }).unwrap();
+/// ```
 pub fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -26,6 +38,20 @@ pub(crate) fn now_us() -> u64 {
 /// Times are Unix milliseconds of the clock that judges expiry (the store's own where it has one,
 /// else the acquirer's wall clock); the serialised form also carries them as RFC 3339 strings for
 /// people reading the record with `cat`, `redis-cli GET`, `kubectl describe` and the like.
+///
+/// ```
+/// use leasehold::LeaseRecord;
+/// use std::time::Duration;
+/// let mut r = LeaseRecord::free("user:alice", 7);
+/// r.holder = Some("web-1".into());
+/// r.token = Some("t1".into());
+/// r.expires_ms = 1_790_000_030_000;
+/// assert!(r.is_held(1_790_000_000_000));
+/// assert_eq!(r.remaining(1_790_000_000_000), Duration::from_secs(30));
+/// assert!(!r.is_held(r.expires_ms), "expired at its expiry time");
+/// let json = serde_json::to_string(&r).unwrap();
+/// assert!(json.contains(r#""expires":"2026-09-21T"#), "{json}");
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct LeaseRecord {
@@ -73,6 +99,12 @@ pub struct LeaseRecord {
 
 impl LeaseRecord {
     /// A free record that has issued no fence yet (or whose fence floor is `fence`).
+    ///
+    /// ```
+    /// let r = leasehold::LeaseRecord::free("k", 41);
+    /// assert!(!r.is_held(0) && r.holder.is_none());
+    /// assert_eq!(r.fence, 41); // the next grant's fence is above it
+    /// ```
     pub fn free(key: &str, fence: u64) -> Self {
         LeaseRecord {
             key: key.to_owned(),
@@ -93,17 +125,29 @@ impl LeaseRecord {
         }
     }
 
-    /// Whether a live holder has the lease at `now_ms`.
+    /// Whether a live holder has the lease at `now_ms`: it has an owner token and `expires_ms`
+    /// is after `now_ms`. It says nothing about whether the holder process is alive (the file
+    /// store checks that separately). See the type's example.
     pub fn is_held(&self, now_ms: u64) -> bool {
         self.token.is_some() && self.expires_ms > now_ms
     }
 
-    /// Whether a waiter registration is live at `now_ms`.
+    /// Whether a waiter registration is live at `now_ms`: it has a waiter token and
+    /// `waiter_expires_ms` is after `now_ms`.
+    ///
+    /// ```
+    /// let mut r = leasehold::LeaseRecord::free("k", 0);
+    /// r.waiter = Some("b".into());
+    /// r.waiter_token = Some("t2".into());
+    /// r.waiter_expires_ms = Some(1_000);
+    /// assert!(r.has_live_waiter(999));
+    /// assert!(!r.has_live_waiter(1_000), "lapsed");
+    /// ```
     pub fn has_live_waiter(&self, now_ms: u64) -> bool {
         self.waiter_token.is_some() && self.waiter_expires_ms.is_some_and(|t| t > now_ms)
     }
 
-    /// Time left before expiry at `now_ms` (zero when free or expired).
+    /// Time left before expiry at `now_ms` (zero when free or expired). See the type's example.
     pub fn remaining(&self, now_ms: u64) -> Duration {
         if self.token.is_none() {
             return Duration::ZERO;
