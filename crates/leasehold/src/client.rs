@@ -64,8 +64,24 @@ impl Locks {
         Self::from_arc(Arc::new(store))
     }
 
-    /// Locks over a shared store.
-    /// Every store call runs in a `tracing` span ([`crate::traced::Traced`]).
+    /// Locks over a shared store, with the holder id from the environment
+    /// ([`HolderId::from_env`]) and the local layer on. Every store call runs in a `tracing` span
+    /// ([`crate::traced::Traced`]). Several `Locks` over one store exclude each other like
+    /// separate processes would.
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// use leasehold::{memory::MemoryStore, HolderId, Locks, LockStore};
+    /// let store = std::sync::Arc::new(MemoryStore::new());
+    /// let a = Locks::from_arc(store.clone()).with_holder(HolderId::new("a"));
+    /// let b = Locks::from_arc(store.clone()).with_holder(HolderId::new("b"));
+    /// let held = a.lock("k")?.try_acquire().await?.expect("free");
+    /// assert!(b.lock("k")?.try_acquire().await?.is_none());
+    /// // The store is still yours to use directly.
+    /// assert_eq!(store.list("").await?.len(), 1);
+    /// # held.release().await?;
+    /// # Ok::<(), leasehold::Error>(()) }).unwrap();
+    /// ```
     pub fn from_arc(store: Arc<dyn LockStore>) -> Self {
         let store: Arc<dyn LockStore> = Arc::new(crate::traced::Traced::new(store));
         Locks {
@@ -78,36 +94,120 @@ impl Locks {
         }
     }
 
-    /// Uses `holder` as this process's identity.
+    /// Uses `holder` as this process's identity: it is written into every lease taken through
+    /// this `Locks` and shown to contenders. Two acquisitions under one holder id are still told
+    /// apart by their owner tokens: the second is refused while the first holds the key.
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// use leasehold::{memory::MemoryStore, HolderId, Locks};
+    /// let store = std::sync::Arc::new(MemoryStore::new());
+    /// let one = Locks::from_arc(store.clone()).with_holder(HolderId::new("web-1"));
+    /// let same = Locks::from_arc(store).with_holder(HolderId::new("web-1"));
+    /// let guard = one.lock("k")?.try_acquire().await?.expect("free");
+    /// assert_eq!(guard.record().holder.as_deref(), Some("web-1"));
+    /// assert!(same.lock("k")?.try_acquire().await?.is_none(), "never granted twice");
+    /// # guard.release().await?;
+    /// # Ok::<(), leasehold::Error>(()) }).unwrap();
+    /// ```
     pub fn with_holder(mut self, holder: HolderId) -> Self {
         self.holder = holder;
         self
     }
 
     /// Turns the in-process layer off (every task talks to the store) or on (default).
+    ///
+    /// With it on, tasks of this process waiting for one key queue in the process (first come,
+    /// first served, [`queued`](Self::queued)) and a released lease can pass to the next of them
+    /// without a store call. With it off, every task is a contender in the store like any other
+    /// process, and `queued` answers 0.
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// use leasehold::{memory::MemoryStore, Locks};
+    /// let locks = Locks::new(MemoryStore::new()).with_local_layer(false);
+    /// let guard = locks.lock("k")?.try_acquire().await?.expect("free");
+    /// assert!(locks.lock("k")?.try_acquire().await?.is_none()); // refused by the store
+    /// assert_eq!(locks.queued(guard.key()), 0);
+    /// # guard.release().await?;
+    /// # Ok::<(), leasehold::Error>(()) }).unwrap();
+    /// ```
     pub fn with_local_layer(mut self, on: bool) -> Self {
         self.local = on.then(LocalLocks::new);
         self
     }
 
-    /// Records Prometheus metrics.
+    /// Records Prometheus metrics (see [`Metrics`] for their names) for every lock made from
+    /// here and from its clones.
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// use leasehold::{memory::MemoryStore, Locks, Metrics};
+    /// let registry = prometheus::Registry::new();
+    /// let locks = Locks::new(MemoryStore::new())
+    ///     .with_metrics(Metrics::register("myapp_locks", &registry)?);
+    /// let guard = locks.lock("k")?.try_acquire().await?.expect("free");
+    /// assert!(locks.lock("k")?.try_acquire().await?.is_none());
+    /// let text = Metrics::render(&registry);
+    /// assert!(text.contains("myapp_locks_acquire_attempts_total 2"), "{text}");
+    /// assert!(text.contains("myapp_locks_acquire_success_total 1"), "{text}");
+    /// assert!(text.contains(r#"myapp_locks_acquire_failures_total{reason="contention"} 1"#));
+    /// # guard.release().await?;
+    /// # Ok::<(), leasehold::Error>(()) }).unwrap();
+    /// ```
     pub fn with_metrics(mut self, metrics: Metrics) -> Self {
         self.metrics = Some(metrics);
         self
     }
 
-    /// Default options for every lock made from here.
+    /// Default options for every lock made from here (each [`LockBuilder`] starts from a copy and
+    /// its setters change only that copy). They are checked when a lock is acquired: defaults
+    /// that cannot work make every `try_acquire` and `acquire` fail with
+    /// [`Error::InvalidOption`].
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// use leasehold::{memory::MemoryStore, Error, LockOptions, Locks};
+    /// use std::time::Duration;
+    /// let mut defaults = LockOptions::default();
+    /// defaults.ttl = Duration::from_secs(10);
+    /// let locks = Locks::new(MemoryStore::new()).with_defaults(defaults.clone());
+    /// assert_eq!(locks.lock("k")?.current_options(), &defaults);
+    /// let guard = locks.lock("k")?.try_acquire().await?.expect("free");
+    /// assert_eq!(guard.record().ttl_ms, 10_000);
+    /// defaults.ttl = Duration::ZERO;
+    /// let broken = locks.clone().with_defaults(defaults);
+    /// let refused = broken.lock("other")?.try_acquire().await;
+    /// assert!(matches!(refused, Err(Error::InvalidOption { name: "ttl", .. })));
+    /// # guard.release().await?;
+    /// # Ok::<(), leasehold::Error>(()) }).unwrap();
+    /// ```
     pub fn with_defaults(mut self, defaults: LockOptions) -> Self {
         self.defaults = defaults;
         self
     }
 
-    /// The store.
+    /// The store, wrapped in [`crate::traced::Traced`]: for what the lock API does not do
+    /// (inspect, list, force-release, cleanup).
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// use leasehold::{memory::MemoryStore, Inspection, Locks};
+    /// let locks = Locks::new(MemoryStore::new());
+    /// let guard = locks.lock("k")?.try_acquire().await?.expect("free");
+    /// let Some(Inspection::Record(r)) = locks.store().inspect(guard.key()).await? else {
+    ///     panic!("no record")
+    /// };
+    /// assert_eq!((r.fence, r.token.as_deref()), (guard.fence(), Some(guard.token())));
+    /// assert_eq!(locks.store().describe(), "memory://");
+    /// # guard.release().await?;
+    /// # Ok::<(), leasehold::Error>(()) }).unwrap();
+    /// ```
     pub fn store(&self) -> &Arc<dyn LockStore> {
         &self.store
     }
 
-    /// This process's holder id.
+    /// This process's holder id (see [`Locks::new`] for an example).
     pub fn holder(&self) -> &HolderId {
         &self.holder
     }
@@ -193,7 +293,20 @@ impl Locks {
         self.local.as_ref().map_or(0, |l| l.queued(key.as_str()))
     }
 
-    /// How many leases are held through this `Locks` (and its clones) right now.
+    /// How many leases are held through this `Locks` (and its clones) right now: a guard counts
+    /// until it is released or dropped, even after its lease was lost.
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// let locks = leasehold::Locks::new(leasehold::memory::MemoryStore::new());
+    /// let a = locks.lock("a")?.try_acquire().await?.expect("free");
+    /// let b = locks.clone().lock("b")?.try_acquire().await?.expect("free");
+    /// assert_eq!(locks.held(), 2);
+    /// a.release().await?;
+    /// drop(b);
+    /// assert_eq!(locks.held(), 0);
+    /// # Ok::<(), leasehold::Error>(()) }).unwrap();
+    /// ```
     pub fn held(&self) -> usize {
         self.live.len()
     }
@@ -214,7 +327,18 @@ impl Locks {
         Ok(self.lock_key(Key::new(key)?))
     }
 
-    /// A lock on an already validated key.
+    /// A lock on an already validated key: like [`lock`](Self::lock), without the validation
+    /// (so it cannot fail).
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// let locks = leasehold::Locks::new(leasehold::memory::MemoryStore::new());
+    /// let key = leasehold::Key::new("user:alice")?;
+    /// let guard = locks.lock_key(key.clone()).try_acquire().await?.expect("free");
+    /// assert_eq!(guard.key(), &key);
+    /// # guard.release().await?;
+    /// # Ok::<(), leasehold::Error>(()) }).unwrap();
+    /// ```
     pub fn lock_key(&self, key: Key) -> LockBuilder {
         LockBuilder {
             locks: self.clone(),
@@ -225,7 +349,21 @@ impl Locks {
 }
 
 /// One lock's options, then [`try_acquire`](LockBuilder::try_acquire) or
-/// [`acquire`](LockBuilder::acquire).
+/// [`acquire`](LockBuilder::acquire). It starts from the [`Locks`]' defaults
+/// ([`Locks::with_defaults`]); the setters only record values, which are checked
+/// ([`LockOptions::validate`]) when the lock is acquired.
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// use leasehold::{memory::MemoryStore, Error, Locks};
+/// use std::time::Duration;
+/// let locks = Locks::new(MemoryStore::new());
+/// let lock = locks.lock("k")?.ttl(Duration::from_secs(2)).renew_every(Duration::from_secs(2));
+/// assert_eq!(lock.current_options().ttl, Duration::from_secs(2)); // recorded as given
+/// let refused = lock.try_acquire().await; // no room to renew before expiry
+/// assert!(matches!(refused, Err(Error::InvalidOption { name: "renew_every", .. })));
+/// # Ok::<(), leasehold::Error>(()) }).unwrap();
+/// ```
 #[derive(Debug, Clone)]
 #[must_use = "a lock builder does nothing until acquired"]
 pub struct LockBuilder {
@@ -235,67 +373,186 @@ pub struct LockBuilder {
 }
 
 impl LockBuilder {
-    /// Time to live (default 30 s).
+    /// Time to live (default 30 s), from 10 ms to one year. A holder that stops renewing loses the
+    /// lease after it, and another holder can then take the lease over. A TTL out of range makes
+    /// the acquisition fail with [`Error::InvalidOption`].
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// use std::time::Duration;
+    /// let locks = leasehold::Locks::new(leasehold::memory::MemoryStore::new());
+    /// let guard = locks.lock("k")?.ttl(Duration::from_secs(2)).acquire().await?;
+    /// assert_eq!(guard.record().ttl_ms, 2_000);
+    /// guard.release().await?;
+    /// assert!(locks.lock("k")?.ttl(Duration::from_millis(1)).acquire().await.is_err());
+    /// # Ok::<(), leasehold::Error>(()) }).unwrap();
+    /// ```
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.opts.ttl = ttl;
         self
     }
 
-    /// Renewal period (default TTL/3).
+    /// Renewal period (default TTL/3); also how often the guard learns that a waiter asked for
+    /// the lease. It must be above zero and leave the drift margin ([`LockOptions::drift`]) before
+    /// the TTL, else the acquisition fails with [`Error::InvalidOption`] (see the example on
+    /// [`LockBuilder`]).
     pub fn renew_every(mut self, period: Duration) -> Self {
         self.opts.renew_every = Some(period);
         self
     }
 
-    /// Whether the guard renews by itself (default true). Without renewal the lease lives one TTL.
+    /// Whether the guard renews by itself (default true). Without renewal the lease lives one TTL:
+    /// the guard's [`lost`](LeaseGuard::lost) then completes with [`LostReason::Expired`] once the
+    /// TTL minus the drift margin has passed.
+    ///
+    /// [`LostReason::Expired`]: crate::LostReason::Expired
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// use leasehold::{memory::MemoryStore, Locks, LostReason};
+    /// use std::time::Duration;
+    /// let locks = Locks::new(MemoryStore::new());
+    /// let lock = locks.lock("k")?.ttl(Duration::from_millis(100)).auto_renew(false);
+    /// let guard = lock.try_acquire().await?.expect("free");
+    /// assert_eq!(guard.lost().await, LostReason::Expired);
+    /// assert!(!guard.is_current());
+    /// # Ok::<(), leasehold::Error>(()) }).unwrap();
+    /// ```
     pub fn auto_renew(mut self, on: bool) -> Self {
         self.opts.auto_renew = on;
         self
     }
 
-    /// Waits at most `limit` in [`acquire`](Self::acquire).
+    /// Waits at most `limit` in [`acquire`](Self::acquire), which then fails with
+    /// [`Error::Timeout`] naming the holder it saw last. Shorthand for
+    /// `wait_policy(Wait::For(limit))`; [`try_acquire`](Self::try_acquire) ignores it.
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// use leasehold::{memory::MemoryStore, Error, HolderId, Locks};
+    /// use std::time::Duration;
+    /// let store = std::sync::Arc::new(MemoryStore::new());
+    /// let a = Locks::from_arc(store.clone()).with_holder(HolderId::new("a"));
+    /// let b = Locks::from_arc(store).with_holder(HolderId::new("b"));
+    /// let held = a.lock("k")?.try_acquire().await?.expect("free");
+    /// match b.lock("k")?.wait(Duration::from_millis(20)).acquire().await {
+    ///     Err(Error::Timeout { holder, waited, .. }) => {
+    ///         assert_eq!(holder, "a");
+    ///         assert!(waited >= Duration::from_millis(20));
+    ///     }
+    ///     other => panic!("{other:?}"),
+    /// }
+    /// # held.release().await?;
+    /// # Ok::<(), leasehold::Error>(()) }).unwrap();
+    /// ```
     pub fn wait(mut self, limit: Duration) -> Self {
         self.opts.wait = Wait::For(limit);
         self
     }
 
-    /// Sets the wait policy.
+    /// Sets the wait policy (default [`Wait::Forever`]); see [`Wait`] for an example with
+    /// [`Wait::No`].
     pub fn wait_policy(mut self, wait: Wait) -> Self {
         self.opts.wait = wait;
         self
     }
 
-    /// Backoff between attempts while waiting.
+    /// Backoff between attempts while waiting (with change notifications only as a safety net),
+    /// and between retries of a renewal that failed with a retryable error. It needs
+    /// `0 < initial ≤ max`, else the acquisition fails with [`Error::InvalidOption`].
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// use leasehold::{Backoff, Error, Locks};
+    /// use std::time::Duration;
+    /// let locks = Locks::new(leasehold::memory::MemoryStore::new());
+    /// let fast = Backoff { initial: Duration::from_millis(1), max: Duration::from_millis(50) };
+    /// locks.lock("k")?.backoff(fast).acquire().await?.release().await?;
+    /// let broken = Backoff { initial: Duration::ZERO, ..fast };
+    /// let refused = locks.lock("k")?.backoff(broken).acquire().await;
+    /// assert!(matches!(refused, Err(Error::InvalidOption { name: "backoff", .. })));
+    /// # Ok::<(), leasehold::Error>(()) }).unwrap();
+    /// ```
     pub fn backoff(mut self, backoff: Backoff) -> Self {
         self.opts.backoff = backoff;
         self
     }
 
-    /// Whether waiting registers as waiter (default true).
+    /// Whether waiting registers as waiter (default true). A registered waiter makes the
+    /// holder's [`handoff_requested`](LeaseGuard::handoff_requested) fire, and once the lease is
+    /// freed it is reserved for that waiter (for its [`waiter_ttl`](Self::waiter_ttl)): other
+    /// contenders are refused meanwhile. Unregistered waiters just retry. A registration is
+    /// withdrawn when the wait ends without the lease.
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// use leasehold::{memory::MemoryStore, HolderId, Inspection, Key, Locks, LockStore};
+    /// let store = std::sync::Arc::new(MemoryStore::new());
+    /// let who = |id: &str| Locks::from_arc(store.clone()).with_holder(HolderId::new(id));
+    /// let (a, b, c, key) = (who("a"), who("b"), who("c"), Key::new("k")?);
+    /// let held = a.lock_key(key.clone()).acquire().await?;
+    /// let waiter = tokio::spawn(async move { b.lock("k")?.acquire().await });
+    /// let registered = |i: Option<Inspection>| {
+    ///     matches!(i, Some(Inspection::Record(r)) if r.waiter.is_some())
+    /// };
+    /// while !registered(store.inspect(&key).await?) {
+    ///     tokio::task::yield_now().await;
+    /// }
+    /// held.release().await?;
+    /// assert!(c.lock_key(key).try_acquire().await?.is_none(), "reserved for b");
+    /// assert_eq!(waiter.await.expect("task")?.record().holder.as_deref(), Some("b"));
+    /// # Ok::<(), leasehold::Error>(()) }).unwrap();
+    /// ```
     pub fn register_waiter(mut self, on: bool) -> Self {
         self.opts.register_waiter = on;
         self
     }
 
-    /// Waiter registration lifetime (default `min(ttl, 5 s)`).
+    /// Waiter registration lifetime (default `min(ttl, 5 s)`, at least 10 ms else the acquisition
+    /// fails with [`Error::InvalidOption`]). A waiting `acquire` tries again at least every third
+    /// of it, renewing its registration as it goes; a waiter that went away without withdrawing
+    /// (a crashed process) stops reserving the lease once it lapses.
     pub fn waiter_ttl(mut self, ttl: Duration) -> Self {
         self.opts.waiter_ttl = Some(ttl);
         self
     }
 
-    /// Adds a label stored with the lease (task id, purpose …).
+    /// Adds a label stored with the lease (task id, purpose …); a second label of the same name
+    /// replaces the first.
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// let locks = leasehold::Locks::new(leasehold::memory::MemoryStore::new());
+    /// let lock = locks.lock("k")?.label("task", "41").label("task", "42").label("by", "cron");
+    /// let guard = lock.acquire().await?;
+    /// assert_eq!(guard.record().labels["task"], "42");
+    /// assert_eq!(guard.record().labels.len(), 2);
+    /// # guard.release().await?;
+    /// # Ok::<(), leasehold::Error>(()) }).unwrap();
+    /// ```
     pub fn label(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
         self.opts.labels.insert(name.into(), value.into());
         self
     }
 
-    /// Replaces all options.
+    /// Replaces all options: the [`Locks`]' defaults and whatever was set so far (labels
+    /// included) no longer apply.
+    ///
+    /// ```
+    /// use leasehold::{memory::MemoryStore, LockOptions, Locks, Wait};
+    /// let locks = Locks::new(MemoryStore::new());
+    /// let mut opts = LockOptions::default();
+    /// opts.wait = Wait::No;
+    /// let lock = locks.lock("k")?.label("gone", "yes").options(opts.clone());
+    /// assert_eq!(lock.current_options(), &opts);
+    /// # Ok::<(), leasehold::Error>(())
+    /// ```
     pub fn options(mut self, opts: LockOptions) -> Self {
         self.opts = opts;
         self
     }
 
-    /// The options in effect.
+    /// The options in effect (see [`options`](Self::options) for an example).
     pub fn current_options(&self) -> &LockOptions {
         &self.opts
     }
