@@ -18,6 +18,17 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 /// What [`LeaseGuard::release`] found.
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// use leasehold::{memory::MemoryStore, Locks, LostReason, Released};
+/// let locks = Locks::new(MemoryStore::new());
+/// let guard = locks.lock("k")?.try_acquire().await?.expect("free");
+/// locks.store().force_release(guard.key()).await?; // an operator frees it
+/// assert_eq!(guard.release().await?, Released::Lost(LostReason::Released));
+/// assert_eq!(guard.release().await?, Released::AlreadyReleased);
+/// # Ok::<(), leasehold::Error>(()) }).unwrap();
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Released {
     /// The lease was ours and is free now.
@@ -637,25 +648,52 @@ impl LeaseGuard {
         self.shared.fence
     }
 
-    /// The key held.
+    /// The key held (see [`record`](Self::record) for an example).
     pub fn key(&self) -> &Key {
         &self.shared.key
     }
 
     /// The record as written when the lease was granted, with this acquisition's fence (the
     /// record in the store shows the last fence of the block reserved with the lease, which is
-    /// at least this one).
+    /// at least this one). It is not updated by renewals: read the store for the current record.
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// use leasehold::{memory::MemoryStore, HolderId, Locks};
+    /// let locks = Locks::new(MemoryStore::new()).with_holder(HolderId::new("web-1"));
+    /// let guard = locks.lock("user:alice")?.try_acquire().await?.expect("free");
+    /// let r = guard.record();
+    /// assert_eq!((r.key.as_str(), guard.key().as_str()), ("user:alice", "user:alice"));
+    /// assert_eq!(r.holder.as_deref(), Some("web-1"));
+    /// assert_eq!(r.token.as_deref(), Some(guard.token()));
+    /// assert_eq!(r.fence, guard.fence());
+    /// # guard.release().await?;
+    /// # Ok::<(), leasehold::Error>(()) }).unwrap();
+    /// ```
     pub fn record(&self) -> &LeaseRecord {
         &self.shared.record
     }
 
-    /// The owner token of this acquisition.
+    /// The owner token of this acquisition: unique per acquisition, also for one holder (see
+    /// [`record`](Self::record) for an example).
     pub fn token(&self) -> &str {
         &self.shared.token
     }
 
     /// Whether the lease is surely still ours: not lost, not released, and not past the time up
-    /// to which the last successful renewal vouches.
+    /// to which the last successful renewal vouches (the TTL minus the drift margin, counted from
+    /// when the grant or renewal request was sent). It asks no store: check it before each write
+    /// that the lease protects, and pass the [`fence`](Self::fence) along too.
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// let locks = leasehold::Locks::new(leasehold::memory::MemoryStore::new());
+    /// let guard = locks.lock("k")?.try_acquire().await?.expect("free");
+    /// assert!(guard.is_current());
+    /// guard.release().await?;
+    /// assert!(!guard.is_current());
+    /// # Ok::<(), leasehold::Error>(()) }).unwrap();
+    /// ```
     pub fn is_current(&self) -> bool {
         let s = self.shared.state.borrow();
         s.lost.is_none() && !s.released && Instant::now() < s.valid_until
@@ -735,7 +773,27 @@ impl LeaseGuard {
         }
     }
 
-    /// Whether a waiter has asked for the lease.
+    /// Whether a waiter has asked for the lease: the non-waiting form of
+    /// [`handoff_requested`](Self::handoff_requested), set at the first renewal that sees a
+    /// registered waiter and never cleared. Never set without auto-renewal.
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// use leasehold::{memory::MemoryStore, HolderId, Locks};
+    /// use std::time::Duration;
+    /// let store = std::sync::Arc::new(MemoryStore::new());
+    /// let a = Locks::from_arc(store.clone()).with_holder(HolderId::new("a"));
+    /// let b = Locks::from_arc(store).with_holder(HolderId::new("b"));
+    /// let guard = a.lock("k")?.renew_every(Duration::from_millis(20)).acquire().await?;
+    /// assert!(!guard.is_handoff_requested());
+    /// let waiter = tokio::spawn(async move { b.lock("k")?.acquire().await });
+    /// while !guard.is_handoff_requested() {
+    ///     tokio::time::sleep(Duration::from_millis(5)).await;
+    /// }
+    /// guard.release().await?;
+    /// waiter.await.expect("task")?.release().await?;
+    /// # Ok::<(), leasehold::Error>(()) }).unwrap();
+    /// ```
     pub fn is_handoff_requested(&self) -> bool {
         self.shared.state.borrow().handoff.is_some()
     }

@@ -88,7 +88,8 @@ impl fmt::Debug for LocalLocks {
     }
 }
 
-/// Holds one key of a [`LocalLocks`]; dropping it lets the next waiter in.
+/// Holds one key of a [`LocalLocks`]; dropping it lets the next waiter in (see [`LocalLocks`]
+/// for an example).
 #[must_use = "the key is unlocked when the guard is dropped"]
 pub struct LocalGuard {
     slot: Slot,
@@ -143,6 +144,19 @@ impl LocalLocks {
     ///
     /// # Cancel safety
     /// Cancel safe: a dropped wait loses nobody's place but its own.
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// use std::time::Duration;
+    /// let locks = leasehold::LocalLocks::new();
+    /// let held = locks.lock("k").await;
+    /// let gave_up = tokio::time::timeout(Duration::from_millis(5), locks.lock("k")).await;
+    /// assert!(gave_up.is_err());
+    /// assert_eq!(locks.queued("k"), 0, "the dropped wait left no trace");
+    /// drop(held);
+    /// let _next = locks.lock("k").await;
+    /// # });
+    /// ```
     pub async fn lock(self: &Arc<Self>, key: &str) -> LocalGuard {
         let slot = self.slot(key);
         slot.queued.fetch_add(1, Ordering::SeqCst);
@@ -159,7 +173,8 @@ impl LocalLocks {
         }
     }
 
-    /// Takes `key` if no task of this process holds it.
+    /// Takes `key` if no task of this process holds it; `None` at once otherwise (see
+    /// [`LocalLocks`] for an example).
     pub fn try_lock(self: &Arc<Self>, key: &str) -> Option<LocalGuard> {
         let slot = self.slot(key);
         let guard = slot.mutex.clone().try_lock_owned().ok()?;
@@ -170,6 +185,24 @@ impl LocalLocks {
     }
 
     /// How many tasks wait for `key` right now (the holder not counted).
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// let locks = leasehold::LocalLocks::new();
+    /// let held = locks.lock("k").await;
+    /// let next = tokio::spawn({
+    ///     let locks = locks.clone();
+    ///     async move { drop(locks.lock("k").await) }
+    /// });
+    /// while locks.queued("k") == 0 {
+    ///     tokio::task::yield_now().await;
+    /// }
+    /// assert_eq!(locks.queued("k"), 1);
+    /// drop(held);
+    /// next.await.expect("task");
+    /// assert_eq!(locks.queued("k"), 0);
+    /// # });
+    /// ```
     pub fn queued(&self, key: &str) -> usize {
         self.shard(key)
             .lock()
@@ -191,7 +224,16 @@ impl LocalLocks {
         self.len() == 0
     }
 
-    /// Entries kept, in use or not yet swept (bounded, see the module docs).
+    /// Entries kept, in use or not yet swept (bounded, see the module docs): at least
+    /// [`len`](Self::len).
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// let locks = leasehold::LocalLocks::new();
+    /// drop(locks.lock("k").await);
+    /// assert_eq!((locks.len(), locks.entries()), (0, 1)); // unused, kept until a sweep
+    /// # });
+    /// ```
     pub fn entries(&self) -> usize {
         self.shards.iter().map(|s| s.lock().map.len()).sum()
     }
