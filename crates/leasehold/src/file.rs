@@ -58,7 +58,16 @@ const MUTATE: i64 = 1;
 const EXT: &str = ".lease";
 const KERNEL_LOCK: &str = "kernel_lock";
 
-/// Options of the file store.
+/// Options of the file store; the `mode` and `fsync` parameters of a `file://` URL.
+///
+/// ```
+/// use leasehold::file::{FileOptions, FileStore};
+/// let dir = tempfile::tempdir().unwrap();
+/// let shared = FileOptions { mode: 0o640, fsync: true }; // group may read; fdatasync each write
+/// assert!(FileStore::open(dir.path(), shared).is_ok());
+/// let unreadable = FileOptions { mode: 0o200, ..FileOptions::default() };
+/// assert!(FileStore::open(dir.path(), unreadable).is_err(), "must include 0600");
+/// ```
 #[derive(Debug, Clone)]
 pub struct FileOptions {
     /// Mode of created record files (default 0o600).
@@ -553,11 +562,23 @@ fn read_record(file: &File) -> io::Result<(Found, usize)> {
 }
 
 impl FileStore {
-    /// Opens (creating if missing) the store directory `dir`.
+    /// Opens (creating if missing) the store directory `dir`, its parents too. An existing
+    /// directory is used as it is (its mode is not changed).
     ///
     /// # Errors
     /// [`Error::Io`] when the directory cannot be created or is not a directory;
-    /// [`Error::InvalidOption`] for a mode without owner read/write.
+    /// [`Error::InvalidOption`] for a mode without owner read/write (or above 0777).
+    ///
+    /// ```
+    /// use leasehold::{file::FileStore, Error};
+    /// let tmp = tempfile::tempdir().unwrap();
+    /// let store = FileStore::open(tmp.path().join("a/b/locks"), Default::default())?;
+    /// assert!(store.dir().is_dir());
+    /// let plain = tmp.path().join("plain-file");
+    /// std::fs::write(&plain, "").unwrap();
+    /// assert!(matches!(FileStore::open(&plain, Default::default()), Err(Error::Io { .. })));
+    /// # Ok::<(), leasehold::Error>(())
+    /// ```
     pub fn open(dir: impl AsRef<Path>, opts: FileOptions) -> Result<Self> {
         let dir = dir.as_ref().to_path_buf();
         if opts.mode & 0o600 != 0o600 || opts.mode > 0o777 {
@@ -629,12 +650,28 @@ impl FileStore {
         Self::open(path, opts)
     }
 
-    /// The store directory.
+    /// The store directory, as given to [`open`](Self::open) (see there for an example).
     pub fn dir(&self) -> &Path {
         &self.inner.dir
     }
 
-    /// The path of `key`'s record file.
+    /// The path of `key`'s record file: `<dir>/<name>.lease`, the name from [`Naming::file`]
+    /// (any key maps to a file directly in the directory). The file stays after a release: it
+    /// keeps the key's fence.
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// use leasehold::{file::FileStore, HolderId, Key, Locks};
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let store = FileStore::open(dir.path(), Default::default())?;
+    /// let path = store.record_path(&Key::new("../user:alice")?);
+    /// assert_eq!(path.parent(), Some(dir.path()));
+    /// let locks = Locks::new(store).with_holder(HolderId::new("web-1"));
+    /// locks.lock("../user:alice")?.acquire().await?.release().await?;
+    /// let json = std::fs::read_to_string(&path).unwrap();
+    /// assert!(json.contains(r#""key": "../user:alice""#), "{json}");
+    /// # Ok::<(), leasehold::Error>(()) }).unwrap();
+    /// ```
     pub fn record_path(&self, key: &Key) -> PathBuf {
         self.inner.path(key)
     }

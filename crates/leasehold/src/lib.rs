@@ -208,10 +208,23 @@ pub async fn open_store(url: &str) -> Result<Arc<dyn LockStore>> {
     }
 }
 
-/// Opens the store a URL names and returns [`Locks`] over it.
+/// Opens the store a URL names and returns [`Locks`] over it (as [`Locks::from_arc`]: holder id
+/// from the environment, local layer on).
 ///
 /// # Errors
 /// As [`open_store`].
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// use leasehold::{connect, Error};
+/// let dir = tempfile::tempdir().unwrap();
+/// let locks = connect(&format!("file://{}?mode=0640&fsync=true", dir.path().display())).await?;
+/// locks.lock("k")?.try_acquire().await?.expect("free").release().await?;
+/// assert!(connect("memory://").await.is_ok());
+/// let unknown = connect(&format!("file://{}?colour=red", dir.path().display())).await;
+/// assert!(matches!(unknown, Err(Error::InvalidUrl { .. })));
+/// # Ok::<(), leasehold::Error>(()) }).unwrap();
+/// ```
 pub async fn connect(url: &str) -> Result<Locks> {
     Ok(Locks::from_arc(open_store(url).await?))
 }

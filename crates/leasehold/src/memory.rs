@@ -199,6 +199,22 @@ impl RecordMemoryStore {
     }
 
     /// Overwrites the stored bytes of `key` unconditionally (to test corrupt-record recovery).
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// use leasehold::{adapter::RecordLockStore, memory::RecordMemoryStore};
+    /// use leasehold::{AcquireOutcome, AcquireRequest, Inspection, Key, LockStore};
+    /// use std::time::Duration;
+    /// let store = RecordLockStore::new(RecordMemoryStore::new());
+    /// let key = Key::new("k")?;
+    /// store.inner().put_raw(&key, br#"{"fence": 9000000000000000, "hold"#);
+    /// // Reported as corrupt, never fatal; the next acquisition recovers it, fence above the damage.
+    /// assert!(matches!(store.inspect(&key).await?, Some(Inspection::Corrupt { .. })));
+    /// let req = AcquireRequest::new(key.clone(), "a", Duration::from_secs(30));
+    /// let AcquireOutcome::Granted(r) = store.acquire(&req).await? else { panic!("not granted") };
+    /// assert!(r.fence > 9_000_000_000_000_000);
+    /// # Ok::<(), leasehold::Error>(()) }).unwrap();
+    /// ```
     pub fn put_raw(&self, key: &Key, bytes: &[u8]) {
         let mut g = self.objects.lock();
         g.0 += 1;

@@ -14,6 +14,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// What a store can do, filled in by each store.
+///
+/// ```
+/// use leasehold::{file::FileStore, memory::MemoryStore, LockStore};
+/// let memory = MemoryStore::new().capabilities();
+/// assert!(memory.watch && !memory.native_ttl && !memory.liveness);
+/// let dir = tempfile::tempdir().unwrap();
+/// let file = FileStore::open(dir.path(), Default::default())?.capabilities();
+/// assert!(file.watch && file.liveness, "inotify, and a kernel lock per holder");
+/// # Ok::<(), leasehold::Error>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Capabilities {
@@ -28,7 +38,8 @@ pub struct Capabilities {
     pub fence_source: &'static str,
 }
 
-/// One acquisition attempt.
+/// One acquisition attempt, for calling a [`LockStore`] directly (the lock API builds it for
+/// you). See [`LockStore`] for an example.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct AcquireRequest {
@@ -90,7 +101,18 @@ impl GiveUp {
 }
 
 impl AcquireRequest {
-    /// A request with a fresh owner token and no labels.
+    /// A request with a fresh owner token (128 random bits, unique per request), no labels, no
+    /// waiter registration and one fence.
+    ///
+    /// ```
+    /// use leasehold::{AcquireRequest, Key};
+    /// use std::time::Duration;
+    /// let one = AcquireRequest::new(Key::new("k")?, "a", Duration::from_secs(30));
+    /// let two = AcquireRequest::new(Key::new("k")?, "a", Duration::from_secs(30));
+    /// assert_ne!(one.token, two.token, "same holder, two acquisitions");
+    /// assert_eq!((one.fences, one.waiter_ttl, one.labels.len()), (1, None, 0));
+    /// # Ok::<(), leasehold::Error>(())
+    /// ```
     pub fn new(key: Key, holder: impl Into<String>, ttl: Duration) -> Self {
         AcquireRequest {
             key,
@@ -105,14 +127,33 @@ impl AcquireRequest {
         }
     }
 
-    /// Registers as waiter for `ttl` when the lease is held.
+    /// Registers as waiter for `ttl` when the lease is held (if no other live waiter is
+    /// registered): the holder learns it at its next renewal, and once the lease is freed it is
+    /// reserved for this request's token until the registration lapses.
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// use leasehold::{memory::MemoryStore, AcquireOutcome, AcquireRequest, Key, LockStore};
+    /// use std::time::Duration;
+    /// let (store, key, ttl) = (MemoryStore::new(), Key::new("k")?, Duration::from_secs(30));
+    /// let a = AcquireRequest::new(key.clone(), "a", ttl);
+    /// let b = AcquireRequest::new(key.clone(), "b", ttl).waiter(Duration::from_secs(5));
+    /// store.acquire(&a).await?;
+    /// let AcquireOutcome::Held(r) = store.acquire(&b).await? else { panic!("a holds it") };
+    /// assert_eq!(r.waiter.as_deref(), Some("b"));
+    /// store.release(&key, &a.token).await?;
+    /// let c = AcquireRequest::new(key.clone(), "c", ttl);
+    /// assert!(matches!(store.acquire(&c).await?, AcquireOutcome::Held(_)), "reserved for b");
+    /// assert!(matches!(store.acquire(&b).await?, AcquireOutcome::Granted(_)));
+    /// # Ok::<(), leasehold::Error>(()) }).unwrap();
+    /// ```
     pub fn waiter(mut self, ttl: Duration) -> Self {
         self.waiter_ttl = Some(ttl);
         self
     }
 }
 
-/// The answer to an acquisition attempt.
+/// The answer to an acquisition attempt. See [`LockStore`] for an example.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AcquireOutcome {
     /// The lease is ours; the record as written (with the new fence).
@@ -122,6 +163,23 @@ pub enum AcquireOutcome {
 }
 
 /// The answer to a renewal.
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// use leasehold::{memory::MemoryStore, AcquireRequest, Key, LockStore, LostReason, RenewOutcome};
+/// use std::time::Duration;
+/// let (store, key) = (MemoryStore::new(), Key::new("k")?);
+/// let req = AcquireRequest::new(key.clone(), "a", Duration::from_secs(1));
+/// store.acquire(&req).await?;
+/// let RenewOutcome::Renewed(r) = store.renew(&key, &req.token, Duration::from_secs(60)).await? else {
+///     panic!("still ours")
+/// };
+/// assert_eq!(r.ttl_ms, 60_000);
+/// store.force_release(&key).await?; // an operator frees it
+/// let lost = store.renew(&key, &req.token, Duration::from_secs(60)).await?;
+/// assert_eq!(lost, RenewOutcome::Lost(LostReason::Released));
+/// # Ok::<(), leasehold::Error>(()) }).unwrap();
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RenewOutcome {
     /// Still ours; the record as written (its waiter fields drive the handoff signal).
@@ -130,7 +188,14 @@ pub enum RenewOutcome {
     Lost(LostReason),
 }
 
-/// Why a lease is no longer ours.
+/// Why a lease is no longer ours; `Display` says it in words.
+///
+/// ```
+/// use leasehold::LostReason;
+/// let taken = LostReason::TakenOver { holder: "b".into() };
+/// assert_eq!(taken.to_string(), "taken over by b");
+/// assert_eq!(LostReason::Expired.to_string(), "expired before renewal");
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum LostReason {
@@ -166,6 +231,18 @@ impl fmt::Display for LostReason {
 }
 
 /// The answer to a release.
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// use leasehold::{memory::MemoryStore, AcquireRequest, Key, LockStore, ReleaseOutcome};
+/// let (store, key) = (MemoryStore::new(), Key::new("k")?);
+/// let req = AcquireRequest::new(key.clone(), "a", std::time::Duration::from_secs(30));
+/// store.acquire(&req).await?;
+/// assert_eq!(store.release(&key, &req.token).await?, ReleaseOutcome::Released);
+/// assert_eq!(store.release(&key, &req.token).await?, ReleaseOutcome::NotHeld); // idempotent
+/// assert_eq!(store.release(&key, "not-the-token").await?, ReleaseOutcome::NotHeld);
+/// # Ok::<(), leasehold::Error>(()) }).unwrap();
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReleaseOutcome {
     /// The lease was ours and is now free.
@@ -174,7 +251,25 @@ pub enum ReleaseOutcome {
     NotHeld,
 }
 
-/// A record as read for `inspect` and `list`: sound, or corrupt (reported, never fatal).
+/// A record as read for `inspect` and `list`: sound, or corrupt (reported, never fatal; see
+/// [`RecordMemoryStore::put_raw`](crate::memory::RecordMemoryStore::put_raw) for a corrupt one).
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// use leasehold::{memory::MemoryStore, Inspection, Locks};
+/// let locks = Locks::new(MemoryStore::new());
+/// let a = locks.lock("job:1")?.try_acquire().await?.expect("free");
+/// let b = locks.lock("job:2")?.try_acquire().await?.expect("free");
+/// let c = locks.lock("other")?.try_acquire().await?.expect("free");
+/// let jobs = locks.store().list("job:").await?;
+/// let keys: Vec<_> = jobs.iter().map(|i| match i {
+///     Inspection::Record(r) => r.key.as_str(),
+///     Inspection::Corrupt { name, .. } => name.as_str(),
+/// }).collect();
+/// assert_eq!(keys, ["job:1", "job:2"]);
+/// # drop((a, b, c));
+/// # Ok::<(), leasehold::Error>(()) }).unwrap();
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Inspection {
     /// A record that parsed.
@@ -189,6 +284,19 @@ pub enum Inspection {
 }
 
 /// What `cleanup` did.
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// use leasehold::{memory::MemoryStore, Locks};
+/// use std::time::Duration;
+/// let locks = Locks::new(MemoryStore::new());
+/// locks.lock("done")?.acquire().await?.release().await?;
+/// let held = locks.lock("busy")?.acquire().await?;
+/// let report = locks.store().cleanup(Duration::ZERO).await?;
+/// assert_eq!((report.removed, report.kept), (1, 1)); // the held record stays
+/// # drop(held);
+/// # Ok::<(), leasehold::Error>(()) }).unwrap();
+/// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct CleanupReport {
@@ -200,6 +308,18 @@ pub struct CleanupReport {
 
 /// A subscription to changes of one key, taken *before* an acquisition attempt so that no change
 /// between the attempt and the wait is missed.
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// use leasehold::{memory::MemoryStore, AcquireRequest, ChangeWatch, Key, LockStore};
+/// let (store, key) = (MemoryStore::new(), Key::new("k")?);
+/// let req = AcquireRequest::new(key.clone(), "a", std::time::Duration::from_secs(30));
+/// store.acquire(&req).await?;
+/// let mut watch = store.subscribe(&key).await?.expect("the memory store notifies");
+/// store.release(&key, &req.token).await?;
+/// watch.changed().await; // completes: the release changed the record
+/// # Ok::<(), leasehold::Error>(()) }).unwrap();
+/// ```
 #[async_trait]
 pub trait ChangeWatch: Send + fmt::Debug {
     /// Completes when the key may have changed since the subscription or the previous call.
@@ -219,6 +339,25 @@ pub trait ChangeWatch: Send + fmt::Debug {
 ///
 /// All methods are cancel safe in the sense that dropping the future leaves the store consistent:
 /// a cancelled `acquire` may still have taken the lease, which then expires after its TTL.
+///
+/// Most code uses [`crate::Locks`]; calling a store directly looks like this:
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// use leasehold::{memory::MemoryStore, AcquireOutcome, AcquireRequest, Key, LockStore};
+/// use std::time::Duration;
+/// let (store, key) = (MemoryStore::new(), Key::new("k")?);
+/// let a = AcquireRequest::new(key.clone(), "a", Duration::from_secs(30));
+/// let AcquireOutcome::Granted(first) = store.acquire(&a).await? else { panic!("free") };
+/// // Contention is an answer, not an error: who holds it.
+/// let b = AcquireRequest::new(key.clone(), "b", Duration::from_secs(30));
+/// let AcquireOutcome::Held(seen) = store.acquire(&b).await? else { panic!("held") };
+/// assert_eq!(seen.holder.as_deref(), Some("a"));
+/// store.release(&key, &a.token).await?;
+/// let AcquireOutcome::Granted(second) = store.acquire(&b).await? else { panic!("free") };
+/// assert!(second.fence > first.fence, "fences only grow");
+/// # Ok::<(), leasehold::Error>(()) }).unwrap();
+/// ```
 #[async_trait]
 pub trait LockStore: Send + Sync + fmt::Debug + 'static {
     /// A description for messages (the URL without credentials).
@@ -307,7 +446,23 @@ pub enum Stored {
     },
 }
 
-/// The record-level compare-and-set contract for stores with only conditional writes.
+/// The record-level compare-and-set contract for stores with only conditional writes. Every write
+/// is conditional: on no record (`create`) or on the version read (`replace`, `delete`); a lost
+/// race is `Ok(None)` / `Ok(false)`, not an error.
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// use leasehold::{memory::RecordMemoryStore, Key, LeaseRecord, RecordStore, Stored};
+/// let (store, key) = (RecordMemoryStore::new(), Key::new("k")?);
+/// let rec = LeaseRecord::free("k", 1);
+/// let v1 = store.create(&key, &rec).await?.expect("created");
+/// assert_eq!(store.create(&key, &rec).await?, None, "exists already");
+/// let v2 = store.replace(&key, &rec, &v1).await?.expect("version matched");
+/// assert_eq!(store.replace(&key, &rec, &v1).await?, None, "stale version");
+/// assert!(matches!(store.get(&key).await?, Some(Stored::Record { version, .. }) if version == v2));
+/// assert!(!store.delete(&key, &v1).await? && store.delete(&key, &v2).await?);
+/// # Ok::<(), leasehold::Error>(()) }).unwrap();
+/// ```
 #[async_trait]
 pub trait RecordStore: Send + Sync + fmt::Debug + 'static {
     /// A description for messages.
