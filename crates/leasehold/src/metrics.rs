@@ -55,7 +55,8 @@ const ADR052_NAMES: Names = [
     "lock_local_handoffs_total",
 ];
 
-/// The metric set; cheap to clone.
+/// The metric set; cheap to clone (clones update the same metrics). See
+/// [`Locks::with_metrics`](crate::Locks::with_metrics) for an example of what a lock records.
 #[derive(Debug, Clone)]
 pub struct Metrics {
     pub(crate) attempts: IntCounter,
@@ -82,6 +83,10 @@ impl Metrics {
     /// let m = leasehold::Metrics::register("myapp_locks", &registry).unwrap();
     /// # let _ = m;
     /// assert!(leasehold::Metrics::register("myapp_locks", &registry).is_err());
+    /// assert!(matches!(
+    ///     leasehold::Metrics::register("my-app", &prometheus::Registry::new()),
+    ///     Err(leasehold::Error::InvalidOption { .. })
+    /// ));
     /// ```
     pub fn register(prefix: &str, registry: &Registry) -> Result<Self> {
         Self::register_names(prefix, registry, &NAMES)
@@ -164,7 +169,21 @@ impl Metrics {
         Ok(m)
     }
 
-    /// The registry's metrics in the Prometheus text format.
+    /// The registry's metrics in the Prometheus text format (`# HELP`, `# TYPE` and one line per
+    /// sample), for a `/metrics` endpoint; an encoding error is not reported. Counters show from
+    /// registration, at 0; `…_failures_total` only once a failure of some reason was counted.
+    ///
+    /// ```
+    /// use leasehold::Metrics;
+    /// let registry = prometheus::Registry::new();
+    /// let _m = Metrics::register_adr052("llm", &registry)?;
+    /// let text = Metrics::render(&registry);
+    /// assert!(text.contains("# TYPE llm_lock_acquisition_attempts_total counter"), "{text}");
+    /// assert!(text.contains("\nllm_lock_acquisition_attempts_total 0\n"), "{text}");
+    /// assert!(text.contains("llm_lock_hold_duration_seconds_count 0"), "{text}");
+    /// assert!(!text.contains("llm_lock_acquisition_failures_total"), "{text}");
+    /// # Ok::<(), leasehold::Error>(())
+    /// ```
     pub fn render(registry: &Registry) -> String {
         use prometheus::Encoder;
         let mut buf = vec![];

@@ -48,7 +48,19 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// A task's priority. Effective priority also grows with waiting time (aging).
+/// A task's priority. Effective priority also grows with waiting time (aging). Priorities order
+/// as they run: `High < Normal < Low`.
+///
+/// ```
+/// use leasehold::queue::Priority;
+/// assert!(Priority::High < Priority::Normal && Priority::Normal < Priority::Low);
+/// assert_eq!(" HIGH ".parse::<Priority>()?, Priority::High); // any case, trimmed
+/// assert!("urgent".parse::<Priority>().is_err());
+/// assert_eq!(Priority::from_rank(Priority::Low.rank()), Some(Priority::Low));
+/// assert_eq!(Priority::from_rank(3), None);
+/// assert_eq!(Priority::Normal.to_string(), "normal");
+/// # Ok::<(), leasehold::Error>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Priority {
@@ -115,7 +127,23 @@ impl FromStr for Priority {
     }
 }
 
-/// What happens to a task whose worker died while it ran.
+/// What happens to a task whose worker died while it ran (applied by
+/// [`recover`](QueueBackend::recover)). A task's `max_attempts` must be at least 1: enqueueing
+/// with 0 fails with [`Error::InvalidOption`].
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let q = leasehold::queue::open_queue(&format!("sqlite://{}/q.db", dir.path().display())).await?;
+/// use leasehold::{queue::{NewTask, Policy}, Error};
+/// let mut task = NewTask::new("alice", "job");
+/// task.policy = Policy::AtLeastOnce { max_attempts: 3 };
+/// assert!(q.enqueue(&task).await.is_ok());
+/// task.policy = Policy::AtLeastOnce { max_attempts: 0 };
+/// let refused = q.enqueue(&task).await;
+/// assert!(matches!(refused, Err(Error::InvalidOption { name: "max_attempts", .. })));
+/// # Ok::<(), leasehold::Error>(()) }).unwrap();
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case", tag = "policy")]
 pub enum Policy {
@@ -172,7 +200,28 @@ pub struct NewTask {
 }
 
 impl NewTask {
-    /// A normal-priority, at-most-once task without group or timeout.
+    /// A normal-priority, at-most-once task without group or timeout. Set the public fields to
+    /// change that; they are checked when the task is enqueued: [`enqueue`](QueueBackend::enqueue)
+    /// refuses a key [`Key::new`](crate::Key::new) refuses ([`Error::InvalidKey`]), and with
+    /// [`Error::InvalidOption`] a group that is empty, over 256 bytes or has control characters,
+    /// a zero timeout, and zero `max_attempts`.
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let q = leasehold::queue::open_queue(&format!("sqlite://{}/q.db", dir.path().display())).await?;
+    /// use leasehold::{queue::NewTask, Error};
+    /// use std::time::Duration;
+    /// let mut task = NewTask::new("alice", r#"{"cmd": "backup"}"#);
+    /// task.group = Some("project-7".into());
+    /// task.timeout = Some(Duration::from_secs(600));
+    /// assert!(q.enqueue(&task).await.is_ok());
+    /// let no_key = q.enqueue(&NewTask::new("", "x")).await;
+    /// assert!(matches!(no_key, Err(Error::InvalidKey { .. })));
+    /// task.timeout = Some(Duration::ZERO);
+    /// assert!(matches!(q.enqueue(&task).await, Err(Error::InvalidOption { name: "timeout", .. })));
+    /// # Ok::<(), leasehold::Error>(()) }).unwrap();
+    /// ```
     pub fn new(key: impl Into<String>, payload: impl Into<String>) -> Self {
         NewTask {
             key: key.into(),
@@ -214,6 +263,13 @@ pub struct Enqueued {
 }
 
 /// A task's life-cycle state.
+///
+/// ```
+/// use leasehold::queue::TaskState;
+/// assert!(!TaskState::Running.is_final());
+/// assert!(TaskState::Cancelled.is_final());
+/// assert_eq!(TaskState::Succeeded.to_string(), "succeeded");
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum TaskState {
@@ -359,6 +415,18 @@ pub enum Outcome {
 }
 
 /// What [`cancel`](QueueBackend::cancel) did.
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let q = leasehold::queue::open_queue(&format!("sqlite://{}/q.db", dir.path().display())).await?;
+/// use leasehold::{queue::{Cancelled, NewTask, TaskState}, Error};
+/// let t = q.enqueue(&NewTask::new("alice", "job")).await?;
+/// assert_eq!(q.cancel(t.id).await?, Cancelled::Cancelled); // pending: never runs
+/// assert_eq!(q.cancel(t.id).await?, Cancelled::AlreadyEnded(TaskState::Cancelled));
+/// assert!(matches!(q.cancel(t.id + 1).await, Err(Error::NotFound { .. })));
+/// # Ok::<(), leasehold::Error>(()) }).unwrap();
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Cancelled {
@@ -469,6 +537,26 @@ pub struct PendingCounts {
 }
 
 /// Where queue state lives: the operations every backend offers, each one transaction.
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// use leasehold::queue::{open_queue, ClaimRequest, NewTask, Outcome};
+/// use std::time::Duration;
+/// let dir = tempfile::tempdir().unwrap();
+/// let q = open_queue(&format!("sqlite://{}/q.db", dir.path().display())).await?;
+/// let first = q.enqueue(&NewTask::new("alice", "job 1")).await?;
+/// let second = q.enqueue(&NewTask::new("alice", "job 2")).await?;
+/// q.enqueue(&NewTask::new("bob", "job 3")).await?;
+/// assert_eq!((first.position, second.position), (1, 2)); // places in alice's line
+/// let ttl = Duration::from_secs(30);
+/// let req = ClaimRequest { worker: "w1".into(), max_running: 10, group_limit: None, ttl };
+/// assert_eq!(q.claim(&req).await?.expect("a task").id, first.id);
+/// assert_eq!(q.claim(&req).await?.expect("a task").key, "bob");
+/// assert!(q.claim(&req).await?.is_none(), "alice's second waits for her first");
+/// assert!(q.finish(first.id, "w1", &Outcome::Succeeded).await?);
+/// assert_eq!(q.claim(&req).await?.expect("a task").id, second.id);
+/// # Ok::<(), leasehold::Error>(()) }).unwrap();
+/// ```
 ///
 /// Implemented by [`sqlite::SqliteQueue`] and (feature `queue-postgres`) `postgres::PgQueue`.
 /// The shared test suite (`leasehold-testkit`'s `queue_suite`) runs against each.
