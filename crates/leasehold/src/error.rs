@@ -50,7 +50,9 @@ pub enum Error {
     Timeout {
         /// The key waited for.
         key: String,
-        /// The holder seen last (or `"unknown"`).
+        /// Who kept the lease, as last seen: a holder id, `"nobody (reserved for waiter W)"`,
+        /// `"another task of this process"`, or `"unknown (…)"` with why (a store error, no
+        /// answer within the wait limit).
         holder: String,
         /// How long we waited.
         waited: Duration,

@@ -615,7 +615,7 @@ impl FileStore {
     /// Parses the query of a `file://` URL: `mode` (octal) and `fsync` (`true`/`false`).
     pub(crate) fn from_url(url: &url::Url) -> Result<Self> {
         let bad = |reason: String| Error::InvalidUrl {
-            url: url.to_string(),
+            url: crate::redact_url(url.as_str()),
             reason,
         };
         if !matches!(url.host_str(), None | Some("") | Some("localhost")) {

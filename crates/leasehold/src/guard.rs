@@ -385,10 +385,12 @@ impl Shared {
 ///
 /// # Expiry
 /// The guard renews every `renew_every` (default TTL/3). If renewal is refused (the lease was taken
-/// over, force-released or has expired) or keeps failing until the lease could have expired
-/// (`acquired/renewed + TTL − drift` on this process's monotonic clock, measured from when the
-/// request was *sent*), [`lost`](LeaseGuard::lost) fires and renewal stops: it fires before another
-/// holder could be granted the lease, as long as clocks drift less than the drift margin.
+/// over, force-released or has expired), fails with an error retrying cannot heal (not
+/// [`Error::is_retryable`](crate::Error::is_retryable): at once), or keeps failing until the lease
+/// could have expired (`acquired/renewed + TTL − drift` on this process's monotonic clock,
+/// measured from when the request was *sent*), [`lost`](LeaseGuard::lost) fires and renewal
+/// stops: it fires before another holder could be granted the lease, as long as clocks drift less
+/// than the drift margin.
 ///
 /// # Drop
 /// Dropping an unreleased guard releases the lease in the background on the current tokio

@@ -200,10 +200,10 @@ pub async fn open_store(url: &str) -> Result<Arc<dyn LockStore>> {
         ))),
         #[cfg(not(feature = "kubernetes"))]
         "k8s" | "kubernetes" => Err(not_enabled("kubernetes")),
-        "gs" | "gcs" => Err(not_enabled("gcs")),
-        "s3" => Err(not_enabled("s3")),
-        "postgres" | "postgresql" => Err(not_enabled("postgres")),
-        "etcd" => Err(not_enabled("etcd")),
+        // Planned stores: no Cargo feature turns them on yet.
+        "gs" | "gcs" | "s3" | "postgres" | "postgresql" | "etcd" => Err(bad(&format!(
+            "the {scheme}:// store is not in this version of leasehold (stores: file, memory, redis and its variants, redlock, k8s)"
+        ))),
         _ => Err(bad("unknown scheme (known: file, memory, record-memory, redis, rediss, redis+unix, redis+sentinel, rediss+sentinel, redis+cluster, rediss+cluster, redlock, k8s, gs, s3, postgres, etcd)")),
     }
 }

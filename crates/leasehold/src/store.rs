@@ -208,7 +208,9 @@ pub enum LostReason {
     },
     /// The record is gone or free: force-released by an operator, or deleted.
     Released,
-    /// Renewal failed for longer than the lease could still be valid.
+    /// Renewal failed for longer than the lease could still be valid, or failed in a way retrying
+    /// cannot heal (a non-retryable error, such as a permission the store withdrew): the lease
+    /// is then given up at once, before its TTL, since no later renewal could succeed.
     Unreachable {
         /// The last error seen.
         detail: String,

@@ -115,15 +115,22 @@ async fn local_handoffs_are_counted() {
 async fn urls_are_checked() {
     for (url, want) in [
         ("nope://x", "unknown scheme"),
-        ("etcd://127.0.0.1:2379", "feature"),
+        ("etcd://127.0.0.1:2379", "not in this version"),
+        ("gs://bucket/locks", "not in this version"),
         ("not a url", "invalid store URL"),
         ("file://remote-host/x", "local directory"),
+        ("file://u:secret@localhost/x?bad=1", "bad"),
     ] {
         let err = leasehold::open_store(url)
             .await
             .err()
             .unwrap_or_else(|| panic!("{url} accepted"));
         assert!(err.to_string().contains(want), "{url}: {err}");
+        assert!(!err.to_string().contains("secret"), "{url}: {err}");
+        assert!(
+            matches!(err, leasehold::Error::InvalidUrl { .. }),
+            "{url}: {err:?}"
+        );
     }
     assert_eq!(
         leasehold::redact_url("redis://u:secret@h:1/0"),
