@@ -754,8 +754,9 @@ fn a_task_recovered_elsewhere_is_not_counted_finished_by_its_first_worker() {
     let addr = format!("127.0.0.1:{port}");
     let a = s.worker(0, &["--slots", "1", "--metrics", &addr]);
     let task = |s: &Setup| -> serde_json::Value {
-        let (_, out, _) = run(s, &["queue", "ls", "--all", "--json"]);
-        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let (code, out, err) = run(s, &["queue", "ls", "--all", "--json"]);
+        let v: serde_json::Value = serde_json::from_str(&out)
+            .unwrap_or_else(|e| panic!("queue ls: {e} (exit {code}): {out:?} {err:?}"));
         v[0].clone()
     };
     let deadline = Instant::now() + Duration::from_secs(20);

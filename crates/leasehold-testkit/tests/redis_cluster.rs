@@ -677,3 +677,139 @@ async fn a_hung_primary_is_replaced_and_the_store_follows() {
     drop(hg);
     cluster.nodes[0].signal(libc::SIGCONT);
 }
+
+/// Script calls run by all the cluster's nodes.
+fn script_calls(cluster: &RedisCluster) -> u64 {
+    cluster.nodes.iter().map(RedisServer::script_calls).sum()
+}
+
+/// Acquisitions and releases that many tasks make at once share script calls on each primary
+/// (one batch per primary, naming no keys), and each is answered as if alone: every one granted,
+/// each key's fences rising, nothing left held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_made_at_once_share_script_calls_on_each_primary() {
+    let _alone = ALONE.lock().await;
+    let cluster = RedisCluster::start();
+    let l = locks(&cluster.url(), "many").await;
+    const TASKS: usize = 64;
+    const ROUNDS: usize = 20;
+    let before = script_calls(&cluster);
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|i| {
+            let (l, key) = (l.clone(), leasehold_testkit::prefix(&format!("many-{i}")));
+            tokio::spawn(async move {
+                let mut fences = vec![];
+                for _ in 0..ROUNDS {
+                    let g = take(&l, &key, Duration::from_secs(10)).await;
+                    fences.push(g.fence());
+                    g.release().await.unwrap();
+                }
+                fences
+            })
+        })
+        .collect();
+    for t in tasks {
+        let fences = t.await.unwrap();
+        assert!(fences.windows(2).all(|w| w[1] > w[0]), "{fences:?}");
+    }
+    let calls = script_calls(&cluster) - before;
+    let ops = (2 * TASKS * ROUNDS) as u64;
+    assert!(
+        calls <= ops * 3 / 4,
+        "{calls} script calls for {ops} acquisitions and releases: not coalesced"
+    );
+    let held = l.store().list("").await.unwrap();
+    assert!(
+        held.iter().all(|i| match i {
+            leasehold::Inspection::Record(r) => !r.is_held(leasehold::record::now_ms()),
+            _ => false,
+        }),
+        "{held:?}"
+    );
+}
+
+/// Error replies a node has given, by their first word (`INFO errorstats`), MOVED and ASK left out.
+fn errors(node: &RedisServer) -> u64 {
+    let info = node.command(&["INFO", "errorstats"]).unwrap_or_default();
+    info.lines()
+        .filter(|l| l.starts_with("errorstat_"))
+        .filter(|l| !l.starts_with("errorstat_MOVED:") && !l.starts_with("errorstat_ASK:"))
+        .filter_map(|l| l.split("count=").nth(1)?.trim().parse::<u64>().ok())
+        .sum()
+}
+
+/// A batch sent to a primary by a slot map a resharding made stale: the operations on keys that
+/// primary no longer serves are answered there as elsewhere, without running, and sent again
+/// naming their keys, which follow the cluster to the new primary. Every one is granted once,
+/// where the cluster now keeps it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_sent_by_a_stale_slot_map_reaches_every_key() {
+    let _alone = ALONE.lock().await;
+    let cluster = RedisCluster::start();
+    let (source, target) = (&cluster.nodes[0], &cluster.nodes[1]);
+    let stay = key_served_by(&cluster, source.port, "stay");
+    let moved = key_served_by(&cluster, source.port, "moved");
+    let name = |key: &str| format!("leasehold:lock:{{{key}}}");
+    let slot = reply_value(source.command(&["CLUSTER", "KEYSLOT", &name(&moved)]));
+    assert_ne!(
+        slot,
+        reply_value(source.command(&["CLUSTER", "KEYSLOT", &name(&stay)]))
+    );
+    let l = locks(&format!("{}?timeout=1s", cluster.url()), "a").await;
+    // A renewal reads the slot map when it is stale: after one, the store's map is fresh (5 s).
+    let g = take(&l, &stay, Duration::from_millis(300)).await;
+    await_renewal_by_a(&cluster, &name(&stay), "a renewal").await;
+    g.release().await.unwrap();
+    // The (empty) slot moves to the target; the store's map still names the source.
+    let target_id = reply_value(target.command(&["CLUSTER", "MYID"]));
+    for node in &cluster.nodes[..3] {
+        let reply = node
+            .command(&["CLUSTER", "SETSLOT", &slot, "NODE", &target_id])
+            .unwrap_or_default();
+        assert!(reply.starts_with("+OK"), "{reply}");
+    }
+    await_served_by(
+        &cluster,
+        &name(&moved),
+        target.port,
+        Duration::from_secs(10),
+        "the slot on the target",
+    )
+    .await;
+    let errors_before = errors(source) + errors(target);
+    // Keys of the two slots (hash tags `{stay-N}` and `{moved-N}`), alternating, all at once.
+    let keys: Vec<String> = (0..32)
+        .map(|i| match i % 2 {
+            0 => format!("{stay}}}-{i}"),
+            _ => format!("{moved}}}-{i}"),
+        })
+        .collect();
+    let tasks: Vec<_> = keys
+        .iter()
+        .map(|k| {
+            let (l, k) = (l.clone(), k.clone());
+            tokio::spawn(async move { l.lock(&k).unwrap().try_acquire().await })
+        })
+        .collect();
+    let mut guards = vec![];
+    for (t, k) in tasks.into_iter().zip(&keys) {
+        let g = t.await.unwrap().unwrap();
+        guards.push(g.unwrap_or_else(|| panic!("{k} not granted")));
+    }
+    assert!(
+        errors(source) + errors(target) > errors_before,
+        "no operation was answered elsewhere: the batches did not meet the stale map"
+    );
+    for (i, k) in keys.iter().enumerate() {
+        let port = if i % 2 == 0 { source.port } else { target.port };
+        let on = cluster.primary_for(&name(k)).map(|n| n.port);
+        assert_eq!(on, Some(port), "{k}");
+        assert!(
+            record(&cluster, &name(k)).contains("\"holder\":\"a\""),
+            "{k}"
+        );
+    }
+    for g in guards {
+        g.release().await.unwrap();
+    }
+}

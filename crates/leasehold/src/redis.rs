@@ -41,7 +41,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 use tokio::sync::watch;
 
-mod coalesce;
+pub(crate) mod coalesce;
 
 /// Shared Lua helpers: server time, record decoding, waiter liveness.
 const PRELUDE: &str = r#"
@@ -439,27 +439,38 @@ impl ScriptCall {
         conn: Conn,
         route: ::redis::cluster_routing::RoutingInfo,
     ) -> ::redis::RedisResult<T> {
+        Ok(::redis::from_redis_value(
+            self.send_routed_raw(conn, route).await?.extract_error()?,
+        )?)
+    }
+
+    /// [`ScriptCall::send_routed`], answering the value as it came, as
+    /// [`ScriptCall::send_raw`] does.
+    pub(crate) async fn send_routed_raw(
+        &self,
+        conn: Conn,
+        route: ::redis::cluster_routing::RoutingInfo,
+    ) -> ::redis::RedisResult<::redis::Value> {
         let Conn::Cluster(mut conn) = conn else {
             return Err((::redis::ErrorKind::Client, "not a cluster connection").into());
         };
         // A routed command's error reply is a value, not an error: made one here.
+        let top = |v: ::redis::Value| match v {
+            ::redis::Value::ServerError(e) => Err(::redis::RedisError::from(e)),
+            v => Ok(v),
+        };
         let sent = conn.route_command(self.cmd.clone(), route.clone()).await;
-        let answer = match sent.and_then(::redis::Value::extract_error) {
+        match sent.and_then(top) {
             Err(e)
                 if e.kind() == ::redis::ErrorKind::Server(::redis::ServerErrorKind::NoScript) =>
             {
                 let mut load = ::redis::cmd("SCRIPT");
                 load.arg("LOAD").arg(&self.lua.0.body);
-                conn.route_command(load, route.clone())
-                    .await?
-                    .extract_error()?;
-                conn.route_command(self.cmd.clone(), route)
-                    .await?
-                    .extract_error()?
+                top(conn.route_command(load, route.clone()).await?)?;
+                top(conn.route_command(self.cmd.clone(), route).await?)
             }
-            r => r?,
-        };
-        Ok(::redis::from_redis_value(answer)?)
+            r => r,
+        }
     }
 }
 
@@ -807,7 +818,7 @@ struct Link {
     reconnected: Mutex<Option<std::time::Instant>>,
     /// The acquire and release calls in flight, and those queued for the next batch
     /// ([`coalesce`]).
-    lanes: [Mutex<coalesce::Lane>; coalesce::LANES],
+    lanes: Arc<coalesce::Lanes>,
 }
 
 /// The least time between two new connections made because calls ran out of time.
@@ -1831,19 +1842,20 @@ impl RedisStore {
     }
 
     /// Sends a script call, bounded by the store's timeout; the acquire and release scripts'
-    /// calls are coalesced while the server is busy ([`coalesce`]; not on a cluster).
+    /// calls are coalesced while the server (on a cluster, the primary) is busy ([`coalesce`]).
     pub(crate) async fn call<T: ::redis::FromRedisValue>(&self, call: &ScriptCall) -> Result<T> {
         let link = &self.inner.link;
-        match call.lua.batched() {
-            Some(batched) if !link.clustered() => {
-                let answer = coalesce::send(link, batched, call).await?;
-                ::redis::from_redis_value(answer).map_err(|e| map_err(&link.described, e.into()))
-            }
-            _ => {
-                link.send(|mut conn| async move { call.send(&mut conn).await })
-                    .await
-            }
-        }
+        let Some(batched) = call.lua.batched() else {
+            return link
+                .send(|mut conn| async move { call.send(&mut conn).await })
+                .await;
+        };
+        let answer = match &link.origin {
+            #[cfg(feature = "redis-cluster")]
+            Origin::Cluster(nodes) => coalesce::send_to_primary(link, nodes, batched, call).await?,
+            _ => coalesce::send(link, batched, call).await?,
+        };
+        ::redis::from_redis_value(answer).map_err(|e| map_err(&link.described, e.into()))
     }
 
     /// A call of `script` (one of ours that takes one key) on `key` with `args`.

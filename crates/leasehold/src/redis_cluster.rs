@@ -32,10 +32,12 @@
 
 use crate::error::{Error, Result};
 use crate::key::Key;
+use crate::redis::coalesce::Lanes;
 use crate::redis::{bounded, host_list, scan, Conn, Hub, Origin, RedisOptions, RedisStore};
 use ::redis::cluster_async::ClusterConnection;
 use ::redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -136,6 +138,8 @@ impl RedisStore {
             node_url: nodes[0].clone(),
             certs,
             map: parking_lot::Mutex::new(None),
+            reading_map: AtomicBool::new(false),
+            lanes: parking_lot::Mutex::new(HashMap::new()),
             hubs: tokio::sync::Mutex::new(HashMap::new()),
         };
         Ok(Self::assemble(
@@ -208,6 +212,10 @@ pub(crate) struct ClusterNodes {
     certs: Option<::redis::TlsCertificates>,
     /// Which primary serves each slot range, and when that was read.
     map: parking_lot::Mutex<Option<(Instant, Vec<SlotRange>)>>,
+    /// A read of the slot map started in the background is under way ([`Self::claim_map_read`]).
+    reading_map: AtomicBool,
+    /// The coalescing lanes of each primary ([`crate::redis::coalesce`]).
+    lanes: parking_lot::Mutex<HashMap<Node, Arc<Lanes>>>,
     /// One pub/sub hub per node (`host`, `port`).
     hubs: tokio::sync::Mutex<HashMap<Node, Arc<Hub>>>,
 }
@@ -258,13 +266,26 @@ impl ClusterNodes {
     }
 
     /// Reads the slot map from the cluster (when it is missing, stale or forgotten).
-    async fn read_map(&self, conn: &Conn, store: &str, timeout: Duration) {
+    pub(crate) async fn read_map(&self, conn: &Conn, store: &str, timeout: Duration) {
         if let Conn::Cluster(c) = conn {
             match slot_map(&mut c.clone(), store, timeout).await {
                 Ok(ranges) => *self.map.lock() = Some((Instant::now(), ranges)),
                 Err(e) => tracing::debug!(store, error = %e, "no slot map"),
             }
         }
+        self.reading_map.store(false, Ordering::Release);
+    }
+
+    /// Whether the caller may start a read of the slot map in the background (no other is under
+    /// way); [`Self::read_map`] ends it.
+    pub(crate) fn claim_map_read(&self) -> bool {
+        !self.reading_map.swap(true, Ordering::AcqRel)
+    }
+
+    /// The coalescing lanes of the primary serving `slot` by a fresh slot map, or `None`.
+    pub(crate) fn lanes_for(&self, slot: u16) -> Option<Arc<Lanes>> {
+        let node = self.lookup(slot)?;
+        Some(self.lanes.lock().entry(node).or_default().clone())
     }
 
     /// Forgets the slot map (found out of date), so that it is read again.

@@ -14,11 +14,19 @@
 //! queued call waits for one call of its lane to come back, then takes one round trip; the
 //! store's timeout bounds the two together, from the moment the call is made, as it bounds a
 //! lone call. An acquisition whose caller has gone before its batch
-//! leaves is left out of it. Not on a cluster, whose script calls must keep to one slot.
+//! leaves is left out of it.
+//!
+//! On a Redis Cluster the lanes are per primary (by the store's slot map): a batch goes to one
+//! primary as a call of the batched script's node form, which names no keys (declared keys must
+//! share one slot) and carries the `allow-cross-slot-keys` flag of Redis 7, like the renewals'.
+//! An operation whose key that node does not serve (a failover or resharding since the map was
+//! read) is answered `ELSEWHERE` before it runs, and sent again alone, naming its key, which
+//! follows the cluster's redirections. While the store has no fresh slot map, calls go alone.
 
 use super::{map_err, read_only, shared_error, Conn, Link, Lua, ScriptCall};
 use crate::error::{Error, Result};
 use ::redis::Value;
+use parking_lot::Mutex;
 use std::sync::Arc;
 
 /// How many calls of one lane may wait for the server before others are coalesced.
@@ -36,12 +44,25 @@ pub(super) const ACQUIRE_LANE: usize = 0;
 /// The lane of the release script.
 pub(super) const RELEASE_LANE: usize = 1;
 
+/// The lanes of one server (or of one cluster primary).
+pub(crate) type Lanes = [Mutex<Lane>; LANES];
+
+/// The code of the error a node-form batch answers for an operation whose key the node does not
+/// serve.
+#[cfg(feature = "redis-cluster")]
+const ELSEWHERE: &str = "ELSEWHERE";
+
 /// A script's batched form: the same body run for each operation of one call.
 pub(super) struct Batched {
     /// The batched script: KEYS are every operation's keys in turn (`keys` each), ARGV every
     /// operation's arguments in turn (`args` each); it answers one value per operation, an error
     /// reply for an operation that raised one.
     pub(super) lua: Lua,
+    /// The form for one cluster primary: every operation's keys, then every operation's
+    /// arguments, all as arguments; it answers `ELSEWHERE …` for an operation whose key the node
+    /// does not serve, without running it.
+    #[cfg(feature = "redis-cluster")]
+    node: Lua,
     keys: usize,
     args: usize,
     lane: usize,
@@ -62,14 +83,49 @@ impl Batched {
     /// no table per operation).
     pub(super) fn new(prologue: &str, body: &str, keys: usize, args: usize, lane: usize) -> Self {
         let body = offset(&offset(body, "KEYS", "o"), "ARGV", "p");
-        let text = format!(
-            r#"{prologue}
+        let one_call = batch_text(
+            "",
+            prologue,
+            &body,
+            "local function run(o, p) return pcall(one, o, p) end",
+            &format!("local n = #KEYS / {keys}"),
+            &format!("{keys} * i, {args} * i"),
+        );
+        Batched {
+            lua: Lua::new(one_call),
+            #[cfg(feature = "redis-cluster")]
+            node: Lua::new(node_text(prologue, &body, keys, args)),
+            keys,
+            args,
+            lane,
+        }
+    }
+}
+
+/// A batched script: `flags` (a first line of flags, or nothing), `prologue`, the operation's
+/// `body` as the function `one(o, p)`, then `runner` (which defines `run(o, p)`, running `one` in
+/// `pcall`), and a loop over the `n` operations (`count` sets `n`) that runs each with its
+/// offsets (`offsets`: the expressions of `o` and `p` for operation `i`) and answers one value
+/// per operation, an error reply for one that raised.
+fn batch_text(
+    flags: &str,
+    prologue: &str,
+    body: &str,
+    runner: &str,
+    count: &str,
+    offsets: &str,
+) -> String {
+    format!(
+        r#"{flags}{prologue}
 local function one(o, p)
 {body}
 end
+{runner}
+{count}
 local out = {{}}
-for i = 0, #KEYS / {keys} - 1 do
-  local ok, r = pcall(one, {keys} * i, {args} * i)
+for i = 0, n - 1 do
+  local o, p = {offsets}
+  local ok, r = run(o, p)
   if not ok then
     -- `redis.call` raises its error reply as a table; a Lua error is a string.
     if type(r) == 'table' and r.err then r = {{err = r.err}} else r = {{err = 'ERR ' .. tostring(r)}} end
@@ -80,14 +136,31 @@ for i = 0, #KEYS / {keys} - 1 do
 end
 return out
 "#
-        );
-        Batched {
-            lua: Lua::new(text),
-            keys,
-            args,
-            lane,
-        }
-    }
+    )
+}
+
+/// The node form of a batched script ([`Batched::node`]) whose per-operation `body` reads
+/// `KEYS[o + n]` and `ARGV[p + n]`.
+#[cfg(feature = "redis-cluster")]
+fn node_text(prologue: &str, body: &str, keys: usize, args: usize) -> String {
+    // The keys come as arguments, ahead of all operations' arguments.
+    let body = body.replace("KEYS[o + ", "ARGV[o + ");
+    let runner = format!(
+        r#"-- A key of a slot this node does not serve cannot be read here: left to a call naming it.
+local function run(o, p)
+  local here = redis.pcall('EXISTS', ARGV[o + 1])
+  if type(here) == 'table' then return true, {{err = '{ELSEWHERE} ' .. tostring(here.err)}} end
+  return pcall(one, o, p)
+end"#
+    );
+    batch_text(
+        "#!lua flags=allow-cross-slot-keys\n",
+        prologue,
+        &body,
+        &runner,
+        &format!("local n = #ARGV / {}", keys + args),
+        &format!("{keys} * i, {keys} * n + {args} * i"),
+    )
 }
 
 /// `body` with every `NAME[n]` (`n` digits) read as `NAME[var + n]`.
@@ -111,7 +184,7 @@ fn offset(body: &str, name: &str, var: &str) -> String {
 
 /// One lane: its calls in flight and those waiting for a batch.
 #[derive(Default)]
-pub(super) struct Lane {
+pub(crate) struct Lane {
     in_flight: usize,
     queue: Vec<Queued>,
 }
@@ -125,8 +198,52 @@ struct Queued {
 /// Sends `call` (of a script whose batched form is `batched`) on `link`: at once, or, while
 /// [`IN_FLIGHT`] calls of its lane wait for the server, in the next batch.
 pub(super) async fn send(link: &Arc<Link>, batched: &Batched, call: &ScriptCall) -> Result<Value> {
+    send_in(link, link.lanes.clone(), None, batched, call).await
+}
+
+/// [`send`] on a cluster: in the lanes of the primary serving the call's key, by the store's
+/// slot map; alone (routed by its key) while the map is missing or stale, which is then read
+/// again in the background.
+#[cfg(feature = "redis-cluster")]
+pub(super) async fn send_to_primary(
+    link: &Arc<Link>,
+    nodes: &crate::redis_cluster::ClusterNodes,
+    batched: &Batched,
+    call: &ScriptCall,
+) -> Result<Value> {
+    let key = call.cmd.args_iter().nth(3).and_then(|a| match a {
+        ::redis::Arg::Simple(k) => std::str::from_utf8(k).ok(),
+        _ => None,
+    });
+    let slot = key.map(crate::redis_cluster::slot);
+    match slot.and_then(|slot| Some((slot, nodes.lanes_for(slot)?))) {
+        Some((slot, lanes)) => send_in(link, lanes, Some(slot), batched, call).await,
+        None => {
+            if nodes.claim_map_read() {
+                let link = link.clone();
+                tokio::spawn(async move {
+                    if let super::Origin::Cluster(nodes) = &link.origin {
+                        let conn = link.current.lock().1.clone();
+                        nodes.read_map(&conn, &link.described, link.timeout).await;
+                    }
+                });
+            }
+            alone(link, call).await
+        }
+    }
+}
+
+/// [`send`] in `lanes`: those of the one server (`slot` None), or those of the cluster primary
+/// serving `slot`.
+async fn send_in(
+    link: &Arc<Link>,
+    lanes: Arc<Lanes>,
+    slot: Option<u16>,
+    batched: &Batched,
+    call: &ScriptCall,
+) -> Result<Value> {
     let queued = {
-        let mut lane = link.lanes[batched.lane].lock();
+        let mut lane = lanes[batched.lane].lock();
         if lane.in_flight >= IN_FLIGHT {
             let (reply, answer) = tokio::sync::oneshot::channel();
             lane.queue.push(Queued {
@@ -154,6 +271,8 @@ pub(super) async fn send(link: &Arc<Link>, batched: &Batched, call: &ScriptCall)
     let _turn = Turn {
         link: link.clone(),
         lua: call.lua.clone(),
+        lanes,
+        slot,
     };
     alone(link, call).await
 }
@@ -170,6 +289,10 @@ struct Turn {
     link: Arc<Link>,
     /// The single-operation script (its batched form names the lane).
     lua: Lua,
+    /// The lanes it is in.
+    lanes: Arc<Lanes>,
+    /// On a cluster, a slot the lanes' primary serves (a batch is routed by it).
+    slot: Option<u16>,
 }
 
 impl Drop for Turn {
@@ -177,7 +300,7 @@ impl Drop for Turn {
         let Some(batched) = self.lua.batched() else {
             return;
         };
-        let mut lane = self.link.lanes[batched.lane].lock();
+        let mut lane = self.lanes[batched.lane].lock();
         if lane.queue.is_empty() {
             lane.in_flight -= 1;
             return;
@@ -188,6 +311,8 @@ impl Drop for Turn {
         let next = Turn {
             link: self.link.clone(),
             lua: self.lua.clone(),
+            lanes: self.lanes.clone(),
+            slot: self.slot,
         };
         // Outside a runtime (it is shutting down) the jobs are dropped, and their callers told;
         // `next` then frees the place or takes the rest of the queue the same way.
@@ -216,6 +341,10 @@ async fn run(turn: Turn, mut jobs: Vec<Queued>) {
             let _ = job.reply.send(alone(link, &call).await);
         }
         return;
+    }
+    #[cfg(feature = "redis-cluster")]
+    if let Some(slot) = turn.slot {
+        return run_on_primary(&turn, batched, slot, jobs).await;
     }
     let call = batch_call(batched, &jobs);
     let answer = link
@@ -266,20 +395,95 @@ async fn run(turn: Turn, mut jobs: Vec<Queued>) {
     }
 }
 
+/// Sends `jobs` to the cluster primary serving `slot` as one call of the batched script's node
+/// form, and answers each; those the node does not serve (answered `ELSEWHERE`), and all of them
+/// when the node refuses the call itself, go again alone, naming their keys.
+#[cfg(feature = "redis-cluster")]
+async fn run_on_primary(turn: &Turn, batched: &Batched, slot: u16, jobs: Vec<Queued>) {
+    use ::redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+    let link = &turn.link;
+    let n = jobs.len();
+    let mut call = batched
+        .node
+        .prepare(0, (batched.keys + batched.args) * n, batch_bytes(&jobs));
+    push_jobs(&mut call, batched, &jobs);
+    let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::new(
+        slot,
+        SlotAddr::Master,
+    )));
+    let answer = link
+        .send(|conn| async move { answers(call.send_routed_raw(conn, route).await?) })
+        .await;
+    let mut again = vec![];
+    match answer {
+        Ok(values) if values.len() == jobs.len() => {
+            for (job, v) in jobs.into_iter().zip(values) {
+                match v {
+                    Value::ServerError(e) if e.code() == ELSEWHERE => again.push(job),
+                    Value::ServerError(e) => {
+                        let _ = job.reply.send(Err(map_err(&link.described, e.into())));
+                    }
+                    v => {
+                        let _ = job.reply.send(Ok(v));
+                    }
+                }
+            }
+            if !again.is_empty() {
+                // Found out of date (a failover, a resharding): read again.
+                if let super::Origin::Cluster(nodes) = &link.origin {
+                    nodes.forget_map();
+                }
+            }
+        }
+        Err(e @ Error::Unavailable { .. }) => {
+            for job in jobs {
+                let _ = job.reply.send(Err(shared_error(link, &e)));
+            }
+        }
+        // The node refused the call itself (too few values cannot happen but is handled alike):
+        // each goes alone, as it would have without coalescing.
+        other => {
+            if let Err(e) = other {
+                tracing::debug!(store = %link.described, error = %e, "a node refused a batched call; sending its calls alone");
+            }
+            again = jobs;
+        }
+    }
+    let alone_calls = again.into_iter().map(|job| async move {
+        let call = ScriptCall {
+            lua: turn.lua.clone(),
+            cmd: job.cmd,
+        };
+        let _ = job.reply.send(alone(&turn.link, &call).await);
+    });
+    futures_util::future::join_all(alone_calls).await;
+}
+
 /// One call of `batched` for `jobs`: their keys in turn, then their arguments in turn (each
 /// job's command is `EVALSHA hash numkeys keys… args…`).
 fn batch_call(batched: &Batched, jobs: &[Queued]) -> ScriptCall {
-    let bytes = jobs
-        .iter()
+    let mut call = batched.lua.prepare(
+        batched.keys * jobs.len(),
+        batched.args * jobs.len(),
+        batch_bytes(jobs),
+    );
+    push_jobs(&mut call, batched, jobs);
+    call
+}
+
+/// The size of `jobs`' keys and arguments, to size a batch's buffer once.
+fn batch_bytes(jobs: &[Queued]) -> usize {
+    jobs.iter()
         .flat_map(|j| j.cmd.args_iter().skip(3))
         .map(|a| match a {
             ::redis::Arg::Simple(a) => a.len(),
             _ => 0,
         })
-        .sum::<usize>();
-    let mut call = batched
-        .lua
-        .prepare(batched.keys * jobs.len(), batched.args * jobs.len(), bytes);
+        .sum()
+}
+
+/// Appends `jobs`' keys in turn, then their arguments in turn, to `call`.
+fn push_jobs(call: &mut ScriptCall, batched: &Batched, jobs: &[Queued]) {
     for j in jobs {
         for a in j.cmd.args_iter().skip(3).take(batched.keys) {
             if let ::redis::Arg::Simple(a) = a {
@@ -294,13 +498,17 @@ fn batch_call(batched: &Batched, jobs: &[Queued]) -> ScriptCall {
             }
         }
     }
-    call
 }
 
 /// Sends a batched call and returns its answers, errors among them as values (a command's
 /// answer read the usual way turns any error inside it into an error of the whole call).
 async fn send_batch(call: &ScriptCall, conn: &mut Conn) -> ::redis::RedisResult<Vec<Value>> {
-    match call.send_raw(conn).await? {
+    answers(call.send_raw(conn).await?)
+}
+
+/// A batched script's answer: one value per operation.
+fn answers(answer: Value) -> ::redis::RedisResult<Vec<Value>> {
+    match answer {
         Value::Array(values) => Ok(values),
         other => Err((
             ::redis::ErrorKind::Client,
