@@ -17,6 +17,10 @@
 //!   record the primary does not serve (a failover or resharding since the map was read) is
 //!   answered "elsewhere", never lost, and renewed by a call naming its key, which follows
 //!   `MOVED`/`ASK`; a node refusing the call itself (before Redis 7) gets calls per slot.
+//! * **Acquisitions and releases** made at once share script calls per primary
+//!   (as on one server): a batch goes to one primary naming no keys (the same flag), an
+//!   operation whose key it no longer serves is answered "elsewhere" without running and sent
+//!   again naming its key; without a fresh slot map calls go alone.
 //! * **Waiters** wake by pub/sub on the primary serving the key's slot, where the release script
 //!   publishes (one pub/sub connection per primary, found from `CLUSTER SLOTS`). A cluster also
 //!   forwards every `PUBLISH` to the other nodes, but over its bus, where a message waits up to
