@@ -153,7 +153,17 @@ impl SqliteQueue {
                 .map_err(sql_err)?;
             conn.pragma_update(None, "synchronous", "NORMAL")
                 .map_err(sql_err)?;
-            conn.execute_batch(SCHEMA).map_err(sql_err)?;
+            // Only a new database gets its schema: creating it takes the write lock (its last
+            // statement inserts), which a reader of an existing queue (`queue ls` while a worker
+            // is stopped mid-transaction) must not wait for.
+            let ready = conn
+                .query_row("SELECT 1 FROM queue_meta WHERE name = 'served'", [], |_| {
+                    Ok(())
+                })
+                .is_ok();
+            if !ready {
+                conn.execute_batch(SCHEMA).map_err(sql_err)?;
+            }
             Ok(conn)
         })
         .await
@@ -673,4 +683,31 @@ fn status(c: &Connection) -> rusqlite::Result<Status> {
         .max()
         .unwrap_or(0);
     Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A queue opened and read while another connection holds the write lock (a worker stopped
+    /// mid-transaction): nothing waits for the lock.
+    #[tokio::test]
+    async fn a_reader_opens_the_queue_while_a_writer_holds_its_lock() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("queue.db");
+        SqliteQueue::open(&path).await.unwrap();
+        let writer = Connection::open(&path).unwrap();
+        writer.execute_batch("BEGIN IMMEDIATE").unwrap();
+        let read = tokio::time::timeout(Duration::from_secs(5), async {
+            let q = SqliteQueue::open(&path).await?;
+            q.status().await
+        })
+        .await;
+        assert!(
+            matches!(read, Ok(Ok(_))),
+            "{:?}",
+            read.map(|r| r.map(|_| ()))
+        );
+        writer.execute_batch("ROLLBACK").unwrap();
+    }
 }
