@@ -57,7 +57,7 @@ struct Ctx {
 
 impl Ctx {
     fn stop(&self, id: u64, why: Stop) {
-        let stops = self.stops.lock().unwrap_or_else(|e| e.into_inner());
+        let stops = lock(&self.stops);
         if let Some(tx) = stops.get(&id) {
             tx.send_if_modified(|cur| {
                 if cur.is_none() {
@@ -71,13 +71,7 @@ impl Ctx {
     }
 
     fn stop_all(&self, why: Stop) {
-        let ids: Vec<u64> = self
-            .stops
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .keys()
-            .copied()
-            .collect();
+        let ids: Vec<u64> = lock(&self.stops).keys().copied().collect();
         for id in ids {
             self.stop(id, why);
         }
@@ -155,10 +149,7 @@ pub(crate) async fn work(
             match queue.claim(&req).await {
                 Ok(Some(task)) => {
                     let (tx, rx) = watch::channel(None);
-                    ctx.stops
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .insert(task.id, tx);
+                    lock(&ctx.stops).insert(task.id, tx);
                     // Every log line of the task's run names it (LEASEHOLD_LOG=info).
                     let span = tracing::info_span!("leasehold.task", id = task.id, key = %task.key);
                     runners.spawn(run_task(ctx.clone(), task, rx).instrument(span));
@@ -240,10 +231,7 @@ pub(crate) async fn work(
 async fn run_task(ctx: Arc<Ctx>, task: Task, mut stop: watch::Receiver<Option<Stop>>) {
     let id = task.id;
     run_task_inner(&ctx, task, &mut stop).await;
-    ctx.stops
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .remove(&id);
+    lock(&ctx.stops).remove(&id);
 }
 
 /// Records the end of `task` with `outcome`, after it ran for `ran` (`None`: it never started).
@@ -433,7 +421,7 @@ fn supervised(
     Ok((child, report))
 }
 
-/// Locks `m`, whatever a panicking holder left in it (a set of pids stays usable).
+/// Locks `m`, whatever a panicking holder left in it (a map or set stays usable).
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }

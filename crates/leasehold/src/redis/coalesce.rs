@@ -376,15 +376,7 @@ async fn run(turn: Turn, mut jobs: Vec<Queued>) {
         Ok(values) => {
             let n = jobs.len();
             for job in jobs {
-                let _ = job.reply.send(Err(Error::Store {
-                    store: link.described.clone(),
-                    detail: format!(
-                        "the batched script answered {} values for {} calls",
-                        values.len(),
-                        n
-                    ),
-                    retryable: false,
-                }));
+                let _ = job.reply.send(Err(mismatch(link, values.len(), n)));
             }
         }
         Err(e) => {
@@ -440,12 +432,18 @@ async fn run_on_primary(turn: &Turn, batched: &Batched, slot: u16, jobs: Vec<Que
                 let _ = job.reply.send(Err(shared_error(link, &e)));
             }
         }
-        // The node refused the call itself (too few values cannot happen but is handled alike):
-        // each goes alone, as it would have without coalescing.
-        other => {
-            if let Err(e) = other {
-                tracing::debug!(store = %link.described, error = %e, "a node refused a batched call; sending its calls alone");
+        // It ran, but its answer does not match: the operations may have run, so none is sent
+        // again.
+        Ok(values) => {
+            let n = jobs.len();
+            for job in jobs {
+                let _ = job.reply.send(Err(mismatch(link, values.len(), n)));
             }
+        }
+        // The node refused the call itself, before running it (a script flag it does not know,
+        // out of memory, busy): each goes alone, as it would have without coalescing.
+        Err(e) => {
+            tracing::debug!(store = %link.described, error = %e, "a node refused a batched call; sending its calls alone");
             again = jobs;
         }
     }
@@ -457,6 +455,15 @@ async fn run_on_primary(turn: &Turn, batched: &Batched, slot: u16, jobs: Vec<Que
         let _ = job.reply.send(alone(&turn.link, &call).await);
     });
     futures_util::future::join_all(alone_calls).await;
+}
+
+/// The error of each call of a batch whose script answered `got` values for `calls` calls.
+fn mismatch(link: &Link, got: usize, calls: usize) -> Error {
+    Error::Store {
+        store: link.described.clone(),
+        detail: format!("the batched script answered {got} values for {calls} calls"),
+        retryable: false,
+    }
 }
 
 /// One call of `batched` for `jobs`: their keys in turn, then their arguments in turn (each
