@@ -215,7 +215,7 @@ pub(crate) struct ClusterNodes {
     node_url: String,
     certs: Option<::redis::TlsCertificates>,
     /// Which primary serves each slot range, and when that was read.
-    map: parking_lot::Mutex<Option<(Instant, Vec<SlotRange>)>>,
+    map: parking_lot::Mutex<Option<(Instant, Arc<Vec<SlotRange>>)>>,
     /// A read of the slot map started in the background is under way ([`Self::claim_map_read`]).
     reading_map: AtomicBool,
     /// The coalescing lanes of each primary ([`crate::redis::coalesce`]).
@@ -237,18 +237,33 @@ struct SlotRange {
 /// How long a slot map read from the cluster is used before it is read again.
 const MAP_AGE: Duration = Duration::from_secs(5);
 
+/// The primary serving `slot` in `map`.
+fn serving(map: &[SlotRange], slot: u16) -> Option<&Node> {
+    map.iter()
+        .find(|r| r.start <= slot && slot <= r.end)
+        .map(|r| &r.node)
+}
+
 impl ClusterNodes {
-    /// The primary serving `slot` in a map younger than [`MAP_AGE`].
-    fn lookup(&self, slot: u16) -> Option<Node> {
+    /// The slot map, if it is younger than [`MAP_AGE`].
+    fn fresh_map(&self) -> Option<Arc<Vec<SlotRange>>> {
         let map = self.map.lock();
         let (read, ranges) = map.as_ref()?;
-        if read.elapsed() > MAP_AGE {
-            return None;
+        (read.elapsed() <= MAP_AGE).then(|| ranges.clone())
+    }
+
+    /// The slot map, read again first when it is missing or stale; `None` if it cannot be read.
+    async fn map_or_read(
+        &self,
+        conn: &Conn,
+        store: &str,
+        timeout: Duration,
+    ) -> Option<Arc<Vec<SlotRange>>> {
+        if let Some(map) = self.fresh_map() {
+            return Some(map);
         }
-        ranges
-            .iter()
-            .find(|r| r.start <= slot && slot <= r.end)
-            .map(|r| r.node.clone())
+        self.read_map(conn, store, timeout).await;
+        self.fresh_map()
     }
 
     /// A new connection to the cluster after calls ran out of time, or `None`.
@@ -273,7 +288,7 @@ impl ClusterNodes {
     pub(crate) async fn read_map(&self, conn: &Conn, store: &str, timeout: Duration) {
         if let Conn::Cluster(c) = conn {
             match slot_map(&mut c.clone(), store, timeout).await {
-                Ok(ranges) => *self.map.lock() = Some((Instant::now(), ranges)),
+                Ok(ranges) => *self.map.lock() = Some((Instant::now(), Arc::new(ranges))),
                 Err(e) => tracing::debug!(store, error = %e, "no slot map"),
             }
         }
@@ -288,8 +303,13 @@ impl ClusterNodes {
 
     /// The coalescing lanes of the primary serving `slot` by a fresh slot map, or `None`.
     pub(crate) fn lanes_for(&self, slot: u16) -> Option<Arc<Lanes>> {
-        let node = self.lookup(slot)?;
-        Some(self.lanes.lock().entry(node).or_default().clone())
+        let map = self.fresh_map()?;
+        let node = serving(&map, slot)?;
+        let mut lanes = self.lanes.lock();
+        if let Some(l) = lanes.get(node) {
+            return Some(l.clone());
+        }
+        Some(lanes.entry(node.clone()).or_default().clone())
     }
 
     /// Forgets the slot map (found out of date), so that it is read again.
@@ -309,14 +329,12 @@ impl ClusterNodes {
         store: &str,
         timeout: Duration,
     ) -> Vec<(Option<RoutingInfo>, Vec<J>)> {
-        let fresh = matches!(&*self.map.lock(), Some((read, _)) if read.elapsed() <= MAP_AGE);
-        if !fresh {
-            self.read_map(conn, store, timeout).await;
-        }
+        let map = self.map_or_read(conn, store, timeout).await;
         let mut groups: HashMap<Option<Node>, (u16, Vec<J>)> = HashMap::new();
         for j in items {
             let slot = slot(key(&j));
-            let group = groups.entry(self.lookup(slot)).or_insert((slot, vec![]));
+            let node = map.as_ref().and_then(|m| serving(m, slot)).cloned();
+            let group = groups.entry(node).or_insert((slot, vec![]));
             group.1.push(j);
         }
         groups
@@ -345,10 +363,13 @@ impl ClusterNodes {
         timeout: Duration,
     ) -> Result<Arc<Hub>> {
         let slot = slot(record_key);
-        let mut node = self.lookup(slot);
+        let node_in =
+            |map: Option<Arc<Vec<SlotRange>>>| map.and_then(|m| serving(&m, slot).cloned());
+        let mut node = node_in(self.fresh_map());
         if node.is_none() {
+            // Stale, or naming no primary for the slot (a failover): read again.
             self.read_map(conn, store, timeout).await;
-            node = self.lookup(slot);
+            node = node_in(self.fresh_map());
         }
         let mut hubs = self.hubs.lock().await;
         if let Some((host, port)) = node {
