@@ -334,11 +334,7 @@ async fn run(turn: Turn, mut jobs: Vec<Queued>) {
     }
     if jobs.len() <= 1 {
         if let Some(job) = jobs.pop() {
-            let call = ScriptCall {
-                lua: turn.lua.clone(),
-                cmd: job.cmd,
-            };
-            let _ = job.reply.send(alone(link, &call).await);
+            answer_alone(&turn, job).await;
         }
         return;
     }
@@ -366,24 +362,14 @@ async fn run(turn: Turn, mut jobs: Vec<Queued>) {
     match answer {
         Ok(values) if values.len() == jobs.len() => {
             for (job, v) in jobs.into_iter().zip(values) {
-                let out = match v {
-                    Value::ServerError(e) => Err(map_err(&link.described, e.into())),
-                    v => Ok(v),
-                };
-                let _ = job.reply.send(out);
+                answer_value(link, job, v);
             }
         }
         Ok(values) => {
             let n = jobs.len();
-            for job in jobs {
-                let _ = job.reply.send(Err(mismatch(link, values.len(), n)));
-            }
+            fail_all(jobs, || mismatch(link, values.len(), n));
         }
-        Err(e) => {
-            for job in jobs {
-                let _ = job.reply.send(Err(shared_error(link, &e)));
-            }
-        }
+        Err(e) => fail_all(jobs, || shared_error(link, &e)),
     }
 }
 
@@ -412,12 +398,7 @@ async fn run_on_primary(turn: &Turn, batched: &Batched, slot: u16, jobs: Vec<Que
             for (job, v) in jobs.into_iter().zip(values) {
                 match v {
                     Value::ServerError(e) if e.code() == ELSEWHERE => again.push(job),
-                    Value::ServerError(e) => {
-                        let _ = job.reply.send(Err(map_err(&link.described, e.into())));
-                    }
-                    v => {
-                        let _ = job.reply.send(Ok(v));
-                    }
+                    v => answer_value(link, job, v),
                 }
             }
             if !again.is_empty() {
@@ -427,18 +408,12 @@ async fn run_on_primary(turn: &Turn, batched: &Batched, slot: u16, jobs: Vec<Que
                 }
             }
         }
-        Err(e @ Error::Unavailable { .. }) => {
-            for job in jobs {
-                let _ = job.reply.send(Err(shared_error(link, &e)));
-            }
-        }
+        Err(e @ Error::Unavailable { .. }) => fail_all(jobs, || shared_error(link, &e)),
         // It ran, but its answer does not match: the operations may have run, so none is sent
         // again.
         Ok(values) => {
             let n = jobs.len();
-            for job in jobs {
-                let _ = job.reply.send(Err(mismatch(link, values.len(), n)));
-            }
+            fail_all(jobs, || mismatch(link, values.len(), n));
         }
         // The node refused the call itself, before running it (a script flag it does not know,
         // out of memory, busy): each goes alone, as it would have without coalescing.
@@ -447,14 +422,32 @@ async fn run_on_primary(turn: &Turn, batched: &Batched, slot: u16, jobs: Vec<Que
             again = jobs;
         }
     }
-    let alone_calls = again.into_iter().map(|job| async move {
-        let call = ScriptCall {
-            lua: turn.lua.clone(),
-            cmd: job.cmd,
-        };
-        let _ = job.reply.send(alone(&turn.link, &call).await);
-    });
-    futures_util::future::join_all(alone_calls).await;
+    futures_util::future::join_all(again.into_iter().map(|job| answer_alone(turn, job))).await;
+}
+
+/// Sends `job` as its own call of the single-operation script, and answers it.
+async fn answer_alone(turn: &Turn, job: Queued) {
+    let call = ScriptCall {
+        lua: turn.lua.clone(),
+        cmd: job.cmd,
+    };
+    let _ = job.reply.send(alone(&turn.link, &call).await);
+}
+
+/// Answers `job` with its operation's value in a batch's answer (an error reply is its error).
+fn answer_value(link: &Link, job: Queued, v: Value) {
+    let out = match v {
+        Value::ServerError(e) => Err(map_err(&link.described, e.into())),
+        v => Ok(v),
+    };
+    let _ = job.reply.send(out);
+}
+
+/// Answers each of `jobs` with the error `err` makes.
+fn fail_all(jobs: Vec<Queued>, err: impl Fn() -> Error) {
+    for job in jobs {
+        let _ = job.reply.send(Err(err()));
+    }
 }
 
 /// The error of each call of a batch whose script answered `got` values for `calls` calls.
