@@ -62,16 +62,18 @@ impl Setup {
     }
 
     /// A worker process; its stderr goes to `worker-N.err` in the temp dir.
-    fn worker(&self, n: usize, args: &[&str]) -> Child {
+    fn worker(&self, n: usize, args: &[&str]) -> Worker {
         let err = std::fs::File::create(self.dir.path().join(format!("worker-{n}.err"))).unwrap();
-        self.cmd()
+        let child = self
+            .cmd()
             .args(["queue", "work", "--ttl", "1s"])
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(err)
             .spawn()
-            .unwrap()
+            .unwrap();
+        Worker(Some(child))
     }
 
     fn worker_errors(&self) -> String {
@@ -138,7 +140,30 @@ struct Event {
 }
 
 /// Waits for a process to exit, at most `limit`.
-fn wait_for(mut child: Child, limit: Duration) -> ExitStatus {
+/// A worker process. A test that ends without waiting for it (a failed assertion) kills it, even
+/// paused with SIGSTOP, so that it does not outlive the test.
+struct Worker(Option<Child>);
+
+impl Worker {
+    fn id(&self) -> u32 {
+        self.0.as_ref().map_or(0, Child::id)
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            // SIGKILL ends a stopped process too.
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn wait_for(mut worker: Worker, limit: Duration) -> ExitStatus {
+    let Some(mut child) = worker.0.take() else {
+        panic!("the worker was already waited for");
+    };
     let pid = child.id();
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
