@@ -39,6 +39,23 @@ fn key_served_by(cluster: &RedisCluster, port: u16, stem: &str) -> String {
         .expect("a key on that primary")
 }
 
+/// Takes each of `keys` through `l`, all at once (a task each).
+async fn take_all_at_once(l: &Locks, keys: &[String]) -> Vec<LeaseGuard> {
+    let tasks: Vec<_> = keys
+        .iter()
+        .map(|k| {
+            let (l, k) = (l.clone(), k.clone());
+            tokio::spawn(async move { l.lock(&k).unwrap().try_acquire().await })
+        })
+        .collect();
+    let mut guards = vec![];
+    for (t, k) in tasks.into_iter().zip(keys) {
+        let g = t.await.unwrap().unwrap();
+        guards.push(g.unwrap_or_else(|| panic!("{k} not granted")));
+    }
+    guards
+}
+
 /// Waits until `cond` holds, for at most `limit`.
 async fn await_until(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + limit;
@@ -784,18 +801,7 @@ async fn a_batch_sent_by_a_stale_slot_map_reaches_every_key() {
             _ => format!("{moved}}}-{i}"),
         })
         .collect();
-    let tasks: Vec<_> = keys
-        .iter()
-        .map(|k| {
-            let (l, k) = (l.clone(), k.clone());
-            tokio::spawn(async move { l.lock(&k).unwrap().try_acquire().await })
-        })
-        .collect();
-    let mut guards = vec![];
-    for (t, k) in tasks.into_iter().zip(&keys) {
-        let g = t.await.unwrap().unwrap();
-        guards.push(g.unwrap_or_else(|| panic!("{k} not granted")));
-    }
+    let guards = take_all_at_once(&l, &keys).await;
     assert!(
         errors(source) + errors(target) > errors_before,
         "no operation was answered elsewhere: the batches did not meet the stale map"
@@ -812,4 +818,68 @@ async fn a_batch_sent_by_a_stale_slot_map_reaches_every_key() {
     for g in guards {
         g.release().await.unwrap();
     }
+}
+
+/// Calls of `CLUSTER SLOTS` (reads of the slot map) all the cluster's nodes have answered.
+fn slot_map_reads(cluster: &RedisCluster) -> u64 {
+    cluster
+        .nodes
+        .iter()
+        .filter_map(|n| n.command(&["INFO", "commandstats"]))
+        .flat_map(|info| {
+            info.lines()
+                .filter(|l| l.starts_with("cmdstat_cluster|slots:"))
+                .filter_map(|l| l.split("calls=").nth(1)?.split(',').next()?.parse().ok())
+                .collect::<Vec<u64>>()
+        })
+        .sum()
+}
+
+/// Records an operator overwrote with another type (a hash), in batches sent to their primaries:
+/// each is read there as an unreadable record and replaced, as a lone call replaces one, not
+/// taken for a key served elsewhere (which would send it again alone and make the store read
+/// the slot map again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_replaces_records_of_another_type_on_their_primary() {
+    let _alone = ALONE.lock().await;
+    let cluster = RedisCluster::start();
+    let l = locks(&cluster.url(), "a").await;
+    let name = |key: &str| format!("leasehold:lock:{{{key}}}");
+    // A renewal reads the slot map when it is stale: after one, the store's map is fresh (5 s).
+    let warm = leasehold_testkit::prefix("warm");
+    let g = take(&l, &warm, Duration::from_millis(300)).await;
+    await_renewal_by_a(&cluster, &name(&warm), "a renewal").await;
+    g.release().await.unwrap();
+    let keys: Vec<String> = (0..64)
+        .map(|i| leasehold_testkit::prefix(&format!("typed-{i}")))
+        .collect();
+    // Every fourth record is a hash.
+    for k in keys.iter().step_by(4) {
+        let reply = cluster
+            .primary_for(&name(k))
+            .and_then(|n| n.command(&["HSET", &name(k), "f", "v"]))
+            .unwrap_or_default();
+        assert!(reply.starts_with(':'), "{reply}");
+    }
+    let (reads, calls) = (slot_map_reads(&cluster), script_calls(&cluster));
+    let guards = take_all_at_once(&l, &keys).await;
+    let calls = script_calls(&cluster) - calls;
+    assert!(
+        calls < 64,
+        "{calls} script calls for 64 acquisitions: none shared"
+    );
+    for k in &keys {
+        assert!(
+            record(&cluster, &name(k)).contains("\"holder\":\"a\""),
+            "{k}"
+        );
+    }
+    for g in guards {
+        g.release().await.unwrap();
+    }
+    assert_eq!(
+        slot_map_reads(&cluster),
+        reads,
+        "the slot map was read again: a record of another type was taken for a key served elsewhere"
+    );
 }

@@ -103,8 +103,8 @@ impl Batched {
 }
 
 /// A batched script: `flags` (a first line of flags, or nothing), `prologue`, the operation's
-/// `body` as the function `one(o, p)`, then `runner` (which defines `run(o, p)`, running `one` in
-/// `pcall`), and a loop over the `n` operations (`count` sets `n`) that runs each with its
+/// `body` as the function `one(o, p, pre)` (`pre`: what the runner read for it, if anything),
+/// then `runner` (which defines `run(o, p)`, running `one` in `pcall`), and a loop over the `n` operations (`count` sets `n`) that runs each with its
 /// offsets (`offsets`: the expressions of `o` and `p` for operation `i`) and answers one value
 /// per operation, an error reply for one that raised.
 fn batch_text(
@@ -117,7 +117,7 @@ fn batch_text(
 ) -> String {
     format!(
         r#"{flags}{prologue}
-local function one(o, p)
+local function one(o, p, pre)
 {body}
 end
 {runner}
@@ -141,16 +141,30 @@ return out
 
 /// The node form of a batched script ([`Batched::node`]) whose per-operation `body` reads
 /// `KEYS[o + n]` and `ARGV[p + n]`.
+///
+/// Before running an operation it reads its first key: a key of a slot the node does not serve
+/// cannot be read there (an error other than `WRONGTYPE`), and the operation is answered
+/// `ELSEWHERE` without running. When the body's first read is that same `GET` (the acquire and
+/// release scripts'), the body takes the value read (`pre`) instead of reading it again.
 #[cfg(feature = "redis-cluster")]
 fn node_text(prologue: &str, body: &str, keys: usize, args: usize) -> String {
     // The keys come as arguments, ahead of all operations' arguments.
     let body = body.replace("KEYS[o + ", "ARGV[o + ");
+    let (body, probe) = match body.find(FIRST_READ) {
+        Some(at) => (
+            format!("{}pre{}", &body[..at], &body[at + FIRST_READ.len()..]),
+            FIRST_READ,
+        ),
+        None => (body, "redis.pcall('EXISTS', ARGV[o + 1])"),
+    };
     let runner = format!(
         r#"-- A key of a slot this node does not serve cannot be read here: left to a call naming it.
 local function run(o, p)
-  local here = redis.pcall('EXISTS', ARGV[o + 1])
-  if type(here) == 'table' then return true, {{err = '{ELSEWHERE} ' .. tostring(here.err)}} end
-  return pcall(one, o, p)
+  local pre = {probe}
+  if type(pre) == 'table' and not string.find(tostring(pre.err), 'WRONGTYPE', 1, true) then
+    return true, {{err = '{ELSEWHERE} ' .. tostring(pre.err)}}
+  end
+  return pcall(one, o, p, pre)
 end"#
     );
     batch_text(
@@ -162,6 +176,11 @@ end"#
         &format!("{keys} * i, {keys} * n + {args} * i"),
     )
 }
+
+/// An operation's read of its record as the node form's runner makes it, before the operation
+/// runs (see [`node_text`]).
+#[cfg(feature = "redis-cluster")]
+const FIRST_READ: &str = "redis.pcall('GET', ARGV[o + 1])";
 
 /// `body` with every `NAME[n]` (`n` digits) read as `NAME[var + n]`.
 fn offset(body: &str, name: &str, var: &str) -> String {
@@ -537,5 +556,20 @@ mod tests {
             offset("ARGV[2]ARGV[3]", "ARGV", "p"),
             "ARGV[p + 2]ARGV[p + 3]"
         );
+    }
+
+    /// The acquire and release scripts' node forms read each operation's record once: the
+    /// runner's read, which tells a key served elsewhere, is the one the body uses.
+    #[cfg(feature = "redis-cluster")]
+    #[test]
+    fn node_forms_read_each_record_once() {
+        let scripts = super::super::Scripts::new();
+        for lua in [&scripts.acquire, &scripts.release] {
+            let node = lua.batched().map_or("", |b| b.node.0.body.as_str());
+            assert_eq!(node.matches("redis.pcall('GET'").count(), 1, "{node}");
+            assert_eq!(node.matches(super::FIRST_READ).count(), 1, "{node}");
+            assert!(!node.contains("EXISTS"), "{node}");
+            assert!(node.contains("local raw = pre\n"), "{node}");
+        }
     }
 }
