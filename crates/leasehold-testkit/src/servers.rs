@@ -452,17 +452,20 @@ impl RedisServer {
 
     /// How many script calls (`EVAL` and `EVALSHA`) the server has run (`INFO commandstats`).
     pub fn script_calls(&self) -> u64 {
+        self.command_stat("evalsha", "calls") + self.command_stat("eval", "calls")
+    }
+
+    /// One figure of `INFO commandstats` for `command` (`evalsha`, `cluster|slots`): `field` is
+    /// `calls`, `rejected_calls` (refused before running: out of memory, ACL), `failed_calls`…;
+    /// 0 when the server has not seen the command.
+    pub fn command_stat(&self, command: &str, field: &str) -> u64 {
         let info = self.command(&["INFO", "commandstats"]).unwrap_or_default();
+        let line = format!("cmdstat_{command}:");
+        let field = format!("{field}=");
         info.lines()
-            .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-            .filter_map(|l| {
-                l.split("calls=")
-                    .nth(1)?
-                    .split(',')
-                    .next()?
-                    .parse::<u64>()
-                    .ok()
-            })
+            .filter_map(|l| l.strip_prefix(&line))
+            .flat_map(|l| l.split(','))
+            .filter_map(|f| f.strip_prefix(&field)?.trim().parse::<u64>().ok())
             .sum()
     }
 

@@ -39,8 +39,8 @@ fn key_served_by(cluster: &RedisCluster, port: u16, stem: &str) -> String {
         .expect("a key on that primary")
 }
 
-/// Takes each of `keys` through `l`, all at once (a task each).
-async fn take_all_at_once(l: &Locks, keys: &[String]) -> Vec<LeaseGuard> {
+/// Tries to take each of `keys` through `l`, all at once (a task each); the answers in order.
+async fn try_all_at_once(l: &Locks, keys: &[String]) -> Vec<leasehold::Result<Option<LeaseGuard>>> {
     let tasks: Vec<_> = keys
         .iter()
         .map(|k| {
@@ -48,12 +48,21 @@ async fn take_all_at_once(l: &Locks, keys: &[String]) -> Vec<LeaseGuard> {
             tokio::spawn(async move { l.lock(&k).unwrap().try_acquire().await })
         })
         .collect();
-    let mut guards = vec![];
-    for (t, k) in tasks.into_iter().zip(keys) {
-        let g = t.await.unwrap().unwrap();
-        guards.push(g.unwrap_or_else(|| panic!("{k} not granted")));
+    let mut answers = vec![];
+    for t in tasks {
+        answers.push(t.await.unwrap());
     }
-    guards
+    answers
+}
+
+/// Takes each of `keys` through `l`, all at once (a task each).
+async fn take_all_at_once(l: &Locks, keys: &[String]) -> Vec<LeaseGuard> {
+    let answers = try_all_at_once(l, keys).await;
+    answers
+        .into_iter()
+        .zip(keys)
+        .map(|(g, k)| g.unwrap().unwrap_or_else(|| panic!("{k} not granted")))
+        .collect()
 }
 
 /// Waits until `cond` holds, for at most `limit`.
@@ -825,13 +834,7 @@ fn slot_map_reads(cluster: &RedisCluster) -> u64 {
     cluster
         .nodes
         .iter()
-        .filter_map(|n| n.command(&["INFO", "commandstats"]))
-        .flat_map(|info| {
-            info.lines()
-                .filter(|l| l.starts_with("cmdstat_cluster|slots:"))
-                .filter_map(|l| l.split("calls=").nth(1)?.split(',').next()?.parse().ok())
-                .collect::<Vec<u64>>()
-        })
+        .map(|n| n.command_stat("cluster|slots", "calls"))
         .sum()
 }
 
@@ -882,4 +885,66 @@ async fn a_batch_replaces_records_of_another_type_on_their_primary() {
         reads,
         "the slot map was read again: a record of another type was taken for a key served elsewhere"
     );
+}
+
+/// A primary that refuses a batch before running it (here out of memory, as a server before
+/// Redis 7 refuses the batch's script flag) gets its operations sent again alone: each is
+/// answered on its own — out of memory, a retryable error naming it — and none hangs; once the
+/// primary takes writes again, the same burst is granted in full.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_a_primary_refuses_is_sent_again_alone() {
+    let _alone = ALONE.lock().await;
+    let cluster = RedisCluster::start();
+    let primary = &cluster.nodes[0];
+    let l = locks(&cluster.url(), "a").await;
+    let name = |key: &str| format!("leasehold:lock:{{{key}}}");
+    // A renewal reads the slot map when it is stale: after one, the store's map is fresh (5 s).
+    let warm = key_served_by(&cluster, primary.port, &leasehold_testkit::prefix("warm"));
+    let g = take(&l, &warm, Duration::from_millis(300)).await;
+    await_renewal_by_a(&cluster, &name(&warm), "a renewal").await;
+    g.release().await.unwrap();
+    let keys: Vec<String> = (0..)
+        .map(|i| leasehold_testkit::prefix(&format!("refused-{i}")))
+        .filter(|k| {
+            cluster
+                .primary_for(&name(k))
+                .is_some_and(|n| n.port == primary.port)
+        })
+        .take(24)
+        .collect();
+    let set_maxmemory = |bytes: &str| {
+        let reply = primary.command(&["CONFIG", "SET", "maxmemory", bytes]);
+        assert!(
+            reply.as_deref().is_some_and(|r| r.starts_with("+OK")),
+            "{reply:?}"
+        );
+    };
+    set_maxmemory("1");
+    let stat = |field: &str| primary.command_stat("evalsha", field);
+    let (rejected, failed) = (stat("rejected_calls"), stat("failed_calls"));
+    let answers = try_all_at_once(&l, &keys).await;
+    for (answer, k) in answers.into_iter().zip(&keys) {
+        let err = answer.expect_err("no writes while out of memory");
+        assert!(
+            err.is_retryable() && err.to_string().contains("OOM"),
+            "{k}: {err}"
+        );
+    }
+    // A batch (a script with flags) is refused before it runs; then each acquisition, sent alone
+    // (a script without flags), fails at its first write. (A `NOSCRIPT` answer, to the batched
+    // form's first call on this node, counts as failed too.)
+    let (rejected, failed) = (
+        stat("rejected_calls") - rejected,
+        stat("failed_calls") - failed,
+    );
+    assert!(rejected >= 1, "no batch was refused");
+    assert!(
+        failed >= 24,
+        "{failed} calls failed for 24 acquisitions: not each alone"
+    );
+    set_maxmemory("0");
+    let guards = take_all_at_once(&l, &keys).await;
+    for g in guards {
+        g.release().await.unwrap();
+    }
 }
