@@ -14,6 +14,8 @@
 //!    `EXEC`, one round trip; [`FloorAcquire::Multi`]);
 //!    (b) leasehold `redis://`; (c) `rslock` 0.10; and on 3 nodes: the raw 3-node quorum floor,
 //!    leasehold `redlock://`, `rslock` with 3 nodes.
+//!    Each row gives its ratio to the floor and to the fenced floor: the median of the per-round
+//!    ratios (each against the same round's run), with their range.
 //! 2. A hot key: 8 and 64 tasks split over 2 OS processes contending on one key (acquire, release at
 //!    once, again): handoffs/s, p50/p99/p99.9 wait, and the longest wait of any acquisition.
 
@@ -539,8 +541,8 @@ fn main() {
         None => one.pid().into_iter().collect(),
     };
     let three_pids: Vec<u32> = three.iter().filter_map(RedisServer::pid).collect();
-    println!("\n| store | tasks | implementation | cycles/s | p50 | p99 | vs floor | client CPU/cycle | server CPU/cycle |");
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("\n| store | tasks | implementation | cycles/s | p50 | p99 | vs floor | vs fenced floor | client CPU/cycle | server CPU/cycle |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     // `-- only=KIND[,KIND…]` and `-- tasks=N[,N…]` narrow the throughput runs (for profiling).
     let arg = |name: &str| {
         std::env::args().find_map(|a| a.strip_prefix(&format!("{name}=")).map(str::to_owned))
@@ -601,10 +603,11 @@ fn main() {
                     runs[i].push(t);
                 }
             }
-            for (kind, ts) in kinds.iter().zip(&runs) {
+            // The ratio to `base`'s runs: the median of the per-round ratios, with their range.
+            let ratio = |ts: &[Throughput], base: &[Throughput]| {
                 let mut ratios: Vec<f64> = ts
                     .iter()
-                    .zip(&runs[0])
+                    .zip(base)
                     .map(|(t, f)| t.per_sec / f.per_sec)
                     .collect();
                 ratios.sort_by(f64::total_cmp);
@@ -613,13 +616,18 @@ fn main() {
                 } else {
                     String::new()
                 };
+                format!("{:.2}×{spread}", median(ratios))
+            };
+            let fenced = kinds.iter().position(|k| *k == "fenced-floor");
+            for (kind, ts) in kinds.iter().zip(&runs) {
                 let med = |f: fn(&Throughput) -> f64| median(ts.iter().map(f).collect());
+                let vs_fenced = fenced.map_or_else(|| "—".to_owned(), |j| ratio(ts, &runs[j]));
                 println!(
-                    "| {label} | {tasks} | {kind} | {:.0} | {} | {} | {:.2}×{spread} | {:.1} µs | {:.1} µs |",
+                    "| {label} | {tasks} | {kind} | {:.0} | {} | {} | {} | {vs_fenced} | {:.1} µs | {:.1} µs |",
                     med(|t| t.per_sec),
                     us(med(|t| t.p50 as f64) as u64),
                     us(med(|t| t.p99 as f64) as u64),
-                    median(ratios),
+                    ratio(ts, &runs[0]),
                     med(|t| t.client_cpu),
                     med(|t| t.server_cpu),
                 );
