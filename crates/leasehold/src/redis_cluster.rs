@@ -292,13 +292,17 @@ impl ClusterNodes {
                 Err(e) => tracing::debug!(store, error = %e, "no slot map"),
             }
         }
-        self.reading_map.store(false, Ordering::Release);
     }
 
     /// Whether the caller may start a read of the slot map in the background (no other is under
-    /// way); [`Self::read_map`] ends it.
+    /// way); [`Self::end_map_read`] ends the claim (other reads, a renewal's, leave it).
     pub(crate) fn claim_map_read(&self) -> bool {
         !self.reading_map.swap(true, Ordering::AcqRel)
+    }
+
+    /// Ends the claim of [`Self::claim_map_read`].
+    pub(crate) fn end_map_read(&self) {
+        self.reading_map.store(false, Ordering::Release);
     }
 
     /// The coalescing lanes of the primary serving `slot` by a fresh slot map, or `None`.

@@ -239,8 +239,11 @@ pub(super) async fn send_to_primary(
         Some((slot, lanes)) => send_in(link, lanes, Some(slot), batched, call).await,
         None => {
             if nodes.claim_map_read() {
-                let link = link.clone();
+                // The claim ends with the read, or with the task dropped unrun (a runtime
+                // shutting down): one background read at a time, never none for good.
+                let claim = MapReadClaim(link.clone());
                 tokio::spawn(async move {
+                    let link = &claim.0;
                     if let super::Origin::Cluster(nodes) = &link.origin {
                         let conn = link.current.lock().1.clone();
                         nodes.read_map(&conn, &link.described, link.timeout).await;
@@ -248,6 +251,20 @@ pub(super) async fn send_to_primary(
                 });
             }
             alone(link, call).await
+        }
+    }
+}
+
+/// A background read of a cluster's slot map under way ([`send_to_primary`]); dropped, it ends
+/// the claim.
+#[cfg(feature = "redis-cluster")]
+struct MapReadClaim(Arc<Link>);
+
+#[cfg(feature = "redis-cluster")]
+impl Drop for MapReadClaim {
+    fn drop(&mut self) {
+        if let super::Origin::Cluster(nodes) = &self.0.origin {
+            nodes.end_map_read();
         }
     }
 }
