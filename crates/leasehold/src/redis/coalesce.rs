@@ -104,9 +104,10 @@ impl Batched {
 
 /// A batched script: `flags` (a first line of flags, or nothing), `prologue`, the operation's
 /// `body` as the function `one(o, p, pre)` (`pre`: what the runner read for it, if anything),
-/// then `runner` (which defines `run(o, p)`, running `one` in `pcall`), and a loop over the `n` operations (`count` sets `n`) that runs each with its
-/// offsets (`offsets`: the expressions of `o` and `p` for operation `i`) and answers one value
-/// per operation, an error reply for one that raised.
+/// then `runner` (which defines `run(o, p)`, running `one` in `pcall`), and a loop over the `n`
+/// operations (`count` sets `n`) that runs each with its offsets (`offsets`: the expressions of
+/// `o` and `p` for operation `i`) and answers one value per operation, an error reply for one
+/// that raised.
 fn batch_text(
     flags: &str,
     prologue: &str,
