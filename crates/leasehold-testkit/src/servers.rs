@@ -162,6 +162,34 @@ pub fn free_port() -> u16 {
         .unwrap_or_else(|e| panic!("no free loopback port: {e}"))
 }
 
+/// A loopback TCP server that is not Redis: it answers whatever it reads with an HTTP error
+/// followed by bytes that are not text (a misconfigured port, a proxy in the way), on every
+/// connection, for as long as the process runs. Returns its port.
+pub fn garbage_server() -> u16 {
+    let listener =
+        TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("no free loopback port: {e}"));
+    let port = listener
+        .local_addr()
+        .map(|a| a.port())
+        .unwrap_or_else(|e| panic!("no local address: {e}"));
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        for mut s in listener.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                while matches!(s.read(&mut buf), Ok(n) if n > 0) {
+                    if s.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n\x00\xff garbage")
+                        .is_err()
+                    {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
 type SpawnJob = (Command, mpsc::Sender<std::io::Result<Child>>);
 
 /// Spawns `cmd` from the launcher thread, which lives as long as the process: with

@@ -426,16 +426,7 @@ async fn mutual_tls_presents_the_client_certificate() {
 
 #[tokio::test]
 async fn a_server_that_answers_garbage_is_an_error_not_a_panic() {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        use std::io::{Read, Write};
-        for mut s in listener.incoming().flatten().take(20) {
-            let mut buf = [0u8; 256];
-            let _ = s.read(&mut buf);
-            let _ = s.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n\x00\xff garbage");
-        }
-    });
+    let port = leasehold_testkit::servers::garbage_server();
     let url = format!("redis://127.0.0.1:{port}/0?timeout=300ms");
     match leasehold::open_store(&url).await {
         Err(e) => eprintln!("connect: {e}"),

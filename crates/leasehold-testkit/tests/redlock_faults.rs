@@ -38,6 +38,46 @@ async fn one_of_three_stopped_still_grants() {
     g.release().await.unwrap();
 }
 
+/// A node that is not a Redis server (a misconfigured port: it answers everything with garbage)
+/// counts as a node that did not answer, never as a grant or a panic: with the two real nodes the
+/// lease is granted, refused to a contender, renewed and released; with only one real node,
+/// acquiring fails with a retryable error naming the two others.
+#[tokio::test]
+async fn a_node_that_answers_garbage_is_left_out() {
+    let s: Vec<RedisServer> = (0..2).map(|_| RedisServer::start()).collect();
+    let (bad, worse) = (
+        leasehold_testkit::servers::garbage_server(),
+        leasehold_testkit::servers::garbage_server(),
+    );
+    let url = |ports: [u16; 3]| {
+        let nodes: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        format!("redlock://{}/0?timeout=300ms", nodes.join(","))
+    };
+    let two_real = url([s[0].port, bad, s[1].port]);
+    let a = leasehold_testkit::connect_as(&two_real, "a").await;
+    let g = take(&a, "job", Some(Duration::from_millis(900)))
+        .await
+        .expect("granted by the 2 real nodes");
+    let b = leasehold_testkit::connect_as(&two_real, "b").await;
+    assert!(take(&b, "job", None).await.is_none());
+    // Renewals keep it with the two real nodes, past its TTL.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert!(g.is_current());
+    assert_eq!(g.release().await.unwrap(), leasehold::Released::Released);
+    let one_real = leasehold_testkit::connect_as(&url([s[0].port, bad, worse]), "c").await;
+    let err = one_real
+        .lock("job")
+        .unwrap()
+        .try_acquire()
+        .await
+        .expect_err("no majority");
+    assert!(err.is_retryable(), "{err}");
+    let msg = err.to_string();
+    for p in [bad, worse] {
+        assert!(msg.contains(&p.to_string()), "{msg} does not name node {p}");
+    }
+}
+
 #[tokio::test]
 async fn two_of_three_stopped_fails_naming_the_unreachable_nodes() {
     let mut s = three();
