@@ -139,7 +139,6 @@ struct Event {
     ns: u64,
 }
 
-/// Waits for a process to exit, at most `limit`.
 /// A worker process. A test that ends without waiting for it (a failed assertion) kills it, even
 /// paused with SIGSTOP, so that it does not outlive the test.
 struct Worker(Option<Child>);
@@ -160,6 +159,7 @@ impl Drop for Worker {
     }
 }
 
+/// Waits for a worker to exit, at most `limit`.
 fn wait_for(mut worker: Worker, limit: Duration) -> ExitStatus {
     let Some(mut child) = worker.0.take() else {
         panic!("the worker was already waited for");

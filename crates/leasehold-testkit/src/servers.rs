@@ -1019,10 +1019,13 @@ pub fn shared_redis_nodes() -> &'static [RedisServer] {
 
 /// `redlock://127.0.0.1:P1,…/0` over `servers`.
 pub fn redlock_url(servers: &[RedisServer]) -> String {
-    let nodes: Vec<String> = servers
-        .iter()
-        .map(|s| format!("127.0.0.1:{}", s.port))
-        .collect();
+    let ports: Vec<u16> = servers.iter().map(|s| s.port).collect();
+    redlock_url_of(&ports)
+}
+
+/// The `redlock://` URL of the loopback ports `ports` (database 0): Redis servers or not.
+pub fn redlock_url_of(ports: &[u16]) -> String {
+    let nodes: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
     format!("redlock://{}/0", nodes.join(","))
 }
 

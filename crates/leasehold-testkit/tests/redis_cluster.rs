@@ -27,13 +27,19 @@ async fn take(l: &Locks, key: &str, ttl: Duration) -> LeaseGuard {
         .expect("free")
 }
 
+/// The record of `key` as the store names it on a cluster (`leasehold:lock:{KEY}`: the key is
+/// the hash tag, so the record and its fence counter share a slot).
+fn record_name(key: &str) -> String {
+    format!("leasehold:lock:{{{key}}}")
+}
+
 /// A key (`{stem}-N`) whose record `leasehold:lock:{…}` the primary on `port` serves.
 fn key_served_by(cluster: &RedisCluster, port: u16, stem: &str) -> String {
     (0..1000)
         .map(|i| format!("{stem}-{i}"))
         .find(|k| {
             cluster
-                .primary_for(&format!("leasehold:lock:{{{k}}}"))
+                .primary_for(&record_name(k))
                 .is_some_and(|n| n.port == port)
         })
         .expect("a key on that primary")
@@ -137,7 +143,7 @@ async fn waiters_subscribe_on_the_primary_serving_the_key() {
     let stem = leasehold_testkit::prefix("sub");
     for node in &cluster.nodes[..3] {
         let key = key_served_by(cluster, node.port, &stem);
-        let name = format!("leasehold:lock:{{{key}}}");
+        let name = record_name(&key);
         let g = take(&a, &key, Duration::from_secs(5)).await;
         let waiter = spawn_waiter(b.clone(), &key, Duration::from_secs(10));
         let subscribed = || {
@@ -280,7 +286,7 @@ async fn a_graceful_failover_keeps_the_lease_and_wakes_the_waiter() {
     let cluster = RedisCluster::start();
     let port = cluster.nodes[1].port;
     let key = key_served_by(&cluster, port, "moved");
-    let name = format!("leasehold:lock:{{{key}}}");
+    let name = record_name(&key);
     let a = locks(&format!("{}?timeout=1s", cluster.url()), "a").await;
     let b = locks(&format!("{}?timeout=1s", cluster.url()), "b").await;
     let g = take(&a, &key, Duration::from_millis(1500)).await;
@@ -342,10 +348,7 @@ async fn a_resharded_slot_keeps_its_leases_and_fences() {
     let cluster = RedisCluster::start();
     let (source, target) = (&cluster.nodes[0], &cluster.nodes[1]);
     let key = key_served_by(&cluster, source.port, "resharded");
-    let (name, counter) = (
-        format!("leasehold:lock:{{{key}}}"),
-        format!("leasehold:fence:{{{key}}}"),
-    );
+    let (name, counter) = (record_name(&key), format!("leasehold:fence:{{{key}}}"));
     let slot = reply_value(source.command(&["CLUSTER", "KEYSLOT", &name]));
     let source_id = reply_value(source.command(&["CLUSTER", "MYID"]));
     let target_id = reply_value(target.command(&["CLUSTER", "MYID"]));
@@ -421,7 +424,7 @@ async fn a_killed_primary_is_replaced_and_a_waiter_gets_its_lease() {
     let mut cluster = RedisCluster::start();
     let port = cluster.nodes[0].port;
     let key = key_served_by(&cluster, port, "killed");
-    let name = format!("leasehold:lock:{{{key}}}");
+    let name = record_name(&key);
     let other = key_served_by(&cluster, cluster.nodes[1].port, "kept");
     let a = locks(&format!("{}?timeout=500ms", cluster.url()), "a").await;
     let b = locks(&format!("{}?timeout=500ms", cluster.url()), "b").await;
@@ -526,7 +529,7 @@ async fn acl_users_work_on_a_cluster() {
     let g = take(&a, &key, Duration::from_secs(5)).await;
     assert_eq!(a.store().list(&key).await.unwrap().len(), 1);
     let waiter = spawn_waiter(b, &key, Duration::from_secs(10));
-    let name = format!("leasehold:lock:{{{key}}}");
+    let name = record_name(&key);
     await_until(Duration::from_secs(5), "the waiter registered", || {
         record(cluster, &name).contains("\"waiter\":\"b\"")
     })
@@ -636,7 +639,7 @@ async fn a_hung_primary_is_replaced_and_the_store_follows() {
     let cluster = RedisCluster::start();
     let port = cluster.nodes[0].port;
     let key = key_served_by(&cluster, port, "hung");
-    let name = format!("leasehold:lock:{{{key}}}");
+    let name = record_name(&key);
     let fresh = key_served_by(&cluster, port, "fresh");
     let a = locks(&format!("{}?timeout=500ms", cluster.url()), "a").await;
     let g = take(&a, &key, Duration::from_secs(6)).await;
@@ -650,7 +653,7 @@ async fn a_hung_primary_is_replaced_and_the_store_follows() {
         locks(&format!("{}?timeout=500ms", cluster.url()), "w").await,
         &waited,
     );
-    let waited_name = format!("leasehold:lock:{{{waited}}}");
+    let waited_name = record_name(&waited);
     await_until(Duration::from_secs(10), "the contender subscribed", || {
         cluster.nodes[0]
             .command(&["GET", &waited_name])
@@ -775,17 +778,14 @@ async fn a_batch_sent_by_a_stale_slot_map_reaches_every_key() {
     let (source, target) = (&cluster.nodes[0], &cluster.nodes[1]);
     let stay = key_served_by(&cluster, source.port, "stay");
     let moved = key_served_by(&cluster, source.port, "moved");
-    let name = |key: &str| format!("leasehold:lock:{{{key}}}");
+    let name = record_name;
     let slot = reply_value(source.command(&["CLUSTER", "KEYSLOT", &name(&moved)]));
     assert_ne!(
         slot,
         reply_value(source.command(&["CLUSTER", "KEYSLOT", &name(&stay)]))
     );
     let l = locks(&format!("{}?timeout=1s", cluster.url()), "a").await;
-    // A renewal reads the slot map when it is stale: after one, the store's map is fresh (5 s).
-    let g = take(&l, &stay, Duration::from_millis(300)).await;
-    await_renewal_by_a(&cluster, &name(&stay), "a renewal").await;
-    g.release().await.unwrap();
+    fresh_slot_map(&cluster, &l, &stay).await;
     // The (empty) slot moves to the target; the store's map still names the source.
     let target_id = reply_value(target.command(&["CLUSTER", "MYID"]));
     for node in &cluster.nodes[..3] {
@@ -829,6 +829,14 @@ async fn a_batch_sent_by_a_stale_slot_map_reaches_every_key() {
     }
 }
 
+/// Leaves the store of `l` with a fresh slot map (5 s): a renewal reads the map when it is
+/// stale, so a lease on `key` is held until one renewal has been made.
+async fn fresh_slot_map(cluster: &RedisCluster, l: &Locks, key: &str) {
+    let g = take(l, key, Duration::from_millis(300)).await;
+    await_renewal_by_a(cluster, &record_name(key), "a renewal").await;
+    g.release().await.unwrap();
+}
+
 /// Calls of `CLUSTER SLOTS` (reads of the slot map) all the cluster's nodes have answered.
 fn slot_map_reads(cluster: &RedisCluster) -> u64 {
     cluster
@@ -847,12 +855,9 @@ async fn a_batch_replaces_records_of_another_type_on_their_primary() {
     let _alone = ALONE.lock().await;
     let cluster = RedisCluster::start();
     let l = locks(&cluster.url(), "a").await;
-    let name = |key: &str| format!("leasehold:lock:{{{key}}}");
-    // A renewal reads the slot map when it is stale: after one, the store's map is fresh (5 s).
+    let name = record_name;
     let warm = leasehold_testkit::prefix("warm");
-    let g = take(&l, &warm, Duration::from_millis(300)).await;
-    await_renewal_by_a(&cluster, &name(&warm), "a renewal").await;
-    g.release().await.unwrap();
+    fresh_slot_map(&cluster, &l, &warm).await;
     let keys: Vec<String> = (0..64)
         .map(|i| leasehold_testkit::prefix(&format!("typed-{i}")))
         .collect();
@@ -897,12 +902,9 @@ async fn a_batch_a_primary_refuses_is_sent_again_alone() {
     let cluster = RedisCluster::start();
     let primary = &cluster.nodes[0];
     let l = locks(&cluster.url(), "a").await;
-    let name = |key: &str| format!("leasehold:lock:{{{key}}}");
-    // A renewal reads the slot map when it is stale: after one, the store's map is fresh (5 s).
+    let name = record_name;
     let warm = key_served_by(&cluster, primary.port, &leasehold_testkit::prefix("warm"));
-    let g = take(&l, &warm, Duration::from_millis(300)).await;
-    await_renewal_by_a(&cluster, &name(&warm), "a renewal").await;
-    g.release().await.unwrap();
+    fresh_slot_map(&cluster, &l, &warm).await;
     let keys: Vec<String> = (0..)
         .map(|i| leasehold_testkit::prefix(&format!("refused-{i}")))
         .filter(|k| {

@@ -3,7 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use leasehold::{Error, LeaseGuard, Locks};
-use leasehold_testkit::servers::{redlock_url, RedisServer, LOCKER_ACL};
+use leasehold_testkit::servers::{redlock_url, redlock_url_of, RedisServer, LOCKER_ACL};
 use std::time::Duration;
 
 fn three() -> Vec<RedisServer> {
@@ -49,10 +49,7 @@ async fn a_node_that_answers_garbage_is_left_out() {
         leasehold_testkit::servers::garbage_server(),
         leasehold_testkit::servers::garbage_server(),
     );
-    let url = |ports: [u16; 3]| {
-        let nodes: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
-        format!("redlock://{}/0?timeout=300ms", nodes.join(","))
-    };
+    let url = |ports: [u16; 3]| format!("{}?timeout=300ms", redlock_url_of(&ports));
     let two_real = url([s[0].port, bad, s[1].port]);
     let a = leasehold_testkit::connect_as(&two_real, "a").await;
     let g = take(&a, "job", Some(Duration::from_millis(900)))
@@ -65,7 +62,13 @@ async fn a_node_that_answers_garbage_is_left_out() {
     assert!(g.is_current());
     assert_eq!(g.release().await.unwrap(), leasehold::Released::Released);
     let one_real = leasehold_testkit::connect_as(&url([s[0].port, bad, worse]), "c").await;
-    let err = one_real
+    no_majority(&one_real, &[bad, worse]).await;
+}
+
+/// Acquiring through `l` fails for want of a majority: a retryable error naming each of the
+/// nodes on `down`; the error, for further checks.
+async fn no_majority(l: &Locks, down: &[u16]) -> Error {
+    let err = l
         .lock("job")
         .unwrap()
         .try_acquire()
@@ -73,9 +76,10 @@ async fn a_node_that_answers_garbage_is_left_out() {
         .expect_err("no majority");
     assert!(err.is_retryable(), "{err}");
     let msg = err.to_string();
-    for p in [bad, worse] {
+    for p in down {
         assert!(msg.contains(&p.to_string()), "{msg} does not name node {p}");
     }
+    err
 }
 
 #[tokio::test]
@@ -85,18 +89,9 @@ async fn two_of_three_stopped_fails_naming_the_unreachable_nodes() {
     s[0].stop();
     s[1].stop();
     let a = locks(&s, "a").await;
-    let err = a
-        .lock("job")
-        .unwrap()
-        .try_acquire()
-        .await
-        .expect_err("no majority");
+    let err = no_majority(&a, &down).await;
     assert!(matches!(err, Error::Unavailable { .. }), "{err}");
-    assert!(err.is_retryable());
     let msg = err.to_string();
-    for p in down {
-        assert!(msg.contains(&p.to_string()), "{msg} does not name node {p}");
-    }
     assert!(
         !msg.contains(&format!("{} (", s[2].port)),
         "{msg} names the live node as unreachable"
