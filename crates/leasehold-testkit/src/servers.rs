@@ -164,30 +164,86 @@ pub fn free_port() -> u16 {
 
 /// A loopback TCP server that is not Redis: it answers whatever it reads with an HTTP error
 /// followed by bytes that are not text (a misconfigured port, a proxy in the way), on every
-/// connection, for as long as the process runs. Returns its port.
-pub fn garbage_server() -> u16 {
-    let listener =
-        TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("no free loopback port: {e}"));
-    let port = listener
-        .local_addr()
-        .map(|a| a.port())
-        .unwrap_or_else(|e| panic!("no local address: {e}"));
-    std::thread::spawn(move || {
-        use std::io::{Read, Write};
-        for mut s in listener.incoming().flatten() {
-            std::thread::spawn(move || {
-                let mut buf = [0u8; 4096];
-                while matches!(s.read(&mut buf), Ok(n) if n > 0) {
-                    if s.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n\x00\xff garbage")
-                        .is_err()
-                    {
-                        break;
-                    }
+/// connection, until dropped. Dropped, it closes its listener and every connection, and returns
+/// once the port is free again (a real server can then be started on it).
+#[derive(Debug)]
+pub struct GarbageServer {
+    /// Its loopback port.
+    pub port: u16,
+    stopping: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    connections: std::sync::Arc<Mutex<Vec<TcpStream>>>,
+    acceptor: Option<std::thread::JoinHandle<()>>,
+}
+
+impl GarbageServer {
+    /// Starts one on a free port.
+    ///
+    /// # Panics
+    /// When no loopback port can be bound.
+    pub fn start() -> Self {
+        Self::start_on(0)
+    }
+
+    /// Starts one on `port` (where a stopped server listened; 0: a free port).
+    ///
+    /// # Panics
+    /// When the port cannot be bound.
+    pub fn start_on(port: u16) -> Self {
+        let listener = TcpListener::bind(("127.0.0.1", port))
+            .unwrap_or_else(|e| panic!("cannot bind loopback port {port}: {e}"));
+        let port = listener
+            .local_addr()
+            .map(|a| a.port())
+            .unwrap_or_else(|e| panic!("no local address: {e}"));
+        let stopping = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let connections = std::sync::Arc::new(Mutex::new(Vec::<TcpStream>::new()));
+        let (stop, open) = (stopping.clone(), connections.clone());
+        let acceptor = std::thread::spawn(move || {
+            for s in listener.incoming().flatten() {
+                if stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    break;
                 }
-            });
+                if let (Ok(mut s), Ok(kept)) = (s.try_clone(), s.try_clone()) {
+                    if let Ok(mut open) = open.lock() {
+                        open.push(kept);
+                    }
+                    std::thread::spawn(move || {
+                        let mut buf = [0u8; 4096];
+                        while matches!(s.read(&mut buf), Ok(n) if n > 0) {
+                            if s.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n\x00\xff garbage")
+                                .is_err()
+                            {
+                                break;
+                            }
+                        }
+                    });
+                }
+            }
+        });
+        GarbageServer {
+            port,
+            stopping,
+            connections,
+            acceptor: Some(acceptor),
         }
-    });
-    port
+    }
+}
+
+impl Drop for GarbageServer {
+    fn drop(&mut self) {
+        self.stopping
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        // Wakes the acceptor, which then sees the flag and drops the listener.
+        let _ = TcpStream::connect(("127.0.0.1", self.port));
+        if let Some(acceptor) = self.acceptor.take() {
+            let _ = acceptor.join();
+        }
+        if let Ok(mut open) = self.connections.lock() {
+            for s in open.drain(..) {
+                let _ = s.shutdown(std::net::Shutdown::Both);
+            }
+        }
+    }
 }
 
 type SpawnJob = (Command, mpsc::Sender<std::io::Result<Child>>);

@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use leasehold::{LeaseGuard, Locks, LostReason, Released};
-use leasehold_testkit::servers::{shared_redis, RedisServer, LOCKER_ACL};
+use leasehold_testkit::servers::{shared_redis, GarbageServer, RedisServer, LOCKER_ACL};
 use std::time::{Duration, Instant};
 
 /// Held by each test that starts a Sentinel deployment of its own and fails it over: they run
@@ -426,8 +426,8 @@ async fn mutual_tls_presents_the_client_certificate() {
 
 #[tokio::test]
 async fn a_server_that_answers_garbage_is_an_error_not_a_panic() {
-    let port = leasehold_testkit::servers::garbage_server();
-    let url = format!("redis://127.0.0.1:{port}/0?timeout=300ms");
+    let garbage = leasehold_testkit::servers::GarbageServer::start();
+    let url = format!("redis://127.0.0.1:{}/0?timeout=300ms", garbage.port);
     match leasehold::open_store(&url).await {
         Err(e) => eprintln!("connect: {e}"),
         Ok(store) => {
@@ -443,6 +443,83 @@ async fn a_server_that_answers_garbage_is_an_error_not_a_panic() {
             eprintln!("acquire: {err}");
         }
     }
+}
+
+/// `job` is free for `l`: taken at once and released.
+async fn taken_and_released(l: &Locks) {
+    let g = l.lock("job").unwrap().try_acquire().await.unwrap();
+    assert_eq!(
+        g.expect("free").release().await.unwrap(),
+        Released::Released
+    );
+}
+
+/// The connection manager keeps a connection it could not make for a reason other than I/O (it
+/// connects again only after an I/O error), so the store connects anew itself: a server back on
+/// a port where something that is not Redis answered meanwhile is used again by the next call.
+#[tokio::test]
+async fn a_server_back_on_a_port_that_answered_garbage_is_used_again() {
+    let mut server = RedisServer::start();
+    let port = server.port;
+    // Longer than the connection manager's own retries: the failure it keeps is then the
+    // unreadable answer, not a call that ran out of time (after which the store connects anew
+    // anyway).
+    let l = locks(&format!("{}?timeout=3s", server.url()), "a").await;
+    taken_and_released(&l).await;
+    server.stop();
+    let garbage = GarbageServer::start_on(port);
+    // Until the connection made again after the stop has reached the garbage.
+    let mut tries = 0;
+    loop {
+        let err = l
+            .lock("job")
+            .unwrap()
+            .try_acquire()
+            .await
+            .expect_err("garbage is not a grant");
+        if err.to_string().contains("not Redis") {
+            assert!(!err.is_retryable(), "{err}");
+            break;
+        }
+        tries += 1;
+        assert!(tries < 50, "never told the garbage apart: {err}");
+    }
+    drop(garbage);
+    let _back = RedisServer::start_on(port);
+    taken_and_released(&l).await;
+}
+
+/// Refused credentials fail calls at once (a waiter does not wait out its limit); once the
+/// server accepts them (a user provisioned late, a password rotated on the server last), the next
+/// call connects anew and goes through.
+#[tokio::test]
+async fn credentials_accepted_again_are_used_again() {
+    let server = RedisServer::start_with_users(&[LOCKER_ACL]);
+    let url = format!(
+        "redis://locker:s3cret@127.0.0.1:{}/0?timeout=3s",
+        server.port
+    );
+    let l = locks(&url, "a").await;
+    taken_and_released(&l).await;
+    server
+        .command(&["ACL", "SETUSER", "locker", "off"])
+        .unwrap();
+    server
+        .command(&["CLIENT", "KILL", "USER", "locker"])
+        .unwrap();
+    let started = Instant::now();
+    let err = l
+        .lock("job")
+        .unwrap()
+        .wait(Duration::from_secs(20))
+        .acquire()
+        .await
+        .expect_err("refused");
+    assert!(!err.is_retryable(), "{err}");
+    assert!(err.to_string().to_lowercase().contains("auth"), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(10), "{err}");
+    server.command(&["ACL", "SETUSER", "locker", "on"]).unwrap();
+    taken_and_released(&l).await;
 }
 
 /// The record of a granted acquisition.

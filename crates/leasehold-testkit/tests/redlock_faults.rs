@@ -3,7 +3,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use leasehold::{Error, LeaseGuard, Locks};
-use leasehold_testkit::servers::{redlock_url, redlock_url_of, RedisServer, LOCKER_ACL};
+use leasehold_testkit::servers::{
+    redlock_url, redlock_url_of, GarbageServer, RedisServer, LOCKER_ACL,
+};
 use std::time::Duration;
 
 fn three() -> Vec<RedisServer> {
@@ -39,16 +41,15 @@ async fn one_of_three_stopped_still_grants() {
 }
 
 /// A node that is not a Redis server (a misconfigured port: it answers everything with garbage)
-/// counts as a node that did not answer, never as a grant or a panic: with the two real nodes the
-/// lease is granted, refused to a contender, renewed and released; with only one real node,
-/// acquiring fails with a retryable error naming the two others.
+/// counts as a node that failed, never as a grant or a panic, and is not waited for: with the two
+/// real nodes the lease is granted, refused to a contender, renewed and released; with only one
+/// real node, acquiring fails naming the two others as not Redis, not retryable (as one such
+/// server is, and as refused credentials are: waiting would not help).
 #[tokio::test]
-async fn a_node_that_answers_garbage_is_left_out() {
+async fn a_node_that_answers_garbage_is_counted_as_failed() {
     let s: Vec<RedisServer> = (0..2).map(|_| RedisServer::start()).collect();
-    let (bad, worse) = (
-        leasehold_testkit::servers::garbage_server(),
-        leasehold_testkit::servers::garbage_server(),
-    );
+    let garbage = [GarbageServer::start(), GarbageServer::start()];
+    let (bad, worse) = (garbage[0].port, garbage[1].port);
     let url = |ports: [u16; 3]| format!("{}?timeout=300ms", redlock_url_of(&ports));
     let two_real = url([s[0].port, bad, s[1].port]);
     let a = leasehold_testkit::connect_as(&two_real, "a").await;
@@ -62,11 +63,13 @@ async fn a_node_that_answers_garbage_is_left_out() {
     assert!(g.is_current());
     assert_eq!(g.release().await.unwrap(), leasehold::Released::Released);
     let one_real = leasehold_testkit::connect_as(&url([s[0].port, bad, worse]), "c").await;
-    no_majority(&one_real, &[bad, worse]).await;
+    let err = no_majority(&one_real, &[bad, worse]).await;
+    assert!(!err.is_retryable(), "{err}");
+    assert_eq!(err.to_string().matches("not Redis").count(), 2, "{err}");
 }
 
-/// Acquiring through `l` fails for want of a majority: a retryable error naming each of the
-/// nodes on `down`; the error, for further checks.
+/// Acquiring through `l` fails for want of a majority: an error naming each of the nodes on
+/// `down`; the error, for further checks.
 async fn no_majority(l: &Locks, down: &[u16]) -> Error {
     let err = l
         .lock("job")
@@ -74,7 +77,6 @@ async fn no_majority(l: &Locks, down: &[u16]) -> Error {
         .try_acquire()
         .await
         .expect_err("no majority");
-    assert!(err.is_retryable(), "{err}");
     let msg = err.to_string();
     for p in down {
         assert!(msg.contains(&p.to_string()), "{msg} does not name node {p}");
@@ -90,6 +92,7 @@ async fn two_of_three_stopped_fails_naming_the_unreachable_nodes() {
     s[1].stop();
     let a = locks(&s, "a").await;
     let err = no_majority(&a, &down).await;
+    assert!(err.is_retryable(), "{err}");
     assert!(matches!(err, Error::Unavailable { .. }), "{err}");
     let msg = err.to_string();
     assert!(
@@ -225,6 +228,33 @@ async fn acl_users_and_passwords_apply_to_every_node() {
     assert!(started.elapsed() < Duration::from_secs(2), "{text}");
     assert!(text.to_lowercase().contains("auth"), "{text}");
     assert!(!text.contains("nope"), "{text}");
+}
+
+/// A node that refused the credentials is used again once it accepts them (a user provisioned
+/// there late): the store connects to it anew rather than keep the refused connection. Here the
+/// one node that refused comes back while another starts refusing, so the lease needs it.
+#[tokio::test]
+async fn a_node_that_accepts_the_credentials_again_is_used_again() {
+    let s: Vec<RedisServer> = (0..3)
+        .map(|_| RedisServer::start_with_users(&[LOCKER_ACL]))
+        .collect();
+    s[1].command(&["ACL", "SETUSER", "locker", "off"]).unwrap();
+    let url = redlock_url(&s).replacen("redlock://", "redlock://locker:s3cret@", 1);
+    // A timeout longer than a connection's own retries: the refusal is what the node answers.
+    let a = leasehold_testkit::connect_as(&format!("{url}?timeout=2s"), "a").await;
+    let g = take(&a, "job", None)
+        .await
+        .expect("granted by nodes 0 and 2");
+    g.release().await.unwrap();
+    s[1].command(&["ACL", "SETUSER", "locker", "on"]).unwrap();
+    s[0].command(&["ACL", "SETUSER", "locker", "off"]).unwrap();
+    s[0].command(&["CLIENT", "KILL", "USER", "locker"]).unwrap();
+    let g = take(&a, "job", None)
+        .await
+        .expect("granted by nodes 1 and 2");
+    let record = s[1].command(&["GET", "leasehold:lock:job"]).unwrap();
+    assert!(record.contains("\"holder\":\"a\""), "{record}");
+    g.release().await.unwrap();
 }
 
 /// A node that answers but refuses (here a stale record of another holder, as a minority grant

@@ -814,6 +814,8 @@ struct Link {
     client: Mutex<::redis::Client>,
     /// A sentinel lookup, or a new cluster connection, is under way (one at a time).
     looking_up: std::sync::atomic::AtomicBool,
+    /// A call is trying a new connection after one could not be made ([`Link::connect_anew`]).
+    connecting_anew: std::sync::atomic::AtomicBool,
     /// When a call that ran out of time last started a new connection ([`Link::timed_out`]).
     reconnected: Mutex<Option<std::time::Instant>>,
     /// The acquire and release calls in flight, and those queued for the next batch
@@ -827,29 +829,101 @@ const RECONNECT_GAP: Duration = Duration::from_secs(1);
 impl Link {
     /// Sends what `call` sends on a clone of the connection, bounded by the store's timeout. A
     /// `READONLY` answer is a retryable [`Error::Unavailable`] that replaces the connection.
-    async fn send<T, F>(self: &Arc<Self>, call: impl FnOnce(Conn) -> F) -> Result<T>
+    ///
+    /// A connection that could not be made for a reason other than I/O (the server answered
+    /// something that is not Redis, or refused the credentials) is kept by the connection manager,
+    /// which connects again only after an I/O error: every later call would get that error, even
+    /// once the server is back on its port or accepts the credentials. So such a failure is
+    /// checked with one new connection attempt, made by the call (one call at a time; the others
+    /// answer the error at once): when it connects, the link takes a new connection and the call
+    /// is sent on it; when not, the call answers the error, which is current.
+    async fn send<T, F>(self: &Arc<Self>, call: impl Fn(Conn) -> F) -> Result<T>
     where
         F: std::future::Future<Output = ::redis::RedisResult<T>>,
     {
+        let deadline = tokio::time::Instant::now() + self.timeout;
         let (generation, conn) = self.current.lock().clone();
-        match tokio::time::timeout(self.timeout, call(conn)).await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => {
-                let demoted = read_only(&e);
-                // The cluster connection's own response timeout.
-                let timed_out = e.is_timeout();
-                let err = map_err(&self.described, e);
-                if timed_out {
-                    self.timed_out(generation);
-                } else if demoted || matches!(err, Error::Unavailable { .. }) {
-                    self.replace(generation, demoted);
-                }
-                Err(err)
+        let mut answer = tokio::time::timeout_at(deadline, call(conn)).await;
+        let mut on = generation;
+        if let Ok(Err(e)) = &answer {
+            if connection_refused(e) && self.connect_anew(generation, deadline).await {
+                let (generation, conn) = self.current.lock().clone();
+                on = generation;
+                answer = tokio::time::timeout_at(deadline, call(conn)).await;
             }
-            Err(_) => {
-                self.timed_out(generation);
-                Err(Error::no_answer(self.described.clone()))
+        }
+        let e = match answer {
+            Ok(Ok(v)) => return Ok(v),
+            Ok(Err(e)) if !e.is_timeout() => e,
+            // Out of time: the call's bound, or the connection's own (to connect; the cluster
+            // connection's response timeout).
+            _ => {
+                self.timed_out(on);
+                return Err(Error::no_answer(self.described.clone()));
             }
+        };
+        let demoted = read_only(&e);
+        let err = map_err(&self.described, e);
+        if demoted || matches!(err, Error::Unavailable { .. }) {
+            self.replace(on, demoted);
+        }
+        Err(err)
+    }
+
+    /// After a call on connection `generation` found that it could not be made
+    /// ([`connection_refused`]): tries one new connection (to the primary the sentinels name,
+    /// under Sentinel) before `deadline`, unless another call is trying already; on success the
+    /// link takes a new connection. Whether it did (or another call replaced the connection
+    /// meanwhile): the call is then worth sending again.
+    async fn connect_anew(
+        self: &Arc<Self>,
+        generation: u64,
+        deadline: tokio::time::Instant,
+    ) -> bool {
+        /// Clears the flag however the attempt ends (its call dropped, say).
+        struct Done<'a>(&'a std::sync::atomic::AtomicBool);
+        impl Drop for Done<'_> {
+            fn drop(&mut self) {
+                self.0.store(false, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+        // The cluster connection makes its nodes' connections itself.
+        if self.clustered()
+            || self
+                .connecting_anew
+                .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            return false;
+        }
+        let _done = Done(&self.connecting_anew);
+        if self.current.lock().0 != generation {
+            return true;
+        }
+        let attempt = async {
+            let client = match &self.origin {
+                Origin::Sentinel(sentinels) => sentinels
+                    .primary(&self.described, self.timeout)
+                    .await
+                    .ok()?,
+                _ => self.client.lock().clone(),
+            };
+            // One attempt: the connection manager's own retries would outlast the call.
+            let config = ::redis::AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(self.timeout))
+                .set_response_timeout(None);
+            client
+                .get_multiplexed_async_connection_with_config(&config)
+                .await
+                .ok()?;
+            Some(client)
+        };
+        match tokio::time::timeout_at(deadline, attempt).await {
+            Ok(Some(client)) => self.install(
+                generation,
+                client,
+                "a connection could not be made before, and can now",
+            ),
+            _ => false,
         }
     }
 
@@ -910,7 +984,7 @@ impl Link {
             };
             match sentinels.primary(&link.described, link.timeout).await {
                 Ok(client) if demoted => {
-                    link.install(generation, client, "the server is no longer the primary")
+                    link.install(generation, client, "the server is no longer the primary");
                 }
                 Ok(client) => link.switch_to(generation, client),
                 Err(e) => {
@@ -984,16 +1058,15 @@ impl Link {
 
     /// Makes `client` the link's, with a new connection (made on first use) if `generation` is
     /// still current (`why`: for the log).
-    fn install(&self, generation: u64, client: ::redis::Client, why: &str) {
+    fn install(&self, generation: u64, client: ::redis::Client, why: &str) -> bool {
         if self.current.lock().0 != generation {
-            return;
+            return false;
         }
         match ConnectionManager::new_lazy_with_config(client.clone(), self.config.clone()) {
-            Ok(fresh) => {
-                self.put(generation, Conn::One(fresh), Some(client), why);
-            }
+            Ok(fresh) => self.put(generation, Conn::One(fresh), Some(client), why),
             Err(e) => {
-                tracing::warn!(store = %self.described, error = %e, "cannot replace the connection")
+                tracing::warn!(store = %self.described, error = %e, "cannot replace the connection");
+                false
             }
         }
     }
@@ -1264,6 +1337,7 @@ async fn renew_call(
 ) -> Vec<(RenewJob, String)> {
     let mut call = script.prepare(batch.len(), 3 * batch.len(), renew_bytes(&batch));
     renew_args(&mut call, &batch);
+    let call = &call;
     let res: Result<Vec<::redis::Value>> = link
         .send(|mut conn| async move { call.send(&mut conn).await })
         .await;
@@ -1289,8 +1363,9 @@ async fn renew_node_call(
     let mut call = script.prepare(0, 1 + 4 * batch.len(), renew_bytes(&batch));
     call.arg(batch.len());
     renew_args(&mut call, &batch);
+    let (call, route) = (&call, &route);
     let res: Result<Vec<::redis::Value>> = link
-        .send(|conn| async move { call.send_routed(conn, route).await })
+        .send(|conn| async move { call.send_routed(conn, route.clone()).await })
         .await;
     match res {
         Ok(values) => NodeRenewal::Answered(answer_renewals(&values, batch)),
@@ -1497,6 +1572,17 @@ fn inspection(name: &str, raw: &[u8]) -> Inspection {
     }
 }
 
+/// Whether a call failed because its connection could not be made, for a reason the connection
+/// manager keeps (it connects again only after an I/O error): the server answered something that
+/// is not Redis, or refused the credentials. Our calls send no `AUTH`, and a Redis server answers
+/// nothing unreadable, so neither comes from a call that reached a server.
+fn connection_refused(e: &::redis::RedisError) -> bool {
+    matches!(
+        e.kind(),
+        ::redis::ErrorKind::Parse | ::redis::ErrorKind::AuthenticationFailed
+    )
+}
+
 /// Whether the server refused a write as a replica (`READONLY`).
 fn read_only(e: &::redis::RedisError) -> bool {
     e.kind() == ::redis::ErrorKind::Server(::redis::ServerErrorKind::ReadOnly)
@@ -1522,6 +1608,16 @@ pub(crate) fn map_err(store: &str, e: ::redis::RedisError) -> Error {
         return Error::Store {
             store: store.to_owned(),
             detail: text,
+            retryable: false,
+        };
+    }
+    if e.kind() == ::redis::ErrorKind::Parse {
+        return Error::Store {
+            store: store.to_owned(),
+            detail: format!(
+                "the server answered something that is not Redis (a wrong port, or a proxy or another service in the way?): {}",
+                text.lines().next().unwrap_or_default()
+            ),
             retryable: false,
         };
     }
@@ -1667,7 +1763,10 @@ impl RedisStore {
             .set_connection_timeout(Some(opts.timeout))
             // Every call is bounded by `bounded` (one timer per call, not two).
             .set_response_timeout(None)
-            .set_number_of_retries(2)
+            // A lone server's calls wait out a short restart through the connection's retries; a
+            // Redlock node's (connected lazily) fail at once, so that the calls it is one of go
+            // on with the other nodes, and its next call connects again.
+            .set_number_of_retries(if lazy { 0 } else { 2 })
             .set_max_delay(Duration::from_millis(500));
         let conn = if lazy {
             ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
@@ -1712,6 +1811,7 @@ impl RedisStore {
             current: Mutex::new((0, conn)),
             client: Mutex::new(client),
             looking_up: Default::default(),
+            connecting_anew: Default::default(),
             reconnected: Mutex::new(None),
             lanes: Default::default(),
         });
@@ -2327,7 +2427,7 @@ impl LockStore for RedisStore {
     async fn inspect(&self, key: &Key) -> Result<Option<Inspection>> {
         self.check(key)?;
         let name = self.record_key(key);
-        let get = ::redis::cmd("GET").arg(&name).clone();
+        let get = &::redis::cmd("GET").arg(&name).clone();
         let read: std::result::Result<Option<Vec<u8>>, String> = self
             .inner
             .link

@@ -379,10 +379,10 @@ async fn run(turn: Turn, mut jobs: Vec<Queued>) {
     if let Some(slot) = turn.slot {
         return run_on_primary(&turn, batched, slot, jobs).await;
     }
-    let call = batch_call(batched, &jobs);
+    let call = &batch_call(batched, &jobs);
     let answer = link
         .send(|mut conn| async move {
-            let values = send_batch(&call, &mut conn).await?;
+            let values = send_batch(call, &mut conn).await?;
             // A demoted server refuses every write: the whole call fails, so that the link
             // connects again (`Link::send`).
             if let Some(e) = values.iter().find_map(|v| match v {
@@ -426,8 +426,9 @@ async fn run_on_primary(turn: &Turn, batched: &Batched, slot: u16, jobs: Vec<Que
         slot,
         SlotAddr::Master,
     )));
+    let (call, route) = (&call, &route);
     let answer = link
-        .send(|conn| async move { answers(call.send_routed_raw(conn, route).await?) })
+        .send(|conn| async move { answers(call.send_routed_raw(conn, route.clone()).await?) })
         .await;
     let mut again = vec![];
     match answer {
