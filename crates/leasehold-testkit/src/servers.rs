@@ -1637,6 +1637,52 @@ impl PostgresServer {
             let _ = c.wait();
         }
     }
+
+    /// Runs `sql` in database `db` with `psql` as the `postgres` user: its output, unaligned and
+    /// without headers (one value per line), or `None` when `psql` fails.
+    pub fn psql(&self, db: &str, sql: &str) -> Option<String> {
+        let out = Command::new(self.bin.join("psql"))
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(["-U", "postgres", "-d", db, "-XAtc", sql])
+            .output()
+            .ok()?;
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    }
+
+    /// Sends `sig` to every process of the server: the postmaster and its children (one backend
+    /// per connection, the background workers), so that SIGSTOP hangs the whole server.
+    pub fn signal_all(&self, sig: i32) {
+        let Some(postmaster) = self.pid() else {
+            return;
+        };
+        let mut pids = vec![postmaster];
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            // `pid (comm) state ppid …`: the parent is the second field after the comm.
+            let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+            let ppid = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                .and_then(|p| p.parse::<u32>().ok());
+            if ppid == Some(postmaster) {
+                pids.push(pid);
+            }
+        }
+        for pid in pids {
+            // SAFETY: kill(2) on the server's processes.
+            unsafe {
+                libc::kill(pid as i32, sig);
+            }
+        }
+    }
 }
 
 impl Drop for PostgresServer {

@@ -10,6 +10,14 @@
 //! - Times (claims, heartbeats, timeouts, aging) come from the server's clock, so hosts with
 //!   skewed clocks agree.
 //! - One connection per [`PgQueue`]; no TLS (`NoTls`): use it on a trusted network or a tunnel.
+//!   When the server ends it (a restart, `pg_terminate_backend`, a proxy's idle timeout) the next
+//!   call connects again (listening again too); at most the call that found it ended fails, with a
+//!   retryable error.
+//! - Every call is bounded by `?timeout=` (default 10 s; also the connect's bound): a server that
+//!   stops answering fails it with a retryable error, and the connection is dropped (the server
+//!   rolls back what the call had not committed) and made again by the next call. A call whose
+//!   commit the server ran but whose answer was lost is reported failed: a claim made that way
+//!   runs under its lease until the lease runs out, and is then recovered like a dead worker's.
 //! - Operators read it with `psql -c 'SELECT id, key, state, worker, detail FROM tasks'`.
 
 use super::{
@@ -18,9 +26,10 @@ use super::{
     CANCEL_NONE, CANCEL_REQUESTED, CANCEL_TIMEOUT, COLUMNS,
 };
 use crate::error::{Error, Result};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{Mutex, Notify};
+use tokio::sync::{Mutex, MutexGuard, Notify};
 use tokio_postgres::{Client, NoTls, Row, Transaction};
 
 /// The server's clock in Unix milliseconds.
@@ -71,12 +80,103 @@ WHERE k.running IS NULL
 ORDER BY t.rank, k.served, t.id LIMIT 1
 FOR UPDATE OF k SKIP LOCKED";
 
+/// The bound of every call (and of connecting) without `?timeout=`.
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// The queue in a PostgreSQL database.
 #[derive(Debug, Clone)]
 pub struct PgQueue {
     client: Arc<Mutex<Client>>,
+    /// A call ran out of time on the connection: the next call makes a new one.
+    stale: Arc<AtomicBool>,
+    config: tokio_postgres::Config,
+    timeout: Duration,
     notify: Arc<Notify>,
     url: String,
+}
+
+/// `url` without its `timeout` parameter, which the driver does not know, and that timeout.
+fn split_timeout(url: &str, shown: &str) -> Result<(String, Duration)> {
+    let Some((base, query)) = url.split_once('?') else {
+        return Ok((url.to_owned(), DEFAULT_TIMEOUT));
+    };
+    let mut timeout = DEFAULT_TIMEOUT;
+    let mut kept = vec![];
+    for pair in query.split('&') {
+        match pair.strip_prefix("timeout=") {
+            Some(v) => {
+                timeout = humantime::parse_duration(v)
+                    .ok()
+                    .filter(|d| !d.is_zero())
+                    .ok_or_else(|| Error::InvalidUrl {
+                        url: shown.to_owned(),
+                        reason: format!("timeout {v:?}: expected a duration such as 5s or 500ms"),
+                    })?;
+            }
+            None => kept.push(pair),
+        }
+    }
+    if kept.is_empty() {
+        return Ok((base.to_owned(), timeout));
+    }
+    Ok((format!("{base}?{}", kept.join("&")), timeout))
+}
+
+/// A connection to the server at `config` that listens for the queue's notifications (woken on
+/// `notify`, which is also woken when the connection ends), made within `timeout`.
+async fn connect_listening(
+    config: &tokio_postgres::Config,
+    shown: &str,
+    timeout: Duration,
+    notify: &Arc<Notify>,
+) -> Result<Client> {
+    let (client, mut connection) = tokio::time::timeout(timeout, config.connect(NoTls))
+        .await
+        .map_err(|_| Error::Unavailable {
+            store: shown.to_owned(),
+            detail: format!(
+                "no connection within {}",
+                humantime::format_duration(timeout)
+            ),
+        })?
+        .map_err(|e| Error::Unavailable {
+            store: shown.to_owned(),
+            detail: e.to_string(),
+        })?;
+    let n = notify.clone();
+    tokio::spawn(async move {
+        loop {
+            match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+                Some(Ok(tokio_postgres::AsyncMessage::Notification(_))) => n.notify_waiters(),
+                Some(Ok(_)) => {}
+                Some(Err(e)) => {
+                    tracing::debug!(error = %e, "queue connection ended");
+                    break;
+                }
+                None => break,
+            }
+        }
+        n.notify_waiters();
+    });
+    bounded(
+        shown,
+        timeout,
+        client.batch_execute("LISTEN leasehold_queue"),
+    )
+    .await?;
+    Ok(client)
+}
+
+/// `call`, bounded by `timeout`: an error of the server's, or [`Error::no_answer`].
+async fn bounded<T>(
+    shown: &str,
+    timeout: Duration,
+    call: impl std::future::Future<Output = std::result::Result<T, tokio_postgres::Error>>,
+) -> Result<T> {
+    match tokio::time::timeout(timeout, call).await {
+        Ok(r) => r.map_err(|e| pg_err(shown, e)),
+        Err(_) => Err(Error::no_answer(shown)),
+    }
 }
 
 fn pg_err(url: &str, e: tokio_postgres::Error) -> Error {
@@ -181,62 +281,55 @@ impl PgQueue {
     /// cannot be reached; a store error when the schema cannot be created.
     pub async fn connect(url: &str) -> Result<Self> {
         let shown = crate::redact_url(url);
+        let (url, timeout) = split_timeout(url, &shown)?;
         let config: tokio_postgres::Config = url.parse().map_err(|e| Error::InvalidUrl {
             url: shown.clone(),
             reason: format!("{e}"),
         })?;
-        let (client, mut connection) =
-            tokio::time::timeout(Duration::from_secs(10), config.connect(NoTls))
-                .await
-                .map_err(|_| Error::Unavailable {
-                    store: shown.clone(),
-                    detail: "no connection within 10 s".into(),
-                })?
-                .map_err(|e| Error::Unavailable {
-                    store: shown.clone(),
-                    detail: e.to_string(),
-                })?;
         let notify = Arc::new(Notify::new());
-        let n = notify.clone();
-        tokio::spawn(async move {
-            loop {
-                match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
-                    Some(Ok(tokio_postgres::AsyncMessage::Notification(_))) => n.notify_waiters(),
-                    Some(Ok(_)) => {}
-                    Some(Err(e)) => {
-                        tracing::debug!(error = %e, "queue connection ended");
-                        break;
-                    }
-                    None => break,
-                }
-            }
-            n.notify_waiters();
-        });
-        let mut client = client;
-        {
-            let tx = client.transaction().await.map_err(|e| pg_err(&shown, e))?;
+        let mut client = connect_listening(&config, &shown, timeout, &notify).await?;
+        let schema = async {
+            let tx = client.transaction().await?;
             // One schema creator at a time (CREATE … IF NOT EXISTS races otherwise).
             tx.execute("SELECT pg_advisory_xact_lock(7451830021)", &[])
-                .await
-                .map_err(|e| pg_err(&shown, e))?;
-            tx.batch_execute(SCHEMA)
-                .await
-                .map_err(|e| pg_err(&shown, e))?;
-            tx.commit().await.map_err(|e| pg_err(&shown, e))?;
-        }
-        client
-            .batch_execute("LISTEN leasehold_queue")
-            .await
-            .map_err(|e| pg_err(&shown, e))?;
+                .await?;
+            tx.batch_execute(SCHEMA).await?;
+            tx.commit().await
+        };
+        bounded(&shown, timeout, schema).await?;
         Ok(PgQueue {
             client: Arc::new(Mutex::new(client)),
+            stale: Arc::default(),
+            config,
+            timeout,
             notify,
             url: shown,
         })
     }
 
-    fn err(&self, e: tokio_postgres::Error) -> Error {
-        pg_err(&self.url, e)
+    /// The connection, made again first when the server ended it or a call ran out of time on
+    /// it (waking [`changed`](QueueBackend::changed): tasks may have changed meanwhile).
+    async fn conn(&self) -> Result<MutexGuard<'_, Client>> {
+        let mut c = self.client.lock().await;
+        if c.is_closed() || self.stale.load(Ordering::SeqCst) {
+            *c = connect_listening(&self.config, &self.url, self.timeout, &self.notify).await?;
+            self.stale.store(false, Ordering::SeqCst);
+            self.notify.notify_waiters();
+        }
+        Ok(c)
+    }
+
+    /// `call` on the connection, bounded by the queue's timeout; when it runs out, the
+    /// connection is dropped at the next call (which rolls back what `call` had not committed).
+    async fn bounded<T>(
+        &self,
+        call: impl std::future::Future<Output = std::result::Result<T, tokio_postgres::Error>>,
+    ) -> Result<T> {
+        let out = bounded(&self.url, self.timeout, call).await;
+        if out.as_ref().is_err_and(Error::is_no_answer) {
+            self.stale.store(true, Ordering::SeqCst);
+        }
+        out
     }
 }
 
@@ -267,7 +360,7 @@ impl QueueBackend for PgQueue {
             .collect();
         let timeouts: Vec<Option<i64>> =
             tasks.iter().map(|t| t.timeout.map(super::ms_i64)).collect();
-        let mut c = self.client.lock().await;
+        let mut c = self.conn().await?;
         let run = async {
             let tx = c.transaction().await?;
             tx.execute(
@@ -326,11 +419,11 @@ impl QueueBackend for PgQueue {
                 })
                 .collect())
         };
-        run.await.map_err(|e| self.err(e))
+        self.bounded(run).await
     }
 
     async fn claim(&self, req: &ClaimRequest) -> Result<Option<Task>> {
-        let mut c = self.client.lock().await;
+        let mut c = self.conn().await?;
         let max = i64::from(req.max_running);
         let limit = req.group_limit.map(i64::from);
         let ttl = super::ms_i64(req.ttl);
@@ -423,12 +516,12 @@ impl QueueBackend for PgQueue {
             tx.commit().await?;
             Ok(None)
         };
-        run.await.map_err(|e| self.err(e))
+        self.bounded(run).await
     }
 
     async fn unclaim(&self, id: u64, worker: &str) -> Result<bool> {
         let id = id_i64(id)?;
-        let mut c = self.client.lock().await;
+        let mut c = self.conn().await?;
         let run = async {
             let tx = c.transaction().await?;
             let n = tx
@@ -445,20 +538,19 @@ impl QueueBackend for PgQueue {
             tx.commit().await?;
             Ok(n == 1)
         };
-        run.await.map_err(|e| self.err(e))
+        self.bounded(run).await
     }
 
     async fn started(&self, id: u64, worker: &str, fence: u64) -> Result<bool> {
         let id = id_i64(id)?;
         let fence = i64::try_from(fence).unwrap_or(i64::MAX);
-        let c = self.client.lock().await;
-        let n = c
-            .execute(
+        let c = self.conn().await?;
+        let n = self
+            .bounded(c.execute(
                 "UPDATE tasks SET fence = $3 WHERE id = $1 AND worker = $2 AND state = 'running'",
                 &[&id, &worker, &fence],
-            )
-            .await
-            .map_err(|e| self.err(e))?;
+            ))
+            .await?;
         Ok(n == 1)
     }
 
@@ -470,7 +562,7 @@ impl QueueBackend for PgQueue {
     ) -> Result<Vec<(u64, CancelReason)>> {
         let ttl = super::ms_i64(ttl);
         let slots = i64::from(slots);
-        let mut c = self.client.lock().await;
+        let mut c = self.conn().await?;
         let run = async {
             let tx = c.transaction().await?;
             tx.execute(
@@ -507,13 +599,13 @@ impl QueueBackend for PgQueue {
             }
             Ok(out)
         };
-        run.await.map_err(|e| self.err(e))
+        self.bounded(run).await
     }
 
     async fn finish(&self, id: u64, worker: &str, outcome: &Outcome) -> Result<bool> {
         let id = id_i64(id)?;
         let (state, detail) = outcome_parts(outcome);
-        let mut c = self.client.lock().await;
+        let mut c = self.conn().await?;
         let run = async {
             let tx = c.transaction().await?;
             let n = tx
@@ -531,13 +623,13 @@ impl QueueBackend for PgQueue {
             tx.commit().await?;
             Ok(n == 1)
         };
-        run.await.map_err(|e| self.err(e))
+        self.bounded(run).await
     }
 
     async fn cancel(&self, id: u64) -> Result<Cancelled> {
         let raw = id;
         let id = id_i64(id)?;
-        let mut c = self.client.lock().await;
+        let mut c = self.conn().await?;
         let run = async {
             let tx = c.transaction().await?;
             let Some(row) = tx
@@ -573,20 +665,17 @@ impl QueueBackend for PgQueue {
             tx.commit().await?;
             Ok(Some(out))
         };
-        run.await
-            .map_err(|e| self.err(e))?
-            .ok_or_else(|| Error::NotFound {
-                what: format!("task {raw}"),
-            })
+        self.bounded(run).await?.ok_or_else(|| Error::NotFound {
+            what: format!("task {raw}"),
+        })
     }
 
     async fn get(&self, id: u64) -> Result<TaskEntry> {
         let raw = id;
         let id = id_i64(id)?;
-        let c = self.client.lock().await;
-        get_entry(&*c, id)
-            .await
-            .map_err(|e| self.err(e))?
+        let c = self.conn().await?;
+        self.bounded(get_entry(&*c, id))
+            .await?
             .ok_or_else(|| Error::NotFound {
                 what: format!("task {raw}"),
             })
@@ -599,25 +688,20 @@ impl QueueBackend for PgQueue {
         } else {
             "WHERE state NOT IN ('succeeded', 'failed', 'cancelled')"
         };
-        let c = self.client.lock().await;
-        let rows = c
-            .query(
-                &format!("SELECT {COLUMNS} FROM tasks {filter} ORDER BY id LIMIT $1"),
-                &[&limit],
-            )
-            .await
-            .map_err(|e| self.err(e))?;
+        let c = self.conn().await?;
+        let query = format!("SELECT {COLUMNS} FROM tasks {filter} ORDER BY id LIMIT $1");
+        let rows = self.bounded(c.query(&query, &[&limit])).await?;
         Ok(rows.iter().map(read_entry).collect())
     }
 
     async fn status(&self) -> Result<Status> {
-        let c = self.client.lock().await;
-        status(&c).await.map_err(|e| self.err(e))
+        let c = self.conn().await?;
+        self.bounded(status(&c)).await
     }
 
     async fn recover(&self, aging: Duration) -> Result<Recovered> {
         let aging = super::ms_i64(aging).max(1);
-        let mut c = self.client.lock().await;
+        let mut c = self.conn().await?;
         let run = async {
             let tx = c.transaction().await?;
             let mut out = Recovered::default();
@@ -696,14 +780,13 @@ impl QueueBackend for PgQueue {
             tx.commit().await?;
             Ok(out)
         };
-        run.await.map_err(|e| self.err(e))
+        self.bounded(run).await
     }
 
     async fn deregister(&self, worker: &str) -> Result<()> {
-        let c = self.client.lock().await;
-        c.execute("DELETE FROM queue_workers WHERE id = $1", &[&worker])
-            .await
-            .map_err(|e| self.err(e))?;
+        let c = self.conn().await?;
+        self.bounded(c.execute("DELETE FROM queue_workers WHERE id = $1", &[&worker]))
+            .await?;
         Ok(())
     }
 
