@@ -522,6 +522,49 @@ async fn credentials_accepted_again_are_used_again() {
     taken_and_released(&l).await;
 }
 
+/// Under Sentinel too: refused credentials on the primary fail calls at once; once it accepts
+/// them, the next call connects anew (to the primary the sentinels name) and goes through.
+#[tokio::test]
+async fn a_sentinel_primary_that_accepts_the_credentials_again_is_used_again() {
+    let set = leasehold_testkit::servers::SentinelSet::start();
+    // The README's line, plus `ROLE` (the store checks that the server the sentinels name is
+    // the primary).
+    let rule = format!("{LOCKER_ACL} +role");
+    let mut args = vec!["ACL", "SETUSER"];
+    args.extend(rule.split(' '));
+    for server in &set.servers {
+        assert!(server.command(&args).is_some_and(|r| r.starts_with("+OK")));
+    }
+    let url = set
+        .url()
+        .replacen("redis+sentinel://", "redis+sentinel://locker:s3cret@", 1);
+    let l = locks(&format!("{url}?timeout=2s"), "a").await;
+    taken_and_released(&l).await;
+    let primary = set
+        .primary_port()
+        .and_then(|p| set.server(p))
+        .expect("a primary");
+    primary
+        .command(&["ACL", "SETUSER", "locker", "off"])
+        .unwrap();
+    primary
+        .command(&["CLIENT", "KILL", "USER", "locker"])
+        .unwrap();
+    let err = l
+        .lock("job")
+        .unwrap()
+        .wait(Duration::from_secs(20))
+        .acquire()
+        .await
+        .expect_err("refused");
+    assert!(!err.is_retryable(), "{err}");
+    assert!(err.to_string().to_lowercase().contains("auth"), "{err}");
+    primary
+        .command(&["ACL", "SETUSER", "locker", "on"])
+        .unwrap();
+    taken_and_released(&l).await;
+}
+
 /// The record of a granted acquisition.
 fn granted(outcome: leasehold::AcquireOutcome) -> leasehold::LeaseRecord {
     match outcome {
