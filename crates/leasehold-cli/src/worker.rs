@@ -196,15 +196,18 @@ pub(crate) async fn work(
                 ctx.stop_all(Stop::Drain);
                 drain_stopped = true;
             }
-            _ = beat.tick() => match queue.heartbeat(&worker, args.slots, args.ttl).await {
-                Ok(asks) => for (id, why) in asks {
-                    ctx.stop(id, match why {
-                        CancelReason::Timeout => Stop::Timeout,
-                        _ => Stop::Cancelled,
-                    });
-                },
-                Err(e) => exit::report(&format!("heartbeat failed: {e}")),
-            },
+            _ = beat.tick() => {
+                match queue.heartbeat(&worker, args.slots, args.ttl).await {
+                    Ok(asks) => for (id, why) in asks {
+                        ctx.stop(id, match why {
+                            CancelReason::Timeout => Stop::Timeout,
+                            _ => Stop::Cancelled,
+                        });
+                    },
+                    Err(e) => exit::report(&format!("heartbeat failed: {e}")),
+                }
+                give_back_unknown_claims(&ctx).await;
+            }
             _ = recover.tick() => match queue.recover(args.aging).await {
                 Ok(r) => {
                     if let Some(m) = &ctx.metrics {
@@ -225,6 +228,31 @@ pub(crate) async fn work(
         exit::report(&format!("cannot release every lease: {e}"));
     }
     Ok(OK)
+}
+
+/// Gives back to the queue the claims the database names this worker's but the worker never
+/// heard of (a claim whose answer was lost: the connection ended, or the call's bound ran out,
+/// after the commit), which its heartbeats would otherwise keep for as long as it lives, holding
+/// their keys and slots. Only claims never started: a started task is one this worker ran.
+/// Claims are made by the worker's main loop, as this is, so none is in flight meanwhile; a task
+/// leaves `stops` only once its runner has ended it or given it back.
+async fn give_back_unknown_claims(ctx: &Ctx) {
+    let claims = match ctx.queue.claims(&ctx.worker).await {
+        Ok(claims) => claims,
+        Err(e) => return exit::report(&format!("cannot read this worker's claims: {e}")),
+    };
+    for (id, _) in claims
+        .into_iter()
+        .filter(|(id, started)| !started && !lock(&ctx.stops).contains_key(id))
+    {
+        tracing::warn!(
+            task = id,
+            "a claim this worker never heard of (its answer was lost) goes back to the queue"
+        );
+        if let Err(e) = ctx.queue.unclaim(id, &ctx.worker).await {
+            exit::report(&format!("cannot give task {id} back to the queue: {e}"));
+        }
+    }
 }
 
 /// One task, start to end.

@@ -63,9 +63,19 @@ impl Setup {
 
     /// A worker process; its stderr goes to `worker-N.err` in the temp dir.
     fn worker(&self, n: usize, args: &[&str]) -> Worker {
+        self.worker_with(n, args, self.cmd())
+    }
+
+    /// [`Setup::worker`] named `namespace/name`, as the downward API names a pod's.
+    fn worker_as(&self, n: usize, (namespace, name): (&str, &str), args: &[&str]) -> Worker {
+        let mut cmd = self.cmd();
+        cmd.env("POD_NAMESPACE", namespace).env("POD_NAME", name);
+        self.worker_with(n, args, cmd)
+    }
+
+    fn worker_with(&self, n: usize, args: &[&str], mut cmd: Command) -> Worker {
         let err = std::fs::File::create(self.dir.path().join(format!("worker-{n}.err"))).unwrap();
-        let child = self
-            .cmd()
+        let child = cmd
             .args(["queue", "work", "--ttl", "1s"])
             .args(args)
             .stdin(Stdio::null())
@@ -238,6 +248,40 @@ fn check_exclusion(ev: &[Event], slots: usize, open_end: u64) {
         max as usize <= slots,
         "{max} tasks ran at once with {slots} slots"
     );
+}
+
+/// A claim the worker never heard of (the database recorded it, but its answer was lost: the
+/// connection ended, or the call's bound ran out, after the commit) goes back to the queue at the
+/// worker's next heartbeat, and runs — rather than being kept by the worker's heartbeats, holding
+/// its key and a slot for as long as the worker lives.
+#[tokio::test]
+async fn a_claim_whose_answer_was_lost_goes_back_and_runs() {
+    for s in [Setup::new(), Setup::postgres()] {
+        let q = s.open().await;
+        let id = q.enqueue(&NewTask::new("k", s.task(10))).await.unwrap().id;
+        // The claim, recorded as the worker's, whose answer the worker never got.
+        let lost = leasehold::queue::ClaimRequest {
+            worker: "ns/w".into(),
+            max_running: 1,
+            group_limit: None,
+            ttl: Duration::from_secs(1),
+        };
+        assert_eq!(q.claim(&lost).await.unwrap().map(|t| t.id), Some(id));
+        let w = s.worker_as(0, ("ns", "w"), &["--slots", "1", "--exit-when-idle"]);
+        s.await_log("the task ran", |ev| {
+            ev.iter().any(|e| !e.start && e.id == id)
+        });
+        assert!(
+            wait_for(w, Duration::from_secs(20)).success(),
+            "{}",
+            s.worker_errors()
+        );
+        assert!(
+            s.worker_errors().contains("never heard of"),
+            "{}",
+            s.worker_errors()
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

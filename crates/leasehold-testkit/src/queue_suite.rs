@@ -252,6 +252,30 @@ pub async fn heartbeat_keeps_claims(url: String) {
     assert!(q.status().await.unwrap().workers.is_empty());
 }
 
+/// A worker's claims: its running tasks, each with whether it was started; not another worker's,
+/// not ended ones.
+pub async fn claims_are_the_workers_running_tasks(url: String) {
+    let q = open(&url).await;
+    let a = q.enqueue(&task("a", "1")).await.unwrap().id;
+    let b = q.enqueue(&task("b", "2")).await.unwrap().id;
+    let c = q.enqueue(&task("c", "3")).await.unwrap().id;
+    let d = q.enqueue(&task("d", "4")).await.unwrap().id;
+    for (worker, id) in [("w", a), ("w", b), ("other", c), ("w", d)] {
+        assert_eq!(
+            q.claim(&claim_req(worker, 8)).await.unwrap().map(|t| t.id),
+            Some(id)
+        );
+    }
+    assert!(q.started(b, "w", 7).await.unwrap());
+    assert!(q.finish(d, "w", &Outcome::Succeeded).await.unwrap());
+    assert_eq!(q.claims("w").await.unwrap(), [(a, false), (b, true)]);
+    assert_eq!(q.claims("other").await.unwrap(), [(c, false)]);
+    assert!(q.claims("nobody").await.unwrap().is_empty());
+    // Given back, a claim is no longer the worker's.
+    assert!(q.unclaim(a, "w").await.unwrap());
+    assert_eq!(q.claims("w").await.unwrap(), [(b, true)]);
+}
+
 /// Cancel: pending → cancelled; running → its worker is told; ended → said so; unknown id → a
 /// typed error.
 pub async fn cancel_and_unknown_ids(url: String) {
@@ -434,7 +458,8 @@ macro_rules! queue_tests {
     ($make:expr) => {
         $crate::queue_tests!(@each $make;
             priority_then_arrival_within_a_key, one_per_key_and_global_slots, fair_across_keys,
-            group_limit, dead_worker_by_policy, heartbeat_keeps_claims, cancel_and_unknown_ids,
+            group_limit, dead_worker_by_policy, heartbeat_keeps_claims,
+            claims_are_the_workers_running_tasks, cancel_and_unknown_ids,
             timeouts_are_requested, aging_prevents_starvation, bad_input_is_refused,
             racing_claimers);
     };

@@ -622,6 +622,16 @@ pub trait QueueBackend: Send + Sync + fmt::Debug + 'static {
         ttl: Duration,
     ) -> Result<Vec<(u64, CancelReason)>>;
 
+    /// The running tasks claimed by `worker`, each with whether it was started (its fence
+    /// recorded by [`started`](QueueBackend::started)), in id order. A worker compares them with
+    /// the tasks it runs: a claim whose answer was lost (the connection ended, or the call's
+    /// bound ran out, after the commit) is the worker's here but unknown to it, and its
+    /// heartbeats would keep it — holding its key and a slot — for as long as the worker lives.
+    ///
+    /// # Errors
+    /// A store error.
+    async fn claims(&self, worker: &str) -> Result<Vec<(u64, bool)>>;
+
     /// Ends a running task. `false` when it is no longer this worker's (recovered meanwhile):
     /// nothing is changed then.
     ///

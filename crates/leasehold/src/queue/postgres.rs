@@ -16,8 +16,10 @@
 //! - Every call is bounded by `?timeout=` (default 10 s; also the connect's bound): a server that
 //!   stops answering fails it with a retryable error, and the connection is dropped (the server
 //!   rolls back what the call had not committed) and made again by the next call. A call whose
-//!   commit the server ran but whose answer was lost is reported failed: a claim made that way
-//!   runs under its lease until the lease runs out, and is then recovered like a dead worker's.
+//!   commit the server ran but whose answer was lost (the connection ended, or the timeout ran
+//!   out, in between) is reported failed: a claim made that way is not known to its worker, yet
+//!   that worker's heartbeats keep its lease, so the task holds its key and a slot until the
+//!   worker stops, and is then recovered like a dead worker's.
 //! - Operators read it with `psql -c 'SELECT id, key, state, worker, detail FROM tasks'`.
 
 use super::{
@@ -600,6 +602,21 @@ impl QueueBackend for PgQueue {
             Ok(out)
         };
         self.bounded(run).await
+    }
+
+    async fn claims(&self, worker: &str) -> Result<Vec<(u64, bool)>> {
+        let c = self.conn().await?;
+        let rows = self
+            .bounded(c.query(
+                "SELECT id, fence IS NOT NULL FROM tasks WHERE worker = $1 AND state = 'running' \
+                 ORDER BY id",
+                &[&worker],
+            ))
+            .await?;
+        rows.iter()
+            .map(|r| Ok((u(r.try_get::<_, i64>(0)?), r.try_get::<_, bool>(1)?)))
+            .collect::<std::result::Result<_, tokio_postgres::Error>>()
+            .map_err(|e| pg_err(&self.url, e))
     }
 
     async fn finish(&self, id: u64, worker: &str, outcome: &Outcome) -> Result<bool> {

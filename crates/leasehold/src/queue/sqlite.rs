@@ -420,6 +420,26 @@ impl QueueBackend for SqliteQueue {
         .await
     }
 
+    async fn claims(&self, worker: &str) -> Result<Vec<(u64, bool)>> {
+        let worker = worker.to_owned();
+        self.tx(move |tx| {
+            let mut stmt = tx.prepare(
+                "SELECT id, fence IS NOT NULL FROM tasks WHERE worker = ?1 AND state = 'running' \
+                 ORDER BY id",
+            )?;
+            let rows = stmt.query_map([&worker], |r| {
+                Ok((r.get::<_, i64>(0)?, r.get::<_, bool>(1)?))
+            })?;
+            let mut out = Vec::new();
+            for row in rows {
+                let (id, started) = row?;
+                out.push((u(id), started));
+            }
+            Ok(out)
+        })
+        .await
+    }
+
     async fn finish(&self, id: u64, worker: &str, outcome: &Outcome) -> Result<bool> {
         let (id, worker) = (id_i64(id)?, worker.to_owned());
         let (state, detail) = outcome_parts(outcome);
