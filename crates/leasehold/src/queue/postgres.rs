@@ -17,9 +17,9 @@
 //!   stops answering fails it with a retryable error, and the connection is dropped (the server
 //!   rolls back what the call had not committed) and made again by the next call. A call whose
 //!   commit the server ran but whose answer was lost (the connection ended, or the timeout ran
-//!   out, in between) is reported failed: a claim made that way is not known to its worker, yet
-//!   that worker's heartbeats keep its lease, so the task holds its key and a slot until the
-//!   worker stops, and is then recovered like a dead worker's.
+//!   out, in between) is reported failed: a claim made that way is recorded as the worker's but
+//!   not known to it; [`claims`](QueueBackend::claims) names it, and `leasehold queue work` gives
+//!   it back to the queue at its next heartbeat.
 //! - Operators read it with `psql -c 'SELECT id, key, state, worker, detail FROM tasks'`.
 
 use super::{
