@@ -135,7 +135,7 @@ pub(crate) async fn work(
         group_limit: args.group_limit,
         ttl: args.ttl,
     };
-    queue.heartbeat(&worker, args.slots, args.ttl).await?;
+    queue.heartbeat(&worker, args.slots, args.ttl, &[]).await?;
     tracing::info!(worker = %worker, slots = args.slots, "worker started");
 
     let mut runners: JoinSet<()> = JoinSet::new();
@@ -197,7 +197,10 @@ pub(crate) async fn work(
                 drain_stopped = true;
             }
             _ = beat.tick() => {
-                match queue.heartbeat(&worker, args.slots, args.ttl).await {
+                // The tasks this worker runs: claims are made by this loop, so none is in
+                // flight meanwhile.
+                let running: Vec<u64> = lock(&ctx.stops).keys().copied().collect();
+                match queue.heartbeat(&worker, args.slots, args.ttl, &running).await {
                     Ok(asks) => for (id, why) in asks {
                         ctx.stop(id, match why {
                             CancelReason::Timeout => Stop::Timeout,

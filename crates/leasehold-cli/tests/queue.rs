@@ -250,6 +250,20 @@ fn check_exclusion(ev: &[Event], slots: usize, open_end: u64) {
     );
 }
 
+/// A task of `s` (key `k`, 10 ms) enqueued and claimed as worker `ns/w` (the name
+/// [`Setup::worker_as`] gives with `("ns", "w")`); its id.
+async fn claimed_as_ns_w(s: &Setup, q: &Arc<dyn QueueBackend>) -> u64 {
+    let id = q.enqueue(&NewTask::new("k", s.task(10))).await.unwrap().id;
+    let req = leasehold::queue::ClaimRequest {
+        worker: "ns/w".into(),
+        max_running: 1,
+        group_limit: None,
+        ttl: Duration::from_secs(1),
+    };
+    assert_eq!(q.claim(&req).await.unwrap().map(|t| t.id), Some(id));
+    id
+}
+
 /// A claim the worker never heard of (the database recorded it, but its answer was lost: the
 /// connection ended, or the call's bound ran out, after the commit) goes back to the queue at the
 /// worker's next heartbeat, and runs — rather than being kept by the worker's heartbeats, holding
@@ -258,15 +272,8 @@ fn check_exclusion(ev: &[Event], slots: usize, open_end: u64) {
 async fn a_claim_whose_answer_was_lost_goes_back_and_runs() {
     for s in [Setup::new(), Setup::postgres()] {
         let q = s.open().await;
-        let id = q.enqueue(&NewTask::new("k", s.task(10))).await.unwrap().id;
         // The claim, recorded as the worker's, whose answer the worker never got.
-        let lost = leasehold::queue::ClaimRequest {
-            worker: "ns/w".into(),
-            max_running: 1,
-            group_limit: None,
-            ttl: Duration::from_secs(1),
-        };
-        assert_eq!(q.claim(&lost).await.unwrap().map(|t| t.id), Some(id));
+        let id = claimed_as_ns_w(&s, &q).await;
         let w = s.worker_as(0, ("ns", "w"), &["--slots", "1", "--exit-when-idle"]);
         s.await_log("the task ran", |ev| {
             ev.iter().any(|e| !e.start && e.id == id)
@@ -281,6 +288,28 @@ async fn a_claim_whose_answer_was_lost_goes_back_and_runs() {
             "{}",
             s.worker_errors()
         );
+    }
+}
+
+/// A worker restarted under the same name (a StatefulSet pod) does not keep the task its previous
+/// life had started (whose command died with it): the claim lapses and is recovered by its
+/// policy (at-most-once: failed), freeing its key.
+#[tokio::test]
+async fn a_task_started_by_a_previous_life_of_the_worker_is_recovered() {
+    for s in [Setup::new(), Setup::postgres()] {
+        let q = s.open().await;
+        let id = claimed_as_ns_w(&s, &q).await;
+        assert!(q.started(id, "ns/w", 1).await.unwrap());
+        let w = s.worker_as(0, ("ns", "w"), &["--slots", "1", "--exit-when-idle"]);
+        assert!(
+            wait_for(w, Duration::from_secs(20)).success(),
+            "{}",
+            s.worker_errors()
+        );
+        match q.get(id).await.unwrap() {
+            TaskEntry::Task(t) => assert_eq!(t.state, TaskState::Failed, "{t:?}"),
+            other => panic!("{other:?}"),
+        }
     }
 }
 

@@ -236,7 +236,7 @@ pub async fn heartbeat_keeps_claims(url: String) {
     q.claim(&req).await.unwrap().unwrap();
     assert!(q.started(id, "w1", 17).await.unwrap());
     for _ in 0..5 {
-        q.heartbeat("w1", 4, Duration::from_millis(300))
+        q.heartbeat("w1", 4, Duration::from_millis(300), &[id])
             .await
             .unwrap();
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -250,6 +250,34 @@ pub async fn heartbeat_keeps_claims(url: String) {
     assert_eq!(st.slots, 4);
     q.deregister("w1").await.unwrap();
     assert!(q.status().await.unwrap().workers.is_empty());
+}
+
+/// A claim its worker does not name in its heartbeat (a task its previous life under the same
+/// name had started, say) is not renewed: it lapses and is recovered by its policy, while the
+/// named one is kept.
+pub async fn unnamed_claims_lapse(url: String) {
+    let q = open(&url).await;
+    let kept = q.enqueue(&task("a", "kept")).await.unwrap().id;
+    let unnamed = q.enqueue(&task("b", "unnamed")).await.unwrap().id;
+    let mut req = claim_req("w", 4);
+    req.ttl = Duration::from_millis(300);
+    for id in [kept, unnamed] {
+        assert_eq!(q.claim(&req).await.unwrap().map(|t| t.id), Some(id));
+        assert!(q.started(id, "w", 1).await.unwrap());
+    }
+    let r = eventually("the unnamed claim recovered", || {
+        let q = q.clone();
+        async move {
+            q.heartbeat("w", 4, Duration::from_millis(300), &[kept])
+                .await
+                .unwrap();
+            let r = q.recover(Duration::from_secs(60)).await.unwrap();
+            (!r.failed.is_empty()).then_some(r)
+        }
+    })
+    .await;
+    assert_eq!(r.failed, [unnamed], "at-most-once: failed, not run again");
+    assert_eq!(q.claims("w").await.unwrap(), [(kept, true)]);
 }
 
 /// A worker's claims: its running tasks, each with whether it was started; not another worker's,
@@ -285,7 +313,10 @@ pub async fn cancel_and_unknown_ids(url: String) {
     assert_eq!(q.cancel(wait).await.unwrap(), Cancelled::Cancelled);
     q.claim(&claim_req("w", 4)).await.unwrap().unwrap();
     assert_eq!(q.cancel(run).await.unwrap(), Cancelled::Requested);
-    let asks = q.heartbeat("w", 4, Duration::from_secs(2)).await.unwrap();
+    let asks = q
+        .heartbeat("w", 4, Duration::from_secs(2), &[run])
+        .await
+        .unwrap();
     assert_eq!(asks, [(run, CancelReason::Cancelled)]);
     assert!(q
         .finish(run, "w", &Outcome::Cancelled("cancelled".into()))
@@ -326,7 +357,10 @@ pub async fn timeouts_are_requested(url: String) {
     })
     .await;
     assert_eq!(r.timed_out, [id]);
-    let asks = q.heartbeat("w", 4, Duration::from_secs(2)).await.unwrap();
+    let asks = q
+        .heartbeat("w", 4, Duration::from_secs(2), &[id])
+        .await
+        .unwrap();
     assert_eq!(asks, [(id, CancelReason::Timeout)]);
 }
 
@@ -459,7 +493,7 @@ macro_rules! queue_tests {
         $crate::queue_tests!(@each $make;
             priority_then_arrival_within_a_key, one_per_key_and_global_slots, fair_across_keys,
             group_limit, dead_worker_by_policy, heartbeat_keeps_claims,
-            claims_are_the_workers_running_tasks, cancel_and_unknown_ids,
+            claims_are_the_workers_running_tasks, unnamed_claims_lapse, cancel_and_unknown_ids,
             timeouts_are_requested, aging_prevents_starvation, bad_input_is_refused,
             racing_claimers);
     };

@@ -610,8 +610,11 @@ pub trait QueueBackend: Send + Sync + fmt::Debug + 'static {
     /// A store error.
     async fn started(&self, id: u64, worker: &str, fence: u64) -> Result<bool>;
 
-    /// Renews the worker's registration and the claims of its running tasks until
-    /// `now + ttl`; answers the running tasks of this worker that should stop, and why.
+    /// Renews the worker's registration, and the claims of the tasks it names as running
+    /// (`running`) until `now + ttl`; answers the running tasks of this worker that should stop,
+    /// and why. Claims recorded as the worker's that it does not name — a task its previous life
+    /// under the same name had started, one whose end it failed to record — are not renewed: they
+    /// lapse, and [`recover`](QueueBackend::recover) applies their policy, as for a dead worker.
     ///
     /// # Errors
     /// A store error.
@@ -620,6 +623,7 @@ pub trait QueueBackend: Send + Sync + fmt::Debug + 'static {
         worker: &str,
         slots: u32,
         ttl: Duration,
+        running: &[u64],
     ) -> Result<Vec<(u64, CancelReason)>>;
 
     /// The running tasks claimed by `worker`, each with whether it was started (its fence

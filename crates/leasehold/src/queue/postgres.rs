@@ -561,8 +561,14 @@ impl QueueBackend for PgQueue {
         worker: &str,
         slots: u32,
         ttl: Duration,
+        running: &[u64],
     ) -> Result<Vec<(u64, CancelReason)>> {
         let ttl = super::ms_i64(ttl);
+        // An id past i64 names no task.
+        let running: Vec<i64> = running
+            .iter()
+            .filter_map(|id| i64::try_from(*id).ok())
+            .collect();
         let slots = i64::from(slots);
         let mut c = self.conn().await?;
         let run = async {
@@ -577,9 +583,10 @@ impl QueueBackend for PgQueue {
             .await?;
             tx.execute(
                 &format!(
-                    "UPDATE tasks SET lease_expires_ms = {NOW} + $2 WHERE worker = $1 AND state = 'running'"
+                    "UPDATE tasks SET lease_expires_ms = {NOW} + $2 \
+                     WHERE id = ANY($3::bigint[]) AND worker = $1 AND state = 'running'"
                 ),
-                &[&worker, &ttl],
+                &[&worker, &ttl, &running],
             )
             .await?;
             let rows = tx

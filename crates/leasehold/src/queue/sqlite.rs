@@ -388,8 +388,14 @@ impl QueueBackend for SqliteQueue {
         worker: &str,
         slots: u32,
         ttl: Duration,
+        running: &[u64],
     ) -> Result<Vec<(u64, CancelReason)>> {
         let worker = worker.to_owned();
+        // An id past i64 names no task.
+        let running: Vec<i64> = running
+            .iter()
+            .filter_map(|id| i64::try_from(*id).ok())
+            .collect();
         self.tx(move |tx| {
             let until = now_i64().saturating_add(ms_i64(ttl));
             tx.execute(
@@ -397,10 +403,13 @@ impl QueueBackend for SqliteQueue {
                  ON CONFLICT (id) DO UPDATE SET slots = ?2, expires_ms = ?3",
                 params![worker, slots, until],
             )?;
-            tx.execute(
-                "UPDATE tasks SET lease_expires_ms = ?2 WHERE worker = ?1 AND state = 'running'",
-                params![worker, until],
-            )?;
+            for id in &running {
+                tx.execute(
+                    "UPDATE tasks SET lease_expires_ms = ?3 \
+                     WHERE id = ?1 AND worker = ?2 AND state = 'running'",
+                    params![id, worker, until],
+                )?;
+            }
             let mut stmt = tx.prepare(
                 "SELECT id, cancel FROM tasks WHERE worker = ?1 AND state = 'running' AND cancel <> 0",
             )?;
