@@ -431,20 +431,18 @@ impl QueueBackend for SqliteQueue {
 
     async fn claims(&self, worker: &str) -> Result<Vec<(u64, bool)>> {
         let worker = worker.to_owned();
-        self.tx(move |tx| {
-            let mut stmt = tx.prepare(
-                "SELECT id, fence IS NOT NULL FROM tasks WHERE worker = ?1 AND state = 'running' \
-                 ORDER BY id",
-            )?;
-            let rows = stmt.query_map([&worker], |r| {
-                Ok((r.get::<_, i64>(0)?, r.get::<_, bool>(1)?))
-            })?;
-            let mut out = Vec::new();
-            for row in rows {
-                let (id, started) = row?;
-                out.push((u(id), started));
-            }
-            Ok(out)
+        // A read, as `get` and `list` are: it never takes the write lock.
+        self.with(move |c| {
+            let mut stmt = c
+                .prepare(
+                    "SELECT id, fence IS NOT NULL FROM tasks WHERE worker = ?1 AND state = 'running' \
+                     ORDER BY id",
+                )
+                .map_err(sql_err)?;
+            let rows = stmt
+                .query_map([&worker], |r| Ok((u(r.get::<_, i64>(0)?), r.get::<_, bool>(1)?)))
+                .map_err(sql_err)?;
+            rows.collect::<rusqlite::Result<Vec<_>>>().map_err(sql_err)
         })
         .await
     }
