@@ -240,7 +240,8 @@ async fn a_node_that_accepts_the_credentials_again_is_used_again() {
         .collect();
     s[1].command(&["ACL", "SETUSER", "locker", "off"]).unwrap();
     let url = redlock_url(&s).replacen("redlock://", "redlock://locker:s3cret@", 1);
-    // A timeout longer than a connection's own retries: the refusal is what the node answers.
+    // A timeout long enough that the refusal, not a call running out of time, is what the node
+    // answers.
     let a = leasehold_testkit::connect_as(&format!("{url}?timeout=2s"), "a").await;
     let g = take(&a, "job", None)
         .await
