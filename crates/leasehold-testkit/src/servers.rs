@@ -922,7 +922,7 @@ pub fn shared_tls_sentinels() -> &'static SentinelSet {
 }
 
 /// A Redis Cluster on loopback: three primaries and a replica of each, every one a
-/// `redis-server --cluster-enabled yes` [`RedisServer`] (node timeout 1 s), joined with
+/// `redis-server --cluster-enabled yes` [`RedisServer`] (node timeout 2 s), joined with
 /// `redis-cli --cluster create`.
 #[derive(Debug)]
 pub struct RedisCluster {
@@ -960,8 +960,10 @@ impl RedisCluster {
             "yes",
             "--cluster-config-file",
             "nodes.conf",
+            // A node silent for 2 s is failed over. 1 s gave spurious failovers on a loaded
+            // 2-core machine (a node busy for a second while several clusters start).
             "--cluster-node-timeout",
-            "1000",
+            "2000",
         ];
         let mode = if tls {
             make_certs(certs.path());
@@ -998,10 +1000,29 @@ impl RedisCluster {
         poll_until(
             Duration::from_secs(30),
             Duration::from_millis(50),
-            || cluster.settled(),
+            || cluster.settled() && cluster.first_three_primaries(),
             || "the Redis Cluster did not settle within 30 s".into(),
         );
         cluster
+    }
+
+    /// Whether the first three nodes are primaries, as `redis-cli --cluster create` made them
+    /// (tests and [`RedisCluster::url`] count on it). One that a failover made a replica while the
+    /// cluster started (a node busy past the node timeout) is asked to take over again
+    /// (`CLUSTER FAILOVER`, which loses no write).
+    fn first_three_primaries(&self) -> bool {
+        let mut all = true;
+        for n in &self.nodes[..3] {
+            if n.command(&["ROLE"]).is_some_and(|r| r.contains("slave")) {
+                eprintln!(
+                    "cluster node {} is a replica after a failover: failing back",
+                    n.port
+                );
+                let _ = n.command(&["CLUSTER", "FAILOVER"]);
+                all = false;
+            }
+        }
+        all
     }
 
     /// Whether every live node sees the cluster whole and every live replica has synced.
@@ -1027,12 +1048,20 @@ impl RedisCluster {
     }
 
     /// The primary serving the Redis key `name` now: the live node that answers for it rather
-    /// than redirecting (`-MOVED`).
+    /// than redirecting (`-MOVED`). While none does (a failover under way), asks again for up to
+    /// 5 s; `None` after that.
     pub fn primary_for(&self, name: &str) -> Option<&RedisServer> {
-        self.nodes.iter().filter(|n| n.pid().is_some()).find(|n| {
-            n.command(&["EXISTS", name])
-                .is_some_and(|r| r.starts_with(':'))
-        })
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let found = self.nodes.iter().filter(|n| n.pid().is_some()).find(|n| {
+                n.command(&["EXISTS", name])
+                    .is_some_and(|r| r.starts_with(':'))
+            });
+            if found.is_some() || Instant::now() >= deadline {
+                return found;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// The replicas of the primary on `port`.

@@ -428,8 +428,9 @@ async fn a_killed_primary_is_replaced_and_a_waiter_gets_its_lease() {
     let other = key_served_by(&cluster, cluster.nodes[1].port, "kept");
     let a = locks(&format!("{}?timeout=500ms", cluster.url()), "a").await;
     let b = locks(&format!("{}?timeout=500ms", cluster.url()), "b").await;
-    let kept = take(&a, &other, Duration::from_secs(10)).await;
-    let g = take(&a, &key, Duration::from_secs(10)).await;
+    // Leases that outlive the failover (the 2 s node timeout, then the election) with room.
+    let kept = take(&a, &other, Duration::from_secs(15)).await;
+    let g = take(&a, &key, Duration::from_secs(15)).await;
     let replica = synced_replica(&cluster, port).await.port;
     // b waits (subscribed through the first seed) while its primary dies.
     let waiter = spawn_waiter(b.clone(), &key, Duration::from_secs(30));
@@ -642,7 +643,8 @@ async fn a_hung_primary_is_replaced_and_the_store_follows() {
     let name = record_name(&key);
     let fresh = key_served_by(&cluster, port, "fresh");
     let a = locks(&format!("{}?timeout=500ms", cluster.url()), "a").await;
-    let g = take(&a, &key, Duration::from_secs(6)).await;
+    // A lease that outlives the failover (the 2 s node timeout, then the election) with room.
+    let g = take(&a, &key, Duration::from_secs(10)).await;
     // A contender subscribed on the node before it hangs, which only a notification wakes in
     // time: its subscription goes deaf with the node, and it must subscribe again on the
     // promoted replica to hear the release there.
@@ -688,7 +690,7 @@ async fn a_hung_primary_is_replaced_and_the_store_follows() {
     let on_replica = || replica.command(&["GET", &name]).unwrap_or_default();
     let before = on_replica();
     await_until(
-        Duration::from_secs(3),
+        Duration::from_secs(5),
         "a renewal on the promoted replica",
         || {
             let now = on_replica();
