@@ -1,6 +1,7 @@
 //! The conformance suite against every store (and every way to reach one: `redis://`, `rediss://`
 //! with and without a client certificate,
-//! `redis+unix://`, `redis+sentinel://`, `rediss+sentinel://`, `redis+cluster://`).
+//! `redis+unix://`, `redis+sentinel://` (also with `?replicas=1`), `rediss+sentinel://`,
+//! `redis+cluster://`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -70,6 +71,18 @@ mod redis_sentinel {
         leasehold::open_store(&set.url())
             .await
             .expect("redis+sentinel store")
+    }
+    leasehold_testkit::conformance_tests!(store().await);
+}
+
+/// Behind Sentinel with every grant and renewal acknowledged by the replica (`?replicas=1`).
+mod redis_sentinel_replicas {
+    use super::*;
+    async fn store() -> Arc<dyn LockStore> {
+        let set = leasehold_testkit::servers::shared_sentinels();
+        leasehold::open_store(&set.url_with("replicas=1"))
+            .await
+            .expect("redis+sentinel store with replicas=1")
     }
     leasehold_testkit::conformance_tests!(store().await);
 }

@@ -63,11 +63,9 @@ async fn operator_del_and_overwrite_fire_lost_at_the_next_renewal() {
     );
 }
 
-#[tokio::test]
-async fn a_server_that_stops_answering_fires_lost_before_the_ttl() {
-    let server = RedisServer::start();
-    let url = format!("{}?timeout=200ms", server.url());
-    let l = locks(&url, "a").await;
+/// Takes a lease of 1.5 s through `l`, calls `fault`, and checks that `lost()` fires, as
+/// unreachable, before the TTL counted from the grant runs out; the guard.
+async fn lost_before_the_ttl(l: &Locks, fault: impl FnOnce()) -> LeaseGuard {
     let ttl = Duration::from_millis(1500);
     let g = l
         .lock("job")
@@ -78,12 +76,11 @@ async fn a_server_that_stops_answering_fires_lost_before_the_ttl() {
         .unwrap()
         .unwrap();
     let acquired = Instant::now();
-    server.signal(libc::SIGSTOP);
+    fault();
     let reason = tokio::time::timeout(Duration::from_secs(3), g.lost())
         .await
         .expect("lost fires");
     let at = acquired.elapsed();
-    server.signal(libc::SIGCONT);
     assert!(
         matches!(reason, LostReason::Unreachable { .. }),
         "{reason:?}"
@@ -92,6 +89,16 @@ async fn a_server_that_stops_answering_fires_lost_before_the_ttl() {
         at < ttl,
         "lost fired after {at:?}, at or past the {ttl:?} TTL"
     );
+    g
+}
+
+#[tokio::test]
+async fn a_server_that_stops_answering_fires_lost_before_the_ttl() {
+    let server = RedisServer::start();
+    let url = format!("{}?timeout=200ms", server.url());
+    let l = locks(&url, "a").await;
+    let g = lost_before_the_ttl(&l, || server.signal(libc::SIGSTOP)).await;
+    server.signal(libc::SIGCONT);
     assert!(!g.is_current());
 }
 
@@ -1794,4 +1801,242 @@ async fn a_release_asked_for_is_published_and_the_mark_changes_nothing_else() {
     tokio::time::timeout(Duration::from_secs(5), changes.changed())
         .await
         .expect("the release was not published");
+}
+
+/// The lease on `key` through `l`, which is free.
+async fn take_free(l: &Locks, key: &str) -> LeaseGuard {
+    l.lock(key).unwrap().try_acquire().await.unwrap().unwrap()
+}
+
+/// A primary with a replica that has synced with it.
+async fn primary_and_replica() -> (RedisServer, RedisServer) {
+    let (primary, replica) = (RedisServer::start(), RedisServer::start());
+    assert!(replica
+        .command(&["REPLICAOF", "127.0.0.1", &primary.port.to_string()])
+        .is_some_and(|r| r.starts_with("+OK")));
+    replica.synced_as_replica().await;
+    (primary, replica)
+}
+
+/// `?replicas=1`: a grant is answered only once the replica has it (Redis's `WAIT`, in the same
+/// round trip); while the replica does not answer (SIGSTOP), an acquisition fails retryably
+/// after `replicas_timeout`, naming the replicas, and leaves the key free — a grant a failover
+/// could lose is not handed out. A store that asks for no replicas is granted the same key
+/// meanwhile. Scripts the server forgot are loaded again on this path too.
+#[tokio::test]
+async fn a_grant_the_replica_does_not_acknowledge_is_not_handed_out() {
+    let (primary, replica) = primary_and_replica().await;
+    let url = format!("{}?replicas=1&replicas_timeout=200ms", primary.url());
+    let l = locks(&url, "a").await;
+    let record = "leasehold:lock:job";
+    let g = take_free(&l, "job").await;
+    // Answered once the replica has it: no waiting for replication here.
+    assert!(replica
+        .command(&["GET", record])
+        .is_some_and(|r| r.contains("\"holder\":\"a\"")));
+    g.release().await.unwrap();
+
+    replica.signal(libc::SIGSTOP);
+    let started = Instant::now();
+    let e = l.lock("job").unwrap().try_acquire().await.unwrap_err();
+    let took = started.elapsed();
+    assert!(e.is_retryable(), "{e}");
+    assert!(e.to_string().contains("replicas"), "{e}");
+    assert!(
+        took >= Duration::from_millis(200) && took < Duration::from_secs(1),
+        "{took:?}"
+    );
+    assert!(
+        primary
+            .command(&["GET", record])
+            .is_some_and(|r| r.starts_with("$-1")),
+        "the unacknowledged grant was kept: {:?}",
+        primary.command(&["GET", record])
+    );
+    // Without replicas asked for, the same key is granted at once.
+    let plain = locks(&primary.url(), "b").await;
+    let pg = take_free(&plain, "job").await;
+    pg.release().await.unwrap();
+
+    replica.signal(libc::SIGCONT);
+    replica.synced_as_replica().await;
+    assert!(primary
+        .command(&["SCRIPT", "FLUSH"])
+        .is_some_and(|r| r.starts_with("+OK")));
+    let g = take_free(&l, "job").await;
+    assert!(replica
+        .command(&["GET", record])
+        .is_some_and(|r| r.contains("\"holder\":\"a\"")));
+    g.release().await.unwrap();
+}
+
+/// `?replicas=1`: renewals the replica does not acknowledge fail, so a holder whose replica stops
+/// answering learns that its lease is at risk: `lost()` fires before its TTL runs out, as for a
+/// server that stops answering.
+#[tokio::test]
+async fn renewals_the_replica_does_not_acknowledge_lose_the_lease() {
+    let (primary, replica) = primary_and_replica().await;
+    let url = format!("{}?replicas=1&replicas_timeout=100ms", primary.url());
+    let l = locks(&url, "a").await;
+    let g = lost_before_the_ttl(&l, || replica.signal(libc::SIGSTOP)).await;
+    assert!(!g.is_current());
+    replica.signal(libc::SIGCONT);
+}
+
+/// `replicas` and `replicas_timeout` are checked: a number, a wait of at least 1 ms and less than
+/// the timeout, the wait only with replicas, and only on one server (plain or behind Sentinel).
+#[tokio::test]
+async fn replica_options_are_checked() {
+    let server = shared_redis();
+    for (query, says) in [
+        ("replicas=two", "whole number"),
+        ("replicas=-1", "whole number"),
+        ("replicas=1&replicas_timeout=0ms", "at least 1ms"),
+        ("replicas=1&replicas_timeout=2s", "less than the timeout"),
+        (
+            "replicas=1&timeout=100ms&replicas_timeout=100ms",
+            "less than the timeout",
+        ),
+        ("replicas_timeout=100ms", "give replicas=N too"),
+        ("replicas=1&replicas_timeout=soon", "replicas_timeout"),
+    ] {
+        let e = leasehold::open_store(&format!("{}?{query}", server.url()))
+            .await
+            .map(|_| ())
+            .unwrap_err();
+        assert!(
+            matches!(e, leasehold::Error::InvalidUrl { .. }) && e.to_string().contains(says),
+            "{query}: {e}"
+        );
+    }
+    let nodes = &leasehold_testkit::servers::shared_redis_nodes()[..3];
+    let redlock = format!(
+        "{}?replicas=1",
+        leasehold_testkit::servers::redlock_url(nodes)
+    );
+    let cluster = "redis+cluster://127.0.0.1:1,127.0.0.1:2?replicas=1".to_owned();
+    for url in [redlock, cluster] {
+        let e = leasehold::open_store(&url).await.map(|_| ()).unwrap_err();
+        assert!(
+            matches!(e, leasehold::Error::InvalidOption { .. })
+                && e.to_string().contains("one server"),
+            "{url}: {e}"
+        );
+    }
+    // Accepted: the default wait (half the timeout), and one given.
+    for query in [
+        "replicas=0",
+        "replicas=1",
+        "replicas=2&replicas_timeout=50ms",
+    ] {
+        leasehold::open_store(&format!("{}?{query}", server.url()))
+            .await
+            .map(|_| ())
+            .unwrap_or_else(|e| panic!("{query}: {e}"));
+    }
+}
+
+/// `?replicas=1` with many acquisitions at once: they share script calls (coalesced while the
+/// server is busy), each batch followed by its `WAIT`, and each grant is on the replica when it
+/// is answered; while the replica does not answer, every one of them fails and none is held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grants_made_at_once_are_each_on_the_replica_when_answered() {
+    let (primary, replica) = primary_and_replica().await;
+    let l = locks(
+        // A `WAIT` holds the connection until it is answered: with the replica stopped, the
+        // calls sent alone wait 300 ms each, one after another, then the batch; the timeout
+        // leaves them room.
+        &format!(
+            "{}?replicas=1&replicas_timeout=300ms&timeout=5s",
+            primary.url()
+        ),
+        "a",
+    )
+    .await;
+    let before = primary.script_calls();
+    let tasks: Vec<_> = (0..64)
+        .map(|i| {
+            let (l, record) = (l.clone(), format!("leasehold:lock:many/{i}"));
+            let replica_port = replica.port;
+            tokio::spawn(async move {
+                let g = l
+                    .lock(format!("many/{i}"))
+                    .unwrap()
+                    .try_acquire()
+                    .await
+                    .unwrap()
+                    .unwrap();
+                let there = leasehold_testkit::servers::command_on(replica_port, &["GET", &record])
+                    .is_some_and(|r| r.contains("\"holder\":\"a\""));
+                (g, there)
+            })
+        })
+        .collect();
+    let mut guards = vec![];
+    for t in tasks {
+        let (g, there) = t.await.unwrap();
+        assert!(there, "{} was answered before the replica had it", g.key());
+        guards.push(g);
+    }
+    let calls = primary.script_calls() - before;
+    assert!(
+        calls < 64,
+        "{calls} script calls for 64 grants: none shared"
+    );
+    for g in guards {
+        g.release().await.unwrap();
+    }
+
+    replica.signal(libc::SIGSTOP);
+    let before = primary.script_calls();
+    let tasks: Vec<_> = (0..64)
+        .map(|i| {
+            let l = l.clone();
+            tokio::spawn(async move { l.lock(format!("many/{i}")).unwrap().try_acquire().await })
+        })
+        .collect();
+    for t in tasks {
+        let e = t.await.unwrap().map(|_| ()).unwrap_err();
+        assert!(
+            e.is_retryable() && e.to_string().contains("replicas"),
+            "{e}"
+        );
+    }
+    let calls = primary.script_calls() - before;
+    assert!(
+        calls < 128,
+        "{calls} script calls for 64 attempts and releases: none shared"
+    );
+    for i in 0..64 {
+        let record = format!("leasehold:lock:many/{i}");
+        assert!(
+            primary
+                .command(&["GET", &record])
+                .is_some_and(|r| r.starts_with("$-1")),
+            "{record} is held"
+        );
+    }
+    replica.signal(libc::SIGCONT);
+}
+
+/// A server that refuses writes for want of replicas (`min-replicas-to-write`, answered
+/// `NOREPLICAS`) is a passing condition: the acquisition fails retryably, and succeeds once the
+/// server accepts writes again.
+#[tokio::test]
+async fn a_server_short_of_replicas_is_retried_not_fatal() {
+    let server = RedisServer::start();
+    let l = locks(&server.url(), "a").await;
+    assert!(server
+        .command(&["CONFIG", "SET", "min-replicas-to-write", "1"])
+        .is_some_and(|r| r.starts_with("+OK")));
+    let e = l.lock("job").unwrap().try_acquire().await.unwrap_err();
+    assert!(
+        e.is_retryable() && e.to_string().contains("NOREPLICAS"),
+        "{e}"
+    );
+    assert!(server
+        .command(&["CONFIG", "SET", "min-replicas-to-write", "0"])
+        .is_some_and(|r| r.starts_with("+OK")));
+    let g = take_free(&l, "job").await;
+    g.release().await.unwrap();
 }

@@ -24,6 +24,21 @@
 //! `NOSCRIPT`): acquire-when-free, renew and release each cost one round trip. Renewals are
 //! batched per period; acquisitions and releases made at once by many tasks share calls while
 //! the server is busy (`coalesce`; each still answered on its own).
+//!
+//! # Replicas
+//! Replication is asynchronous: a failover can lose the last grants. `?replicas=N` (see
+//! [`RedisOptions::replicas`]) sends each acquire and renewal call with Redis's `WAIT N`
+//! (`?replicas_timeout=`) in the same round trip and answers it only once N replicas have it; a
+//! grant they did not acknowledge is released and the acquisition fails, retryably:
+//!
+//! ```no_run
+//! # async fn f() -> leasehold::Result<()> {
+//! let store = leasehold::open_store(
+//!     "redis+sentinel://s1:26379,s2:26379,s3:26379/mymaster?replicas=1&replicas_timeout=250ms",
+//! )
+//! .await?;
+//! # Ok(()) }
+//! ```
 
 use crate::error::{Error, Result};
 use crate::key::Key;
@@ -336,28 +351,45 @@ struct LuaText {
     /// The form that runs many calls of it in one ([`coalesce`]), for the acquire and release
     /// scripts.
     batched: Option<coalesce::Batched>,
+    /// The replicas each call's writes must reach ([`RedisOptions::replicas`]), for the acquire
+    /// and renewal scripts of a store that asks for them.
+    wait: Option<Wait>,
 }
 
 impl Lua {
     fn new(body: String) -> Self {
+        Self::waiting(body, None)
+    }
+
+    /// A script whose calls wait for `wait`'s replicas ([`ScriptCall::send_raw`]).
+    pub(super) fn waiting(body: String, wait: Option<Wait>) -> Self {
         let hash = ::redis::Script::new(&body).get_hash().to_owned();
         Lua(Arc::new(LuaText {
             hash,
             body,
             batched: None,
+            wait,
         }))
     }
 
     /// A script (`prologue`, then `body`) taking `keys` keys and `args` arguments whose calls are
-    /// coalesced in `lane` while the server is busy ([`coalesce`]).
-    fn coalesced(prologue: &str, body: String, keys: usize, args: usize, lane: usize) -> Self {
-        let batched = coalesce::Batched::new(prologue, &body, keys, args, lane);
+    /// coalesced in `lane` while the server is busy ([`coalesce`]), and wait for `wait`'s
+    /// replicas, alone or batched.
+    fn coalesced(
+        prologue: &str,
+        body: String,
+        (keys, args): (usize, usize),
+        lane: usize,
+        wait: Option<Wait>,
+    ) -> Self {
+        let batched = coalesce::Batched::new(prologue, &body, keys, args, lane, wait);
         let body = format!("{prologue}{body}");
         let hash = ::redis::Script::new(&body).get_hash().to_owned();
         Lua(Arc::new(LuaText {
             hash,
             body,
             batched: Some(batched),
+            wait,
         }))
     }
 
@@ -411,6 +443,9 @@ impl ScriptCall {
     /// error, errors inside its answer are left as values (a batched call's, one per operation).
     async fn send_raw(&self, conn: &mut Conn) -> ::redis::RedisResult<::redis::Value> {
         use ::redis::aio::ConnectionLike;
+        if let Some(wait) = self.lua.0.wait {
+            return self.send_replicated(conn, wait).await;
+        }
         let top = |v: ::redis::Value| match v {
             ::redis::Value::ServerError(e) => Err(::redis::RedisError::from(e)),
             v => Ok(v),
@@ -430,6 +465,77 @@ impl ScriptCall {
         }
     }
 }
+
+impl ScriptCall {
+    /// [`ScriptCall::send_raw`] for a script whose writes must reach `wait`'s replicas: the call
+    /// and `WAIT` go together (one round trip; the server answers `WAIT` once the replicas have
+    /// acknowledged everything the connection wrote, or its timeout ran out). Fewer
+    /// acknowledgements than asked for is an error ([`NOT_REPLICATED`]), whatever the script
+    /// answered.
+    async fn send_replicated(
+        &self,
+        conn: &mut Conn,
+        wait: Wait,
+    ) -> ::redis::RedisResult<::redis::Value> {
+        use ::redis::aio::ConnectionLike;
+        use ::redis::Value;
+        let mut pipe = ::redis::pipe();
+        pipe.add_command(self.cmd.clone())
+            .cmd("WAIT")
+            .arg(wait.replicas)
+            .arg(wait.timeout_ms);
+        let mut values = conn.req_packed_commands(&pipe, 0, 2).await?;
+        if matches!(values.first(), Some(Value::ServerError(e))
+            if e.kind() == Some(::redis::ServerErrorKind::NoScript))
+        {
+            let _: String = ::redis::cmd("SCRIPT")
+                .arg("LOAD")
+                .arg(&self.lua.0.body)
+                .query_async(conn)
+                .await?;
+            values = conn.req_packed_commands(&pipe, 0, 2).await?;
+        }
+        let mut values = values.into_iter();
+        let (Some(answer), Some(acked)) = (values.next(), values.next()) else {
+            return Err((
+                ::redis::ErrorKind::Client,
+                "the server answered a call and WAIT with fewer than two replies",
+            )
+                .into());
+        };
+        let acked = match acked {
+            Value::Int(n) => n,
+            Value::ServerError(e) => return Err(e.into()),
+            other => {
+                return Err((
+                    ::redis::ErrorKind::Client,
+                    "WAIT answered no number",
+                    format!("{other:?}"),
+                )
+                    .into())
+            }
+        };
+        if acked < i64::from(wait.replicas) {
+            return Err((
+                ::redis::ErrorKind::Client,
+                NOT_REPLICATED,
+                format!(
+                    "{acked} of {} acknowledged it within {} ms (replicas, replicas_timeout)",
+                    wait.replicas, wait.timeout_ms
+                ),
+            )
+                .into());
+        }
+        match answer {
+            Value::ServerError(e) => Err(e.into()),
+            v => Ok(v),
+        }
+    }
+}
+
+/// The description of the error a replicated write answers when too few replicas acknowledged it
+/// ([`ScriptCall::send_replicated`]).
+const NOT_REPLICATED: &str = "the write did not reach the replicas asked for";
 
 #[cfg(feature = "redis-cluster")]
 impl ScriptCall {
@@ -490,7 +596,8 @@ struct Scripts {
 }
 
 impl Scripts {
-    fn new() -> Self {
+    /// The scripts of a store whose grants and renewals wait for `wait`'s replicas.
+    fn new(wait: Option<Wait>) -> Self {
         let s = |body: &str| Lua::new(format!("{PRELUDE}{body}"));
         Scripts {
             #[cfg(feature = "redlock")]
@@ -498,19 +605,19 @@ impl Scripts {
             acquire: Lua::coalesced(
                 SERVER_MS,
                 format!("{ACQUIRE_FREE}{PRELUDE}{ACQUIRE}"),
-                2,
-                6,
+                (2, 6),
                 coalesce::ACQUIRE_LANE,
+                wait,
             ),
-            renew: Lua::new(format!("{RENEW_KEYS}{PRELUDE}{RENEW}")),
+            renew: Lua::waiting(format!("{RENEW_KEYS}{PRELUDE}{RENEW}"), wait),
             #[cfg(feature = "redis-cluster")]
             renew_node: Lua::new(format!("{RENEW_NODE_ARGS}{PRELUDE}{RENEW}")),
             release: Lua::coalesced(
                 "",
                 format!("{RELEASE_OURS}{PRELUDE}{RELEASE}"),
-                1,
-                2,
+                (1, 2),
                 coalesce::RELEASE_LANE,
+                None,
             ),
             withdraw: s(WITHDRAW),
             force: s(FORCE),
@@ -536,6 +643,27 @@ pub struct RedisOptions {
     /// Redis's default with TLS): PEM files of the client's certificate and key (`?cert=` and
     /// `?key=`, given together).
     pub client_cert: Option<(std::path::PathBuf, std::path::PathBuf)>,
+    /// Replicas that must have each grant and renewal before the store answers it
+    /// (`?replicas=N`; default 0, none): each acquire and renewal script call is followed, on
+    /// the same connection and in the same round trip, by Redis's `WAIT N timeout`. When fewer
+    /// replicas acknowledge in time, a grant is released and the acquisition fails with a
+    /// retryable [`Error::Store`]; a renewal fails the same way, so a holder whose renewals stay
+    /// unacknowledged sees `lost()` once its lease could have expired. This narrows what a
+    /// failover can lose (a promoted replica that lacks the last grant lets in a second holder)
+    /// without closing it: `WAIT` is not a consensus (see the README). One server, plain or
+    /// behind Sentinel; refused on a cluster and on Redlock.
+    pub replicas: u32,
+    /// How long a grant or renewal waits for the replicas' acknowledgements
+    /// (`?replicas_timeout=`; default half of `timeout`, and always less than it).
+    pub replicas_timeout: Option<Duration>,
+}
+
+/// The replicas a replicated write waits for ([`RedisOptions::replicas`]): Redis's `WAIT`
+/// arguments.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Wait {
+    replicas: u32,
+    timeout_ms: u64,
 }
 
 impl Default for RedisOptions {
@@ -546,6 +674,8 @@ impl Default for RedisOptions {
             timeout: Duration::from_secs(2),
             ca_file: None,
             client_cert: None,
+            replicas: 0,
+            replicas_timeout: None,
         }
     }
 }
@@ -573,9 +703,20 @@ impl RedisOptions {
                     opts.timeout = humantime::parse_duration(&v)
                         .map_err(|e| bad(format!("timeout {v:?}: {e}")))?
                 }
+                "replicas" => {
+                    opts.replicas = v.parse().map_err(|_| {
+                        bad(format!("replicas {v:?}: expected a whole number of replicas"))
+                    })?
+                }
+                "replicas_timeout" => {
+                    opts.replicas_timeout = Some(
+                        humantime::parse_duration(&v)
+                            .map_err(|e| bad(format!("replicas_timeout {v:?}: {e}")))?,
+                    )
+                }
                 other => {
                     return Err(bad(format!(
-                        "unknown parameter {other:?} (known: prefix, fence_prefix, timeout, ca, cert, key; db, user, pass for redis+unix)"
+                        "unknown parameter {other:?} (known: prefix, fence_prefix, timeout, replicas, replicas_timeout, ca, cert, key; db, user, pass for redis+unix)"
                     )))
                 }
             }
@@ -590,6 +731,49 @@ impl RedisOptions {
             }
         };
         Ok(opts)
+    }
+
+    /// What a replicated write waits for (`None` when [`RedisOptions::replicas`] is 0), or an
+    /// [`Error::InvalidUrl`] for `described` when the wait is 0 (`WAIT` would block for ever) or
+    /// not shorter than `timeout` (the call would run out of time first), or is given without
+    /// replicas.
+    pub(crate) fn wait(&self, described: &str) -> Result<Option<Wait>> {
+        let bad = |reason: String| Error::InvalidUrl {
+            url: described.to_owned(),
+            reason,
+        };
+        if self.replicas == 0 {
+            return match self.replicas_timeout {
+                Some(_) => Err(bad(
+                    "replicas_timeout is how long to wait for replicas: give replicas=N too".into(),
+                )),
+                None => Ok(None),
+            };
+        }
+        let timeout = self.replicas_timeout.unwrap_or(self.timeout / 2);
+        let ms = timeout.as_millis();
+        if ms == 0 || timeout >= self.timeout {
+            return Err(bad(format!(
+                "replicas_timeout {timeout:?} must be at least 1ms and less than the timeout ({:?})",
+                self.timeout
+            )));
+        }
+        Ok(Some(Wait {
+            replicas: self.replicas,
+            timeout_ms: ms as u64,
+        }))
+    }
+
+    /// An [`Error::InvalidOption`] when replicas are asked for on a store that does not wait for
+    /// them (a cluster, Redlock: `what`).
+    pub(crate) fn no_replicas(&self, what: &str) -> Result<()> {
+        if self.replicas == 0 && self.replicas_timeout.is_none() {
+            return Ok(());
+        }
+        Err(Error::option(
+            "replicas",
+            format!("replicas and replicas_timeout apply to one server (redis://, redis+sentinel://), not to {what}"),
+        ))
     }
 
     /// Whether the options name TLS files (`?ca=`, `?cert=`, `?key=`), which only a TLS URL
@@ -1583,6 +1767,11 @@ fn connection_refused(e: &::redis::RedisError) -> bool {
     )
 }
 
+/// Whether `e` says that a write did not reach the replicas asked for ([`NOT_REPLICATED`]).
+fn unreplicated(e: &Error) -> bool {
+    matches!(e, Error::Store { detail, .. } if detail.contains(NOT_REPLICATED))
+}
+
 /// Whether the server refused a write as a replica (`READONLY`).
 fn read_only(e: &::redis::RedisError) -> bool {
     e.kind() == ::redis::ErrorKind::Server(::redis::ServerErrorKind::ReadOnly)
@@ -1590,6 +1779,14 @@ fn read_only(e: &::redis::RedisError) -> bool {
 
 pub(crate) fn map_err(store: &str, e: ::redis::RedisError) -> Error {
     let text = e.to_string();
+    if e.kind() == ::redis::ErrorKind::Client && text.contains(NOT_REPLICATED) {
+        // A replica missing or lagging: passing, as a full server's refusal is.
+        return Error::Store {
+            store: store.to_owned(),
+            detail: format!("{NOT_REPLICATED}: {}", e.detail().unwrap_or_default()),
+            retryable: true,
+        };
+    }
     if read_only(&e) {
         // A failover demoted the server; the store connects again (see `Link`).
         return Error::Unavailable {
@@ -1651,8 +1848,11 @@ pub(crate) fn map_err(store: &str, e: ::redis::RedisError) -> Error {
             ::redis::ErrorKind::Server(::redis::ServerErrorKind::BusyLoading)
                 | ::redis::ErrorKind::Server(::redis::ServerErrorKind::TryAgain)
                 | ::redis::ErrorKind::Server(::redis::ServerErrorKind::MasterDown)
-        ) || matches!(e.code(), Some("OOM" | "BUSY" | "MISCONF"))
-            || text.contains("max number of clients reached");
+        ) || matches!(
+            e.code(),
+            // NOREPLICAS: fewer replicas than the server's `min-replicas-to-write` are in touch.
+            Some("OOM" | "BUSY" | "MISCONF" | "NOREPLICAS")
+        ) || text.contains("max number of clients reached");
         Error::Store {
             store: store.to_owned(),
             detail: e.to_string(),
@@ -1691,6 +1891,7 @@ impl RedisStore {
     pub(crate) async fn connect_inner(url: &str, opts: RedisOptions, lazy: bool) -> Result<Self> {
         let described = crate::redact_url(url);
         let fence_prefix = checked_fence_prefix(&opts)?;
+        opts.wait(&described)?;
         let client = open_client(url, &opts, &described)?;
         Self::start(client, Origin::Fixed, described, fence_prefix, opts, lazy).await
     }
@@ -1706,6 +1907,7 @@ impl RedisStore {
         opts: RedisOptions,
     ) -> Result<Self> {
         let fence_prefix = checked_fence_prefix(&opts)?;
+        opts.wait(&described)?;
         let sentinels = sentinels
             .iter()
             .map(|url| open_client(url, &opts, &described))
@@ -1802,7 +2004,8 @@ impl RedisStore {
         fence_prefix: String,
         opts: RedisOptions,
     ) -> Self {
-        let scripts = Scripts::new();
+        // Checked by every caller (a cluster refuses replicas).
+        let scripts = Scripts::new(opts.wait(&described).ok().flatten());
         let link = Arc::new(Link {
             origin,
             config,
@@ -2377,7 +2580,17 @@ impl LockStore for RedisStore {
 
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome> {
         self.check(&req.key)?;
-        let answer = self.call(&self.acquire_call(req)).await?;
+        let answer = match self.call(&self.acquire_call(req)).await {
+            Err(e) if unreplicated(&e) => {
+                // A grant the replicas may lack is not handed out: let go of it, if it was one
+                // (the release is the owner's only, so a refusal or a waiter's entry is kept).
+                if let Err(r) = self.release(&req.key, &req.token).await {
+                    tracing::debug!(store = %self.inner.link.described, key = %req.key.as_str(), error = %r, "could not release an unreplicated grant; it expires by its TTL");
+                }
+                return Err(e);
+            }
+            answer => answer?,
+        };
         self.acquire_answer(req, answer)
     }
 

@@ -102,6 +102,7 @@ impl RedlockStore {
                 "Redlock needs at least one node (three or five are usual)",
             ));
         }
+        opts.no_replicas("Redlock")?;
         let mut nodes = vec![];
         for u in urls {
             nodes.push((

@@ -81,7 +81,14 @@ impl Batched {
     /// per call; the body once per operation, as a function whose keys and arguments are those
     /// of its operation (`KEYS[n]` in the body reads `KEYS[o + n]`, `o` the operation's offset:
     /// no table per operation).
-    pub(super) fn new(prologue: &str, body: &str, keys: usize, args: usize, lane: usize) -> Self {
+    pub(super) fn new(
+        prologue: &str,
+        body: &str,
+        keys: usize,
+        args: usize,
+        lane: usize,
+        wait: Option<super::Wait>,
+    ) -> Self {
         let body = offset(&offset(body, "KEYS", "o"), "ARGV", "p");
         let one_call = batch_text(
             "",
@@ -92,7 +99,7 @@ impl Batched {
             &format!("{keys} * i, {args} * i"),
         );
         Batched {
-            lua: Lua::new(one_call),
+            lua: Lua::waiting(one_call, wait),
             #[cfg(feature = "redis-cluster")]
             node: Lua::new(node_text(prologue, &body, keys, args)),
             keys,
@@ -582,7 +589,7 @@ mod tests {
     #[cfg(feature = "redis-cluster")]
     #[test]
     fn node_forms_read_each_record_once() {
-        let scripts = super::super::Scripts::new();
+        let scripts = super::super::Scripts::new(None);
         for lua in [&scripts.acquire, &scripts.release] {
             let node = lua.batched().map_or("", |b| b.node.0.body.as_str());
             assert_eq!(node.matches("redis.pcall('GET'").count(), 1, "{node}");
