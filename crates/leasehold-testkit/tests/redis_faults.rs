@@ -1810,7 +1810,12 @@ async fn take_free(l: &Locks, key: &str) -> LeaseGuard {
 
 /// A primary with a replica that has synced with it.
 async fn primary_and_replica() -> (RedisServer, RedisServer) {
-    let (primary, replica) = (RedisServer::start(), RedisServer::start());
+    replicated(RedisServer::start()).await
+}
+
+/// `primary` with a replica that has synced with it.
+async fn replicated(primary: RedisServer) -> (RedisServer, RedisServer) {
+    let replica = RedisServer::start();
     assert!(replica
         .command(&["REPLICAOF", "127.0.0.1", &primary.port.to_string()])
         .is_some_and(|r| r.starts_with("+OK")));
@@ -2038,5 +2043,39 @@ async fn a_server_short_of_replicas_is_retried_not_fatal() {
         .command(&["CONFIG", "SET", "min-replicas-to-write", "0"])
         .is_some_and(|r| r.starts_with("+OK")));
     let g = take_free(&l, "job").await;
+    g.release().await.unwrap();
+}
+
+/// `?replicas=` needs `+wait` besides the least ACL: with it, grants go through; without it, an
+/// acquisition fails with a clear, non-retryable permission error, and the grant the script made
+/// before `WAIT` was refused is not left held.
+#[tokio::test]
+async fn replicas_need_the_wait_command() {
+    let acl = format!("{} +wait", LOCKER_ACL.replacen("locker", "waiter", 1));
+    let (primary, _replica) = replicated(RedisServer::start_with_users(&[LOCKER_ACL, &acl])).await;
+    let url = |user: &str| {
+        format!(
+            "redis://{user}:s3cret@127.0.0.1:{}/0?replicas=1",
+            primary.port
+        )
+    };
+    let e = locks(&url("locker"), "a")
+        .await
+        .lock("job")
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap_err();
+    assert!(
+        !e.is_retryable() && e.to_string().to_lowercase().contains("wait"),
+        "{e}"
+    );
+    assert!(
+        primary
+            .command(&["GET", "leasehold:lock:job"])
+            .is_some_and(|r| r.starts_with("$-1")),
+        "the grant was left held"
+    );
+    let g = take_free(&locks(&url("waiter"), "b").await, "job").await;
     g.release().await.unwrap();
 }

@@ -651,7 +651,8 @@ pub struct RedisOptions {
     /// unacknowledged sees `lost()` once its lease could have expired. This narrows what a
     /// failover can lose (a promoted replica that lacks the last grant lets in a second holder)
     /// without closing it: `WAIT` is not a consensus (see the README). One server, plain or
-    /// behind Sentinel; refused on a cluster and on Redlock.
+    /// behind Sentinel; refused on a cluster and on Redlock. An ACL user needs `+wait`: without
+    /// it, acquisitions fail with a non-retryable `NOPERM` error (and their grants are released).
     pub replicas: u32,
     /// How long a grant or renewal waits for the replicas' acknowledgements
     /// (`?replicas_timeout=`; default half of `timeout`, and always less than it).
@@ -1767,11 +1768,6 @@ fn connection_refused(e: &::redis::RedisError) -> bool {
     )
 }
 
-/// Whether `e` says that a write did not reach the replicas asked for ([`NOT_REPLICATED`]).
-fn unreplicated(e: &Error) -> bool {
-    matches!(e, Error::Store { detail, .. } if detail.contains(NOT_REPLICATED))
-}
-
 /// Whether the server refused a write as a replica (`READONLY`).
 fn read_only(e: &::redis::RedisError) -> bool {
     e.kind() == ::redis::ErrorKind::Server(::redis::ServerErrorKind::ReadOnly)
@@ -2580,10 +2576,12 @@ impl LockStore for RedisStore {
 
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome> {
         self.check(&req.key)?;
-        let answer = match self.call(&self.acquire_call(req)).await {
-            Err(e) if unreplicated(&e) => {
+        let call = self.acquire_call(req);
+        let answer = match self.call(&call).await {
+            Err(e) if call.lua.0.wait.is_some() => {
                 // A grant the replicas may lack is not handed out: let go of it, if it was one
-                // (the release is the owner's only, so a refusal or a waiter's entry is kept).
+                // (too few acknowledged it, `WAIT` was refused, or the answer was lost). The
+                // release is the owner's only, so another's lease or a waiter's entry is kept.
                 if let Err(r) = self.release(&req.key, &req.token).await {
                     tracing::debug!(store = %self.inner.link.described, key = %req.key.as_str(), error = %r, "could not release an unreplicated grant; it expires by its TTL");
                 }
