@@ -1949,8 +1949,7 @@ async fn grants_made_at_once_are_each_on_the_replica_when_answered() {
     let (primary, replica) = primary_and_replica().await;
     let l = locks(
         // A `WAIT` holds the connection until it is answered: with the replica stopped, the
-        // calls sent alone wait 300 ms each, one after another, then the batch; the timeout
-        // leaves them room.
+        // call sent alone waits 300 ms, then the batch behind it; the timeout leaves them room.
         &format!(
             "{}?replicas=1&replicas_timeout=300ms&timeout=5s",
             primary.url()

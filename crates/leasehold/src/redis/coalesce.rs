@@ -2,7 +2,7 @@
 //!
 //! Each call of a script that has a batched form ([`Batched`]: the acquire and release scripts)
 //! goes out at once, as its own call, while fewer than [`IN_FLIGHT`] such calls are waiting for
-//! the server. Beyond that it waits in its lane's queue, and the next call to come back sends the
+//! the server (one, for a store that waits for replicas: see `in_flight`). Beyond that it waits in its lane's queue, and the next call to come back sends the
 //! whole queue (at most [`MOST`] calls) as one call of the batched script, which runs every
 //! operation in turn, as separate calls would, and answers each on its own (an error raised by
 //! one, such as a fence counter an operator overwrote, is that operation's answer alone).
@@ -31,6 +31,18 @@ use std::sync::Arc;
 
 /// How many calls of one lane may wait for the server before others are coalesced.
 pub(super) const IN_FLIGHT: usize = 4;
+
+/// How many calls of `call`'s lane may wait for the server before others are coalesced:
+/// [`IN_FLIGHT`], or one for a script whose calls wait for replicas (each call's `WAIT` holds the
+/// connection until the replicas acknowledge, so calls sent one by one would take turns at it,
+/// where a batch shares one).
+fn in_flight(call: &ScriptCall) -> usize {
+    if call.lua.0.wait.is_some() {
+        1
+    } else {
+        IN_FLIGHT
+    }
+}
 
 /// The most operations one batched call carries.
 const MOST: usize = 256;
@@ -288,7 +300,7 @@ async fn send_in(
 ) -> Result<Value> {
     let queued = {
         let mut lane = lanes[batched.lane].lock();
-        if lane.in_flight >= IN_FLIGHT {
+        if lane.in_flight >= in_flight(call) {
             let (reply, answer) = tokio::sync::oneshot::channel();
             lane.queue.push(Queued {
                 cmd: call.cmd.clone(),
