@@ -625,6 +625,15 @@ fn command_over_tls(
 
 /// [`command_on`] after `AUTH password` when `password` is given.
 fn command_as(port: u16, password: Option<&str>, args: &[&str]) -> Option<String> {
+    match password {
+        Some(pw) => commands_on(port, &[&["AUTH", pw], args]),
+        None => commands_on(port, &[args]),
+    }
+}
+
+/// Each command of `commands` in turn, on one connection to the loopback port `port`, as raw RESP;
+/// the last one's reply, when every earlier one answered `+OK` (`AUTH`, `READONLY`).
+pub fn commands_on(port: u16, commands: &[&[&str]]) -> Option<String> {
     let mut s = connect_loopback(port)?;
     s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
     let mut ask = |args: &[&str]| {
@@ -637,10 +646,11 @@ fn command_as(port: u16, password: Option<&str>, args: &[&str]) -> Option<String
         let n = s.read(&mut buf).ok()?;
         Some(String::from_utf8_lossy(&buf[..n]).into_owned())
     };
-    if let Some(pw) = password {
-        ask(&["AUTH", pw]).filter(|r| r.starts_with("+OK"))?;
+    let (last, first) = commands.split_last()?;
+    for c in first {
+        ask(c).filter(|r| r.starts_with("+OK"))?;
     }
-    ask(args)
+    ask(last)
 }
 
 /// The master group name a [`SentinelSet`]'s sentinels watch.

@@ -1,7 +1,7 @@
 //! The conformance suite against every store (and every way to reach one: `redis://`, `rediss://`
 //! with and without a client certificate,
 //! `redis+unix://`, `redis+sentinel://` (also with `?replicas=1`), `rediss+sentinel://`,
-//! `redis+cluster://`).
+//! `redis+cluster://` (also with `?replicas=1`)).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -105,6 +105,18 @@ mod redis_cluster {
         leasehold::open_store(&cluster.url())
             .await
             .expect("redis+cluster store")
+    }
+    leasehold_testkit::conformance_tests!(store().await);
+}
+
+/// A cluster with every grant and renewal acknowledged by its primary's replica (`?replicas=1`).
+mod redis_cluster_replicas {
+    use super::*;
+    async fn store() -> Arc<dyn LockStore> {
+        let cluster = leasehold_testkit::servers::shared_redis_cluster();
+        leasehold::open_store(&format!("{}?replicas=1", cluster.url()))
+            .await
+            .expect("redis+cluster store with replicas=1")
     }
     leasehold_testkit::conformance_tests!(store().await);
 }

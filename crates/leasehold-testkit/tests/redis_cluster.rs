@@ -35,14 +35,22 @@ fn record_name(key: &str) -> String {
 
 /// A key (`{stem}-N`) whose record `leasehold:lock:{…}` the primary on `port` serves.
 fn key_served_by(cluster: &RedisCluster, port: u16, stem: &str) -> String {
+    keys_served_by(cluster, port, stem, 1)
+        .pop()
+        .expect("a key on that primary")
+}
+
+/// `n` keys (`{stem}-N`) whose records the primary on `port` serves (among the first thousand).
+fn keys_served_by(cluster: &RedisCluster, port: u16, stem: &str, n: usize) -> Vec<String> {
     (0..1000)
         .map(|i| format!("{stem}-{i}"))
-        .find(|k| {
+        .filter(|k| {
             cluster
                 .primary_for(&record_name(k))
                 .is_some_and(|n| n.port == port)
         })
-        .expect("a key on that primary")
+        .take(n)
+        .collect()
 }
 
 /// Tries to take each of `keys` through `l`, all at once (a task each); the answers in order.
@@ -951,4 +959,85 @@ async fn a_batch_a_primary_refuses_is_sent_again_alone() {
     for g in guards {
         g.release().await.unwrap();
     }
+}
+
+/// Whether the replica `replica` has the record `name` held by `holder` (read with `READONLY`,
+/// which lets a cluster replica answer for its primary's slots).
+fn on_replica(replica: &RedisServer, name: &str, holder: &str) -> bool {
+    leasehold_testkit::servers::commands_on(replica.port, &[&["READONLY"], &["GET", name]])
+        .is_some_and(|r| r.contains(&format!("\"holder\":\"{holder}\"")))
+}
+
+/// `?replicas=1` on a cluster: each grant is answered once the replica of the primary serving
+/// its key has it — alone and in a batch sent to that primary — and renewals likewise. While
+/// one primary's replica does not answer (SIGSTOP), grants there fail retryably and are not left
+/// held, alone or batched, and a lease held there is lost before its TTL runs out; the other
+/// primaries go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_acknowledge_grants_on_each_primary() {
+    let _alone = ALONE.lock().await;
+    let cluster = RedisCluster::start();
+    let (stalled, going) = (cluster.nodes[0].port, cluster.nodes[1].port);
+    let url = format!(
+        "{}?replicas=1&replicas_timeout=300ms&timeout=5s",
+        cluster.url()
+    );
+    let a = locks(&url, "a").await;
+    let key = key_served_by(&cluster, stalled, "rep");
+    let replica = synced_replica(&cluster, stalled).await;
+    let g = take(&a, &key, Duration::from_secs(5)).await;
+    assert!(on_replica(replica, &record_name(&key), "a"));
+    g.release().await.unwrap();
+    fresh_slot_map(&cluster, &a, &key_served_by(&cluster, going, "warm")).await;
+    let there = keys_served_by(&cluster, stalled, "there", 16);
+    let elsewhere = keys_served_by(&cluster, going, "elsewhere", 16);
+    let guards = take_all_at_once(&a, &there).await;
+    for k in &there {
+        assert!(on_replica(replica, &record_name(k), "a"), "{k}");
+    }
+    for g in guards {
+        g.release().await.unwrap();
+    }
+
+    let held = take(&a, &key, Duration::from_millis(1500)).await;
+    let held_at = Instant::now();
+    let kept = take(&a, &elsewhere[0], Duration::from_millis(1500)).await;
+    replica.signal(libc::SIGSTOP);
+    let lost_at = tokio::spawn(async move {
+        held.lost().await;
+        Instant::now()
+    });
+    let e = a
+        .lock(key_served_by(&cluster, stalled, "alone"))
+        .unwrap()
+        .try_acquire()
+        .await;
+    let e = e.map(|_| ()).unwrap_err();
+    assert!(
+        e.is_retryable() && e.to_string().contains("replicas"),
+        "{e}"
+    );
+    for (k, answer) in there.iter().zip(try_all_at_once(&a, &there).await) {
+        let e = answer.map(|_| ()).unwrap_err();
+        assert!(
+            e.is_retryable() && e.to_string().contains("replicas"),
+            "{k}: {e}"
+        );
+        let left = cluster
+            .primary_for(&record_name(k))
+            .and_then(|n| n.command(&["GET", &record_name(k)]));
+        assert!(left.is_some_and(|r| r.starts_with("$-1")), "{k} is held");
+    }
+    let guards = take_all_at_once(&a, &elsewhere[1..]).await;
+    let lost_at = tokio::time::timeout(Duration::from_secs(3), lost_at)
+        .await
+        .expect("lost() fires")
+        .unwrap();
+    assert!(lost_at.duration_since(held_at) < Duration::from_millis(1500));
+    assert!(kept.is_current(), "a lease on another primary was lost");
+    replica.signal(libc::SIGCONT);
+    for g in guards {
+        g.release().await.unwrap();
+    }
+    kept.release().await.unwrap();
 }

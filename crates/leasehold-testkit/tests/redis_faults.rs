@@ -1888,8 +1888,13 @@ async fn renewals_the_replica_does_not_acknowledge_lose_the_lease() {
     replica.signal(libc::SIGCONT);
 }
 
+/// The error opening a store at `url` gives.
+async fn refused(url: &str) -> leasehold::Error {
+    leasehold::open_store(url).await.map(|_| ()).unwrap_err()
+}
+
 /// `replicas` and `replicas_timeout` are checked: a number, a wait of at least 1 ms and less than
-/// the timeout, the wait only with replicas, and only on one server (plain or behind Sentinel).
+/// the timeout, the wait only with replicas, on a cluster too, and never on Redlock.
 #[tokio::test]
 async fn replica_options_are_checked() {
     let server = shared_redis();
@@ -1905,10 +1910,7 @@ async fn replica_options_are_checked() {
         ("replicas_timeout=100ms", "give replicas=N too"),
         ("replicas=1&replicas_timeout=soon", "replicas_timeout"),
     ] {
-        let e = leasehold::open_store(&format!("{}?{query}", server.url()))
-            .await
-            .map(|_| ())
-            .unwrap_err();
+        let e = refused(&format!("{}?{query}", server.url())).await;
         assert!(
             matches!(e, leasehold::Error::InvalidUrl { .. }) && e.to_string().contains(says),
             "{query}: {e}"
@@ -1919,15 +1921,16 @@ async fn replica_options_are_checked() {
         "{}?replicas=1",
         leasehold_testkit::servers::redlock_url(nodes)
     );
-    let cluster = "redis+cluster://127.0.0.1:1,127.0.0.1:2?replicas=1".to_owned();
-    for url in [redlock, cluster] {
-        let e = leasehold::open_store(&url).await.map(|_| ()).unwrap_err();
-        assert!(
-            matches!(e, leasehold::Error::InvalidOption { .. })
-                && e.to_string().contains("one server"),
-            "{url}: {e}"
-        );
-    }
+    let e = refused(&redlock).await;
+    assert!(
+        matches!(e, leasehold::Error::InvalidOption { .. }) && e.to_string().contains("Redlock"),
+        "{redlock}: {e}"
+    );
+    let e = refused("redis+cluster://127.0.0.1:1?replicas=1&replicas_timeout=0ms").await;
+    assert!(
+        matches!(e, leasehold::Error::InvalidUrl { .. }) && e.to_string().contains("at least 1ms"),
+        "{e}"
+    );
     // Accepted: the default wait (half the timeout), and one given.
     for query in [
         "replicas=0",

@@ -471,23 +471,17 @@ impl ScriptCall {
     /// and `WAIT` go together (one round trip; the server answers `WAIT` once the replicas have
     /// acknowledged everything the connection wrote, or its timeout ran out). Fewer
     /// acknowledgements than asked for is an error ([`NOT_REPLICATED`]), whatever the script
-    /// answered.
+    /// answered. On a cluster the two go to the node serving the call's key (the connection
+    /// follows redirections, sending both again).
     async fn send_replicated(
         &self,
         conn: &mut Conn,
         wait: Wait,
     ) -> ::redis::RedisResult<::redis::Value> {
         use ::redis::aio::ConnectionLike;
-        use ::redis::Value;
-        let mut pipe = ::redis::pipe();
-        pipe.add_command(self.cmd.clone())
-            .cmd("WAIT")
-            .arg(wait.replicas)
-            .arg(wait.timeout_ms);
+        let pipe = self.with_wait(wait);
         let mut values = conn.req_packed_commands(&pipe, 0, 2).await?;
-        if matches!(values.first(), Some(Value::ServerError(e))
-            if e.kind() == Some(::redis::ServerErrorKind::NoScript))
-        {
+        if no_script(&values) {
             let _: String = ::redis::cmd("SCRIPT")
                 .arg("LOAD")
                 .arg(&self.lua.0.body)
@@ -495,41 +489,68 @@ impl ScriptCall {
                 .await?;
             values = conn.req_packed_commands(&pipe, 0, 2).await?;
         }
-        let mut values = values.into_iter();
-        let (Some(answer), Some(acked)) = (values.next(), values.next()) else {
+        replicated_answer(values, wait)
+    }
+
+    /// The call, then `WAIT` for `wait`'s replicas.
+    fn with_wait(&self, wait: Wait) -> ::redis::Pipeline {
+        let mut pipe = ::redis::pipe();
+        pipe.add_command(self.cmd.clone())
+            .cmd("WAIT")
+            .arg(wait.replicas)
+            .arg(wait.timeout_ms);
+        pipe
+    }
+}
+
+/// Whether a replicated call ([`ScriptCall::with_wait`]) was answered `NOSCRIPT`.
+fn no_script(values: &[::redis::Value]) -> bool {
+    matches!(values.first(), Some(::redis::Value::ServerError(e))
+        if e.kind() == Some(::redis::ServerErrorKind::NoScript))
+}
+
+/// A replicated call's answer from its replies (the call's, then `WAIT`'s): an error when fewer
+/// replicas than `wait` asks for acknowledged it ([`NOT_REPLICATED`]), or when `WAIT` or the call
+/// was refused.
+fn replicated_answer(
+    values: Vec<::redis::Value>,
+    wait: Wait,
+) -> ::redis::RedisResult<::redis::Value> {
+    use ::redis::Value;
+    let mut values = values.into_iter();
+    let (Some(answer), Some(acked)) = (values.next(), values.next()) else {
+        return Err((
+            ::redis::ErrorKind::Client,
+            "the server answered a call and WAIT with fewer than two replies",
+        )
+            .into());
+    };
+    let acked = match acked {
+        Value::Int(n) => n,
+        Value::ServerError(e) => return Err(e.into()),
+        other => {
             return Err((
                 ::redis::ErrorKind::Client,
-                "the server answered a call and WAIT with fewer than two replies",
+                "WAIT answered no number",
+                format!("{other:?}"),
             )
-                .into());
-        };
-        let acked = match acked {
-            Value::Int(n) => n,
-            Value::ServerError(e) => return Err(e.into()),
-            other => {
-                return Err((
-                    ::redis::ErrorKind::Client,
-                    "WAIT answered no number",
-                    format!("{other:?}"),
-                )
-                    .into())
-            }
-        };
-        if acked < i64::from(wait.replicas) {
-            return Err((
-                ::redis::ErrorKind::Client,
-                NOT_REPLICATED,
-                format!(
-                    "{acked} of {} acknowledged it within {} ms (replicas, replicas_timeout)",
-                    wait.replicas, wait.timeout_ms
-                ),
-            )
-                .into());
+                .into())
         }
-        match answer {
-            Value::ServerError(e) => Err(e.into()),
-            v => Ok(v),
-        }
+    };
+    if acked < i64::from(wait.replicas) {
+        return Err((
+            ::redis::ErrorKind::Client,
+            NOT_REPLICATED,
+            format!(
+                "{acked} of {} acknowledged it within {} ms (replicas, replicas_timeout)",
+                wait.replicas, wait.timeout_ms
+            ),
+        )
+            .into());
+    }
+    match answer {
+        Value::ServerError(e) => Err(e.into()),
+        v => Ok(v),
     }
 }
 
@@ -560,6 +581,30 @@ impl ScriptCall {
         let Conn::Cluster(mut conn) = conn else {
             return Err((::redis::ErrorKind::Client, "not a cluster connection").into());
         };
+        if let Some(wait) = self.lua.0.wait {
+            // The call and `WAIT` on the one node's connection, as on one server.
+            let ::redis::cluster_routing::RoutingInfo::SingleNode(node) = route.clone() else {
+                return Err((
+                    ::redis::ErrorKind::Client,
+                    "a replicated call goes to one node",
+                )
+                    .into());
+            };
+            let pipe = self.with_wait(wait);
+            let mut values = conn
+                .route_pipeline(pipe.clone(), 0, 2, node.clone())
+                .await?;
+            if no_script(&values) {
+                let mut load = ::redis::cmd("SCRIPT");
+                load.arg("LOAD").arg(&self.lua.0.body);
+                let loaded = conn.route_command(load, route.clone()).await?;
+                if let ::redis::Value::ServerError(e) = loaded {
+                    return Err(e.into());
+                }
+                values = conn.route_pipeline(pipe, 0, 2, node).await?;
+            }
+            return replicated_answer(values, wait);
+        }
         // A routed command's error reply is a value, not an error: made one here.
         let top = |v: ::redis::Value| match v {
             ::redis::Value::ServerError(e) => Err(::redis::RedisError::from(e)),
@@ -611,7 +656,7 @@ impl Scripts {
             ),
             renew: Lua::waiting(format!("{RENEW_KEYS}{PRELUDE}{RENEW}"), wait),
             #[cfg(feature = "redis-cluster")]
-            renew_node: Lua::new(format!("{RENEW_NODE_ARGS}{PRELUDE}{RENEW}")),
+            renew_node: Lua::waiting(format!("{RENEW_NODE_ARGS}{PRELUDE}{RENEW}"), wait),
             release: Lua::coalesced(
                 "",
                 format!("{RELEASE_OURS}{PRELUDE}{RELEASE}"),
@@ -651,7 +696,7 @@ pub struct RedisOptions {
     /// unacknowledged sees `lost()` once its lease could have expired. This narrows what a
     /// failover can lose (a promoted replica that lacks the last grant lets in a second holder)
     /// without closing it: `WAIT` is not a consensus (see the README). One server, plain or
-    /// behind Sentinel; refused on a cluster and on Redlock. An ACL user needs `+wait`: without
+    /// behind Sentinel, and a cluster (each primary's replicas); refused on Redlock. An ACL user needs `+wait`: without
     /// it, acquisitions fail with a non-retryable `NOPERM` error (and their grants are released).
     pub replicas: u32,
     /// How long a grant or renewal waits for the replicas' acknowledgements
@@ -765,15 +810,15 @@ impl RedisOptions {
         }))
     }
 
-    /// An [`Error::InvalidOption`] when replicas are asked for on a store that does not wait for
-    /// them (a cluster, Redlock: `what`).
-    pub(crate) fn no_replicas(&self, what: &str) -> Result<()> {
+    /// An [`Error::InvalidOption`] when replicas are asked for on Redlock, which does not wait
+    /// for them.
+    pub(crate) fn no_replicas(&self) -> Result<()> {
         if self.replicas == 0 && self.replicas_timeout.is_none() {
             return Ok(());
         }
         Err(Error::option(
             "replicas",
-            format!("replicas and replicas_timeout apply to one server (redis://, redis+sentinel://), not to {what}"),
+            "replicas and replicas_timeout are not for Redlock, whose nodes are independent primaries (a majority of them is its safeguard)",
         ))
     }
 
@@ -2000,7 +2045,7 @@ impl RedisStore {
         fence_prefix: String,
         opts: RedisOptions,
     ) -> Self {
-        // Checked by every caller (a cluster refuses replicas).
+        // Checked by every caller.
         let scripts = Scripts::new(opts.wait(&described).ok().flatten());
         let link = Arc::new(Link {
             origin,

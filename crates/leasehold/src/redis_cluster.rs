@@ -76,7 +76,7 @@ fn parse(url: &str, described: &str) -> Result<ClusterUrl> {
         .collect();
     let pairs = url::form_urlencoded::parse(list.query.as_bytes());
     let opts = RedisOptions::from_query(url, pairs, RedisOptions::default())?;
-    opts.no_replicas("a cluster")?;
+    opts.wait(described)?;
     for (name, prefix) in [
         ("prefix", Some(&opts.prefix)),
         ("fence_prefix", opts.fence_prefix.as_ref()),

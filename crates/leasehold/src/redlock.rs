@@ -102,7 +102,7 @@ impl RedlockStore {
                 "Redlock needs at least one node (three or five are usual)",
             ));
         }
-        opts.no_replicas("Redlock")?;
+        opts.no_replicas()?;
         let mut nodes = vec![];
         for u in urls {
             nodes.push((

@@ -113,7 +113,7 @@ impl Batched {
         Batched {
             lua: Lua::waiting(one_call, wait),
             #[cfg(feature = "redis-cluster")]
-            node: Lua::new(node_text(prologue, &body, keys, args)),
+            node: Lua::waiting(node_text(prologue, &body, keys, args), wait),
             keys,
             args,
             lane,
