@@ -5,7 +5,9 @@
 //! Starts its own `redis-server`s (1 + 3) on free loopback ports; `-- unix` runs the one-node rows
 //! through the server's Unix socket instead, and `-- cluster` on a Redis Cluster (three primaries
 //! with a replica each; the floors through the redis crate's cluster client, keys hash-tagged,
-//! no `rslock`, which has no cluster mode).
+//! no `rslock`, which has no cluster mode), and `-- replicas` on one server with a replica:
+//! leasehold with `?replicas=1` beside the floor and the WAIT floor (`SET NX PX` + `WAIT 1` in one
+//! round trip; [`FloorAcquire::SetWait`]).
 //!
 //! 1. Acquire+release cycles/s and p50/p99 latency with 1, 8 and 64 concurrent tasks over distinct
 //!    keys: (a) the floor — `SET NX PX` + a compare-and-delete script through the same client;
@@ -52,6 +54,9 @@ enum FloorAcquire {
     /// `MULTI` `INCR` + `SET NX PX` `EXEC` in one round trip: a fence with plain commands (not in
     /// the record, a failed attempt burns one). Only with `-- only=multi-floor`.
     Multi,
+    /// `SET NX PX` then `WAIT 1` in one round trip: the floor of an acquisition a replica
+    /// acknowledges. With `-- replicas`.
+    SetWait,
 }
 
 /// The floor's acquire: `SET key token NX PX ttl`.
@@ -137,6 +142,17 @@ impl Impl {
                                     .await
                                     .unwrap();
                                 (f > 0).then(|| format!("{token}:{f}"))
+                            }
+                            FloorAcquire::SetWait => {
+                                let (set, _acked): (Option<String>, i64) = redis::pipe()
+                                    .add_command(set_nx(&key, &token))
+                                    .cmd("WAIT")
+                                    .arg(1)
+                                    .arg(1000)
+                                    .query_async(&mut c)
+                                    .await
+                                    .unwrap();
+                                set.map(|_| token)
                             }
                             FloorAcquire::Multi => {
                                 let (_fence, set): (i64, Option<String>) = redis::pipe()
@@ -403,8 +419,10 @@ async fn make(kind: &str, urls: &[String]) -> Impl {
                     conns.push(FloorConn::Cluster(conn));
                     continue;
                 }
+                // The floors take no store parameters (`?replicas=1`).
+                let u = u.split('?').next().unwrap_or_default();
                 conns.push(FloorConn::One(
-                    redis::Client::open(u.as_str())
+                    redis::Client::open(u)
                         .unwrap()
                         .get_connection_manager()
                         .await
@@ -414,6 +432,7 @@ async fn make(kind: &str, urls: &[String]) -> Impl {
             let acquire = match kind {
                 "fenced-floor" => FloorAcquire::Script(Arc::new(redis::Script::new(FENCED))),
                 "multi-floor" => FloorAcquire::Multi,
+                "wait-floor" => FloorAcquire::SetWait,
                 _ => FloorAcquire::Set,
             };
             Impl::Floor(conns, Arc::new(redis::Script::new(CAD)), acquire)
@@ -523,9 +542,22 @@ fn main() {
     let cluster = std::env::args()
         .any(|a| a == "cluster")
         .then(RedisCluster::start);
+    // `-- replicas`: the one server gets a replica, and leasehold `?replicas=1`.
+    let replica = std::env::args().any(|a| a == "replicas").then(|| {
+        let replica = RedisServer::start();
+        let port = one.port.to_string();
+        replica.command(&["REPLICAOF", "127.0.0.1", &port]).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !replica.replica_synced() {
+            assert!(Instant::now() < deadline, "the replica did not sync");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        replica
+    });
     let one_url = vec![match &cluster {
         Some(c) => c.url(),
         None if unix => one.unix_url(),
+        None if replica.is_some() => format!("{}?replicas=1", one.url()),
         None => one.url(),
     }];
     let three_urls: Vec<String> = three.iter().map(RedisServer::url).collect();
@@ -538,10 +570,19 @@ fn main() {
 
     let one_pids: Vec<u32> = match &cluster {
         Some(c) => c.nodes.iter().filter_map(RedisServer::pid).collect(),
-        None => one.pid().into_iter().collect(),
+        None => one
+            .pid()
+            .into_iter()
+            .chain(replica.iter().filter_map(RedisServer::pid))
+            .collect(),
     };
     let three_pids: Vec<u32> = three.iter().filter_map(RedisServer::pid).collect();
-    println!("\n| store | tasks | implementation | cycles/s | p50 | p99 | vs floor | vs fenced floor | client CPU/cycle | server CPU/cycle |");
+    let second_floor = if replica.is_some() {
+        "wait-floor"
+    } else {
+        "fenced-floor"
+    };
+    println!("\n| store | tasks | implementation | cycles/s | p50 | p99 | vs floor | vs {second_floor} | client CPU/cycle | server CPU/cycle |");
     println!("|---|---|---|---|---|---|---|---|---|---|");
     // `-- only=KIND[,KIND…]` and `-- tasks=N[,N…]` narrow the throughput runs (for profiling).
     let arg = |name: &str| {
@@ -555,6 +596,8 @@ fn main() {
     let hot_only = only.as_deref() == Some("hot");
     let one_label = if cluster.is_some() {
         "redis cluster, 3 primaries"
+    } else if replica.is_some() {
+        "redis, 1 node + replica, replicas=1"
     } else if unix {
         "redis, 1 node, Unix socket"
     } else {
@@ -564,20 +607,22 @@ fn main() {
         (one_label, &one_url, &one_pids),
         ("redlock, 3 nodes", &three_urls, &three_pids),
     ] {
-        // With `-- cluster`, the cluster rows alone.
-        if hot_only || (cluster.is_some() && !label.starts_with("redis cluster")) {
+        // With `-- cluster` or `-- replicas`, the one-node rows alone.
+        if hot_only || ((cluster.is_some() || replica.is_some()) && label.starts_with("redlock")) {
             break;
         }
         for &tasks in &task_counts {
             let kinds: Vec<&str> = [
                 "floor",
-                "fenced-floor",
+                second_floor,
                 "multi-floor",
                 "leasehold",
                 "leasehold-store",
                 "rslock",
             ]
             .into_iter()
+            // With a replica, leasehold beside the floors only.
+            .filter(|kind| replica.is_none() || !matches!(*kind, "multi-floor" | "rslock"))
             .filter(|kind| {
                 let named = |o: &str| o.split(',').any(|k| k == *kind);
                 *kind == "floor" || only.as_deref().map_or(*kind != "multi-floor", named)
@@ -618,7 +663,7 @@ fn main() {
                 };
                 format!("{:.2}×{spread}", median(ratios))
             };
-            let fenced = kinds.iter().position(|k| *k == "fenced-floor");
+            let fenced = kinds.iter().position(|k| *k == second_floor);
             for (kind, ts) in kinds.iter().zip(&runs) {
                 let med = |f: fn(&Throughput) -> f64| median(ts.iter().map(f).collect());
                 let vs_fenced = fenced.map_or_else(|| "—".to_owned(), |j| ratio(ts, &runs[j]));
@@ -642,7 +687,7 @@ fn main() {
     println!("|---|---|---|---|---|---|---|");
     for tasks in [8usize, 64] {
         for kind in ["leasehold", "rslock"] {
-            if cluster.is_some() && kind == "rslock" {
+            if (cluster.is_some() || replica.is_some()) && kind == "rslock" {
                 continue;
             }
             println!("{}", hot_key(&rt, kind, &one_url, tasks, dur));
