@@ -696,8 +696,9 @@ pub struct RedisOptions {
     /// unacknowledged sees `lost()` once its lease could have expired. This narrows what a
     /// failover can lose (a promoted replica that lacks the last grant lets in a second holder)
     /// without closing it: `WAIT` is not a consensus (see the README). One server, plain or
-    /// behind Sentinel, and a cluster (each primary's replicas); refused on Redlock. An ACL user needs `+wait`: without
-    /// it, acquisitions fail with a non-retryable `NOPERM` error (and their grants are released).
+    /// behind Sentinel, and a cluster (each primary's replicas); refused on Redlock. An ACL user
+    /// needs `+wait`: without it, acquisitions fail with a non-retryable `NOPERM` error (and
+    /// their grants are released).
     pub replicas: u32,
     /// How long a grant or renewal waits for the replicas' acknowledgements
     /// (`?replicas_timeout=`; default half of `timeout`, and always less than it).
