@@ -2,7 +2,7 @@
 //! process the lease goes from task to task without a store call (fences from a reserved block);
 //! across processes it goes through the store. Never two holders at once, and the fences, in the
 //! order the holders entered, strictly increase — on the file store, Redis (over TCP, a Unix socket,
-//! Sentinel and a Redis Cluster) and 3-node Redlock.
+//! Sentinel and a Redis Cluster, the last two also with `?replicas=1`) and 3-node Redlock.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -91,4 +91,17 @@ fn redis_sentinel() {
 #[test]
 fn redis_cluster() {
     contend(&leasehold_testkit::servers::shared_redis_cluster().url());
+}
+
+#[test]
+fn redis_sentinel_with_replicas() {
+    contend(&leasehold_testkit::servers::shared_sentinels().url_with("replicas=1"));
+}
+
+#[test]
+fn redis_cluster_with_replicas() {
+    contend(&format!(
+        "{}?replicas=1",
+        leasehold_testkit::servers::shared_redis_cluster().url()
+    ));
 }
