@@ -2081,3 +2081,61 @@ async fn replicas_need_the_wait_command() {
     let g = take_free(&locks(&url("waiter"), "b").await, "job").await;
     g.release().await.unwrap();
 }
+
+/// `?replicas=1` behind Sentinel: a grant made while the replica lags (stopped for 500 ms) is
+/// answered only once the replica has it, so when the primary is killed right after, the
+/// promoted replica still holds the lease and a contender is refused. Without `?replicas=` the
+/// grant is answered at once, the killed primary takes it along, and the contender would get the
+/// same key: two holders.
+#[tokio::test]
+async fn an_acknowledged_grant_survives_a_killed_primary() {
+    let _alone = SENTINELS_ALONE.lock().await;
+    let mut set = leasehold_testkit::servers::SentinelSet::start();
+    let old = set.primary_port().expect("a primary");
+    let l = locks(
+        &set.url_with("replicas=1&replicas_timeout=3s&timeout=5s"),
+        "a",
+    )
+    .await;
+    take_free(&l, "warm").await.release().await.unwrap();
+    let index = set.servers.iter().position(|s| s.port == old).expect("old");
+    let replica = &set.servers[1 - index];
+    replica.signal(libc::SIGSTOP);
+    let pid = replica.pid().expect("the replica runs");
+    let resume = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(500));
+        std::process::Command::new("kill")
+            .args(["-CONT", &pid.to_string()])
+            .status()
+    });
+    let g = l
+        .lock("kept")
+        .unwrap()
+        .ttl(Duration::from_secs(30))
+        .try_acquire()
+        .await
+        .unwrap()
+        .unwrap();
+    set.servers[index].stop();
+    assert!(resume.join().unwrap().unwrap().success());
+    let new = await_new_primary(&set, old).await;
+    let record = set
+        .server(new)
+        .and_then(|s| s.command(&["GET", "leasehold:lock:kept"]))
+        .unwrap_or_default();
+    assert!(
+        record.contains("\"holder\":\"a\""),
+        "the grant was lost: {record}"
+    );
+    let b = locks(&set.url_with("timeout=1s"), "b").await;
+    assert!(
+        b.lock("kept")
+            .unwrap()
+            .try_acquire()
+            .await
+            .unwrap()
+            .is_none(),
+        "a second holder"
+    );
+    drop(g);
+}
