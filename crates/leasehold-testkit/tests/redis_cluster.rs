@@ -348,10 +348,23 @@ fn reply_value(reply: Option<String>) -> String {
 /// Resharding: the slot of a held key moves to another primary (`CLUSTER SETSLOT … IMPORTING` /
 /// `MIGRATING`, `MIGRATE` of the record and its counter, `SETSLOT … NODE`) while its holder keeps
 /// renewing. The store follows the cluster's `ASK` (a renewal mid-migration runs on the target)
-/// and `MOVED` answers: the holder keeps its lease on the new primary, a contender is refused there, and the next holder's fence continues from the
-/// counter that moved with the record.
+/// and `MOVED` answers: the holder keeps its lease on the new primary, a contender is refused
+/// there, and the next holder's fence continues from the counter that moved with the record.
 #[tokio::test]
 async fn a_resharded_slot_keeps_its_leases_and_fences() {
+    resharded("").await;
+}
+
+/// The same with `?replicas=1`: the renewal through `ASK` goes with its `WAIT` to the target
+/// (asked there by the cluster connection) and is acknowledged by the target's replica.
+#[tokio::test]
+async fn a_resharded_slot_keeps_its_leases_with_replicas() {
+    resharded("&replicas=1&replicas_timeout=300ms").await;
+}
+
+/// A key's slot moved by hand from one primary to another while `a` holds the key, through stores
+/// made with `params` (`&…`) besides a timeout.
+async fn resharded(params: &str) {
     let _alone = ALONE.lock().await;
     let cluster = RedisCluster::start();
     let (source, target) = (&cluster.nodes[0], &cluster.nodes[1]);
@@ -360,8 +373,8 @@ async fn a_resharded_slot_keeps_its_leases_and_fences() {
     let slot = reply_value(source.command(&["CLUSTER", "KEYSLOT", &name]));
     let source_id = reply_value(source.command(&["CLUSTER", "MYID"]));
     let target_id = reply_value(target.command(&["CLUSTER", "MYID"]));
-    let a = locks(&format!("{}?timeout=1s", cluster.url()), "a").await;
-    let b = locks(&format!("{}?timeout=1s", cluster.url()), "b").await;
+    let a = locks(&format!("{}?timeout=1s{params}", cluster.url()), "a").await;
+    let b = locks(&format!("{}?timeout=1s{params}", cluster.url()), "b").await;
     let g = take(&a, &key, Duration::from_millis(1500)).await;
     let ok = |node: &RedisServer, args: &[&str]| {
         let reply = node.command(args).unwrap_or_default();

@@ -728,7 +728,8 @@ impl Default for RedisOptions {
 }
 
 impl RedisOptions {
-    /// Reads `prefix`, `fence_prefix` and `timeout` from URL query pairs.
+    /// Reads `prefix`, `fence_prefix`, `timeout`, `replicas`, `replicas_timeout` and the TLS files
+    /// (`ca`, `cert`, `key`) from URL query pairs.
     pub(crate) fn from_query<'a>(
         url: &str,
         pairs: impl Iterator<Item = (std::borrow::Cow<'a, str>, std::borrow::Cow<'a, str>)>,
