@@ -121,6 +121,25 @@ pub async fn connect_as(url: &str, holder: &str) -> leasehold::Locks {
         .with_local_layer(false)
 }
 
+/// The lease on `key` through `l` for `ttl`, taken with `try_acquire`.
+///
+/// # Panics
+/// When the store fails or `key` is held.
+pub async fn take(
+    l: &leasehold::Locks,
+    key: &str,
+    ttl: std::time::Duration,
+) -> leasehold::LeaseGuard {
+    match l.lock(key).map(|lock| lock.ttl(ttl)) {
+        Ok(lock) => match lock.try_acquire().await {
+            Ok(Some(g)) => g,
+            Ok(None) => panic!("{key} is held"),
+            Err(e) => panic!("taking {key}: {e}"),
+        },
+        Err(e) => panic!("lock {key}: {e}"),
+    }
+}
+
 /// A contender for `key` through `l` that only a change notification wakes in a test's time: not
 /// registered as waiter (a registration is renewed by waking), with 30 s backoff timers and a 30 s
 /// wait limit. Hold `key` with a TTL of 30 s or more, so its expiry does not wake it either. Its

@@ -67,14 +67,7 @@ async fn operator_del_and_overwrite_fire_lost_at_the_next_renewal() {
 /// unreachable, before the TTL counted from the grant runs out; the guard.
 async fn lost_before_the_ttl(l: &Locks, fault: impl FnOnce()) -> LeaseGuard {
     let ttl = Duration::from_millis(1500);
-    let g = l
-        .lock("job")
-        .unwrap()
-        .ttl(ttl)
-        .try_acquire()
-        .await
-        .unwrap()
-        .unwrap();
+    let g = leasehold_testkit::take(l, "job", ttl).await;
     let acquired = Instant::now();
     fault();
     let reason = tokio::time::timeout(Duration::from_secs(3), g.lost())
@@ -2108,14 +2101,7 @@ async fn an_acknowledged_grant_survives_a_killed_primary() {
             .args(["-CONT", &pid.to_string()])
             .status()
     });
-    let g = l
-        .lock("kept")
-        .unwrap()
-        .ttl(Duration::from_secs(30))
-        .try_acquire()
-        .await
-        .unwrap()
-        .unwrap();
+    let g = leasehold_testkit::take(&l, "kept", Duration::from_secs(30)).await;
     set.servers[index].stop();
     assert!(resume.join().unwrap().unwrap().success());
     let new = await_new_primary(&set, old).await;

@@ -603,7 +603,8 @@ impl LockBuilder {
     /// # Errors
     /// [`Error::Timeout`] naming the holder when the wait limit passes (or at once with
     /// [`Wait::No`]); invalid options; a store failure that is not retryable (retryable ones are
-    /// retried until the limit).
+    /// retried until the limit, within a second of each other whatever the backoff: an attempt
+    /// that failed may have spent the change notification that woke it).
     ///
     /// # The wait limit holds against a slow store
     /// With [`Wait::For`], `acquire` returns by the limit plus 100 ms even if the store stops
@@ -776,6 +777,7 @@ impl LockBuilder {
                 },
             };
             req = sent_req;
+            let failed = res.is_err();
             let (wait_hint, holder) = match res {
                 Ok(AcquireOutcome::Granted(rec)) => {
                     on_cancel.armed = false;
@@ -874,6 +876,13 @@ impl LockBuilder {
             if let Some(at) = resubscribe_at {
                 pause = pause.min(at.saturating_duration_since(now));
             }
+            if failed {
+                // The store failed to answer (a failover under way, say): its state is unknown,
+                // and a change notification that woke this attempt is spent. Attempt again soon,
+                // whatever the backoff, rather than sleep a long one for a notification that may
+                // have come already.
+                pause = pause.min(RETRY_AFTER_ERROR);
+            }
             let mut until = now + pause;
             if let Some(d) = deadline {
                 until = until.min(d);
@@ -931,6 +940,9 @@ impl Drop for WithdrawOnDrop {
         }
     }
 }
+
+/// The longest pause of a waiting `acquire` after an attempt that failed with a retryable error.
+const RETRY_AFTER_ERROR: Duration = Duration::from_secs(1);
 
 /// How often a waiting `acquire` whose change notification could not be made (or made again,
 /// after its connection ended) tries to subscribe again; it polls by its backoff meanwhile.
@@ -1057,13 +1069,16 @@ mod tests {
     use async_trait::async_trait;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    /// A memory store whose change notification cannot be made (a pub/sub connection refused),
-    /// counting acquisitions and subscriptions.
+    /// A memory store whose change notification cannot be made (a pub/sub connection refused)
+    /// unless `notifies`, counting acquisitions and subscriptions; its next `fail_acquires`
+    /// acquisitions fail with a retryable error.
     #[derive(Debug, Default)]
     struct NoNotifications {
         inner: MemoryStore,
         acquires: AtomicUsize,
         subscribes: AtomicUsize,
+        notifies: bool,
+        fail_acquires: AtomicUsize,
     }
 
     #[async_trait]
@@ -1076,6 +1091,16 @@ mod tests {
         }
         async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome> {
             self.acquires.fetch_add(1, Ordering::SeqCst);
+            let fail = self
+                .fail_acquires
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok();
+            if fail {
+                return Err(Error::Unavailable {
+                    store: self.describe(),
+                    detail: "no answer".into(),
+                });
+            }
             self.inner.acquire(req).await
         }
         async fn renew(&self, key: &Key, token: &str, ttl: Duration) -> Result<RenewOutcome> {
@@ -1099,13 +1124,68 @@ mod tests {
         async fn cleanup(&self, older_than: Duration) -> Result<CleanupReport> {
             self.inner.cleanup(older_than).await
         }
-        async fn subscribe(&self, _key: &Key) -> Result<Option<Box<dyn ChangeWatch>>> {
+        async fn subscribe(&self, key: &Key) -> Result<Option<Box<dyn ChangeWatch>>> {
             self.subscribes.fetch_add(1, Ordering::SeqCst);
+            if self.notifies {
+                return self.inner.subscribe(key).await;
+            }
             Err(Error::Unavailable {
                 store: self.describe(),
                 detail: "no pub/sub connection".into(),
             })
         }
+    }
+
+    /// A waiter with long timers, woken by the release's notification, whose attempt then fails
+    /// (the store in a failover, say): it attempts again within a second, not after its backoff,
+    /// and gets the lease.
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_whose_woken_attempt_fails_attempts_again_within_a_second() {
+        let store = Arc::new(NoNotifications {
+            notifies: true,
+            ..Default::default()
+        });
+        let a = Locks::from_arc(store.clone()).with_holder(HolderId::new("a"));
+        let b = Locks::from_arc(store.clone()).with_holder(HolderId::new("b"));
+        let held = a
+            .lock("k")
+            .unwrap()
+            .ttl(Duration::from_secs(600))
+            .acquire()
+            .await
+            .unwrap();
+        let long = Duration::from_secs(60);
+        let waiter = tokio::spawn(async move {
+            b.lock("k")
+                .unwrap()
+                .register_waiter(false)
+                .backoff(Backoff {
+                    initial: long,
+                    max: long,
+                })
+                .wait(Duration::from_secs(300))
+                .acquire()
+                .await
+        });
+        // The waiter has attempted and subscribed.
+        while store.subscribes.load(Ordering::SeqCst) == 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        store.fail_acquires.store(1, Ordering::SeqCst);
+        let released = tokio::time::Instant::now();
+        held.release().await.unwrap();
+        let got = waiter.await.unwrap().unwrap();
+        assert!(
+            released.elapsed() <= RETRY_AFTER_ERROR + Duration::from_millis(10),
+            "{:?}",
+            released.elapsed()
+        );
+        assert_eq!(
+            store.fail_acquires.load(Ordering::SeqCst),
+            0,
+            "no attempt failed"
+        );
+        got.release().await.unwrap();
     }
 
     #[tokio::test(start_paused = true)]
