@@ -454,11 +454,7 @@ impl ScriptCall {
             Err(e)
                 if e.kind() == ::redis::ErrorKind::Server(::redis::ServerErrorKind::NoScript) =>
             {
-                let _: String = ::redis::cmd("SCRIPT")
-                    .arg("LOAD")
-                    .arg(&self.lua.0.body)
-                    .query_async(conn)
-                    .await?;
+                let _: String = self.load().query_async(conn).await?;
                 top(conn.req_packed_command(&self.cmd).await?)
             }
             r => r,
@@ -482,14 +478,17 @@ impl ScriptCall {
         let pipe = self.with_wait(wait);
         let mut values = conn.req_packed_commands(&pipe, 0, 2).await?;
         if no_script(&values) {
-            let _: String = ::redis::cmd("SCRIPT")
-                .arg("LOAD")
-                .arg(&self.lua.0.body)
-                .query_async(conn)
-                .await?;
+            let _: String = self.load().query_async(conn).await?;
             values = conn.req_packed_commands(&pipe, 0, 2).await?;
         }
         replicated_answer(values, wait)
+    }
+
+    /// `SCRIPT LOAD` of the call's script, for a server that answered `NOSCRIPT`.
+    fn load(&self) -> ::redis::Cmd {
+        let mut load = ::redis::cmd("SCRIPT");
+        load.arg("LOAD").arg(&self.lua.0.body);
+        load
     }
 
     /// The call, then `WAIT` for `wait`'s replicas.
@@ -581,6 +580,11 @@ impl ScriptCall {
         let Conn::Cluster(mut conn) = conn else {
             return Err((::redis::ErrorKind::Client, "not a cluster connection").into());
         };
+        // A routed command's error reply is a value, not an error: made one here.
+        let top = |v: ::redis::Value| match v {
+            ::redis::Value::ServerError(e) => Err(::redis::RedisError::from(e)),
+            v => Ok(v),
+        };
         if let Some(wait) = self.lua.0.wait {
             // The call and `WAIT` on the one node's connection, as on one server.
             let ::redis::cluster_routing::RoutingInfo::SingleNode(node) = route.clone() else {
@@ -595,29 +599,17 @@ impl ScriptCall {
                 .route_pipeline(pipe.clone(), 0, 2, node.clone())
                 .await?;
             if no_script(&values) {
-                let mut load = ::redis::cmd("SCRIPT");
-                load.arg("LOAD").arg(&self.lua.0.body);
-                let loaded = conn.route_command(load, route.clone()).await?;
-                if let ::redis::Value::ServerError(e) = loaded {
-                    return Err(e.into());
-                }
+                top(conn.route_command(self.load(), route.clone()).await?)?;
                 values = conn.route_pipeline(pipe, 0, 2, node).await?;
             }
             return replicated_answer(values, wait);
         }
-        // A routed command's error reply is a value, not an error: made one here.
-        let top = |v: ::redis::Value| match v {
-            ::redis::Value::ServerError(e) => Err(::redis::RedisError::from(e)),
-            v => Ok(v),
-        };
         let sent = conn.route_command(self.cmd.clone(), route.clone()).await;
         match sent.and_then(top) {
             Err(e)
                 if e.kind() == ::redis::ErrorKind::Server(::redis::ServerErrorKind::NoScript) =>
             {
-                let mut load = ::redis::cmd("SCRIPT");
-                load.arg("LOAD").arg(&self.lua.0.body);
-                top(conn.route_command(load, route.clone()).await?)?;
+                top(conn.route_command(self.load(), route.clone()).await?)?;
                 top(conn.route_command(self.cmd.clone(), route).await?)
             }
             r => r,
@@ -814,6 +806,7 @@ impl RedisOptions {
 
     /// An [`Error::InvalidOption`] when replicas are asked for on Redlock, which does not wait
     /// for them.
+    #[cfg(feature = "redlock")]
     pub(crate) fn no_replicas(&self) -> Result<()> {
         if self.replicas == 0 && self.replicas_timeout.is_none() {
             return Ok(());
@@ -1692,9 +1685,26 @@ impl std::fmt::Debug for RedisStore {
     }
 }
 
+/// What a store takes from its options once they are checked ([`checked`]).
+pub(crate) struct Checked {
+    /// The fence counters' prefix.
+    pub(crate) fence_prefix: String,
+    /// What grants and renewals wait for ([`RedisOptions::wait`]).
+    pub(crate) wait: Option<Wait>,
+}
+
+/// `opts` checked before anything connects: the fence prefix against the record prefix
+/// ([`checked_fence_prefix`]), and the replicas to wait for ([`RedisOptions::wait`]) for
+/// `described`.
+pub(crate) fn checked(opts: &RedisOptions, described: &str) -> Result<Checked> {
+    let fence_prefix = checked_fence_prefix(opts)?;
+    let wait = opts.wait(described)?;
+    Ok(Checked { fence_prefix, wait })
+}
+
 /// The fence prefix of `opts`, checked against its record prefix: both non-empty, neither a
 /// prefix of the other (so no record key can be a counter key).
-pub(crate) fn checked_fence_prefix(opts: &RedisOptions) -> Result<String> {
+fn checked_fence_prefix(opts: &RedisOptions) -> Result<String> {
     let fence_prefix = opts.fence_prefix();
     if opts.prefix.is_empty()
         || opts.prefix.starts_with(&fence_prefix)
@@ -1933,10 +1943,9 @@ impl RedisStore {
     /// start).
     pub(crate) async fn connect_inner(url: &str, opts: RedisOptions, lazy: bool) -> Result<Self> {
         let described = crate::redact_url(url);
-        let fence_prefix = checked_fence_prefix(&opts)?;
-        opts.wait(&described)?;
+        let checked = checked(&opts, &described)?;
         let client = open_client(url, &opts, &described)?;
-        Self::start(client, Origin::Fixed, described, fence_prefix, opts, lazy).await
+        Self::start(client, Origin::Fixed, described, checked, opts, lazy).await
     }
 
     /// Connects to the primary that the sentinels at `sentinels` (`scheme://host:port` each,
@@ -1949,8 +1958,7 @@ impl RedisStore {
         described: String,
         opts: RedisOptions,
     ) -> Result<Self> {
-        let fence_prefix = checked_fence_prefix(&opts)?;
-        opts.wait(&described)?;
+        let checked = checked(&opts, &described)?;
         let sentinels = sentinels
             .iter()
             .map(|url| open_client(url, &opts, &described))
@@ -1979,7 +1987,7 @@ impl RedisStore {
         let client = named.primary(&described, opts.timeout * 2).await?;
         let timeout = opts.timeout;
         let origin = Origin::Sentinel(named);
-        let store = Self::start(client, origin, described, fence_prefix, opts, false).await?;
+        let store = Self::start(client, origin, described, checked, opts, false).await?;
         let link = &store.inner.link;
         if let Origin::Sentinel(Sentinels { followers, .. }) = &link.origin {
             for sentinel in sentinels {
@@ -2000,7 +2008,7 @@ impl RedisStore {
         client: ::redis::Client,
         origin: Origin,
         described: String,
-        fence_prefix: String,
+        checked: Checked,
         opts: RedisOptions,
         lazy: bool,
     ) -> Result<Self> {
@@ -2031,24 +2039,24 @@ impl RedisStore {
             origin,
             config,
             described,
-            fence_prefix,
+            checked,
             opts,
         ))
     }
 
     /// The store over connection `conn`, made from `client` (pub/sub connections are made from it
-    /// too).
+    /// too), with the options `checked` took from `opts`.
     pub(crate) fn assemble(
         conn: Conn,
         client: ::redis::Client,
         origin: Origin,
         config: ConnectionManagerConfig,
         described: String,
-        fence_prefix: String,
+        checked: Checked,
         opts: RedisOptions,
     ) -> Self {
-        // Checked by every caller.
-        let scripts = Scripts::new(opts.wait(&described).ok().flatten());
+        let Checked { fence_prefix, wait } = checked;
+        let scripts = Scripts::new(wait);
         let link = Arc::new(Link {
             origin,
             config,

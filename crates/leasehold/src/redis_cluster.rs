@@ -50,7 +50,7 @@ struct ClusterUrl {
     /// Each seed node's `redis://` (or `rediss://`) URL, with the user and password.
     nodes: Vec<String>,
     opts: RedisOptions,
-    fence_prefix: String,
+    checked: crate::redis::Checked,
 }
 
 /// Parses `redis+cluster://[user:pass@]h1:p1,h2:p2,…[/0][?…]` (or `rediss+cluster://`).
@@ -76,7 +76,6 @@ fn parse(url: &str, described: &str) -> Result<ClusterUrl> {
         .collect();
     let pairs = url::form_urlencoded::parse(list.query.as_bytes());
     let opts = RedisOptions::from_query(url, pairs, RedisOptions::default())?;
-    opts.wait(described)?;
     for (name, prefix) in [
         ("prefix", Some(&opts.prefix)),
         ("fence_prefix", opts.fence_prefix.as_ref()),
@@ -88,11 +87,11 @@ fn parse(url: &str, described: &str) -> Result<ClusterUrl> {
             ));
         }
     }
-    let fence_prefix = crate::redis::checked_fence_prefix(&opts)?;
+    let checked = crate::redis::checked(&opts, described)?;
     Ok(ClusterUrl {
         nodes,
         opts,
-        fence_prefix,
+        checked,
     })
 }
 
@@ -103,7 +102,7 @@ impl RedisStore {
         let ClusterUrl {
             nodes,
             opts,
-            fence_prefix,
+            checked,
         } = parse(url, &described)?;
         let bad = |e: ::redis::RedisError| Error::InvalidUrl {
             url: described.clone(),
@@ -153,7 +152,7 @@ impl RedisStore {
             Origin::Cluster(nodes),
             ::redis::aio::ConnectionManagerConfig::new(),
             described,
-            fence_prefix,
+            checked,
             opts,
         ))
     }

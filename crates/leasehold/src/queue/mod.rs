@@ -813,6 +813,14 @@ impl RawTask {
     }
 }
 
+/// Task ids as the databases store them (`BIGINT`, `INTEGER`); an id past `i64` names no task
+/// and is left out.
+pub(crate) fn ids_i64(ids: &[u64]) -> Vec<i64> {
+    ids.iter()
+        .filter_map(|id| i64::try_from(*id).ok())
+        .collect()
+}
+
 /// Milliseconds as the i64 the databases store.
 pub(crate) fn ms_i64(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)

@@ -564,11 +564,7 @@ impl QueueBackend for PgQueue {
         running: &[u64],
     ) -> Result<Vec<(u64, CancelReason)>> {
         let ttl = super::ms_i64(ttl);
-        // An id past i64 names no task.
-        let running: Vec<i64> = running
-            .iter()
-            .filter_map(|id| i64::try_from(*id).ok())
-            .collect();
+        let running = super::ids_i64(running);
         let slots = i64::from(slots);
         let mut c = self.conn().await?;
         let run = async {

@@ -391,11 +391,7 @@ impl QueueBackend for SqliteQueue {
         running: &[u64],
     ) -> Result<Vec<(u64, CancelReason)>> {
         let worker = worker.to_owned();
-        // An id past i64 names no task.
-        let running: Vec<i64> = running
-            .iter()
-            .filter_map(|id| i64::try_from(*id).ok())
-            .collect();
+        let running = super::ids_i64(running);
         self.tx(move |tx| {
             let until = now_i64().saturating_add(ms_i64(ttl));
             tx.execute(

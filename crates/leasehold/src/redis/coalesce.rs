@@ -2,8 +2,9 @@
 //!
 //! Each call of a script that has a batched form ([`Batched`]: the acquire and release scripts)
 //! goes out at once, as its own call, while fewer than [`IN_FLIGHT`] such calls are waiting for
-//! the server (one, for a store that waits for replicas: see `in_flight`). Beyond that it waits in its lane's queue, and the next call to come back sends the
-//! whole queue (at most [`MOST`] calls) as one call of the batched script, which runs every
+//! the server (one, for a store that waits for replicas: see `in_flight`). Beyond that it waits
+//! in its lane's queue, and the next call to come back sends the whole queue (at most [`MOST`]
+//! calls) as one call of the batched script, which runs every
 //! operation in turn, as separate calls would, and answers each on its own (an error raised by
 //! one, such as a fence counter an operator overwrote, is that operation's answer alone).
 //!
