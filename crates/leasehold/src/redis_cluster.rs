@@ -142,6 +142,7 @@ impl RedisStore {
             node_url: nodes[0].clone(),
             certs,
             map: parking_lot::Mutex::new(None),
+            ask_of: parking_lot::Mutex::new(vec![]),
             reading_map: AtomicBool::new(false),
             lanes: parking_lot::Mutex::new(HashMap::new()),
             hubs: tokio::sync::Mutex::new(HashMap::new()),
@@ -216,6 +217,9 @@ pub(crate) struct ClusterNodes {
     certs: Option<::redis::TlsCertificates>,
     /// Which primary serves each slot range, and when that was read.
     map: parking_lot::Mutex<Option<(Instant, Arc<Vec<SlotRange>>)>>,
+    /// A slot of each primary of the last slot map read: the next read asks them all (and one
+    /// node at random), forgotten or not.
+    ask_of: parking_lot::Mutex<Vec<u16>>,
     /// A read of the slot map started in the background is under way ([`Self::claim_map_read`]).
     reading_map: AtomicBool,
     /// The coalescing lanes of each primary ([`crate::redis::coalesce`]).
@@ -236,6 +240,17 @@ struct SlotRange {
 
 /// How long a slot map read from the cluster is used before it is read again.
 const MAP_AGE: Duration = Duration::from_secs(5);
+
+/// A slot of each primary in `map`.
+fn one_slot_each(map: &[SlotRange]) -> Vec<u16> {
+    let mut seen: Vec<(&Node, u16)> = vec![];
+    for r in map {
+        if !seen.iter().any(|(n, _)| *n == &r.node) {
+            seen.push((&r.node, r.start));
+        }
+    }
+    seen.into_iter().map(|(_, slot)| slot).collect()
+}
 
 /// The primary serving `slot` in `map`.
 fn serving(map: &[SlotRange], slot: u16) -> Option<&Node> {
@@ -287,8 +302,12 @@ impl ClusterNodes {
     /// Reads the slot map from the cluster (when it is missing, stale or forgotten).
     pub(crate) async fn read_map(&self, conn: &Conn, store: &str, timeout: Duration) {
         if let Conn::Cluster(c) = conn {
-            match slot_map(&mut c.clone(), store, timeout).await {
-                Ok(ranges) => *self.map.lock() = Some((Instant::now(), Arc::new(ranges))),
+            let ask_of = self.ask_of.lock().clone();
+            match slot_map(c, store, timeout, &ask_of).await {
+                Ok(ranges) => {
+                    *self.ask_of.lock() = one_slot_each(&ranges);
+                    *self.map.lock() = Some((Instant::now(), Arc::new(ranges)));
+                }
                 Err(e) => tracing::debug!(store, error = %e, "no slot map"),
             }
         }
@@ -453,21 +472,40 @@ pub(crate) fn slot(name: &str) -> u16 {
     crc % 16384
 }
 
-/// Which primary serves each slot range, from `CLUSTER SLOTS`.
+/// Which primary serves each slot range, from `CLUSTER SLOTS`, asked at once of a node at random
+/// and of the primary serving each of `ask_of` (one slot per primary of the last map read); the
+/// first answer is taken. A node whose connection is held up (a primary blocking it in `WAIT` for
+/// a replica that does not answer, a node that hangs) holds up no read but when asked alone.
+///
+/// Each is asked by a call routed to one node: the cluster connection's own fan-out
+/// (`RoutingInfo::MultiNode`) queues its calls until something else wakes the connection.
 async fn slot_map(
-    conn: &mut ClusterConnection,
+    conn: &ClusterConnection,
     store: &str,
     timeout: Duration,
+    ask_of: &[u16],
 ) -> Result<Vec<SlotRange>> {
     let mut ask = ::redis::cmd("CLUSTER");
     ask.arg("SLOTS");
-    let slots: Vec<Vec<::redis::Value>> = bounded(
-        store,
-        timeout,
-        "no CLUSTER SLOTS answer",
-        ask.query_async(conn),
-    )
-    .await?;
+    let routes = ask_of
+        .iter()
+        .map(|&slot| SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master)))
+        .chain([SingleNodeRoutingInfo::Random]);
+    let asks = routes.map(|route| {
+        let (mut conn, ask) = (conn.clone(), ask.clone());
+        Box::pin(async move {
+            conn.route_command(ask, RoutingInfo::SingleNode(route))
+                .await
+        })
+    });
+    let first = async { futures_util::future::select_ok(asks).await.map(|(v, _)| v) };
+    let answer = bounded(store, timeout, "no CLUSTER SLOTS answer", first).await?;
+    let slots: Vec<Vec<::redis::Value>> =
+        ::redis::from_redis_value(answer).map_err(|e| Error::Store {
+            store: store.to_owned(),
+            detail: format!("unreadable CLUSTER SLOTS answer: {e}"),
+            retryable: false,
+        })?;
     let mut out = vec![];
     for range in slots {
         // [start, end, [host, port, id, …], replicas…]
@@ -496,13 +534,9 @@ async fn slot_map(
 }
 
 /// The cluster's primaries (`host`, `port`).
-async fn primaries(
-    conn: &mut ClusterConnection,
-    store: &str,
-    timeout: Duration,
-) -> Result<Vec<Node>> {
+async fn primaries(conn: &ClusterConnection, store: &str, timeout: Duration) -> Result<Vec<Node>> {
     let mut out: Vec<Node> = vec![];
-    for r in slot_map(conn, store, timeout).await? {
+    for r in slot_map(conn, store, timeout, &[]).await? {
         if !out.contains(&r.node) {
             out.push(r.node);
         }
@@ -517,9 +551,9 @@ pub(crate) async fn scan_all(
     store: &str,
     timeout: Duration,
 ) -> Result<Vec<String>> {
-    let mut cluster = conn.clone();
+    let cluster = conn.clone();
     let mut names = vec![];
-    for (host, port) in primaries(&mut cluster, store, timeout).await? {
+    for (host, port) in primaries(&cluster, store, timeout).await? {
         let on = &cluster;
         let host = &host;
         names.extend(
