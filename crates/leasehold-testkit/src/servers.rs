@@ -282,7 +282,7 @@ fn spawn(mut cmd: Command) -> std::io::Result<Child> {
 /// README's line), as user `locker` with password `s3cret`: its record and counter keys, its
 /// channels, the script calls and the commands inside the scripts, `GET`/`SCAN`/`MGET` for
 /// inspection and listing, pub/sub. (`+select` too for a database other than 0.)
-pub const LOCKER_ACL: &str = "locker on >s3cret ~leasehold:* &leasehold:* -@all +evalsha +script|load +get +mget +scan +subscribe +unsubscribe +set +del +incrby +time +publish";
+pub const LOCKER_ACL: &str = "locker on >s3cret ~leasehold:* &leasehold:* -@all +evalsha +eval +get +mget +scan +subscribe +unsubscribe +set +del +incrby +time +publish";
 
 /// The name of a [`RedisServer`]'s Unix socket in its directory.
 const SOCKET: &str = "redis.sock";

@@ -939,7 +939,9 @@ async fn a_batch_a_primary_refuses_is_sent_again_alone() {
         );
     };
     set_maxmemory("1");
-    let stat = |field: &str| primary.command_stat("evalsha", field);
+    // A script's first call on the node is `EVALSHA`, answered `NOSCRIPT`, then `EVAL`.
+    let stat =
+        |field: &str| primary.command_stat("evalsha", field) + primary.command_stat("eval", field);
     let (rejected, failed) = (stat("rejected_calls"), stat("failed_calls"));
     let answers = try_all_at_once(&l, &keys).await;
     for (answer, k) in answers.into_iter().zip(&keys) {
@@ -950,8 +952,8 @@ async fn a_batch_a_primary_refuses_is_sent_again_alone() {
         );
     }
     // A batch (a script with flags) is refused before it runs; then each acquisition, sent alone
-    // (a script without flags), fails at its first write. (A `NOSCRIPT` answer, to the batched
-    // form's first call on this node, counts as failed too.)
+    // (a script without flags), fails at its first write. (A `NOSCRIPT` answer, to a script's
+    // first `EVALSHA` on this node, counts as failed too.)
     let (rejected, failed) = (
         stat("rejected_calls") - rejected,
         stat("failed_calls") - failed,
@@ -1127,4 +1129,39 @@ async fn a_primary_waiting_for_its_replica_holds_up_no_renewal_elsewhere() {
         }
         g.release().await.unwrap();
     }
+}
+
+/// A primary that lacks the store's scripts (flushed here; a promoted replica or a restarted node
+/// has none) answers `NOSCRIPT`, and the store calls again there with the script (`EVAL`) — there
+/// alone: another primary that hangs meanwhile (SIGSTOP) holds up neither the grant nor the
+/// release, on a store doing nothing else.
+#[tokio::test]
+async fn a_primary_without_the_scripts_gets_them_while_another_hangs() {
+    let _alone = ALONE.lock().await;
+    let cluster = RedisCluster::start();
+    let going = cluster.nodes[1].port;
+    let key = key_served_by(&cluster, going, "flushed");
+    let a = locks(&cluster.url(), "a").await;
+    take(&a, &key, Duration::from_secs(2))
+        .await
+        .release()
+        .await
+        .unwrap();
+    for primary in &cluster.nodes[..3] {
+        assert!(primary
+            .command(&["SCRIPT", "FLUSH"])
+            .is_some_and(|r| r.starts_with("+OK")));
+    }
+    cluster.nodes[0].signal(libc::SIGSTOP);
+    let started = Instant::now();
+    let granted = a.lock(&key).unwrap().try_acquire().await;
+    let released = match granted {
+        Ok(Some(g)) => g.release().await.map(|_| "released"),
+        Ok(None) => Ok("held"),
+        Err(e) => Err(e),
+    };
+    let took = started.elapsed();
+    cluster.nodes[0].signal(libc::SIGCONT);
+    assert_eq!(released.unwrap(), "released");
+    assert!(took < Duration::from_secs(1), "took {took:?}");
 }

@@ -785,7 +785,7 @@ fn server_ms(server: &RedisServer) -> u64 {
 }
 
 /// Scripts go by `EVALSHA`; a server that forgot them (`SCRIPT FLUSH`, a restart) answers
-/// `NOSCRIPT`, and every operation loads its script and goes on.
+/// `NOSCRIPT`, and every operation sends its call again as `EVAL` with the script and goes on.
 #[tokio::test]
 async fn a_server_that_forgot_the_scripts_gets_them_again() {
     let server = RedisServer::start();

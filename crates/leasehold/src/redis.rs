@@ -20,7 +20,7 @@
 //! `leasehold:fence:`; `?fence_prefix=` overrides; neither prefix may start with the other, so no
 //! key can collide with a counter). Times inside the record are Unix milliseconds of the server.
 //!
-//! Every operation is one script call (`EVALSHA`, falling back to loading the script on
+//! Every operation is one script call (`EVALSHA`, sent again as `EVAL` with the script on
 //! `NOSCRIPT`): acquire-when-free, renew and release each cost one round trip. Renewals are
 //! batched per period; acquisitions and releases made at once by many tasks share calls while
 //! the server is busy (`coalesce`; each still answered on its own).
@@ -335,8 +335,9 @@ end
 return 1
 "#;
 
-/// A Lua script called with `EVALSHA`; loaded with `SCRIPT LOAD` when the server answers
-/// `NOSCRIPT` (after a restart or `SCRIPT FLUSH`).
+/// A Lua script called with `EVALSHA`; called again with `EVAL` and its body when the server
+/// answers `NOSCRIPT` (after a restart, a failover to a replica or `SCRIPT FLUSH`), which runs
+/// it and keeps it for the next `EVALSHA`.
 ///
 /// Calls are built straight into a [`::redis::Cmd`] (one buffer), not through
 /// [`::redis::ScriptInvocation`], which copies every argument once more. Every call holds its
@@ -432,7 +433,7 @@ impl std::ops::DerefMut for ScriptCall {
 }
 
 impl ScriptCall {
-    /// Sends the call; on `NOSCRIPT` loads the script and sends it again.
+    /// Sends the call; on `NOSCRIPT` sends it again as `EVAL` with the script.
     async fn send<T: ::redis::FromRedisValue>(&self, conn: &mut Conn) -> ::redis::RedisResult<T> {
         Ok(::redis::from_redis_value(
             self.send_raw(conn).await?.extract_error()?,
@@ -454,8 +455,7 @@ impl ScriptCall {
             Err(e)
                 if e.kind() == ::redis::ErrorKind::Server(::redis::ServerErrorKind::NoScript) =>
             {
-                let _: String = self.load().query_async(conn).await?;
-                top(conn.req_packed_command(&self.cmd).await?)
+                top(conn.req_packed_command(&self.eval()).await?)
             }
             r => r,
         }
@@ -475,34 +475,53 @@ impl ScriptCall {
         wait: Wait,
     ) -> ::redis::RedisResult<::redis::Value> {
         use ::redis::aio::ConnectionLike;
-        let pipe = self.with_wait(wait);
-        let mut values = conn.req_packed_commands(&pipe, 0, 2).await?;
+        let mut values = conn
+            .req_packed_commands(&with_wait(self.cmd.clone(), wait), 0, 2)
+            .await?;
         if no_script(&values) {
-            let _: String = self.load().query_async(conn).await?;
-            values = conn.req_packed_commands(&pipe, 0, 2).await?;
+            values = conn
+                .req_packed_commands(&with_wait(self.eval(), wait), 0, 2)
+                .await?;
         }
         replicated_answer(values, wait)
     }
 
-    /// `SCRIPT LOAD` of the call's script, for a server that answered `NOSCRIPT`.
-    fn load(&self) -> ::redis::Cmd {
-        let mut load = ::redis::cmd("SCRIPT");
-        load.arg("LOAD").arg(&self.lua.0.body);
-        load
+    /// The call's first key (`EVALSHA sha numkeys key …`), if it names one.
+    #[cfg(feature = "redis-cluster")]
+    pub(crate) fn first_key(&self) -> Option<&str> {
+        self.cmd.args_iter().nth(3).and_then(|a| match a {
+            ::redis::Arg::Simple(k) => std::str::from_utf8(k).ok(),
+            _ => None,
+        })
     }
 
-    /// The call, then `WAIT` for `wait`'s replicas.
-    fn with_wait(&self, wait: Wait) -> ::redis::Pipeline {
-        let mut pipe = ::redis::pipe();
-        pipe.add_command(self.cmd.clone())
-            .cmd("WAIT")
-            .arg(wait.replicas)
-            .arg(wait.timeout_ms);
-        pipe
+    /// The call with the script's body (`EVAL`), for a server that answered `NOSCRIPT`: sent
+    /// as the call was, it goes where the call went (on a cluster, to the node serving its key,
+    /// following redirections — a slot mid-migration included), runs the script and leaves it
+    /// there for the next `EVALSHA`.
+    fn eval(&self) -> ::redis::Cmd {
+        let mut eval = ::redis::cmd("EVAL");
+        eval.arg(&self.lua.0.body);
+        for a in self.cmd.args_iter().skip(2) {
+            if let ::redis::Arg::Simple(a) = a {
+                eval.arg(a);
+            }
+        }
+        eval
     }
 }
 
-/// Whether a replicated call ([`ScriptCall::with_wait`]) was answered `NOSCRIPT`.
+/// `call`, then `WAIT` for `wait`'s replicas.
+fn with_wait(call: ::redis::Cmd, wait: Wait) -> ::redis::Pipeline {
+    let mut pipe = ::redis::pipe();
+    pipe.add_command(call)
+        .cmd("WAIT")
+        .arg(wait.replicas)
+        .arg(wait.timeout_ms);
+    pipe
+}
+
+/// Whether a replicated call ([`with_wait`]) was answered `NOSCRIPT`.
 fn no_script(values: &[::redis::Value]) -> bool {
     matches!(values.first(), Some(::redis::Value::ServerError(e))
         if e.kind() == Some(::redis::ServerErrorKind::NoScript))
@@ -594,12 +613,10 @@ impl ScriptCall {
                 )
                     .into());
             };
-            let pipe = self.with_wait(wait);
-            let mut values = conn
-                .route_pipeline(pipe.clone(), 0, 2, node.clone())
-                .await?;
+            let pipe = with_wait(self.cmd.clone(), wait);
+            let mut values = conn.route_pipeline(pipe, 0, 2, node.clone()).await?;
             if no_script(&values) {
-                top(conn.route_command(self.load(), route.clone()).await?)?;
+                let pipe = with_wait(self.eval(), wait);
                 values = conn.route_pipeline(pipe, 0, 2, node).await?;
             }
             return replicated_answer(values, wait);
@@ -609,8 +626,7 @@ impl ScriptCall {
             Err(e)
                 if e.kind() == ::redis::ErrorKind::Server(::redis::ServerErrorKind::NoScript) =>
             {
-                top(conn.route_command(self.load(), route.clone()).await?)?;
-                top(conn.route_command(self.cmd.clone(), route).await?)
+                top(conn.route_command(self.eval(), route).await?)
             }
             r => r,
         }

@@ -251,11 +251,7 @@ pub(super) async fn send_to_primary(
     batched: &Batched,
     call: &ScriptCall,
 ) -> Result<Value> {
-    let key = call.cmd.args_iter().nth(3).and_then(|a| match a {
-        ::redis::Arg::Simple(k) => std::str::from_utf8(k).ok(),
-        _ => None,
-    });
-    let slot = key.map(crate::redis_cluster::slot);
+    let slot = call.first_key().map(crate::redis_cluster::slot);
     match slot.and_then(|slot| Some((slot, nodes.lanes_for(slot)?))) {
         Some((slot, lanes)) => send_in(link, lanes, Some(slot), batched, call).await,
         None => {
