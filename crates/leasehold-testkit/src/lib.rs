@@ -140,6 +140,22 @@ pub async fn take(
     }
 }
 
+/// What `call` answers, once it has answered within 500 ms (beside calls that wait, such as a
+/// `WAIT` for a replica that does not answer).
+///
+/// # Panics
+/// When `call` took longer (`what` names it).
+pub async fn answered_at_once<T>(what: &str, call: impl std::future::Future<Output = T>) -> T {
+    let started = std::time::Instant::now();
+    let answer = call.await;
+    let took = started.elapsed();
+    assert!(
+        took < std::time::Duration::from_millis(500),
+        "{what} took {took:?}"
+    );
+    answer
+}
+
 /// A contender for `key` through `l` that only a change notification wakes in a test's time: not
 /// registered as waiter (a registration is renewed by waking), with 30 s backoff timers and a 30 s
 /// wait limit. Hold `key` with a TTL of 30 s or more, so its expiry does not wake it either. Its

@@ -487,6 +487,30 @@ impl RedisServer {
         }
     }
 
+    /// Waits until a client of this server is blocked (in `WAIT`, say: `blocked_clients` of
+    /// `INFO clients`).
+    ///
+    /// # Panics
+    /// When none is within 10 s.
+    pub async fn a_client_blocked(&self) {
+        let blocked = || {
+            let info = self.command(&["INFO", "clients"]).unwrap_or_default();
+            info.lines()
+                .find_map(|l| l.strip_prefix("blocked_clients:"))
+                .and_then(|n| n.trim().parse::<u64>().ok())
+                .is_some_and(|n| n > 0)
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !blocked() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no client blocked: {}",
+                self.command(&["INFO", "clients"]).unwrap_or_default()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     /// A numeric field of `INFO replication` (`master_repl_offset`, `slave_repl_offset`).
     pub fn replication_offset(&self, field: &str) -> Option<u64> {
         let info = self.command(&["INFO", "replication"])?;

@@ -4,7 +4,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use leasehold::{Error, LeaseGuard, Locks, LostReason};
+use leasehold::{Error, LeaseGuard, Locks, LostReason, Released};
+use leasehold_testkit::answered_at_once;
 use leasehold_testkit::servers::{shared_redis_cluster, RedisCluster, RedisServer};
 use std::time::{Duration, Instant};
 
@@ -1164,4 +1165,46 @@ async fn a_primary_without_the_scripts_gets_them_while_another_hangs() {
     cluster.nodes[0].signal(libc::SIGCONT);
     assert_eq!(released.unwrap(), "released");
     assert!(took < Duration::from_secs(1), "took {took:?}");
+}
+
+/// With `?replicas=1`, the calls that wait for replicas have connections of their own: while a
+/// primary's replica does not answer (SIGSTOP) and an acquisition there waits out
+/// `replicas_timeout` in `WAIT`, a lease held on that primary is inspected and released at once,
+/// not behind it; the acquisition still fails, and leaves nothing held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_does_not_answer_holds_up_no_release_on_its_primary() {
+    let _alone = ALONE.lock().await;
+    let cluster = RedisCluster::start();
+    let stalled = cluster.nodes[0].port;
+    let url = format!(
+        "{}?replicas=1&replicas_timeout=1500ms&timeout=3s",
+        cluster.url()
+    );
+    let a = locks(&url, "a").await;
+    let (key, other) = (
+        key_served_by(&cluster, stalled, "held"),
+        key_served_by(&cluster, stalled, "other"),
+    );
+    let replica = synced_replica(&cluster, stalled).await;
+    let held = take(&a, &key, Duration::from_secs(30)).await;
+    replica.signal(libc::SIGSTOP);
+    let waiting = {
+        let (a, other) = (a.clone(), other.clone());
+        tokio::spawn(async move { a.lock(other).unwrap().try_acquire().await.map(|_| ()) })
+    };
+    cluster.nodes[0].a_client_blocked().await;
+    let seen = answered_at_once("an inspection", a.store().inspect(held.key())).await;
+    assert!(seen.unwrap().is_some(), "the held record was not found");
+    let released = answered_at_once("a release", held.release()).await;
+    assert_eq!(released.unwrap(), Released::Released);
+    let e = waiting.await.unwrap().unwrap_err();
+    assert!(
+        e.is_retryable() && e.to_string().contains("replicas"),
+        "{e}"
+    );
+    for k in [&key, &other] {
+        let left = cluster.nodes[0].command(&["GET", &record_name(k)]);
+        assert!(left.is_some_and(|r| r.starts_with("$-1")), "{k} is held");
+    }
+    replica.signal(libc::SIGCONT);
 }

@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use leasehold::{LeaseGuard, Locks, LostReason, Released};
+use leasehold_testkit::answered_at_once;
 use leasehold_testkit::servers::{shared_redis, GarbageServer, RedisServer, LOCKER_ACL};
 use std::time::{Duration, Instant};
 
@@ -1878,6 +1879,50 @@ async fn renewals_the_replica_does_not_acknowledge_lose_the_lease() {
     let l = locks(&url, "a").await;
     let g = lost_before_the_ttl(&l, || replica.signal(libc::SIGSTOP)).await;
     assert!(!g.is_current());
+    replica.signal(libc::SIGCONT);
+}
+
+/// `?replicas=1`: the calls that wait for replicas have a connection of their own (`WAIT` holds
+/// the connection it is sent on until the replicas answer). While the replica does not answer
+/// (SIGSTOP) and an acquisition waits out `replicas_timeout` in `WAIT`, a lease granted before is
+/// inspected, listed and released at once, not behind it; the acquisition still fails as it
+/// should, and leaves nothing held.
+#[tokio::test]
+async fn a_replica_that_does_not_answer_holds_up_no_release() {
+    let (primary, replica) = primary_and_replica().await;
+    let url = format!(
+        "{}?replicas=1&replicas_timeout=1500ms&timeout=3s",
+        primary.url()
+    );
+    let l = locks(&url, "a").await;
+    let held = take_free(&l, "held").await;
+    replica.signal(libc::SIGSTOP);
+    let waiting = {
+        let l = l.clone();
+        tokio::spawn(async move { l.lock("other").unwrap().try_acquire().await.map(|_| ()) })
+    };
+    primary.a_client_blocked().await;
+    let seen = answered_at_once("an inspection", l.store().inspect(held.key())).await;
+    assert!(seen.unwrap().is_some(), "the held record was not found");
+    // The held lease, and the grant whose `WAIT` is pending.
+    let listed = answered_at_once("a listing", l.store().list("")).await;
+    assert_eq!(listed.unwrap().len(), 2);
+    let released = answered_at_once("a release", held.release()).await;
+    assert_eq!(released.unwrap(), Released::Released);
+    let e = waiting.await.unwrap().unwrap_err();
+    assert!(
+        e.is_retryable() && e.to_string().contains("replicas"),
+        "{e}"
+    );
+    for record in ["leasehold:lock:held", "leasehold:lock:other"] {
+        assert!(
+            primary
+                .command(&["GET", record])
+                .is_some_and(|r| r.starts_with("$-1")),
+            "{record} left held: {:?}",
+            primary.command(&["GET", record])
+        );
+    }
     replica.signal(libc::SIGCONT);
 }
 

@@ -475,6 +475,7 @@ impl ScriptCall {
         wait: Wait,
     ) -> ::redis::RedisResult<::redis::Value> {
         use ::redis::aio::ConnectionLike;
+        let mut conn = conn.waits();
         let mut values = conn
             .req_packed_commands(&with_wait(self.cmd.clone(), wait), 0, 2)
             .await?;
@@ -596,7 +597,7 @@ impl ScriptCall {
         conn: Conn,
         route: ::redis::cluster_routing::RoutingInfo,
     ) -> ::redis::RedisResult<::redis::Value> {
-        let Conn::Cluster(mut conn) = conn else {
+        let Conn::Cluster(mut conn, waits) = conn else {
             return Err((::redis::ErrorKind::Client, "not a cluster connection").into());
         };
         // A routed command's error reply is a value, not an error: made one here.
@@ -613,6 +614,7 @@ impl ScriptCall {
                 )
                     .into());
             };
+            let mut conn = waits.unwrap_or(conn);
             let pipe = with_wait(self.cmd.clone(), wait);
             let mut values = conn.route_pipeline(pipe, 0, 2, node.clone()).await?;
             if no_script(&values) {
@@ -706,7 +708,9 @@ pub struct RedisOptions {
     /// without closing it: `WAIT` is not a consensus (see the README). One server, plain or
     /// behind Sentinel, and a cluster (each primary's replicas); refused on Redlock. An ACL user
     /// needs `+wait`: without it, acquisitions fail with a non-retryable `NOPERM` error (and
-    /// their grants are released).
+    /// their grants are released). Grants and renewals then go on a connection of their own (a
+    /// second one per server), since `WAIT` holds its connection until answered: releases,
+    /// inspections and listings are never held up behind it.
     pub replicas: u32,
     /// How long a grant or renewal waits for the replicas' acknowledgements
     /// (`?replicas_timeout=`; default half of `timeout`, and always less than it).
@@ -904,12 +908,44 @@ pub(crate) enum Origin {
     Cluster(crate::redis_cluster::ClusterNodes),
 }
 
-/// The command connection: to one server, or to a Redis Cluster.
+/// The command connection: to one server, or to a Redis Cluster; with, for a store whose grants
+/// and renewals wait for replicas ([`RedisOptions::replicas`]), a second one made from the same
+/// client that carries those calls alone ([`Conn::waits`]).
 #[derive(Clone)]
 pub(crate) enum Conn {
-    One(ConnectionManager),
+    One(ConnectionManager, Option<ConnectionManager>),
     #[cfg(feature = "redis-cluster")]
-    Cluster(::redis::cluster_async::ClusterConnection),
+    Cluster(
+        ::redis::cluster_async::ClusterConnection,
+        Option<::redis::cluster_async::ClusterConnection>,
+    ),
+}
+
+impl Conn {
+    /// A connection to one server made from `client` on first use, with a second one for calls
+    /// that wait for replicas when `waits`.
+    fn lazy(
+        client: &::redis::Client,
+        config: &ConnectionManagerConfig,
+        waits: bool,
+    ) -> ::redis::RedisResult<Self> {
+        let new = || ConnectionManager::new_lazy_with_config(client.clone(), config.clone());
+        Ok(Conn::One(new()?, if waits { Some(new()?) } else { None }))
+    }
+
+    /// The connection for calls that wait for replicas (`WAIT`, which holds the connection it
+    /// is sent on until the replicas answer or its timeout runs out): its own, so that while a
+    /// replica does not answer, releases, inspections and listings are not held up behind it.
+    /// A store without replicas has one connection for all.
+    fn waits(&self) -> Conn {
+        match self {
+            Conn::One(calls, waits) => Conn::One(waits.as_ref().unwrap_or(calls).clone(), None),
+            #[cfg(feature = "redis-cluster")]
+            Conn::Cluster(calls, waits) => {
+                Conn::Cluster(waits.as_ref().unwrap_or(calls).clone(), None)
+            }
+        }
+    }
 }
 
 impl ::redis::aio::ConnectionLike for Conn {
@@ -918,9 +954,9 @@ impl ::redis::aio::ConnectionLike for Conn {
         cmd: &'a ::redis::Cmd,
     ) -> ::redis::RedisFuture<'a, ::redis::Value> {
         match self {
-            Conn::One(c) => c.req_packed_command(cmd),
+            Conn::One(c, _) => c.req_packed_command(cmd),
             #[cfg(feature = "redis-cluster")]
-            Conn::Cluster(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c, _) => c.req_packed_command(cmd),
         }
     }
 
@@ -931,17 +967,17 @@ impl ::redis::aio::ConnectionLike for Conn {
         count: usize,
     ) -> ::redis::RedisFuture<'a, Vec<::redis::Value>> {
         match self {
-            Conn::One(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::One(c, _) => c.req_packed_commands(cmd, offset, count),
             #[cfg(feature = "redis-cluster")]
-            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Cluster(c, _) => c.req_packed_commands(cmd, offset, count),
         }
     }
 
     fn get_db(&self) -> i64 {
         match self {
-            Conn::One(c) => c.get_db(),
+            Conn::One(c, _) => c.get_db(),
             #[cfg(feature = "redis-cluster")]
-            Conn::Cluster(c) => c.get_db(),
+            Conn::Cluster(c, _) => c.get_db(),
         }
     }
 }
@@ -1051,6 +1087,8 @@ struct Link {
     timeout: Duration,
     /// The connection and its generation (so that calls failing together replace it once).
     current: Mutex<(u64, Conn)>,
+    /// Whether the connection has a second one for calls that wait for replicas ([`Conn::waits`]).
+    waits: bool,
     /// The client the connection was made from (the pub/sub connection is made from it too).
     client: Mutex<::redis::Client>,
     /// A sentinel lookup, or a new cluster connection, is under way (one at a time).
@@ -1193,7 +1231,8 @@ impl Link {
         if matches!(self.origin, Origin::Cluster(_)) {
             return self.one_at_a_time(move |link| async move {
                 if let Origin::Cluster(nodes) = &link.origin {
-                    if let Some(conn) = nodes.reconnect(&link.described, link.timeout).await {
+                    let (described, timeout) = (&link.described, link.timeout);
+                    if let Some(conn) = nodes.reconnect(described, timeout, link.waits).await {
                         link.put(generation, conn, None, "calls ran out of time");
                     }
                 }
@@ -1303,8 +1342,8 @@ impl Link {
         if self.current.lock().0 != generation {
             return false;
         }
-        match ConnectionManager::new_lazy_with_config(client.clone(), self.config.clone()) {
-            Ok(fresh) => self.put(generation, Conn::One(fresh), Some(client), why),
+        match Conn::lazy(&client, &self.config, self.waits) {
+            Ok(fresh) => self.put(generation, fresh, Some(client), why),
             Err(e) => {
                 tracing::warn!(store = %self.described, error = %e, "cannot replace the connection");
                 false
@@ -2037,26 +2076,25 @@ impl RedisStore {
             // on with the other nodes, and its next call connects again.
             .set_number_of_retries(if lazy { 0 } else { 2 })
             .set_max_delay(Duration::from_millis(500));
+        let waits = checked.wait.is_some();
         let conn = if lazy {
-            ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
-                .map_err(|e| map_err(&described, e))?
+            Conn::lazy(&client, &config, waits).map_err(|e| map_err(&described, e))?
         } else {
-            bounded(
+            let calls = bounded(
                 &described,
                 opts.timeout * 2,
                 "no connection",
                 ConnectionManager::new_with_config(client.clone(), config.clone()),
             )
-            .await?
+            .await?;
+            let waits = waits
+                .then(|| ConnectionManager::new_lazy_with_config(client.clone(), config.clone()))
+                .transpose()
+                .map_err(|e| map_err(&described, e))?;
+            Conn::One(calls, waits)
         };
         Ok(Self::assemble(
-            Conn::One(conn),
-            client,
-            origin,
-            config,
-            described,
-            checked,
-            opts,
+            conn, client, origin, config, described, checked, opts,
         ))
     }
 
@@ -2079,6 +2117,7 @@ impl RedisStore {
             described,
             timeout: opts.timeout,
             current: Mutex::new((0, conn)),
+            waits: wait.is_some(),
             client: Mutex::new(client),
             looking_up: Default::default(),
             connecting_anew: Default::default(),
@@ -2742,10 +2781,10 @@ impl LockStore for RedisStore {
         let conn = link.current.lock().1.clone();
         let mut names = match &conn {
             #[cfg(feature = "redis-cluster")]
-            Conn::Cluster(c) => {
+            Conn::Cluster(c, _) => {
                 crate::redis_cluster::scan_all(c, &pattern, &link.described, link.timeout).await?
             }
-            Conn::One(_) => scan(&pattern, |page| async move { self.query(&page).await }).await?,
+            Conn::One(..) => scan(&pattern, |page| async move { self.query(&page).await }).await?,
         };
         names.sort();
         names.dedup();

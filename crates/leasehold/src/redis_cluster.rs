@@ -134,7 +134,7 @@ impl RedisStore {
             clients.push(node_client(node, None, &certs).map_err(bad)?);
         }
         let client = builder.build().map_err(bad)?;
-        let conn = connect(&client, &described, opts.timeout).await?;
+        let conn = connect(&client, &described, opts.timeout, checked.wait.is_some()).await?;
         let first = clients[0].clone();
         let nodes = ClusterNodes {
             client,
@@ -148,7 +148,7 @@ impl RedisStore {
             hubs: tokio::sync::Mutex::new(HashMap::new()),
         };
         Ok(Self::assemble(
-            Conn::Cluster(conn),
+            conn,
             first,
             Origin::Cluster(nodes),
             ::redis::aio::ConnectionManagerConfig::new(),
@@ -161,18 +161,25 @@ impl RedisStore {
 
 /// A connection to the cluster `client` names (it reads the slot map from the nodes that answer),
 /// bounded by twice the store's timeout.
+/// A connection to the cluster, with a second one for calls that wait for replicas when `waits`
+/// ([`Conn::waits`]).
 async fn connect(
     client: &::redis::cluster::ClusterClient,
     store: &str,
     timeout: Duration,
-) -> Result<ClusterConnection> {
-    bounded(
-        store,
-        timeout * 2,
-        "no connection to the cluster",
-        client.get_async_connection(),
-    )
-    .await
+    waits: bool,
+) -> Result<Conn> {
+    let one = || {
+        bounded(
+            store,
+            timeout * 2,
+            "no connection to the cluster",
+            client.get_async_connection(),
+        )
+    };
+    let calls = one().await?;
+    let waits = if waits { Some(one().await?) } else { None };
+    Ok(Conn::Cluster(calls, waits))
 }
 
 /// A client for the node at `node` (a seed's URL), or at `addr` (`host`, `port`) with that URL's
@@ -288,10 +295,15 @@ impl ClusterNodes {
     /// gives none: calls to its slots ran out of time forever, even long after the cluster had
     /// promoted its replica. A new connection reads the slot map afresh from the nodes that
     /// answer. The store's own slot map is forgotten too (read again on next use).
-    pub(crate) async fn reconnect(&self, store: &str, timeout: Duration) -> Option<Conn> {
+    pub(crate) async fn reconnect(
+        &self,
+        store: &str,
+        timeout: Duration,
+        waits: bool,
+    ) -> Option<Conn> {
         *self.map.lock() = None;
-        match connect(&self.client, store, timeout).await {
-            Ok(conn) => Some(Conn::Cluster(conn)),
+        match connect(&self.client, store, timeout, waits).await {
+            Ok(conn) => Some(conn),
             Err(e) => {
                 tracing::warn!(store, error = %e, "cannot connect to the cluster again");
                 None
@@ -301,7 +313,7 @@ impl ClusterNodes {
 
     /// Reads the slot map from the cluster (when it is missing, stale or forgotten).
     pub(crate) async fn read_map(&self, conn: &Conn, store: &str, timeout: Duration) {
-        if let Conn::Cluster(c) = conn {
+        if let Conn::Cluster(c, _) = conn {
             let ask_of = self.ask_of.lock().clone();
             match slot_map(c, store, timeout, &ask_of).await {
                 Ok(ranges) => {
