@@ -140,6 +140,61 @@ pub async fn take(
     }
 }
 
+/// `job` is free for `l`: taken at once and released.
+///
+/// # Panics
+/// When it is not.
+pub async fn taken_and_released(l: &leasehold::Locks) {
+    let g = l.lock("job").unwrap().try_acquire().await.unwrap();
+    assert_eq!(
+        g.expect("free").release().await.unwrap(),
+        leasehold::Released::Released
+    );
+}
+
+/// Through `l`, whose user `locker` (password `s3cret`) each of `servers` refuses and then
+/// accepts again: `job` is taken and released; with the user switched off and its connections
+/// killed on each, a waiting acquire fails with a non-retryable authentication error that does
+/// not show the password (at once, within 10 s of its 20 s limit, when `timed`); with the user
+/// on again, the next acquire goes through.
+///
+/// # Panics
+/// When any of that does not hold.
+pub async fn refused_then_accepted(
+    l: &leasehold::Locks,
+    servers: &[&servers::RedisServer],
+    timed: bool,
+) {
+    use std::time::{Duration, Instant};
+    taken_and_released(l).await;
+    for server in servers {
+        server
+            .command(&["ACL", "SETUSER", "locker", "off"])
+            .unwrap();
+        server
+            .command(&["CLIENT", "KILL", "USER", "locker"])
+            .unwrap();
+    }
+    let started = Instant::now();
+    let err = l
+        .lock("job")
+        .unwrap()
+        .wait(Duration::from_secs(20))
+        .acquire()
+        .await
+        .expect_err("refused");
+    assert!(!err.is_retryable(), "{err}");
+    assert!(err.to_string().to_lowercase().contains("auth"), "{err}");
+    assert!(!err.to_string().contains("s3cret"), "{err}");
+    if timed {
+        assert!(started.elapsed() < Duration::from_secs(10), "{err}");
+    }
+    for server in servers {
+        server.command(&["ACL", "SETUSER", "locker", "on"]).unwrap();
+    }
+    taken_and_released(l).await;
+}
+
 /// What `call` answers, once it has answered within 500 ms (beside calls that wait, such as a
 /// `WAIT` for a replica that does not answer).
 ///

@@ -528,18 +528,7 @@ async fn a_tls_cluster_is_reached_with_its_ca() {
 #[tokio::test]
 async fn acl_users_work_on_a_cluster() {
     let cluster = shared_redis_cluster();
-    let rule = format!("{} +cluster|slots", leasehold_testkit::servers::LOCKER_ACL);
-    let mut args = vec!["ACL", "SETUSER"];
-    args.extend(rule.split(' '));
-    for n in &cluster.nodes {
-        assert!(
-            n.command(&args).is_some_and(|r| r.starts_with("+OK")),
-            "{rule}"
-        );
-    }
-    let url = cluster
-        .url()
-        .replace("redis+cluster://", "redis+cluster://locker:s3cret@");
+    let url = locker_on_every_node(cluster);
     let a = locks(&url, "a").await;
     let b = locks(&url, "b").await;
     let key = leasehold_testkit::prefix("acl");
@@ -1207,4 +1196,35 @@ async fn a_replica_that_does_not_answer_holds_up_no_release_on_its_primary() {
         assert!(left.is_some_and(|r| r.starts_with("$-1")), "{k} is held");
     }
     replica.signal(libc::SIGCONT);
+}
+
+/// The cluster's URL as user `locker` (password `s3cret`), made on every node (ACLs are per
+/// node) with the README's line plus `+cluster|slots`.
+fn locker_on_every_node(cluster: &RedisCluster) -> String {
+    let rule = format!("{} +cluster|slots", leasehold_testkit::servers::LOCKER_ACL);
+    let mut args = vec!["ACL", "SETUSER"];
+    args.extend(rule.split(' '));
+    for n in &cluster.nodes {
+        assert!(
+            n.command(&args).is_some_and(|r| r.starts_with("+OK")),
+            "{rule}"
+        );
+    }
+    cluster
+        .url()
+        .replace("redis+cluster://", "redis+cluster://locker:s3cret@")
+}
+
+/// Credentials the cluster stops accepting after the store started (the user switched off on
+/// every node, its connections killed): a waiting acquire fails at once with a non-retryable
+/// error naming authentication, not a retryable "no connections found" that waits out its
+/// limit; once the nodes accept the credentials again, the next acquire goes through.
+#[tokio::test]
+async fn credentials_the_cluster_refuses_then_accepts() {
+    let _alone = ALONE.lock().await;
+    let cluster = RedisCluster::start();
+    let url = locker_on_every_node(&cluster);
+    let a = locks(&format!("{url}?timeout=2s"), "a").await;
+    let nodes: Vec<&RedisServer> = cluster.nodes.iter().collect();
+    leasehold_testkit::refused_then_accepted(&a, &nodes, true).await;
 }

@@ -4,8 +4,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use leasehold::{LeaseGuard, Locks, LostReason, Released};
-use leasehold_testkit::answered_at_once;
 use leasehold_testkit::servers::{shared_redis, GarbageServer, RedisServer, LOCKER_ACL};
+use leasehold_testkit::{answered_at_once, refused_then_accepted, taken_and_released};
 use std::time::{Duration, Instant};
 
 /// Held by each test that starts a Sentinel deployment of its own and fails it over: they run
@@ -446,15 +446,6 @@ async fn a_server_that_answers_garbage_is_an_error_not_a_panic() {
     }
 }
 
-/// `job` is free for `l`: taken at once and released.
-async fn taken_and_released(l: &Locks) {
-    let g = l.lock("job").unwrap().try_acquire().await.unwrap();
-    assert_eq!(
-        g.expect("free").release().await.unwrap(),
-        Released::Released
-    );
-}
-
 /// The connection manager keeps a connection it could not make for a reason other than I/O (it
 /// connects again only after an I/O error), so the store connects anew itself: a server back on
 /// a port where something that is not Redis answered meanwhile is used again by the next call.
@@ -500,36 +491,7 @@ async fn credentials_accepted_again_are_used_again() {
         "redis://locker:s3cret@127.0.0.1:{}/0?timeout=3s",
         server.port
     );
-    refused_then_accepted(&locks(&url, "a").await, &server, true).await;
-}
-
-/// Through `l`, whose user `locker` is refused on `server` and then accepted again: `job` is
-/// taken and released; with the user switched off and its connections killed, a waiting acquire
-/// fails with a non-retryable authentication error (at once, within 10 s of its 20 s limit, when
-/// `timed`); with the user on again, the next acquire goes through.
-async fn refused_then_accepted(l: &Locks, server: &RedisServer, timed: bool) {
-    taken_and_released(l).await;
-    server
-        .command(&["ACL", "SETUSER", "locker", "off"])
-        .unwrap();
-    server
-        .command(&["CLIENT", "KILL", "USER", "locker"])
-        .unwrap();
-    let started = Instant::now();
-    let err = l
-        .lock("job")
-        .unwrap()
-        .wait(Duration::from_secs(20))
-        .acquire()
-        .await
-        .expect_err("refused");
-    assert!(!err.is_retryable(), "{err}");
-    assert!(err.to_string().to_lowercase().contains("auth"), "{err}");
-    if timed {
-        assert!(started.elapsed() < Duration::from_secs(10), "{err}");
-    }
-    server.command(&["ACL", "SETUSER", "locker", "on"]).unwrap();
-    taken_and_released(l).await;
+    refused_then_accepted(&locks(&url, "a").await, &[&server], true).await;
 }
 
 /// Under Sentinel too: refused credentials on the primary fail calls at once; once it accepts
@@ -553,7 +515,7 @@ async fn a_sentinel_primary_that_accepts_the_credentials_again_is_used_again() {
         .primary_port()
         .and_then(|p| set.server(p))
         .expect("a primary");
-    refused_then_accepted(&l, primary, false).await;
+    refused_then_accepted(&l, &[primary], false).await;
 }
 
 /// The record of a granted acquisition.

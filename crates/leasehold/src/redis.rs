@@ -1102,6 +1102,15 @@ struct Link {
     lanes: Arc<coalesce::Lanes>,
 }
 
+/// Clears a flag however the work it marks ends (its call dropped, say).
+struct Cleared<'a>(&'a std::sync::atomic::AtomicBool);
+
+impl Drop for Cleared<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 /// The least time between two new connections made because calls ran out of time.
 const RECONNECT_GAP: Duration = Duration::from_secs(1);
 
@@ -1115,7 +1124,10 @@ impl Link {
     /// once the server is back on its port or accepts the credentials. So such a failure is
     /// checked with one new connection attempt, made by the call (one call at a time; the others
     /// answer the error at once): when it connects, the link takes a new connection and the call
-    /// is sent on it; when not, the call answers the error, which is current.
+    /// is sent on it; when not, the call answers the error, which is current. On a cluster, whose
+    /// connection says only "no connections found" when it could not connect to a node, the call
+    /// answers the refusal behind that instead, when the nodes refuse the connection
+    /// ([`Link::cluster_refusal`]).
     async fn send<T, F>(self: &Arc<Self>, call: impl Fn(Conn) -> F) -> Result<T>
     where
         F: std::future::Future<Output = ::redis::RedisResult<T>>,
@@ -1129,6 +1141,14 @@ impl Link {
                 let (generation, conn) = self.current.lock().clone();
                 on = generation;
                 answer = tokio::time::timeout_at(deadline, call(conn)).await;
+            }
+        }
+        #[cfg(feature = "redis-cluster")]
+        if let Ok(Err(e)) = &answer {
+            if e.kind() == ::redis::ErrorKind::ClusterConnectionNotFound {
+                if let Some(refused) = self.cluster_refusal(deadline).await {
+                    answer = Ok(Err(refused));
+                }
             }
         }
         let e = match answer {
@@ -1159,13 +1179,6 @@ impl Link {
         generation: u64,
         deadline: tokio::time::Instant,
     ) -> bool {
-        /// Clears the flag however the attempt ends (its call dropped, say).
-        struct Done<'a>(&'a std::sync::atomic::AtomicBool);
-        impl Drop for Done<'_> {
-            fn drop(&mut self) {
-                self.0.store(false, std::sync::atomic::Ordering::SeqCst);
-            }
-        }
         // The cluster connection makes its nodes' connections itself.
         if self.clustered()
             || self
@@ -1174,7 +1187,7 @@ impl Link {
         {
             return false;
         }
-        let _done = Done(&self.connecting_anew);
+        let _done = Cleared(&self.connecting_anew);
         if self.current.lock().0 != generation {
             return true;
         }
@@ -1204,6 +1217,30 @@ impl Link {
             ),
             _ => false,
         }
+    }
+
+    /// After a call to a cluster found no connection to send on: why, when the nodes refuse
+    /// connections ([`crate::redis_cluster::ClusterNodes::refusal`]), checked by one call at a
+    /// time before `deadline` (the others answer their own error).
+    #[cfg(feature = "redis-cluster")]
+    async fn cluster_refusal(
+        self: &Arc<Self>,
+        deadline: tokio::time::Instant,
+    ) -> Option<::redis::RedisError> {
+        let Origin::Cluster(nodes) = &self.origin else {
+            return None;
+        };
+        if self
+            .connecting_anew
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            return None;
+        }
+        let _done = Cleared(&self.connecting_anew);
+        tokio::time::timeout_at(deadline, nodes.refusal(self.timeout))
+            .await
+            .ok()
+            .flatten()
     }
 
     /// After a call on connection `generation` ran out of time. A server that hangs (stopped, or
@@ -1873,7 +1910,7 @@ fn inspection(name: &str, raw: &[u8]) -> Inspection {
 /// manager keeps (it connects again only after an I/O error): the server answered something that
 /// is not Redis, or refused the credentials. Our calls send no `AUTH`, and a Redis server answers
 /// nothing unreadable, so neither comes from a call that reached a server.
-fn connection_refused(e: &::redis::RedisError) -> bool {
+pub(crate) fn connection_refused(e: &::redis::RedisError) -> bool {
     matches!(
         e.kind(),
         ::redis::ErrorKind::Parse | ::redis::ErrorKind::AuthenticationFailed

@@ -311,6 +311,38 @@ impl ClusterNodes {
         }
     }
 
+    /// Why the cluster connection finds no node to send to, when the nodes refuse it: a new
+    /// connection to every seed at once, with the store's credentials. A refusal the connection
+    /// would keep ([`crate::redis::connection_refused`]: refused credentials, an answer that is
+    /// not Redis) when no seed accepts; `None` as soon as one does (or when none answers at all:
+    /// the nodes are down, which the call's own error says). A seed that hangs holds up nothing.
+    ///
+    /// The cluster connection reports a node it could not connect to as "no connections found",
+    /// whatever the cause, and keeps retrying: refused credentials would read as a passing
+    /// failure, and waiters would wait out their limits.
+    pub(crate) async fn refusal(&self, timeout: Duration) -> Option<::redis::RedisError> {
+        use futures_util::StreamExt;
+        let config = ::redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(timeout))
+            .set_response_timeout(Some(timeout));
+        let mut tries: futures_util::stream::FuturesUnordered<_> = self
+            .seeds
+            .iter()
+            .map(|seed| seed.get_multiplexed_async_connection_with_config(&config))
+            .collect();
+        let mut refused = None;
+        while let Some(tried) = tries.next().await {
+            match tried {
+                Ok(_) => return None,
+                Err(e) if refused.is_none() && crate::redis::connection_refused(&e) => {
+                    refused = Some(e)
+                }
+                Err(_) => {}
+            }
+        }
+        refused
+    }
+
     /// Reads the slot map from the cluster (when it is missing, stale or forgotten).
     pub(crate) async fn read_map(&self, conn: &Conn, store: &str, timeout: Duration) {
         if let Conn::Cluster(c, _) = conn {
