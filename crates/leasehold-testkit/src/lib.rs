@@ -195,6 +195,18 @@ pub async fn refused_then_accepted(
     taken_and_released(l).await;
 }
 
+/// Checks that `e` is the error of a write too few replicas acknowledged in time (`?replicas=`):
+/// retryable, naming the replicas.
+///
+/// # Panics
+/// When it is not (`what` names the operation in the message).
+pub fn assert_not_replicated(e: &leasehold::Error, what: &str) {
+    assert!(
+        e.is_retryable() && e.to_string().contains("replicas"),
+        "{what}: {e}"
+    );
+}
+
 /// What `call` answers, once it has answered within 500 ms (beside calls that wait, such as a
 /// `WAIT` for a replica that does not answer).
 ///
