@@ -325,7 +325,7 @@ return raw
 "#;
 
 #[cfg(feature = "redlock")]
-/// Raises a fence counter to at least ARGV[1] (never lowers it); used by Redlock so that every
+/// Raises a fence counter to at least `ARGV[1]` (never lowers it); used by Redlock so that every
 /// granting node's counter reaches the fence the majority granted.
 const RAISE_FENCE: &str = r#"
 local c = tonumber(redis.call('GET', KEYS[1]) or '0') or 0

@@ -160,9 +160,8 @@ impl RedisStore {
 }
 
 /// A connection to the cluster `client` names (it reads the slot map from the nodes that answer),
-/// bounded by twice the store's timeout.
-/// A connection to the cluster, with a second one for calls that wait for replicas when `waits`
-/// ([`Conn::waits`]).
+/// bounded by twice the store's timeout, with a second one for calls that wait for replicas when
+/// `waits` ([`Conn::waits`]).
 async fn connect(
     client: &::redis::cluster::ClusterClient,
     store: &str,
@@ -518,8 +517,9 @@ pub(crate) fn slot(name: &str) -> u16 {
 
 /// Which primary serves each slot range, from `CLUSTER SLOTS`, asked at once of a node at random
 /// and of the primary serving each of `ask_of` (one slot per primary of the last map read); the
-/// first answer is taken. A node whose connection is held up (a primary blocking it in `WAIT` for
-/// a replica that does not answer, a node that hangs) holds up no read but when asked alone.
+/// first answer is taken. A node that does not answer (it hangs, or its connection is held up)
+/// holds up no read but when asked alone. (The store's own `WAIT`s no longer hold up this
+/// connection: they go on one of their own, [`Conn::waits`].)
 ///
 /// Each is asked by a call routed to one node: the cluster connection's own fan-out
 /// (`RoutingInfo::MultiNode`) queues its calls until something else wakes the connection.
