@@ -40,6 +40,15 @@ impl Setup {
         Self::with_queue(dir, queue)
     }
 
+    /// A PostgreSQL queue on a server that requires TLS, over `sslmode=verify-full` (a fresh
+    /// database).
+    fn postgres_tls() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let queue = leasehold_testkit::servers::shared_postgres_tls().fresh_db();
+        assert!(queue.contains("sslmode=verify-full"), "{queue}");
+        Self::with_queue(dir, queue)
+    }
+
     fn with_queue(dir: tempfile::TempDir, queue: String) -> Self {
         let store = format!("file://{}", dir.path().join("locks").display());
         Setup { dir, queue, store }
@@ -321,6 +330,12 @@ async fn two_workers_200_tasks_one_per_key_slots_exactly_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_two_workers_200_tasks_one_per_key_slots_exactly_once() {
     two_workers_200_tasks(Setup::postgres()).await;
+}
+
+/// The same over TLS: the workers' and the CLI's connections verify the server's certificate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_over_tls_two_workers_200_tasks_one_per_key_slots_exactly_once() {
+    two_workers_200_tasks(Setup::postgres_tls()).await;
 }
 
 async fn two_workers_200_tasks(s: Setup) {

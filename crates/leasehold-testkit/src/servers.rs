@@ -1148,36 +1148,48 @@ pub fn redlock_url_of(ports: &[u16]) -> String {
     format!("redlock://{}/0", nodes.join(","))
 }
 
-/// A CA and a server certificate for 127.0.0.1 in `dir` (ca.crt, server.crt, server.key).
-fn make_certs(dir: &std::path::Path) {
-    let run = |args: &[&str]| {
-        let out = Command::new("openssl")
-            .args(args)
-            .current_dir(dir)
-            .output()
-            .unwrap_or_else(|e| {
-                panic!("cannot run openssl ({e}): install it (apt-get install openssl)")
-            });
-        assert!(
-            out.status.success(),
-            "openssl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    // A key and a certificate for `name` (`name.key`, `name.crt`), signed by the CA, X.509 v3
-    // with the extensions in `ext` (rustls takes no v1 certificate).
-    let signed = |name: &str, subject: &str, ext: &str| {
-        let ext_file = format!("{name}.ext");
-        std::fs::write(dir.join(&ext_file), ext).unwrap_or_else(|e| panic!("write: {e}"));
-        let (key, csr, crt) = (
-            format!("{name}.key"),
-            format!("{name}.csr"),
-            format!("{name}.crt"),
-        );
-        run(&[
+/// Runs `openssl args` in `dir`.
+///
+/// # Panics
+/// When openssl is missing or fails.
+fn openssl(dir: &std::path::Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("cannot run openssl ({e}): install it (apt-get install openssl)")
+        });
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A key and a certificate for `subject` (`name.key`, `name.crt` in `dir`), signed by the CA
+/// of `dir` (`ca.crt`, `ca.key`), X.509 v3 with the extensions in `ext` (rustls takes no v1
+/// certificate).
+///
+/// # Panics
+/// When openssl is missing or fails.
+pub fn sign_cert(dir: &std::path::Path, name: &str, subject: &str, ext: &str) {
+    let ext_file = format!("{name}.ext");
+    std::fs::write(dir.join(&ext_file), ext).unwrap_or_else(|e| panic!("write: {e}"));
+    let (key, csr, crt) = (
+        format!("{name}.key"),
+        format!("{name}.csr"),
+        format!("{name}.crt"),
+    );
+    openssl(
+        dir,
+        &[
             "req", "-newkey", "rsa:2048", "-nodes", "-keyout", &key, "-out", &csr, "-subj", subject,
-        ]);
-        run(&[
+        ],
+    );
+    openssl(
+        dir,
+        &[
             "x509",
             "-req",
             "-in",
@@ -1193,35 +1205,54 @@ fn make_certs(dir: &std::path::Path) {
             "2",
             "-extfile",
             &ext_file,
-        ]);
-    };
-    run(&[
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.crt",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=leasehold test CA",
-    ]);
-    signed(
+        ],
+    );
+}
+
+/// A fresh CA with a server certificate for 127.0.0.1 and `localhost` and a client certificate,
+/// in a new temp dir: `ca.crt`, `server.crt`/`server.key`, `client.crt`/`client.key`. (A CA no
+/// test server trusts, for tests of a certificate that must be refused.)
+///
+/// # Panics
+/// When openssl is missing or fails.
+pub fn test_certs() -> tempfile::TempDir {
+    let dir = server_dir("certs");
+    make_certs(dir.path());
+    dir
+}
+
+/// A CA and a server certificate for 127.0.0.1 in `dir` (ca.crt, server.crt, server.key).
+fn make_certs(dir: &std::path::Path) {
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=leasehold test CA",
+        ],
+    );
+    sign_cert(
+        dir,
         "server",
         "/CN=127.0.0.1",
         "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
     );
     // For servers that ask clients for a certificate.
-    signed(
-        "client",
-        "/CN=leasehold test client",
-        "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n",
-    );
+    sign_cert(dir, "client", "/CN=leasehold test client", CLIENT_EXT);
 }
+
+/// The extensions of a client certificate.
+pub const CLIENT_EXT: &str = "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n";
 
 /// Whether something answers `GET path` on `127.0.0.1:port` with a 200 whose body contains `needle`.
 fn http_ok(port: u16, path: &str, needle: &str) -> bool {
@@ -1578,7 +1609,20 @@ pub struct PostgresServer {
     pub port: u16,
     child: Option<Child>,
     bin: PathBuf,
+    /// For a server started with [`PostgresServer::start_tls`]: the directory of its certificates.
+    certs: Option<PathBuf>,
     _dir: tempfile::TempDir,
+}
+
+/// The roles a TLS server ([`PostgresServer::start_tls`]) has besides `postgres`.
+pub mod pg_roles {
+    /// Logs in with a client certificate only (`hostssl … cert`; its certificate is
+    /// `locker.crt` / `locker.key` in [`super::PostgresServer::cert`]'s directory).
+    pub const CERT: &str = "locker";
+    /// Logs in with a password only, by SCRAM-SHA-256 (`hostssl … scram-sha-256`).
+    pub const SCRAM: &str = "scrammer";
+    /// The password of [`SCRAM`].
+    pub const SCRAM_PASSWORD: &str = "s3cret-pass";
 }
 
 impl PostgresServer {
@@ -1588,6 +1632,22 @@ impl PostgresServer {
     /// # Panics
     /// When PostgreSQL is missing, `initdb` fails, or the server is not ready within 30 s.
     pub fn start() -> Self {
+        Self::start_with(false)
+    }
+
+    /// As [`PostgresServer::start`], with TLS on (a CA and certificates of the test kit's own)
+    /// and required: `pg_hba.conf` refuses every TCP connection without TLS. Over TLS, `postgres`
+    /// is trusted, [`pg_roles::CERT`] needs a client certificate the CA signed, and
+    /// [`pg_roles::SCRAM`] a password (both superusers). [`PostgresServer::url`] then gives a
+    /// `sslmode=verify-full` URL.
+    ///
+    /// # Panics
+    /// As [`PostgresServer::start`], and when openssl fails.
+    pub fn start_tls() -> Self {
+        Self::start_with(true)
+    }
+
+    fn start_with(tls: bool) -> Self {
         let bin = postgres_bin();
         let ids = postgres_ids();
         let dir = server_dir("pg");
@@ -1617,6 +1677,48 @@ impl PostgresServer {
             "initdb failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
+        let mut settings: Vec<String> = vec![];
+        let certs = tls.then(|| {
+            let certs = dir.path().join("certs");
+            std::fs::create_dir(&certs).unwrap_or_else(|e| panic!("mkdir certs: {e}"));
+            make_certs(&certs);
+            sign_cert(
+                &certs,
+                "locker",
+                &format!("/CN={}", pg_roles::CERT),
+                CLIENT_EXT,
+            );
+            // The server's key: the server's own, readable by it alone (PostgreSQL checks).
+            let key = certs.join("server.key");
+            std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+                .unwrap_or_else(|e| panic!("chmod server.key: {e}"));
+            for path in [certs.clone(), key] {
+                if let Some((uid, gid)) = ids {
+                    std::os::unix::fs::chown(&path, Some(uid), Some(gid))
+                        .unwrap_or_else(|e| panic!("chown {}: {e}", path.display()));
+                }
+            }
+            for (name, file) in [
+                ("ssl_cert_file", "server.crt"),
+                ("ssl_key_file", "server.key"),
+                ("ssl_ca_file", "ca.crt"),
+            ] {
+                settings.push(format!("{name}={}", certs.join(file).display()));
+            }
+            settings.push("ssl=on".into());
+            let hba = format!(
+                "local all all trust\n\
+                 hostssl all {cert} 127.0.0.1/32 cert\n\
+                 hostssl all {scram} 127.0.0.1/32 scram-sha-256\n\
+                 hostssl all all 127.0.0.1/32 trust\n\
+                 host all all 127.0.0.1/32 reject\n",
+                cert = pg_roles::CERT,
+                scram = pg_roles::SCRAM,
+            );
+            std::fs::write(data.join("pg_hba.conf"), hba)
+                .unwrap_or_else(|e| panic!("write pg_hba.conf: {e}"));
+            certs
+        });
         // Up to three starts, each on a new port: another process can take a port between
         // `free_port` and the server's bind. The data directory is kept.
         let started = in_three_starts("postgres", || {
@@ -1630,6 +1732,7 @@ impl PostgresServer {
                 .arg(dir.path())
                 .args(["-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"])
                 .args(["-c", "full_page_writes=off", "-c", "max_connections=200"])
+                .args(settings.iter().flat_map(|s| ["-c", s.as_str()]))
                 .current_dir(dir.path())
                 .stdout(Stdio::null())
                 .stderr(log);
@@ -1659,17 +1762,52 @@ impl PostgresServer {
             }
         });
         let (port, child) = started;
-        PostgresServer {
+        let server = PostgresServer {
             port,
             child: Some(child),
             bin,
+            certs,
             _dir: dir,
+        };
+        if tls {
+            let roles = format!(
+                "CREATE ROLE {} LOGIN SUPERUSER; CREATE ROLE {} LOGIN SUPERUSER PASSWORD '{}'",
+                pg_roles::CERT,
+                pg_roles::SCRAM,
+                pg_roles::SCRAM_PASSWORD
+            );
+            assert!(
+                server.psql("postgres", &roles).is_some(),
+                "cannot create the TLS server's roles"
+            );
+        }
+        server
+    }
+
+    /// `postgres://postgres@127.0.0.1:PORT/DB`; on a TLS server
+    /// ([`PostgresServer::start_tls`]), with `?sslmode=verify-full&sslrootcert=…/ca.crt`.
+    pub fn url(&self, db: &str) -> String {
+        let plain = format!("postgres://postgres@127.0.0.1:{}/{db}", self.port);
+        match &self.certs {
+            Some(_) => format!(
+                "{plain}?sslmode=verify-full&sslrootcert={}",
+                self.cert("ca.crt").display()
+            ),
+            None => plain,
         }
     }
 
-    /// `postgres://postgres@127.0.0.1:PORT/DB`.
-    pub fn url(&self, db: &str) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/{db}", self.port)
+    /// The file `name` of a TLS server's certificates directory (`ca.crt`, `server.crt`,
+    /// `client.crt` / `client.key` signed by the CA for a subject no role has, `locker.crt` /
+    /// `locker.key` for [`pg_roles::CERT`]).
+    ///
+    /// # Panics
+    /// On a server started without TLS.
+    pub fn cert(&self, name: &str) -> PathBuf {
+        match &self.certs {
+            Some(dir) => dir.join(name),
+            None => panic!("the server was started without TLS"),
+        }
     }
 
     /// Creates a fresh database with a random name and returns its URL.
@@ -1758,6 +1896,12 @@ impl Drop for PostgresServer {
 pub fn shared_postgres() -> &'static PostgresServer {
     static SERVER: OnceLock<PostgresServer> = OnceLock::new();
     SERVER.get_or_init(PostgresServer::start)
+}
+
+/// One TLS PostgreSQL server ([`PostgresServer::start_tls`]) shared by all tests of this process.
+pub fn shared_postgres_tls() -> &'static PostgresServer {
+    static SERVER: OnceLock<PostgresServer> = OnceLock::new();
+    SERVER.get_or_init(PostgresServer::start_tls)
 }
 
 #[cfg(test)]

@@ -118,12 +118,12 @@ pub enum Error {
 }
 
 /// The detail of an [`Error::Unavailable`] for a call that ran out of time.
-#[cfg(feature = "redis")]
+#[cfg(any(feature = "redis", feature = "queue-postgres"))]
 pub(crate) const NO_ANSWER: &str = "no answer in time";
 
 impl Error {
     /// [`Error::Unavailable`] for a call to `store` that ran out of time ([`NO_ANSWER`]).
-    #[cfg(feature = "redis")]
+    #[cfg(any(feature = "redis", feature = "queue-postgres"))]
     pub(crate) fn no_answer(store: impl Into<String>) -> Self {
         Error::Unavailable {
             store: store.into(),
@@ -132,7 +132,7 @@ impl Error {
     }
 
     /// Whether this is a call that ran out of time ([`NO_ANSWER`]).
-    #[cfg(feature = "redlock")]
+    #[cfg(any(feature = "redlock", feature = "queue-postgres"))]
     pub(crate) fn is_no_answer(&self) -> bool {
         matches!(self, Error::Unavailable { detail, .. } if detail == NO_ANSWER)
     }

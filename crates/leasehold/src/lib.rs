@@ -51,6 +51,8 @@ pub mod local;
 pub mod memory;
 pub mod metrics;
 pub mod options;
+#[cfg(feature = "queue-postgres")]
+mod postgres_tls;
 #[cfg(feature = "queue")]
 pub mod queue;
 pub mod record;

@@ -9,7 +9,14 @@
 //!   task run notifies at commit; [`changed`](QueueBackend::changed) returns on it.
 //! - Times (claims, heartbeats, timeouts, aging) come from the server's clock, so hosts with
 //!   skewed clocks agree.
-//! - One connection per [`PgQueue`]; no TLS (`NoTls`): use it on a trusted network or a tunnel.
+//! - One connection per [`PgQueue`]. TLS (rustls) as libpq sets it in the URL: `sslmode`
+//!   (`disable`, `prefer` — the default —, `require`, `verify-ca`, `verify-full`), `sslrootcert`
+//!   (a PEM file of CAs, or `system`; the system's trust store by default), and `sslcert` with
+//!   `sslkey` for a server that asks for a client certificate. `prefer` and `require` without a
+//!   CA encrypt but do not check who answers; use `verify-full` across a network you do not
+//!   trust. A certificate that fails its check, a server without TLS under `require` and up, and
+//!   credentials the server refuses fail the connection with a non-retryable error naming the
+//!   cause (retrying cannot help); a server that cannot be reached, with a retryable one.
 //!   When the server ends it (a restart, `pg_terminate_backend`, a proxy's idle timeout) the next
 //!   call connects again (listening again too); at most the call that found it ended fails, with a
 //!   retryable error.
@@ -28,11 +35,12 @@ use super::{
     CANCEL_NONE, CANCEL_REQUESTED, CANCEL_TIMEOUT, COLUMNS,
 };
 use crate::error::{Error, Result};
+use crate::postgres_tls;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{Mutex, MutexGuard, Notify};
-use tokio_postgres::{Client, NoTls, Row, Transaction};
+use tokio_postgres::{Client, Row, Transaction};
 
 /// The server's clock in Unix milliseconds.
 const NOW: &str = "(extract(epoch from clock_timestamp()) * 1000)::bigint";
@@ -95,16 +103,22 @@ pub struct PgQueue {
     timeout: Duration,
     notify: Arc<Notify>,
     url: String,
+    tls: postgres_tls::Connect,
 }
 
-/// `url` without its `timeout` parameter, which the driver does not know, and that timeout.
-fn split_timeout(url: &str, shown: &str) -> Result<(String, Duration)> {
+/// `url` without the parameters the driver does not know (`timeout`, and the TLS parameters,
+/// some of whose values it refuses), that timeout and those TLS parameters.
+fn split_params(url: &str, shown: &str) -> Result<(String, Duration, postgres_tls::Params)> {
+    let mut tls = postgres_tls::Params::default();
     let Some((base, query)) = url.split_once('?') else {
-        return Ok((url.to_owned(), DEFAULT_TIMEOUT));
+        return Ok((url.to_owned(), DEFAULT_TIMEOUT, tls));
     };
     let mut timeout = DEFAULT_TIMEOUT;
     let mut kept = vec![];
     for pair in query.split('&') {
+        if tls.take(pair, shown)? {
+            continue;
+        }
         match pair.strip_prefix("timeout=") {
             Some(v) => {
                 timeout = humantime::parse_duration(v)
@@ -119,9 +133,9 @@ fn split_timeout(url: &str, shown: &str) -> Result<(String, Duration)> {
         }
     }
     if kept.is_empty() {
-        return Ok((base.to_owned(), timeout));
+        return Ok((base.to_owned(), timeout, tls));
     }
-    Ok((format!("{base}?{}", kept.join("&")), timeout))
+    Ok((format!("{base}?{}", kept.join("&")), timeout, tls))
 }
 
 /// A connection to the server at `config` that listens for the queue's notifications (woken on
@@ -131,8 +145,9 @@ async fn connect_listening(
     shown: &str,
     timeout: Duration,
     notify: &Arc<Notify>,
+    tls: &postgres_tls::Connect,
 ) -> Result<Client> {
-    let (client, mut connection) = tokio::time::timeout(timeout, config.connect(NoTls))
+    let (client, mut connection) = tokio::time::timeout(timeout, config.connect(tls.clone()))
         .await
         .map_err(|_| Error::Unavailable {
             store: shown.to_owned(),
@@ -141,10 +156,7 @@ async fn connect_listening(
                 humantime::format_duration(timeout)
             ),
         })?
-        .map_err(|e| Error::Unavailable {
-            store: shown.to_owned(),
-            detail: e.to_string(),
-        })?;
+        .map_err(|e| connect_error(shown, &e))?;
     let n = notify.clone();
     tokio::spawn(async move {
         loop {
@@ -167,6 +179,46 @@ async fn connect_listening(
     )
     .await?;
     Ok(client)
+}
+
+/// A connection that failed: non-retryable when retrying cannot help (a certificate or a TLS
+/// handshake refused, a server without the TLS the URL requires, credentials the server refuses:
+/// SQLSTATE class 28), retryable otherwise (a server that cannot be reached or is starting).
+fn connect_error(shown: &str, e: &tokio_postgres::Error) -> Error {
+    let refused = e.code().is_some_and(|c| c.code().starts_with("28"));
+    let mut tls = false;
+    // The driver's words, then each cause's it does not repeat (a TLS error's is the reason).
+    let mut detail = match e.as_db_error() {
+        Some(db) => format!("{e}: {}", db.message()),
+        None => e.to_string(),
+    };
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        let inner = c
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .map(|i| i as &(dyn std::error::Error + 'static));
+        tls |= c.is::<rustls::Error>() || inner.is_some_and(|i| i.is::<rustls::Error>());
+        let words = c.to_string();
+        if !detail.contains(&words) {
+            detail = format!("{detail}: {words}");
+        }
+        cause = c.source();
+    }
+    // The driver says so in words only (its error kinds are private).
+    let no_tls = detail.contains("server does not support TLS");
+    if refused || tls || no_tls {
+        Error::Store {
+            store: shown.to_owned(),
+            detail,
+            retryable: false,
+        }
+    } else {
+        Error::Unavailable {
+            store: shown.to_owned(),
+            detail,
+        }
+    }
 }
 
 /// `call`, bounded by `timeout`: an error of the server's, or [`Error::no_answer`].
@@ -283,13 +335,15 @@ impl PgQueue {
     /// cannot be reached; a store error when the schema cannot be created.
     pub async fn connect(url: &str) -> Result<Self> {
         let shown = crate::redact_url(url);
-        let (url, timeout) = split_timeout(url, &shown)?;
-        let config: tokio_postgres::Config = url.parse().map_err(|e| Error::InvalidUrl {
+        let (url, timeout, tls) = split_params(url, &shown)?;
+        let mut config: tokio_postgres::Config = url.parse().map_err(|e| Error::InvalidUrl {
             url: shown.clone(),
             reason: format!("{e}"),
         })?;
+        config.ssl_mode(tls.ssl_mode());
+        let tls = tls.connector(&shown)?;
         let notify = Arc::new(Notify::new());
-        let mut client = connect_listening(&config, &shown, timeout, &notify).await?;
+        let mut client = connect_listening(&config, &shown, timeout, &notify, &tls).await?;
         let schema = async {
             let tx = client.transaction().await?;
             // One schema creator at a time (CREATE … IF NOT EXISTS races otherwise).
@@ -306,6 +360,7 @@ impl PgQueue {
             timeout,
             notify,
             url: shown,
+            tls,
         })
     }
 
@@ -314,7 +369,14 @@ impl PgQueue {
     async fn conn(&self) -> Result<MutexGuard<'_, Client>> {
         let mut c = self.client.lock().await;
         if c.is_closed() || self.stale.load(Ordering::SeqCst) {
-            *c = connect_listening(&self.config, &self.url, self.timeout, &self.notify).await?;
+            *c = connect_listening(
+                &self.config,
+                &self.url,
+                self.timeout,
+                &self.notify,
+                &self.tls,
+            )
+            .await?;
             self.stale.store(false, Ordering::SeqCst);
             self.notify.notify_waiters();
         }
