@@ -10,6 +10,9 @@
 //!    `changed()`; tasks are enqueued one at a time after the previous one started; p50/p99 of
 //!    the time from `enqueue` to `claim` returning the task. SQLite has no cross-connection
 //!    notification (the worker polls every 50 ms); PostgreSQL wakes on `LISTEN/NOTIFY`.
+//!
+//! PostgreSQL twice: plain, and on a second server of the same settings that requires TLS
+//! (`sslmode=verify-full`, the test kit's CA).
 
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -115,6 +118,7 @@ fn main() {
     let dir = tempfile::tempdir().unwrap();
     let store = format!("file://{}", dir.path().join("locks").display());
     let pg = leasehold_testkit::servers::shared_postgres();
+    let pg_tls = leasehold_testkit::servers::shared_postgres_tls();
     rt.block_on(async {
         let locks = leasehold::connect(&store).await.unwrap();
         println!("queue benchmark ({n} no-op tasks, 4 slots, 40 keys; latency over {lat_n} tasks)");
@@ -129,6 +133,8 @@ fn main() {
                 format!("sqlite://{}", dir.path().join("l.db").display()),
             ),
             ("postgres", pg.fresh_db(), pg.fresh_db()),
+            // The same server's settings, over TLS (sslmode=verify-full).
+            ("pg+tls", pg_tls.fresh_db(), pg_tls.fresh_db()),
         ] {
             let tput = throughput(&tput_url, &locks, n).await;
             let (p50, p99) = latency(&lat_url, lat_n).await;

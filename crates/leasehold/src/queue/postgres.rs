@@ -40,7 +40,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{Mutex, MutexGuard, Notify};
-use tokio_postgres::{Client, Row, Transaction};
+use tokio_postgres::{Client, GenericClient, Row, Statement, Transaction};
 
 /// The server's clock in Unix milliseconds.
 const NOW: &str = "(extract(epoch from clock_timestamp()) * 1000)::bigint";
@@ -93,10 +93,62 @@ FOR UPDATE OF k SKIP LOCKED";
 /// The bound of every call (and of connecting) without `?timeout=`.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The statements prepared on one connection, by their text. A statement of a hot call (claim,
+/// heartbeat, start, finish, give back) is parsed and planned by the server once per connection:
+/// each of its later runs costs one round trip (bind and execute) where an unprepared one costs
+/// two (parse and describe, then bind and execute).
+#[derive(Debug, Default)]
+struct Prepared(parking_lot::Mutex<std::collections::HashMap<String, Statement>>);
+
+impl Prepared {
+    /// `sql` prepared on `c`'s connection (once).
+    async fn get(
+        &self,
+        c: &impl GenericClient,
+        sql: &str,
+    ) -> std::result::Result<Statement, tokio_postgres::Error> {
+        if let Some(s) = self.0.lock().get(sql) {
+            return Ok(s.clone());
+        }
+        let s = c.prepare(sql).await?;
+        self.0.lock().insert(sql.to_owned(), s.clone());
+        Ok(s)
+    }
+}
+
+/// A connection and the statements prepared on it (dropped with it).
+#[derive(Debug)]
+struct Conn {
+    client: Client,
+    prepared: Arc<Prepared>,
+}
+
+impl Conn {
+    fn new(client: Client) -> Self {
+        Conn {
+            client,
+            prepared: Arc::default(),
+        }
+    }
+}
+
+impl std::ops::Deref for Conn {
+    type Target = Client;
+    fn deref(&self) -> &Client {
+        &self.client
+    }
+}
+
+impl std::ops::DerefMut for Conn {
+    fn deref_mut(&mut self) -> &mut Client {
+        &mut self.client
+    }
+}
+
 /// The queue in a PostgreSQL database.
 #[derive(Debug, Clone)]
 pub struct PgQueue {
-    client: Arc<Mutex<Client>>,
+    client: Arc<Mutex<Conn>>,
     /// A call ran out of time on the connection: the next call makes a new one.
     stale: Arc<AtomicBool>,
     config: tokio_postgres::Config,
@@ -303,28 +355,36 @@ fn id_i64(id: u64) -> Result<i64> {
 }
 
 /// Frees the slot and the key a task held.
-async fn free(tx: &Transaction<'_>, id: i64) -> std::result::Result<(), tokio_postgres::Error> {
-    tx.execute("UPDATE queue_slots SET task = NULL WHERE task = $1", &[&id])
+async fn free(
+    tx: &Transaction<'_>,
+    p: &Prepared,
+    id: i64,
+) -> std::result::Result<(), tokio_postgres::Error> {
+    let slots = p
+        .get(tx, "UPDATE queue_slots SET task = NULL WHERE task = $1")
         .await?;
-    tx.execute(
-        "UPDATE queue_keys SET running = NULL WHERE running = $1",
-        &[&id],
-    )
-    .await?;
-    tx.execute("NOTIFY leasehold_queue", &[]).await?;
+    tx.execute(&slots, &[&id]).await?;
+    let keys = p
+        .get(
+            tx,
+            "UPDATE queue_keys SET running = NULL WHERE running = $1",
+        )
+        .await?;
+    tx.execute(&keys, &[&id]).await?;
+    tx.execute(&p.get(tx, "NOTIFY leasehold_queue").await?, &[])
+        .await?;
     Ok(())
 }
 
 async fn get_entry(
-    c: &impl tokio_postgres::GenericClient,
+    c: &impl GenericClient,
+    p: &Prepared,
     id: i64,
 ) -> std::result::Result<Option<TaskEntry>, tokio_postgres::Error> {
-    Ok(c.query_opt(
-        &format!("SELECT {COLUMNS} FROM tasks WHERE id = $1"),
-        &[&id],
-    )
-    .await?
-    .map(|r| read_entry(&r)))
+    let sql = format!("SELECT {COLUMNS} FROM tasks WHERE id = $1");
+    Ok(c.query_opt(&p.get(c, &sql).await?, &[&id])
+        .await?
+        .map(|r| read_entry(&r)))
 }
 
 impl PgQueue {
@@ -354,7 +414,7 @@ impl PgQueue {
         };
         bounded(&shown, timeout, schema).await?;
         Ok(PgQueue {
-            client: Arc::new(Mutex::new(client)),
+            client: Arc::new(Mutex::new(Conn::new(client))),
             stale: Arc::default(),
             config,
             timeout,
@@ -366,17 +426,19 @@ impl PgQueue {
 
     /// The connection, made again first when the server ended it or a call ran out of time on
     /// it (waking [`changed`](QueueBackend::changed): tasks may have changed meanwhile).
-    async fn conn(&self) -> Result<MutexGuard<'_, Client>> {
+    async fn conn(&self) -> Result<MutexGuard<'_, Conn>> {
         let mut c = self.client.lock().await;
         if c.is_closed() || self.stale.load(Ordering::SeqCst) {
-            *c = connect_listening(
-                &self.config,
-                &self.url,
-                self.timeout,
-                &self.notify,
-                &self.tls,
-            )
-            .await?;
+            *c = Conn::new(
+                connect_listening(
+                    &self.config,
+                    &self.url,
+                    self.timeout,
+                    &self.notify,
+                    &self.tls,
+                )
+                .await?,
+            );
             self.stale.store(false, Ordering::SeqCst);
             self.notify.notify_waiters();
         }
@@ -491,31 +553,35 @@ impl QueueBackend for PgQueue {
         let max = i64::from(req.max_running);
         let limit = req.group_limit.map(i64::from);
         let ttl = super::ms_i64(req.ttl);
+        let p = c.prepared.clone();
         let run = async {
             let tx = c.transaction().await?;
-            tx.execute(
-                "INSERT INTO queue_slots (n) SELECT generate_series(0, $1::bigint - 1) ON CONFLICT DO NOTHING",
-                &[&max],
-            )
-            .await?;
-            let Some(slot) = tx
-                .query_opt(
+            let slots = p
+                .get(
+                    &tx,
+                    "INSERT INTO queue_slots (n) SELECT generate_series(0, $1::bigint - 1) \
+                     ON CONFLICT DO NOTHING",
+                )
+                .await?;
+            tx.execute(&slots, &[&max]).await?;
+            let free_slot = p
+                .get(
+                    &tx,
                     "SELECT n FROM queue_slots WHERE n < $1::bigint AND task IS NULL ORDER BY n LIMIT 1 \
                      FOR UPDATE SKIP LOCKED",
-                    &[&max],
                 )
-                .await?
-            else {
+                .await?;
+            let Some(slot) = tx.query_opt(&free_slot, &[&max]).await? else {
                 tx.commit().await?;
                 return Ok(None);
             };
             let slot: i64 = slot.try_get(0)?;
             for _ in 0..16 {
-                let Some(pick) = tx.query_opt(PICK, &[&limit]).await? else {
+                let Some(pick) = tx.query_opt(&p.get(&tx, PICK).await?, &[&limit]).await? else {
                     break;
                 };
                 let (id, key): (i64, String) = (pick.try_get(0)?, pick.try_get(1)?);
-                let Some(entry) = get_entry(&tx, id).await? else {
+                let Some(entry) = get_entry(&tx, &p, id).await? else {
                     continue;
                 };
                 let task = match entry {
@@ -547,30 +613,32 @@ impl QueueBackend for PgQueue {
                         break;
                     }
                 }
-                let changed = tx
-                    .execute(
+                let run_it = p
+                    .get(
+                        &tx,
                         &format!(
                             "UPDATE tasks SET state = 'running', worker = $2, attempts = attempts + 1, \
                              started_ms = {NOW}, lease_expires_ms = {NOW} + $3, fence = NULL, cancel = 0 \
                              WHERE id = $1 AND state = 'pending'"
                         ),
-                        &[&id, &req.worker, &ttl],
                     )
                     .await?;
-                if changed != 1 {
+                if tx.execute(&run_it, &[&id, &req.worker, &ttl]).await? != 1 {
                     continue;
                 }
-                tx.execute(
-                    "UPDATE queue_keys SET running = $2, served = nextval('queue_served') WHERE key = $1",
-                    &[&key, &id],
-                )
-                .await?;
-                tx.execute(
-                    "UPDATE queue_slots SET task = $2 WHERE n = $1",
-                    &[&slot, &id],
-                )
-                .await?;
-                let out = match get_entry(&tx, id).await? {
+                let key_runs = p
+                    .get(
+                        &tx,
+                        "UPDATE queue_keys SET running = $2, served = nextval('queue_served') \
+                         WHERE key = $1",
+                    )
+                    .await?;
+                tx.execute(&key_runs, &[&key, &id]).await?;
+                let slot_runs = p
+                    .get(&tx, "UPDATE queue_slots SET task = $2 WHERE n = $1")
+                    .await?;
+                tx.execute(&slot_runs, &[&slot, &id]).await?;
+                let out = match get_entry(&tx, &p, id).await? {
                     Some(TaskEntry::Task(t)) => Some(t),
                     _ => None,
                 };
@@ -586,18 +654,20 @@ impl QueueBackend for PgQueue {
     async fn unclaim(&self, id: u64, worker: &str) -> Result<bool> {
         let id = id_i64(id)?;
         let mut c = self.conn().await?;
+        let p = c.prepared.clone();
         let run = async {
             let tx = c.transaction().await?;
-            let n = tx
-                .execute(
+            let back = p
+                .get(
+                    &tx,
                     "UPDATE tasks SET state = 'pending', worker = NULL, attempts = attempts - 1, \
                      lease_expires_ms = NULL, started_ms = NULL \
                      WHERE id = $1 AND worker = $2 AND state = 'running'",
-                    &[&id, &worker],
                 )
                 .await?;
+            let n = tx.execute(&back, &[&id, &worker]).await?;
             if n == 1 {
-                free(&tx, id).await?;
+                free(&tx, &p, id).await?;
             }
             tx.commit().await?;
             Ok(n == 1)
@@ -609,13 +679,13 @@ impl QueueBackend for PgQueue {
         let id = id_i64(id)?;
         let fence = i64::try_from(fence).unwrap_or(i64::MAX);
         let c = self.conn().await?;
-        let n = self
-            .bounded(c.execute(
-                "UPDATE tasks SET fence = $3 WHERE id = $1 AND worker = $2 AND state = 'running'",
-                &[&id, &worker, &fence],
-            ))
-            .await?;
-        Ok(n == 1)
+        let run = async {
+            let sql =
+                "UPDATE tasks SET fence = $3 WHERE id = $1 AND worker = $2 AND state = 'running'";
+            let st = c.prepared.get(&**c, sql).await?;
+            c.execute(&st, &[&id, &worker, &fence]).await
+        };
+        Ok(self.bounded(run).await? == 1)
     }
 
     async fn heartbeat(
@@ -629,30 +699,37 @@ impl QueueBackend for PgQueue {
         let running = super::ids_i64(running);
         let slots = i64::from(slots);
         let mut c = self.conn().await?;
+        let p = c.prepared.clone();
         let run = async {
             let tx = c.transaction().await?;
-            tx.execute(
-                &format!(
-                    "INSERT INTO queue_workers (id, slots, expires_ms) VALUES ($1, $2, {NOW} + $3) \
-                     ON CONFLICT (id) DO UPDATE SET slots = $2, expires_ms = {NOW} + $3"
-                ),
-                &[&worker, &slots, &ttl],
-            )
-            .await?;
-            tx.execute(
-                &format!(
-                    "UPDATE tasks SET lease_expires_ms = {NOW} + $2 \
-                     WHERE id = ANY($3::bigint[]) AND worker = $1 AND state = 'running'"
-                ),
-                &[&worker, &ttl, &running],
-            )
-            .await?;
-            let rows = tx
-                .query(
-                    "SELECT id, cancel FROM tasks WHERE worker = $1 AND state = 'running' AND cancel <> 0",
-                    &[&worker],
+            let alive = p
+                .get(
+                    &tx,
+                    &format!(
+                        "INSERT INTO queue_workers (id, slots, expires_ms) VALUES ($1, $2, {NOW} + $3) \
+                         ON CONFLICT (id) DO UPDATE SET slots = $2, expires_ms = {NOW} + $3"
+                    ),
                 )
                 .await?;
+            tx.execute(&alive, &[&worker, &slots, &ttl]).await?;
+            let extend = p
+                .get(
+                    &tx,
+                    &format!(
+                        "UPDATE tasks SET lease_expires_ms = {NOW} + $2 \
+                         WHERE id = ANY($3::bigint[]) AND worker = $1 AND state = 'running'"
+                    ),
+                )
+                .await?;
+            tx.execute(&extend, &[&worker, &ttl, &running]).await?;
+            let cancels = p
+                .get(
+                    &tx,
+                    "SELECT id, cancel FROM tasks WHERE worker = $1 AND state = 'running' \
+                     AND cancel <> 0",
+                )
+                .await?;
+            let rows = tx.query(&cancels, &[&worker]).await?;
             tx.commit().await?;
             let mut out = Vec::new();
             for r in rows {
@@ -688,19 +765,21 @@ impl QueueBackend for PgQueue {
         let id = id_i64(id)?;
         let (state, detail) = outcome_parts(outcome);
         let mut c = self.conn().await?;
+        let p = c.prepared.clone();
         let run = async {
             let tx = c.transaction().await?;
-            let n = tx
-                .execute(
+            let end = p
+                .get(
+                    &tx,
                     &format!(
                         "UPDATE tasks SET state = $3, detail = $4, ended_ms = {NOW}, cancel = 0 \
                          WHERE id = $1 AND worker = $2 AND state = 'running'"
                     ),
-                    &[&id, &worker, &state, &detail],
                 )
                 .await?;
+            let n = tx.execute(&end, &[&id, &worker, &state, &detail]).await?;
             if n == 1 {
-                free(&tx, id).await?;
+                free(&tx, &p, id).await?;
             }
             tx.commit().await?;
             Ok(n == 1)
@@ -756,7 +835,7 @@ impl QueueBackend for PgQueue {
         let raw = id;
         let id = id_i64(id)?;
         let c = self.conn().await?;
-        self.bounded(get_entry(&*c, id))
+        self.bounded(get_entry(&**c, &c.prepared, id))
             .await?
             .ok_or_else(|| Error::NotFound {
                 what: format!("task {raw}"),
@@ -784,6 +863,7 @@ impl QueueBackend for PgQueue {
     async fn recover(&self, aging: Duration) -> Result<Recovered> {
         let aging = super::ms_i64(aging).max(1);
         let mut c = self.conn().await?;
+        let p = c.prepared.clone();
         let run = async {
             let tx = c.transaction().await?;
             let mut out = Recovered::default();
@@ -831,7 +911,7 @@ impl QueueBackend for PgQueue {
                     .await?;
                     out.failed.push(u(id));
                 }
-                free(&tx, id).await?;
+                free(&tx, &p, id).await?;
             }
             let rows = tx
                 .query(
