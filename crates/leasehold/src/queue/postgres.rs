@@ -9,7 +9,8 @@
 //!   task run notifies at commit; [`changed`](QueueBackend::changed) returns on it.
 //! - Times (claims, heartbeats, timeouts, aging) come from the server's clock, so hosts with
 //!   skewed clocks agree.
-//! - One connection per [`PgQueue`]. TLS (rustls) as libpq sets it in the URL: `sslmode`
+//! - One connection per [`PgQueue`], on which the statements of the hot calls (claim, heartbeat,
+//!   finish) are prepared once and reused. TLS (rustls) as libpq sets it in the URL: `sslmode`
 //!   (`disable`, `prefer` — the default —, `require`, `verify-ca`, `verify-full`), `sslrootcert`
 //!   (a PEM file of CAs, or `system`; the system's trust store by default), and `sslcert` with
 //!   `sslkey` for a server that asks for a client certificate. `prefer` and `require` without a
