@@ -110,8 +110,8 @@ async fn modes_that_allow_tls_connect_encrypted_and_disable_is_refused() {
 }
 
 /// A server certificate from a CA the URL does not trust is refused under `verify-full`,
-/// `verify-ca` and `require` with that CA; `prefer` and `require` without a CA do not check it
-/// (libpq's rules).
+/// `verify-ca` and `require` with that CA, and by the system's trust store; `prefer` and
+/// `require` without a CA do not check it (libpq's rules).
 #[tokio::test]
 async fn a_certificate_of_another_ca_is_refused_where_the_mode_checks_it() {
     let (_db, base) = fresh("postgres", "127.0.0.1");
@@ -122,6 +122,10 @@ async fn a_certificate_of_another_ca_is_refused_where_the_mode_checks_it() {
     }
     works(&format!("{base}?sslmode=require")).await;
     works(&format!("{base}?{theirs}")).await; // prefer, which never checks
+    // The system's trust store (named, or by default) does not have the test kit's CA either.
+    for query in ["sslmode=verify-full&sslrootcert=system", "sslmode=verify-ca"] {
+        refused(&format!("{base}?{query}"), "certificate").await;
+    }
 }
 
 /// `verify-full` checks that the certificate names the host of the URL; `verify-ca` does not.
