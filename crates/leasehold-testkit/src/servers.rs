@@ -1797,6 +1797,12 @@ impl PostgresServer {
         }
     }
 
+    /// The directory of the server's Unix socket (`.s.PGSQL.PORT`): a URL reaches it with
+    /// `?host=DIR&port=PORT`.
+    pub fn socket_dir(&self) -> &std::path::Path {
+        self._dir.path()
+    }
+
     /// The file `name` of a TLS server's certificates directory (`ca.crt`, `server.crt`,
     /// `client.crt` / `client.key` signed by the CA for a subject no role has, `locker.crt` /
     /// `locker.key` for [`pg_roles::CERT`]).

@@ -122,8 +122,11 @@ async fn a_certificate_of_another_ca_is_refused_where_the_mode_checks_it() {
     }
     works(&format!("{base}?sslmode=require")).await;
     works(&format!("{base}?{theirs}")).await; // prefer, which never checks
-    // The system's trust store (named, or by default) does not have the test kit's CA either.
-    for query in ["sslmode=verify-full&sslrootcert=system", "sslmode=verify-ca"] {
+                                              // The system's trust store (named, or by default) does not have the test kit's CA either.
+    for query in [
+        "sslmode=verify-full&sslrootcert=system",
+        "sslmode=verify-ca",
+    ] {
         refused(&format!("{base}?{query}"), "certificate").await;
     }
 }
@@ -266,4 +269,24 @@ async fn bad_tls_parameters_are_refused_before_connecting() {
             }
         }
     }
+}
+
+/// Over the server's Unix socket, which PostgreSQL never offers TLS on: the default (`prefer`)
+/// connects in plain; `require` is refused at once, non-retryably.
+#[tokio::test]
+async fn a_unix_socket_connects_in_plain_under_prefer_only() {
+    let server = shared_postgres_tls();
+    let (db, _) = fresh("postgres", "127.0.0.1");
+    let base = format!(
+        "postgres://postgres@/{db}?host={}&port={}",
+        server.socket_dir().display(),
+        server.port
+    );
+    works(&base).await;
+    assert_eq!(
+        encrypted(&db),
+        ("1".into(), "f".into()),
+        "one queue, in plain"
+    );
+    refused(&format!("{base}&sslmode=require"), "does not support tls").await;
 }
