@@ -323,6 +323,9 @@ pub(crate) enum QueueCommand {
     /// Cancel a task: a pending one at once, a running one through its worker (SIGTERM, then
     /// SIGKILL after the worker's --grace).
     Cancel(QueueCancelArgs),
+    /// Delete tasks that ended (succeeded, failed, cancelled) at least --older-than ago; pending
+    /// and running tasks are never touched. Prints how many were deleted.
+    Cleanup(QueueCleanupArgs),
     /// Run tasks: claim them, take each key's lease, run the command with LEASEHOLD_TASK_ID,
     /// LEASEHOLD_KEY, LEASEHOLD_FENCE and LEASEHOLD_HOLDER in its environment, renew while it
     /// runs, release when it ends. Whatever a task leaves running (a daemon in a new session
@@ -398,6 +401,18 @@ pub(crate) struct QueueCancelArgs {
     /// The task id.
     #[arg(value_name = "ID")]
     pub(crate) id: u64,
+}
+
+/// Options of `queue cleanup`.
+#[derive(Debug, Args)]
+pub(crate) struct QueueCleanupArgs {
+    /// Delete tasks that ended at least this long ago (by the queue's clock).
+    #[arg(long, value_name = "DURATION", default_value = "7d", value_parser = parse_duration)]
+    pub(crate) older_than: Duration,
+
+    /// Print JSON (`{"deleted": N}`).
+    #[arg(long)]
+    pub(crate) json: bool,
 }
 
 /// Options of `queue work`.

@@ -1,6 +1,8 @@
 //! `leasehold queue …`: add, ls, status, cancel (this file) and work (`worker.rs`).
 
-use crate::cli::{QueueAddArgs, QueueArgs, QueueCommand, QueueLsArgs, QueueStatusArgs};
+use crate::cli::{
+    QueueAddArgs, QueueArgs, QueueCleanupArgs, QueueCommand, QueueLsArgs, QueueStatusArgs,
+};
 use crate::exit::{Failure, OK};
 use crate::output::{self, clean, print, print_json, table};
 use leasehold::queue::{
@@ -74,6 +76,7 @@ pub(crate) async fn dispatch(store: Option<&str>, args: QueueArgs) -> Result<u8,
         QueueCommand::Ls(a) => ls(&*open(queue).await?, a).await,
         QueueCommand::Status(a) => status(&*open(queue).await?, a).await,
         QueueCommand::Cancel(a) => cancel(&*open(queue).await?, a.id).await,
+        QueueCommand::Cleanup(a) => cleanup(&*open(queue).await?, a).await,
         QueueCommand::Work(a) => crate::worker::work(open(queue).await?, store, a).await,
     }
 }
@@ -280,6 +283,20 @@ async fn cancel(q: &dyn QueueBackend, id: u64) -> Result<u8, Failure> {
         Cancelled::AlreadyEnded(state) => format!("task {id} had already ended: {state}\n"),
     };
     print(&msg)?;
+    Ok(OK)
+}
+
+async fn cleanup(q: &dyn QueueBackend, a: QueueCleanupArgs) -> Result<u8, Failure> {
+    let deleted = q.cleanup(a.older_than).await?;
+    if a.json {
+        print(&format!("{}\n", serde_json::json!({ "deleted": deleted })))?;
+    } else {
+        print(&format!(
+            "deleted {deleted} {} that ended at least {} ago\n",
+            if deleted == 1 { "task" } else { "tasks" },
+            humantime::format_duration(a.older_than)
+        ))?;
+    }
     Ok(OK)
 }
 

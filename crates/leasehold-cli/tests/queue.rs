@@ -989,3 +989,61 @@ async fn status_of_100k(s: Setup) {
     let per = started.elapsed() / 20;
     assert!(per < Duration::from_millis(100), "a claim took {per:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cleanup_deletes_ended_tasks_only() {
+    cleanup(Setup::new()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_cleanup_deletes_ended_tasks_only() {
+    cleanup(Setup::postgres()).await;
+}
+
+/// `queue cleanup`: ended tasks older than `--older-than` go, pending ones stay; a bad duration
+/// is a usage error.
+async fn cleanup(s: Setup) {
+    let q = s.open().await;
+    let req = leasehold::queue::ClaimRequest {
+        worker: "w".into(),
+        max_running: 4,
+        group_limit: None,
+        ttl: Duration::from_secs(10),
+    };
+    q.enqueue(&NewTask::new("a", "{\"argv\":[\"true\"]}"))
+        .await
+        .unwrap();
+    let done = q.claim(&req).await.unwrap().unwrap();
+    assert!(q
+        .finish(done.id, "w", &leasehold::queue::Outcome::Succeeded)
+        .await
+        .unwrap());
+    let waiting = q
+        .enqueue(&NewTask::new("a", "{\"argv\":[\"true\"]}"))
+        .await
+        .unwrap()
+        .id;
+    let (code, out, err) = run(&s, &["queue", "cleanup", "--older-than", "1h"]);
+    assert_eq!(
+        (code, out.as_str()),
+        (0, "deleted 0 tasks that ended at least 1h ago\n"),
+        "{err}"
+    );
+    let (code, out, err) = run(&s, &["queue", "cleanup", "--older-than", "0s", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["deleted"], 1);
+    let left: Vec<u64> = q
+        .list(true, 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| match e {
+            TaskEntry::Task(t) => t.id,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(left, [waiting]);
+    let (code, _, err) = run(&s, &["queue", "cleanup", "--older-than", "soon"]);
+    assert_eq!(code, 2, "{err}");
+}

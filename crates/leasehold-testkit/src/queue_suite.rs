@@ -341,6 +341,108 @@ pub async fn cancel_and_unknown_ids(url: String) {
     assert!(q.list(false, 100).await.unwrap().is_empty());
 }
 
+/// `cleanup` deletes ended tasks (succeeded, failed, cancelled) old enough, never pending or
+/// running ones; a key whose tasks all went is served again when it comes back.
+pub async fn cleanup_deletes_only_ended_tasks(url: String) {
+    let q = open(&url).await;
+    let mut ended = vec![];
+    for key in ["a", "b"] {
+        q.enqueue(&task(key, key)).await.unwrap();
+    }
+    for outcome in [Outcome::Succeeded, Outcome::Failed("exit 1".into())] {
+        let t = q.claim(&claim_req("w", 4)).await.unwrap().unwrap();
+        assert!(q.finish(t.id, "w", &outcome).await.unwrap());
+        ended.push(t.id);
+    }
+    let cancelled = q.enqueue(&task("c", "c")).await.unwrap().id;
+    assert_eq!(q.cancel(cancelled).await.unwrap(), Cancelled::Cancelled);
+    ended.push(cancelled);
+    let running = q.enqueue(&task("r", "r")).await.unwrap().id;
+    assert_eq!(
+        q.claim(&claim_req("w", 4)).await.unwrap().unwrap().id,
+        running
+    );
+    let pending = q.enqueue(&task("p", "p")).await.unwrap().id;
+
+    assert_eq!(
+        q.cleanup(Duration::from_secs(3600)).await.unwrap(),
+        0,
+        "all ended just now"
+    );
+    assert_eq!(q.list(true, 100).await.unwrap().len(), 5);
+    assert_eq!(q.cleanup(Duration::ZERO).await.unwrap(), 3);
+    for id in ended {
+        assert!(
+            matches!(q.get(id).await, Err(Error::NotFound { .. })),
+            "task {id}"
+        );
+    }
+    for id in [running, pending] {
+        q.get(id).await.unwrap();
+    }
+    assert_eq!(q.list(true, 100).await.unwrap().len(), 2);
+    assert_eq!(q.cleanup(Duration::ZERO).await.unwrap(), 0, "nothing more");
+    // Key `a` is back: its task is claimed like any other.
+    let again = q.enqueue(&task("a", "again")).await.unwrap().id;
+    let claimed: HashSet<u64> = [
+        q.claim(&claim_req("w", 4)).await.unwrap().unwrap().id,
+        q.claim(&claim_req("w", 4)).await.unwrap().unwrap().id,
+    ]
+    .into();
+    assert_eq!(claimed, [pending, again].into());
+}
+
+/// Workers that enqueue, claim and finish tasks of a few keys over and over while `cleanup`
+/// deletes the ended ones in a loop on another connection: every task left pending is still
+/// claimable afterwards (no key's bookkeeping is taken from under a task being added).
+pub async fn cleanup_beside_enqueuers_loses_nothing(url: String) {
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let cleaner = {
+        let (q, stop) = (open(&url).await, stop.clone());
+        tokio::spawn(async move {
+            let (mut rounds, mut deleted) = (0u32, 0u64);
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) || rounds == 0 {
+                deleted += q.cleanup(Duration::ZERO).await.unwrap();
+                rounds += 1;
+            }
+            deleted
+        })
+    };
+    let mut workers = vec![];
+    for w in 0..4 {
+        let q = open(&url).await;
+        workers.push(tokio::spawn(async move {
+            let worker = format!("w{w}");
+            for i in 0..40 {
+                q.enqueue(&task(&format!("k{}", (w + i) % 3), "x"))
+                    .await
+                    .unwrap();
+                if let Some(t) = q.claim(&claim_req(&worker, 4)).await.unwrap() {
+                    assert!(q.finish(t.id, &worker, &Outcome::Succeeded).await.unwrap());
+                }
+            }
+        }));
+    }
+    for w in workers {
+        w.await.unwrap();
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        cleaner.await.unwrap() > 0,
+        "the cleaner deleted ended tasks"
+    );
+    let q = open(&url).await;
+    while let Some(t) = q.claim(&claim_req("last", 4)).await.unwrap() {
+        assert!(q.finish(t.id, "last", &Outcome::Succeeded).await.unwrap());
+    }
+    let s = q.status().await.unwrap();
+    assert_eq!(
+        s.pending.high + s.pending.normal + s.pending.low,
+        0,
+        "a pending task no claim finds"
+    );
+}
+
 /// A task past its timeout gets a timeout request for its worker.
 pub async fn timeouts_are_requested(url: String) {
     let q = open(&url).await;
@@ -495,7 +597,8 @@ macro_rules! queue_tests {
             group_limit, dead_worker_by_policy, heartbeat_keeps_claims,
             claims_are_the_workers_running_tasks, unnamed_claims_lapse, cancel_and_unknown_ids,
             timeouts_are_requested, aging_prevents_starvation, bad_input_is_refused,
-            racing_claimers);
+            racing_claimers, cleanup_deletes_only_ended_tasks,
+            cleanup_beside_enqueuers_loses_nothing);
     };
     (@each $make:expr; $($name:ident),*) => {
         $(

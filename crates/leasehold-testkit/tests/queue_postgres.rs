@@ -87,3 +87,80 @@ async fn a_bad_timeout_is_a_bad_url() {
     // With the driver's own parameters beside it.
     open(&format!("{url}?connect_timeout=5&timeout=2s")).await;
 }
+
+/// The race `cleanup` must not lose: a task being added for a key whose ended tasks it deletes.
+/// The enqueue is held, after it wrote the key's row and before its commit, by another
+/// transaction's uncommitted row of the task's group; `cleanup` then waits for it (the key
+/// table's lock), instead of deleting the key's row from under the new task, which no claim
+/// would then find.
+#[tokio::test]
+async fn cleanup_waits_for_an_enqueue_in_flight_on_a_key_it_empties() {
+    let server = shared_postgres();
+    let url = server.fresh_db();
+    let q = open(&url).await;
+    q.enqueue(&NewTask::new("k", "first")).await.unwrap();
+    let req = leasehold::queue::ClaimRequest {
+        worker: "w".into(),
+        max_running: 4,
+        group_limit: None,
+        ttl: Duration::from_secs(10),
+    };
+    let first = q.claim(&req).await.unwrap().unwrap();
+    assert!(q
+        .finish(first.id, "w", &leasehold::queue::Outcome::Succeeded)
+        .await
+        .unwrap());
+
+    let (holder, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    holder
+        .batch_execute("BEGIN; INSERT INTO queue_groups (grp) VALUES ('g')")
+        .await
+        .unwrap();
+    let enqueue = {
+        let q = open(&url).await;
+        tokio::spawn(async move {
+            let mut t = NewTask::new("k", "second");
+            t.group = Some("g".into());
+            q.enqueue(&t).await.unwrap().id
+        })
+    };
+    let waiting = || {
+        server
+            .psql(
+                db_of(&url),
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
+            )
+            .and_then(|n| n.parse::<u32>().ok())
+            .unwrap_or(0)
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while waiting() < 1 {
+        assert!(Instant::now() < deadline, "the enqueue never waited");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let cleanup = {
+        let q = open(&url).await;
+        tokio::spawn(async move { q.cleanup(Duration::ZERO).await.unwrap() })
+    };
+    // The cleanup either waits for the enqueue (two waiters) or, wrongly, is done already.
+    while waiting() < 2 && !cleanup.is_finished() {
+        assert!(
+            Instant::now() < deadline,
+            "the cleanup neither waited nor ended"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    holder.batch_execute("ROLLBACK").await.unwrap();
+    let second = enqueue.await.unwrap();
+    assert_eq!(cleanup.await.unwrap(), 1, "the first task");
+    let claimed = q.claim(&req).await.unwrap();
+    assert_eq!(
+        claimed.map(|t| t.id),
+        Some(second),
+        "the new task is claimable"
+    );
+}

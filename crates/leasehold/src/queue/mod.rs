@@ -675,6 +675,34 @@ pub trait QueueBackend: Send + Sync + fmt::Debug + 'static {
     /// A store error.
     async fn recover(&self, aging: Duration) -> Result<Recovered>;
 
+    /// Deletes the tasks that ended (succeeded, failed or cancelled) at least `older_than` ago
+    /// by the queue's clock (the server's, on PostgreSQL), and the bookkeeping of keys left with
+    /// no task at all (such a key's turn in the round robin starts afresh when it comes back).
+    /// Pending and running tasks are never deleted, nor rows whose state does not parse (`ls
+    /// --all` shows them as corrupt). Tasks go in batches of [`CLEANUP_BATCH`], one transaction
+    /// each, so workers and enqueuers go on meanwhile. Returns how many tasks were deleted; an
+    /// error part way leaves the batches before it deleted.
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// use leasehold::queue::{open_queue, ClaimRequest, NewTask, Outcome};
+    /// use std::time::Duration;
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let q = open_queue(&format!("sqlite://{}/queue.db", dir.path().display())).await?;
+    /// let id = q.enqueue(&NewTask::new("alice", "{}")).await?.id;
+    /// let req = ClaimRequest { worker: "w".into(), max_running: 1, group_limit: None, ttl: Duration::from_secs(10) };
+    /// let task = q.claim(&req).await?.expect("pending");
+    /// q.finish(task.id, "w", &Outcome::Succeeded).await?;
+    /// assert_eq!(q.cleanup(Duration::from_secs(3600)).await?, 0, "ended just now");
+    /// assert_eq!(q.cleanup(Duration::ZERO).await?, 1);
+    /// assert!(q.get(id).await.is_err(), "gone");
+    /// # Ok::<(), leasehold::Error>(()) }).unwrap();
+    /// ```
+    ///
+    /// # Errors
+    /// A store error.
+    async fn cleanup(&self, older_than: Duration) -> Result<u64>;
+
     /// Removes a worker's registration (when it stops).
     ///
     /// # Errors
@@ -685,6 +713,9 @@ pub trait QueueBackend: Send + Sync + fmt::Debug + 'static {
     /// `max` passes. Cancel safe.
     async fn changed(&self, max: Duration);
 }
+
+/// How many ended tasks one transaction of [`QueueBackend::cleanup`] deletes.
+pub const CLEANUP_BATCH: u64 = 10_000;
 
 /// Opens the queue a URL names: `sqlite:///path/queue.db` or `postgres://…`.
 ///

@@ -946,6 +946,49 @@ impl QueueBackend for PgQueue {
         self.bounded(run).await
     }
 
+    async fn cleanup(&self, older_than: Duration) -> Result<u64> {
+        let older = super::ms_i64(older_than);
+        let batch = i64::try_from(super::CLEANUP_BATCH).unwrap_or(i64::MAX);
+        let mut deleted = 0;
+        loop {
+            let c = self.conn().await?;
+            let n = self
+                .bounded(c.execute(
+                    &format!(
+                        "DELETE FROM tasks WHERE id IN (SELECT id FROM tasks \
+                         WHERE state IN ('succeeded', 'failed', 'cancelled') \
+                         AND ended_ms <= {NOW} - $1 LIMIT $2)"
+                    ),
+                    &[&older, &batch],
+                ))
+                .await?;
+            deleted += n;
+            if n < super::CLEANUP_BATCH {
+                break;
+            }
+        }
+        // Keys with no task left. The table lock waits for every enqueue that wrote the key
+        // table (each holds it until its commit) and holds off new ones, so a key whose first
+        // task is being added is not taken from under it; rows a claimer locked are skipped
+        // (they have tasks), so nobody waits on anybody in a cycle.
+        let mut c = self.conn().await?;
+        let run = async {
+            let tx = c.transaction().await?;
+            tx.batch_execute("LOCK TABLE queue_keys IN SHARE ROW EXCLUSIVE MODE")
+                .await?;
+            tx.execute(
+                "DELETE FROM queue_keys WHERE key IN (SELECT k.key FROM queue_keys k \
+                 WHERE k.running IS NULL AND NOT EXISTS (SELECT 1 FROM tasks t WHERE t.key = k.key) \
+                 FOR UPDATE SKIP LOCKED)",
+                &[],
+            )
+            .await?;
+            tx.commit().await
+        };
+        self.bounded(run).await?;
+        Ok(deleted)
+    }
+
     async fn deregister(&self, worker: &str) -> Result<()> {
         let c = self.conn().await?;
         self.bounded(c.execute("DELETE FROM queue_workers WHERE id = $1", &[&worker]))

@@ -602,6 +602,38 @@ impl QueueBackend for SqliteQueue {
         .await
     }
 
+    async fn cleanup(&self, older_than: Duration) -> Result<u64> {
+        let cutoff = now_i64().saturating_sub(super::ms_i64(older_than));
+        let batch = i64::try_from(super::CLEANUP_BATCH).unwrap_or(i64::MAX);
+        let mut deleted = 0;
+        loop {
+            let n = self
+                .tx(move |tx| {
+                    tx.execute(
+                        "DELETE FROM tasks WHERE id IN (SELECT id FROM tasks \
+                         WHERE state IN ('succeeded', 'failed', 'cancelled') AND ended_ms <= ?1 \
+                         LIMIT ?2)",
+                        rusqlite::params![cutoff, batch],
+                    )
+                })
+                .await?;
+            deleted += n as u64;
+            if (n as u64) < super::CLEANUP_BATCH {
+                break;
+            }
+        }
+        // Every write is one IMMEDIATE transaction: no enqueue is half done meanwhile.
+        self.tx(|tx| {
+            tx.execute(
+                "DELETE FROM queue_keys WHERE NOT EXISTS \
+                 (SELECT 1 FROM tasks t WHERE t.key = queue_keys.key)",
+                [],
+            )
+        })
+        .await?;
+        Ok(deleted)
+    }
+
     async fn deregister(&self, worker: &str) -> Result<()> {
         let worker = worker.to_owned();
         self.tx(move |tx| {
