@@ -29,6 +29,7 @@ use rustls::{
 };
 use std::future::Future;
 use std::io;
+use std::os::unix::ffi::OsStringExt;
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -74,12 +75,16 @@ impl Params {
         let Some((name, value)) = pair.split_once('=') else {
             return Ok(false);
         };
-        let value = decode(value);
+        let raw = decode(value);
+        let value = String::from_utf8_lossy(&raw).into_owned();
         let path = || {
-            if value.is_empty() {
+            if raw.is_empty() {
                 Err(bad(shown, format!("{name}: expected a file name")))
             } else {
-                Ok(Some(PathBuf::from(&value)))
+                // A file name is bytes: one that is not UTF-8 is taken as it is.
+                Ok(Some(PathBuf::from(std::ffi::OsString::from_vec(
+                    raw.clone(),
+                ))))
             }
         };
         match name {
@@ -201,11 +206,29 @@ impl Params {
     }
 }
 
-/// `%`-escapes of a URL's query value undone (a file name with spaces, say).
-fn decode(value: &str) -> String {
-    url::form_urlencoded::parse(format!("v={value}").as_bytes())
-        .next()
-        .map_or_else(|| value.to_owned(), |(_, v)| v.into_owned())
+/// `%`-escapes of a URL's query value undone (a file name with spaces, say), as libpq and the
+/// driver do: `+` stays a `+`. A `%` not followed by two hex digits stays as it is.
+fn decode(value: &str) -> Vec<u8> {
+    let bytes = value.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(b)) => {
+                out.push(b);
+                i += 3;
+            }
+            (b, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    out
 }
 
 fn bad(shown: &str, reason: String) -> Error {
@@ -556,11 +579,14 @@ mod tests {
 
     #[test]
     fn a_file_name_may_be_percent_escaped() {
-        let p = params("sslrootcert=/tmp/a%20b.pem").unwrap();
+        let p = params("sslrootcert=/tmp/a%20b+c%2Bd%zz%4.pem").unwrap();
         assert_eq!(
             p.root_cert.as_deref(),
-            Some(std::path::Path::new("/tmp/a b.pem"))
+            Some(std::path::Path::new("/tmp/a b+c+d%zz%4.pem"))
         );
+        let p = params("sslcert=/tmp/%FF.pem").unwrap();
+        let name = p.client_cert.unwrap().into_os_string().into_vec();
+        assert_eq!(name, b"/tmp/\xff.pem");
     }
 
     #[test]
