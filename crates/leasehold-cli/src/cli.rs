@@ -453,6 +453,12 @@ pub(crate) struct QueueWorkArgs {
     #[arg(long)]
     pub(crate) exit_when_idle: bool,
 
+    /// Delete tasks that ended at least this long ago, as `queue cleanup --older-than` does: at
+    /// start, then every hour (or every DURATION if shorter, at least a second apart), beside
+    /// the work. Off unless given.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub(crate) cleanup_after: Option<Duration>,
+
     /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464): the queue's depth,
     /// running tasks and slots (read at each scrape), this worker's started and finished tasks,
     /// their wait and run times, and its leases (leasehold_acquire_*, leasehold_lost_total …).

@@ -138,6 +138,9 @@ pub(crate) async fn work(
     queue.heartbeat(&worker, args.slots, args.ttl, &[]).await?;
     tracing::info!(worker = %worker, slots = args.slots, "worker started");
 
+    let cleaner = args
+        .cleanup_after
+        .map(|older| tokio::spawn(clean_up(queue.clone(), older)));
     let mut runners: JoinSet<()> = JoinSet::new();
     let mut beat = tokio::time::interval(args.ttl / 3);
     let mut recover = tokio::time::interval((args.ttl / 2).min(Duration::from_secs(1)));
@@ -224,6 +227,9 @@ pub(crate) async fn work(
             () = queue.changed(Duration::from_millis(200)) => {}
         }
     }
+    if let Some(cleaner) = cleaner {
+        cleaner.abort();
+    }
     if let Err(e) = queue.deregister(&worker).await {
         tracing::debug!(error = %e, "could not deregister");
     }
@@ -231,6 +237,24 @@ pub(crate) async fn work(
         exit::report(&format!("cannot release every lease: {e}"));
     }
     Ok(OK)
+}
+
+/// `--cleanup-after`: deletes the tasks that ended at least `older` ago, now and then every hour
+/// (every `older`, if shorter, at least a second apart), on a task of its own so that a long
+/// first cleanup holds up no claim or heartbeat. A failure is reported and tried at the next
+/// round.
+async fn clean_up(queue: Arc<dyn QueueBackend>, older: Duration) {
+    let every = older.clamp(Duration::from_secs(1), Duration::from_secs(3600));
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        match queue.cleanup(older).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(deleted = n, "ended tasks deleted"),
+            Err(e) => exit::report(&format!("queue cleanup failed: {e}")),
+        }
+    }
 }
 
 /// Gives back to the queue the claims the database names this worker's but the worker never

@@ -1047,3 +1047,28 @@ async fn cleanup(s: Setup) {
     let (code, _, err) = run(&s, &["queue", "cleanup", "--older-than", "soon"]);
     assert_eq!(code, 2, "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_with_cleanup_after_deletes_ended_tasks() {
+    worker_cleanup(Setup::new()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_worker_with_cleanup_after_deletes_ended_tasks() {
+    worker_cleanup(Setup::postgres()).await;
+}
+
+/// `queue work --cleanup-after 0s`: the task the worker ran is deleted once it ended (at the
+/// worker's next cleanup, a second apart at most), after it ran.
+async fn worker_cleanup(s: Setup) {
+    let q = s.open().await;
+    let id = q.enqueue(&NewTask::new("a", s.task(0))).await.unwrap().id;
+    let _w = s.worker(0, &["--cleanup-after", "0s"]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !matches!(q.get(id).await, Err(leasehold::Error::NotFound { .. })) {
+        assert!(Instant::now() < deadline, "{}", s.worker_errors());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let ran: Vec<bool> = s.events().iter().map(|e| e.start).collect();
+    assert_eq!(ran, [true, false], "it ran, start to end, before it went");
+}
