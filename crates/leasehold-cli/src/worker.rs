@@ -224,7 +224,9 @@ pub(crate) async fn work(
                 }
                 Err(e) => exit::report(&format!("queue recovery failed: {e}")),
             },
-            () = queue.changed(Duration::from_millis(200)) => {}
+            // Only while a task could be taken: a full worker is woken by its tasks' ends.
+            () = queue.changed(Duration::from_millis(200)),
+                if drain_until.is_none() && runners.len() < args.slots as usize => {}
         }
     }
     if let Some(cleaner) = cleaner {

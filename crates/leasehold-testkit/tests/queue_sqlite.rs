@@ -68,3 +68,47 @@ async fn corrupt_records_are_reported_not_fatal() {
         "{active:?}"
     );
 }
+
+/// A queue waiting in `changed` wakes when another connection (another process, as far as it
+/// knows: they share nothing but the file) adds a task, long before its bound; and when a
+/// process outside leasehold writes the database (the `sqlite3` tool, here rusqlite).
+#[tokio::test]
+async fn changed_wakes_on_another_connection_s_commit() {
+    use leasehold::queue::{open_queue, NewTask};
+    use std::time::Duration;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("queue.db");
+    let url = format!("sqlite://{}", path.display());
+    let (waiter, adder) = (
+        open_queue(&url).await.unwrap(),
+        open_queue(&url).await.unwrap(),
+    );
+    // The first call makes the watch and returns at once.
+    waiter.changed(Duration::from_secs(30)).await;
+    // Nothing written: it waits (no polling timer ends it).
+    assert!(
+        tokio::time::timeout(
+            Duration::from_millis(300),
+            waiter.changed(Duration::from_secs(60))
+        )
+        .await
+        .is_err(),
+        "returned with nothing written"
+    );
+    for round in 0..2 {
+        let wait = {
+            let waiter = waiter.clone();
+            tokio::spawn(async move { waiter.changed(Duration::from_secs(60)).await })
+        };
+        if round == 0 {
+            adder.enqueue(&NewTask::new("k", "x")).await.unwrap();
+        } else {
+            let c = rusqlite::Connection::open(&path).unwrap();
+            c.execute("UPDATE tasks SET payload = 'y'", []).unwrap();
+        }
+        tokio::time::timeout(Duration::from_secs(20), wait)
+            .await
+            .unwrap_or_else(|_| panic!("round {round}: not woken"))
+            .unwrap();
+    }
+}

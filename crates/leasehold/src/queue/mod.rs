@@ -35,6 +35,7 @@
 //! on one host; PostgreSQL: on many) share a queue safely. The key's lease itself comes from a
 //! [`LockStore`](crate::LockStore): the worker takes it before it runs the task.
 
+mod commits;
 pub mod metrics;
 pub mod sqlite;
 
