@@ -1004,12 +1004,7 @@ async fn postgres_cleanup_deletes_ended_tasks_only() {
 /// is a usage error.
 async fn cleanup(s: Setup) {
     let q = s.open().await;
-    let req = leasehold::queue::ClaimRequest {
-        worker: "w".into(),
-        max_running: 4,
-        group_limit: None,
-        ttl: Duration::from_secs(10),
-    };
+    let req = leasehold_testkit::queue_suite::claim_req("w", 4);
     q.enqueue(&NewTask::new("a", "{\"argv\":[\"true\"]}"))
         .await
         .unwrap();

@@ -20,7 +20,8 @@ pub async fn open(url: &str) -> Arc<dyn QueueBackend> {
         .unwrap_or_else(|e| panic!("open queue {}: {e}", leasehold::redact_url(url)))
 }
 
-fn claim_req(worker: &str, max_running: u32) -> ClaimRequest {
+/// A claim by `worker` with `max_running` slots in all, no group limit, a 2 s claim TTL.
+pub fn claim_req(worker: &str, max_running: u32) -> ClaimRequest {
     ClaimRequest {
         worker: worker.into(),
         max_running,

@@ -99,12 +99,7 @@ async fn cleanup_waits_for_an_enqueue_in_flight_on_a_key_it_empties() {
     let url = server.fresh_db();
     let q = open(&url).await;
     q.enqueue(&NewTask::new("k", "first")).await.unwrap();
-    let req = leasehold::queue::ClaimRequest {
-        worker: "w".into(),
-        max_running: 4,
-        group_limit: None,
-        ttl: Duration::from_secs(10),
-    };
+    let req = leasehold_testkit::queue_suite::claim_req("w", 4);
     let first = q.claim(&req).await.unwrap().unwrap();
     assert!(q
         .finish(first.id, "w", &leasehold::queue::Outcome::Succeeded)

@@ -39,9 +39,10 @@ use tokio_postgres::config::SslMode;
 use tokio_postgres::tls::{ChannelBinding, MakeTlsConnect, TlsConnect, TlsStream};
 
 /// libpq's `sslmode`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(crate) enum Mode {
     Disable,
+    #[default]
     Prefer,
     Require,
     VerifyCa,
@@ -49,23 +50,12 @@ pub(crate) enum Mode {
 }
 
 /// The TLS parameters of a URL (see the module docs).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub(crate) struct Params {
     mode: Mode,
     root_cert: Option<PathBuf>,
     client_cert: Option<PathBuf>,
     client_key: Option<PathBuf>,
-}
-
-impl Default for Params {
-    fn default() -> Self {
-        Params {
-            mode: Mode::Prefer,
-            root_cert: None,
-            client_cert: None,
-            client_key: None,
-        }
-    }
 }
 
 impl Params {
@@ -161,7 +151,11 @@ impl Params {
         let config = match (&self.client_cert, &self.client_key) {
             (None, None) => builder.with_no_client_auth(),
             (Some(cert), Some(key)) => {
-                let certs = pem_certs(cert, "client certificate", shown)?;
+                let certs = pem_certs(
+                    cert,
+                    ("client certificate", "read client certificate"),
+                    shown,
+                )?;
                 let key = PrivateKeyDer::from_pem_file(key).map_err(|e| {
                     pem_error(e, "read client key", key, shown, "no private key in it")
                 })?;
@@ -184,7 +178,7 @@ impl Params {
         let mut roots = RootCertStore::empty();
         match &self.root_cert {
             Some(path) if path.as_os_str() != "system" => {
-                for cert in pem_certs(path, "CA file", shown)? {
+                for cert in pem_certs(path, ("CA file", "read CA file"), shown)? {
                     roots
                         .add(cert)
                         .map_err(|e| bad(shown, format!("sslrootcert {}: {e}", path.display())))?;
@@ -209,26 +203,7 @@ impl Params {
 /// `%`-escapes of a URL's query value undone (a file name with spaces, say), as libpq and the
 /// driver do: `+` stays a `+`. A `%` not followed by two hex digits stays as it is.
 fn decode(value: &str) -> Vec<u8> {
-    let bytes = value.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = bytes
-            .get(i + 1..i + 3)
-            .and_then(|h| std::str::from_utf8(h).ok())
-            .and_then(|h| u8::from_str_radix(h, 16).ok());
-        match (bytes[i], hex) {
-            (b'%', Some(b)) => {
-                out.push(b);
-                i += 3;
-            }
-            (b, _) => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    out
+    percent_encoding::percent_decode_str(value).collect()
 }
 
 fn bad(shown: &str, reason: String) -> Error {
@@ -241,14 +216,9 @@ fn bad(shown: &str, reason: String) -> Error {
 /// The certificates of the PEM file at `path`; at least one.
 fn pem_certs(
     path: &std::path::Path,
-    what: &'static str,
+    (what, op): (&str, &'static str),
     shown: &str,
 ) -> Result<Vec<CertificateDer<'static>>> {
-    let op = if what == "CA file" {
-        "read CA file"
-    } else {
-        "read client certificate"
-    };
     let certs = CertificateDer::pem_file_iter(path)
         .and_then(|certs| certs.collect::<std::result::Result<Vec<_>, _>>())
         .map_err(|e| pem_error(e, op, path, shown, "not PEM"))?;

@@ -115,6 +115,36 @@ impl Prepared {
         self.0.lock().insert(sql.to_owned(), s.clone());
         Ok(s)
     }
+
+    /// Runs `sql` on `c`, prepared: the number of rows it changed.
+    async fn execute(
+        &self,
+        c: &impl GenericClient,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> std::result::Result<u64, tokio_postgres::Error> {
+        c.execute(&self.get(c, sql).await?, params).await
+    }
+
+    /// Runs the query `sql` on `c`, prepared: its rows.
+    async fn query(
+        &self,
+        c: &impl GenericClient,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> std::result::Result<Vec<Row>, tokio_postgres::Error> {
+        c.query(&self.get(c, sql).await?, params).await
+    }
+
+    /// Runs the query `sql` on `c`, prepared: its one row, if any.
+    async fn query_opt(
+        &self,
+        c: &impl GenericClient,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> std::result::Result<Option<Row>, tokio_postgres::Error> {
+        c.query_opt(&self.get(c, sql).await?, params).await
+    }
 }
 
 /// A connection and the statements prepared on it (dropped with it).
@@ -361,19 +391,19 @@ async fn free(
     p: &Prepared,
     id: i64,
 ) -> std::result::Result<(), tokio_postgres::Error> {
-    let slots = p
-        .get(tx, "UPDATE queue_slots SET task = NULL WHERE task = $1")
-        .await?;
-    tx.execute(&slots, &[&id]).await?;
-    let keys = p
-        .get(
-            tx,
-            "UPDATE queue_keys SET running = NULL WHERE running = $1",
-        )
-        .await?;
-    tx.execute(&keys, &[&id]).await?;
-    tx.execute(&p.get(tx, "NOTIFY leasehold_queue").await?, &[])
-        .await?;
+    p.execute(
+        tx,
+        "UPDATE queue_slots SET task = NULL WHERE task = $1",
+        &[&id],
+    )
+    .await?;
+    p.execute(
+        tx,
+        "UPDATE queue_keys SET running = NULL WHERE running = $1",
+        &[&id],
+    )
+    .await?;
+    p.execute(tx, "NOTIFY leasehold_queue", &[]).await?;
     Ok(())
 }
 
@@ -383,9 +413,7 @@ async fn get_entry(
     id: i64,
 ) -> std::result::Result<Option<TaskEntry>, tokio_postgres::Error> {
     let sql = format!("SELECT {COLUMNS} FROM tasks WHERE id = $1");
-    Ok(c.query_opt(&p.get(c, &sql).await?, &[&id])
-        .await?
-        .map(|r| read_entry(&r)))
+    Ok(p.query_opt(c, &sql, &[&id]).await?.map(|r| read_entry(&r)))
 }
 
 impl PgQueue {
@@ -557,28 +585,28 @@ impl QueueBackend for PgQueue {
         let p = c.prepared.clone();
         let run = async {
             let tx = c.transaction().await?;
-            let slots = p
-                .get(
-                    &tx,
-                    "INSERT INTO queue_slots (n) SELECT generate_series(0, $1::bigint - 1) \
-                     ON CONFLICT DO NOTHING",
-                )
-                .await?;
-            tx.execute(&slots, &[&max]).await?;
-            let free_slot = p
-                .get(
+            p.execute(
+                &tx,
+                "INSERT INTO queue_slots (n) SELECT generate_series(0, $1::bigint - 1) \
+                 ON CONFLICT DO NOTHING",
+                &[&max],
+            )
+            .await?;
+            let Some(slot) = p
+                .query_opt(
                     &tx,
                     "SELECT n FROM queue_slots WHERE n < $1::bigint AND task IS NULL ORDER BY n LIMIT 1 \
                      FOR UPDATE SKIP LOCKED",
+                    &[&max],
                 )
-                .await?;
-            let Some(slot) = tx.query_opt(&free_slot, &[&max]).await? else {
+                .await?
+            else {
                 tx.commit().await?;
                 return Ok(None);
             };
             let slot: i64 = slot.try_get(0)?;
             for _ in 0..16 {
-                let Some(pick) = tx.query_opt(&p.get(&tx, PICK).await?, &[&limit]).await? else {
+                let Some(pick) = p.query_opt(&tx, PICK, &[&limit]).await? else {
                     break;
                 };
                 let (id, key): (i64, String) = (pick.try_get(0)?, pick.try_get(1)?);
@@ -614,31 +642,32 @@ impl QueueBackend for PgQueue {
                         break;
                     }
                 }
-                let run_it = p
-                    .get(
+                let changed = p
+                    .execute(
                         &tx,
                         &format!(
                             "UPDATE tasks SET state = 'running', worker = $2, attempts = attempts + 1, \
                              started_ms = {NOW}, lease_expires_ms = {NOW} + $3, fence = NULL, cancel = 0 \
                              WHERE id = $1 AND state = 'pending'"
                         ),
+                        &[&id, &req.worker, &ttl],
                     )
                     .await?;
-                if tx.execute(&run_it, &[&id, &req.worker, &ttl]).await? != 1 {
+                if changed != 1 {
                     continue;
                 }
-                let key_runs = p
-                    .get(
-                        &tx,
-                        "UPDATE queue_keys SET running = $2, served = nextval('queue_served') \
-                         WHERE key = $1",
-                    )
-                    .await?;
-                tx.execute(&key_runs, &[&key, &id]).await?;
-                let slot_runs = p
-                    .get(&tx, "UPDATE queue_slots SET task = $2 WHERE n = $1")
-                    .await?;
-                tx.execute(&slot_runs, &[&slot, &id]).await?;
+                p.execute(
+                    &tx,
+                    "UPDATE queue_keys SET running = $2, served = nextval('queue_served') WHERE key = $1",
+                    &[&key, &id],
+                )
+                .await?;
+                p.execute(
+                    &tx,
+                    "UPDATE queue_slots SET task = $2 WHERE n = $1",
+                    &[&slot, &id],
+                )
+                .await?;
                 let out = match get_entry(&tx, &p, id).await? {
                     Some(TaskEntry::Task(t)) => Some(t),
                     _ => None,
@@ -658,15 +687,15 @@ impl QueueBackend for PgQueue {
         let p = c.prepared.clone();
         let run = async {
             let tx = c.transaction().await?;
-            let back = p
-                .get(
+            let n = p
+                .execute(
                     &tx,
                     "UPDATE tasks SET state = 'pending', worker = NULL, attempts = attempts - 1, \
                      lease_expires_ms = NULL, started_ms = NULL \
                      WHERE id = $1 AND worker = $2 AND state = 'running'",
+                    &[&id, &worker],
                 )
                 .await?;
-            let n = tx.execute(&back, &[&id, &worker]).await?;
             if n == 1 {
                 free(&tx, &p, id).await?;
             }
@@ -680,13 +709,14 @@ impl QueueBackend for PgQueue {
         let id = id_i64(id)?;
         let fence = i64::try_from(fence).unwrap_or(i64::MAX);
         let c = self.conn().await?;
-        let run = async {
-            let sql =
-                "UPDATE tasks SET fence = $3 WHERE id = $1 AND worker = $2 AND state = 'running'";
-            let st = c.prepared.get(&**c, sql).await?;
-            c.execute(&st, &[&id, &worker, &fence]).await
-        };
-        Ok(self.bounded(run).await? == 1)
+        let n = self
+            .bounded(c.prepared.execute(
+                &**c,
+                "UPDATE tasks SET fence = $3 WHERE id = $1 AND worker = $2 AND state = 'running'",
+                &[&id, &worker, &fence],
+            ))
+            .await?;
+        Ok(n == 1)
     }
 
     async fn heartbeat(
@@ -703,34 +733,31 @@ impl QueueBackend for PgQueue {
         let p = c.prepared.clone();
         let run = async {
             let tx = c.transaction().await?;
-            let alive = p
-                .get(
+            p.execute(
+                &tx,
+                &format!(
+                    "INSERT INTO queue_workers (id, slots, expires_ms) VALUES ($1, $2, {NOW} + $3) \
+                     ON CONFLICT (id) DO UPDATE SET slots = $2, expires_ms = {NOW} + $3"
+                ),
+                &[&worker, &slots, &ttl],
+            )
+            .await?;
+            p.execute(
+                &tx,
+                &format!(
+                    "UPDATE tasks SET lease_expires_ms = {NOW} + $2 \
+                     WHERE id = ANY($3::bigint[]) AND worker = $1 AND state = 'running'"
+                ),
+                &[&worker, &ttl, &running],
+            )
+            .await?;
+            let rows = p
+                .query(
                     &tx,
-                    &format!(
-                        "INSERT INTO queue_workers (id, slots, expires_ms) VALUES ($1, $2, {NOW} + $3) \
-                         ON CONFLICT (id) DO UPDATE SET slots = $2, expires_ms = {NOW} + $3"
-                    ),
+                    "SELECT id, cancel FROM tasks WHERE worker = $1 AND state = 'running' AND cancel <> 0",
+                    &[&worker],
                 )
                 .await?;
-            tx.execute(&alive, &[&worker, &slots, &ttl]).await?;
-            let extend = p
-                .get(
-                    &tx,
-                    &format!(
-                        "UPDATE tasks SET lease_expires_ms = {NOW} + $2 \
-                         WHERE id = ANY($3::bigint[]) AND worker = $1 AND state = 'running'"
-                    ),
-                )
-                .await?;
-            tx.execute(&extend, &[&worker, &ttl, &running]).await?;
-            let cancels = p
-                .get(
-                    &tx,
-                    "SELECT id, cancel FROM tasks WHERE worker = $1 AND state = 'running' \
-                     AND cancel <> 0",
-                )
-                .await?;
-            let rows = tx.query(&cancels, &[&worker]).await?;
             tx.commit().await?;
             let mut out = Vec::new();
             for r in rows {
@@ -769,16 +796,16 @@ impl QueueBackend for PgQueue {
         let p = c.prepared.clone();
         let run = async {
             let tx = c.transaction().await?;
-            let end = p
-                .get(
+            let n = p
+                .execute(
                     &tx,
                     &format!(
                         "UPDATE tasks SET state = $3, detail = $4, ended_ms = {NOW}, cancel = 0 \
                          WHERE id = $1 AND worker = $2 AND state = 'running'"
                     ),
+                    &[&id, &worker, &state, &detail],
                 )
                 .await?;
-            let n = tx.execute(&end, &[&id, &worker, &state, &detail]).await?;
             if n == 1 {
                 free(&tx, &p, id).await?;
             }
@@ -968,9 +995,9 @@ impl QueueBackend for PgQueue {
             }
         }
         // Keys with no task left. The table lock waits for every enqueue that wrote the key
-        // table (each holds it until its commit) and holds off new ones, so a key whose first
-        // task is being added is not taken from under it; rows a claimer locked are skipped
-        // (they have tasks), so nobody waits on anybody in a cycle.
+        // table (each holds it until its commit, even when the key's row was there already) and
+        // holds off new ones, so no key's row goes from under a task being added; rows a
+        // claimer locked are skipped (they have tasks), so nobody waits on anybody in a cycle.
         let mut c = self.conn().await?;
         let run = async {
             let tx = c.transaction().await?;

@@ -623,9 +623,9 @@ impl QueueBackend for SqliteQueue {
                         rusqlite::params![cutoff, batch],
                     )
                 })
-                .await?;
-            deleted += n as u64;
-            if (n as u64) < super::CLEANUP_BATCH {
+                .await? as u64;
+            deleted += n;
+            if n < super::CLEANUP_BATCH {
                 break;
             }
         }
