@@ -11,14 +11,14 @@ use std::sync::Arc;
 mod memory {
     use super::*;
     leasehold_testkit::conformance_tests!(
-        Arc::new(leasehold::memory::MemoryStore::new()) as Arc<dyn LockStore>
+        Arc::new(leasehold::stores::memory::MemoryStore::new()) as Arc<dyn LockStore>
     );
 }
 
 mod record_memory {
     use super::*;
     leasehold_testkit::conformance_tests!(Arc::new(leasehold::adapter::RecordLockStore::new(
-        leasehold::memory::RecordMemoryStore::new()
+        leasehold::stores::memory::RecordMemoryStore::new()
     )) as Arc<dyn LockStore>);
 }
 
@@ -26,7 +26,7 @@ mod file {
     use super::*;
     fn store() -> Arc<dyn LockStore> {
         let dir = tempfile::tempdir().expect("tempdir").keep();
-        Arc::new(leasehold::file::FileStore::open(dir, Default::default()).expect("file store"))
+        Arc::new(leasehold::stores::file::FileStore::open(dir, Default::default()).expect("file store"))
     }
     leasehold_testkit::conformance_tests!(store());
 }

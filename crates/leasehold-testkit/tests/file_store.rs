@@ -3,7 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use leasehold::file::{FileOptions, FileStore};
+use leasehold::stores::file::{FileOptions, FileStore};
 use leasehold::{Inspection, Key, LockStore, Locks};
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;

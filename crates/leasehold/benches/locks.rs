@@ -36,8 +36,8 @@
 //! through a pipe (blocking `read`): the bare cost of waking another process on this machine.
 //! `LEASEHOLD_BENCH_DEBUG=1` prints more quantiles of both.
 
-use leasehold::file::{FileOptions, FileStore};
-use leasehold::memory::MemoryStore;
+use leasehold::stores::file::{FileOptions, FileStore};
+use leasehold::stores::memory::MemoryStore;
 use leasehold::{AcquireOutcome, AcquireRequest, Key, LocalLocks, LockStore, Locks, Released};
 use std::ffi::CString;
 use std::fmt::Display;

@@ -270,7 +270,7 @@ fn to_inspection(name: String, s: Stored) -> Inspection {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::memory::RecordMemoryStore;
+    use crate::stores::memory::RecordMemoryStore;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
 

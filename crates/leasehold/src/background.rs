@@ -44,7 +44,7 @@ pub(crate) fn spawn_here(call: impl Future<Output = ()> + Send + 'static) {
 ///
 /// ```
 /// # async fn demo() -> leasehold::Result<()> {
-/// let locks = leasehold::Locks::new(leasehold::memory::MemoryStore::new());
+/// let locks = leasehold::Locks::new(leasehold::stores::memory::MemoryStore::new());
 /// let guard = locks.lock("job")?.try_acquire().await?;
 /// drop(guard); // released in the background
 /// assert_eq!(leasehold::settle(std::time::Duration::from_secs(1)).await, 0);

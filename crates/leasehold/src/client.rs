@@ -31,7 +31,7 @@ const MAX_BLOCK: usize = 64;
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
 /// use std::time::Duration;
-/// let locks = leasehold::Locks::new(leasehold::memory::MemoryStore::new());
+/// let locks = leasehold::Locks::new(leasehold::stores::memory::MemoryStore::new());
 /// let guard = locks
 ///     .lock("user:alice")?
 ///     .ttl(Duration::from_secs(30))
@@ -226,7 +226,7 @@ impl Locks {
     ///
     /// ```
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-    /// let locks = leasehold::Locks::new(leasehold::memory::MemoryStore::new());
+    /// let locks = leasehold::Locks::new(leasehold::stores::memory::MemoryStore::new());
     /// let a = locks.lock("a")?.acquire().await?;
     /// let b = locks.lock("b")?.acquire().await?;
     /// assert_eq!(locks.held(), 2);
@@ -274,7 +274,7 @@ impl Locks {
     ///
     /// ```
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-    /// let locks = leasehold::Locks::new(leasehold::memory::MemoryStore::new());
+    /// let locks = leasehold::Locks::new(leasehold::stores::memory::MemoryStore::new());
     /// let key = leasehold::Key::new("k")?;
     /// let g = locks.lock_key(key.clone()).acquire().await?;
     /// let next = tokio::spawn({
@@ -298,7 +298,7 @@ impl Locks {
     ///
     /// ```
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-    /// let locks = leasehold::Locks::new(leasehold::memory::MemoryStore::new());
+    /// let locks = leasehold::Locks::new(leasehold::stores::memory::MemoryStore::new());
     /// let a = locks.lock("a")?.try_acquire().await?.expect("free");
     /// let b = locks.clone().lock("b")?.try_acquire().await?.expect("free");
     /// assert_eq!(locks.held(), 2);
@@ -317,7 +317,7 @@ impl Locks {
     /// [`Error::InvalidKey`] for a key [`Key::new`] refuses.
     ///
     /// ```
-    /// let locks = leasehold::Locks::new(leasehold::memory::MemoryStore::new());
+    /// let locks = leasehold::Locks::new(leasehold::stores::memory::MemoryStore::new());
     /// assert!(locks.lock("user:alice").is_ok());
     /// assert!(locks.lock("../x").is_ok()); // each store names its records safely
     /// assert!(matches!(locks.lock(""), Err(leasehold::Error::InvalidKey { .. })));
@@ -332,7 +332,7 @@ impl Locks {
     ///
     /// ```
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-    /// let locks = leasehold::Locks::new(leasehold::memory::MemoryStore::new());
+    /// let locks = leasehold::Locks::new(leasehold::stores::memory::MemoryStore::new());
     /// let key = leasehold::Key::new("user:alice")?;
     /// let guard = locks.lock_key(key.clone()).try_acquire().await?.expect("free");
     /// assert_eq!(guard.key(), &key);
@@ -380,7 +380,7 @@ impl LockBuilder {
     /// ```
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
     /// use std::time::Duration;
-    /// let locks = leasehold::Locks::new(leasehold::memory::MemoryStore::new());
+    /// let locks = leasehold::Locks::new(leasehold::stores::memory::MemoryStore::new());
     /// let guard = locks.lock("k")?.ttl(Duration::from_secs(2)).acquire().await?;
     /// assert_eq!(guard.record().ttl_ms, 2_000);
     /// guard.release().await?;
@@ -465,7 +465,7 @@ impl LockBuilder {
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
     /// use leasehold::{Backoff, Error, Locks};
     /// use std::time::Duration;
-    /// let locks = Locks::new(leasehold::memory::MemoryStore::new());
+    /// let locks = Locks::new(leasehold::stores::memory::MemoryStore::new());
     /// let fast = Backoff { initial: Duration::from_millis(1), max: Duration::from_millis(50) };
     /// locks.lock("k")?.backoff(fast).acquire().await?.release().await?;
     /// let broken = Backoff { initial: Duration::ZERO, ..fast };
@@ -522,7 +522,7 @@ impl LockBuilder {
     ///
     /// ```
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-    /// let locks = leasehold::Locks::new(leasehold::memory::MemoryStore::new());
+    /// let locks = leasehold::Locks::new(leasehold::stores::memory::MemoryStore::new());
     /// let lock = locks.lock("k")?.label("task", "41").label("task", "42").label("by", "cron");
     /// let guard = lock.acquire().await?;
     /// assert_eq!(guard.record().labels["task"], "42");
@@ -1060,7 +1060,7 @@ enum AcquireError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::memory::MemoryStore;
+    use crate::stores::memory::MemoryStore;
     use crate::record::LeaseRecord;
     use crate::store::{
         Capabilities, ChangeWatch, CleanupReport, Inspection, ReleaseOutcome, RenewOutcome,

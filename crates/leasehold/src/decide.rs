@@ -18,7 +18,7 @@ use std::sync::OnceLock;
 
 /// What a store found under a key before deciding.
 #[derive(Debug, Clone, Copy)]
-pub enum Current<'a> {
+pub(crate) enum Current<'a> {
     /// No record.
     Missing,
     /// A record that does not parse, with a fence recovered from its bytes if any.
@@ -32,7 +32,7 @@ pub enum Current<'a> {
 
 /// Times a decision needs.
 #[derive(Debug, Clone, Copy)]
-pub struct Now {
+pub(crate) struct Now {
     /// Unix milliseconds.
     pub ms: u64,
     /// Unix microseconds (the fence floor).
@@ -41,7 +41,7 @@ pub struct Now {
 
 impl Now {
     /// The wall clock now.
-    pub fn wall() -> Self {
+    pub(crate) fn wall() -> Self {
         let us = crate::record::now_us();
         Now { ms: us / 1000, us }
     }
@@ -61,7 +61,7 @@ pub(crate) fn host() -> &'static str {
 
 /// Decides an acquisition. Returns the outcome and the record to write, if anything changes.
 /// `holder_dead` is true when the store knows the recorded holder's process is gone.
-pub fn acquire(
+pub(crate) fn acquire(
     current: Current<'_>,
     req: &AcquireRequest,
     now: Now,
@@ -134,7 +134,7 @@ pub(crate) fn grant(g: &mut LeaseRecord, req: &AcquireRequest, fence: u64, now_m
 }
 
 /// Why a record is not (or no longer) the lease of `token`.
-pub fn lost_reason(current: Option<&LeaseRecord>, token: &str, now_ms: u64) -> Option<LostReason> {
+pub(crate) fn lost_reason(current: Option<&LeaseRecord>, token: &str, now_ms: u64) -> Option<LostReason> {
     match current {
         None => Some(LostReason::Released),
         Some(r) => match r.token.as_deref() {
@@ -154,7 +154,7 @@ pub fn lost_reason(current: Option<&LeaseRecord>, token: &str, now_ms: u64) -> O
 }
 
 /// Decides a renewal: the record to write when it is still ours.
-pub fn renew(
+pub(crate) fn renew(
     current: Option<&LeaseRecord>,
     token: &str,
     ttl_ms: u64,
@@ -180,7 +180,7 @@ pub fn renew(
 
 /// Decides a release: the free record to write (fence and live waiter kept).
 /// A lease that expired but was not taken over is still cleared, and reported as not held.
-pub fn release(
+pub(crate) fn release(
     current: Option<&LeaseRecord>,
     token: &str,
     now_ms: u64,
@@ -199,7 +199,7 @@ pub fn release(
 }
 
 /// The record `r` with its holder removed (fence, live waiter and key kept).
-pub fn freed(r: &LeaseRecord, now_ms: u64) -> LeaseRecord {
+pub(crate) fn freed(r: &LeaseRecord, now_ms: u64) -> LeaseRecord {
     let mut f = r.clone();
     f.holder = None;
     f.token = None;
@@ -215,7 +215,7 @@ pub fn freed(r: &LeaseRecord, now_ms: u64) -> LeaseRecord {
 }
 
 /// Decides a waiter withdrawal: the record to write if `token` was the waiter.
-pub fn withdraw_waiter(current: Option<&LeaseRecord>, token: &str) -> Option<LeaseRecord> {
+pub(crate) fn withdraw_waiter(current: Option<&LeaseRecord>, token: &str) -> Option<LeaseRecord> {
     match current {
         Some(r) if r.waiter_token.as_deref() == Some(token) => {
             let mut n = r.clone();
@@ -230,13 +230,13 @@ pub fn withdraw_waiter(current: Option<&LeaseRecord>, token: &str) -> Option<Lea
 
 /// Whether `cleanup` may delete this record: free or expired, no live waiter, untouched for
 /// `older_than_ms`.
-pub fn removable(r: &LeaseRecord, now_ms: u64, older_than_ms: u64) -> bool {
+pub(crate) fn removable(r: &LeaseRecord, now_ms: u64, older_than_ms: u64) -> bool {
     let last = r.renewed_ms.max(r.acquired_ms).max(r.expires_ms);
     !r.is_held(now_ms) && !r.has_live_waiter(now_ms) && last.saturating_add(older_than_ms) <= now_ms
 }
 
 /// Finds the largest `"fence": N` in damaged bytes.
-pub fn salvage_fence(bytes: &[u8]) -> Option<u64> {
+pub(crate) fn salvage_fence(bytes: &[u8]) -> Option<u64> {
     let pat = b"\"fence\"";
     let mut best: Option<u64> = None;
     let mut i = 0;

@@ -638,7 +638,7 @@ impl LeaseGuard {
     ///
     /// ```
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-    /// let locks = leasehold::Locks::new(leasehold::memory::MemoryStore::new());
+    /// let locks = leasehold::Locks::new(leasehold::stores::memory::MemoryStore::new());
     /// let first = locks.lock("k")?.try_acquire().await?.expect("free");
     /// let f1 = first.fence();
     /// first.release().await?;
@@ -689,7 +689,7 @@ impl LeaseGuard {
     ///
     /// ```
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-    /// let locks = leasehold::Locks::new(leasehold::memory::MemoryStore::new());
+    /// let locks = leasehold::Locks::new(leasehold::stores::memory::MemoryStore::new());
     /// let guard = locks.lock("k")?.try_acquire().await?.expect("free");
     /// assert!(guard.is_current());
     /// guard.release().await?;
@@ -816,7 +816,7 @@ impl LeaseGuard {
     /// ```
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
     /// use leasehold::Released;
-    /// let locks = leasehold::Locks::new(leasehold::memory::MemoryStore::new());
+    /// let locks = leasehold::Locks::new(leasehold::stores::memory::MemoryStore::new());
     /// let guard = locks.lock("k")?.try_acquire().await?.expect("free");
     /// assert_eq!(guard.release().await?, Released::Released);
     /// assert_eq!(guard.release().await?, Released::AlreadyReleased);

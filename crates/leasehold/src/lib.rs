@@ -24,45 +24,28 @@
 //! ```
 //!
 //! ## Stores
-//! | URL | module | feature |
-//! |---|---|---|
-//! | `file:///path/to/dir[?mode=0640&fsync=true]` | [`file`](mod@file) | `file` (default) |
-//! | `memory://` | [`memory`] | `memory` (default) |
-//! | `record-memory://` (the generic record adapter over memory) | [`memory`], [`adapter`] | `memory` |
-//! | `k8s://[namespace][?prefix=…&server=…]`, `kubernetes://…` (Lease objects) | `kubernetes` | `kubernetes` |
-//! | `redis://[user:pass@]host:port/db[?prefix=…&timeout=…]`, `rediss://…[?ca=…]`, `redis+unix:///path/redis.sock[?db=…&user=…&pass=…]`, `redis+sentinel://[user:pass@]s1:26379,s2:26379/MASTER[/db]` | `redis` | `redis` |
-//! | `redis+cluster://[user:pass@]h1:p1,h2:p2,…[?prefix=…]`, `rediss+cluster://…[?ca=…]` (Redis Cluster) | `redis_cluster` | `redis-cluster` |
-//! | `redlock://host1:port1,host2:port2,host3:port3[/db]` | `redlock` | `redlock` |
+//! A URL names the store: see [`stores`] for the table of schemes, their stores and Cargo features.
 //!
 //! Contention is not an error: `try_acquire` answers `Ok(None)`. Store failures are [`Error`]s,
 //! with [`Error::is_retryable`].
 
 pub mod adapter;
 mod background;
-pub mod decide;
+pub(crate) mod decide;
 pub mod error;
-pub mod file;
 pub mod guard;
 pub mod holder;
 pub mod key;
-#[cfg(feature = "kubernetes")]
-pub mod kubernetes;
 pub mod local;
-pub mod memory;
 pub mod metrics;
 pub mod options;
 #[cfg(feature = "queue-postgres")]
-mod postgres_tls;
+mod postgres;
 #[cfg(feature = "queue")]
 pub mod queue;
 pub mod record;
-#[cfg(feature = "redis")]
-pub mod redis;
-#[cfg(feature = "redis-cluster")]
-pub mod redis_cluster;
-#[cfg(feature = "redlock")]
-pub mod redlock;
 pub mod store;
+pub mod stores;
 pub mod traced;
 
 mod client;
@@ -129,7 +112,7 @@ pub fn redact_url(url: &str) -> String {
     format!("{main}?{}", pairs.join("&"))
 }
 
-/// Opens the store a URL names (see the table in the crate docs).
+/// Opens the store a URL names (see the table in [`stores`]).
 ///
 /// # Errors
 /// [`Error::InvalidUrl`] for a URL that does not parse or has unknown parameters,
@@ -143,71 +126,7 @@ pub fn redact_url(url: &str) -> String {
 /// # });
 /// ```
 pub async fn open_store(url: &str) -> Result<Arc<dyn LockStore>> {
-    let bad = |reason: &str| Error::InvalidUrl {
-        url: redact_url(url),
-        reason: reason.into(),
-    };
-    let scheme = match url.split_once("://") {
-        Some((s, _))
-            if !s.is_empty()
-                && s.chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c)) =>
-        {
-            s.to_ascii_lowercase()
-        }
-        _ => {
-            return Err(bad(
-                "expected SCHEME://…, e.g. file:///var/lib/locks or redis://127.0.0.1:6379/0",
-            ))
-        }
-    };
-    #[cfg(feature = "redlock")]
-    if scheme == "redlock" {
-        return Ok(Arc::new(crate::redlock::RedlockStore::from_url(url).await?));
-    }
-    #[cfg(feature = "redis")]
-    if scheme == "redis+sentinel" || scheme == "rediss+sentinel" {
-        return Ok(Arc::new(
-            crate::redis::RedisStore::from_sentinel_url(url).await?,
-        ));
-    }
-    #[cfg(feature = "redis-cluster")]
-    if scheme == "redis+cluster" || scheme == "rediss+cluster" {
-        return Ok(Arc::new(
-            crate::redis::RedisStore::from_cluster_url(url).await?,
-        ));
-    }
-    let parsed = url::Url::parse(url).map_err(|e| bad(&e.to_string()))?;
-    let not_enabled = |feature: &'static str| Error::FeatureNotEnabled {
-        scheme: scheme.clone(),
-        feature,
-    };
-    match scheme.as_str() {
-        "memory" => Ok(Arc::new(memory::MemoryStore::new())),
-        "record-memory" => Ok(Arc::new(adapter::RecordLockStore::new(memory::RecordMemoryStore::new()))),
-        "file" => Ok(Arc::new(file::FileStore::from_url(&parsed)?)),
-        #[cfg(feature = "redis")]
-        "redis" | "rediss" | "redis+unix" => {
-            Ok(Arc::new(crate::redis::RedisStore::from_url(&parsed).await?))
-        }
-        #[cfg(not(feature = "redis"))]
-        "redis" | "rediss" | "redis+unix" | "redis+sentinel" | "rediss+sentinel" => {
-            Err(not_enabled("redis"))
-        }
-        "redlock" => Err(not_enabled("redlock")),
-        "redis+cluster" | "rediss+cluster" => Err(not_enabled("redis-cluster")),
-        #[cfg(feature = "kubernetes")]
-        "k8s" | "kubernetes" => Ok(Arc::new(adapter::RecordLockStore::new(
-            crate::kubernetes::KubernetesStore::from_url(&parsed).await?,
-        ))),
-        #[cfg(not(feature = "kubernetes"))]
-        "k8s" | "kubernetes" => Err(not_enabled("kubernetes")),
-        // Planned stores: no Cargo feature turns them on yet.
-        "gs" | "gcs" | "s3" | "postgres" | "postgresql" | "etcd" => Err(bad(&format!(
-            "the {scheme}:// store is not in this version of leasehold (stores: file, memory, redis and its variants, redlock, k8s)"
-        ))),
-        _ => Err(bad("unknown scheme (known: file, memory, record-memory, redis, rediss, redis+unix, redis+sentinel, rediss+sentinel, redis+cluster, rediss+cluster, redlock, k8s, gs, s3, postgres, etcd)")),
-    }
+    stores::open(url).await
 }
 
 /// Opens the store a URL names and returns [`Locks`] over it (as [`Locks::from_arc`]: holder id

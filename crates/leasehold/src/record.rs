@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
 /// use leasehold::record::now_ms;
 /// use std::time::Duration;
-/// let locks = leasehold::Locks::new(leasehold::memory::MemoryStore::new());
+/// let locks = leasehold::Locks::new(leasehold::stores::memory::MemoryStore::new());
 /// let guard = locks.lock("k")?.ttl(Duration::from_secs(30)).acquire().await?;
 /// assert!(guard.record().is_held(now_ms()));
 /// assert!(guard.record().remaining(now_ms()) <= Duration::from_secs(30));

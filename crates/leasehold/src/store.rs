@@ -254,7 +254,7 @@ pub enum ReleaseOutcome {
 }
 
 /// A record as read for `inspect` and `list`: sound, or corrupt (reported, never fatal; see
-/// [`RecordMemoryStore::put_raw`](crate::memory::RecordMemoryStore::put_raw) for a corrupt one).
+/// [`RecordMemoryStore::put_raw`](crate::stores::memory::RecordMemoryStore::put_raw) for a corrupt one).
 ///
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {

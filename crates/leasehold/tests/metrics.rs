@@ -2,7 +2,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use leasehold::{memory::MemoryStore, HolderId, Locks, Metrics};
+use leasehold::{stores::memory::MemoryStore, HolderId, Locks, Metrics};
 use std::time::Duration;
 
 fn value(text: &str, name: &str) -> f64 {

@@ -2,7 +2,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use leasehold::memory::MemoryStore;
+use leasehold::stores::memory::MemoryStore;
 use leasehold::{LockStore, Locks};
 use std::sync::Arc;
 use std::time::Duration;

@@ -2,7 +2,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use leasehold::memory::MemoryStore;
+use leasehold::stores::memory::MemoryStore;
 use leasehold::{HolderId, Key, LockStore, Locks, Released};
 use std::sync::Arc;
 

@@ -36,7 +36,7 @@ use super::{
     CANCEL_NONE, CANCEL_REQUESTED, CANCEL_TIMEOUT, COLUMNS,
 };
 use crate::error::{Error, Result};
-use crate::postgres_tls;
+use crate::postgres::tls;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -186,13 +186,13 @@ pub struct PgQueue {
     timeout: Duration,
     notify: Arc<Notify>,
     url: String,
-    tls: postgres_tls::Connect,
+    tls: tls::Connect,
 }
 
 /// `url` without the parameters the driver does not know (`timeout`, and the TLS parameters,
 /// some of whose values it refuses), that timeout and those TLS parameters.
-fn split_params(url: &str, shown: &str) -> Result<(String, Duration, postgres_tls::Params)> {
-    let mut tls = postgres_tls::Params::default();
+fn split_params(url: &str, shown: &str) -> Result<(String, Duration, tls::Params)> {
+    let mut tls = tls::Params::default();
     let Some((base, query)) = url.split_once('?') else {
         return Ok((url.to_owned(), DEFAULT_TIMEOUT, tls));
     };
@@ -228,7 +228,7 @@ async fn connect_listening(
     shown: &str,
     timeout: Duration,
     notify: &Arc<Notify>,
-    tls: &postgres_tls::Connect,
+    tls: &tls::Connect,
 ) -> Result<Client> {
     let (client, mut connection) = tokio::time::timeout(timeout, config.connect(tls.clone()))
         .await

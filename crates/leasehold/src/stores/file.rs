@@ -61,7 +61,7 @@ const KERNEL_LOCK: &str = "kernel_lock";
 /// Options of the file store; the `mode` and `fsync` parameters of a `file://` URL.
 ///
 /// ```
-/// use leasehold::file::{FileOptions, FileStore};
+/// use leasehold::stores::file::{FileOptions, FileStore};
 /// let dir = tempfile::tempdir().unwrap();
 /// let shared = FileOptions { mode: 0o640, fsync: true }; // group may read; fdatasync each write
 /// assert!(FileStore::open(dir.path(), shared).is_ok());
@@ -90,7 +90,7 @@ impl Default for FileOptions {
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
 /// let dir = tempfile::tempdir().unwrap();
-/// let store = leasehold::file::FileStore::open(dir.path(), Default::default())?;
+/// let store = leasehold::stores::file::FileStore::open(dir.path(), Default::default())?;
 /// let locks = leasehold::Locks::new(store);
 /// let guard = locks.lock("user:alice")?.try_acquire().await?.expect("free");
 /// guard.release().await?;

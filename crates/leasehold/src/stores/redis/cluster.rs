@@ -1,5 +1,5 @@
 //! Redis Cluster (`redis+cluster://[user:pass@]host1:port1,host2:port2,…[?prefix=…&timeout=…]`,
-//! `rediss+cluster://…[?ca=…]` over TLS): the [Redis store](crate::redis)'s records, scripts and
+//! `rediss+cluster://…[?ca=…]` over TLS): the [Redis store](crate::stores::redis)'s records, scripts and
 //! guarantees on a cluster.
 //!
 //! * **Keys**: a key's record and fence counter carry the key as a hash tag —
@@ -36,8 +36,8 @@
 
 use crate::error::{Error, Result};
 use crate::key::Key;
-use crate::redis::coalesce::Lanes;
-use crate::redis::{bounded, host_list, scan, Conn, Hub, Origin, RedisOptions, RedisStore};
+use crate::stores::redis::coalesce::Lanes;
+use crate::stores::redis::{bounded, host_list, scan, Conn, Hub, Origin, RedisOptions, RedisStore};
 use ::redis::cluster_async::ClusterConnection;
 use ::redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use std::collections::HashMap;
@@ -50,7 +50,7 @@ struct ClusterUrl {
     /// Each seed node's `redis://` (or `rediss://`) URL, with the user and password.
     nodes: Vec<String>,
     opts: RedisOptions,
-    checked: crate::redis::Checked,
+    checked: crate::stores::redis::Checked,
 }
 
 /// Parses `redis+cluster://[user:pass@]h1:p1,h2:p2,…[/0][?…]` (or `rediss+cluster://`).
@@ -87,7 +87,7 @@ fn parse(url: &str, described: &str) -> Result<ClusterUrl> {
             ));
         }
     }
-    let checked = crate::redis::checked(&opts, described)?;
+    let checked = crate::stores::redis::checked(&opts, described)?;
     Ok(ClusterUrl {
         nodes,
         opts,
@@ -228,7 +228,7 @@ pub(crate) struct ClusterNodes {
     ask_of: parking_lot::Mutex<Vec<u16>>,
     /// A read of the slot map started in the background is under way ([`Self::claim_map_read`]).
     reading_map: AtomicBool,
-    /// The coalescing lanes of each primary ([`crate::redis::coalesce`]).
+    /// The coalescing lanes of each primary ([`crate::stores::redis::coalesce`]).
     lanes: parking_lot::Mutex<HashMap<Node, Arc<Lanes>>>,
     /// One pub/sub hub per node (`host`, `port`).
     hubs: tokio::sync::Mutex<HashMap<Node, Arc<Hub>>>,
@@ -312,7 +312,7 @@ impl ClusterNodes {
 
     /// Why the cluster connection finds no node to send to, when the nodes refuse it: a new
     /// connection to every seed at once, with the store's credentials. A refusal the connection
-    /// would keep ([`crate::redis::connection_refused`]: refused credentials, an answer that is
+    /// would keep ([`crate::stores::redis::connection_refused`]: refused credentials, an answer that is
     /// not Redis) when no seed accepts; `None` as soon as one does (or when none answers at all:
     /// the nodes are down, which the call's own error says). A seed that hangs holds up nothing.
     ///
@@ -333,7 +333,7 @@ impl ClusterNodes {
         while let Some(tried) = tries.next().await {
             match tried {
                 Ok(_) => return None,
-                Err(e) if refused.is_none() && crate::redis::connection_refused(&e) => {
+                Err(e) if refused.is_none() && crate::stores::redis::connection_refused(&e) => {
                     refused = Some(e)
                 }
                 Err(_) => {}
@@ -444,7 +444,7 @@ impl ClusterNodes {
             }
             let started = match node_client(&self.node_url, Some((&host, port)), &self.certs) {
                 Ok(client) => Hub::start(&client, probe, store, timeout).await,
-                Err(e) => Err(crate::redis::map_err(store, e)),
+                Err(e) => Err(crate::stores::redis::map_err(store, e)),
             };
             match started {
                 Ok(hub) => {

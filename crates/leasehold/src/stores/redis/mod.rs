@@ -57,6 +57,8 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 pub(crate) mod coalesce;
+#[cfg(feature = "redis-cluster")]
+pub mod cluster;
 
 /// Shared Lua helpers: server time, record decoding, waiter liveness.
 const PRELUDE: &str = r#"
@@ -905,7 +907,7 @@ pub(crate) enum Origin {
     /// A Redis Cluster (`redis+cluster://`): the connection routes each call to the node serving
     /// its key's slot and follows the cluster's moves itself; pub/sub goes to that node too.
     #[cfg(feature = "redis-cluster")]
-    Cluster(crate::redis_cluster::ClusterNodes),
+    Cluster(crate::stores::redis::cluster::ClusterNodes),
 }
 
 /// The command connection: to one server, or to a Redis Cluster; with, for a store whose grants
@@ -1220,7 +1222,7 @@ impl Link {
     }
 
     /// After a call to a cluster found no connection to send on: why, when the nodes refuse
-    /// connections ([`crate::redis_cluster::ClusterNodes::refusal`]), checked by one call at a
+    /// connections ([`crate::stores::redis::cluster::ClusterNodes::refusal`]), checked by one call at a
     /// time before `deadline` (the others answer their own error).
     #[cfg(feature = "redis-cluster")]
     async fn cluster_refusal(
@@ -1541,7 +1543,7 @@ async fn renew_batch(link: &Arc<Link>, scripts: &RenewScripts, batch: Vec<RenewJ
 #[cfg(feature = "redis-cluster")]
 async fn renew_on_nodes(
     link: &Arc<Link>,
-    nodes: &crate::redis_cluster::ClusterNodes,
+    nodes: &crate::stores::redis::cluster::ClusterNodes,
     scripts: &RenewScripts,
     batch: Vec<RenewJob>,
 ) {
@@ -1605,7 +1607,7 @@ enum NodeRenewal {
 async fn renew_by_slot(link: &Arc<Link>, keyed: &Lua, batch: Vec<(RenewJob, String)>) {
     let mut by_slot: HashMap<_, Vec<RenewJob>> = HashMap::new();
     for (j, _) in batch {
-        let slot = crate::redis_cluster::slot(&j.record_key);
+        let slot = crate::stores::redis::cluster::slot(&j.record_key);
         by_slot.entry(slot).or_default().push(j);
     }
     let calls = by_slot
@@ -2015,7 +2017,7 @@ impl RedisStore {
     ///
     /// ```no_run
     /// # async fn f() -> leasehold::Result<()> {
-    /// use leasehold::redis::{RedisOptions, RedisStore};
+    /// use leasehold::stores::redis::{RedisOptions, RedisStore};
     /// use std::time::Duration;
     /// // The seed deployments' prefix; a server that stops answering fails calls after 1 s.
     /// let opts = RedisOptions {
@@ -2273,7 +2275,7 @@ impl RedisStore {
     fn check(&self, key: &Key) -> Result<()> {
         #[cfg(feature = "redis-cluster")]
         if self.clustered() {
-            return crate::redis_cluster::check_key(key);
+            return crate::stores::redis::cluster::check_key(key);
         }
         let _ = key;
         Ok(())
@@ -2819,7 +2821,7 @@ impl LockStore for RedisStore {
         let mut names = match &conn {
             #[cfg(feature = "redis-cluster")]
             Conn::Cluster(c, _) => {
-                crate::redis_cluster::scan_all(c, &pattern, &link.described, link.timeout).await?
+                crate::stores::redis::cluster::scan_all(c, &pattern, &link.described, link.timeout).await?
             }
             Conn::One(..) => scan(&pattern, |page| async move { self.query(&page).await }).await?,
         };

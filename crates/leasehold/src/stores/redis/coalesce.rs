@@ -247,11 +247,11 @@ pub(super) async fn send(link: &Arc<Link>, batched: &Batched, call: &ScriptCall)
 #[cfg(feature = "redis-cluster")]
 pub(super) async fn send_to_primary(
     link: &Arc<Link>,
-    nodes: &crate::redis_cluster::ClusterNodes,
+    nodes: &crate::stores::redis::cluster::ClusterNodes,
     batched: &Batched,
     call: &ScriptCall,
 ) -> Result<Value> {
-    let slot = call.first_key().map(crate::redis_cluster::slot);
+    let slot = call.first_key().map(crate::stores::redis::cluster::slot);
     match slot.and_then(|slot| Some((slot, nodes.lanes_for(slot)?))) {
         Some((slot, lanes)) => send_in(link, lanes, Some(slot), batched, call).await,
         None => {

@@ -6,7 +6,7 @@
 //! granted the lease.
 //!
 //! # Algorithm
-//! * **Acquire**: the acquire script of the [Redis store](crate::redis) runs on all nodes at once
+//! * **Acquire**: the acquire script of the [Redis store](crate::stores::redis) runs on all nodes at once
 //!   with the same owner token and a short per-node timeout (default 200 ms, `?timeout=`). The lease
 //!   is ours only if a majority (`N/2 + 1`) granted it and the remaining validity
 //!   `TTL − elapsed − drift` (drift = `TTL × 0.01 + 2 ms`) is positive; every node's answer (or
@@ -44,7 +44,7 @@
 use crate::error::{Error, Result};
 use crate::key::Key;
 use crate::record::LeaseRecord;
-use crate::redis::{RedisOptions, RedisStore};
+use crate::stores::redis::{RedisOptions, RedisStore};
 use crate::store::{
     AcquireOutcome, AcquireRequest, Capabilities, ChangeWatch, CleanupReport, Inspection,
     LockStore, LostReason, ReleaseOutcome, RenewOutcome,
@@ -84,8 +84,8 @@ impl RedlockStore {
     ///
     /// ```no_run
     /// # async fn f() -> leasehold::Result<()> {
-    /// use leasehold::redis::RedisOptions;
-    /// use leasehold::redlock::RedlockStore;
+    /// use leasehold::stores::redis::RedisOptions;
+    /// use leasehold::stores::redlock::RedlockStore;
     /// let nodes: Vec<String> = ["10.0.0.1:6379", "10.0.0.2:6379", "10.0.0.3:6379"]
     ///     .iter()
     ///     .map(|n| format!("redis://{n}/0"))
@@ -124,7 +124,7 @@ impl RedlockStore {
     /// Parses `redlock://[user:pass@]h1:p1,h2:p2,…[/db][?prefix=…&timeout=…]`.
     pub(crate) async fn from_url(url: &str) -> Result<Self> {
         let described = crate::redact_url(url);
-        let list = crate::redis::host_list(url, "redlock", &described)?;
+        let list = crate::stores::redis::host_list(url, "redlock", &described)?;
         let db = list.path;
         if !db.is_empty() && db.parse::<u32>().is_err() {
             return Err(Error::InvalidUrl {

@@ -1,0 +1,387 @@
+//! The stores, and the one registry of the URL schemes that open them.
+//!
+//! Each store is one module here, behind a Cargo feature of the same name (`memory` and `file` are
+//! always built). [`SCHEMES`] lists every scheme once, with its store, its feature and how it is
+//! opened: [`crate::open_store`], the "built without feature X" error
+//! ([`Error::FeatureNotEnabled`]), the "unknown scheme" error and the table below all come from it.
+//! Adding a store is one module, one line in [`SCHEMES`] and one line in the conformance tests.
+//!
+//! <!-- schemes:start -->
+//! | URL | store | Cargo feature |
+//! |---|---|---|
+//! | `file:///path/to/dir[?mode=0640&fsync=true]` | [file](file) | `file` (default) |
+//! | `memory://` | [memory](memory) | `memory` (default) |
+//! | `record-memory://` | [memory](memory) (the record adapter over memory) | `memory` (default) |
+//! | `redis://[user:pass@]host:port/db[?prefix=…&timeout=…&replicas=N]`, `rediss://…[?ca=…]`, `redis+unix:///path/redis.sock[?db=…&user=…&pass=…]` | redis | `redis` |
+//! | `redis+sentinel://[user:pass@]s1:26379,s2:26379/MASTER[/db]`, `rediss+sentinel://…` | redis (Sentinel) | `redis` |
+//! | `redis+cluster://[user:pass@]h1:p1,h2:p2,…[?prefix=…]`, `rediss+cluster://…[?ca=…]` | redis (Cluster) | `redis-cluster` |
+//! | `redlock://host1:port1,host2:port2,host3:port3[/db]` | redlock | `redlock` |
+//! | `k8s://[namespace][?prefix=…&server=…]`, `kubernetes://…` | kubernetes (Lease objects) | `kubernetes` |
+//! | `gs://bucket/prefix`, `gcs://…` | Google Cloud Storage | planned |
+//! | `s3://bucket/prefix` | Amazon S3 | planned |
+//! | `az://container/prefix` | Azure Blob Storage | planned |
+//! | `postgres://user@host:port/db`, `postgresql://…` | PostgreSQL | planned |
+//! | `etcd://host1:2379,host2:2379` | etcd | planned |
+//! <!-- schemes:end -->
+
+use crate::error::{Error, Result};
+use crate::store::LockStore;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+pub mod file;
+#[cfg(feature = "kubernetes")]
+pub mod kubernetes;
+pub mod memory;
+#[cfg(feature = "redis")]
+pub mod redis;
+#[cfg(feature = "redlock")]
+pub mod redlock;
+
+/// An opening store, as an [`Opener`] returns it.
+pub(crate) type Opening<'a> = Pin<Box<dyn Future<Output = Result<Arc<dyn LockStore>>> + Send + 'a>>;
+
+/// Opens a store from its whole URL (credentials included).
+pub(crate) type Opener = for<'a> fn(&'a str) -> Opening<'a>;
+
+/// Whether a scheme's store is in this build.
+#[derive(Clone, Copy)]
+enum Availability {
+    /// Built: opened by this function.
+    Built(Opener),
+    /// Its Cargo feature is not enabled in this build.
+    #[allow(dead_code)] // a build with every feature
+    FeatureOff,
+    /// Not written yet: no feature turns it on.
+    Planned,
+}
+
+/// One family of URL schemes that open the same store.
+#[derive(Clone, Copy)]
+pub struct Scheme {
+    /// The URL schemes (before `://`), lower case.
+    pub schemes: &'static [&'static str],
+    /// The URL forms, for the docs' table.
+    pub forms: &'static str,
+    /// The store's module under [`crate::stores`] (empty for a planned store) and what it opens.
+    pub store: (&'static str, &'static str),
+    /// The Cargo feature that builds it (`None` for a planned store).
+    pub feature: Option<&'static str>,
+    available: Availability,
+}
+
+impl std::fmt::Debug for Scheme {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scheme")
+            .field("schemes", &self.schemes)
+            .field("feature", &self.feature)
+            .field("built", &self.is_built())
+            .finish()
+    }
+}
+
+impl Scheme {
+    /// Whether this build can open it.
+    pub fn is_built(&self) -> bool {
+        matches!(self.available, Availability::Built(_))
+    }
+}
+
+/// A registry line for a store behind a feature: `$open` is only named when the feature is on.
+macro_rules! store {
+    ($schemes:expr, $forms:expr, $module:literal, $what:literal, $feature:literal, $open:path) => {
+        Scheme {
+            schemes: &$schemes,
+            forms: $forms,
+            store: ($module, $what),
+            feature: Some($feature),
+            available: {
+                #[cfg(feature = $feature)]
+                const AVAILABLE: Availability = Availability::Built($open);
+                #[cfg(not(feature = $feature))]
+                const AVAILABLE: Availability = Availability::FeatureOff;
+                AVAILABLE
+            },
+        }
+    };
+}
+
+/// A registry line for a store built in every build (`memory`, `file`: their features exist for
+/// symmetry).
+macro_rules! always {
+    ($schemes:expr, $forms:expr, $module:literal, $what:literal, $open:path) => {
+        Scheme {
+            schemes: &$schemes,
+            forms: $forms,
+            store: ($module, $what),
+            feature: Some($module),
+            available: Availability::Built($open),
+        }
+    };
+}
+
+/// A registry line for a store not written yet.
+macro_rules! planned {
+    ($schemes:expr, $forms:expr, $what:literal) => {
+        Scheme {
+            schemes: &$schemes,
+            forms: $forms,
+            store: ("", $what),
+            feature: None,
+            available: Availability::Planned,
+        }
+    };
+}
+
+/// Every URL scheme leasehold knows, in the order of the docs' table.
+pub const SCHEMES: &[Scheme] = &[
+    always!(["file"], "`file:///path/to/dir[?mode=0640&fsync=true]`", "file", "", open_file),
+    always!(["memory"], "`memory://`", "memory", "", open_memory),
+    always!(
+        ["record-memory"],
+        "`record-memory://`",
+        "memory",
+        "the record adapter over memory",
+        open_record_memory
+    ),
+    store!(
+        ["redis", "rediss", "redis+unix"],
+        "`redis://[user:pass@]host:port/db[?prefix=…&timeout=…&replicas=N]`, `rediss://…[?ca=…]`, `redis+unix:///path/redis.sock[?db=…&user=…&pass=…]`",
+        "redis",
+        "",
+        "redis",
+        open_redis
+    ),
+    store!(
+        ["redis+sentinel", "rediss+sentinel"],
+        "`redis+sentinel://[user:pass@]s1:26379,s2:26379/MASTER[/db]`, `rediss+sentinel://…`",
+        "redis",
+        "Sentinel",
+        "redis",
+        open_redis_sentinel
+    ),
+    store!(
+        ["redis+cluster", "rediss+cluster"],
+        "`redis+cluster://[user:pass@]h1:p1,h2:p2,…[?prefix=…]`, `rediss+cluster://…[?ca=…]`",
+        "redis",
+        "Cluster",
+        "redis-cluster",
+        open_redis_cluster
+    ),
+    store!(
+        ["redlock"],
+        "`redlock://host1:port1,host2:port2,host3:port3[/db]`",
+        "redlock",
+        "",
+        "redlock",
+        open_redlock
+    ),
+    store!(
+        ["k8s", "kubernetes"],
+        "`k8s://[namespace][?prefix=…&server=…]`, `kubernetes://…`",
+        "kubernetes",
+        "Lease objects",
+        "kubernetes",
+        open_kubernetes
+    ),
+    planned!(["gs", "gcs"], "`gs://bucket/prefix`, `gcs://…`", "Google Cloud Storage"),
+    planned!(["s3"], "`s3://bucket/prefix`", "Amazon S3"),
+    planned!(["az"], "`az://container/prefix`", "Azure Blob Storage"),
+    planned!(
+        ["postgres", "postgresql"],
+        "`postgres://user@host:port/db`, `postgresql://…`",
+        "PostgreSQL"
+    ),
+    planned!(["etcd"], "`etcd://host1:2379,host2:2379`", "etcd"),
+];
+
+/// The docs' table of [`SCHEMES`] (Markdown; links relative to this module's rustdoc page when
+/// `rustdoc_links`, plain names otherwise).
+pub fn markdown_table(rustdoc_links: bool) -> String {
+    let mut out = String::from("| URL | store | Cargo feature |\n|---|---|---|\n");
+    for s in SCHEMES {
+        let (module, what) = s.store;
+        let name = match (module, rustdoc_links) {
+            ("", _) => what.to_owned(),
+            ("memory" | "file", true) => format!("[{module}]({module})"),
+            (m, _) => m.to_owned(),
+        };
+        let store = match (module, what) {
+            ("", _) | (_, "") => name,
+            (_, w) => format!("{name} ({w})"),
+        };
+        let feature = match s.feature {
+            None => "planned".to_owned(),
+            Some(f @ ("memory" | "file")) => format!("`{f}` (default)"),
+            Some(f) => format!("`{f}`"),
+        };
+        out.push_str(&format!("| {} | {store} | {feature} |\n", s.forms));
+    }
+    out
+}
+
+/// The scheme of a URL, lower case, if it has the `SCHEME://` shape.
+fn scheme_of(url: &str) -> Option<String> {
+    let (s, _) = url.split_once("://")?;
+    let ok = !s.is_empty()
+        && s
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c));
+    ok.then(|| s.to_ascii_lowercase())
+}
+
+fn invalid(url: &str, reason: impl Into<String>) -> Error {
+    Error::InvalidUrl {
+        url: crate::redact_url(url),
+        reason: reason.into(),
+    }
+}
+
+/// Parses a URL the `url` crate understands (one host), as the stores that take one need.
+#[allow(dead_code)] // unused when only memory is built
+pub(crate) fn parse(url: &str) -> Result<url::Url> {
+    url::Url::parse(url).map_err(|e| invalid(url, e.to_string()))
+}
+
+/// Opens the store a URL names ([`crate::open_store`]).
+pub(crate) async fn open(url: &str) -> Result<Arc<dyn LockStore>> {
+    let Some(scheme) = scheme_of(url) else {
+        return Err(invalid(
+            url,
+            "expected SCHEME://…, e.g. file:///var/lib/locks or redis://127.0.0.1:6379/0",
+        ));
+    };
+    let Some(entry) = SCHEMES.iter().find(|s| s.schemes.contains(&scheme.as_str())) else {
+        let known: Vec<&str> = SCHEMES.iter().flat_map(|s| s.schemes.iter().copied()).collect();
+        return Err(invalid(
+            url,
+            format!("unknown scheme (known: {})", known.join(", ")),
+        ));
+    };
+    match entry.available {
+        Availability::Built(open) => open(url).await,
+        Availability::FeatureOff => Err(Error::FeatureNotEnabled {
+            scheme,
+            feature: entry.feature.unwrap_or_default(),
+        }),
+        Availability::Planned => {
+            let built: Vec<&str> = SCHEMES
+                .iter()
+                .filter(|s| s.is_built())
+                .map(|s| s.schemes[0])
+                .collect();
+            Err(invalid(
+                url,
+                format!(
+                    "the {scheme}:// store is not in this version of leasehold (this build opens: {})",
+                    built.join(", ")
+                ),
+            ))
+        }
+    }
+}
+
+fn open_memory(_url: &str) -> Opening<'_> {
+    Box::pin(async { Ok(Arc::new(memory::MemoryStore::new()) as Arc<dyn LockStore>) })
+}
+
+fn open_record_memory(_url: &str) -> Opening<'_> {
+    Box::pin(async {
+        let store = crate::adapter::RecordLockStore::new(memory::RecordMemoryStore::new());
+        Ok(Arc::new(store) as Arc<dyn LockStore>)
+    })
+}
+
+fn open_file(url: &str) -> Opening<'_> {
+    Box::pin(async move {
+        Ok(Arc::new(file::FileStore::from_url(&parse(url)?)?) as Arc<dyn LockStore>)
+    })
+}
+
+#[cfg(feature = "redis")]
+fn open_redis(url: &str) -> Opening<'_> {
+    Box::pin(async move {
+        let store = redis::RedisStore::from_url(&parse(url)?).await?;
+        Ok(Arc::new(store) as Arc<dyn LockStore>)
+    })
+}
+
+#[cfg(feature = "redis")]
+fn open_redis_sentinel(url: &str) -> Opening<'_> {
+    Box::pin(async move {
+        let store = redis::RedisStore::from_sentinel_url(url).await?;
+        Ok(Arc::new(store) as Arc<dyn LockStore>)
+    })
+}
+
+#[cfg(feature = "redis-cluster")]
+fn open_redis_cluster(url: &str) -> Opening<'_> {
+    Box::pin(async move {
+        let store = redis::RedisStore::from_cluster_url(url).await?;
+        Ok(Arc::new(store) as Arc<dyn LockStore>)
+    })
+}
+
+#[cfg(feature = "redlock")]
+fn open_redlock(url: &str) -> Opening<'_> {
+    Box::pin(async move {
+        let store = redlock::RedlockStore::from_url(url).await?;
+        Ok(Arc::new(store) as Arc<dyn LockStore>)
+    })
+}
+
+#[cfg(feature = "kubernetes")]
+fn open_kubernetes(url: &str) -> Opening<'_> {
+    Box::pin(async move {
+        let store = kubernetes::KubernetesStore::from_url(&parse(url)?).await?;
+        Ok(Arc::new(crate::adapter::RecordLockStore::new(store)) as Arc<dyn LockStore>)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_scheme_is_listed_once() {
+        let mut all: Vec<&str> = SCHEMES.iter().flat_map(|s| s.schemes.iter().copied()).collect();
+        let n = all.len();
+        all.sort_unstable();
+        all.dedup();
+        assert_eq!(all.len(), n, "a scheme is listed twice");
+    }
+
+    /// The table in this module's docs is the one [`markdown_table`] makes.
+    #[test]
+    fn the_module_docs_table_is_current() {
+        let source = include_str!("mod.rs");
+        let docs: String = source
+            .lines()
+            .filter_map(|l| l.strip_prefix("//! ").or(l.strip_prefix("//!")))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let table = between_markers(&docs).unwrap_or_default();
+        assert_eq!(table, markdown_table(true), "regenerate the table in stores/mod.rs");
+    }
+
+    pub(crate) fn between_markers(text: &str) -> Option<String> {
+        let start = text.find("<!-- schemes:start -->")? + "<!-- schemes:start -->".len();
+        let end = text.find("<!-- schemes:end -->")?;
+        Some(text.get(start..end)?.trim_start_matches('\n').to_owned())
+    }
+
+    #[tokio::test]
+    async fn errors_come_from_the_registry() {
+        let err = |r: Result<Arc<dyn LockStore>>| r.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(err(open("nope://x").await).contains("unknown scheme (known: file, memory"));
+        assert!(err(open("gs://b/p").await).contains("not in this version"));
+        assert!(err(open("x").await).contains("expected SCHEME://"));
+        #[cfg(not(feature = "kubernetes"))]
+        assert!(matches!(
+            open("k8s://default").await,
+            Err(Error::FeatureNotEnabled { feature: "kubernetes", .. })
+        ));
+        assert!(open("MEMORY://").await.is_ok());
+    }
+}
