@@ -148,6 +148,7 @@ mod tests {
         let down = leasehold::Error::Unavailable {
             store: "s".into(),
             detail: "d".into(),
+            source: None,
         };
         assert_eq!(Failure::from(down).code, ERROR);
     }

@@ -26,7 +26,9 @@ mod file {
     use super::*;
     fn store() -> Arc<dyn LockStore> {
         let dir = tempfile::tempdir().expect("tempdir").keep();
-        Arc::new(leasehold::stores::file::FileStore::open(dir, Default::default()).expect("file store"))
+        Arc::new(
+            leasehold::stores::file::FileStore::open(dir, Default::default()).expect("file store"),
+        )
     }
     leasehold_testkit::conformance_tests!(store());
 }

@@ -149,6 +149,7 @@ impl<R: RecordStore> RecordLockStore<R> {
             tokio::task::yield_now().await;
         }
         Err(Error::Store {
+            source: None,
             store: self.inner.describe(),
             detail: format!("{MAX_RACES} conditional writes in a row lost their race on {key}"),
             retryable: true,

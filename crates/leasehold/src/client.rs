@@ -1060,11 +1060,11 @@ enum AcquireError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::stores::memory::MemoryStore;
     use crate::record::LeaseRecord;
     use crate::store::{
         Capabilities, ChangeWatch, CleanupReport, Inspection, ReleaseOutcome, RenewOutcome,
     };
+    use crate::stores::memory::MemoryStore;
     use crate::HolderId;
     use async_trait::async_trait;
     use std::sync::atomic::{AtomicUsize, Ordering};
@@ -1097,6 +1097,7 @@ mod tests {
                 .is_ok();
             if fail {
                 return Err(Error::Unavailable {
+                    source: None,
                     store: self.describe(),
                     detail: "no answer".into(),
                 });
@@ -1130,6 +1131,7 @@ mod tests {
                 return self.inner.subscribe(key).await;
             }
             Err(Error::Unavailable {
+                source: None,
                 store: self.describe(),
                 detail: "no pub/sub connection".into(),
             })

@@ -134,7 +134,11 @@ pub(crate) fn grant(g: &mut LeaseRecord, req: &AcquireRequest, fence: u64, now_m
 }
 
 /// Why a record is not (or no longer) the lease of `token`.
-pub(crate) fn lost_reason(current: Option<&LeaseRecord>, token: &str, now_ms: u64) -> Option<LostReason> {
+pub(crate) fn lost_reason(
+    current: Option<&LeaseRecord>,
+    token: &str,
+    now_ms: u64,
+) -> Option<LostReason> {
     match current {
         None => Some(LostReason::Released),
         Some(r) => match r.token.as_deref() {

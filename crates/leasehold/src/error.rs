@@ -9,6 +9,11 @@ use std::time::Duration;
 /// Result alias used across the crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// The underlying cause of a store error: the client library's own error (a `redis::RedisError`,
+/// a `kube::Error`, a `tokio_postgres::Error`, …), shared because one failed call can fail several
+/// batched operations.
+pub type Source = std::sync::Arc<dyn std::error::Error + Send + Sync + 'static>;
+
 /// Everything that can go wrong, by meaning. Each store converts its private errors into these.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -83,6 +88,9 @@ pub enum Error {
         store: String,
         /// What happened.
         detail: String,
+        /// The client library's error behind it, when there is one.
+        #[source]
+        source: Option<Source>,
     },
     /// The store answered something leasehold does not understand or refused the request.
     #[error("store {store} error: {detail}")]
@@ -93,6 +101,9 @@ pub enum Error {
         detail: String,
         /// Whether a retry can help.
         retryable: bool,
+        /// The client library's error behind it, when there is one.
+        #[source]
+        source: Option<Source>,
     },
     /// The store cannot honour the requested guarantee; it never weakens it silently.
     #[error("not supported by {store}: {what}")]
@@ -117,24 +128,72 @@ pub enum Error {
     },
 }
 
+/// The cause of an [`Error::Unavailable`] for a call that ran out of time.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct NoAnswer;
+
+impl std::fmt::Display for NoAnswer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(NO_ANSWER)
+    }
+}
+
+impl std::error::Error for NoAnswer {}
+
 /// The detail of an [`Error::Unavailable`] for a call that ran out of time.
-#[cfg(any(feature = "redis", feature = "queue-postgres"))]
 pub(crate) const NO_ANSWER: &str = "no answer in time";
 
 impl Error {
-    /// [`Error::Unavailable`] for a call to `store` that ran out of time ([`NO_ANSWER`]).
-    #[cfg(any(feature = "redis", feature = "queue-postgres"))]
+    /// [`Error::Unavailable`] for a call to `store` that ran out of time (its source is
+    /// [`NoAnswer`]).
+    #[allow(dead_code)] // without the stores that time calls out
     pub(crate) fn no_answer(store: impl Into<String>) -> Self {
+        Error::unavailable(store, NO_ANSWER).caused_by(NoAnswer)
+    }
+
+    /// Whether this is a call that ran out of time ([`Error::no_answer`]).
+    #[allow(dead_code)] // without the stores that time calls out
+    pub(crate) fn is_no_answer(&self) -> bool {
+        self.cause()
+            .is_some_and(|s| s.downcast_ref::<NoAnswer>().is_some())
+    }
+
+    /// [`Error::Unavailable`] without a source (add one with [`Error::caused_by`]).
+    pub(crate) fn unavailable(store: impl Into<String>, detail: impl Into<String>) -> Self {
         Error::Unavailable {
             store: store.into(),
-            detail: NO_ANSWER.into(),
+            detail: detail.into(),
+            source: None,
         }
     }
 
-    /// Whether this is a call that ran out of time ([`NO_ANSWER`]).
-    #[cfg(any(feature = "redlock", feature = "queue-postgres"))]
-    pub(crate) fn is_no_answer(&self) -> bool {
-        matches!(self, Error::Unavailable { detail, .. } if detail == NO_ANSWER)
+    /// The same error with `cause` as the source of an [`Error::Unavailable`] or [`Error::Store`]
+    /// (other variants are returned as they are).
+    pub(crate) fn caused_by(
+        mut self,
+        cause: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        if let Error::Unavailable { source, .. } | Error::Store { source, .. } = &mut self {
+            *source = Some(std::sync::Arc::new(cause));
+        }
+        self
+    }
+
+    /// The shared source of an [`Error::Unavailable`] or [`Error::Store`], if it has one.
+    #[allow(dead_code)] // without the stores that batch calls
+    pub(crate) fn source_arc(&self) -> Option<Source> {
+        match self {
+            Error::Unavailable { source, .. } | Error::Store { source, .. } => source.clone(),
+            _ => None,
+        }
+    }
+
+    /// The source of an [`Error::Unavailable`] or [`Error::Store`], if it has one.
+    fn cause(&self) -> Option<&(dyn std::error::Error + Send + Sync + 'static)> {
+        match self {
+            Error::Unavailable { source, .. } | Error::Store { source, .. } => source.as_deref(),
+            _ => None,
+        }
     }
 
     /// Whether retrying the same call later can succeed (the store was unreachable, busy, or a
@@ -143,9 +202,9 @@ impl Error {
     /// ```
     /// use leasehold::Error;
     /// use std::io::{Error as IoError, ErrorKind};
-    /// let e = Error::Unavailable { store: "redis://x".into(), detail: "refused".into() };
+    /// let e = Error::Unavailable { store: "redis://x".into(), detail: "refused".into(), source: None };
     /// assert!(e.is_retryable());
-    /// let busy = |retryable| Error::Store { store: "s".into(), detail: "busy".into(), retryable };
+    /// let busy = |retryable| Error::Store { store: "s".into(), detail: "busy".into(), retryable, source: None };
     /// assert!(busy(true).is_retryable() && !busy(false).is_retryable());
     /// let io = |kind| Error::Io { op: "read", path: "/x".into(), source: IoError::from(kind) };
     /// assert!(io(ErrorKind::TimedOut).is_retryable());
@@ -183,5 +242,37 @@ impl Error {
             name,
             reason: reason.into(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error as _;
+
+    #[test]
+    fn no_answer_is_told_by_its_source_not_its_text() {
+        let timed_out = Error::no_answer("redis://h:1");
+        assert!(timed_out.is_no_answer());
+        assert_eq!(
+            timed_out.to_string(),
+            "store redis://h:1 unavailable: no answer in time"
+        );
+        assert_eq!(timed_out.source().map(|s| s.to_string()).as_deref(), Some(NO_ANSWER));
+        let same_words = Error::unavailable("redis://h:1", NO_ANSWER);
+        assert!(!same_words.is_no_answer());
+        assert!(timed_out.source_arc().is_some());
+    }
+
+    #[test]
+    fn a_cause_is_kept_as_the_source() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset by peer");
+        let e = Error::unavailable("s", "connection lost").caused_by(io);
+        let source = e.source().map(|s| s.to_string());
+        assert_eq!(source.as_deref(), Some("reset by peer"));
+        assert!(e.is_retryable());
+        // Variants without a source are returned as they are.
+        let key = crate::Key::new("").err().map(|k| k.caused_by(NoAnswer));
+        assert!(key.is_some_and(|k| k.source().is_none()));
     }
 }

@@ -233,6 +233,7 @@ async fn connect_listening(
     let (client, mut connection) = tokio::time::timeout(timeout, config.connect(tls.clone()))
         .await
         .map_err(|_| Error::Unavailable {
+            source: None,
             store: shown.to_owned(),
             detail: format!(
                 "no connection within {}",
@@ -292,12 +293,14 @@ fn connect_error(shown: &str, e: &tokio_postgres::Error) -> Error {
     let no_tls = detail.contains("server does not support TLS");
     if refused || tls || no_tls {
         Error::Store {
+            source: None,
             store: shown.to_owned(),
             detail,
             retryable: false,
         }
     } else {
         Error::Unavailable {
+            source: None,
             store: shown.to_owned(),
             detail,
         }
@@ -317,6 +320,11 @@ async fn bounded<T>(
 }
 
 fn pg_err(url: &str, e: tokio_postgres::Error) -> Error {
+    pg_classify(url, &e).caused_by(e)
+}
+
+/// The [`Error`] a driver error means (see [`pg_err`]), without its source.
+fn pg_classify(url: &str, e: &tokio_postgres::Error) -> Error {
     let retryable = e.is_closed()
         || e.code().is_some_and(|c| {
             let s = c.code();
@@ -325,12 +333,14 @@ fn pg_err(url: &str, e: tokio_postgres::Error) -> Error {
         });
     if e.is_closed() || e.code().is_none() {
         return Error::Unavailable {
+            source: None,
             store: url.into(),
             detail: e.to_string(),
         };
     }
     let _ = retryable;
     Error::Store {
+        source: None,
         store: url.into(),
         detail: format!("{e}: {}", e.as_db_error().map_or("", |d| d.message())),
         retryable,
@@ -493,6 +503,7 @@ impl QueueBackend for PgQueue {
     async fn enqueue(&self, task: &NewTask) -> Result<Enqueued> {
         let mut out = self.enqueue_batch(std::slice::from_ref(task)).await?;
         out.pop().ok_or_else(|| Error::Store {
+            source: None,
             store: self.url.clone(),
             detail: "enqueue returned nothing".into(),
             retryable: false,

@@ -83,10 +83,12 @@ fn sql_err(e: rusqlite::Error) -> Error {
         Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
     );
     Error::Store {
+        source: None,
         store: "sqlite queue".into(),
         detail: e.to_string(),
         retryable: busy,
     }
+    .caused_by(e)
 }
 
 fn read_raw(row: &Row<'_>) -> rusqlite::Result<RawTask> {
@@ -174,6 +176,7 @@ impl SqliteQueue {
         })
         .await
         .map_err(|e| Error::Store {
+            source: None,
             store: "sqlite queue".into(),
             detail: format!("open task failed: {e}"),
             retryable: false,
@@ -220,6 +223,7 @@ impl SqliteQueue {
         })
         .await
         .map_err(|e| Error::Store {
+            source: None,
             store: "sqlite queue".into(),
             detail: format!("queue call failed: {e}"),
             retryable: false,
@@ -260,6 +264,7 @@ impl QueueBackend for SqliteQueue {
     async fn enqueue(&self, task: &NewTask) -> Result<Enqueued> {
         let mut out = self.enqueue_batch(std::slice::from_ref(task)).await?;
         out.pop().ok_or_else(|| Error::Store {
+            source: None,
             store: "sqlite queue".into(),
             detail: "enqueue returned nothing".into(),
             retryable: false,

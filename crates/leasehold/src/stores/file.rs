@@ -249,6 +249,7 @@ impl Inner {
         old_len: usize,
     ) -> Result<()> {
         let mut bytes = serde_json::to_vec_pretty(rec).map_err(|e| Error::Store {
+            source: None,
             store: self.describe(),
             detail: e.to_string(),
             retryable: false,
@@ -690,12 +691,14 @@ impl FileStore {
         match tokio::task::spawn_blocking(move || op(&inner, true)).await {
             Ok(Ok(Some(t))) => Ok(t),
             Ok(Ok(None)) => Err(Error::Store {
+                source: None,
                 store,
                 detail: "mutation lock not obtained".into(),
                 retryable: true,
             }),
             Ok(Err(e)) => Err(e),
             Err(e) => Err(Error::Store {
+                source: None,
                 store,
                 detail: format!("blocking task failed: {e}"),
                 retryable: true,
@@ -809,6 +812,7 @@ async fn blocking<T: Send + 'static>(
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| Error::Store {
+            source: None,
             store,
             detail: format!("blocking task failed: {e}"),
             retryable: true,

@@ -196,6 +196,7 @@ impl KubernetesStore {
             }
             None => (
                 kube::Config::infer().await.map_err(|e| Error::Unavailable {
+                    source: None,
                     store: "k8s://".into(),
                     detail: format!("no cluster configuration (KUBECONFIG, ~/.kube/config or in-cluster service account): {e}"),
                 })?,
@@ -218,6 +219,7 @@ impl KubernetesStore {
         config.read_timeout = Some(options.timeout.max(Duration::from_secs(300)));
         config.connect_timeout = Some(options.timeout);
         let client = kube::Client::try_from(config).map_err(|e| Error::Unavailable {
+            source: None,
             store: format!("k8s://{namespace}"),
             detail: format!("cannot build a Kubernetes client: {e}"),
         })?;
@@ -251,6 +253,7 @@ impl KubernetesStore {
     ) -> Result<std::result::Result<T, kube::core::ErrorResponse>> {
         match tokio::time::timeout(self.timeout, f).await {
             Err(_) => Err(Error::Unavailable {
+                source: None,
                 store: self.describe.clone(),
                 detail: format!("{verb} lease {name}: no answer within {:?}", self.timeout),
             }),
@@ -262,8 +265,9 @@ impl KubernetesStore {
 
     fn error(&self, verb: &str, name: &str, e: kube::Error) -> Error {
         let store = self.describe.clone();
-        match e {
+        let mapped = match &e {
             kube::Error::Api(r) if r.code == 403 => Error::Store {
+                source: None,
                 store,
                 detail: format!(
                     "forbidden to {verb} lease {name}: {}. The RBAC Role bound to this identity needs a rule with apiGroups [\"coordination.k8s.io\"], resources [\"leases\"], verbs [\"{verb}\"] in namespace {} ({RBAC_HINT})",
@@ -272,29 +276,35 @@ impl KubernetesStore {
                 retryable: false,
             },
             kube::Error::Api(r) if r.code == 401 => Error::Store {
+                source: None,
                 store,
                 detail: format!("unauthorized ({verb} lease {name}): the API server rejected the credentials: {}", r.message),
                 retryable: false,
             },
             kube::Error::Api(r) if r.code >= 500 || r.code == 429 => Error::Unavailable {
+                source: None,
                 store,
                 detail: format!("{verb} lease {name}: {} {}: {}", r.code, r.reason, r.message),
             },
             kube::Error::Api(r) => Error::Store {
+                source: None,
                 store,
                 detail: format!("{verb} lease {name}: {} {}: {}", r.code, r.reason, r.message),
                 retryable: false,
             },
             kube::Error::SerdeError(e) => Error::Store {
+                source: None,
                 store,
                 detail: format!("{verb} lease {name}: the API server answered something that is not a Lease: {e}"),
                 retryable: false,
             },
             e => Error::Unavailable {
+                source: None,
                 store,
                 detail: format!("{verb} lease {name}: {e}"),
             },
-        }
+        };
+        mapped.caused_by(e)
     }
 
     fn remember(&self, name: &str, lease: &Lease) {

@@ -225,8 +225,7 @@ pub fn markdown_table(rustdoc_links: bool) -> String {
 fn scheme_of(url: &str) -> Option<String> {
     let (s, _) = url.split_once("://")?;
     let ok = !s.is_empty()
-        && s
-            .chars()
+        && s.chars()
             .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c));
     ok.then(|| s.to_ascii_lowercase())
 }
@@ -252,8 +251,14 @@ pub(crate) async fn open(url: &str) -> Result<Arc<dyn LockStore>> {
             "expected SCHEME://…, e.g. file:///var/lib/locks or redis://127.0.0.1:6379/0",
         ));
     };
-    let Some(entry) = SCHEMES.iter().find(|s| s.schemes.contains(&scheme.as_str())) else {
-        let known: Vec<&str> = SCHEMES.iter().flat_map(|s| s.schemes.iter().copied()).collect();
+    let Some(entry) = SCHEMES
+        .iter()
+        .find(|s| s.schemes.contains(&scheme.as_str()))
+    else {
+        let known: Vec<&str> = SCHEMES
+            .iter()
+            .flat_map(|s| s.schemes.iter().copied())
+            .collect();
         return Err(invalid(
             url,
             format!("unknown scheme (known: {})", known.join(", ")),
@@ -294,9 +299,9 @@ fn open_record_memory(_url: &str) -> Opening<'_> {
 }
 
 fn open_file(url: &str) -> Opening<'_> {
-    Box::pin(async move {
-        Ok(Arc::new(file::FileStore::from_url(&parse(url)?)?) as Arc<dyn LockStore>)
-    })
+    Box::pin(
+        async move { Ok(Arc::new(file::FileStore::from_url(&parse(url)?)?) as Arc<dyn LockStore>) },
+    )
 }
 
 #[cfg(feature = "redis")]
@@ -345,7 +350,10 @@ mod tests {
 
     #[test]
     fn every_scheme_is_listed_once() {
-        let mut all: Vec<&str> = SCHEMES.iter().flat_map(|s| s.schemes.iter().copied()).collect();
+        let mut all: Vec<&str> = SCHEMES
+            .iter()
+            .flat_map(|s| s.schemes.iter().copied())
+            .collect();
         let n = all.len();
         all.sort_unstable();
         all.dedup();
@@ -362,7 +370,11 @@ mod tests {
             .collect::<Vec<_>>()
             .join("\n");
         let table = between_markers(&docs).unwrap_or_default();
-        assert_eq!(table, markdown_table(true), "regenerate the table in stores/mod.rs");
+        assert_eq!(
+            table,
+            markdown_table(true),
+            "regenerate the table in stores/mod.rs"
+        );
     }
 
     pub(crate) fn between_markers(text: &str) -> Option<String> {
@@ -373,14 +385,18 @@ mod tests {
 
     #[tokio::test]
     async fn errors_come_from_the_registry() {
-        let err = |r: Result<Arc<dyn LockStore>>| r.err().map(|e| e.to_string()).unwrap_or_default();
+        let err =
+            |r: Result<Arc<dyn LockStore>>| r.err().map(|e| e.to_string()).unwrap_or_default();
         assert!(err(open("nope://x").await).contains("unknown scheme (known: file, memory"));
         assert!(err(open("gs://b/p").await).contains("not in this version"));
         assert!(err(open("x").await).contains("expected SCHEME://"));
         #[cfg(not(feature = "kubernetes"))]
         assert!(matches!(
             open("k8s://default").await,
-            Err(Error::FeatureNotEnabled { feature: "kubernetes", .. })
+            Err(Error::FeatureNotEnabled {
+                feature: "kubernetes",
+                ..
+            })
         ));
         assert!(open("MEMORY://").await.is_ok());
     }

@@ -44,11 +44,11 @@
 use crate::error::{Error, Result};
 use crate::key::Key;
 use crate::record::LeaseRecord;
-use crate::stores::redis::{RedisOptions, RedisStore};
 use crate::store::{
     AcquireOutcome, AcquireRequest, Capabilities, ChangeWatch, CleanupReport, Inspection,
     LockStore, LostReason, ReleaseOutcome, RenewOutcome,
 };
+use crate::stores::redis::{RedisOptions, RedisStore};
 use async_trait::async_trait;
 use futures_util::future::{join_all, select_all};
 use std::collections::BTreeMap;
@@ -182,6 +182,7 @@ impl RedlockStore {
             async move {
                 let r = match fut {
                     None => Err(Error::Unavailable {
+                        source: None,
                         store: name.clone(),
                         detail: "left out: it let a call run out of time and has not answered a PING since".into(),
                     }),
@@ -255,6 +256,7 @@ impl RedlockStore {
         let (store, total, quorum) = (self.described.clone(), self.nodes.len(), self.quorum);
         if answered + may_recover < quorum {
             return Error::Store {
+                source: None,
                 store,
                 detail: format!(
                     "only {answered} of {total} nodes answered, {quorum} needed, and retrying cannot help; failed: {}",
@@ -264,6 +266,7 @@ impl RedlockStore {
             };
         }
         Error::Unavailable {
+            source: None,
             store,
             detail: format!(
                 "only {answered} of {total} nodes answered, {quorum} needed; unreachable: {}",

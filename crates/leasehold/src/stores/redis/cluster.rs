@@ -474,6 +474,7 @@ impl ClusterNodes {
             }
         }
         Err(failure.unwrap_or_else(|| Error::Unavailable {
+            source: None,
             store: store.to_owned(),
             detail: "no node for pub/sub".into(),
         }))
@@ -546,6 +547,7 @@ async fn slot_map(
     let answer = bounded(store, timeout, "no CLUSTER SLOTS answer", first).await?;
     let slots: Vec<Vec<::redis::Value>> =
         ::redis::from_redis_value(answer).map_err(|e| Error::Store {
+            source: None,
             store: store.to_owned(),
             detail: format!("unreadable CLUSTER SLOTS answer: {e}"),
             retryable: false,
@@ -567,6 +569,7 @@ async fn slot_map(
             (Some(start), Some(end), Some(node)) => out.push(SlotRange { start, end, node }),
             _ => {
                 return Err(Error::Store {
+                    source: None,
                     store: store.to_owned(),
                     detail: "unreadable CLUSTER SLOTS answer".into(),
                     retryable: false,
@@ -615,6 +618,7 @@ pub(crate) async fn scan_all(
                 )
                 .await?;
                 ::redis::from_redis_value(answer).map_err(|e| Error::Store {
+                    source: None,
                     store: store.to_owned(),
                     detail: format!("unreadable SCAN answer: {e}"),
                     retryable: false,

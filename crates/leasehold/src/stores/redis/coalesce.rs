@@ -315,6 +315,7 @@ async fn send_in(
         return match tokio::time::timeout(link.timeout, answer).await {
             Ok(Ok(answer)) => answer,
             Ok(Err(_)) => Err(Error::Unavailable {
+                source: None,
                 store: link.described.clone(),
                 detail: "the call was dropped unsent (the runtime is shutting down)".into(),
             }),
@@ -507,6 +508,7 @@ fn fail_all(jobs: Vec<Queued>, err: impl Fn() -> Error) {
 /// The error of each call of a batch whose script answered `got` values for `calls` calls.
 fn mismatch(link: &Link, got: usize, calls: usize) -> Error {
     Error::Store {
+        source: None,
         store: link.described.clone(),
         detail: format!("the batched script answered {got} values for {calls} calls"),
         retryable: false,

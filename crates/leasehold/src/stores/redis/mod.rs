@@ -56,9 +56,9 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 use tokio::sync::watch;
 
-pub(crate) mod coalesce;
 #[cfg(feature = "redis-cluster")]
 pub mod cluster;
+pub(crate) mod coalesce;
 
 /// Shared Lua helpers: server time, record decoding, waiter liveness.
 const PRELUDE: &str = r#"
@@ -1021,6 +1021,7 @@ impl Sentinels {
             }
         }
         Err(failure.unwrap_or_else(|| Error::Unavailable {
+            source: None,
             store: described.to_owned(),
             detail: "no sentinels".into(),
         }))
@@ -1045,6 +1046,7 @@ impl Sentinels {
             .await?;
         let Some((ip, port)) = named else {
             return Err(Error::Store {
+                source: None,
                 store: described.to_owned(),
                 detail: format!("the sentinels monitor no master named {:?}", self.master),
                 retryable: false,
@@ -1066,6 +1068,7 @@ impl Sentinels {
             .and_then(|v| ::redis::from_redis_value_ref::<String>(v).ok());
         if first.as_deref() != Some("master") {
             return Err(Error::Unavailable {
+                source: None,
                 store: described.to_owned(),
                 detail: format!("{ip}:{port}, which the sentinels name, is not a primary (yet)"),
             });
@@ -1621,6 +1624,7 @@ async fn renew_by_slot(link: &Arc<Link>, keyed: &Lua, batch: Vec<(RenewJob, Stri
 fn refuse(link: &Link, left: Vec<(RenewJob, String)>) {
     for (j, detail) in left {
         let _ = j.reply.send(Err(Error::Store {
+            source: None,
             store: link.described.clone(),
             detail: format!("cannot read the record {}: {detail}", j.record_key),
             retryable: false,
@@ -1758,11 +1762,17 @@ fn fail_renewals(link: &Link, e: &Error, batch: Vec<RenewJob>) {
 /// anything else as an [`Error::Store`] with its text and retryability.
 fn shared_error(link: &Link, e: &Error) -> Error {
     match e {
-        Error::Unavailable { store, detail } => Error::Unavailable {
+        Error::Unavailable {
+            store,
+            detail,
+            source,
+        } => Error::Unavailable {
             store: store.clone(),
             detail: detail.clone(),
+            source: source.clone(),
         },
         other => Error::Store {
+            source: other.source_arc(),
             store: link.described.clone(),
             detail: other.to_string(),
             retryable: other.is_retryable(),
@@ -1891,6 +1901,7 @@ pub(crate) async fn bounded<T>(
     match tokio::time::timeout(timeout, call).await {
         Ok(r) => r.map_err(|e| map_err(store, e)),
         Err(_) => Err(Error::Unavailable {
+            source: None,
             store: store.to_owned(),
             detail: format!("{what} in time"),
         }),
@@ -1925,18 +1936,25 @@ fn read_only(e: &::redis::RedisError) -> bool {
 }
 
 pub(crate) fn map_err(store: &str, e: ::redis::RedisError) -> Error {
+    classify(store, &e).caused_by(e)
+}
+
+/// The [`Error`] a Redis error means (see [`map_err`]), without its source.
+fn classify(store: &str, e: &::redis::RedisError) -> Error {
     let text = e.to_string();
     if e.kind() == ::redis::ErrorKind::Client && text.contains(NOT_REPLICATED) {
         // A replica missing or lagging: passing, as a full server's refusal is.
         return Error::Store {
+            source: None,
             store: store.to_owned(),
             detail: format!("{NOT_REPLICATED}: {}", e.detail().unwrap_or_default()),
             retryable: true,
         };
     }
-    if read_only(&e) {
+    if read_only(e) {
         // A failover demoted the server; the store connects again (see `Link`).
         return Error::Unavailable {
+            source: None,
             store: store.to_owned(),
             detail: format!(
                 "the server is a read-only replica now (a failover?); connecting again: {text}"
@@ -1950,6 +1968,7 @@ pub(crate) fn map_err(store: &str, e: ::redis::RedisError) -> Error {
         || text.contains("AuthenticationFailed")
     {
         return Error::Store {
+            source: None,
             store: store.to_owned(),
             detail: text,
             retryable: false,
@@ -1957,6 +1976,7 @@ pub(crate) fn map_err(store: &str, e: ::redis::RedisError) -> Error {
     }
     if e.kind() == ::redis::ErrorKind::Parse {
         return Error::Store {
+            source: None,
             store: store.to_owned(),
             detail: format!(
                 "the server answered something that is not Redis (a wrong port, or a proxy or another service in the way?): {}",
@@ -1982,6 +2002,7 @@ pub(crate) fn map_err(store: &str, e: ::redis::RedisError) -> Error {
         || e.is_connection_refusal()
     {
         Error::Unavailable {
+            source: None,
             store: store.to_owned(),
             detail: e.to_string(),
         }
@@ -2001,6 +2022,7 @@ pub(crate) fn map_err(store: &str, e: ::redis::RedisError) -> Error {
             Some("OOM" | "BUSY" | "MISCONF" | "NOREPLICAS")
         ) || text.contains("max number of clients reached");
         Error::Store {
+            source: None,
             store: store.to_owned(),
             detail: e.to_string(),
             retryable,
@@ -2419,6 +2441,7 @@ impl RedisStore {
     /// An answer no version of our scripts gives.
     fn garbage(&self, key: &str, detail: &str) -> Error {
         Error::Store {
+            source: None,
             store: self.inner.link.described.clone(),
             detail: format!("unexpected answer to the acquire script for {key:?}: {detail}"),
             retryable: false,
@@ -2752,6 +2775,7 @@ impl LockStore for RedisStore {
             reply,
         };
         let gone = || Error::Unavailable {
+            source: None,
             store: self.inner.link.described.clone(),
             detail: "the renewal batcher stopped (runtime shutting down)".into(),
         };
@@ -2821,7 +2845,8 @@ impl LockStore for RedisStore {
         let mut names = match &conn {
             #[cfg(feature = "redis-cluster")]
             Conn::Cluster(c, _) => {
-                crate::stores::redis::cluster::scan_all(c, &pattern, &link.described, link.timeout).await?
+                crate::stores::redis::cluster::scan_all(c, &pattern, &link.described, link.timeout)
+                    .await?
             }
             Conn::One(..) => scan(&pattern, |page| async move { self.query(&page).await }).await?,
         };
