@@ -258,7 +258,10 @@ mod tests {
             timed_out.to_string(),
             "store redis://h:1 unavailable: no answer in time"
         );
-        assert_eq!(timed_out.source().map(|s| s.to_string()).as_deref(), Some(NO_ANSWER));
+        assert_eq!(
+            timed_out.source().map(|s| s.to_string()).as_deref(),
+            Some(NO_ANSWER)
+        );
         let same_words = Error::unavailable("redis://h:1", NO_ANSWER);
         assert!(!same_words.is_no_answer());
         assert!(timed_out.source_arc().is_some());

@@ -196,16 +196,27 @@ pub const SCHEMES: &[Scheme] = &[
     planned!(["etcd"], "`etcd://host1:2379,host2:2379`", "etcd"),
 ];
 
-/// The docs' table of [`SCHEMES`] (Markdown; links relative to this module's rustdoc page when
-/// `rustdoc_links`, plain names otherwise).
-pub fn markdown_table(rustdoc_links: bool) -> String {
+/// Where the store names in [`markdown_table`] link to.
+#[derive(Debug, Clone, Copy)]
+pub enum Links<'a> {
+    /// This module's rustdoc page: the always-built stores (`memory`, `file`) link to their
+    /// modules, the others are plain names (their modules may be compiled out).
+    Rustdoc,
+    /// The book's store pages: `[redis](PREFIXredis.md)`.
+    Pages(&'a str),
+}
+
+/// The docs' table of [`SCHEMES`] (Markdown): this module's docs, the README and the book's
+/// stores page carry it, and a test keeps them equal to it.
+pub fn markdown_table(links: Links<'_>) -> String {
     let mut out = String::from("| URL | store | Cargo feature |\n|---|---|---|\n");
     for s in SCHEMES {
         let (module, what) = s.store;
-        let name = match (module, rustdoc_links) {
+        let name = match (module, links) {
             ("", _) => what.to_owned(),
-            ("memory" | "file", true) => format!("[{module}]({module})"),
-            (m, _) => m.to_owned(),
+            ("memory" | "file", Links::Rustdoc) => format!("[{module}]({module})"),
+            (m, Links::Rustdoc) => m.to_owned(),
+            (m, Links::Pages(prefix)) => format!("[{m}]({prefix}{m}.md)"),
         };
         let store = match (module, what) {
             ("", _) | (_, "") => name,
@@ -360,9 +371,10 @@ mod tests {
         assert_eq!(all.len(), n, "a scheme is listed twice");
     }
 
-    /// The table in this module's docs is the one [`markdown_table`] makes.
+    /// The table in this module's docs, the README and the book is the one [`markdown_table`]
+    /// makes. `LEASEHOLD_BLESS=1` writes it into the README and the book.
     #[test]
-    fn the_module_docs_table_is_current() {
+    fn the_docs_tables_are_current() {
         let source = include_str!("mod.rs");
         let docs: String = source
             .lines()
@@ -371,15 +383,39 @@ mod tests {
             .join("\n");
         let table = between_markers(&docs).unwrap_or_default();
         assert_eq!(
-            table,
-            markdown_table(true),
+            table.trim_end(),
+            markdown_table(Links::Rustdoc).trim_end(),
             "regenerate the table in stores/mod.rs"
         );
+        let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+        for (file, links) in [
+            ("README.md", Links::Pages("docs/src/stores/")),
+            ("docs/src/stores.md", Links::Pages("stores/")),
+        ] {
+            let path = format!("{root}/{file}");
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            let want = markdown_table(links);
+            if std::env::var_os("LEASEHOLD_BLESS").is_some() {
+                if let (Some(a), Some(b)) = (text.find(START), text.find(END)) {
+                    let new = format!("{}{START}\n{want}{}", &text[..a], &text[b..]);
+                    std::fs::write(&path, new).unwrap_or_default();
+                    continue;
+                }
+            }
+            assert_eq!(
+                between_markers(&text).as_deref(),
+                Some(want.as_str()),
+                "{file}: the stores table differs from stores::SCHEMES (LEASEHOLD_BLESS=1 cargo test -p leasehold --lib stores rewrites it)"
+            );
+        }
     }
 
-    pub(crate) fn between_markers(text: &str) -> Option<String> {
-        let start = text.find("<!-- schemes:start -->")? + "<!-- schemes:start -->".len();
-        let end = text.find("<!-- schemes:end -->")?;
+    const START: &str = "<!-- schemes:start -->";
+    const END: &str = "<!-- schemes:end -->";
+
+    fn between_markers(text: &str) -> Option<String> {
+        let start = text.find(START)? + START.len();
+        let end = text.find(END)?;
         Some(text.get(start..end)?.trim_start_matches('\n').to_owned())
     }
 
