@@ -33,6 +33,7 @@ pub mod adapter;
 mod background;
 pub(crate) mod decide;
 pub mod error;
+mod fsmode;
 pub mod guard;
 pub mod holder;
 pub mod key;
@@ -49,6 +50,10 @@ pub mod stores;
 pub mod traced;
 
 mod client;
+
+/// The always-built stores, also at the crate root (`leasehold::memory::MemoryStore`).
+#[doc(no_inline)]
+pub use stores::{file, memory};
 
 pub use background::settle;
 pub use client::{LockBuilder, Locks};

@@ -141,18 +141,65 @@ fn u(v: i64) -> u64 {
 }
 
 impl SqliteQueue {
-    /// Opens (creating if needed) the database at `path`, its parent directories too.
+    /// Opens (creating if needed) the database at `path`, its parent directories too, with the
+    /// default mode: the database, its WAL and shared-memory files 0600 and the directories it
+    /// creates 0700, whatever the umask ([`SqliteQueue::open_with_mode`] to share with a group).
+    ///
+    /// Whoever can write the database can enqueue commands that the workers run, as the workers'
+    /// user: keep it as private as the workers' account.
     ///
     /// # Errors
-    /// [`Error::Io`] when the directory cannot be created; a store error when the file cannot be
-    /// opened as a database.
+    /// [`Error::Io`] when the directory or the file cannot be created; a store error when the file
+    /// cannot be opened as a database.
     pub async fn open(path: impl Into<PathBuf>) -> Result<Self> {
+        Self::open_with_mode(path, crate::fsmode::DEFAULT).await
+    }
+
+    /// As [`SqliteQueue::open`], creating a new database with file mode `mode` (its WAL and
+    /// shared-memory files get the same; directories created get 0700 plus group/other search
+    /// where `mode` grants read, as the file store's). An existing database keeps its mode.
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// use std::os::unix::fs::PermissionsExt;
+    /// let tmp = tempfile::tempdir().unwrap();
+    /// let path = tmp.path().join("shared/queue.db");
+    /// let _queue = leasehold::queue::sqlite::SqliteQueue::open_with_mode(&path, 0o640).await?;
+    /// let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    /// assert_eq!(mode(&path), 0o640);
+    /// assert_eq!(mode(&tmp.path().join("shared")), 0o750);
+    /// # Ok::<(), leasehold::Error>(()) }).unwrap();
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidOption`] for a mode without owner read/write (or above 0777); as
+    /// [`SqliteQueue::open`].
+    pub async fn open_with_mode(path: impl Into<PathBuf>, mode: u32) -> Result<Self> {
+        let dir_mode = crate::fsmode::dir_mode_for(mode)?;
         let path = path.into();
         let p = path.clone();
         let conn = tokio::task::spawn_blocking(move || -> Result<Connection> {
+            use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
             if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
-                std::fs::create_dir_all(dir)
+                std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(dir_mode)
+                    .create(dir)
                     .map_err(|e| Error::io("create queue directory", dir.display(), e))?;
+            }
+            // The database file is made here with its mode (the umask may only narrow it, so it
+            // is set again); SQLite gives its WAL and shared-memory files the database's mode.
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(mode)
+                .open(&p)
+            {
+                Ok(file) => file
+                    .set_permissions(std::fs::Permissions::from_mode(mode))
+                    .map_err(|e| Error::io("set the mode of", p.display(), e))?,
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(Error::io("create queue database", p.display(), e)),
             }
             let conn = Connection::open(&p).map_err(sql_err)?;
             conn.busy_timeout(Duration::from_secs(10))
@@ -189,22 +236,32 @@ impl SqliteQueue {
         })
     }
 
-    /// Opens `sqlite:///absolute/path/queue.db` (or `sqlite://relative/path`).
+    /// Opens `sqlite:///absolute/path/queue.db[?mode=0640]` (or `sqlite://relative/path`): `mode`
+    /// is the file mode of a new database (octal, default 0600; see
+    /// [`SqliteQueue::open_with_mode`]).
     ///
     /// # Errors
-    /// [`Error::InvalidUrl`] without a path; as [`SqliteQueue::open`].
+    /// [`Error::InvalidUrl`] without a path, with an unknown parameter or a bad mode; as
+    /// [`SqliteQueue::open`].
     pub async fn from_url(url: &str) -> Result<Self> {
-        let path = url
-            .split_once("://")
-            .map(|(_, p)| p.split(['?', '#']).next().unwrap_or(""))
-            .unwrap_or("");
+        let bad = |reason: String| Error::InvalidUrl {
+            url: url.into(),
+            reason,
+        };
+        let rest = url.split_once("://").map(|(_, p)| p).unwrap_or("");
+        let rest = rest.split('#').next().unwrap_or("");
+        let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
         if path.is_empty() {
-            return Err(Error::InvalidUrl {
-                url: url.into(),
-                reason: "expected sqlite:///path/to/queue.db".into(),
-            });
+            return Err(bad("expected sqlite:///path/to/queue.db".into()));
         }
-        Self::open(path).await
+        let mut mode = crate::fsmode::DEFAULT;
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            match pair.split_once('=') {
+                Some(("mode", v)) => mode = crate::fsmode::parse(v).map_err(bad)?,
+                _ => return Err(bad(format!("unknown parameter {pair:?} (known: mode)"))),
+            }
+        }
+        Self::open_with_mode(path, mode).await
     }
 
     /// The database file.
@@ -788,6 +845,52 @@ fn status(c: &Connection) -> rusqlite::Result<Status> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn mode_of(p: &std::path::Path) -> u32 {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::metadata(p)
+            .map(|m| m.permissions().mode() & 0o777)
+            .unwrap_or(0)
+    }
+
+    /// The queue holds command lines: a new one, its WAL and shared-memory files and the
+    /// directories made for it are the owner's only, whatever the umask (the test runs under the
+    /// usual 022), unless the URL's `mode` shares them.
+    #[tokio::test]
+    async fn a_new_queue_is_readable_by_its_owner_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state/leasehold/queue.db");
+        let q = SqliteQueue::from_url(&format!("sqlite://{}", path.display()))
+            .await
+            .unwrap();
+        let task = NewTask::new("alice", "echo secret-token");
+        q.enqueue(&task).await.unwrap();
+        for file in ["queue.db", "queue.db-wal", "queue.db-shm"] {
+            assert_eq!(mode_of(&path.with_file_name(file)), 0o600, "{file}");
+        }
+        assert_eq!(mode_of(&dir.path().join("state")), 0o700);
+        assert_eq!(mode_of(&dir.path().join("state/leasehold")), 0o700);
+
+        let shared = dir.path().join("shared/queue.db");
+        let q = SqliteQueue::from_url(&format!("sqlite://{}?mode=0640", shared.display()))
+            .await
+            .unwrap();
+        q.enqueue(&task).await.unwrap();
+        assert_eq!(mode_of(&shared), 0o640);
+        assert_eq!(mode_of(&shared.with_file_name("queue.db-wal")), 0o640);
+        assert_eq!(mode_of(&dir.path().join("shared")), 0o750);
+
+        for bad in ["?mode=0200", "?mode=rw", "?colour=red"] {
+            let url = format!("sqlite://{}{bad}", dir.path().join("x.db").display());
+            assert!(
+                matches!(
+                    SqliteQueue::from_url(&url).await,
+                    Err(Error::InvalidUrl { .. })
+                ),
+                "{bad}"
+            );
+        }
+    }
 
     /// A queue opened and read while another connection holds the write lock (a worker stopped
     /// mid-transaction): nothing waits for the lock.

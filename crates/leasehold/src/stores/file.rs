@@ -582,13 +582,7 @@ impl FileStore {
     /// ```
     pub fn open(dir: impl AsRef<Path>, opts: FileOptions) -> Result<Self> {
         let dir = dir.as_ref().to_path_buf();
-        if opts.mode & 0o600 != 0o600 || opts.mode > 0o777 {
-            return Err(Error::option(
-                "mode",
-                format!("{:o}: must be ≤ 0777 and include 0600", opts.mode),
-            ));
-        }
-        let dir_mode = 0o700 | ((opts.mode & 0o044) >> 2) | (opts.mode & 0o044);
+        let dir_mode = crate::fsmode::dir_mode_for(opts.mode)?;
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(dir_mode)
