@@ -1060,11 +1060,11 @@ enum AcquireError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::stores::memory::MemoryStore;
     use crate::record::LeaseRecord;
     use crate::store::{
         Capabilities, ChangeWatch, CleanupReport, Inspection, ReleaseOutcome, RenewOutcome,
     };
+    use crate::stores::memory::MemoryStore;
     use crate::HolderId;
     use async_trait::async_trait;
     use std::sync::atomic::{AtomicUsize, Ordering};

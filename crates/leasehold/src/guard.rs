@@ -1,5 +1,6 @@
 //! The held lease.
 
+use crate::carry::{Carry, InTransit, Transit};
 use crate::error::Result;
 use crate::key::Key;
 use crate::local::LocalGuard;
@@ -10,7 +11,7 @@ use crate::store::{LockStore, LostReason, ReleaseOutcome, RenewOutcome};
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use tokio::sync::Notify;
 use tokio::task::AbortHandle;
@@ -99,31 +100,7 @@ pub(crate) struct LiveSet {
     /// Set by `release_all`: leases are no longer handed on between tasks.
     closing: AtomicBool,
     /// Leases handed on and not yet taken by the next task (or released, if nobody took them).
-    in_transit: AtomicUsize,
-    transit_done: Notify,
-}
-
-/// Counts a handed-on lease as in transit until dropped (taken by the next task's guard, which is
-/// then in the live set, or released in the store).
-#[derive(Debug)]
-struct Transit(Weak<LiveSet>);
-
-impl Transit {
-    fn start(live: &Weak<LiveSet>) -> Self {
-        if let Some(l) = live.upgrade() {
-            l.in_transit.fetch_add(1, Ordering::SeqCst);
-        }
-        Transit(live.clone())
-    }
-}
-
-impl Drop for Transit {
-    fn drop(&mut self) {
-        if let Some(l) = self.0.upgrade() {
-            l.in_transit.fetch_sub(1, Ordering::SeqCst);
-            l.transit_done.notify_waiters();
-        }
-    }
+    transit: Arc<InTransit>,
 }
 
 /// One renewal scheduler per [`crate::Locks`]: a map of due times and one task that sleeps until
@@ -257,20 +234,12 @@ impl LiveSet {
 
     /// Whether a handed-on lease is in transit.
     pub(crate) fn in_transit(&self) -> bool {
-        self.in_transit.load(Ordering::SeqCst) > 0
+        self.transit.any()
     }
 
     /// Waits until no handed-on lease is in transit, or `deadline`; whether none is.
     pub(crate) async fn settle(&self, deadline: Instant) -> bool {
-        loop {
-            let done = self.transit_done.notified();
-            if self.in_transit.load(Ordering::SeqCst) == 0 {
-                return true;
-            }
-            if tokio::time::timeout_at(deadline, done).await.is_err() {
-                return self.in_transit.load(Ordering::SeqCst) == 0;
-            }
-        }
+        self.transit.settle(deadline).await
     }
 }
 
@@ -457,79 +426,6 @@ struct Parts {
     metrics: Option<Metrics>,
     local: Option<LocalGuard>,
     live: Arc<LiveSet>,
-}
-
-/// A held store lease on its way from a task that released it to the next task of this process
-/// waiting for the key (in the key's local slot). Dropped without being taken, it is released in
-/// the store in the background.
-pub(crate) struct Carry {
-    store: Arc<dyn LockStore>,
-    key: Key,
-    token: String,
-    record: LeaseRecord,
-    opts: LockOptions,
-    valid_until: Instant,
-    renew_at: Option<Instant>,
-    next_fence: u64,
-    block_end: u64,
-    armed: bool,
-    transit: Option<Transit>,
-}
-
-impl Carry {
-    /// Whether a task asking for `holder` with `opts` may take this lease as it is: same holder,
-    /// same lease terms and labels, and surely valid for longer than the drift margin.
-    pub(crate) fn fits(&self, holder: &str, opts: &LockOptions) -> bool {
-        self.record.holder.as_deref() == Some(holder)
-            && self.opts.ttl == opts.ttl
-            && self.opts.renew_period() == opts.renew_period()
-            && self.opts.auto_renew == opts.auto_renew
-            && self.opts.labels == opts.labels
-            && self.valid_until > Instant::now() + self.opts.drift()
-    }
-
-    /// Releases the lease in the store now (errors only logged: it then expires by its TTL).
-    pub(crate) async fn release(mut self) {
-        self.armed = false;
-        release_carried(&*self.store, &self.key, &self.token).await;
-        drop(self.transit.take());
-    }
-}
-
-/// Releases a carried lease nobody took; errors are only logged (it then expires by its TTL).
-async fn release_carried(store: &dyn LockStore, key: &Key, token: &str) {
-    if let Err(e) = store.release(key, token).await {
-        tracing::debug!(key = %key, error = %e, "could not release a carried lease; it expires by its TTL");
-    }
-}
-
-impl fmt::Debug for Carry {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Carry")
-            .field("key", &self.key)
-            .field("next_fence", &self.next_fence)
-            .finish()
-    }
-}
-
-impl Drop for Carry {
-    fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            let (store, key, token, transit) = (
-                self.store.clone(),
-                self.key.clone(),
-                std::mem::take(&mut self.token),
-                self.transit.take(),
-            );
-            crate::background::spawn(&handle, async move {
-                release_carried(&*store, &key, &token).await;
-                drop(transit);
-            });
-        }
-    }
 }
 
 impl LeaseGuard {
@@ -886,10 +782,10 @@ impl Shared {
         if prior.is_some() || l.waiting() == 0 || self.fence >= self.block_end {
             return Err(Some(l));
         }
-        match self.live.upgrade() {
-            Some(live) if !live.closing.load(Ordering::SeqCst) => {}
+        let live = match self.live.upgrade() {
+            Some(live) if !live.closing.load(Ordering::SeqCst) => live,
             _ => return Err(Some(l)),
-        }
+        };
         let valid_until = {
             let s = self.state.borrow();
             if s.handoff.is_some() || s.valid_until <= Instant::now() + self.opts.drift() {
@@ -915,7 +811,7 @@ impl Shared {
             next_fence: self.fence + 1,
             block_end: self.block_end,
             armed: true,
-            transit: Some(Transit::start(&self.live)),
+            transit: Some(Transit::start(&live.transit)),
         }))
     }
 }

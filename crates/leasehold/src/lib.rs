@@ -31,6 +31,7 @@
 
 pub mod adapter;
 mod background;
+mod carry;
 pub(crate) mod decide;
 pub mod error;
 pub mod guard;
