@@ -36,6 +36,7 @@ pub(crate) mod decide;
 pub mod error;
 pub mod guard;
 pub mod holder;
+mod inotify;
 pub mod key;
 pub mod local;
 pub mod metrics;

@@ -1,13 +1,14 @@
 //! The store's one inotify instance, which wakes the `acquire`s waiting for a record file.
 
 use super::ofd::hold_is_held;
+use crate::inotify;
 use crate::store::ChangeWatch;
 use async_trait::async_trait;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -47,15 +48,7 @@ const IDLE_WATCHES: usize = 1024;
 
 impl Notifier {
     pub(super) fn start() -> io::Result<Arc<Self>> {
-        // SAFETY: plain syscall; the result is checked.
-        let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: fd was just returned by inotify_init1 and is owned by nobody else.
-        let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-        // SAFETY: `owned` is a fresh inotify descriptor nobody else uses; AsyncFd owns it now.
-        let fd = unsafe { AsyncFd::register(owned) }?;
+        let fd = inotify::open()?;
         let n = Arc::new(Notifier {
             fd,
             watches: Mutex::new(Watches::default()),
@@ -77,31 +70,21 @@ impl Notifier {
             return false;
         };
         let mut buf = [0u8; 8192];
-        // SAFETY: buf is valid for its length; the fd is a non-blocking inotify descriptor.
-        let n = unsafe {
-            libc::read(
-                guard.get_inner().as_raw_fd(),
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-            )
+        let events = match inotify::read(guard.get_inner(), &mut buf) {
+            Ok(events) if !events.is_empty() => events,
+            nothing => {
+                guard.clear_ready();
+                return match nothing {
+                    Ok(_) => true,
+                    Err(e) => matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                    ),
+                };
+            }
         };
-        if n <= 0 {
-            guard.clear_ready();
-            let e = io::Error::last_os_error();
-            return n == 0
-                || matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-                );
-        }
-        let n = n as usize;
-        let mut off = 0usize;
         let mut w = self.watches.lock();
-        while off + std::mem::size_of::<libc::inotify_event>() <= n {
-            // SAFETY: the kernel wrote whole events; read_unaligned copes with alignment.
-            let ev: libc::inotify_event =
-                unsafe { std::ptr::read_unaligned(buf[off..].as_ptr().cast()) };
-            off += std::mem::size_of::<libc::inotify_event>() + ev.len as usize;
+        for ev in events {
             if ev.mask & libc::IN_IGNORED != 0 {
                 // The file is gone (cleanup): wake its waiters and forget it.
                 if let Some(gone) = w.by_wd.remove(&ev.wd) {
@@ -150,29 +133,19 @@ impl Notifier {
                 if let Some(e) = w.by_wd.remove(&wd) {
                     w.by_path.remove(&e.path);
                 }
-                // SAFETY: removing a watch of our own descriptor; errors are harmless.
-                unsafe { libc::inotify_rm_watch(self.fd.get_ref().as_raw_fd(), wd) };
+                inotify::rm_watch(self.fd.get_ref(), wd);
             }
         }
-        use std::os::unix::ffi::OsStrExt;
         let record = OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(path)?;
-        let mut cpath = path.as_os_str().as_bytes().to_vec();
-        cpath.push(0);
         let mask = libc::IN_MODIFY
             | libc::IN_CLOSE_WRITE
             | libc::IN_DELETE_SELF
             | libc::IN_MOVE_SELF
             | libc::IN_ATTRIB;
-        // SAFETY: cpath is NUL-terminated and outlives the call.
-        let wd = unsafe {
-            libc::inotify_add_watch(self.fd.get_ref().as_raw_fd(), cpath.as_ptr().cast(), mask)
-        };
-        if wd < 0 {
-            return Err(io::Error::last_os_error());
-        }
+        let wd = inotify::add_watch(self.fd.get_ref(), path, mask)?;
         // The same inode may already be watched under another path entry (a stale one).
         if let Some(e) = w.by_wd.get(&wd) {
             let rx = e.tx.subscribe();
