@@ -17,7 +17,7 @@ use tokio::time::Instant;
 ///
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-/// use leasehold::{memory::MemoryStore, Error, Locks};
+/// use leasehold::{stores::memory::MemoryStore, Error, Locks};
 /// use std::time::Duration;
 /// let locks = Locks::new(MemoryStore::new());
 /// let lock = locks.lock("k")?.ttl(Duration::from_secs(2)).renew_every(Duration::from_secs(2));
@@ -76,7 +76,7 @@ impl LockBuilder {
     ///
     /// ```
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-    /// use leasehold::{memory::MemoryStore, Locks, LostReason};
+    /// use leasehold::{stores::memory::MemoryStore, Locks, LostReason};
     /// use std::time::Duration;
     /// let locks = Locks::new(MemoryStore::new());
     /// let lock = locks.lock("k")?.ttl(Duration::from_millis(100)).auto_renew(false);
@@ -96,7 +96,7 @@ impl LockBuilder {
     ///
     /// ```
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-    /// use leasehold::{memory::MemoryStore, Error, HolderId, Locks};
+    /// use leasehold::{stores::memory::MemoryStore, Error, HolderId, Locks};
     /// use std::time::Duration;
     /// let store = std::sync::Arc::new(MemoryStore::new());
     /// let a = Locks::from_arc(store.clone()).with_holder(HolderId::new("a"));
@@ -153,7 +153,7 @@ impl LockBuilder {
     ///
     /// ```
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-    /// use leasehold::{memory::MemoryStore, HolderId, Inspection, Key, Locks, LockStore};
+    /// use leasehold::{stores::memory::MemoryStore, HolderId, Inspection, Key, Locks, LockStore};
     /// let store = std::sync::Arc::new(MemoryStore::new());
     /// let who = |id: &str| Locks::from_arc(store.clone()).with_holder(HolderId::new(id));
     /// let (a, b, c, key) = (who("a"), who("b"), who("c"), Key::new("k")?);
@@ -206,7 +206,7 @@ impl LockBuilder {
     /// included) no longer apply.
     ///
     /// ```
-    /// use leasehold::{memory::MemoryStore, LockOptions, Locks, Wait};
+    /// use leasehold::{stores::memory::MemoryStore, LockOptions, Locks, Wait};
     /// let locks = Locks::new(MemoryStore::new());
     /// let mut opts = LockOptions::default();
     /// opts.wait = Wait::No;
@@ -239,7 +239,7 @@ impl LockBuilder {
     ///
     /// ```
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-    /// use leasehold::{memory::MemoryStore, HolderId, Locks};
+    /// use leasehold::{stores::memory::MemoryStore, HolderId, Locks};
     /// let store = std::sync::Arc::new(MemoryStore::new());
     /// let a = Locks::from_arc(store.clone()).with_holder(HolderId::new("a"));
     /// let b = Locks::from_arc(store).with_holder(HolderId::new("b"));
@@ -289,7 +289,7 @@ impl LockBuilder {
     ///
     /// ```
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-    /// use leasehold::{memory::MemoryStore, Error, HolderId, Locks};
+    /// use leasehold::{stores::memory::MemoryStore, Error, HolderId, Locks};
     /// use std::time::Duration;
     /// let store = std::sync::Arc::new(MemoryStore::new());
     /// let a = Locks::from_arc(store.clone()).with_holder(HolderId::new("a"));

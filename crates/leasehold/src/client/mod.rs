@@ -59,7 +59,7 @@ impl Locks {
     /// local layer on.
     ///
     /// ```
-    /// use leasehold::{memory::MemoryStore, HolderId, Locks};
+    /// use leasehold::{stores::memory::MemoryStore, HolderId, Locks};
     /// let locks = Locks::new(MemoryStore::new()).with_holder(HolderId::new("web-1"));
     /// assert_eq!(locks.holder().as_str(), "web-1");
     /// ```
@@ -74,7 +74,7 @@ impl Locks {
     ///
     /// ```
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-    /// use leasehold::{memory::MemoryStore, HolderId, Locks, LockStore};
+    /// use leasehold::{stores::memory::MemoryStore, HolderId, Locks, LockStore};
     /// let store = std::sync::Arc::new(MemoryStore::new());
     /// let a = Locks::from_arc(store.clone()).with_holder(HolderId::new("a"));
     /// let b = Locks::from_arc(store.clone()).with_holder(HolderId::new("b"));
@@ -103,7 +103,7 @@ impl Locks {
     ///
     /// ```
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-    /// use leasehold::{memory::MemoryStore, HolderId, Locks};
+    /// use leasehold::{stores::memory::MemoryStore, HolderId, Locks};
     /// let store = std::sync::Arc::new(MemoryStore::new());
     /// let one = Locks::from_arc(store.clone()).with_holder(HolderId::new("web-1"));
     /// let same = Locks::from_arc(store).with_holder(HolderId::new("web-1"));
@@ -127,7 +127,7 @@ impl Locks {
     ///
     /// ```
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-    /// use leasehold::{memory::MemoryStore, Locks};
+    /// use leasehold::{stores::memory::MemoryStore, Locks};
     /// let locks = Locks::new(MemoryStore::new()).with_local_layer(false);
     /// let guard = locks.lock("k")?.try_acquire().await?.expect("free");
     /// assert!(locks.lock("k")?.try_acquire().await?.is_none()); // refused by the store
@@ -145,7 +145,7 @@ impl Locks {
     ///
     /// ```
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-    /// use leasehold::{memory::MemoryStore, Locks, Metrics};
+    /// use leasehold::{stores::memory::MemoryStore, Locks, Metrics};
     /// let registry = prometheus::Registry::new();
     /// let locks = Locks::new(MemoryStore::new())
     ///     .with_metrics(Metrics::register("myapp_locks", &registry)?);
@@ -170,7 +170,7 @@ impl Locks {
     ///
     /// ```
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-    /// use leasehold::{memory::MemoryStore, Error, LockOptions, Locks};
+    /// use leasehold::{stores::memory::MemoryStore, Error, LockOptions, Locks};
     /// use std::time::Duration;
     /// let mut defaults = LockOptions::default();
     /// defaults.ttl = Duration::from_secs(10);
@@ -195,7 +195,7 @@ impl Locks {
     ///
     /// ```
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-    /// use leasehold::{memory::MemoryStore, Inspection, Locks};
+    /// use leasehold::{stores::memory::MemoryStore, Inspection, Locks};
     /// let locks = Locks::new(MemoryStore::new());
     /// let guard = locks.lock("k")?.try_acquire().await?.expect("free");
     /// let Some(Inspection::Record(r)) = locks.store().inspect(guard.key()).await? else {

@@ -26,7 +26,7 @@ use wheel::{aligned, Renewals};
 ///
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-/// use leasehold::{memory::MemoryStore, Locks, LostReason, Released};
+/// use leasehold::{stores::memory::MemoryStore, Locks, LostReason, Released};
 /// let locks = Locks::new(MemoryStore::new());
 /// let guard = locks.lock("k")?.try_acquire().await?.expect("free");
 /// locks.store().force_release(guard.key()).await?; // an operator frees it
@@ -261,7 +261,7 @@ impl Shared {
 ///
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-/// use leasehold::{memory::MemoryStore, Locks};
+/// use leasehold::{stores::memory::MemoryStore, Locks};
 /// let locks = Locks::new(MemoryStore::new());
 /// let guard = locks.lock("report")?.acquire().await?;
 /// let fence = guard.fence(); // pass it to the resource you write to
@@ -450,7 +450,7 @@ impl LeaseGuard {
     ///
     /// ```
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-    /// use leasehold::{memory::MemoryStore, HolderId, Locks};
+    /// use leasehold::{stores::memory::MemoryStore, HolderId, Locks};
     /// let locks = Locks::new(MemoryStore::new()).with_holder(HolderId::new("web-1"));
     /// let guard = locks.lock("user:alice")?.try_acquire().await?.expect("free");
     /// let r = guard.record();
@@ -497,7 +497,7 @@ impl LeaseGuard {
     ///
     /// ```
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-    /// use leasehold::{memory::MemoryStore, Locks, LostReason};
+    /// use leasehold::{stores::memory::MemoryStore, Locks, LostReason};
     /// let locks = Locks::new(MemoryStore::new());
     /// let guard = locks.lock("job")?.try_acquire().await?.expect("free");
     /// // An operator frees it: the holder's next renewal is refused, and `lost()` fires.
@@ -540,7 +540,7 @@ impl LeaseGuard {
     ///
     /// ```
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-    /// use leasehold::{memory::MemoryStore, HolderId, Locks};
+    /// use leasehold::{stores::memory::MemoryStore, HolderId, Locks};
     /// use std::time::Duration;
     /// let store = std::sync::Arc::new(MemoryStore::new());
     /// let a = Locks::from_arc(store.clone()).with_holder(HolderId::new("a"));
@@ -570,7 +570,7 @@ impl LeaseGuard {
     ///
     /// ```
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-    /// use leasehold::{memory::MemoryStore, HolderId, Locks};
+    /// use leasehold::{stores::memory::MemoryStore, HolderId, Locks};
     /// use std::time::Duration;
     /// let store = std::sync::Arc::new(MemoryStore::new());
     /// let a = Locks::from_arc(store.clone()).with_holder(HolderId::new("a"));

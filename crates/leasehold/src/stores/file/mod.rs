@@ -540,7 +540,7 @@ impl FileStore {
     /// [`Error::InvalidOption`] for a mode without owner read/write (or above 0777).
     ///
     /// ```
-    /// use leasehold::{file::FileStore, Error};
+    /// use leasehold::{stores::file::FileStore, Error};
     /// let tmp = tempfile::tempdir().unwrap();
     /// let store = FileStore::open(tmp.path().join("a/b/locks"), Default::default())?;
     /// assert!(store.dir().is_dir());
@@ -631,7 +631,7 @@ impl FileStore {
     ///
     /// ```
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-    /// use leasehold::{file::FileStore, HolderId, Key, Locks};
+    /// use leasehold::{stores::file::FileStore, HolderId, Key, Locks};
     /// let dir = tempfile::tempdir().unwrap();
     /// let store = FileStore::open(dir.path(), Default::default())?;
     /// let path = store.record_path(&Key::new("../user:alice")?);
