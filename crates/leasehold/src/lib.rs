@@ -31,11 +31,13 @@
 
 pub mod adapter;
 mod background;
+mod carry;
 pub(crate) mod decide;
 pub mod error;
 mod fsmode;
 pub mod guard;
 pub mod holder;
+mod inotify;
 pub mod key;
 pub mod local;
 pub mod metrics;

@@ -10,7 +10,7 @@
 //! fence of the block reserved at acquisition). A carried lease nobody takes (every waiter gave
 //! up) is released in the store.
 
-use crate::guard::Carry;
+use crate::carry::Carry;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::fmt;

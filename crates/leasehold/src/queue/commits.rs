@@ -1,8 +1,9 @@
 //! Writes to a SQLite queue's files by any process, seen through inotify on their directory:
 //! what wakes an idle worker when a task is enqueued elsewhere, instead of a polling timer.
 
+use crate::inotify;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::time::Duration;
@@ -43,23 +44,9 @@ impl Commits {
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no file name"))?
             .as_bytes()
             .to_vec();
-        // SAFETY: plain syscall; the result is checked.
-        let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: fd was just returned by inotify_init1 and is owned by nobody else.
-        let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-        let mut cdir = dir.as_os_str().as_bytes().to_vec();
-        cdir.push(0);
+        let fd = inotify::open()?;
         let mask = libc::IN_MODIFY | libc::IN_CLOSE_WRITE | libc::IN_CREATE | libc::IN_MOVED_TO;
-        // SAFETY: cdir is NUL-terminated and outlives the call; the descriptor is open.
-        let wd = unsafe { libc::inotify_add_watch(owned.as_raw_fd(), cdir.as_ptr().cast(), mask) };
-        if wd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `owned` is a fresh inotify descriptor nobody else uses; AsyncFd owns it now.
-        let fd = unsafe { AsyncFd::register(owned) }?;
+        inotify::add_watch(&fd, dir, mask)?;
         Ok(Commits {
             fd: tokio::sync::Mutex::new((fd, None)),
             name,
@@ -123,34 +110,17 @@ async fn failed(e: &io::Error) {
 /// (`NAME-wal`, `NAME-journal`, …).
 fn read_events(fd: &OwnedFd, name: &[u8]) -> io::Result<bool> {
     let mut buf = [0u8; 4096];
-    // SAFETY: buf is valid for its length; the fd is a non-blocking inotify descriptor.
-    let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let n = usize::try_from(n).unwrap_or(0);
-    if n == 0 {
+    let events = inotify::read(fd, &mut buf)?;
+    if events.is_empty() {
         return Err(io::Error::new(
             io::ErrorKind::UnexpectedEof,
             "inotify closed",
         ));
     }
-    let head = std::mem::size_of::<libc::inotify_event>();
-    let mut off = 0usize;
     let mut ours = false;
-    while off + head <= n {
-        // SAFETY: the kernel wrote whole events; read_unaligned copes with alignment.
-        let ev: libc::inotify_event =
-            unsafe { std::ptr::read_unaligned(buf[off..].as_ptr().cast()) };
-        let len = ev.len as usize;
-        let file = buf
-            .get(off + head..(off + head + len).min(n))
-            .unwrap_or(&[]);
-        // The name is NUL-padded.
-        let file = file.split(|b| *b == 0).next().unwrap_or(&[]);
+    for ev in events {
         // A queue that overflowed dropped events: some may have been ours.
-        ours |= file.starts_with(name) || ev.mask & libc::IN_Q_OVERFLOW != 0;
-        off += head + len;
+        ours |= ev.name.starts_with(name) || ev.mask & libc::IN_Q_OVERFLOW != 0;
     }
     Ok(ours)
 }

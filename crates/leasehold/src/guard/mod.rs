@@ -1,27 +1,32 @@
-//! The held lease.
+//! The held lease: [`LeaseGuard`], what its release found ([`Released`]), and the guards alive
+//! under one [`crate::Locks`]. Their renewals are scheduled by the renewal wheel (`wheel.rs`).
 
+use crate::carry::{Carry, InTransit, Transit};
 use crate::error::Result;
 use crate::key::Key;
 use crate::local::LocalGuard;
 use crate::metrics::Metrics;
 use crate::options::LockOptions;
 use crate::record::{now_ms, LeaseRecord};
-use crate::store::{LockStore, LostReason, ReleaseOutcome, RenewOutcome};
+use crate::store::{LockStore, LostReason, ReleaseOutcome};
 use parking_lot::Mutex;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
-use tracing::Instrument;
+
+mod wheel;
+
+use wheel::{aligned, Renewals};
 
 /// What [`LeaseGuard::release`] found.
 ///
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-/// use leasehold::{memory::MemoryStore, Locks, LostReason, Released};
+/// use leasehold::{stores::memory::MemoryStore, Locks, LostReason, Released};
 /// let locks = Locks::new(MemoryStore::new());
 /// let guard = locks.lock("k")?.try_acquire().await?.expect("free");
 /// locks.store().force_release(guard.key()).await?; // an operator frees it
@@ -99,142 +104,7 @@ pub(crate) struct LiveSet {
     /// Set by `release_all`: leases are no longer handed on between tasks.
     closing: AtomicBool,
     /// Leases handed on and not yet taken by the next task (or released, if nobody took them).
-    in_transit: AtomicUsize,
-    transit_done: Notify,
-}
-
-/// Counts a handed-on lease as in transit until dropped (taken by the next task's guard, which is
-/// then in the live set, or released in the store).
-#[derive(Debug)]
-struct Transit(Weak<LiveSet>);
-
-impl Transit {
-    fn start(live: &Weak<LiveSet>) -> Self {
-        if let Some(l) = live.upgrade() {
-            l.in_transit.fetch_add(1, Ordering::SeqCst);
-        }
-        Transit(live.clone())
-    }
-}
-
-impl Drop for Transit {
-    fn drop(&mut self) {
-        if let Some(l) = self.0.upgrade() {
-            l.in_transit.fetch_sub(1, Ordering::SeqCst);
-            l.transit_done.notify_waiters();
-        }
-    }
-}
-
-/// One renewal scheduler per [`crate::Locks`]: a map of due times and one task that sleeps until
-/// the earliest and starts each renewal that came due. A guard costs a map insert and remove, not
-/// a task of its own (spawning and aborting one per lease cost more than a Redis round trip).
-#[derive(Debug, Default)]
-struct Renewals {
-    state: Mutex<Schedule>,
-    wake: Arc<Notify>,
-}
-
-#[derive(Debug, Default)]
-struct Schedule {
-    due: BTreeMap<(Instant, u64), Weak<Shared>>,
-    /// The scheduler task looks at this time or before (`None`: parked until woken, or not
-    /// started); a guard due earlier wakes it.
-    next_look: Option<Instant>,
-    started: bool,
-}
-
-impl Renewals {
-    /// Schedules `shared`'s next renewal at `at`.
-    fn schedule(self: &Arc<Self>, at: Instant, shared: &Arc<Shared>) {
-        let wake = {
-            let mut s = self.state.lock();
-            if shared.state.borrow().released {
-                return;
-            }
-            s.due.insert((at, shared.id), Arc::downgrade(shared));
-            *shared.scheduled.lock() = Some(at);
-            if !s.started {
-                s.started = true;
-                s.next_look = Some(at);
-                tokio::spawn(run_schedule(Arc::downgrade(self), self.wake.clone()));
-                false
-            } else if s.next_look.is_some_and(|t| at >= t) {
-                false
-            } else {
-                // The scheduler looks by `at` now; later schedules need not wake it again.
-                s.next_look = Some(at);
-                true
-            }
-        };
-        if wake {
-            self.wake.notify_one();
-        }
-    }
-
-    fn cancel(&self, shared: &Shared) {
-        let at = shared.scheduled.lock().take();
-        if let Some(at) = at {
-            self.state.lock().due.remove(&(at, shared.id));
-        }
-    }
-}
-
-impl Drop for Renewals {
-    fn drop(&mut self) {
-        // Lets the scheduler task see that its `Locks` and all its guards are gone.
-        self.wake.notify_one();
-    }
-}
-
-/// The scheduler task of one [`Renewals`]; ends when its `Locks` and all its guards are gone.
-async fn run_schedule(renewals: Weak<Renewals>, wake: Arc<Notify>) {
-    loop {
-        let next = {
-            let Some(this) = renewals.upgrade() else {
-                return;
-            };
-            let now = Instant::now();
-            let mut ready = vec![];
-            let next = {
-                let mut s = this.state.lock();
-                while let Some(entry) = s.due.first_entry() {
-                    if entry.key().0 > now {
-                        break;
-                    }
-                    ready.push(entry.remove());
-                }
-                // With nothing due (the guard that woke us already released), keep the time we
-                // were woken for: the next guard, most likely due at the same point of the grid,
-                // then finds us awake until then instead of waking us (a thread wake per
-                // acquisition at low concurrency).
-                let next = s
-                    .due
-                    .keys()
-                    .next()
-                    .map(|k| k.0)
-                    .or(s.next_look.filter(|t| *t > now));
-                s.next_look = next;
-                next
-            };
-            for shared in ready.iter().filter_map(Weak::upgrade) {
-                *shared.scheduled.lock() = None;
-                let span = tracing::debug_span!("leasehold.renewer", key = %shared.key);
-                let task = tokio::spawn(renew_round(shared.clone()).instrument(span));
-                *shared.renewer.lock() = Some(task.abort_handle());
-            }
-            next
-        };
-        match next {
-            Some(t) => {
-                tokio::select! {
-                    _ = tokio::time::sleep_until(t) => {}
-                    _ = wake.notified() => {}
-                }
-            }
-            None => wake.notified().await,
-        }
-    }
+    transit: Arc<InTransit>,
 }
 
 impl LiveSet {
@@ -257,20 +127,12 @@ impl LiveSet {
 
     /// Whether a handed-on lease is in transit.
     pub(crate) fn in_transit(&self) -> bool {
-        self.in_transit.load(Ordering::SeqCst) > 0
+        self.transit.any()
     }
 
     /// Waits until no handed-on lease is in transit, or `deadline`; whether none is.
     pub(crate) async fn settle(&self, deadline: Instant) -> bool {
-        loop {
-            let done = self.transit_done.notified();
-            if self.in_transit.load(Ordering::SeqCst) == 0 {
-                return true;
-            }
-            if tokio::time::timeout_at(deadline, done).await.is_err() {
-                return self.in_transit.load(Ordering::SeqCst) == 0;
-            }
-        }
+        self.transit.settle(deadline).await
     }
 }
 
@@ -399,7 +261,7 @@ impl Shared {
 ///
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-/// use leasehold::{memory::MemoryStore, Locks};
+/// use leasehold::{stores::memory::MemoryStore, Locks};
 /// let locks = Locks::new(MemoryStore::new());
 /// let guard = locks.lock("report")?.acquire().await?;
 /// let fence = guard.fence(); // pass it to the resource you write to
@@ -457,79 +319,6 @@ struct Parts {
     metrics: Option<Metrics>,
     local: Option<LocalGuard>,
     live: Arc<LiveSet>,
-}
-
-/// A held store lease on its way from a task that released it to the next task of this process
-/// waiting for the key (in the key's local slot). Dropped without being taken, it is released in
-/// the store in the background.
-pub(crate) struct Carry {
-    store: Arc<dyn LockStore>,
-    key: Key,
-    token: String,
-    record: LeaseRecord,
-    opts: LockOptions,
-    valid_until: Instant,
-    renew_at: Option<Instant>,
-    next_fence: u64,
-    block_end: u64,
-    armed: bool,
-    transit: Option<Transit>,
-}
-
-impl Carry {
-    /// Whether a task asking for `holder` with `opts` may take this lease as it is: same holder,
-    /// same lease terms and labels, and surely valid for longer than the drift margin.
-    pub(crate) fn fits(&self, holder: &str, opts: &LockOptions) -> bool {
-        self.record.holder.as_deref() == Some(holder)
-            && self.opts.ttl == opts.ttl
-            && self.opts.renew_period() == opts.renew_period()
-            && self.opts.auto_renew == opts.auto_renew
-            && self.opts.labels == opts.labels
-            && self.valid_until > Instant::now() + self.opts.drift()
-    }
-
-    /// Releases the lease in the store now (errors only logged: it then expires by its TTL).
-    pub(crate) async fn release(mut self) {
-        self.armed = false;
-        release_carried(&*self.store, &self.key, &self.token).await;
-        drop(self.transit.take());
-    }
-}
-
-/// Releases a carried lease nobody took; errors are only logged (it then expires by its TTL).
-async fn release_carried(store: &dyn LockStore, key: &Key, token: &str) {
-    if let Err(e) = store.release(key, token).await {
-        tracing::debug!(key = %key, error = %e, "could not release a carried lease; it expires by its TTL");
-    }
-}
-
-impl fmt::Debug for Carry {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Carry")
-            .field("key", &self.key)
-            .field("next_fence", &self.next_fence)
-            .finish()
-    }
-}
-
-impl Drop for Carry {
-    fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            let (store, key, token, transit) = (
-                self.store.clone(),
-                self.key.clone(),
-                std::mem::take(&mut self.token),
-                self.transit.take(),
-            );
-            crate::background::spawn(&handle, async move {
-                release_carried(&*store, &key, &token).await;
-                drop(transit);
-            });
-        }
-    }
 }
 
 impl LeaseGuard {
@@ -661,7 +450,7 @@ impl LeaseGuard {
     ///
     /// ```
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-    /// use leasehold::{memory::MemoryStore, HolderId, Locks};
+    /// use leasehold::{stores::memory::MemoryStore, HolderId, Locks};
     /// let locks = Locks::new(MemoryStore::new()).with_holder(HolderId::new("web-1"));
     /// let guard = locks.lock("user:alice")?.try_acquire().await?.expect("free");
     /// let r = guard.record();
@@ -708,7 +497,7 @@ impl LeaseGuard {
     ///
     /// ```
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-    /// use leasehold::{memory::MemoryStore, Locks, LostReason};
+    /// use leasehold::{stores::memory::MemoryStore, Locks, LostReason};
     /// let locks = Locks::new(MemoryStore::new());
     /// let guard = locks.lock("job")?.try_acquire().await?.expect("free");
     /// // An operator frees it: the holder's next renewal is refused, and `lost()` fires.
@@ -751,7 +540,7 @@ impl LeaseGuard {
     ///
     /// ```
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-    /// use leasehold::{memory::MemoryStore, HolderId, Locks};
+    /// use leasehold::{stores::memory::MemoryStore, HolderId, Locks};
     /// use std::time::Duration;
     /// let store = std::sync::Arc::new(MemoryStore::new());
     /// let a = Locks::from_arc(store.clone()).with_holder(HolderId::new("a"));
@@ -781,7 +570,7 @@ impl LeaseGuard {
     ///
     /// ```
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-    /// use leasehold::{memory::MemoryStore, HolderId, Locks};
+    /// use leasehold::{stores::memory::MemoryStore, HolderId, Locks};
     /// use std::time::Duration;
     /// let store = std::sync::Arc::new(MemoryStore::new());
     /// let a = Locks::from_arc(store.clone()).with_holder(HolderId::new("a"));
@@ -886,10 +675,10 @@ impl Shared {
         if prior.is_some() || l.waiting() == 0 || self.fence >= self.block_end {
             return Err(Some(l));
         }
-        match self.live.upgrade() {
-            Some(live) if !live.closing.load(Ordering::SeqCst) => {}
+        let live = match self.live.upgrade() {
+            Some(live) if !live.closing.load(Ordering::SeqCst) => live,
             _ => return Err(Some(l)),
-        }
+        };
         let valid_until = {
             let s = self.state.borrow();
             if s.handoff.is_some() || s.valid_until <= Instant::now() + self.opts.drift() {
@@ -915,95 +704,7 @@ impl Shared {
             next_fence: self.fence + 1,
             block_end: self.block_end,
             armed: true,
-            transit: Some(Transit::start(&self.live)),
+            transit: Some(Transit::start(&live.transit)),
         }))
     }
-}
-
-/// One renewal, retried while the lease is surely valid; schedules the next one on success.
-async fn renew_round(shared: Arc<Shared>) {
-    let period = shared.opts.renew_period();
-    let ttl = shared.opts.ttl;
-    let drift = shared.opts.drift();
-    let mut attempt = 0u32;
-    loop {
-        let (valid_until, released) = {
-            let s = shared.state.borrow();
-            (s.valid_until, s.released)
-        };
-        if released {
-            return;
-        }
-        if Instant::now() >= valid_until {
-            shared.mark_lost(LostReason::Unreachable {
-                detail: "renewal did not succeed before expiry".into(),
-            });
-            return;
-        }
-        let sent = Instant::now();
-        let call = shared.store.renew(&shared.key, &shared.token, ttl);
-        match tokio::time::timeout_at(valid_until, call).await {
-            Ok(Ok(RenewOutcome::Renewed(rec))) => {
-                if let Some(m) = &shared.metrics {
-                    m.renewals.inc();
-                }
-                let waiter = (rec.has_live_waiter(now_ms())
-                    && rec.waiter_token.as_deref() != Some(shared.token.as_str()))
-                .then(|| rec.waiter.clone().unwrap_or_default());
-                let mut raised = false;
-                shared.state.send_if_modified(|s| {
-                    s.valid_until = sent + ttl.saturating_sub(drift);
-                    if s.handoff.is_none() && waiter.is_some() {
-                        s.handoff = waiter.clone();
-                        raised = true;
-                    }
-                    true
-                });
-                if raised {
-                    if let Some(m) = &shared.metrics {
-                        m.handoffs.inc();
-                    }
-                }
-                shared
-                    .renewals
-                    .schedule(aligned(sent + period, period), &shared);
-                return;
-            }
-            Ok(Ok(RenewOutcome::Lost(reason))) => {
-                shared.mark_lost(reason);
-                return;
-            }
-            Ok(Err(e)) if e.is_retryable() => {
-                tracing::debug!(key = %shared.key, error = %e, "renewal failed; retrying");
-                let left = valid_until.saturating_duration_since(Instant::now());
-                let pause = shared.opts.backoff.delay(attempt).min(left / 4);
-                attempt += 1;
-                tokio::time::sleep(pause).await;
-            }
-            Ok(Err(e)) => {
-                shared.mark_lost(LostReason::Unreachable {
-                    detail: e.to_string(),
-                });
-                return;
-            }
-            Err(_) => {
-                shared.mark_lost(LostReason::Unreachable {
-                    detail: "renewal did not answer before expiry".into(),
-                });
-                return;
-            }
-        }
-    }
-}
-
-/// Moves a renewal time earlier (by less than a quarter period) onto a grid shared by every guard
-/// of the process, so leases with the same period come due together and stores that batch
-/// renewals (Redis) renew them in one call. Renewing early is always safe.
-fn aligned(due: Instant, period: std::time::Duration) -> Instant {
-    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-    let epoch = *EPOCH.get_or_init(Instant::now);
-    let step = (period / 4).as_nanos().max(1);
-    let since = due.saturating_duration_since(epoch).as_nanos();
-    let back = since % step;
-    due - std::time::Duration::from_nanos(back as u64)
 }

@@ -46,15 +46,18 @@ use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::unix::AsyncFd;
 
-const HOLD: i64 = 0;
-const MUTATE: i64 = 1;
+mod notify;
+mod ofd;
+
+use notify::Notifier;
+use ofd::{ofd_lock, HOLD, MUTATE};
+
 const EXT: &str = ".lease";
 const KERNEL_LOCK: &str = "kernel_lock";
 
@@ -142,39 +145,6 @@ impl Found {
         match self {
             Found::Record(r) => Some(r),
             _ => None,
-        }
-    }
-}
-
-/// The one-byte lock range at `start`, of type `typ` (`F_WRLCK`, `F_RDLCK`, `F_UNLCK`).
-fn one_byte(start: i64, typ: libc::c_int) -> libc::flock {
-    // SAFETY: an all-zero flock is a valid value; the fields we need are set below.
-    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-    fl.l_type = typ as libc::c_short;
-    fl.l_whence = libc::SEEK_SET as libc::c_short;
-    fl.l_start = start as libc::off_t;
-    fl.l_len = 1;
-    fl
-}
-
-fn ofd_lock(fd: RawFd, start: i64, typ: libc::c_int, wait: bool) -> io::Result<bool> {
-    let mut fl = one_byte(start, typ);
-    let cmd = if wait {
-        libc::F_OFD_SETLKW
-    } else {
-        libc::F_OFD_SETLK
-    };
-    loop {
-        // SAFETY: fd is an open descriptor owned by the caller; fl lives across the call.
-        let rc = unsafe { libc::fcntl(fd, cmd, &mut fl as *mut libc::flock) };
-        if rc == 0 {
-            return Ok(true);
-        }
-        let e = io::Error::last_os_error();
-        match e.raw_os_error() {
-            Some(libc::EINTR) => continue,
-            Some(libc::EAGAIN) | Some(libc::EACCES) if !wait => return Ok(false),
-            _ => return Err(e),
         }
     }
 }
@@ -571,7 +541,7 @@ impl FileStore {
     /// [`Error::InvalidOption`] for a mode without owner read/write (or above 0777).
     ///
     /// ```
-    /// use leasehold::{file::FileStore, Error};
+    /// use leasehold::{stores::file::FileStore, Error};
     /// let tmp = tempfile::tempdir().unwrap();
     /// let store = FileStore::open(tmp.path().join("a/b/locks"), Default::default())?;
     /// assert!(store.dir().is_dir());
@@ -656,7 +626,7 @@ impl FileStore {
     ///
     /// ```
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-    /// use leasehold::{file::FileStore, HolderId, Key, Locks};
+    /// use leasehold::{stores::file::FileStore, HolderId, Key, Locks};
     /// let dir = tempfile::tempdir().unwrap();
     /// let store = FileStore::open(dir.path(), Default::default())?;
     /// let path = store.record_path(&Key::new("../user:alice")?);
@@ -811,216 +781,4 @@ async fn blocking<T: Send + 'static>(
             detail: format!("blocking task failed: {e}"),
             retryable: true,
         })?
-}
-
-/// The store's one inotify instance. Every waiting `acquire` registers the record file it waits
-/// for; one task reads the events and wakes the waiters of that file. The instance is never closed
-/// on the acquire path (closing an inotify descriptor waits for a kernel grace period, milliseconds),
-/// and unused watches are removed in batches.
-///
-/// Wakes on writes (a release rewrites the record), on deletion, and on a writer closing the file
-/// only if the holder lock went from held to free — the holder died. Closes are everywhere (every
-/// acquisition attempt opens and closes the file), so closes alone do not wake anyone.
-#[derive(Debug)]
-struct Notifier {
-    fd: AsyncFd<OwnedFd>,
-    watches: Mutex<Watches>,
-}
-
-#[derive(Debug, Default)]
-struct Watches {
-    by_wd: HashMap<i32, Watched>,
-    by_path: HashMap<PathBuf, i32>,
-}
-
-#[derive(Debug)]
-struct Watched {
-    path: PathBuf,
-    tx: tokio::sync::watch::Sender<()>,
-    record: File,
-    hold_held: bool,
-}
-
-/// Unused watches kept before a sweep removes them.
-const IDLE_WATCHES: usize = 1024;
-
-/// Whether some open file description holds the holder lock of `file`.
-fn hold_is_held(file: &File) -> bool {
-    let mut fl = one_byte(HOLD, libc::F_WRLCK);
-    // SAFETY: the descriptor is open for the duration of the call; fl is valid.
-    let rc = unsafe {
-        libc::fcntl(
-            file.as_raw_fd(),
-            libc::F_OFD_GETLK,
-            &mut fl as *mut libc::flock,
-        )
-    };
-    // On error, say held: the caller then waits for a write or its timer instead of spinning.
-    rc != 0 || fl.l_type != libc::F_UNLCK as libc::c_short
-}
-
-impl Notifier {
-    fn start() -> io::Result<Arc<Self>> {
-        // SAFETY: plain syscall; the result is checked.
-        let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: fd was just returned by inotify_init1 and is owned by nobody else.
-        let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-        // SAFETY: `owned` is a fresh inotify descriptor nobody else uses; AsyncFd owns it now.
-        let fd = unsafe { AsyncFd::register(owned) }?;
-        let n = Arc::new(Notifier {
-            fd,
-            watches: Mutex::new(Watches::default()),
-        });
-        let weak = Arc::downgrade(&n);
-        tokio::spawn(async move {
-            while let Some(n) = weak.upgrade() {
-                if !n.pump().await {
-                    return;
-                }
-            }
-        });
-        Ok(n)
-    }
-
-    /// Waits for events and dispatches them; false when the descriptor failed.
-    async fn pump(&self) -> bool {
-        let Ok(mut guard) = self.fd.readable().await else {
-            return false;
-        };
-        let mut buf = [0u8; 8192];
-        // SAFETY: buf is valid for its length; the fd is a non-blocking inotify descriptor.
-        let n = unsafe {
-            libc::read(
-                guard.get_inner().as_raw_fd(),
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-            )
-        };
-        if n <= 0 {
-            guard.clear_ready();
-            let e = io::Error::last_os_error();
-            return n == 0
-                || matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-                );
-        }
-        let n = n as usize;
-        let mut off = 0usize;
-        let mut w = self.watches.lock();
-        while off + std::mem::size_of::<libc::inotify_event>() <= n {
-            // SAFETY: the kernel wrote whole events; read_unaligned copes with alignment.
-            let ev: libc::inotify_event =
-                unsafe { std::ptr::read_unaligned(buf[off..].as_ptr().cast()) };
-            off += std::mem::size_of::<libc::inotify_event>() + ev.len as usize;
-            if ev.mask & libc::IN_IGNORED != 0 {
-                // The file is gone (cleanup): wake its waiters and forget it.
-                if let Some(gone) = w.by_wd.remove(&ev.wd) {
-                    if w.by_path.get(&gone.path) == Some(&ev.wd) {
-                        w.by_path.remove(&gone.path);
-                    }
-                    gone.tx.send_replace(());
-                }
-                continue;
-            }
-            let Some(entry) = w.by_wd.get_mut(&ev.wd) else {
-                continue;
-            };
-            let was_held = std::mem::replace(&mut entry.hold_held, hold_is_held(&entry.record));
-            let only_close = ev.mask & !libc::IN_CLOSE_WRITE == 0;
-            if !only_close || (was_held && !entry.hold_held) {
-                entry.tx.send_replace(());
-            }
-        }
-        true
-    }
-
-    fn watch(self: &Arc<Self>, path: &Path) -> io::Result<FileWatch> {
-        let mut w = self.watches.lock();
-        if let Some(wd) = w.by_path.get(path) {
-            if let Some(e) = w.by_wd.get(wd) {
-                return Ok(FileWatch {
-                    rx: e.tx.subscribe(),
-                });
-            }
-        }
-        let idle = w
-            .by_wd
-            .values()
-            .filter(|e| e.tx.receiver_count() == 0)
-            .count();
-        if idle >= IDLE_WATCHES {
-            // Drop every unused watch. Rare: only after many distinct keys were waited for.
-            let unused: Vec<i32> = w
-                .by_wd
-                .iter()
-                .filter(|(_, e)| e.tx.receiver_count() == 0)
-                .map(|(wd, _)| *wd)
-                .collect();
-            for wd in unused {
-                if let Some(e) = w.by_wd.remove(&wd) {
-                    w.by_path.remove(&e.path);
-                }
-                // SAFETY: removing a watch of our own descriptor; errors are harmless.
-                unsafe { libc::inotify_rm_watch(self.fd.get_ref().as_raw_fd(), wd) };
-            }
-        }
-        use std::os::unix::ffi::OsStrExt;
-        let record = OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(path)?;
-        let mut cpath = path.as_os_str().as_bytes().to_vec();
-        cpath.push(0);
-        let mask = libc::IN_MODIFY
-            | libc::IN_CLOSE_WRITE
-            | libc::IN_DELETE_SELF
-            | libc::IN_MOVE_SELF
-            | libc::IN_ATTRIB;
-        // SAFETY: cpath is NUL-terminated and outlives the call.
-        let wd = unsafe {
-            libc::inotify_add_watch(self.fd.get_ref().as_raw_fd(), cpath.as_ptr().cast(), mask)
-        };
-        if wd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // The same inode may already be watched under another path entry (a stale one).
-        if let Some(e) = w.by_wd.get(&wd) {
-            let rx = e.tx.subscribe();
-            w.by_path.insert(path.to_path_buf(), wd);
-            return Ok(FileWatch { rx });
-        }
-        let hold_held = hold_is_held(&record);
-        let (tx, rx) = tokio::sync::watch::channel(());
-        w.by_wd.insert(
-            wd,
-            Watched {
-                path: path.to_path_buf(),
-                tx,
-                record,
-                hold_held,
-            },
-        );
-        w.by_path.insert(path.to_path_buf(), wd);
-        Ok(FileWatch { rx })
-    }
-}
-
-/// One waiter's subscription to a record file.
-#[derive(Debug)]
-struct FileWatch {
-    rx: tokio::sync::watch::Receiver<()>,
-}
-
-#[async_trait]
-impl ChangeWatch for FileWatch {
-    async fn changed(&mut self) {
-        if self.rx.changed().await.is_err() {
-            // The file was removed (cleanup) and its watch dropped: poll gently.
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
 }
