@@ -1,6 +1,6 @@
 //! The one generic adapter from a compare-and-set [`RecordStore`] to a [`LockStore`].
 //!
-//! Every step is read → decide ([`crate::decide`]) → conditional write; a write that loses the race
+//! Every step is read → decide (the crate-private `decide` module) → conditional write; a write that loses the race
 //! (version mismatch) re-reads and decides again, so concurrent acquirers, renewals, waiter
 //! registrations and releases serialise on the record's version. Expiry is judged on the acquirer's
 //! wall clock against the `expires` time written by the holder: bounded clock skew between machines

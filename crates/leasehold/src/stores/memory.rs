@@ -4,7 +4,7 @@
 //! Checklist — native TTL: no (expiry judged on this process's wall clock); watch: yes for
 //! [`MemoryStore`] (per-key change channel), no for [`RecordMemoryStore`] (waiters poll, which tests
 //! the polling path); liveness: not applicable; fence: `max(previous + 1, now in µs)` per key, the
-//! common rule of [`crate::decide`].
+//! common rule of the crate-private `decide` module.
 //!
 //! Both are for tests, single-process programs and as a reference; nothing survives the process.
 

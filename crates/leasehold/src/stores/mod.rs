@@ -9,9 +9,9 @@
 //! <!-- schemes:start -->
 //! | URL | store | Cargo feature |
 //! |---|---|---|
-//! | `file:///path/to/dir[?mode=0640&fsync=true]` | [file](file) | `file` (default) |
-//! | `memory://` | [memory](memory) | `memory` (default) |
-//! | `record-memory://` | [memory](memory) (the record adapter over memory) | `memory` (default) |
+//! | `file:///path/to/dir[?mode=0640&fsync=true]` | [file](mod@file) | `file` (default) |
+//! | `memory://` | [memory](mod@memory) | `memory` (default) |
+//! | `record-memory://` | [memory](mod@memory) (the record adapter over memory) | `memory` (default) |
 //! | `redis://[user:pass@]host:port/db[?prefix=…&timeout=…&replicas=N]`, `rediss://…[?ca=…]`, `redis+unix:///path/redis.sock[?db=…&user=…&pass=…]` | redis | `redis` |
 //! | `redis+sentinel://[user:pass@]s1:26379,s2:26379/MASTER[/db]`, `rediss+sentinel://…` | redis (Sentinel) | `redis` |
 //! | `redis+cluster://[user:pass@]h1:p1,h2:p2,…[?prefix=…]`, `rediss+cluster://…[?ca=…]` | redis (Cluster) | `redis-cluster` |
@@ -214,7 +214,7 @@ pub fn markdown_table(links: Links<'_>) -> String {
         let (module, what) = s.store;
         let name = match (module, links) {
             ("", _) => what.to_owned(),
-            ("memory" | "file", Links::Rustdoc) => format!("[{module}]({module})"),
+            ("memory" | "file", Links::Rustdoc) => format!("[{module}](mod@{module})"),
             (m, Links::Rustdoc) => m.to_owned(),
             (m, Links::Pages(prefix)) => format!("[{m}]({prefix}{m}.md)"),
         };
