@@ -6,11 +6,11 @@
 //! give the task back), record the fence, run the command, stop it on cancel / timeout / lost
 //! lease, record the outcome, release the lease.
 
+use crate::child::{die_with_parent, stop_child};
 use crate::cli::QueueWorkArgs;
 use crate::exit::{self, Failure, OK};
 use crate::metrics::Endpoint;
-use crate::queue::decode_command;
-use crate::run::{die_with_parent, stop_child};
+use crate::payload::decode_command;
 use crate::signals::{self, Forwarded};
 use crate::supervise;
 use crate::tree;
