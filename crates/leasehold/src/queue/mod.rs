@@ -34,11 +34,17 @@
 //! The decisions are made inside one transaction per call, so several worker processes (SQLite:
 //! on one host; PostgreSQL: on many) share a queue safely. The key's lease itself comes from a
 //! [`LockStore`](crate::LockStore): the worker takes it before it runs the task.
+//!
+//! # Workers
+//! [`worker::Worker`] is the whole worker protocol — claim, take the key's lease, run, heartbeat,
+//! recover, record the end — around any [`TaskRunner`](worker::TaskRunner): an async closure in
+//! a Rust service, or the process runner of `leasehold queue work`.
 
 mod commits;
 pub mod metrics;
 mod row;
 pub mod sqlite;
+pub mod worker;
 
 #[cfg(feature = "queue-postgres")]
 pub mod postgres;

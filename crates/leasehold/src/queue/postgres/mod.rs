@@ -26,8 +26,8 @@
 //!   rolls back what the call had not committed) and made again by the next call. A call whose
 //!   commit the server ran but whose answer was lost (the connection ended, or the timeout ran
 //!   out, in between) is reported failed: a claim made that way is recorded as the worker's but
-//!   not known to it; [`claims`](QueueBackend::claims) names it, and `leasehold queue work` gives
-//!   it back to the queue at its next heartbeat.
+//!   not known to it; [`claims`](QueueBackend::claims) names it, and a
+//!   [`Worker`](super::worker::Worker) gives it back to the queue at its next heartbeat.
 //! - Operators read it with `psql -c 'SELECT id, key, state, worker, detail FROM tasks'`.
 //!
 //! This file holds the backend's calls, one transaction each; `schema` the SQL text they share
