@@ -7,26 +7,7 @@ use crate::signals::Forwarded;
 use leasehold::record::now_ms;
 use leasehold::{Inspection, Key, LeaseRecord, LockStore};
 use serde_json::{json, Value};
-use std::ffi::OsStr;
 use std::time::Duration;
-
-/// A key from the command line (UTF-8, 1–1024 bytes, no control characters).
-pub(crate) fn key_arg(arg: &OsStr) -> Result<Key, Failure> {
-    Ok(Key::from_os_str(arg)?)
-}
-
-/// The `--prefix` of `ls` (UTF-8; empty lists everything).
-pub(crate) fn prefix_arg(arg: Option<&OsStr>) -> Result<String, Failure> {
-    match arg {
-        None => Ok(String::new()),
-        Some(p) => p.to_str().map(str::to_owned).ok_or_else(|| {
-            Failure::usage(format!(
-                "invalid prefix {:?}: not valid UTF-8",
-                p.to_string_lossy()
-            ))
-        }),
-    }
-}
 
 /// `leasehold ls`.
 pub(crate) async fn ls(store: &dyn LockStore, prefix: &str, json: bool) -> Result<u8, Failure> {

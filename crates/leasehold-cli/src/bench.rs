@@ -69,7 +69,7 @@ pub(crate) async fn bench(store: Arc<dyn LockStore>, args: BenchArgs) -> Result<
                 sig = signals.recv() => {
                     locks.release_all().await.ok();
                     return Err(Failure::new(
-                        crate::run::signal_status(sig.signal),
+                        crate::child::signal_status(sig.signal),
                         format!("{} received: bench stopped", crate::signals::name(sig.signal)),
                     ));
                 }

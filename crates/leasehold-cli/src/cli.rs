@@ -1,9 +1,10 @@
 //! The command line, as clap derives it: doc comments are the help text.
 
-use crate::exit;
+use crate::exit::{self, Failure};
 use crate::signals::SignalArg;
 use clap::{Args, Parser, Subcommand};
-use std::ffi::OsString;
+use leasehold::Key;
+use std::ffi::{OsStr, OsString};
 use std::time::Duration;
 
 /// Distributed locks and leases: run a command under a lock, inspect and manage leases.
@@ -464,6 +465,24 @@ pub(crate) struct QueueWorkArgs {
     /// their wait and run times, and its leases (leasehold_acquire_*, leasehold_lost_total …).
     #[arg(long, value_name = "ADDR")]
     pub(crate) metrics: Option<std::net::SocketAddr>,
+}
+
+/// A key from the command line (UTF-8, 1–1024 bytes, no control characters).
+pub(crate) fn key_arg(arg: &OsStr) -> Result<Key, Failure> {
+    Ok(Key::from_os_str(arg)?)
+}
+
+/// The `--prefix` of `ls` (UTF-8; empty lists everything).
+pub(crate) fn prefix_arg(arg: Option<&OsStr>) -> Result<String, Failure> {
+    match arg {
+        None => Ok(String::new()),
+        Some(p) => p.to_str().map(str::to_owned).ok_or_else(|| {
+            Failure::usage(format!(
+                "invalid prefix {:?}: not valid UTF-8",
+                p.to_string_lossy()
+            ))
+        }),
+    }
 }
 
 /// Parses a priority.

@@ -4,19 +4,17 @@
 //!
 //! Without a command the leader only holds the lease, until a termination signal; its events go to
 //! stdout, one line each, for a script or a supervisor to follow. With a command the leader runs
-//! it as `leasehold run` does ([`crate::run::supervise`]): the command's exit ends the election
+//! it as `leasehold run` does ([`crate::leased::supervise`]): the command's exit ends the election
 //! (the lease released, leasehold exiting with its status), a lost lease stops it.
 
-use crate::admin::key_arg;
-use crate::cli::ElectArgs;
-use crate::exit::{self, Failure, LOST, OK};
+use crate::cli::{key_arg, ElectArgs};
+use crate::exit::{Failure, LOST};
+use crate::holding::{hold_until, obtain, Ended, Events};
+use crate::leased::{supervise, Supervised};
 use crate::metrics::{self, Endpoint};
-use crate::output::{clean, print};
-use crate::run::{self, Ended, Supervised};
 use crate::signals::{self, Forwarded};
-use leasehold::{Key, LeaseGuard, LostReason, Wait};
+use leasehold::Wait;
 use prometheus::IntGauge;
-use serde_json::json;
 
 /// `leasehold elect`.
 pub(crate) async fn elect(store_url: Option<&str>, args: ElectArgs) -> Result<u8, Failure> {
@@ -54,11 +52,11 @@ pub(crate) async fn elect(store_url: Option<&str>, args: ElectArgs) -> Result<u8
         for (name, value) in &args.labels {
             builder = builder.label(name, value);
         }
-        let guard = run::obtain(builder, &key, false, &mut signals).await?;
+        let guard = obtain(builder, &key, false, &mut signals).await?;
         leader.set(1);
         events.elected(&key, &guard)?;
         let ended = match &command {
-            Some(command) => run::supervise(&locks, &guard, &key, command, &mut signals).await?,
+            Some(command) => supervise(&locks, &guard, &key, command, &mut signals).await?,
             None => {
                 let stop = async {
                     let sig = signals.recv().await;
@@ -77,85 +75,5 @@ pub(crate) async fn elect(store_url: Option<&str>, args: ElectArgs) -> Result<u8
                 }
             }
         }
-    }
-}
-
-/// Holds the lease until its loss (`Ended::Lost`), or until `stop` completes: then releases it
-/// and ends with 0 — or with 76 when the release finds the lease lost already (told as a `lost`
-/// event), or 1 when the store could not be told (the lease then expires by its TTL).
-pub(crate) async fn hold_until(
-    guard: &LeaseGuard,
-    key: &Key,
-    events: &Events,
-    stop: impl std::future::Future<Output = ()>,
-) -> Result<Ended, Failure> {
-    tokio::select! {
-        reason = guard.lost() => Ok(Ended::Lost(reason)),
-        () = stop => match guard.release().await {
-            Ok(leasehold::Released::Lost(reason)) => {
-                events.lost(key, &reason)?;
-                Ok(Ended::Status(LOST))
-            }
-            Ok(_) => Ok(Ended::Status(OK)),
-            Err(e) => {
-                run::release_failed(key, &e);
-                Ok(Ended::Status(exit::ERROR))
-            }
-        },
-    }
-}
-
-/// Where and how events are told.
-pub(crate) struct Events {
-    pub(crate) json: bool,
-    /// Stdout without a command; stderr with one (stdout is the command's).
-    pub(crate) to_stdout: bool,
-}
-
-impl Events {
-    fn elected(&self, key: &Key, guard: &LeaseGuard) -> Result<(), Failure> {
-        self.obtained("elected", key, guard)
-    }
-
-    /// `EVENT KEY HOLDER FENCE`: the lease on `key` was obtained.
-    pub(crate) fn obtained(
-        &self,
-        event: &str,
-        key: &Key,
-        guard: &LeaseGuard,
-    ) -> Result<(), Failure> {
-        let holder = guard.record().holder.clone().unwrap_or_default();
-        self.tell(
-            json!({"event": event, "key": key.as_str(), "holder": holder, "fence": guard.fence()}),
-            format!(
-                "{event} {} {} {}",
-                clean(key.as_str()),
-                clean(&holder),
-                guard.fence()
-            ),
-        )
-    }
-
-    /// `lost KEY REASON`.
-    pub(crate) fn lost(&self, key: &Key, reason: &LostReason) -> Result<(), Failure> {
-        self.tell(
-            json!({"event": "lost", "key": key.as_str(), "reason": reason.to_string()}),
-            format!(
-                "lost {} {}",
-                clean(key.as_str()),
-                clean(&reason.to_string())
-            ),
-        )
-    }
-
-    fn tell(&self, object: serde_json::Value, line: String) -> Result<(), Failure> {
-        if !self.to_stdout {
-            exit::report(&line);
-            return Ok(());
-        }
-        if self.json {
-            return print(&format!("{object}\n"));
-        }
-        print(&format!("{line}\n"))
     }
 }

@@ -4,12 +4,10 @@
 //! closed it, or died) or on SIGTERM, SIGINT or SIGHUP, as `elect` without a command releases it
 //! ([`hold_until`]).
 
-use crate::admin::key_arg;
-use crate::cli::HoldArgs;
-use crate::elect::{hold_until, Events};
+use crate::cli::{key_arg, HoldArgs};
 use crate::exit::{Failure, LOST};
+use crate::holding::{hold_until, lease_builder, obtain, Ended, Events};
 use crate::metrics::{self, Endpoint};
-use crate::run::{self, Ended};
 use crate::signals::Forwarded;
 use tokio::io::AsyncReadExt;
 
@@ -21,8 +19,8 @@ pub(crate) async fn hold(store_url: Option<&str>, args: HoldArgs) -> Result<u8, 
     let endpoint = Endpoint::given(args.lease.metrics);
     let locks = metrics::locks(store_url, endpoint.as_ref()).await?;
     Endpoint::serve_given(endpoint).await?;
-    let builder = run::lease_builder(&locks, &key, &args.lease);
-    let guard = run::obtain(builder, &key, args.lease.no_wait, &mut signals).await?;
+    let builder = lease_builder(&locks, &key, &args.lease);
+    let guard = obtain(builder, &key, args.lease.no_wait, &mut signals).await?;
     let events = Events {
         json: args.json,
         to_stdout: true,

@@ -1,23 +1,34 @@
 //! `leasehold`: run a command under a distributed lock; list, inspect, force-release and clean
 //! up leases. A thin layer over the `leasehold` library; `leasehold --help` documents it.
 
+// The commands: `app` dispatches to them (and `queue` to `worker`, its `work`). A command imports
+// helpers only, never another command.
 mod admin;
 mod app;
 mod bench;
-mod cli;
 mod elect;
-mod exit;
-mod guard;
 mod hold;
-mod metrics;
-mod output;
 mod queue;
 mod run;
+mod worker;
+
+// The helpers. None imports a command, and their imports have no cycle: `leased` (a command
+// under a lease) → `holding` (taking and holding one) → `child` (a process) → `signals`, `exit`;
+// `supervise` and `guard` are also the hidden processes `main` starts.
+mod child;
+mod cli;
+mod exit;
+mod guard;
+mod holding;
+mod leased;
+mod metrics;
+mod output;
+mod payload;
+mod setup;
 mod signals;
 mod store;
 mod supervise;
 mod tree;
-mod worker;
 
 use clap::Parser;
 use std::process::ExitCode;
@@ -36,6 +47,6 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => return ExitCode::from(exit::clap_error(&e)),
     };
-    app::init_logging();
+    setup::init_logging();
     ExitCode::from(app::main(cli))
 }

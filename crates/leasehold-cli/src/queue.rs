@@ -5,6 +5,7 @@ use crate::cli::{
 };
 use crate::exit::{Failure, OK};
 use crate::output::{self, clean, print, print_json, table};
+use crate::payload::{decode_command, encode_command};
 use leasehold::queue::{
     open_queue, Cancelled, NewTask, Policy, QueueBackend, Status, Task, TaskEntry,
 };
@@ -37,35 +38,6 @@ pub(crate) async fn open(given: Option<&str>) -> Result<Arc<dyn QueueBackend>, F
     let url = url(given);
     tracing::debug!(queue = %leasehold::redact_url(&url), "opening queue");
     Ok(open_queue(&url).await?)
-}
-
-/// The command line a task runs, as stored in its payload.
-pub(crate) fn encode_command(argv: &[String]) -> String {
-    json!({ "argv": argv }).to_string()
-}
-
-/// The command line of a payload.
-///
-/// # Errors
-/// What is wrong with a payload that is not `{"argv": [non-empty list of strings]}`.
-pub(crate) fn decode_command(payload: &str) -> Result<Vec<String>, String> {
-    let v: Value = serde_json::from_str(payload).map_err(|e| format!("not JSON: {e}"))?;
-    let argv = v
-        .get("argv")
-        .and_then(Value::as_array)
-        .ok_or("no \"argv\" list")?;
-    let argv: Vec<String> = argv
-        .iter()
-        .map(|a| {
-            a.as_str()
-                .map(str::to_owned)
-                .ok_or("argv holds a non-string")
-        })
-        .collect::<Result<_, _>>()?;
-    if argv.is_empty() {
-        return Err("empty argv".into());
-    }
-    Ok(argv)
 }
 
 /// Runs a `queue` subcommand.
@@ -303,20 +275,6 @@ async fn cleanup(q: &dyn QueueBackend, a: QueueCleanupArgs) -> Result<u8, Failur
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn commands_round_trip_and_bad_payloads_are_explained() {
-        let argv = vec!["echo".to_owned(), "a b".to_owned()];
-        assert_eq!(decode_command(&encode_command(&argv)).unwrap(), argv);
-        assert!(decode_command("nope").unwrap_err().contains("not JSON"));
-        assert!(decode_command("{}").unwrap_err().contains("argv"));
-        assert!(decode_command(r#"{"argv":[]}"#)
-            .unwrap_err()
-            .contains("empty"));
-        assert!(decode_command(r#"{"argv":[1]}"#)
-            .unwrap_err()
-            .contains("non-string"));
-    }
 
     #[test]
     fn the_default_queue_sits_next_to_the_default_store() {

@@ -25,9 +25,10 @@
 //! re-parented to the worker, the subreaper above the supervisor, which kills it before it
 //! records the task's end ([`crate::tree::sweep_except`]).
 
+use crate::child::{die_with_parent, stop_signal};
 use crate::exit::{self, NOT_FOUND};
 use crate::guard::Guard;
-use crate::run::{die_with_parent, stop_signal};
+use crate::setup;
 use crate::tree;
 use std::ffi::OsString;
 use std::io::{self, Read, Write};
@@ -116,7 +117,7 @@ impl Report {
 
 /// The supervisor's `main`: `__supervise GRACE_MS -- CMD…`.
 pub(crate) fn main() -> ExitCode {
-    crate::app::init_logging();
+    setup::init_logging();
     let args: Vec<OsString> = std::env::args_os().skip(2).collect();
     let (grace, argv) = match args.as_slice() {
         [grace, dashes, argv @ ..] if dashes == "--" && !argv.is_empty() => {
@@ -128,7 +129,7 @@ pub(crate) fn main() -> ExitCode {
         _ => return usage(),
     };
     let report = report_pipe();
-    let Some(runtime) = crate::app::runtime() else {
+    let Some(runtime) = setup::runtime() else {
         return ExitCode::from(exit::ERROR);
     };
     match runtime.block_on(supervise(grace, argv, report)) {

@@ -1,0 +1,40 @@
+//! What every leasehold process sets up first: logging to stderr, and its async runtime (for the
+//! commands, and for the `__supervise` task supervisor).
+
+use crate::exit;
+use std::io::IsTerminal;
+use tracing_subscriber::EnvFilter;
+
+/// The log filter when `LEASEHOLD_LOG` is not set. The library's own "lease lost" warning is left
+/// out: `run` reports a loss itself, on one line.
+const DEFAULT_LOG: &str = "warn,leasehold::guard=error";
+
+/// Sets up logging to stderr, filtered by `LEASEHOLD_LOG` (default: warnings).
+pub(crate) fn init_logging() {
+    let filter = match std::env::var("LEASEHOLD_LOG") {
+        Ok(spec) if !spec.trim().is_empty() => EnvFilter::try_new(&spec).unwrap_or_else(|e| {
+            exit::report(&format!("ignoring LEASEHOLD_LOG={spec:?}: {e}"));
+            EnvFilter::new(DEFAULT_LOG)
+        }),
+        _ => EnvFilter::new(DEFAULT_LOG),
+    };
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .try_init();
+}
+
+/// The single-threaded runtime leasehold runs on; `None` (told on stderr) if it cannot start.
+pub(crate) fn runtime() -> Option<tokio::runtime::Runtime> {
+    match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => Some(rt),
+        Err(e) => {
+            exit::report(&format!("cannot start the async runtime: {e}"));
+            None
+        }
+    }
+}

@@ -1,0 +1,608 @@
+//! The queue's worker: claims tasks and runs each under its key's lease, with any [`TaskRunner`]
+//! — an async closure in a Rust service, a process supervisor in `leasehold queue work`.
+//!
+//! A [`Worker`] is the whole worker protocol of a queue; the runner only does the task's work:
+//!
+//! - **Claims** tasks while it has free slots ([`QueueBackend::claim`]: global capacity, one
+//!   running task per key, group limits, fair choice across keys), woken by the queue's change
+//!   notification ([`QueueBackend::changed`]) or at the latest every 200 ms while a slot is free.
+//! - **Takes the key's lease** for each claimed task from the lock store ([`Locks`]), waiting up
+//!   to the lease wait; if it cannot, the task goes back to the queue
+//!   ([`QueueBackend::unclaim`], the attempt not counted). With the lease it records the fence
+//!   ([`QueueBackend::started`]) and only then runs the task.
+//! - **Heartbeats** every TTL/3: renews its registration and the claims of the tasks it runs, and
+//!   learns of cancel requests and timeouts, which it passes on to the tasks' runners.
+//! - **Gives back unknown claims** at each heartbeat: a claim the queue names this worker's but
+//!   the worker never heard of (the claim's answer was lost after its commit) goes back to the
+//!   queue, instead of holding its key and a slot for as long as the worker lives.
+//! - **Recovers** the queue every TTL/2 (at most every second): the tasks of workers that died
+//!   are requeued or failed by their [`Policy`](super::Policy), tasks past their timeout are
+//!   asked to stop, pending tasks age ([`QueueBackend::recover`]).
+//! - **Cleans up**, when asked to ([`Worker::cleanup_after`]): deletes the tasks that ended long
+//!   enough ago, at start and then hourly, on a task of its own.
+//! - **Records each end** ([`QueueBackend::finish`]) and only then releases the key's lease, so
+//!   the key's next task never starts before this one's end is recorded.
+//! - **Drains** on [`Shutdown::drain`]: claims nothing more, lets the running tasks finish for up
+//!   to the drain timeout, then tells them to stop; [`Shutdown::stop`] tells them at once.
+//!
+//! # Stopping a task
+//! A runner is told to stop through its [`RunningTask`]: [`RunningTask::stopped`] completes with
+//! a [`StopReason`] when an operator cancelled the task, it ran past its timeout, the worker shuts
+//! down, or **the key's lease was lost**. The runner must then stop the task's work and return;
+//! [`StopReason::outcome`] is the outcome to record. A lost lease is the urgent case: another
+//! worker may be granted the key once the lease has expired, so work done after
+//! [`StopReason::LeaseLost`] is no longer serialised with the key's other tasks — stop at once,
+//! and pass [`RunningTask::fence`] to whatever the task writes so that a late write is refused.
+//! A runner that has not returned [`Worker::stop_grace`] after being told to stop is dropped (its
+//! future cancelled at its next `.await`), and the stop's outcome recorded.
+//!
+//! # Identity
+//! The worker's name in the queue is the holder id of its [`Locks`] ([`Locks::holder`]), which
+//! also holds the key leases: `POD_NAMESPACE/POD_NAME` under Kubernetes, else host, pid and a
+//! random part ([`HolderId::from_env`](crate::HolderId::from_env)); set another with
+//! [`Locks::with_holder`]. Two live workers must not share a name.
+//!
+//! # Example
+//! A queue on SQLite run in-process with an async closure: a few tasks enqueued, a worker run
+//! until they are done, then drained.
+//!
+//! ```
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! use leasehold::queue::worker::{RunningTask, Worker};
+//! use leasehold::queue::{open_queue, NewTask, Outcome};
+//! use std::time::Duration;
+//!
+//! let dir = tempfile::tempdir().unwrap();
+//! let queue = open_queue(&format!("sqlite://{}/queue.db", dir.path().display())).await?;
+//! let locks = leasehold::connect(&format!("file://{}/locks", dir.path().display())).await?;
+//! for user in ["alice", "bob", "alice"] {
+//!     queue.enqueue(&NewTask::new(user, format!("report for {user}"))).await?;
+//! }
+//!
+//! let worker = Worker::new(queue.clone(), locks).slots(2).ttl(Duration::from_secs(3));
+//! let shutdown = worker.shutdown_handle();
+//! let running = tokio::spawn(worker.run(|task: RunningTask| async move {
+//!     // The task's work, with its fence for the writes it makes; stopped when told to.
+//!     let work = async {
+//!         println!("{} (fence {})", task.task().payload, task.fence());
+//!         tokio::time::sleep(Duration::from_millis(20)).await;
+//!     };
+//!     tokio::select! {
+//!         () = work => Outcome::Succeeded,
+//!         why = task.stopped() => why.outcome(),
+//!     }
+//! }));
+//!
+//! while queue.status().await?.succeeded < 3 {
+//!     tokio::time::sleep(Duration::from_millis(20)).await;
+//! }
+//! shutdown.drain(); // no new claims; running tasks finish (here: none is left)
+//! running.await.unwrap()?;
+//! assert_eq!(queue.status().await?.workers.len(), 0, "deregistered");
+//! # Ok::<(), leasehold::Error>(()) }).unwrap();
+//! ```
+
+mod runner;
+mod task;
+
+pub use runner::{RunningTask, StopReason, TaskRunner};
+
+use super::metrics::QueueMetrics;
+use super::{CancelReason, ClaimRequest, QueueBackend};
+use crate::error::{Error, Result};
+use crate::Locks;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tracing::Instrument;
+
+/// The shortest TTL a worker accepts: its heartbeat runs every TTL/3.
+const MIN_TTL: Duration = Duration::from_millis(30);
+
+/// How long a worker with a free slot waits for the queue's change notification before it tries
+/// to claim again.
+const IDLE_POLL: Duration = Duration::from_millis(200);
+
+/// Where a worker is in its shutdown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Working,
+    Draining,
+    Stopping,
+}
+
+/// Shuts a [`Worker`] down from outside its [`run`](Worker::run) (a signal handler, a service's
+/// shutdown); cheap to clone. Calls are idempotent, and may come before `run` starts.
+#[derive(Debug, Clone)]
+pub struct Shutdown {
+    phase: Arc<watch::Sender<Phase>>,
+}
+
+impl Shutdown {
+    fn new() -> Self {
+        Shutdown {
+            phase: Arc::new(watch::channel(Phase::Working).0),
+        }
+    }
+
+    /// Drains: no task is claimed any more, the running ones may finish for up to the drain
+    /// timeout ([`Worker::drain_timeout`]) and are then told to stop ([`StopReason::Shutdown`]).
+    /// `run` returns once none runs.
+    pub fn drain(&self) {
+        self.phase.send_if_modified(|p| {
+            let start = *p == Phase::Working;
+            if start {
+                *p = Phase::Draining;
+            }
+            start
+        });
+    }
+
+    /// Drains, and tells the running tasks to stop now ([`StopReason::Shutdown`]).
+    pub fn stop(&self) {
+        self.phase.send_if_modified(|p| {
+            let start = *p != Phase::Stopping;
+            *p = Phase::Stopping;
+            start
+        });
+    }
+
+    /// Whether [`drain`](Self::drain) or [`stop`](Self::stop) was called.
+    pub fn is_requested(&self) -> bool {
+        *self.phase.borrow() != Phase::Working
+    }
+}
+
+/// A callback told of each problem the worker meets and goes on from.
+type Report = Arc<dyn Fn(&str) + Send + Sync>;
+
+/// A queue worker: claims tasks of a [`QueueBackend`] and runs each with a [`TaskRunner`] under
+/// its key's lease from [`Locks`]. See the [module docs](self) for the protocol and an example.
+///
+/// Built with [`Worker::new`] and the option methods (each documents its default), started with
+/// [`run`](Worker::run), shut down through its [`Shutdown`] handle.
+pub struct Worker {
+    queue: Arc<dyn QueueBackend>,
+    locks: Locks,
+    slots: u32,
+    group_limit: Option<u32>,
+    ttl: Duration,
+    lease_wait: Option<Duration>,
+    aging: Duration,
+    drain_timeout: Duration,
+    stop_grace: Duration,
+    cleanup_after: Option<Duration>,
+    exit_when_idle: bool,
+    metrics: Option<QueueMetrics>,
+    report: Option<Report>,
+    shutdown: Shutdown,
+}
+
+impl fmt::Debug for Worker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Not the queue: a backend's own `Debug` is not bound to keep its URL's secrets.
+        f.debug_struct("Worker")
+            .field("name", &self.name())
+            .field("slots", &self.slots)
+            .field("group_limit", &self.group_limit)
+            .field("ttl", &self.ttl)
+            .field("lease_wait", &self.lease_wait_or_default())
+            .field("aging", &self.aging)
+            .field("drain_timeout", &self.drain_timeout)
+            .field("stop_grace", &self.stop_grace)
+            .field("cleanup_after", &self.cleanup_after)
+            .field("exit_when_idle", &self.exit_when_idle)
+            .field("metrics", &self.metrics.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Worker {
+    /// A worker on `queue` taking the key leases from `locks` (whose holder id is the worker's
+    /// name), with 4 slots, no group limit, a 30 s TTL, a lease wait of twice the TTL, aging of
+    /// a minute, a 30 s drain timeout, a 10 s stop grace, no cleanup, no metrics, and problems
+    /// logged at WARN.
+    pub fn new(queue: Arc<dyn QueueBackend>, locks: Locks) -> Self {
+        Worker {
+            queue,
+            locks,
+            slots: 4,
+            group_limit: None,
+            ttl: Duration::from_secs(30),
+            lease_wait: None,
+            aging: Duration::from_secs(60),
+            drain_timeout: Duration::from_secs(30),
+            stop_grace: Duration::from_secs(10),
+            cleanup_after: None,
+            exit_when_idle: false,
+            metrics: None,
+            report: None,
+            shutdown: Shutdown::new(),
+        }
+    }
+
+    /// The global capacity (default 4, at least 1): no task is claimed while this many run in
+    /// the whole queue, and this worker runs at most this many at once.
+    pub fn slots(mut self, slots: u32) -> Self {
+        self.slots = slots;
+        self
+    }
+
+    /// At most `limit` running tasks per group, in the whole queue (default: no limit; at
+    /// least 1).
+    pub fn group_limit(mut self, limit: u32) -> Self {
+        self.group_limit = Some(limit);
+        self
+    }
+
+    /// The TTL of the key leases and of this worker's claims (default 30 s, at least 30 ms);
+    /// both are renewed every TTL/3. A worker that dies has its tasks recovered once its claims
+    /// have lapsed, a TTL after its last heartbeat.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// How long a claimed task may wait for its key's lease (held by a dead worker until its
+    /// TTL) before it goes back to the queue (default: twice the TTL).
+    pub fn lease_wait(mut self, wait: Duration) -> Self {
+        self.lease_wait = Some(wait);
+        self
+    }
+
+    /// A pending task gains one priority level per `aging` of waiting (default a minute).
+    pub fn aging(mut self, aging: Duration) -> Self {
+        self.aging = aging;
+        self
+    }
+
+    /// After [`Shutdown::drain`], how long running tasks may still finish before they are told
+    /// to stop (default 30 s).
+    pub fn drain_timeout(mut self, timeout: Duration) -> Self {
+        self.drain_timeout = timeout;
+        self
+    }
+
+    /// How long a runner told to stop may take to return before the worker drops it (default
+    /// 10 s). A process runner sets it above its own bound on stopping the process.
+    pub fn stop_grace(mut self, grace: Duration) -> Self {
+        self.stop_grace = grace;
+        self
+    }
+
+    /// Deletes the tasks that ended at least `older` ago ([`QueueBackend::cleanup`]): at start,
+    /// then every hour (every `older` if shorter, at least a second apart), on a task of its own
+    /// so that a long cleanup holds up no claim or heartbeat (default: no cleanup).
+    pub fn cleanup_after(mut self, older: Duration) -> Self {
+        self.cleanup_after = Some(older);
+        self
+    }
+
+    /// Whether [`run`](Self::run) returns once this worker runs nothing and the whole queue has
+    /// nothing pending or running (default `false`).
+    pub fn exit_when_idle(mut self, on: bool) -> Self {
+        self.exit_when_idle = on;
+        self
+    }
+
+    /// Counts this worker's started, finished and recovered tasks in `metrics` (default: none).
+    /// The queue-wide gauges are set by whoever calls [`QueueMetrics::observe`].
+    pub fn metrics(mut self, metrics: QueueMetrics) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// Tells `report` of each problem the worker meets and goes on from, one line each (a failed
+    /// claim, heartbeat, recovery or cleanup; a task end that cannot be recorded; a lease that
+    /// cannot be taken or released …), instead of logging it at WARN.
+    pub fn on_problem(mut self, report: impl Fn(&str) + Send + Sync + 'static) -> Self {
+        self.report = Some(Arc::new(report));
+        self
+    }
+
+    /// The handle that shuts this worker down; take it before [`run`](Self::run).
+    pub fn shutdown_handle(&self) -> Shutdown {
+        self.shutdown.clone()
+    }
+
+    /// The worker's name in the queue: its [`Locks`]' holder id.
+    pub fn name(&self) -> &str {
+        self.locks.holder().as_str()
+    }
+
+    fn lease_wait_or_default(&self) -> Duration {
+        self.lease_wait.unwrap_or(self.ttl * 2)
+    }
+
+    fn validate(&self) -> Result<()> {
+        if self.ttl < MIN_TTL {
+            return Err(Error::option("ttl", "must be at least 30ms"));
+        }
+        if self.slots == 0 {
+            return Err(Error::option("slots", "must be at least 1"));
+        }
+        if self.group_limit == Some(0) {
+            return Err(Error::option("group_limit", "must be at least 1"));
+        }
+        Ok(())
+    }
+
+    /// Registers the worker and runs the protocol (see the [module docs](self)) with `runner`
+    /// until it is shut down and no task runs any more — or, with
+    /// [`exit_when_idle`](Self::exit_when_idle), until the queue is idle — then deregisters.
+    /// Each task's lease is released when its end is recorded; other leases of the same
+    /// [`Locks`] are left alone.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOption`] for a TTL under 30 ms, or zero slots or group limit; the queue's
+    /// error when the worker cannot register (its first heartbeat). Later problems are reported
+    /// ([`on_problem`](Self::on_problem)) and the worker goes on: the failed step is tried again
+    /// at its next round.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe. Dropping the future drops every running task's runner at its next
+    /// `.await` without recording the task's end: the claims lapse a TTL later and the queue's
+    /// recovery applies each task's policy, as for a worker that died; the key leases are
+    /// released in the background. Shut down with [`Shutdown`] instead.
+    pub async fn run(self, runner: impl TaskRunner) -> Result<()> {
+        self.validate()?;
+        let worker: Arc<str> = Arc::from(self.name());
+        let ctx = Arc::new(Ctx {
+            queue: self.queue.clone(),
+            locks: self.locks.clone(),
+            worker: worker.clone(),
+            ttl: self.ttl,
+            lease_wait: self.lease_wait_or_default(),
+            stop_grace: self.stop_grace,
+            stops: Mutex::new(HashMap::new()),
+            metrics: self.metrics.clone(),
+            report: self.report.clone(),
+        });
+        let runner = Arc::new(runner);
+        let queue = &self.queue;
+        let slots = self.slots;
+        let req = ClaimRequest {
+            worker: worker.to_string(),
+            max_running: slots,
+            group_limit: self.group_limit,
+            ttl: self.ttl,
+        };
+        let mut phase = self.shutdown.phase.subscribe();
+        queue.heartbeat(&worker, slots, self.ttl, &[]).await?;
+        tracing::info!(worker = %worker, slots, "worker started");
+
+        let cleaner = self
+            .cleanup_after
+            .map(|older| AbortOnDrop(tokio::spawn(clean_up(ctx.clone(), older))));
+        let mut runners: JoinSet<()> = JoinSet::new();
+        let mut beat = tokio::time::interval(self.ttl / 3);
+        let mut recover = tokio::time::interval((self.ttl / 2).min(Duration::from_secs(1)));
+        let mut drain = Drain::default();
+        drain.apply(*phase.borrow_and_update(), &ctx, self.drain_timeout, 0);
+        loop {
+            // Fill free slots.
+            while !drain.started() && runners.len() < slots as usize {
+                match queue.claim(&req).await {
+                    Ok(Some(task)) => {
+                        let (tx, rx) = watch::channel(None);
+                        ctx.stops.lock().insert(task.id, tx);
+                        // Every log line of the task's run names it.
+                        let span =
+                            tracing::info_span!("leasehold.task", id = task.id, key = %task.key);
+                        let run = task::run(ctx.clone(), runner.clone(), task, rx);
+                        runners.spawn(run.instrument(span));
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        ctx.report(&format!("cannot claim a task: {e}"));
+                        break;
+                    }
+                }
+            }
+            if runners.is_empty() {
+                if drain.started() {
+                    break;
+                }
+                if self.exit_when_idle {
+                    match queue.status().await {
+                        Ok(s)
+                            if s.running == 0
+                                && s.pending.high + s.pending.normal + s.pending.low == 0 =>
+                        {
+                            break
+                        }
+                        Ok(_) => {}
+                        Err(e) => ctx.report(&format!("cannot read the queue status: {e}")),
+                    }
+                }
+            }
+            let drain_at = drain.deadline();
+            tokio::select! {
+                biased;
+                Ok(()) = phase.changed() => {
+                    let now = *phase.borrow_and_update();
+                    drain.apply(now, &ctx, self.drain_timeout, runners.len());
+                }
+                Some(_) = runners.join_next() => {}
+                () = async { if let Some(d) = drain_at { tokio::time::sleep_until(d).await } }, if drain_at.is_some() => {
+                    drain.stop_all(&ctx);
+                }
+                _ = beat.tick() => {
+                    // The tasks this worker runs: claims are made by this loop, so none is in
+                    // flight meanwhile.
+                    let running: Vec<u64> = ctx.stops.lock().keys().copied().collect();
+                    match queue.heartbeat(&worker, slots, self.ttl, &running).await {
+                        Ok(asks) => for (id, why) in asks {
+                            ctx.stop(id, match why {
+                                CancelReason::Timeout => StopReason::Timeout,
+                                _ => StopReason::Cancelled,
+                            });
+                        },
+                        Err(e) => ctx.report(&format!("heartbeat failed: {e}")),
+                    }
+                    give_back_unknown_claims(&ctx).await;
+                }
+                _ = recover.tick() => match queue.recover(self.aging).await {
+                    Ok(r) => {
+                        if let Some(m) = &ctx.metrics {
+                            m.recovered(&r);
+                        }
+                        for id in &r.requeued { tracing::warn!(task = id, "a dead worker's task was requeued"); }
+                        for id in &r.failed { tracing::warn!(task = id, "a dead worker's task was marked failed"); }
+                    }
+                    Err(e) => ctx.report(&format!("queue recovery failed: {e}")),
+                },
+                // Only while a task could be taken: a full worker is woken by its tasks' ends.
+                () = queue.changed(IDLE_POLL),
+                    if !drain.started() && runners.len() < slots as usize => {}
+            }
+        }
+        drop(cleaner);
+        if let Err(e) = queue.deregister(&worker).await {
+            tracing::debug!(error = %e, "could not deregister");
+        }
+        tracing::info!(worker = %worker, "worker stopped");
+        Ok(())
+    }
+}
+
+/// The worker's shutdown, as its loop sees it.
+#[derive(Debug, Default)]
+struct Drain {
+    /// When the running tasks are told to stop, once draining.
+    until: Option<Instant>,
+    /// Whether they were told.
+    stopped: bool,
+}
+
+impl Drain {
+    fn started(&self) -> bool {
+        self.until.is_some()
+    }
+
+    /// The drain deadline still to act on.
+    fn deadline(&self) -> Option<Instant> {
+        self.until.filter(|_| !self.stopped)
+    }
+
+    /// Acts on the shutdown `phase`, with `running` tasks running.
+    fn apply(&mut self, phase: Phase, ctx: &Ctx, timeout: Duration, running: usize) {
+        if phase == Phase::Working {
+            return;
+        }
+        if self.until.is_none() {
+            tracing::info!(running, "draining");
+            self.until = Some(Instant::now() + timeout);
+        }
+        if phase == Phase::Stopping {
+            self.stop_all(ctx);
+        }
+    }
+
+    fn stop_all(&mut self, ctx: &Ctx) {
+        if !self.stopped {
+            self.stopped = true;
+            ctx.stop_all(StopReason::Shutdown);
+        }
+    }
+}
+
+/// What every task's run shares.
+struct Ctx {
+    queue: Arc<dyn QueueBackend>,
+    locks: Locks,
+    worker: Arc<str>,
+    ttl: Duration,
+    lease_wait: Duration,
+    stop_grace: Duration,
+    /// The tasks this worker runs (claimed, until their end is recorded or they were given
+    /// back), each with the sender of its stop signal.
+    stops: Mutex<HashMap<u64, watch::Sender<Option<StopReason>>>>,
+    metrics: Option<QueueMetrics>,
+    report: Option<Report>,
+}
+
+impl Ctx {
+    /// Tells task `id` to stop, unless it was told already (the first reason stands).
+    fn stop(&self, id: u64, why: StopReason) {
+        if let Some(tx) = self.stops.lock().get(&id) {
+            tx.send_if_modified(|cur| {
+                let first = cur.is_none();
+                if first {
+                    *cur = Some(why);
+                }
+                first
+            });
+        }
+    }
+
+    fn stop_all(&self, why: StopReason) {
+        let ids: Vec<u64> = self.stops.lock().keys().copied().collect();
+        for id in ids {
+            self.stop(id, why.clone());
+        }
+    }
+
+    /// A problem the worker goes on from.
+    fn report(&self, problem: &str) {
+        match &self.report {
+            Some(report) => report(problem),
+            None => tracing::warn!("{problem}"),
+        }
+    }
+}
+
+/// Aborts a spawned task when dropped (the cleanup task, when `run` ends or is dropped).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Deletes the tasks that ended at least `older` ago, now and then every hour (every `older`, if
+/// shorter, at least a second apart). A failure is reported and tried at the next round.
+async fn clean_up(ctx: Arc<Ctx>, older: Duration) {
+    let every = older.clamp(Duration::from_secs(1), Duration::from_secs(3600));
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        match ctx.queue.cleanup(older).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(deleted = n, "ended tasks deleted"),
+            Err(e) => ctx.report(&format!("queue cleanup failed: {e}")),
+        }
+    }
+}
+
+/// Gives back to the queue the claims the database names this worker's but the worker never
+/// heard of (a claim whose answer was lost: the connection ended, or the call's bound ran out,
+/// after the commit), which its heartbeats would otherwise keep for as long as it lives, holding
+/// their keys and slots. Only claims never started: a started task is one this worker ran.
+/// Claims are made by the worker's main loop, as this is, so none is in flight meanwhile; a task
+/// leaves `stops` only once its run has ended it or given it back.
+async fn give_back_unknown_claims(ctx: &Ctx) {
+    let claims = match ctx.queue.claims(&ctx.worker).await {
+        Ok(claims) => claims,
+        Err(e) => return ctx.report(&format!("cannot read this worker's claims: {e}")),
+    };
+    for (id, _) in claims
+        .into_iter()
+        .filter(|(id, started)| !started && !ctx.stops.lock().contains_key(id))
+    {
+        tracing::warn!(
+            task = id,
+            "a claim this worker never heard of (its answer was lost) goes back to the queue"
+        );
+        if let Err(e) = ctx.queue.unclaim(id, &ctx.worker).await {
+            ctx.report(&format!("cannot give task {id} back to the queue: {e}"));
+        }
+    }
+}

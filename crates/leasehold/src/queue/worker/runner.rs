@@ -1,0 +1,162 @@
+//! The runner's side of a worker: the [`TaskRunner`] trait, the [`RunningTask`] it is handed,
+//! and the [`StopReason`] it is told to stop for.
+
+use crate::queue::{Outcome, Task};
+use crate::LostReason;
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use tokio::sync::watch;
+
+/// What runs a claimed task, once its key's lease is held.
+///
+/// Any `Fn(RunningTask) -> impl Future<Output = Outcome>` closure is one: `|task| async move
+/// { … }`. Implement the trait for [`check`](Self::check) too.
+///
+/// # Contract
+/// - When [`run`](Self::run) returns, nothing the task started may still act under its key's
+///   lease: the worker records the outcome and then releases the lease, and the key's next task
+///   may start at once.
+/// - When [`RunningTask::stopped`] completes, stop the work and return, promptly when the reason
+///   is [`StopReason::LeaseLost`] (see the [worker's docs](super#stopping-a-task)). A runner still
+///   running [`Worker::stop_grace`](super::Worker::stop_grace) later is dropped.
+/// - A panic in `run` fails the task (the panic is caught); the worker goes on.
+pub trait TaskRunner: Send + Sync + 'static {
+    /// Checks a claimed task before its key's lease is taken (e.g. that its payload parses).
+    /// `Err(why)` ends the task as [`Outcome::Failed`]`(why)` without running it, and the
+    /// worker reports `why`. The default accepts every task.
+    ///
+    /// # Errors
+    /// Why the task cannot run.
+    fn check(&self, task: &Task) -> std::result::Result<(), String> {
+        let _ = task;
+        Ok(())
+    }
+
+    /// Runs `task` to its end and answers how it ended (recorded with
+    /// [`QueueBackend::finish`](crate::queue::QueueBackend::finish)).
+    fn run(&self, task: RunningTask) -> impl Future<Output = Outcome> + Send;
+}
+
+impl<F, Fut> TaskRunner for F
+where
+    F: Fn(RunningTask) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Outcome> + Send,
+{
+    fn run(&self, task: RunningTask) -> impl Future<Output = Outcome> + Send {
+        self(task)
+    }
+}
+
+/// Why a runner must stop its task now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StopReason {
+    /// An operator cancelled the task ([`QueueBackend::cancel`](crate::queue::QueueBackend::cancel)).
+    Cancelled,
+    /// The task ran past its timeout (counted by its worker from its start, and by the queue's
+    /// recovery).
+    Timeout,
+    /// The worker shuts down: the drain timeout passed, or [`Shutdown::stop`](super::Shutdown::stop) was called.
+    Shutdown,
+    /// The key's lease was lost (expired unrenewed, taken over, force-released): the task is
+    /// no longer the key's only one. Stop at once.
+    LeaseLost(LostReason),
+}
+
+impl StopReason {
+    /// The outcome to record for a task stopped for this reason: cancelled (`"cancelled"`,
+    /// `"timed out"`, `"stopped: the worker was shutting down"`), or failed for a lost lease.
+    ///
+    /// ```
+    /// use leasehold::queue::{worker::StopReason, Outcome};
+    /// assert_eq!(StopReason::Timeout.outcome(), Outcome::Cancelled("timed out".into()));
+    /// let lost = StopReason::LeaseLost(leasehold::LostReason::Expired).outcome();
+    /// assert!(matches!(lost, Outcome::Failed(why) if why.starts_with("the key's lease was lost")));
+    /// ```
+    pub fn outcome(&self) -> Outcome {
+        match self {
+            StopReason::Cancelled => Outcome::Cancelled("cancelled".into()),
+            StopReason::Timeout => Outcome::Cancelled("timed out".into()),
+            StopReason::Shutdown => {
+                Outcome::Cancelled("stopped: the worker was shutting down".into())
+            }
+            StopReason::LeaseLost(reason) => {
+                Outcome::Failed(format!("the key's lease was lost: {reason}"))
+            }
+        }
+    }
+}
+
+impl fmt::Display for StopReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StopReason::Cancelled => f.write_str("cancelled"),
+            StopReason::Timeout => f.write_str("timed out"),
+            StopReason::Shutdown => f.write_str("the worker shuts down"),
+            StopReason::LeaseLost(reason) => write!(f, "the key's lease was lost: {reason}"),
+        }
+    }
+}
+
+/// A task a [`TaskRunner`] runs: the task, its lease's fence, and the signal to stop.
+#[derive(Debug)]
+pub struct RunningTask {
+    task: Task,
+    fence: u64,
+    worker: Arc<str>,
+    stop: watch::Receiver<Option<StopReason>>,
+}
+
+impl RunningTask {
+    pub(super) fn new(
+        task: Task,
+        fence: u64,
+        worker: Arc<str>,
+        stop: watch::Receiver<Option<StopReason>>,
+    ) -> Self {
+        RunningTask {
+            task,
+            fence,
+            worker,
+            stop,
+        }
+    }
+
+    /// The task as claimed, its [`fence`](Task::fence) set.
+    pub fn task(&self) -> &Task {
+        &self.task
+    }
+
+    /// The fence of the key's lease held for this run: strictly greater than that of any
+    /// earlier run of the key. Pass it with every write the task makes, for the target to refuse
+    /// a write with a lower fence than it has seen.
+    pub fn fence(&self) -> u64 {
+        self.fence
+    }
+
+    /// The worker's name: the holder id of the key's lease.
+    pub fn worker(&self) -> &str {
+        &self.worker
+    }
+
+    /// Completes when the task must stop, with why; at once if it was told to already. Also
+    /// completes ([`StopReason::Shutdown`]) if the worker is gone.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: call it again (or from several places) to wait again.
+    pub async fn stopped(&self) -> StopReason {
+        let mut stop = self.stop.clone();
+        let why = match stop.wait_for(Option::is_some).await {
+            Ok(why) => why.clone(),
+            Err(_) => None,
+        };
+        why.unwrap_or(StopReason::Shutdown)
+    }
+
+    /// Why the task must stop, if it was told to: the non-waiting form of
+    /// [`stopped`](Self::stopped).
+    pub fn stop_reason(&self) -> Option<StopReason> {
+        self.stop.borrow().clone()
+    }
+}

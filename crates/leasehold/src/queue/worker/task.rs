@@ -1,0 +1,195 @@
+//! One task's run, from its claim to its recorded end: the check, the key's lease, the start
+//! recorded with the fence, the runner run and stopped, the end recorded, the lease released.
+
+use super::{Ctx, RunningTask, StopReason, TaskRunner};
+use crate::error::Error;
+use crate::queue::{Outcome, Task};
+use futures_util::FutureExt;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+/// Removes a task from the worker's running set when its run ends, however it ends.
+struct Running<'a> {
+    ctx: &'a Ctx,
+    id: u64,
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.ctx.stops.lock().remove(&self.id);
+    }
+}
+
+/// One task, from its claim to its recorded end.
+pub(super) async fn run<R: TaskRunner>(
+    ctx: Arc<Ctx>,
+    runner: Arc<R>,
+    task: Task,
+    mut stop: watch::Receiver<Option<StopReason>>,
+) {
+    let _running = Running {
+        ctx: &ctx,
+        id: task.id,
+    };
+    run_claimed(&ctx, &*runner, task, &mut stop).await;
+}
+
+/// Records the end of `task` with `outcome`, after it ran for `ran` (`None`: it never started).
+/// Counted in the metrics only once recorded: a task another worker recovered meanwhile (or whose
+/// end cannot be recorded, which a later recovery acts on) is counted where it is recovered.
+async fn finish(ctx: &Ctx, task: &Task, outcome: Outcome, ran: Option<Duration>) {
+    match ctx.queue.finish(task.id, &ctx.worker, &outcome).await {
+        Ok(true) => {
+            if let Some(m) = &ctx.metrics {
+                m.finished(&outcome, ran);
+            }
+            tracing::info!(task = task.id, key = %task.key, outcome = ?outcome, "task ended");
+        }
+        Ok(false) => ctx.report(&format!(
+            "task {} was recovered by another worker before it ended here ({outcome:?} not recorded)",
+            task.id
+        )),
+        Err(e) => ctx.report(&format!(
+            "cannot record the end of task {} ({outcome:?}): {e}",
+            task.id
+        )),
+    }
+}
+
+async fn run_claimed<R: TaskRunner>(
+    ctx: &Ctx,
+    runner: &R,
+    task: Task,
+    stop: &mut watch::Receiver<Option<StopReason>>,
+) {
+    // Just claimed: its wait until it starts goes on from here, on this process's clock.
+    let claimed = std::time::Instant::now();
+    if let Err(why) = runner.check(&task) {
+        ctx.report(&format!("task {}: {why}", task.id));
+        return finish(ctx, &task, Outcome::Failed(why), None).await;
+    }
+    let builder = match ctx.locks.lock(&task.key) {
+        Ok(b) => b
+            .ttl(ctx.ttl)
+            .wait(ctx.lease_wait)
+            .label("task", task.id.to_string()),
+        Err(e) => return finish(ctx, &task, Outcome::Failed(e.to_string()), None).await,
+    };
+    let guard = tokio::select! {
+        g = builder.acquire() => g,
+        _ = stop.changed() => {
+            let outcome = Outcome::Cancelled("stopped while waiting for the key's lease".into());
+            return finish(ctx, &task, outcome, None).await;
+        }
+    };
+    let guard = match guard {
+        Ok(g) => g,
+        Err(e) => {
+            if !matches!(e, Error::Timeout { .. }) {
+                ctx.report(&format!(
+                    "task {}: cannot take the lease on {:?}: {e}",
+                    task.id, task.key
+                ));
+            }
+            if let Err(e) = ctx.queue.unclaim(task.id, &ctx.worker).await {
+                ctx.report(&format!("cannot give task {} back: {e}", task.id));
+            }
+            return;
+        }
+    };
+    let fence = guard.fence();
+    match ctx.queue.started(task.id, &ctx.worker, fence).await {
+        Ok(true) => {
+            if let Some(m) = &ctx.metrics {
+                m.started(&task, claimed.elapsed());
+            }
+        }
+        Ok(false) => {
+            let _ = guard.release().await;
+            return;
+        }
+        Err(e) => {
+            ctx.report(&format!("cannot record the start of task {}: {e}", task.id));
+            let _ = guard.release().await;
+            let _ = ctx.queue.unclaim(task.id, &ctx.worker).await;
+            return;
+        }
+    }
+    let started = Instant::now();
+    let mut deadline = task
+        .timeout_ms
+        .map(|ms| started + Duration::from_millis(ms));
+    let running = RunningTask::new(
+        Task {
+            fence: Some(fence),
+            ..task.clone()
+        },
+        fence,
+        ctx.worker.clone(),
+        stop.clone(),
+    );
+    // The runner's future lives in this block only: a runner that is dropped is gone before the
+    // task's end is recorded and its lease released.
+    let outcome = {
+        // Called inside the caught future: a closure that panics before its first `.await`
+        // fails the task as one that panics later does.
+        let run = AssertUnwindSafe(async { runner.run(running).await }).catch_unwind();
+        tokio::pin!(run);
+        let mut lost = false;
+        // Once told to stop: by when the runner must have returned.
+        let mut drop_at: Option<Instant> = None;
+        loop {
+            tokio::select! {
+                biased;
+                ran = &mut run => break ran.unwrap_or_else(|panic| {
+                    let why = panic_message(&*panic);
+                    ctx.report(&format!("task {}: the task runner panicked: {why}", task.id));
+                    Outcome::Failed(format!("the task runner panicked: {why}"))
+                }),
+                reason = guard.lost(), if !lost => {
+                    lost = true;
+                    tracing::info!(reason = %reason, "the key's lease was lost; stopping the task");
+                    ctx.stop(task.id, StopReason::LeaseLost(reason));
+                }
+                () = async { if let Some(d) = deadline { tokio::time::sleep_until(d).await } }, if deadline.is_some() => {
+                    deadline = None;
+                    ctx.stop(task.id, StopReason::Timeout);
+                }
+                _ = stop.changed(), if drop_at.is_none() => {
+                    if stop.borrow_and_update().is_some() {
+                        drop_at = Some(Instant::now() + ctx.stop_grace);
+                    }
+                }
+                () = async { if let Some(d) = drop_at { tokio::time::sleep_until(d).await } }, if drop_at.is_some() => {
+                    let why = stop.borrow().clone().unwrap_or(StopReason::Shutdown);
+                    ctx.report(&format!(
+                        "task {}: its runner did not return within {:?} of being told to stop ({why}); dropped",
+                        task.id, ctx.stop_grace
+                    ));
+                    break why.outcome();
+                }
+            }
+        }
+    };
+    finish(ctx, &task, outcome, Some(started.elapsed())).await;
+    if let Err(e) = guard.release().await {
+        ctx.report(&format!(
+            "cannot release the lease on {:?}: {e}; it expires by its TTL",
+            task.key
+        ));
+    }
+}
+
+/// The text of a caught panic.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "(no message)".into()
+    }
+}
