@@ -142,3 +142,212 @@ pub(super) fn shared_error(store: &str, e: &Error) -> Error {
         },
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ::redis::{ErrorKind, RedisError, ServerErrorKind};
+    use std::error::Error as _;
+
+    const STORE: &str = "redis://h:1/0";
+
+    /// The error of a server reply `line` (`CODE message`), as the connection hands it over.
+    fn reply(line: &str) -> RedisError {
+        match ::redis::parse_redis_value(format!("-{line}\r\n").as_bytes()) {
+            Ok(::redis::Value::ServerError(e)) => e.into(),
+            other => panic!("not an error reply: {other:?}"),
+        }
+    }
+
+    fn io(kind: std::io::ErrorKind, text: &str) -> RedisError {
+        std::io::Error::new(kind, text.to_owned()).into()
+    }
+
+    /// `Some(retryable)` for an [`Error::Store`], `None` for an [`Error::Unavailable`].
+    fn store_retryable(e: &Error) -> Option<bool> {
+        match e {
+            Error::Unavailable { .. } => None,
+            Error::Store { retryable, .. } => Some(*retryable),
+            other => panic!("neither Unavailable nor Store: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_unreachable_server_is_unavailable() {
+        for e in [
+            io(std::io::ErrorKind::ConnectionRefused, "connection refused"),
+            io(std::io::ErrorKind::ConnectionReset, "reset by peer"),
+            io(std::io::ErrorKind::TimedOut, "timed out"),
+            io(std::io::ErrorKind::BrokenPipe, "broken pipe"),
+            RedisError::from((ErrorKind::Io, "the connection closed")),
+        ] {
+            let text = e.to_string();
+            let mapped = map_err(STORE, e);
+            assert_eq!(store_retryable(&mapped), None, "{text}: {mapped:?}");
+            assert!(mapped.is_retryable());
+            assert!(!mapped.is_no_answer(), "told by its source, not its text");
+        }
+    }
+
+    #[test]
+    fn a_cluster_in_motion_is_unavailable() {
+        for e in [
+            reply("MOVED 3999 127.0.0.1:6381"),
+            reply("ASK 3999 127.0.0.1:6381"),
+            reply("CLUSTERDOWN The cluster is down"),
+            RedisError::from((ErrorKind::ClusterConnectionNotFound, "no connections found")),
+        ] {
+            let mapped = map_err(STORE, e);
+            assert_eq!(store_retryable(&mapped), None, "{mapped:?}");
+        }
+    }
+
+    #[test]
+    fn a_demoted_primary_is_unavailable_and_read_only() {
+        let e = reply("READONLY You can't write against a read only replica.");
+        assert!(read_only(&e));
+        assert!(!connection_refused(&e));
+        let mapped = map_err(STORE, e);
+        assert_eq!(store_retryable(&mapped), None);
+        assert!(mapped.to_string().contains("read-only replica"), "{mapped}");
+        assert!(!read_only(&reply("ERR unknown command")));
+    }
+
+    #[test]
+    fn passing_server_conditions_are_retryable() {
+        for (code, message) in [
+            ("OOM", "command not allowed when used memory > 'maxmemory'."),
+            ("BUSY", "Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE."),
+            ("LOADING", "Redis is loading the dataset in memory"),
+            ("MISCONF", "Redis is configured to save RDB snapshots, but it's currently unable to persist to disk."),
+            ("NOREPLICAS", "Not enough good replicas to write."),
+            ("TRYAGAIN", "Multiple keys request during rehashing of slot"),
+            ("MASTERDOWN", "Link with MASTER is down and replica-serve-stale-data is set to 'no'."),
+            ("ERR", "max number of clients reached"),
+        ] {
+            let mapped = map_err(STORE, reply(&format!("{code} {message}")));
+            assert_eq!(store_retryable(&mapped), Some(true), "{code}: {mapped:?}");
+            let text = mapped.to_string();
+            assert!(text.contains(message), "the server's words: {text}");
+        }
+    }
+
+    #[test]
+    fn refused_credentials_are_final() {
+        let client = RedisError::from((
+            ErrorKind::AuthenticationFailed,
+            "Password authentication failed",
+        ));
+        assert!(connection_refused(&client));
+        for e in [
+            client,
+            reply("NOAUTH Authentication required."),
+            reply("WRONGPASS invalid username-password pair or user is disabled."),
+            reply("NOPERM User locker has no permissions to run the 'wait' command"),
+            // The cluster client reports refused credentials inside an I/O error.
+            io(
+                std::io::ErrorKind::Other,
+                "Failed to create initial connections - AuthenticationFailed",
+            ),
+        ] {
+            let text = e.to_string();
+            let mapped = map_err(STORE, e);
+            assert_eq!(store_retryable(&mapped), Some(false), "{text}: {mapped:?}");
+        }
+    }
+
+    #[test]
+    fn an_untrusted_certificate_is_final() {
+        let e = io(
+            std::io::ErrorKind::InvalidData,
+            "invalid peer certificate: UnknownIssuer",
+        );
+        assert_eq!(store_retryable(&map_err(STORE, e)), Some(false));
+    }
+
+    #[test]
+    fn an_answer_that_is_not_redis_is_final() {
+        let e = RedisError::from((
+            ErrorKind::Parse,
+            "invalid response",
+            "HTTP/1.1 400 Bad Request\r\nmore".to_owned(),
+        ));
+        assert!(connection_refused(&e));
+        let mapped = map_err(STORE, e);
+        assert_eq!(store_retryable(&mapped), Some(false));
+        let text = mapped.to_string();
+        assert!(text.contains("not Redis"), "{text}");
+        assert!(!text.contains("more"), "only the first line: {text}");
+    }
+
+    #[test]
+    fn other_refusals_are_final() {
+        for e in [
+            reply("ERR unknown command 'FOO'"),
+            reply("WRONGTYPE Operation against a key holding the wrong kind of value"),
+            reply("NOSCRIPT No matching script."),
+            RedisError::from((ErrorKind::UnexpectedReturnType, "not a number")),
+        ] {
+            let text = e.to_string();
+            let mapped = map_err(STORE, e);
+            assert_eq!(store_retryable(&mapped), Some(false), "{text}: {mapped:?}");
+        }
+    }
+
+    #[test]
+    fn too_few_replicas_is_retryable() {
+        let e = RedisError::from((
+            ErrorKind::Client,
+            NOT_REPLICATED,
+            "0 of 1 acknowledged it within 250 ms (replicas, replicas_timeout)".to_owned(),
+        ));
+        let mapped = map_err(STORE, e);
+        assert_eq!(store_retryable(&mapped), Some(true));
+        assert_eq!(
+            mapped.to_string(),
+            format!("store {STORE} error: {NOT_REPLICATED}: 0 of 1 acknowledged it within 250 ms (replicas, replicas_timeout)")
+        );
+        // Another client error is not.
+        let other = RedisError::from((ErrorKind::Client, "WAIT answered no number"));
+        assert_eq!(store_retryable(&map_err(STORE, other)), Some(false));
+    }
+
+    #[test]
+    fn the_redis_error_is_the_source() {
+        let source = |e: &Error| e.source_arc().expect("a source");
+        let full = map_err(STORE, reply("OOM command not allowed"));
+        let oom = source(&full);
+        let oom = oom.downcast_ref::<RedisError>();
+        assert_eq!(oom.and_then(|s| s.code()), Some("OOM"));
+        assert!(full.source().is_some());
+        let demoted = source(&map_err(STORE, reply("READONLY replica")));
+        assert_eq!(
+            demoted.downcast_ref::<RedisError>().map(|s| s.kind()),
+            Some(ErrorKind::Server(ServerErrorKind::ReadOnly))
+        );
+    }
+
+    #[test]
+    fn a_shared_error_keeps_its_meaning_for_each_caller() {
+        let unavailable = map_err(STORE, io(std::io::ErrorKind::ConnectionReset, "reset"));
+        let shared = shared_error("redis://other:2/0", &unavailable);
+        assert_eq!(shared.to_string(), unavailable.to_string(), "as it is");
+        assert!(shared.source_arc().is_some());
+        let busy = map_err(STORE, reply("BUSY running a script"));
+        let shared = shared_error("redis://other:2/0", &busy);
+        assert_eq!(store_retryable(&shared), Some(true));
+        assert!(shared
+            .to_string()
+            .starts_with("store redis://other:2/0 error: "));
+        assert!(shared.to_string().contains("BUSY"), "{shared}");
+        assert!(shared.source_arc().is_some());
+        let corrupt = Error::Corrupt {
+            key: "k".into(),
+            detail: "bad".into(),
+        };
+        assert_eq!(
+            store_retryable(&shared_error("redis://other:2/0", &corrupt)),
+            Some(false)
+        );
+    }
+}
