@@ -640,7 +640,7 @@ pub(crate) async fn scan_all(
 
 #[cfg(test)]
 mod tests {
-    use super::slot;
+    use super::{parse, slot};
 
     #[test]
     fn slots_are_those_redis_computes() {
@@ -653,5 +653,46 @@ mod tests {
         // An empty tag: the whole key.
         assert_eq!(slot("a{}b"), 13694);
         assert_ne!(slot("lock:{}x}"), slot("fence:{}x}"));
+    }
+
+    #[test]
+    fn cluster_urls() {
+        let url = "rediss+cluster://u:p@h1:1,h2:2/0?prefix=a:lock:&ca=/ca.pem";
+        let named = parse(url, "rediss+cluster://u:***@h1:1,h2:2/0").expect("good");
+        assert_eq!(named.nodes, ["rediss://u:p@h1:1", "rediss://u:p@h2:2"]);
+        assert_eq!(named.opts.prefix, "a:lock:");
+        assert_eq!(named.checked.fence_prefix, "a:fence:");
+        let named = parse("redis+cluster://h1:1", "redis+cluster://h1:1").expect("good");
+        assert_eq!(named.nodes, ["redis://h1:1"]);
+        for (url, says) in [
+            ("redis+cluster://h1:1/2", "only database 0"),
+            (
+                "redis+cluster://h1:1?prefix=a{b}:",
+                "may not contain { or }",
+            ),
+            (
+                "redis+cluster://h1:1?fence_prefix=f{",
+                "may not contain { or }",
+            ),
+            ("redis+cluster://h1", "bad server \"h1\""),
+            (
+                "redis+cluster://h1:1?bogus=1",
+                "unknown parameter \"bogus\"",
+            ),
+        ] {
+            let text = parse(url, url)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(text.contains(says), "{url}: {text}");
+        }
+    }
+
+    #[test]
+    fn keys_that_cannot_be_hash_tags_are_refused() {
+        let key = |k: &str| crate::Key::new(k).expect("a key");
+        assert!(super::check_key(&key("job")).is_ok());
+        assert!(super::check_key(&key("a}")).is_ok());
+        assert!(super::check_key(&key("}a")).is_err());
     }
 }

@@ -152,3 +152,63 @@ where
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_unix_socket_client_takes_db_user_and_pass_from_the_query() {
+        let url = "redis+unix:///run/redis.sock?db=2&user=u&pass=secret";
+        let client =
+            open_client(url, &RedisOptions::default(), &crate::redact_url(url)).expect("a client");
+        let info = client.get_connection_info();
+        let redis = info.redis_settings();
+        assert_eq!(redis.db(), 2);
+        assert_eq!(
+            (redis.username(), redis.password()),
+            (Some("u"), Some("secret"))
+        );
+        assert!(
+            matches!(info.addr(), ::redis::ConnectionAddr::Unix(p) if p.ends_with("redis.sock"))
+        );
+    }
+
+    #[test]
+    fn tls_files_need_a_tls_url() {
+        let opts = RedisOptions {
+            ca_file: Some("/etc/ca.pem".into()),
+            ..RedisOptions::default()
+        };
+        let e = open_client("redis://h:1/0", &opts, "redis://h:1/0").err();
+        assert!(
+            e.as_ref()
+                .is_some_and(|e| e.to_string().contains("need a rediss:// URL")),
+            "{e:?}"
+        );
+        // Over TLS, the named CA is read (and here missing).
+        let e = open_client("rediss://h:1/0", &opts, "rediss://h:1/0").err();
+        assert!(
+            matches!(
+                e,
+                Some(Error::Io {
+                    op: "read CA file",
+                    ..
+                })
+            ),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn a_url_the_redis_crate_refuses_is_named_without_its_password() {
+        let url = "redis://u:hunter2@h:1/notadb";
+        let e = open_client(url, &RedisOptions::default(), &crate::redact_url(url)).err();
+        let text = e.map(|e| e.to_string()).unwrap_or_default();
+        assert!(
+            text.starts_with("invalid store URL \"redis://u:***@h:1/notadb\""),
+            "{text}"
+        );
+        assert!(!text.contains("hunter2"), "{text}");
+    }
+}

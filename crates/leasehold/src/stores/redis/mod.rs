@@ -709,3 +709,25 @@ fn glob_escape(s: &str) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_store_never_shows_its_password() {
+        let url = "redis://u:hunter2@127.0.0.1:1/0";
+        // Lazy: nothing connects.
+        let store = RedisStore::connect_inner(url, RedisOptions::default(), true)
+            .await
+            .expect("a lazy store");
+        let shown = format!("{store:?} {}", store.describe());
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(shown.contains("redis://u:***@127.0.0.1:1/0"), "{shown}");
+    }
+
+    #[test]
+    fn glob_characters_are_escaped() {
+        assert_eq!(glob_escape(r"a*b?c[d]e\f"), r"a\*b\?c\[d\]e\\f");
+    }
+}

@@ -301,3 +301,270 @@ pub(crate) fn host_list<'a>(url: &'a str, scheme: &str, described: &str) -> Resu
         query,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The options and the redis crate's URL of `url`, or the error's text.
+    fn split(url: &str) -> std::result::Result<(String, RedisOptions), String> {
+        let url = url::Url::parse(url).map_err(|e| e.to_string())?;
+        split_url(&url)
+            .map(|(clean, opts)| (clean.to_string(), opts))
+            .map_err(|e| e.to_string())
+    }
+
+    fn opts(url: &str) -> RedisOptions {
+        split(url).map(|(_, o)| o).expect("good options")
+    }
+
+    fn refusal(url: &str) -> String {
+        split(url).map(|(_, o)| o).expect_err("refused")
+    }
+
+    #[test]
+    fn defaults() {
+        let o = opts("redis://h:6379/0");
+        assert_eq!(o.prefix, "leasehold:lock:");
+        assert_eq!(o.fence_prefix, None);
+        assert_eq!(o.timeout, Duration::from_secs(2));
+        assert_eq!((o.replicas, o.replicas_timeout), (0, None));
+        assert!(!o.names_tls_files());
+        let checked = checked(&o, "redis://h:6379/0").expect("checked");
+        assert_eq!(checked.fence_prefix, "leasehold:fence:");
+        assert!(checked.wait.is_none());
+    }
+
+    #[test]
+    fn query_parameters_set_options() {
+        let o = opts(
+            "redis://h:1/0?prefix=agent:lock:&timeout=250ms&replicas=2&replicas_timeout=100ms",
+        );
+        assert_eq!(o.prefix, "agent:lock:");
+        assert_eq!(o.timeout, Duration::from_millis(250));
+        assert_eq!(o.replicas, 2);
+        assert_eq!(o.replicas_timeout, Some(Duration::from_millis(100)));
+        let wait = o
+            .wait("redis://h:1/0")
+            .expect("a good wait")
+            .expect("replicas");
+        assert_eq!((wait.replicas, wait.timeout_ms), (2, 100));
+        // The fence counters follow the record prefix.
+        assert_eq!(
+            checked_fence_prefix(&o).as_deref().ok(),
+            Some("agent:fence:")
+        );
+        let o = opts("redis://h:1/0?prefix=jobs:&fence_prefix=jobs-fence:");
+        assert_eq!(
+            checked_fence_prefix(&o).as_deref().ok(),
+            Some("jobs-fence:")
+        );
+        let o = opts("redis://h:1/0?prefix=jobs:");
+        assert_eq!(
+            checked_fence_prefix(&o).as_deref().ok(),
+            Some("leasehold:fence:")
+        );
+    }
+
+    #[test]
+    fn bad_values_and_unknown_parameters_are_refused() {
+        for (url, says) in [
+            ("redis://h:1/0?timeout=soon", "timeout \"soon\""),
+            (
+                "redis://h:1/0?replicas=two",
+                "expected a whole number of replicas",
+            ),
+            (
+                "redis://h:1/0?replicas=-1",
+                "expected a whole number of replicas",
+            ),
+            (
+                "redis://h:1/0?replicas=1&replicas_timeout=x",
+                "replicas_timeout \"x\"",
+            ),
+            (
+                "redis://h:1/0?prefx=a:",
+                "unknown parameter \"prefx\" (known: prefix",
+            ),
+            // `db`, `user` and `pass` are parameters of Unix socket URLs only.
+            ("redis://h:1/0?db=2", "unknown parameter \"db\""),
+            (
+                "rediss://h:1/0?cert=c.pem",
+                "?cert= (the client's certificate) and ?key= (its key) go together",
+            ),
+            ("rediss://h:1/0?key=k.pem", "go together"),
+        ] {
+            let text = refusal(url);
+            assert!(text.starts_with("invalid store URL"), "{url}: {text}");
+            assert!(text.contains(says), "{url}: {text}");
+        }
+    }
+
+    #[test]
+    fn replica_waits_are_checked() {
+        let wait = |url: &str| opts(url).wait(url).map_err(|e| e.to_string());
+        // Half of the timeout by default.
+        let w = wait("redis://h:1/0?replicas=1&timeout=1s")
+            .expect("good")
+            .expect("some");
+        assert_eq!((w.replicas, w.timeout_ms), (1, 500));
+        for (url, says) in [
+            ("redis://h:1/0?replicas_timeout=1s", "give replicas=N too"),
+            (
+                "redis://h:1/0?replicas=1&replicas_timeout=2s",
+                "less than the timeout",
+            ),
+            (
+                "redis://h:1/0?replicas=1&replicas_timeout=3s",
+                "less than the timeout",
+            ),
+            (
+                "redis://h:1/0?replicas=1&replicas_timeout=0ms",
+                "at least 1ms",
+            ),
+            ("redis://h:1/0?replicas=1&timeout=1ms", "at least 1ms"),
+        ] {
+            let text = wait(url).expect_err(url);
+            assert!(text.contains(says), "{url}: {text}");
+        }
+    }
+
+    #[cfg(feature = "redlock")]
+    #[test]
+    fn redlock_takes_no_replicas() {
+        assert!(opts("redis://h:1/0").no_replicas().is_ok());
+        for url in [
+            "redis://h:1/0?replicas=1",
+            "redis://h:1/0?replicas_timeout=1s",
+        ] {
+            let e = opts(url).no_replicas().expect_err(url);
+            assert!(
+                matches!(
+                    e,
+                    Error::InvalidOption {
+                        name: "replicas",
+                        ..
+                    }
+                ),
+                "{e:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn colliding_prefixes_are_refused() {
+        for (prefix, fence) in [
+            ("", None),
+            ("a:", Some("a:fence:")),
+            ("a:fence:", Some("a:")),
+            ("same:", Some("same:")),
+        ] {
+            let o = RedisOptions {
+                prefix: prefix.into(),
+                fence_prefix: fence.map(Into::into),
+                ..RedisOptions::default()
+            };
+            let e = checked(&o, "redis://h:1/0").err();
+            assert!(
+                matches!(e, Some(Error::InvalidOption { name: "prefix", .. })),
+                "{prefix:?} {fence:?}: {e:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn tls_files_are_read_from_the_query() {
+        let o = opts("rediss://h:1/0?ca=/etc/ca.pem&cert=/etc/c.pem&key=/etc/k.pem");
+        assert_eq!(
+            o.ca_file.as_deref(),
+            Some(std::path::Path::new("/etc/ca.pem"))
+        );
+        let (cert, key) = o.client_cert.clone().expect("a client certificate");
+        assert_eq!(
+            (cert.to_str(), key.to_str()),
+            (Some("/etc/c.pem"), Some("/etc/k.pem"))
+        );
+        assert!(o.names_tls_files());
+        // A file that cannot be read fails with its path.
+        let missing = opts("rediss://h:1/0?ca=/nonexistent/leasehold-ca.pem");
+        let e = missing.tls_certificates().err().map(|e| e.to_string());
+        assert!(
+            e.as_deref()
+                .is_some_and(|e| e.contains("read CA file /nonexistent/leasehold-ca.pem")),
+            "{e:?}"
+        );
+        // None named: the system's trust store.
+        assert!(matches!(
+            opts("rediss://h:1/0").tls_certificates(),
+            Ok(None)
+        ));
+    }
+
+    #[test]
+    fn a_unix_socket_keeps_db_user_and_pass_for_the_redis_crate() {
+        let (clean, o) =
+            split("redis+unix:///run/redis.sock?db=2&prefix=p:lock:&user=u&pass=secret&timeout=1s")
+                .expect("good");
+        assert_eq!(
+            clean,
+            "redis+unix:///run/redis.sock?db=2&user=u&pass=secret"
+        );
+        assert_eq!(o.prefix, "p:lock:");
+        assert_eq!(o.timeout, Duration::from_secs(1));
+        // Elsewhere the query is ours alone.
+        let (clean, _) = split("redis://u:secret@h:1/3?prefix=p:lock:").expect("good");
+        assert_eq!(clean, "redis://u:secret@h:1/3");
+    }
+
+    #[test]
+    fn secrets_stay_out_of_errors() {
+        for url in [
+            "redis://u:hunter2@h:1/0?bogus=1",
+            "redis+unix:///run/r.sock?pass=hunter2&bogus=1",
+            "redis://u:hunter2@h:1/0?timeout=soon",
+        ] {
+            let text = refusal(url);
+            assert!(!text.contains("hunter2"), "{text}");
+            assert!(text.contains("***"), "{text}");
+        }
+        let e = host_list(
+            "redis+sentinel://u:hunter2@s1",
+            "redis+sentinel",
+            "redis+sentinel://u:***@s1",
+        )
+        .err()
+        .map(|e| e.to_string());
+        assert!(e.is_some_and(|e| !e.contains("hunter2")));
+    }
+
+    #[test]
+    fn host_lists() {
+        let url = "redlock://u:p@h1:1,h2:2,[::1]:3/0?prefix=a:&timeout=1s";
+        let list = host_list(url, "redlock", "redlock://u:***@…").expect("good");
+        assert_eq!(list.userinfo, "u:p@");
+        assert_eq!(list.hosts, ["h1:1", "h2:2", "[::1]:3"]);
+        assert_eq!((list.path, list.query), ("0", "prefix=a:&timeout=1s"));
+        let bare = host_list("redlock://h1:1", "redlock", "redlock://h1:1").expect("good");
+        assert_eq!(
+            (bare.userinfo.as_str(), bare.path, bare.query),
+            ("", "", "")
+        );
+        for (url, says) in [
+            (
+                "redis://h1:1",
+                "expected redlock://host1:port1,host2:port2,…",
+            ),
+            ("redlock://h1", "bad server \"h1\": expected host:port"),
+            ("redlock://h1:1,:2", "bad server \":2\""),
+            ("redlock://h1:1,h2:port", "bad server \"h2:port\""),
+            ("redlock://h1:1,h2:70000", "bad server \"h2:70000\""),
+            ("redlock://", "bad server \"\""),
+        ] {
+            let text = host_list(url, "redlock", url).err().map(|e| e.to_string());
+            assert!(
+                text.as_deref().is_some_and(|t| t.contains(says)),
+                "{url}: {text:?}"
+            );
+        }
+    }
+}

@@ -304,3 +304,77 @@ async fn follow_switches<L: Send + Sync + 'static>(
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parsed(url: &str) -> Result<SentinelUrl> {
+        parse(url, &crate::redact_url(url))
+    }
+
+    #[test]
+    fn a_sentinel_url_names_sentinels_master_and_data_servers() {
+        let url = "redis+sentinel://u:p@s1:26379,s2:26380/mymaster/3?prefix=a:lock:&sentinel_user=su&sentinel_pass=sp";
+        let named = parsed(url).expect("good");
+        assert_eq!(named.scheme, "redis");
+        assert_eq!(
+            named.sentinels,
+            ["redis://su:sp@s1:26379", "redis://su:sp@s2:26380"]
+        );
+        assert_eq!(named.master, "mymaster");
+        assert_eq!((named.userinfo.as_str(), named.db.as_str()), ("u:p@", "3"));
+        assert_eq!(named.opts.prefix, "a:lock:");
+        // No sentinel credentials by default (a password alone: no user), no database.
+        let named =
+            parsed("rediss+sentinel://s1:26379/m?sentinel_pass=sp&ca=/ca.pem").expect("good");
+        assert_eq!(named.scheme, "rediss");
+        assert_eq!(named.sentinels, ["rediss://:sp@s1:26379"]);
+        assert_eq!((named.userinfo.as_str(), named.db.as_str()), ("", ""));
+        assert!(named.opts.ca_file.is_some());
+        let named = parsed("redis+sentinel://s1:26379/m").expect("good");
+        assert_eq!(named.sentinels, ["redis://s1:26379"]);
+    }
+
+    #[test]
+    fn bad_sentinel_urls_are_refused_without_their_secrets() {
+        for (url, says) in [
+            (
+                "redis+sentinel://s1:26379",
+                "expected the master group's name",
+            ),
+            (
+                "redis+sentinel://u:hunter2@s1:26379/",
+                "expected the master group's name",
+            ),
+            ("redis+sentinel://s1/m", "bad server \"s1\""),
+            (
+                "redis+sentinel://u:hunter2@s1:26379/m?bogus=1",
+                "unknown parameter \"bogus\"",
+            ),
+            (
+                "redis+sentinel://s1:26379/m?sentinel_pass=hunter2&timeout=x",
+                "timeout \"x\"",
+            ),
+        ] {
+            let text = parsed(url).err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(text.contains(says), "{url}: {text}");
+            assert!(!text.contains("hunter2"), "{text}");
+        }
+    }
+
+    #[test]
+    fn sentinels_open_without_connecting() {
+        let named = parsed("redis+sentinel://u:p@127.0.0.1:1,127.0.0.1:2/m/0").expect("good");
+        let sentinels = Sentinels::open(&named, "redis+sentinel://u:***@…").expect("opened");
+        assert_eq!(sentinels.sentinels.len(), 2);
+        let node = (sentinels.node)("::1", 6379).expect("a data server's client");
+        let info = node.get_connection_info();
+        assert_eq!(info.redis_settings().username(), Some("u"));
+        assert_eq!(info.redis_settings().password(), Some("p"));
+        assert_eq!(info.addr().to_string(), "::1:6379");
+        // A database the data servers cannot have is refused at once.
+        let named = parsed("redis+sentinel://127.0.0.1:1/m/notadb").expect("good");
+        assert!(Sentinels::open(&named, "redis+sentinel://…").is_err());
+    }
+}
