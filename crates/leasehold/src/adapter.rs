@@ -35,8 +35,9 @@
 //! store-wide write counter), fences come from them and from no clock. A grant on an existing
 //! record takes the previous fence plus the block it reserves; a grant that **creates** the record
 //! (first use, or after it was deleted) writes a marker and its fence is
-//! `2⁵³ + revision of the create × 2²⁴ + block − 1`, resolved by whoever reads that version (the
-//! next write stores it as a number). Every fence a write at revision `R` issues stays below
+//! `2⁵³ + revision of the create × 2²⁴ + block − 1`, resolved by whoever reads that version; the
+//! creator writes it as a number right after the create (one more request, on creates only), so
+//! that people reading the record see it. Every fence a write at revision `R` issues stays below
 //! `2⁵³ + (R + 1) × 2²⁴` (blocks are below 2²⁴ fences), and a later create's revision is above
 //! every earlier write's, deletion included: fences never go backwards, whatever the clocks say
 //! and whoever deletes the record. Fences written before this scheme (microsecond clock values)
@@ -396,6 +397,26 @@ impl<R: RecordStore> RecordLockStore<R> {
         })
     }
 
+    /// Writes the fence of a record this adapter just created (its create revision resolved) as a
+    /// number, so that people reading the record with the store's own tools see it. The fence is
+    /// defined by the create's revision either way: a write that loses its race (somebody wrote,
+    /// and so stored the number) or fails changes nothing about it.
+    async fn write_resolved_fence(&self, key: &Key) {
+        let Some((version, record)) = self.written.lock().get(key.as_str()).cloned() else {
+            return;
+        };
+        match self.inner.replace(key, &record, &version).await {
+            Ok(Some(v)) => {
+                self.written(key, v, record);
+            }
+            Ok(None) => self.forget(key),
+            Err(e) => {
+                tracing::debug!(key = %key, error = %e, "the fence of a new record stays a marker until its next write");
+                self.forget(key);
+            }
+        }
+    }
+
     /// Takes note of a successful write of `record` at `version`: resolved, remembered, observed.
     fn written(&self, key: &Key, version: String, mut record: LeaseRecord) -> LeaseRecord {
         self.resolve_fence(&mut record, &version);
@@ -424,8 +445,11 @@ impl<R: RecordStore> LockStore for RecordLockStore<R> {
 
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome> {
         let revisions = self.inner.revisions();
+        // Whether the last decision (the one written, if any) creates the record.
+        let created = std::sync::atomic::AtomicBool::new(false);
         let (out, written) = self
             .cas(&req.key, true, Some(&req.given_up), |cur| {
+                created.store(cur.is_none(), std::sync::atomic::Ordering::Relaxed);
                 let current = match cur {
                     None => Current::Missing,
                     Some(Stored::Record { record, .. }) => Current::Record(record),
@@ -446,7 +470,12 @@ impl<R: RecordStore> LockStore for RecordLockStore<R> {
             })
             .await?;
         Ok(match (out, written) {
-            (AcquireOutcome::Granted(_), Some(w)) => AcquireOutcome::Granted(w),
+            (AcquireOutcome::Granted(_), Some(w)) => {
+                if revisions && created.load(std::sync::atomic::Ordering::Relaxed) {
+                    self.write_resolved_fence(&req.key).await;
+                }
+                AcquireOutcome::Granted(w)
+            }
             (out, _) => out,
         })
     }

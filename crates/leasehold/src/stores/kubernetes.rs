@@ -19,7 +19,8 @@
 //!   exceeds, a deletion included. A grant on an existing Lease takes the previous fence plus its
 //!   block; a grant that creates the Lease (first use, after `cleanup`, after `kubectl delete
 //!   lease`) gets `2⁵³ + revision of the create × 2²⁴ + block − 1` (the create writes a marker in
-//!   `leasehold.io/store`; the next write stores the number in `leasehold.io/fence`). Neither a
+//!   `leasehold.io/store`; the creator's next request stores the number in
+//!   `leasehold.io/fence`, so a create costs two requests). Neither a
 //!   deleted Lease nor a pod's lagging clock can make a fence go backwards; no clock is read. The
 //!   limits: a `resourceVersion` that is not a decimal number (no known API server answers one)
 //!   falls back to `max(previous + 1, µs wall clock)`; a block of 2²⁴ fences or more per grant is
