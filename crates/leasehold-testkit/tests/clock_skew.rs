@@ -1,8 +1,9 @@
-//! Clock skew between machines, with real processes whose wall clocks `faketime` moves minutes
-//! ahead and minutes behind (their monotonic clocks left alone), on Kubernetes Leases
+//! Clock skew, with real processes whose wall clocks `faketime` moves minutes ahead and minutes
+//! behind (their monotonic and boot-time clocks left alone). On Kubernetes Leases
 //! (leasehold-apiserver over a real etcd): a held lease is never granted early, a crashed holder's
 //! lease is taken over within its TTL plus one observation, and fences never go backwards, not even
-//! after `kubectl delete lease` when the next pod's clock lags.
+//! after `kubectl delete lease` when the next pod's clock lags. On the file store, whose processes
+//! share the host's boot-time clock: a wall clock set ahead or behind changes nothing.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -229,4 +230,59 @@ fn fences_never_go_backwards_after_kubectl_delete_when_the_next_pod_lags() {
         last = fence;
         delete_lease(s, key);
     }
+}
+
+/// The file store: a contender whose wall clock is a minute ahead is told a held 10 s lease is
+/// held, for as long as it is.
+#[test]
+fn file_store_a_contender_whose_clock_is_a_minute_ahead_is_told_the_lease_is_held() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", dir.path().display());
+    let key = "skew/file-held";
+    let holder = Worker::start(None, &["hold", &url, key, "10000"]);
+    let first = held_fence(&holder.line(Duration::from_secs(20)).expect("holder"));
+    for offset in ["+60s", "-60s", "+1h"] {
+        let w = Worker::start(Some(offset), &["try", &url, key, "10000"]);
+        let line = w
+            .line(Duration::from_secs(20))
+            .unwrap_or_else(|| panic!("{} answered nothing", w.name));
+        assert!(
+            line.starts_with("busy"),
+            "a contender whose clock is {offset} got {line:?} while the holder (fence {first}) holds a 10 s lease"
+        );
+    }
+    assert_eq!(holder.printed(), None, "the holder lost its lease");
+}
+
+/// The file store: a holder stopped with SIGSTOP keeps its kernel lock, so its lease ends by the
+/// TTL; a waiter whose wall clock is a minute behind takes it over within the TTL, not a minute
+/// later.
+#[test]
+fn file_store_a_stopped_holders_lease_goes_to_a_lagging_waiter_by_the_ttl() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", dir.path().display());
+    let key = "skew/file-stopped";
+    let ttl = TTL_MS.to_string();
+    let holder = Worker::start(None, &["hold", &url, key, &ttl]);
+    let first = held_fence(&holder.line(Duration::from_secs(20)).expect("holder"));
+    let pid = i32::try_from(holder.child.id()).unwrap();
+    // SAFETY: a signal to the process this test started.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let stopped = Instant::now();
+    let waiter = Worker::start(Some("-60s"), &["hold", &url, key, &ttl]);
+    // TTL + the waiter's start and at most one 500 ms poll, well under the minute its clock lags.
+    let limit = Duration::from_millis(TTL_MS + 500 + 1500);
+    let line = waiter.line(limit).unwrap_or_else(|| {
+        panic!(
+            "{} did not take a stopped holder's lease within {limit:?}",
+            waiter.name
+        )
+    });
+    let fence = held_fence(&line);
+    assert!(fence > first, "fence {fence} after {first}");
+    eprintln!(
+        "{} took the lease {:?} after the holder stopped",
+        waiter.name,
+        stopped.elapsed()
+    );
 }
