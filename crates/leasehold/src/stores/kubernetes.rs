@@ -14,14 +14,26 @@
 //!   the race), replace with the version read (409 Conflict = somebody else won: contention, not an
 //!   error), delete with `preconditions.resourceVersion`. Release is a conditional replace that
 //!   clears the holder and keeps the fence; nothing is ever written unconditionally;
-//! - **fence**: a counter in the `leasehold.io/fence` annotation, `max(previous + 1, µs wall
-//!   clock)`, so it keeps increasing even when `cleanup` deleted the Lease; the one limit is a wall
-//!   clock stepped back by more than the time since the Lease was deleted;
-//! - **expiry** is judged on the acquirer's wall clock against `leasehold.io/expires` (for Leases
-//!   written by other clients, such as client-go leader election: `renewTime +
-//!   leaseDurationSeconds`). Clock skew between pods shifts expiry by that skew: with NTP-synced
-//!   nodes (skew well under a second) keep TTLs of several seconds; a holder renews at 1/3 of
-//!   the TTL, so skew below 2/3 of the TTL never makes a renewing holder look expired;
+//! - **fence**: from the API server's `resourceVersion`, which every API server backed by etcd
+//!   (and kine) answers as the store-wide revision: a number every later write in the cluster
+//!   exceeds, a deletion included. A grant on an existing Lease takes the previous fence plus its
+//!   block; a grant that creates the Lease (first use, after `cleanup`, after `kubectl delete
+//!   lease`) gets `2⁵³ + revision of the create × 2²⁴ + block − 1` (the create writes a marker in
+//!   `leasehold.io/store`; the creator's next request stores the number in
+//!   `leasehold.io/fence`, so a create costs two requests). Neither a
+//!   deleted Lease nor a pod's lagging clock can make a fence go backwards; no clock is read. The
+//!   limits: a `resourceVersion` that is not a decimal number (no known API server answers one)
+//!   falls back to `max(previous + 1, µs wall clock)`; a block of 2²⁴ fences or more per grant is
+//!   not covered; fences written before this scheme (µs clock values, below 2⁵³) are continued;
+//! - **expiry** is judged by observation ([`crate::adapter`]): a contender takes a held Lease only
+//!   once it has seen the holder's part of it (`leasehold.io/token`, `fence`, `renewTime`,
+//!   `leasehold.io/expires` …; for Leases of other clients such as client-go leader election,
+//!   `holderIdentity`, `renewTime`, `leaseDurationSeconds`) unchanged for the TTL plus 1 % + 2 ms
+//!   on its own monotonic clock, exactly like client-go's leader election; or when the written
+//!   expiry is older than now − `max_clock_skew` (default 5 minutes) on its wall clock. Pods'
+//!   wall clocks may differ by anything below that bound without shortening a lease;
+//! - **waiters** record their registration's lifetime (`leasehold.io/waiter-ttl-ms`), and other
+//!   contenders judge it lapsed by observation too;
 //! - **watch**: waiters are woken by a watch on their Lease (`fieldSelector=metadata.name=…`);
 //! - **errors**: `403 Forbidden` names the missing RBAC verb and rule; `5xx`, `429` and transport
 //!   failures are retryable [`Error::Unavailable`].
@@ -30,7 +42,8 @@
 //! namespace is the URL's host, else `POD_NAMESPACE`, else the kubeconfig's namespace, else
 //! `default`. `?server=http://127.0.0.1:PORT` talks to that API server directly without
 //! credentials (for tests against `leasehold-apiserver`). `?prefix=` sets the name prefix
-//! (default `leasehold-`), `?timeout=` the per-request timeout (default `10s`).
+//! (default `leasehold-`), `?timeout=` the per-request timeout (default `10s`),
+//! `?max_clock_skew=` the largest difference between pods' wall clocks assumed (default `5m`).
 
 use crate::error::{Error, Result};
 use crate::key::{Key, Naming};
@@ -149,8 +162,8 @@ impl KubernetesStore {
                 }
                 other => {
                     return Err(bad(format!(
-                        "unknown parameter {other:?} (known: prefix, server, timeout)"
-                    )))
+                    "unknown parameter {other:?} (known: prefix, server, timeout, max_clock_skew)"
+                )))
                 }
             }
         }
@@ -352,6 +365,9 @@ impl KubernetesStore {
         if let Some(w) = r.waiter_expires_ms {
             put("waiter-expires", fmt_ms(w));
         }
+        if let Some(w) = r.waiter_ttl_ms {
+            put("waiter-ttl-ms", w.to_string());
+        }
         if let Some(p) = r.pid {
             put("pid", p.to_string());
         }
@@ -473,6 +489,7 @@ fn from_lease(lease: &Lease) -> std::result::Result<LeaseRecord, String> {
     r.waiter = get("waiter").cloned();
     r.waiter_token = get("waiter-token").cloned();
     r.waiter_expires_ms = time("waiter-expires")?;
+    r.waiter_ttl_ms = num("waiter-ttl-ms")?;
     r.pid = num("pid")?.and_then(|p| u32::try_from(p).ok());
     r.host = get("host").cloned();
     if let Some(l) = get("labels") {
@@ -514,8 +531,7 @@ impl RecordStore for KubernetesStore {
             native_ttl: false,
             watch: true,
             liveness: false,
-            fence_source:
-                "a counter in the leasehold.io/fence annotation: max(previous + 1, µs clock)",
+            fence_source: "the API server's resourceVersion (an etcd revision), kept in the leasehold.io/fence annotation",
         }
     }
 
@@ -608,6 +624,14 @@ impl RecordStore for KubernetesStore {
             .collect();
         out.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(out)
+    }
+
+    fn revisions(&self) -> bool {
+        true
+    }
+
+    fn revision(&self, version: &str) -> Option<u64> {
+        version.parse().ok()
     }
 
     async fn subscribe(&self, key: &Key) -> Result<Option<Box<dyn ChangeWatch>>> {
@@ -719,6 +743,7 @@ mod tests {
         r.waiter = Some("pod-2".into());
         r.waiter_token = Some("wt".into());
         r.waiter_expires_ms = Some(r.renewed_ms + 900);
+        r.waiter_ttl_ms = Some(900);
         r.pid = Some(7);
         r.host = Some("h".into());
         r.labels.insert("task".into(), "7".into());
