@@ -9,7 +9,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use leasehold_testkit::foreign::{self, EventLog, Proc, FOREIGN_LEASE_SECONDS};
-use leasehold_testkit::servers::shared_apiserver;
+use leasehold_testkit::servers::{redlock_url, shared_apiserver, shared_redis, shared_redis_nodes};
 use std::process::Command;
 use std::time::Duration;
 
@@ -123,4 +123,97 @@ fn python_leader_election_and_leasehold_take_turns_on_a_lease_leasehold_used_bef
         "leasehold-2",
         Duration::from_secs(FOREIGN_LEASE_SECONDS),
     );
+}
+
+/// `leasehold ARGS…` on `store`, run to its end: exit code and stdout.
+fn leasehold(store: &str, args: &[&str]) -> (Option<i32>, String) {
+    let mut cmd = Command::new(BIN);
+    cmd.env_remove("LEASEHOLD_STORE")
+        .env_remove("LEASEHOLD_LOG")
+        .args(["--store", store])
+        .args(args);
+    let (status, out) = Proc::spawn(cmd, &format!("leasehold {args:?}")).finish(LIMIT);
+    (status.code(), out)
+}
+
+/// A key of its own for one test.
+fn agent_key(what: &str) -> String {
+    format!("agent-{what}-{:08x}", fastrand::u32(..))
+}
+
+/// leasehold and redis-py's `Lock` take turns on `agent:lock:KEY` through `store` (on the Redis
+/// servers `ports`): leasehold works, redis-py waits and then holds the key, renewing it, and
+/// leasehold waits until that key expired after its last renewal.
+fn takes_turns_with_redis_py(store: &str, ports: &[u16], key: &str) {
+    let log = EventLog::new();
+    let name = format!("agent:lock:{key}");
+    let mut first = leasehold_run(store, &[], key, &log, "leasehold-1", 2.0);
+    first.wait_line("working", LIMIT);
+    let mut py = foreign::redis_lock(ports, &name, "py-c", &log, 4.0, 3000);
+    py.wait_line("locked", LIMIT);
+    first.succeeds(LIMIT);
+    // The key holds redis-py's random token, which leasehold cannot read: held until it expires.
+    let mut second = leasehold_run(store, &[], key, &log, "leasehold-2", 1.0);
+    second.wait_line("working", LIMIT);
+    let statuses = [py.wait(LIMIT), second.wait(LIMIT)];
+    // The log first: it shows who worked when, and who lost its lock.
+    let worked = log.working();
+    let who: Vec<&str> = worked.iter().map(|w| w.who.as_str()).collect();
+    assert_eq!(
+        who,
+        ["leasehold-1", "py-c", "leasehold-2"],
+        "{}",
+        log.shown()
+    );
+    assert!(statuses.iter().all(|s| s.success()), "{statuses:?}");
+    taken_after_expiry(&log, "py-c", "leasehold-2", Duration::from_secs(3));
+}
+
+#[test]
+fn redis_py_lock_and_leasehold_take_turns_on_one_server() {
+    let server = shared_redis();
+    let store = format!("{}?prefix=agent:lock:", server.url());
+    takes_turns_with_redis_py(&store, &[server.port], &agent_key("one"));
+}
+
+#[test]
+fn redis_py_lock_on_every_redlock_node_and_leasehold_take_turns() {
+    let nodes = &shared_redis_nodes()[..3];
+    let store = format!("{}?prefix=agent:lock:", redlock_url(nodes));
+    let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
+    takes_turns_with_redis_py(&store, &ports, &agent_key("redlock"));
+}
+
+#[test]
+fn a_value_another_client_left_without_a_ttl_is_held_until_deleted_and_reported() {
+    let one = &shared_redis_nodes()[3..4];
+    let nodes = &shared_redis_nodes()[..3];
+    for (store, servers) in [(one[0].url(), one), (redlock_url(nodes), nodes)] {
+        let store = format!("{store}?prefix=agent:lock:");
+        let key = agent_key("nottl");
+        let name = format!("agent:lock:{key}");
+        for s in servers {
+            assert!(s.command(&["SET", &name, "a-token"]).is_some());
+        }
+        let (code, _) = leasehold(&store, &["run", "--key", &key, "--no-wait", "--", "true"]);
+        assert_eq!(code, Some(75), "{store}: held, not taken");
+        let (code, out) = leasehold(&store, &["inspect", &key, "--json"]);
+        assert_eq!(code, Some(0), "{store}: {out}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(
+            v["holder"], "unknown (foreign value: a string of 7 bytes; no TTL: held until deleted)",
+            "{store}: {v}"
+        );
+        assert_eq!(v["state"], "held", "{store}: {v}");
+        for s in servers {
+            let value = s.command(&["GET", &name]).unwrap_or_default();
+            assert!(
+                value.contains("a-token"),
+                "{store}: never replaced: {value:?}"
+            );
+            assert!(s.command(&["DEL", &name]).is_some());
+        }
+        let (code, _) = leasehold(&store, &["run", "--key", &key, "--no-wait", "--", "true"]);
+        assert_eq!(code, Some(0), "{store}: free once deleted");
+    }
 }

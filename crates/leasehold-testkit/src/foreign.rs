@@ -148,6 +148,23 @@ impl Proc {
         }
     }
 
+    /// Waits up to `limit` for the process to exit; its status and the stdout lines not yet
+    /// read.
+    ///
+    /// # Panics
+    /// When it is still running after `limit`.
+    pub fn finish(&mut self, limit: Duration) -> (ExitStatus, String) {
+        let status = self.wait(limit);
+        let mut out = String::new();
+        // Its stdout closed when it exited (nothing it started keeps it open): the reader
+        // thread ends, and the channel with it.
+        while let Ok(line) = self.lines.recv_timeout(limit) {
+            out.push_str(&line);
+            out.push('\n');
+        }
+        (status, out)
+    }
+
     /// Waits up to `limit` for the process to exit and asserts it succeeded.
     ///
     /// # Panics
@@ -350,4 +367,29 @@ pub fn k8s_leader(
         .args(["--work", &work.to_string()])
         .args(["--lease-duration", &FOREIGN_LEASE_SECONDS.to_string()]);
     Proc::spawn(cmd, &format!("Python leader election as {identity}"))
+}
+
+/// redis-py's `Lock` on key `name` of every server in `ports` (one: a plain lock; several: every
+/// Redlock node) as `identity`, with a TTL of `ttl_ms` extended every third of it: logs to `log`,
+/// prints `locked` once it holds the lock, works `work` seconds, then exits without releasing
+/// (see `py/redis_lock.py`).
+pub fn redis_lock(
+    ports: &[u16],
+    name: &str,
+    identity: &str,
+    log: &EventLog,
+    work: f64,
+    ttl_ms: u64,
+) -> Proc {
+    let mut cmd = Command::new(python());
+    cmd.arg(script("redis_lock.py"));
+    for p in ports {
+        cmd.args(["--port", &p.to_string()]);
+    }
+    cmd.args(["--name", name, "--identity", identity])
+        .arg("--log")
+        .arg(log.path())
+        .args(["--work", &work.to_string()])
+        .args(["--ttl-ms", &ttl_ms.to_string()]);
+    Proc::spawn(cmd, &format!("redis-py Lock as {identity}"))
 }

@@ -20,6 +20,15 @@
 //! `leasehold:fence:`; `?fence_prefix=` overrides; neither prefix may start with the other, so no
 //! key can collide with a counter). Times inside the record are Unix milliseconds of the server.
 //!
+//! # Other clients
+//! A value under a record key that is not a record of ours (the random token redis-py's `Lock`,
+//! redsync or redlock-go set with `SET NX PX`, JSON without our `key` and `fence`, a value of
+//! another type) is another client's lock: held by an unknown holder until the server expires it,
+//! and never replaced. Acquisitions answer it as held (its type, length and
+//! `PTTL` in the holder's description); one without a TTL is held until someone deletes it;
+//! inspection and listing show it the same way; force release leaves it. A holder whose own record
+//! was overwritten that way has lost its lease (`TakenOver`).
+//!
 //! Every operation is one script call (`EVALSHA`, sent again as `EVAL` with the script on
 //! `NOSCRIPT`): acquire-when-free, renew and release each cost one round trip. Renewals are
 //! batched per period; acquisitions and releases made at once by many tasks share calls while
@@ -64,13 +73,24 @@ pub(crate) mod coalesce;
 const PRELUDE: &str = r#"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
--- A record as a table, nil (none) or 'corrupt' (not JSON, or an error table from `redis.pcall`:
--- a value of another type).
+-- A record as a table, nil (none) or 'corrupt': not a record of ours (another client's lock
+-- token, JSON without our key and fence, or an error table from `redis.pcall`: a value of
+-- another type).
 local function decode(raw)
   if not raw then return nil end
   local ok, r = pcall(cjson.decode, raw)
-  if ok and type(r) == 'table' then return r end
+  if ok and type(r) == 'table' and type(r.key) == 'string' and type(r.fence) == 'number' then return r end
   return 'corrupt'
+end
+-- A value we cannot read under `k` is another client's lock, held until the server expires it:
+-- {2, its type, its PTTL in ms (-1: no TTL, held until deleted), now, its length (-1: not a
+-- string)}. It is never replaced.
+local function foreign(k, raw)
+  local kind = redis.call('TYPE', k)
+  if type(kind) == 'table' then kind = kind.ok end
+  local len = -1
+  if type(raw) == 'string' then len = #raw end
+  return {2, kind, redis.call('PTTL', k), now, len}
 end
 local function str(v) if v == nil or v == cjson.null then return nil end return v end
 local function num(v) if v == nil or v == cjson.null then return 0 end return tonumber(v) or 0 end
@@ -149,12 +169,15 @@ end
 
 /// The rest of the acquire script (after [`ACQUIRE_FREE`] and the [`PRELUDE`]): a record exists.
 /// A held key gets the caller as its registered waiter (`waiter_ttl_ms` > 0), or else, when the
-/// caller is subscribed, the mark `"watched":true` so that its release publishes.
+/// caller is subscribed, the mark `"watched":true` so that its release publishes. A value that is
+/// not a record of ours is another client's lock: answered as held (`foreign` in the
+/// [`PRELUDE`]), left as it is.
 const ACQUIRE: &str = r#"
 -- The caller's holder and token, from the record it sent (its head is JSON once closed).
 local me = cjson.decode(ARGV[1] .. '0}')
 local token = me.token
 local r = decode(raw)
+if r == 'corrupt' then return foreign(KEYS[1], raw) end
 if type(r) == 'table' then
   local mine = str(r.waiter_token) == token
   if held(r) or (live_waiter(r) and not mine) then
@@ -1908,15 +1931,53 @@ pub(crate) async fn bounded<T>(
     }
 }
 
-/// A stored value as an inspection: the record, or corrupt under its Redis key name.
-fn inspection(name: &str, raw: &[u8]) -> Inspection {
-    match serde_json::from_slice::<LeaseRecord>(raw) {
-        Ok(r) => Inspection::Record(r),
-        Err(e) => Inspection::Corrupt {
-            name: name.to_owned(),
-            detail: e.to_string(),
-        },
-    }
+/// The holder's token in a [`foreign_record`] (never a token of ours, which are hex).
+pub(crate) const FOREIGN_TOKEN: &str = "foreign-value";
+
+/// The expiry shown for a value without a TTL, held until deleted: the last millisecond RFC 3339
+/// can write (9999-12-31T23:59:59.999Z).
+pub(crate) const NEVER_MS: u64 = 253_402_300_799_999;
+
+/// The lease another client holds on `key` with a value that is not a record of ours (a lock
+/// token of redis-py, redsync or redlock-go, or anything else): of Redis type `kind`, `len`
+/// bytes long (-1: not a string), expiring in `pttl` ms by the server's clock (-1: never, until
+/// it is deleted), read at `now_ms` on the server's clock. Its holder is unknown; leasehold never
+/// replaces it.
+pub(crate) fn foreign_record(
+    key: &str,
+    kind: &str,
+    len: i64,
+    pttl: i64,
+    now_ms: u64,
+) -> LeaseRecord {
+    let what = if len >= 0 {
+        format!("a {kind} of {len} bytes")
+    } else {
+        format!("a Redis {kind}")
+    };
+    let until = if pttl >= 0 {
+        "held until the server expires it"
+    } else {
+        "no TTL: held until deleted"
+    };
+    let mut r = LeaseRecord::free(key, 0);
+    r.holder = Some(format!("unknown (foreign value: {what}; {until})"));
+    r.token = Some(FOREIGN_TOKEN.to_owned());
+    r.ttl_ms = u64::try_from(pttl).unwrap_or(0);
+    r.expires_ms = match u64::try_from(pttl) {
+        Ok(p) => now_ms.saturating_add(p).min(NEVER_MS),
+        Err(_) => NEVER_MS,
+    };
+    r.store.insert("foreign".into(), kind.to_owned());
+    r.store.insert("pttl_ms".into(), pttl.to_string());
+    r
+}
+
+/// A stored value as an inspection: the record, or `None` when it is not a record of ours (see
+/// [`RedisStore::foreign_inspection`]).
+fn inspection(raw: &[u8]) -> Option<Inspection> {
+    let r = serde_json::from_slice::<LeaseRecord>(raw).ok()?;
+    Some(Inspection::Record(r))
 }
 
 /// Whether a call failed because its connection could not be made, for a reason the connection
@@ -2275,6 +2336,46 @@ impl RedisStore {
         self.name(&self.inner.prefix, key)
     }
 
+    /// The key a record key `name` (found by a scan) is of: `name` without the prefix (and, on a
+    /// cluster, the hash tag's braces).
+    fn key_of(&self, name: &str) -> String {
+        let key = name
+            .strip_prefix(self.inner.prefix.as_str())
+            .unwrap_or(name);
+        if self.clustered() {
+            if let Some(k) = key.strip_prefix('{').and_then(|k| k.strip_suffix('}')) {
+                return k.to_owned();
+            }
+        }
+        key.to_owned()
+    }
+
+    /// The inspection of record key `name` (of `key`) holding a value that is not a record of
+    /// ours: another client's lock ([`foreign_record`]), from its type, length and PTTL and the
+    /// server's time, read in one round trip; `None` when it is gone.
+    async fn foreign_inspection(&self, key: &str, name: &str) -> Result<Option<Inspection>> {
+        let mut pipe = ::redis::pipe();
+        pipe.cmd("TYPE").arg(name).cmd("PTTL").arg(name).cmd("TIME");
+        let pipe = &pipe;
+        let (kind, pttl, (secs, micros)): (String, i64, (u64, u64)) = self
+            .inner
+            .link
+            .send(|mut conn| async move { pipe.query_async(&mut conn).await })
+            .await?;
+        if kind == "none" || pttl == -2 {
+            return Ok(None);
+        }
+        let len = if kind == "string" {
+            self.query(::redis::cmd("STRLEN").arg(name)).await?
+        } else {
+            -1
+        };
+        let now = secs * 1000 + micros / 1000;
+        Ok(Some(Inspection::Record(foreign_record(
+            key, &kind, len, pttl, now,
+        ))))
+    }
+
     fn fence_key(&self, key: &Key) -> String {
         self.name(&self.inner.fence_prefix, key)
     }
@@ -2418,6 +2519,17 @@ impl RedisStore {
                 let mut rec = LeaseRecord::free(key, 0);
                 crate::decide::grant(&mut rec, req, fence, now);
                 return Ok(AcquireOutcome::Granted(rec));
+            }
+            ::redis::Value::Array(a) if a.first() == Some(&::redis::Value::Int(2)) => {
+                // A value that is not a record of ours: another client's lock.
+                let foreign = ::redis::from_redis_value::<(i64, String, i64, u64, i64)>(
+                    ::redis::Value::Array(a),
+                )
+                .map_err(|e| self.garbage(key, &e.to_string()))?;
+                let (_, kind, pttl, now, len) = foreign;
+                return Ok(AcquireOutcome::Held(foreign_record(
+                    key, &kind, len, pttl, now,
+                )));
             }
             other => ::redis::from_redis_value::<(i64, Option<Vec<u8>>)>(other)
                 .map_err(|e| self.garbage(key, &e.to_string()))?,
@@ -2823,13 +2935,14 @@ impl LockStore for RedisStore {
                 }
             })
             .await?;
-        Ok(match read {
-            Ok(raw) => raw.map(|raw| inspection(&name, &raw)),
-            Err(detail) => Some(Inspection::Corrupt {
-                name,
-                detail: format!("not a string record: {detail}"),
-            }),
-        })
+        match read {
+            Ok(None) => Ok(None),
+            Ok(Some(raw)) => match inspection(&raw) {
+                Some(i) => Ok(Some(i)),
+                None => self.foreign_inspection(key.as_str(), &name).await,
+            },
+            Err(_) => self.foreign_inspection(key.as_str(), &name).await,
+        }
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<Inspection>> {
@@ -2856,18 +2969,15 @@ impl LockStore for RedisStore {
         for chunk in names.chunks(500) {
             let raws: Vec<Option<Vec<u8>>> = self.query(::redis::cmd("MGET").arg(chunk)).await?;
             for (name, raw) in chunk.iter().zip(raws) {
-                match raw {
-                    Some(raw) => out.push(inspection(name, &raw)),
-                    // Expired since the scan, or a value of another type (`MGET` reads neither).
-                    None => {
-                        let kind: String = self.query(::redis::cmd("TYPE").arg(name)).await?;
-                        if kind != "none" && kind != "string" {
-                            out.push(Inspection::Corrupt {
-                                name: name.clone(),
-                                detail: format!("not a string record: a Redis {kind}"),
-                            });
-                        }
-                    }
+                if let Some(i) = raw.as_deref().and_then(inspection) {
+                    out.push(i);
+                    continue;
+                }
+                // Another client's value, expired since the scan, or a value of another type
+                // (`MGET` reads neither of the last two).
+                let key = self.key_of(name);
+                if let Some(i) = self.foreign_inspection(&key, name).await? {
+                    out.push(i);
                 }
             }
         }
