@@ -20,6 +20,15 @@
 //! `leasehold:fence:`; `?fence_prefix=` overrides; neither prefix may start with the other, so no
 //! key can collide with a counter). Times inside the record are Unix milliseconds of the server.
 //!
+//! # Other clients
+//! A value under a record key that is not a record of ours (the random token redis-py's `Lock`,
+//! redsync or redlock-go set with `SET NX PX`, JSON without our `key` and `fence`, a value of
+//! another type) is another client's lock: held by an unknown holder until the server expires it,
+//! and never replaced. Acquisitions answer it as held (its type, length and
+//! `PTTL` in the holder's description); one without a TTL is held until someone deletes it;
+//! inspection and listing show it the same way; force release leaves it. A holder whose own record
+//! was overwritten that way has lost its lease (`TakenOver`). See [`foreign`].
+//!
 //! Every operation is one script call (`EVALSHA`, sent again as `EVAL` with the script on
 //! `NOSCRIPT`): acquire-when-free, renew and release each cost one round trip. Renewals are
 //! batched per period; acquisitions and releases made at once by many tasks share calls while
@@ -64,6 +73,7 @@ pub mod cluster;
 mod coalesce;
 mod conn;
 mod error;
+mod foreign;
 mod link;
 mod options;
 mod pubsub;
@@ -434,6 +444,17 @@ impl RedisStore {
                 crate::decide::grant(&mut rec, req, fence, now);
                 return Ok(AcquireOutcome::Granted(rec));
             }
+            ::redis::Value::Array(a) if a.first() == Some(&::redis::Value::Int(2)) => {
+                // A value that is not a record of ours: another client's lock.
+                let foreign = ::redis::from_redis_value::<(i64, String, i64, u64, i64)>(
+                    ::redis::Value::Array(a),
+                )
+                .map_err(|e| self.garbage(key, &e.to_string()))?;
+                let (_, kind, pttl, now, len) = foreign;
+                return Ok(AcquireOutcome::Held(foreign::record(
+                    key, &kind, len, pttl, now,
+                )));
+            }
             other => ::redis::from_redis_value::<(i64, Option<Vec<u8>>)>(other)
                 .map_err(|e| self.garbage(key, &e.to_string()))?,
         };
@@ -612,13 +633,14 @@ impl LockStore for RedisStore {
                 }
             })
             .await?;
-        Ok(match read {
-            Ok(raw) => raw.map(|raw| inspection(&name, &raw)),
-            Err(detail) => Some(Inspection::Corrupt {
-                name,
-                detail: format!("not a string record: {detail}"),
-            }),
-        })
+        match read {
+            Ok(None) => Ok(None),
+            Ok(Some(raw)) => match foreign::inspection(&raw) {
+                Some(i) => Ok(Some(i)),
+                None => self.foreign_inspection(key.as_str(), &name).await,
+            },
+            Err(_) => self.foreign_inspection(key.as_str(), &name).await,
+        }
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<Inspection>> {
@@ -644,18 +666,15 @@ impl LockStore for RedisStore {
         for chunk in names.chunks(500) {
             let raws: Vec<Option<Vec<u8>>> = self.query(::redis::cmd("MGET").arg(chunk)).await?;
             for (name, raw) in chunk.iter().zip(raws) {
-                match raw {
-                    Some(raw) => out.push(inspection(name, &raw)),
-                    // Expired since the scan, or a value of another type (`MGET` reads neither).
-                    None => {
-                        let kind: String = self.query(::redis::cmd("TYPE").arg(name)).await?;
-                        if kind != "none" && kind != "string" {
-                            out.push(Inspection::Corrupt {
-                                name: name.clone(),
-                                detail: format!("not a string record: a Redis {kind}"),
-                            });
-                        }
-                    }
+                if let Some(i) = raw.as_deref().and_then(foreign::inspection) {
+                    out.push(i);
+                    continue;
+                }
+                // Another client's value, expired since the scan, or a value of another type
+                // (`MGET` reads neither of the last two).
+                let key = self.key_of(name);
+                if let Some(i) = self.foreign_inspection(&key, name).await? {
+                    out.push(i);
                 }
             }
         }
@@ -684,17 +703,6 @@ impl LockStore for RedisStore {
             hub.subscribe(self.record_key(key), &self.inner.link.described)
                 .await?,
         )))
-    }
-}
-
-/// A stored value as an inspection: the record, or corrupt under its Redis key name.
-fn inspection(name: &str, raw: &[u8]) -> Inspection {
-    match serde_json::from_slice::<LeaseRecord>(raw) {
-        Ok(r) => Inspection::Record(r),
-        Err(e) => Inspection::Corrupt {
-            name: name.to_owned(),
-            detail: e.to_string(),
-        },
     }
 }
 

@@ -2,6 +2,7 @@
 local me = cjson.decode(ARGV[1] .. '0}')
 local token = me.token
 local r = decode(raw)
+if r == 'corrupt' then return foreign(KEYS[1], raw) end
 if type(r) == 'table' then
   local mine = str(r.waiter_token) == token
   if held(r) or (live_waiter(r) and not mine) then

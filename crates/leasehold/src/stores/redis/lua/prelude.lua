@@ -1,12 +1,23 @@
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
--- A record as a table, nil (none) or 'corrupt' (not JSON, or an error table from `redis.pcall`:
--- a value of another type).
+-- A record as a table, nil (none) or 'corrupt': not a record of ours (another client's lock
+-- token, JSON without our key and fence, or an error table from `redis.pcall`: a value of
+-- another type).
 local function decode(raw)
   if not raw then return nil end
   local ok, r = pcall(cjson.decode, raw)
-  if ok and type(r) == 'table' then return r end
+  if ok and type(r) == 'table' and type(r.key) == 'string' and type(r.fence) == 'number' then return r end
   return 'corrupt'
+end
+-- A value we cannot read under `k` is another client's lock, held until the server expires it:
+-- {2, its type, its PTTL in ms (-1: no TTL, held until deleted), now, its length (-1: not a
+-- string)}. It is never replaced.
+local function foreign(k, raw)
+  local kind = redis.call('TYPE', k)
+  if type(kind) == 'table' then kind = kind.ok end
+  local len = -1
+  if type(raw) == 'string' then len = #raw end
+  return {2, kind, redis.call('PTTL', k), now, len}
 end
 local function str(v) if v == nil or v == cjson.null then return nil end return v end
 local function num(v) if v == nil or v == cjson.null then return 0 end return tonumber(v) or 0 end
