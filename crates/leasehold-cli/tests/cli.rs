@@ -1671,7 +1671,18 @@ fn elect_runs_the_command_while_leading() {
     // The trap first: a SIGTERM right after the line must find it.
     let script = "trap 'echo got-TERM; exit 3' TERM; echo leading $LEASEHOLD_FENCE; \
         while :; do sleep 0.1 </dev/null >/dev/null 2>&1 & wait $!; done";
-    let mut a = s.spawn(["elect", "--key", "lead", "--", "sh", "-c", script]);
+    // SIGTERM first when the store says the lease is gone, as asked (an overlap window).
+    let mut a = s.spawn([
+        "elect",
+        "--key",
+        "lead",
+        "--overlap-grace",
+        "10s",
+        "--",
+        "sh",
+        "-c",
+        script,
+    ]);
     let first = last_number(&a.wait_line_starting("leading "));
     // Lost: the command is stopped, and started again once elected again.
     assert_eq!(s.output(["release", "--force", "lead"]).code, Some(0));
