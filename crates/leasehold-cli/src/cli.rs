@@ -33,8 +33,11 @@ pub(crate) enum Command {
     /// The command sees LEASEHOLD_KEY, LEASEHOLD_FENCE and LEASEHOLD_HOLDER in its environment.
     /// leasehold exits with the command's status. SIGTERM, SIGINT and SIGHUP are forwarded to the
     /// command (not a terminal's Ctrl-C, which the command gets from the terminal); after it exits
-    /// (or is killed once --grace has passed) the lease is released. If the lease is lost while the
-    /// command runs, the command gets SIGTERM (SIGKILL after --grace) and leasehold exits 76. The
+    /// (or is killed once --grace has passed) the lease is released. If renewals fail while the
+    /// command runs, it gets SIGTERM at the stop-by deadline and SIGKILL after --loss-grace, gone
+    /// before the lease could expire; if the store says the lease is gone, SIGKILL at once
+    /// (SIGTERM first with --overlap-grace); leasehold then exits 76. A leasehold that is paused
+    /// (SIGSTOP) cannot do this: the command's group guard kills it as the lease runs out. The
     /// command and its process group never outlive leasehold, even a leasehold killed with SIGKILL,
     /// and whatever the command left running (a daemon in a new session too) is killed before the
     /// lease is released.
@@ -46,7 +49,9 @@ pub(crate) enum Command {
     ///
     /// Once the lease is obtained, prints `held KEY HOLDER FENCE` (--json: an object); then holds
     /// it until stdin reaches end-of-file (closed, or its writer died) or SIGTERM, SIGINT or
-    /// SIGHUP, and releases it (exit 0). A lost lease prints `lost KEY REASON` and exits 76.
+    /// SIGHUP, and releases it (exit 0). When renewals fail it prints `stop KEY MS` at the
+    /// stop-by deadline: stop what runs under the lease within MS milliseconds, before the lease
+    /// could expire. A lost lease prints `lost KEY REASON` and exits 76.
     #[command(after_help = exit::HELP)]
     Hold(HoldArgs),
 
@@ -58,9 +63,11 @@ pub(crate) enum Command {
     /// SIGHUP (then releases it and exits 0), and events go to stdout, one line each: `elected
     /// KEY HOLDER FENCE` and `lost KEY REASON` (--json: one JSON object per line). With a
     /// command, the leader runs it as `run` does and exits with its status; events go to stderr.
-    /// When the lease is lost the command is stopped (SIGTERM, SIGKILL after --grace) and the
-    /// candidate campaigns again; --once exits 76 instead. A candidate still campaigning exits
-    /// 128+S on signal S.
+    /// When renewals fail the command is stopped as `run` stops it (SIGTERM at the stop-by
+    /// deadline, SIGKILL after --loss-grace, before the lease could expire; SIGKILL at once when
+    /// the store says it is gone) and the candidate campaigns again (--once: exits 76); without a
+    /// command, `stop KEY MS` is told at the stop-by deadline. A candidate still campaigning
+    /// exits 128+S on signal S.
     #[command(after_help = exit::HELP)]
     Elect(ElectArgs),
 
@@ -128,6 +135,17 @@ pub(crate) struct LeaseArgs {
     #[arg(long)]
     pub(crate) no_wait: bool,
 
+    /// When renewals fail (the store unreachable from here): how long the command has to exit
+    /// after SIGTERM before SIGKILL (`hold`: how long before that SIGKILL point its script is
+    /// told `stop`). SIGTERM goes at the stop-by deadline, early enough that the command is gone,
+    /// SIGKILL included, before the lease could expire and another process be granted it, so
+    /// this must fit the TTL (renewed every TTL/3, a drift margin of 1 % + 2 ms, and min(TTL/10,
+    /// 1s) for SIGKILL to take effect): a value that does not is a usage error naming the largest
+    /// that fits [default: min(TTL/3, (2/3 TTL − drift)/2) less the SIGKILL margin: 455ms at a 2s
+    /// TTL, 8.849s at 30s].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub(crate) loss_grace: Option<Duration>,
+
     /// A label stored with the lease (repeatable), e.g. --label task=nightly.
     #[arg(long = "label", value_name = "NAME=VALUE", value_parser = parse_label)]
     pub(crate) labels: Vec<(String, String)>,
@@ -148,10 +166,18 @@ pub(crate) struct RunArgs {
     #[arg(long, value_name = "SIGNAL", value_parser = SignalArg::parse)]
     pub(crate) on_handoff: Option<SignalArg>,
 
-    /// How long the command may take to exit after it was sent SIGTERM (forwarded, or because the
-    /// lease was lost) before it is killed with SIGKILL.
+    /// The shutdown grace: how long the command may take to exit after a forwarded SIGTERM,
+    /// SIGINT or SIGHUP before SIGKILL. The lease is renewed meanwhile; if renewals fail, the
+    /// shorter --loss-grace applies from the stop-by deadline.
     #[arg(long, value_name = "DURATION", default_value = "25s", value_parser = parse_duration)]
     pub(crate) grace: Duration,
+
+    /// When the store says the lease is gone (force-released, taken over, expired), the command
+    /// is killed (SIGKILL) at once: another process may hold the lease already. With this, it
+    /// gets SIGTERM and this long to exit before SIGKILL instead: an overlap, in which both may
+    /// run.
+    #[arg(long, value_name = "DURATION", default_value = "0s", value_parser = parse_duration)]
+    pub(crate) overlap_grace: Duration,
 
     /// The command to run, and its arguments (after `--`).
     #[arg(value_name = "CMD", required = true, trailing_var_arg = true, num_args = 1..)]
@@ -189,9 +215,29 @@ pub(crate) struct ElectArgs {
     #[arg(long)]
     pub(crate) json: bool,
 
-    /// How long the command may take to exit after SIGTERM before it is killed with SIGKILL.
+    /// The shutdown grace: how long the command may take to exit after a forwarded SIGTERM,
+    /// SIGINT or SIGHUP before SIGKILL. The lease is renewed meanwhile; if renewals fail, the
+    /// shorter --loss-grace applies from the stop-by deadline.
     #[arg(long, value_name = "DURATION", default_value = "25s", value_parser = parse_duration)]
     pub(crate) grace: Duration,
+
+    /// When renewals fail (the store unreachable from here): how long the command has to exit
+    /// after SIGTERM before SIGKILL (`hold`: how long before that SIGKILL point its script is
+    /// told `stop`). SIGTERM goes at the stop-by deadline, early enough that the command is gone,
+    /// SIGKILL included, before the lease could expire and another process be granted it, so
+    /// this must fit the TTL (renewed every TTL/3, a drift margin of 1 % + 2 ms, and min(TTL/10,
+    /// 1s) for SIGKILL to take effect): a value that does not is a usage error naming the largest
+    /// that fits [default: min(TTL/3, (2/3 TTL − drift)/2) less the SIGKILL margin: 455ms at a 2s
+    /// TTL, 8.849s at 30s].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub(crate) loss_grace: Option<Duration>,
+
+    /// When the store says the lease is gone (force-released, taken over, expired), the command
+    /// is killed (SIGKILL) at once: another process may hold the lease already. With this, it
+    /// gets SIGTERM and this long to exit before SIGKILL instead: an overlap, in which both may
+    /// run.
+    #[arg(long, value_name = "DURATION", default_value = "0s", value_parser = parse_duration)]
+    pub(crate) overlap_grace: Duration,
 
     /// A label stored with the lease (repeatable), e.g. --label pod=web-1.
     #[arg(long = "label", value_name = "NAME=VALUE", value_parser = parse_label)]

@@ -11,6 +11,7 @@ use crate::cli::{key_arg, ElectArgs};
 use crate::exit::{Failure, LOST};
 use crate::holding::{hold_until, obtain, Ended, Events};
 use crate::leased::{supervise, Supervised};
+use crate::loss::Loss;
 use crate::metrics::{self, Endpoint};
 use crate::signals::{self, Forwarded};
 use leasehold::Wait;
@@ -31,6 +32,7 @@ pub(crate) async fn elect(store_url: Option<&str>, args: ElectArgs) -> Result<u8
             .map_err(metrics::setup_failed)?;
     }
     Endpoint::serve_given(endpoint).await?;
+    let (loss, lease_loss_grace) = Loss::for_lease(args.ttl, args.loss_grace, args.overlap_grace)?;
     let command = args
         .command
         .split_first()
@@ -38,6 +40,7 @@ pub(crate) async fn elect(store_url: Option<&str>, args: ElectArgs) -> Result<u8
             program,
             args: rest,
             grace: args.grace,
+            loss,
             on_handoff: None,
         });
     let events = Events {
@@ -48,6 +51,7 @@ pub(crate) async fn elect(store_url: Option<&str>, args: ElectArgs) -> Result<u8
         let mut builder = locks
             .lock_key(key.clone())
             .ttl(args.ttl)
+            .loss_grace(lease_loss_grace)
             .wait_policy(Wait::Forever);
         for (name, value) in &args.labels {
             builder = builder.label(name, value);

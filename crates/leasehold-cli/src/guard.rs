@@ -13,24 +13,113 @@
 //! that group, the group id cannot be reused by an unrelated process while the guard runs. The
 //! guard ignores the termination signals leasehold sends to the group; only the final SIGKILL
 //! ends it.
+//!
+//! The guard is also a dead man's switch for the lease. A leasehold that is paused (SIGSTOP, a
+//! cgroup freeze, a debugger, starvation) cannot stop its command when the lease runs out, and
+//! the pipe stays open. So leasehold writes each deadline by which the command must be gone — a
+//! little before the lease's `valid_until`, moved by every renewal — on the pipe, one line each:
+//! an absolute CLOCK_MONOTONIC time in nanoseconds, which every process of the host reads alike.
+//! The guard kills the group when the last deadline it was told passes, as it does at
+//! end-of-file.
 
 use std::io;
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::process::{ExitCode, Stdio};
 use tokio::process::{Child, Command};
 
 /// The hidden first argument that makes `leasehold` a guard.
 pub(crate) const ARG: &str = "__guard";
 
-/// The guard's `main`: waits for end-of-file on stdin, then kills its process group.
+/// The guard's `main`: waits for end-of-file on stdin or the last deadline read from it,
+/// whichever comes first, then kills its process group.
 pub(crate) fn main() -> ExitCode {
-    // Returns at end-of-file (leasehold is gone or done); read errors other than EINTR end the
-    // wait too: either way the group must not outlive leasehold.
-    let _ = io::copy(&mut io::stdin().lock(), &mut io::sink());
+    wait_for_end_or_deadline();
     // SAFETY: kill(2) with pid 0 targets our own process group, which is the command's; it ends
     // this process too.
     unsafe { libc::kill(0, libc::SIGKILL) };
     ExitCode::FAILURE
+}
+
+/// Reads deadlines (one CLOCK_MONOTONIC nanosecond count per line) from stdin until end-of-file,
+/// a read error, or the last deadline read has passed.
+fn wait_for_end_or_deadline() {
+    let mut deadline: Option<u64> = None;
+    let mut line = Vec::new();
+    let mut buf = [0u8; 512];
+    loop {
+        let timeout = match deadline {
+            None => -1,
+            Some(d) => {
+                let now = monotonic_ns();
+                if now >= d {
+                    return;
+                }
+                // Rounded up, so that the deadline has passed when poll returns.
+                i32::try_from((d - now).div_ceil(1_000_000)).unwrap_or(i32::MAX)
+            }
+        };
+        let mut fd = libc::pollfd {
+            fd: 0,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: poll(2) on one pollfd we own.
+        let ready = unsafe { libc::poll(&mut fd, 1, timeout) };
+        if ready < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+            return;
+        }
+        if ready <= 0 {
+            continue;
+        }
+        // SAFETY: read(2) into a buffer we own, of its length.
+        let n = unsafe { libc::read(0, buf.as_mut_ptr().cast(), buf.len()) };
+        if n == 0 {
+            return;
+        }
+        let Ok(n) = usize::try_from(n) else {
+            if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return;
+        };
+        for &b in &buf[..n] {
+            if b != b'\n' {
+                line.push(b);
+                continue;
+            }
+            // A line that does not parse changes nothing (leasehold writes none).
+            if let Some(d) = std::str::from_utf8(&line).ok().and_then(|l| l.parse().ok()) {
+                deadline = Some(d);
+            }
+            line.clear();
+        }
+    }
+}
+
+/// CLOCK_MONOTONIC now, in nanoseconds: the same clock in every process of the host.
+pub(crate) fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime(2) writes the timespec we own; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    let secs = u64::try_from(ts.tv_sec).unwrap_or(0);
+    let nanos = u64::try_from(ts.tv_nsec).unwrap_or(0);
+    secs.saturating_mul(1_000_000_000).saturating_add(nanos)
+}
+
+/// `at` as an absolute CLOCK_MONOTONIC time in nanoseconds (measured against now, so it does not
+/// depend on which clock `Instant` reads).
+pub(crate) fn monotonic_at(at: tokio::time::Instant) -> u64 {
+    let (now, now_ns) = (tokio::time::Instant::now(), monotonic_ns());
+    if at >= now {
+        let ahead = u64::try_from((at - now).as_nanos()).unwrap_or(u64::MAX);
+        now_ns.saturating_add(ahead)
+    } else {
+        let behind = u64::try_from((now - at).as_nanos()).unwrap_or(u64::MAX);
+        now_ns.saturating_sub(behind)
+    }
 }
 
 /// A running guard for the process group `pgid`.
@@ -98,6 +187,19 @@ impl Guard {
             .into_iter()
             .flatten()
             .collect()
+    }
+
+    /// Tells the guard to kill the command's group at `at` unless told of a later time first (it
+    /// is told every renewal's deadline). A guard that cannot be told is already killing it.
+    pub(crate) fn deadline(&self, at: tokio::time::Instant) {
+        let Some(pipe) = &self.pipe else { return };
+        let line = format!("{}\n", monotonic_at(at));
+        // One short write to a pipe is atomic and the guard is always reading it.
+        // SAFETY: write(2) of a buffer we own, on the descriptor we own.
+        let n = unsafe { libc::write(pipe.as_raw_fd(), line.as_ptr().cast(), line.len()) };
+        if n < 0 {
+            tracing::warn!(error = %io::Error::last_os_error(), "cannot tell the process-group guard the lease's deadline");
+        }
     }
 
     /// The guard's pid (`None`: reaped already).

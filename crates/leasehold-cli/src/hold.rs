@@ -2,13 +2,16 @@
 //! shell script that runs several commands under one lease (a coprocess), or a process that is
 //! not a child of leasehold. The lease is released when stdin reaches end-of-file (the script
 //! closed it, or died) or on SIGTERM, SIGINT or SIGHUP, as `elect` without a command releases it
-//! ([`hold_until`]).
+//! ([`hold_until`]). When renewals fail, the script is told `stop KEY MS` at the stop-by deadline
+//! (the `--loss-grace` and SIGKILL margin before the lease could expire), and `lost` at expiry.
 
 use crate::cli::{key_arg, HoldArgs};
 use crate::exit::{Failure, LOST};
 use crate::holding::{hold_until, lease_builder, obtain, Ended, Events};
+use crate::loss::Loss;
 use crate::metrics::{self, Endpoint};
 use crate::signals::Forwarded;
+use std::time::Duration;
 use tokio::io::AsyncReadExt;
 
 /// `leasehold hold`.
@@ -19,7 +22,10 @@ pub(crate) async fn hold(store_url: Option<&str>, args: HoldArgs) -> Result<u8, 
     let endpoint = Endpoint::given(args.lease.metrics);
     let locks = metrics::locks(store_url, endpoint.as_ref()).await?;
     Endpoint::serve_given(endpoint).await?;
-    let builder = lease_builder(&locks, &key, &args.lease);
+    // The script is told `stop` at the stop-by deadline, as `run` would send SIGTERM.
+    let (_, lease_loss_grace) =
+        Loss::for_lease(args.lease.ttl, args.lease.loss_grace, Duration::ZERO)?;
+    let builder = lease_builder(&locks, &key, &args.lease).loss_grace(lease_loss_grace);
     let guard = obtain(builder, &key, args.lease.no_wait, &mut signals).await?;
     let events = Events {
         json: args.json,

@@ -6,7 +6,7 @@ use crate::cli::LeaseArgs;
 use crate::exit::{self, Failure, LOST, OK};
 use crate::output::{clean, print};
 use crate::signals::{self, Forwarded};
-use leasehold::{Error, Key, LeaseGuard, LockBuilder, Locks, LostReason, Wait};
+use leasehold::{Error, Key, LeaseGuard, LockBuilder, Locks, StopReason, Wait};
 use serde_json::json;
 
 /// The acquisition `lease` asks for: its TTL, wait and labels.
@@ -74,8 +74,9 @@ pub(crate) enum Ended {
     /// It exited (by itself, or stopped by a signal leasehold got): leasehold's exit status, the
     /// lease released.
     Status(u8),
-    /// The lease was lost and the command stopped.
-    Lost(LostReason),
+    /// The lease was lost, or its renewals failed past the stop-by deadline, and the command
+    /// was stopped.
+    Lost(StopReason),
 }
 
 /// Tells that the lease on `key` could not be released (`e`): it expires by its TTL.
@@ -88,26 +89,39 @@ pub(crate) fn release_failed(key: &Key, e: &Error) {
 
 /// Holds the lease until its loss (`Ended::Lost`), or until `stop` completes: then releases it
 /// and ends with 0 — or with 76 when the release finds the lease lost already (told as a `lost`
-/// event), or 1 when the store could not be told (the lease then expires by its TTL).
+/// event), or 1 when the store could not be told (the lease then expires by its TTL). When
+/// renewals fail past the stop-by deadline (the loss grace before the lease could expire), a
+/// `stop` event tells whoever acts under the lease to stop now; `lost` follows at expiry.
 pub(crate) async fn hold_until(
     guard: &LeaseGuard,
     key: &Key,
     events: &Events,
     stop: impl std::future::Future<Output = ()>,
 ) -> Result<Ended, Failure> {
-    tokio::select! {
-        reason = guard.lost() => Ok(Ended::Lost(reason)),
-        () = stop => match guard.release().await {
-            Ok(leasehold::Released::Lost(reason)) => {
-                events.lost(key, &reason)?;
-                Ok(Ended::Status(LOST))
+    let mut stop = std::pin::pin!(stop);
+    let mut told = false;
+    loop {
+        tokio::select! {
+            biased;
+            reason = guard.lost() => return Ok(Ended::Lost(StopReason::Lost(reason))),
+            why = guard.must_stop(), if !told => {
+                told = true;
+                if let StopReason::RenewalsFailing { valid_until } = why {
+                    events.stop(key, valid_until)?;
+                }
             }
-            Ok(_) => Ok(Ended::Status(OK)),
-            Err(e) => {
-                release_failed(key, &e);
-                Ok(Ended::Status(exit::ERROR))
-            }
-        },
+            () = &mut stop => return match guard.release().await {
+                Ok(leasehold::Released::Lost(reason)) => {
+                    events.lost(key, &StopReason::Lost(reason))?;
+                    Ok(Ended::Status(LOST))
+                }
+                Ok(_) => Ok(Ended::Status(OK)),
+                Err(e) => {
+                    release_failed(key, &e);
+                    Ok(Ended::Status(exit::ERROR))
+                }
+            },
+        }
     }
 }
 
@@ -142,15 +156,27 @@ impl Events {
         )
     }
 
-    /// `lost KEY REASON`.
-    pub(crate) fn lost(&self, key: &Key, reason: &LostReason) -> Result<(), Failure> {
+    /// `stop KEY MS`: renewals are failing; stop within MS milliseconds, before the lease could
+    /// expire.
+    pub(crate) fn stop(&self, key: &Key, valid_until: tokio::time::Instant) -> Result<(), Failure> {
+        let ms = valid_until
+            .saturating_duration_since(tokio::time::Instant::now())
+            .as_millis();
         self.tell(
-            json!({"event": "lost", "key": key.as_str(), "reason": reason.to_string()}),
-            format!(
-                "lost {} {}",
-                clean(key.as_str()),
-                clean(&reason.to_string())
-            ),
+            json!({"event": "stop", "key": key.as_str(), "within_ms": ms, "reason": "renewals failing"}),
+            format!("stop {} {ms}", clean(key.as_str())),
+        )
+    }
+
+    /// `lost KEY REASON`.
+    pub(crate) fn lost(&self, key: &Key, why: &StopReason) -> Result<(), Failure> {
+        let reason = match why {
+            StopReason::Lost(r) => r.to_string(),
+            other => other.to_string(),
+        };
+        self.tell(
+            json!({"event": "lost", "key": key.as_str(), "reason": &reason}),
+            format!("lost {} {}", clean(key.as_str()), clean(&reason)),
         )
     }
 

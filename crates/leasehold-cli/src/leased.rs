@@ -3,7 +3,10 @@
 //! When leasehold's stdin is not a terminal (services, cron, CI) the child runs in a process group
 //! of its own (led by its group guard, started just before it), and termination signals
 //! (forwarded ones, SIGTERM on a lost lease, SIGKILL after the grace period) go to that whole
-//! group, so a shell script's children stop with it. On a terminal the child stays in leasehold's
+//! group, so a shell script's children stop with it. The two graces are named apart: the shutdown
+//! grace (`--grace`) follows a forwarded signal while the lease is healthy and renewed, and the
+//! loss grace (`--loss-grace`, [`crate::loss`]) follows the stop-by deadline of a lease whose
+//! renewals fail, bounded by the time left on it. On a terminal the child stays in leasehold's
 //! group, so interactive commands keep the terminal (and a Ctrl-C, which the terminal sends to
 //! that whole group, is not forwarded a second time). The `--on-handoff` signal goes to the child
 //! alone ([`crate::child`] sends them). The command dies with leasehold (`PR_SET_PDEATHSIG`), and
@@ -15,9 +18,11 @@ use crate::child::{die_with_parent, signal_child, signal_status, stop_signal};
 use crate::exit::{self, Failure, CANNOT_EXECUTE, ERROR, NOT_FOUND};
 use crate::guard::Guard;
 use crate::holding::{release_failed, Ended};
+use crate::loss::Loss;
+use crate::output;
 use crate::signals::{self, Forwarded, Received, SignalArg};
 use crate::tree;
-use leasehold::{Key, LeaseGuard, Locks, LostReason, Released};
+use leasehold::{Key, LeaseGuard, Locks, Released, StopReason};
 use std::ffi::OsString;
 use std::io;
 use std::os::unix::process::ExitStatusExt;
@@ -26,29 +31,26 @@ use std::time::Duration;
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
-/// How supervision of the child ended.
-enum End {
-    /// The child exited by itself.
-    Exited(io::Result<ExitStatus>),
-    /// leasehold got SIGTERM, SIGINT or SIGHUP.
-    Signalled(Received),
-    /// The lease was lost.
-    Lost(LostReason),
-}
-
 /// A command to run under a lease.
 pub(crate) struct Supervised<'a> {
     pub(crate) program: &'a OsString,
     pub(crate) args: &'a [OsString],
-    /// How long it may take to exit after SIGTERM before SIGKILL.
+    /// The shutdown grace: how long it may take to exit after a forwarded SIGTERM (the lease
+    /// healthy and renewed meanwhile) before SIGKILL.
     pub(crate) grace: Duration,
+    /// How it is stopped when the lease is failing or gone.
+    pub(crate) loss: Loss,
     /// The signal it gets (once) when someone waits for the lease.
     pub(crate) on_handoff: Option<SignalArg>,
 }
 
-/// Runs `command` while `guard` holds the lease on `key`: signals forwarded, the handoff signal
-/// sent, the command stopped (SIGTERM, SIGKILL after the grace period) when the lease is lost,
-/// and whatever it left running killed ([`crate::tree`]) before the lease is released.
+/// Runs `command` while `guard` holds the lease on `key`: signals forwarded (SIGKILL after the
+/// shutdown grace), the handoff signal sent, the command stopped before the lease could expire
+/// when renewals fail (SIGTERM at the stop-by deadline, SIGKILL the kill margin before
+/// `valid_until`) and at once when the store says the lease is gone (after `--overlap-grace` if
+/// given), and whatever it left running killed ([`crate::tree`]) before the lease is released.
+/// Its group guard is told each renewal's deadline ([`crate::guard`]), so a leasehold that is
+/// paused does not leave it running past the lease either.
 pub(crate) async fn supervise(
     locks: &Locks,
     guard: &LeaseGuard,
@@ -66,12 +68,18 @@ pub(crate) async fn supervise(
     // SAFETY: isatty(3) only inspects the descriptor.
     let own_group = unsafe { libc::isatty(0) } == 0;
     // Nor do the command's own children: the guard, started first as the leader of the group the
-    // command joins, kills the group once leasehold ends, however it ends.
+    // command joins, kills the group once leasehold ends, however it ends, or once the lease's
+    // deadline passes without a renewal.
     let group_guard = if own_group {
         Guard::group(&mut child_command)
     } else {
         None
     };
+    let loss = command.loss;
+    let mut known = guard.valid_until();
+    if let Some(g) = &group_guard {
+        g.deadline(loss.watchdog(known));
+    }
     // The command never outlives leasehold: a leasehold that is killed cannot release, and the
     // lease's expiry would let another holder start next to it.
     die_with_parent(&mut child_command);
@@ -99,12 +107,41 @@ pub(crate) async fn supervise(
 
     let keep = Guard::kept(&child, group_guard.as_ref());
     let mut on_handoff = command.on_handoff;
-    let end = loop {
+    // Why the command is being stopped for the lease, and when it gets SIGKILL.
+    let mut stopped: Option<StopReason> = None;
+    let mut kill_at: Option<Instant> = None;
+    let mut killed = false;
+    let status = loop {
         tokio::select! {
             biased;
-            reason = guard.lost() => break End::Lost(reason),
-            status = child.wait() => break End::Exited(status),
-            sig = signals.recv() => break End::Signalled(sig),
+            status = child.wait() => break status,
+            why = guard.must_stop(), if stopped.is_none() => {
+                kill_at = stop_for_lease(&child, key, &why, loss.kill_at(&why, guard.valid_until()), kill_at);
+                stopped = Some(why);
+            }
+            // Told to stop while renewals failed, then lost: the store may say it is gone.
+            reason = guard.lost(), if matches!(stopped, Some(StopReason::RenewalsFailing { .. })) => {
+                let why = StopReason::Lost(reason);
+                kill_at = stop_for_lease(&child, key, &why, loss.kill_at(&why, guard.valid_until()), kill_at);
+                stopped = Some(why);
+            }
+            () = sleep_until(kill_at), if kill_at.is_some() && !killed => {
+                tracing::warn!("the command did not exit in time; sending SIGKILL");
+                stop_signal(&child, libc::SIGKILL);
+                killed = true;
+            }
+            Some(v) = guard.valid_until_changed(known) => {
+                known = v;
+                if let Some(g) = &group_guard {
+                    g.deadline(loss.watchdog(v));
+                }
+            }
+            sig = signals.recv() => {
+                forward(&child, sig);
+                if kill_at.is_none() {
+                    kill_at = Some(Instant::now() + command.grace);
+                }
+            }
             Some(()) = orphans.recv() => tree::reap_orphans(&keep),
             waiter = guard.handoff_requested(), if on_handoff.is_some() => {
                 if let Some(sig) = on_handoff.take() {
@@ -116,41 +153,73 @@ pub(crate) async fn supervise(
     };
 
     // Whatever the command left running, in its group or not, ends before the lease does.
-    let finish_group = || async {
-        if let Some(g) = group_guard {
-            g.finish().await;
-        }
-        tree::sweep(tree::SWEEP_LIMIT).await;
-    };
-    let grace = command.grace;
-    match end {
-        End::Exited(status) => {
-            finish_group().await;
+    if let Some(g) = group_guard {
+        g.finish().await;
+    }
+    tree::sweep(tree::SWEEP_LIMIT).await;
+    // The command outlived the lease's validity: leasehold was paused (SIGSTOP, a freeze) and
+    // the group guard killed the command at the deadline. Not the command's own status.
+    if stopped.is_none() && !guard.is_current() {
+        let why = StopReason::RenewalsFailing {
+            valid_until: guard.valid_until(),
+        };
+        exit::report(&format!(
+            "lease on {:?} ran out while leasehold could not act (paused?); the command was killed at its deadline",
+            key.as_str()
+        ));
+        stopped = Some(why);
+    }
+    match stopped {
+        None => {
             release(guard, key).await;
             exit_status(status).map(Ended::Status)
         }
-        End::Signalled(sig) => {
-            forward(&child, sig);
-            let status = wait_within(&mut child, grace, signals).await;
-            finish_group().await;
-            release(guard, key).await;
-            exit_status(status).map(Ended::Status)
-        }
-        End::Lost(reason) => {
-            exit::report(&format!(
-                "lease on {:?} lost: {reason}; stopping the command (SIGTERM, SIGKILL after {})",
-                key.as_str(),
-                humantime::format_duration(grace)
-            ));
-            stop_signal(&child, libc::SIGTERM);
-            if let Err(e) = wait_within(&mut child, grace, signals).await {
+        Some(why) => {
+            if let Err(e) = status {
                 tracing::warn!(error = %e, "waiting for the command failed");
             }
-            finish_group().await;
-            // Not ours any more; this only stops the guard (the store answers "not held").
+            // Lost, or about to be: this frees it if it is still ours, or only stops the guard.
             let _ = guard.release().await;
-            Ok(Ended::Lost(reason))
+            Ok(Ended::Lost(why))
         }
+    }
+}
+
+/// Tells why the command is stopped for its lease (`why`) and starts stopping it: SIGTERM when
+/// SIGKILL is due later (`at`); the time SIGKILL is due, the earlier of `at` and `kill_at`.
+fn stop_for_lease(
+    child: &Child,
+    key: &Key,
+    why: &StopReason,
+    at: Instant,
+    kill_at: Option<Instant>,
+) -> Option<Instant> {
+    let now = Instant::now();
+    let at = kill_at.map_or(at, |k| k.min(at));
+    let how = if at <= now {
+        "SIGKILL now".to_owned()
+    } else {
+        format!("SIGTERM, SIGKILL in {}", output::duration(at - now))
+    };
+    let what = match why {
+        StopReason::Lost(reason) => format!("lost: {reason}"),
+        other => other.to_string(),
+    };
+    exit::report(&format!(
+        "lease on {:?} {what}; stopping the command ({how})",
+        key.as_str()
+    ));
+    if at > now {
+        stop_signal(child, libc::SIGTERM);
+    }
+    Some(at)
+}
+
+/// Until `at`; never without one.
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 
@@ -167,28 +236,6 @@ fn forward(child: &Child, sig: Received) {
         return;
     }
     stop_signal(child, sig.signal);
-}
-
-/// Waits for the child to exit, forwarding further signals, and kills it with SIGKILL once
-/// `grace` has passed.
-async fn wait_within(
-    child: &mut Child,
-    grace: Duration,
-    signals: &mut Forwarded,
-) -> io::Result<ExitStatus> {
-    let deadline = Instant::now() + grace;
-    loop {
-        tokio::select! {
-            biased;
-            status = child.wait() => return status,
-            sig = signals.recv() => forward(child, sig),
-            () = tokio::time::sleep_until(deadline) => {
-                tracing::warn!(grace = %humantime::format_duration(grace), "the command did not exit in time; sending SIGKILL");
-                stop_signal(child, libc::SIGKILL);
-                return child.wait().await;
-            }
-        }
-    }
 }
 
 /// Releases the lease after the command has finished, telling the user if it was lost.

@@ -13,7 +13,7 @@ mod run;
 mod worker;
 
 // The helpers. None imports a command, and their imports have no cycle: `leased` (a command
-// under a lease) → `holding` (taking and holding one) → `child` (a process) → `signals`, `exit`;
+// under a lease) → `loss` (when it is stopped), `holding` (taking and holding one) → `child` (a process) → `signals`, `exit`;
 // `supervise` and `guard` are also the hidden processes `main` starts.
 mod child;
 mod cli;
@@ -21,6 +21,7 @@ mod exit;
 mod guard;
 mod holding;
 mod leased;
+mod loss;
 mod metrics;
 mod output;
 mod payload;

@@ -4,6 +4,7 @@ use crate::cli::{key_arg, RunArgs};
 use crate::exit::{Failure, LOST};
 use crate::holding::{lease_builder, obtain, Ended};
 use crate::leased::{supervise, Supervised};
+use crate::loss::Loss;
 use crate::metrics::{self, Endpoint};
 use crate::signals::Forwarded;
 
@@ -22,12 +23,15 @@ pub(crate) async fn run(store_url: Option<&str>, args: RunArgs) -> Result<u8, Fa
     let endpoint = Endpoint::given(args.lease.metrics);
     let locks = metrics::locks(store_url, endpoint.as_ref()).await?;
     Endpoint::serve_given(endpoint).await?;
-    let builder = lease_builder(&locks, &key, &args.lease);
+    let (loss, lease_loss_grace) =
+        Loss::for_lease(args.lease.ttl, args.lease.loss_grace, args.overlap_grace)?;
+    let builder = lease_builder(&locks, &key, &args.lease).loss_grace(lease_loss_grace);
     let guard = obtain(builder, &key, args.lease.no_wait, &mut signals).await?;
     let command = Supervised {
         program,
         args: program_args,
         grace: args.grace,
+        loss,
         on_handoff: args.on_handoff,
     };
     match supervise(&locks, &guard, &key, &command, &mut signals).await? {

@@ -443,8 +443,19 @@ fn a_signal_ends_the_wait_with_128_plus_the_signal() {
 #[test]
 fn a_lost_lease_stops_the_command_and_exits_76() {
     let s = Store::new();
+    // SIGTERM first, as asked: the overlap window.
     let mut run = s.spawn([
-        "run", "--key", "k", "--ttl", "1s", "--", "sh", "-c", TRAP_TERM,
+        "run",
+        "--key",
+        "k",
+        "--ttl",
+        "1s",
+        "--overlap-grace",
+        "10s",
+        "--",
+        "sh",
+        "-c",
+        TRAP_TERM,
     ]);
     run.wait_line("ready");
     let rec = s.inspect("k");
@@ -1660,7 +1671,18 @@ fn elect_runs_the_command_while_leading() {
     // The trap first: a SIGTERM right after the line must find it.
     let script = "trap 'echo got-TERM; exit 3' TERM; echo leading $LEASEHOLD_FENCE; \
         while :; do sleep 0.1 </dev/null >/dev/null 2>&1 & wait $!; done";
-    let mut a = s.spawn(["elect", "--key", "lead", "--", "sh", "-c", script]);
+    // SIGTERM first when the store says the lease is gone, as asked (an overlap window).
+    let mut a = s.spawn([
+        "elect",
+        "--key",
+        "lead",
+        "--overlap-grace",
+        "10s",
+        "--",
+        "sh",
+        "-c",
+        script,
+    ]);
     let first = last_number(&a.wait_line_starting("leading "));
     // Lost: the command is stopped, and started again once elected again.
     assert_eq!(s.output(["release", "--force", "lead"]).code, Some(0));
@@ -1982,4 +2004,203 @@ fn hold_keeps_the_lease_while_stdin_is_open() {
     let lost: Value = serde_json::from_str(&h.wait_line_starting("{")).unwrap();
     assert_eq!(lost["event"], "lost");
     assert_eq!(h.finish(LIMIT).code, Some(76));
+}
+
+/// A command that ignores SIGTERM and appends `$ME NANOS` to `$LOG` every 20 ms, forever.
+const WRITER: &str = r#"trap '' TERM; echo ready;
+    while :; do echo "$ME $(date +%s%N)" >> "$LOG"; sleep 0.02 </dev/null >/dev/null 2>&1; done"#;
+
+/// A command that appends `$ME NANOS` to `$LOG` every 20 ms, 25 times, and exits 0.
+const SECOND_WRITER: &str = r#"i=0; while [ $i -lt 25 ]; do echo "$ME $(date +%s%N)" >> "$LOG";
+    sleep 0.02 </dev/null >/dev/null 2>&1; i=$((i+1)); done"#;
+
+/// `leasehold --store URL ARGS…` with `ME` and `LOG` set for [`WRITER`].
+fn writer(url: &str, me: &str, log: &Path, args: &[&str]) -> Proc {
+    let mut c = bare();
+    c.args(["--store", url])
+        .args(args)
+        .env("ME", me)
+        .env("LOG", log);
+    Proc::spawn(c)
+}
+
+/// Asserts that the first holder (`A`) wrote, then the second (`B`), and never `A` after `B`.
+fn assert_no_interleaving(log: &Path) {
+    let text = std::fs::read_to_string(log).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    let ts = |l: &str| {
+        l.split_whitespace()
+            .nth(1)
+            .and_then(|t| t.parse::<u64>().ok())
+    };
+    let first_b = lines
+        .iter()
+        .position(|l| l.starts_with("B "))
+        .unwrap_or_else(|| panic!("the second holder never wrote: {lines:?}"));
+    assert!(
+        lines[..first_b].iter().any(|l| l.starts_with("A ")),
+        "the first holder never wrote"
+    );
+    let late: Vec<&&str> = lines[first_b..]
+        .iter()
+        .filter(|l| l.starts_with("A "))
+        .collect();
+    if let Some(last) = late.last() {
+        let overlap =
+            ts(last).unwrap_or(0) / 1_000_000 - ts(lines[first_b]).unwrap_or(0) / 1_000_000;
+        panic!(
+            "both holders' commands ran: {} lines of the first after the second began ({overlap} ms of overlap)",
+            late.len()
+        );
+    }
+}
+
+/// A holder cut off from Redis (its connection goes through a proxy that stops forwarding) has
+/// its command — which ignores SIGTERM — gone before the lease expires and a second process,
+/// reaching Redis directly, is granted it: the two commands never write at the same time.
+fn a_holder_cut_off_from_the_store_stops_before_another_is_granted(ttl: &str) {
+    use leasehold_testkit::{proxy::TcpProxy, servers::RedisServer};
+    let redis = RedisServer::start();
+    let proxy = TcpProxy::start(redis.port);
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let via_proxy = format!("redis://127.0.0.1:{}/0", proxy.port);
+    let run = |me| {
+        [
+            "run", "--key", "k", "--ttl", ttl, "--wait", "60s", "--", "sh", "-c", me,
+        ]
+    };
+    let mut first = writer(&via_proxy, "A", &log, &run(WRITER));
+    first.wait_line("ready");
+    proxy.pause();
+    let second = writer(&redis.url(), "B", &log, &run(SECOND_WRITER));
+    let out = second.finish(Duration::from_secs(60));
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_no_interleaving(&log);
+    proxy.resume();
+    let out = first.finish(Duration::from_secs(60));
+    assert_eq!(out.code, Some(76), "{out:?}");
+    assert!(out.stderr.contains("renewals failing"), "{out:?}");
+}
+
+#[test]
+fn a_holder_cut_off_from_the_store_stops_before_another_is_granted_ttl_2s() {
+    a_holder_cut_off_from_the_store_stops_before_another_is_granted("2s");
+}
+
+#[test]
+fn a_holder_cut_off_from_the_store_stops_before_another_is_granted_ttl_10s() {
+    a_holder_cut_off_from_the_store_stops_before_another_is_granted("10s");
+}
+
+/// Two `elect` candidates: the leader cut off from Redis stops its command before the other
+/// candidate, reaching Redis directly, is elected and starts its own.
+#[test]
+fn an_elected_leader_cut_off_from_the_store_stops_before_the_next_leader_starts() {
+    use leasehold_testkit::{proxy::TcpProxy, servers::RedisServer};
+    let redis = RedisServer::start();
+    let proxy = TcpProxy::start(redis.port);
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let via_proxy = format!("redis://127.0.0.1:{}/0", proxy.port);
+    let elect = |me| {
+        [
+            "elect", "--key", "k", "--ttl", "2s", "--once", "--", "sh", "-c", me,
+        ]
+    };
+    let mut first = writer(&via_proxy, "A", &log, &elect(WRITER));
+    first.wait_line("ready");
+    proxy.pause();
+    let second = writer(&redis.url(), "B", &log, &elect(SECOND_WRITER));
+    let out = second.finish(Duration::from_secs(60));
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_no_interleaving(&log);
+    proxy.resume();
+    assert_eq!(first.finish(Duration::from_secs(60)).code, Some(76));
+}
+
+/// A `leasehold run` that is paused (SIGSTOP) cannot stop its command; the command's group guard
+/// kills it as the lease runs out, before another process is granted the lease.
+#[test]
+fn a_paused_holder_s_command_is_killed_before_another_is_granted_the_lease() {
+    let redis = leasehold_testkit::servers::RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let run = |me| {
+        [
+            "run", "--key", "k", "--ttl", "2s", "--wait", "60s", "--", "sh", "-c", me,
+        ]
+    };
+    let mut first = writer(&redis.url(), "A", &log, &run(WRITER));
+    first.wait_line("ready");
+    first.signal(libc::SIGSTOP);
+    let second = writer(&redis.url(), "B", &log, &run(SECOND_WRITER));
+    let out = second.finish(Duration::from_secs(60));
+    first.signal(libc::SIGCONT);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_no_interleaving(&log);
+    let out = first.finish(Duration::from_secs(60));
+    assert_eq!(out.code, Some(76), "{out:?}");
+}
+
+/// `hold` tells its script `stop KEY MS` at the stop-by deadline when renewals fail — MS being
+/// the time left before the lease could expire — and `lost` only later.
+#[test]
+fn hold_tells_its_script_to_stop_before_the_lease_can_expire() {
+    use leasehold_testkit::{proxy::TcpProxy, servers::RedisServer};
+    let redis = RedisServer::start();
+    let proxy = TcpProxy::start(redis.port);
+    let via_proxy = format!("redis://127.0.0.1:{}/0", proxy.port);
+    let mut h = Proc::spawn({
+        let mut c = bare();
+        c.args(["--store", &via_proxy, "hold", "--key", "k", "--ttl", "2s"]);
+        c
+    });
+    h.wait_line_starting("held k ");
+    proxy.pause();
+    let stop = h.wait_line_starting("stop k ");
+    let ms = last_number(&stop);
+    assert!((300..=700).contains(&ms), "{stop}");
+    h.wait_line_starting("lost k ");
+    proxy.resume();
+    assert_eq!(h.finish(LIMIT).code, Some(76));
+}
+
+/// A lease the store says is gone (force-released) may be held by another process already: the
+/// command is killed at once, without a SIGTERM it could spend running next to the new holder.
+#[test]
+fn a_lease_the_store_says_is_gone_kills_the_command_at_once() {
+    let s = Store::new();
+    let mut run = s.spawn(["run", "--key", "k", "--", "sh", "-c", TRAP_TERM]);
+    run.wait_line("ready");
+    assert_eq!(s.output(["release", "--force", "k"]).code, Some(0));
+    let out = run.finish(LIMIT);
+    assert_eq!(out.code, Some(76), "{out:?}");
+    assert!(!out.stdout.contains("got-TERM"), "SIGTERM first: {out:?}");
+    assert!(out.stderr.contains("SIGKILL now"), "{out:?}");
+}
+
+/// A --loss-grace that cannot fit before the lease could expire is a usage error naming the
+/// largest that fits; the defaults fit the shortest TTLs.
+#[test]
+fn a_loss_grace_that_cannot_fit_the_ttl_names_the_largest_that_fits() {
+    let s = Store::new();
+    let out = s.output([
+        "run",
+        "--key",
+        "k",
+        "--ttl",
+        "2s",
+        "--loss-grace",
+        "25s",
+        "--",
+        "true",
+    ]);
+    assert_eq!(out.code, Some(2), "{out:?}");
+    assert!(
+        out.one_stderr_line().contains("at most 1s 110ms"),
+        "{out:?}"
+    );
+    let out = s.output(["run", "--key", "k", "--ttl", "2s", "--", "true"]);
+    assert_eq!(out.code, Some(0), "{out:?}");
 }

@@ -8,7 +8,10 @@
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
+
+/// Whether forwarding is paused, and a wake-up for when it resumes.
+type Gate = Arc<(Mutex<bool>, Condvar)>;
 
 /// A forwarder listening on a free loopback port; stops accepting on drop (connections already
 /// forwarded run on until either side closes).
@@ -18,6 +21,7 @@ pub struct TcpProxy {
     pub port: u16,
     target: Arc<AtomicU16>,
     stop: Arc<AtomicBool>,
+    gate: Gate,
 }
 
 impl TcpProxy {
@@ -34,7 +38,8 @@ impl TcpProxy {
             .port();
         let target = Arc::new(AtomicU16::new(target));
         let stop = Arc::new(AtomicBool::new(false));
-        let (to, stopped) = (target.clone(), stop.clone());
+        let gate: Gate = Arc::new((Mutex::new(false), Condvar::new()));
+        let (to, stopped, pumps) = (target.clone(), stop.clone(), gate.clone());
         std::thread::spawn(move || {
             for client in listener.incoming() {
                 if stopped.load(Ordering::SeqCst) {
@@ -48,11 +53,33 @@ impl TcpProxy {
                 };
                 let _ = client.set_nodelay(true);
                 let _ = server.set_nodelay(true);
-                pump(&client, &server);
-                pump(&server, &client);
+                pump(&client, &server, pumps.clone());
+                pump(&server, &client, pumps.clone());
             }
         });
-        TcpProxy { port, target, stop }
+        TcpProxy {
+            port,
+            target,
+            stop,
+            gate,
+        }
+    }
+
+    /// Holds every byte in both directions, on every connection, until [`resume`](Self::resume):
+    /// the server unreachable from this proxy's clients only (a partition, a hung load
+    /// balancer). Connections stay open; nothing is lost.
+    pub fn pause(&self) {
+        if let Ok(mut paused) = self.gate.0.lock() {
+            *paused = true;
+        }
+    }
+
+    /// Forwards again, the bytes held first.
+    pub fn resume(&self) {
+        if let Ok(mut paused) = self.gate.0.lock() {
+            *paused = false;
+        }
+        self.gate.1.notify_all();
     }
 
     /// Sends new connections to `127.0.0.1:target` from now on.
@@ -61,8 +88,9 @@ impl TcpProxy {
     }
 }
 
-/// Copies `from` to `to` on a thread of its own until `from` ends, then ends `to`'s writing side.
-fn pump(from: &TcpStream, to: &TcpStream) {
+/// Copies `from` to `to` on a thread of its own until `from` ends, then ends `to`'s writing side;
+/// what it reads while `gate` is closed it holds until the gate opens.
+fn pump(from: &TcpStream, to: &TcpStream, gate: Gate) {
     let (Ok(mut from), Ok(mut to)) = (from.try_clone(), to.try_clone()) else {
         return;
     };
@@ -72,6 +100,12 @@ fn pump(from: &TcpStream, to: &TcpStream) {
             match from.read(&mut buf) {
                 Ok(0) | Err(_) => break,
                 Ok(n) => {
+                    let (paused, resumed) = &*gate;
+                    let Ok(held) = paused.lock() else { break };
+                    match resumed.wait_while(held, |p| *p) {
+                        Ok(open) => drop(open),
+                        Err(_) => break,
+                    }
                     if to.write_all(&buf[..n]).is_err() {
                         break;
                     }

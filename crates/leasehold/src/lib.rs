@@ -60,7 +60,7 @@ pub use stores::{file, memory};
 pub use background::settle;
 pub use client::{LockBuilder, Locks};
 pub use error::{Error, Result};
-pub use guard::{LeaseGuard, Released};
+pub use guard::{LeaseGuard, Released, StopReason};
 pub use holder::HolderId;
 pub use key::{Key, Naming};
 pub use local::{LocalGuard, LocalLocks};

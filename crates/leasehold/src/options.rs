@@ -84,8 +84,13 @@ impl Backoff {
 /// assert_eq!(o.renew_period(), Duration::from_secs(10)); // ttl / 3
 /// assert_eq!(o.waiter_lifetime(), Duration::from_secs(5)); // min(ttl, 5 s)
 /// assert_eq!(o.drift(), Duration::from_millis(302)); // 1 % of ttl + 2 ms
+/// // min(ttl / 3, (ttl − renew period − drift) / 2)
+/// assert_eq!(o.loss_grace_period(), Duration::from_millis(9_849));
 /// o.ttl = Duration::from_secs(2);
 /// assert_eq!(o.waiter_lifetime(), Duration::from_secs(2));
+/// assert_eq!(o.loss_grace_period().as_millis(), 655);
+/// // renew period + loss grace + drift < ttl, for every TTL and renewal period that validate
+/// assert!(o.renew_period() + o.loss_grace_period() + o.drift() < o.ttl);
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -107,6 +112,13 @@ pub struct LockOptions {
     pub waiter_ttl: Option<Duration>,
     /// Labels stored with the lease.
     pub labels: BTreeMap<String, String>,
+    /// The loss grace: how long before the lease could expire (its `valid_until`) the guard's
+    /// [`must_stop`](crate::LeaseGuard::must_stop) fires when renewals have not succeeded, so
+    /// that whatever acts under the lease can stop within it (default
+    /// [`loss_grace_period`](Self::loss_grace_period)'s rule). Must satisfy
+    /// `renew period + loss grace + drift < ttl`, so that at least one renewal is attempted
+    /// before the holder is told to stop ([`max_loss_grace`](Self::max_loss_grace)).
+    pub loss_grace: Option<Duration>,
 }
 
 impl Default for LockOptions {
@@ -120,6 +132,7 @@ impl Default for LockOptions {
             register_waiter: true,
             waiter_ttl: None,
             labels: BTreeMap::new(),
+            loss_grace: None,
         }
     }
 }
@@ -143,9 +156,42 @@ impl LockOptions {
         drift(self.ttl)
     }
 
+    /// The loss grace in effect: `loss_grace`, else `min(ttl / 3, (ttl − renew period − drift) / 2)`
+    /// — half the time between the first renewal and the lease's end, at most a third of the TTL
+    /// (9.849 s at a 30 s TTL, 655 ms at 2 s; see the type's example). The default always
+    /// satisfies `renew period + loss grace + drift < ttl` when the renewal period validates.
+    pub fn loss_grace_period(&self) -> Duration {
+        self.loss_grace.unwrap_or_else(|| {
+            let left = self
+                .ttl
+                .saturating_sub(self.renew_period())
+                .saturating_sub(self.drift());
+            (self.ttl / 3).min(left / 2)
+        })
+    }
+
+    /// The largest loss grace that fits these options (to the millisecond): the TTL less the
+    /// renewal period, the [drift](Self::drift) margin and 1 ms; zero if none fits.
+    ///
+    /// ```
+    /// use leasehold::LockOptions;
+    /// use std::time::Duration;
+    /// let o = LockOptions::default(); // ttl 30 s, renewed every 10 s, drift 302 ms
+    /// assert_eq!(o.max_loss_grace(), Duration::from_millis(19_697));
+    /// ```
+    pub fn max_loss_grace(&self) -> Duration {
+        let left = self
+            .ttl
+            .saturating_sub(self.renew_period())
+            .saturating_sub(self.drift())
+            .saturating_sub(Duration::from_millis(1));
+        Duration::from_millis(u64::try_from(left.as_millis()).unwrap_or(u64::MAX))
+    }
+
     /// Checks that the options can work: a TTL from 10 ms to one year, a renewal period above
-    /// zero that leaves the [drift](Self::drift) margin before the TTL, a backoff with
-    /// `0 < initial ≤ max`, and a waiter lifetime of at least 10 ms.
+    /// zero that leaves the [drift](Self::drift) margin before the TTL, a loss grace with
+    /// `renew period + loss grace + drift < ttl`, a backoff with `0 < initial ≤ max`, and a
+    /// waiter lifetime of at least 10 ms.
     ///
     /// # Errors
     /// [`Error::InvalidOption`] naming the option.
@@ -167,6 +213,9 @@ impl LockOptions {
     /// let mut o = LockOptions::default();
     /// o.waiter_ttl = Some(Duration::from_millis(1));
     /// assert_eq!(name(o), "waiter_ttl");
+    /// let mut o = LockOptions::default();
+    /// o.loss_grace = Some(Duration::from_secs(20)); // no renewal before the holder must stop
+    /// assert_eq!(name(o), "loss_grace");
     /// ```
     pub fn validate(&self) -> Result<()> {
         if self.ttl < Duration::from_millis(10) {
@@ -190,6 +239,19 @@ impl LockOptions {
                     self.ttl
                 ),
             ));
+        }
+        if let Some(g) = self.loss_grace {
+            if p + g + self.drift() >= self.ttl {
+                return Err(Error::option(
+                    "loss_grace",
+                    format!(
+                        "{g:?} does not fit a {:?} TTL renewed every {p:?} (renew period + loss \
+                         grace + drift must stay below the TTL): at most {:?}",
+                        self.ttl,
+                        self.max_loss_grace()
+                    ),
+                ));
+            }
         }
         if self.backoff.initial.is_zero() || self.backoff.max < self.backoff.initial {
             return Err(Error::option("backoff", "initial must be > 0 and ≤ max"));

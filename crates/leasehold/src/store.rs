@@ -217,6 +217,22 @@ pub enum LostReason {
     },
 }
 
+impl LostReason {
+    /// Whether the lease is known to be gone — the store said it expired, was taken over or was
+    /// freed — so another holder may hold it already: whatever acts under it must stop at once.
+    /// `false` for [`Unreachable`](Self::Unreachable), where the lease may still be valid until
+    /// the guard's [`valid_until`](crate::LeaseGuard::valid_until).
+    ///
+    /// ```
+    /// use leasehold::LostReason;
+    /// assert!(LostReason::Released.is_gone());
+    /// assert!(!LostReason::Unreachable { detail: "timeout".into() }.is_gone());
+    /// ```
+    pub fn is_gone(&self) -> bool {
+        !matches!(self, LostReason::Unreachable { .. })
+    }
+}
+
 impl fmt::Display for LostReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

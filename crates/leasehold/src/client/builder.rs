@@ -68,6 +68,17 @@ impl LockBuilder {
         self
     }
 
+    /// How long before the lease could expire the guard's
+    /// [`must_stop`](LeaseGuard::must_stop) fires when renewals have not succeeded (default
+    /// [`LockOptions::loss_grace_period`]'s rule: 9.849 s at a 30 s TTL). Give it the time
+    /// whatever acts under the lease needs to stop, SIGKILL included. It must satisfy
+    /// `renew period + loss grace + drift < ttl` ([`LockOptions::max_loss_grace`]), else the
+    /// acquisition fails with [`Error::InvalidOption`].
+    pub fn loss_grace(mut self, grace: Duration) -> Self {
+        self.opts.loss_grace = Some(grace);
+        self
+    }
+
     /// Whether the guard renews by itself (default true). Without renewal the lease lives one TTL:
     /// the guard's [`lost`](LeaseGuard::lost) then completes with [`LostReason::Expired`] once the
     /// TTL minus the drift margin has passed.

@@ -18,8 +18,12 @@ use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
+mod stop;
+#[cfg(test)]
+mod tests;
 mod wheel;
 
+pub use stop::StopReason;
 use wheel::{aligned, Renewals};
 
 /// What [`LeaseGuard::release`] found.
@@ -253,6 +257,19 @@ impl Shared {
 /// measured from when the request was *sent*), [`lost`](LeaseGuard::lost) fires and renewal
 /// stops: it fires before another holder could be granted the lease, as long as clocks drift less
 /// than the drift margin.
+///
+/// `lost` is the last moment. Whatever acts under the lease must be *gone* by then, so the guard
+/// tells it earlier: [`must_stop`](LeaseGuard::must_stop) fires at the stop-by deadline, the
+/// loss grace ([`LockOptions::loss_grace`]) before `valid_until`, when renewals have not moved it,
+/// and at once when the store says the lease is gone:
+///
+/// ```text
+/// sent ─ granted ─ renew ─ renew ✗ ─ renew ✗ ─ … ─ stop-by ──────────── valid_until ─ drift ─ another may be granted
+///                                                  │◄─── loss grace ───►│
+/// valid_until = sent(last successful renewal) + ttl − drift      (local monotonic clock)
+/// stop-by     = valid_until − loss grace                          (must_stop() fires)
+/// renew period + loss grace + drift < ttl                         (LockOptions::validate)
+/// ```
 ///
 /// # Drop
 /// Dropping an unreleased guard releases the lease in the background on the current tokio
