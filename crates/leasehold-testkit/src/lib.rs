@@ -7,6 +7,7 @@
 
 #![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)]
 
+pub mod foreign;
 pub mod proxy;
 pub mod queue_suite;
 pub mod servers;
@@ -56,9 +57,11 @@ pub async fn take_many(
 /// A Redis record overwritten with a hash by an operator: 20 leases `{stem}/N` are taken through
 /// the store at `url` (record names `{record_prefix}{stem}/N`), and `redis` (a command line to
 /// the server holding the record) replaces one with a hash. That lease is lost (`TakenOver`) at
-/// its next renewal, the others renewed in the same script calls are not; the key inspects and
-/// lists as corrupt, force-releasing it finds no lease, and an acquire replaces it, as it does any
-/// unreadable record.
+/// its next renewal, the others renewed in the same script calls are not. The hash is a value
+/// leasehold cannot read, so it is held by an unknown holder until the server expires it: it
+/// inspects and lists as such (with no TTL: held until deleted), force-releasing it finds no
+/// lease and leaves it, an acquire is refused; once it is given a TTL, an acquire waits for it
+/// to expire and takes the key.
 ///
 /// # Panics
 /// When any of that does not hold.
@@ -84,27 +87,34 @@ pub async fn overwritten_with_a_hash(url: &str, record_prefix: &str, redis: impl
         assert_eq!(g.is_current(), i != 7, "lease {i}");
     }
     let key = leasehold::Key::new(format!("{stem}/7")).unwrap();
+    let foreign = "unknown (foreign value: a Redis hash; no TTL: held until deleted)";
     let seen = l.store().inspect(&key).await.unwrap();
     assert!(
-        matches!(seen, Some(leasehold::Inspection::Corrupt { .. })),
+        matches!(&seen, Some(leasehold::Inspection::Record(r)) if r.holder.as_deref() == Some(foreign) && r.key == key.as_str()),
         "{seen:?}"
     );
-    // Listed as corrupt too, next to the 19 records.
+    // Listed as held by that unknown holder too, next to the 19 records.
     let listed = l.store().list(&stem).await.unwrap();
     assert_eq!(listed.len(), 20, "{listed:?}");
-    let corrupt = listed
+    let unknown = listed
         .iter()
-        .filter(|i| matches!(i, leasehold::Inspection::Corrupt { .. }))
+        .filter(|i| matches!(i, leasehold::Inspection::Record(r) if r.holder.as_deref() == Some(foreign)))
         .count();
-    assert_eq!(corrupt, 1, "{listed:?}");
+    assert_eq!(unknown, 1, "{listed:?}");
     assert_eq!(l.store().force_release(&key).await.unwrap(), None);
     let other = connect_as(url, "other").await;
+    let refused = other.lock_key(key.clone()).try_acquire().await.unwrap();
+    assert!(
+        refused.is_none(),
+        "a value leasehold cannot read is never replaced"
+    );
+    redis(&["PEXPIRE", &name, "300"]);
     let g = other
         .lock_key(key)
-        .try_acquire()
+        .wait(Duration::from_secs(5))
+        .acquire()
         .await
-        .unwrap()
-        .expect("granted");
+        .expect("granted once the server expired the hash");
     assert!(g.fence() > 0);
 }
 

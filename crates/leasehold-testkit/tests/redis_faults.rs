@@ -56,12 +56,21 @@ async fn operator_del_and_overwrite_fire_lost_at_the_next_renewal() {
         .await
         .expect("lost fires");
     assert!(matches!(reason, LostReason::TakenOver { .. }), "{reason:?}");
-    // A garbage record is reported, not fatal; it expires by itself or is overwritten by an acquire.
-    let corrupt = l.store().inspect(g2.key()).await.unwrap();
+    // A value leasehold cannot read is reported as held by an unknown holder, until the server
+    // expires it (without a TTL, until it is deleted); no acquire replaces it.
+    let seen = l.store().inspect(g2.key()).await.unwrap();
     assert!(
-        matches!(corrupt, Some(leasehold::Inspection::Corrupt { .. })),
-        "{corrupt:?}"
+        matches!(&seen, Some(leasehold::Inspection::Record(r)) if r.holder.as_deref() == Some("unknown (foreign value: a string of 7 bytes; no TTL: held until deleted)")),
+        "{seen:?}"
     );
+    let other = locks(&server.url(), "b").await;
+    assert!(other
+        .lock(&key2)
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .is_none());
 }
 
 /// Takes a lease of 1.5 s through `l`, calls `fault`, and checks that `lost()` fires, as

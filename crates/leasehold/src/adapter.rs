@@ -2,9 +2,49 @@
 //!
 //! Every step is read → decide (the crate-private `decide` module) → conditional write; a write that loses the race
 //! (version mismatch) re-reads and decides again, so concurrent acquirers, renewals, waiter
-//! registrations and releases serialise on the record's version. Expiry is judged on the acquirer's
-//! wall clock against the `expires` time written by the holder: bounded clock skew between machines
-//! shortens or lengthens a lease by that skew (see the README's guarantees).
+//! registrations and releases serialise on the record's version.
+//!
+//! # Expiry: observed, not compared across machines
+//!
+//! The `expires` time in a record is its holder's wall clock; comparing it with this machine's
+//! would let a contender whose clock runs `s` ahead take a lease `s` early. So the adapter judges
+//! expiry by **observation**, as Kubernetes' own leader election does: it remembers, per key, the
+//! holder's part of the record (token, fence, times) and the instant on this process's monotonic
+//! clock at which it first saw it. A held lease is over once that part has been seen unchanged
+//! for the record's TTL plus the drift margin (1 % + 2 ms): a live holder renews well within its
+//! TTL and every renewal changes that part, and the holder's own `lost()` fires at TTL − drift
+//! after it sent its last renewal, before anyone could have seen that renewal. Waiter
+//! registrations (which only add to a record, and do not reset the holder's part) lapse the same
+//! way, after their recorded lifetime. A released record is free at once.
+//!
+//! A contender that arrives long after a crash has seen nothing yet. It either observes for one
+//! TTL (a waiting `acquire` does), or takes the **skew shortcut**: a written expiry older than
+//! now − [`max_clock_skew`](RecordLockStore::with_max_clock_skew) on this machine's wall clock
+//! has passed whatever the writer's clock said, as long as no two machines' clocks differ by more
+//! than that bound (default [`DEFAULT_MAX_CLOCK_SKEW`], five minutes: NTP keeps clocks within
+//! milliseconds, so only a broken clock comes near it). A one-shot `try_acquire` on a crashed
+//! holder's lease is therefore answered "held" until TTL + the bound after the holder's last
+//! renewal, unless this process has watched the record for a TTL already.
+//!
+//! The observation memory is bounded ([`MAX_REMEMBERED`] keys; when full it starts over, which
+//! only makes a contender observe again).
+//!
+//! # Fences from revisions
+//!
+//! Where the store's versions are revisions ([`RecordStore::revisions`]: an etcd revision, a
+//! store-wide write counter), fences come from them and from no clock. A grant on an existing
+//! record takes the previous fence plus the block it reserves; a grant that **creates** the record
+//! (first use, or after it was deleted) writes a marker and its fence is
+//! `2⁵³ + revision of the create × 2²⁴ + block − 1`, resolved by whoever reads that version; the
+//! creator writes it as a number right after the create (one more request, on creates only), so
+//! that people reading the record see it. Every fence a write at revision `R` issues stays below
+//! `2⁵³ + (R + 1) × 2²⁴` (blocks are below 2²⁴ fences), and a later create's revision is above
+//! every earlier write's, deletion included: fences never go backwards, whatever the clocks say
+//! and whoever deletes the record. Fences written before this scheme (microsecond clock values)
+//! are below 2⁵³. Other stores floor each grant's fence at this machine's wall clock in
+//! microseconds.
+//!
+//! # Remembered writes
 //!
 //! The adapter remembers the record and version of its own last successful write per key. The
 //! next step on that key first decides on that record and writes conditionally on that version,
@@ -13,10 +53,10 @@
 //! fails (version mismatch), the memory is dropped, and the step reads and decides as usual. A
 //! decision that writes nothing (the lease looks held) is never taken on remembered state.
 
-use crate::decide::{self, Current, Now};
+use crate::decide::{self, Current, Expiry, Now, Observed};
 use crate::error::{Error, Result};
 use crate::key::Key;
-use crate::record::{now_ms, LeaseRecord};
+use crate::record::LeaseRecord;
 use crate::store::{
     AcquireOutcome, AcquireRequest, Capabilities, ChangeWatch, CleanupReport, GiveUp, Inspection,
     LockStore, RecordStore, ReleaseOutcome, RenewOutcome, Stored,
@@ -25,12 +65,64 @@ use async_trait::async_trait;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::time::Duration;
+use tokio::time::Instant;
 
 /// How many lost races one call tolerates before reporting the store as too contended.
 const MAX_RACES: usize = 64;
 
-/// Remembered writes beyond this many keys are forgotten all at once (memory stays bounded).
-const MAX_REMEMBERED: usize = 10_000;
+/// Remembered writes and observations beyond this many keys are forgotten all at once (memory
+/// stays bounded).
+pub const MAX_REMEMBERED: usize = 10_000;
+
+/// The default largest difference between two machines' wall clocks that the adapter assumes
+/// (see the module documentation): five minutes.
+pub const DEFAULT_MAX_CLOCK_SKEW: Duration = Duration::from_secs(300);
+
+/// The base of fences taken from revisions: above every microsecond clock value until the year
+/// 2255, so these fences continue above the clock-floored fences of earlier records.
+const REVISION_FENCE_BASE: u64 = 1 << 53;
+
+/// Fences per revision: a block reserved by one grant stays below this.
+const FENCES_PER_REVISION: u64 = 1 << 24;
+
+/// The `store` entry marking a created record whose fence is `revision floor + fence − 1`.
+const FENCE_FROM: (&str, &str) = ("fence-from", "create-revision");
+
+/// The lowest fence a create at revision `r` issues.
+fn revision_fence(r: u64) -> u64 {
+    REVISION_FENCE_BASE.saturating_add(r.saturating_mul(FENCES_PER_REVISION))
+}
+
+/// The holder's part of a record: what every renewal, grant and release changes.
+type LeasePart = (Option<String>, Option<String>, u64, u64, u64, u64, u64);
+/// The waiter registration of a record.
+type WaiterPart = (Option<String>, Option<u64>, Option<u64>);
+
+fn lease_part(r: &LeaseRecord) -> LeasePart {
+    (
+        r.token.clone(),
+        r.holder.clone(),
+        r.fence,
+        r.acquired_ms,
+        r.renewed_ms,
+        r.expires_ms,
+        r.ttl_ms,
+    )
+}
+
+fn waiter_part(r: &LeaseRecord) -> WaiterPart {
+    (r.waiter_token.clone(), r.waiter_expires_ms, r.waiter_ttl_ms)
+}
+
+/// What this adapter has seen of one key, on the monotonic clock.
+#[derive(Debug, Clone)]
+struct Observation {
+    version: String,
+    lease: LeasePart,
+    waiter: WaiterPart,
+    lease_since: Instant,
+    waiter_since: Instant,
+}
 
 /// A [`LockStore`] over any [`RecordStore`].
 ///
@@ -47,15 +139,65 @@ pub struct RecordLockStore<R> {
     inner: R,
     /// key → (version, record) of this adapter's last successful write.
     written: Mutex<HashMap<String, (String, LeaseRecord)>>,
+    /// key → what was last seen of it, and since when.
+    observed: Mutex<HashMap<String, Observation>>,
+    /// The largest wall-clock difference between machines assumed.
+    max_skew: Duration,
+    /// Added to this machine's wall clock (tests simulating a skewed machine).
+    wall_offset_ms: i64,
 }
 
 impl<R: RecordStore> RecordLockStore<R> {
-    /// Wraps a record store.
+    /// Wraps a record store, assuming clocks within [`DEFAULT_MAX_CLOCK_SKEW`].
     pub fn new(inner: R) -> Self {
         RecordLockStore {
             inner,
             written: Mutex::new(HashMap::new()),
+            observed: Mutex::new(HashMap::new()),
+            max_skew: DEFAULT_MAX_CLOCK_SKEW,
+            wall_offset_ms: 0,
         }
+    }
+
+    /// Sets the largest difference between two machines' wall clocks this adapter assumes
+    /// (default [`DEFAULT_MAX_CLOCK_SKEW`]); `?max_clock_skew=` in a store URL sets it too.
+    ///
+    /// # Expiry
+    /// A held record whose written expiry is older than now − `skew` on this machine's wall
+    /// clock is taken at first sight; any other held record only after it was seen unchanged for
+    /// its TTL (see the module documentation). A larger bound makes a one-shot acquirer wait
+    /// longer after a crash; a bound below the real skew between two machines lets a contender
+    /// whose clock is ahead by more than the bound take a lease that is still held.
+    ///
+    /// ```
+    /// use leasehold::{adapter::RecordLockStore, memory::RecordMemoryStore};
+    /// use std::time::Duration;
+    /// let store = RecordLockStore::new(RecordMemoryStore::new())
+    ///     .with_max_clock_skew(Duration::from_secs(60));
+    /// assert_eq!(store.max_clock_skew(), Duration::from_secs(60));
+    /// ```
+    pub fn with_max_clock_skew(mut self, skew: Duration) -> Self {
+        self.max_skew = skew;
+        self
+    }
+
+    /// The largest wall-clock difference between machines this adapter assumes.
+    pub fn max_clock_skew(&self) -> Duration {
+        self.max_skew
+    }
+
+    /// Makes this adapter read the wall clock `offset_ms` milliseconds off (negative: behind), as
+    /// if it ran on a machine whose clock is wrong by that much. For tests of clock skew in one
+    /// process; the monotonic clock it observes records on is left alone.
+    pub fn with_wall_clock_offset(mut self, offset_ms: i64) -> Self {
+        self.wall_offset_ms = offset_ms;
+        self
+    }
+
+    /// This adapter's wall clock now.
+    fn now(&self) -> Now {
+        let us = crate::record::now_us().saturating_add_signed(self.wall_offset_ms * 1000);
+        Now { ms: us / 1000, us }
     }
 
     fn remember(&self, key: &Key, version: String, record: LeaseRecord) {
@@ -75,7 +217,102 @@ impl<R: RecordStore> RecordLockStore<R> {
         &self.inner
     }
 
-    /// Reads, decides with `f`, writes conditionally; retries lost races.
+    /// A stored record with a create-revision fence marker resolved to its fence.
+    fn resolve(&self, s: Stored) -> Stored {
+        match s {
+            Stored::Record {
+                mut record,
+                version,
+            } => {
+                self.resolve_fence(&mut record, &version);
+                Stored::Record { record, version }
+            }
+            s => s,
+        }
+    }
+
+    /// Resolves the create-revision fence marker of `record`, stored at `version`, if it has one.
+    fn resolve_fence(&self, record: &mut LeaseRecord, version: &str) {
+        if record.store.get(FENCE_FROM.0).map(String::as_str) != Some(FENCE_FROM.1) {
+            return;
+        }
+        record.store.remove(FENCE_FROM.0);
+        let offset = record.fence.saturating_sub(1);
+        record.fence = match self.inner.revision(version) {
+            Some(r) => revision_fence(r).saturating_add(offset),
+            // Not a revision after all: the clock floor, as stores without revisions.
+            None => record.fence.max(self.now().us),
+        };
+    }
+
+    /// Records having seen `record` at `version` now; what has been seen of it, and for how long.
+    fn observe(&self, key: &Key, version: &str, record: &LeaseRecord) -> Observed {
+        let now = Instant::now();
+        let lease = lease_part(record);
+        let waiter = waiter_part(record);
+        let mut all = self.observed.lock();
+        if all.len() >= MAX_REMEMBERED && !all.contains_key(key.as_str()) {
+            all.clear();
+        }
+        let o = all
+            .entry(key.as_str().to_owned())
+            .or_insert_with(|| Observation {
+                version: version.to_owned(),
+                lease: lease.clone(),
+                waiter: waiter.clone(),
+                lease_since: now,
+                waiter_since: now,
+            });
+        if o.version != version {
+            // Somebody wrote. A write that only set a waiter registration leaves the holder's
+            // part as it was; any other write (a renewal, even one whose times happen to be
+            // equal, a release, a grant) starts the holder's observation over.
+            let waiter_write = waiter.0.is_some() && waiter != o.waiter;
+            if lease != o.lease || !waiter_write {
+                o.lease_since = now;
+            }
+            if waiter != o.waiter {
+                o.waiter_since = now;
+            }
+            o.version = version.to_owned();
+            o.lease = lease;
+            o.waiter = waiter;
+        }
+        Observed {
+            lease_unchanged: now.saturating_duration_since(o.lease_since),
+            waiter_unchanged: now.saturating_duration_since(o.waiter_since),
+            max_skew: self.max_skew,
+        }
+    }
+
+    fn unobserve(&self, key: &Key) {
+        self.observed.lock().remove(key.as_str());
+    }
+
+    /// The expiry rule for what `cur` holds, observing it.
+    fn judge(&self, key: &Key, cur: Option<&Stored>) -> Expiry {
+        match cur {
+            Some(Stored::Record { record, version }) => {
+                Expiry::Observed(self.observe(key, version, record))
+            }
+            // No record (or a guess that there is none: a create tried before reading), or one
+            // that does not parse: nothing to observe. What was seen of an earlier record stays
+            // until a record is seen again: a different one starts its observation over.
+            Some(Stored::Corrupt { .. }) | None => Expiry::Observed(self.first_sight()),
+        }
+    }
+
+    /// The rule for a record never seen before: only the skew shortcut can end it.
+    fn first_sight(&self) -> Observed {
+        Observed {
+            lease_unchanged: Duration::ZERO,
+            waiter_unchanged: Duration::ZERO,
+            max_skew: self.max_skew,
+        }
+    }
+
+    /// Reads, decides with `f`, writes conditionally; retries lost races. Every record `f` sees
+    /// has its fence resolved ([`Self::resolve`]); every record written is observed as written.
     ///
     /// With `create_first`, a key this adapter has no write of is first tried as if it had no
     /// record (one create, no read): a new key then costs one request, an existing one one more
@@ -83,13 +320,15 @@ impl<R: RecordStore> RecordLockStore<R> {
     ///
     /// With `given_up` (an acquisition's flag), no further request is sent once the flag is set
     /// (a lost race is not retried): the call answers [`Error::GivenUp`].
+    ///
+    /// Returns `f`'s answer and the record as written (resolved), if something was written.
     async fn cas<T>(
         &self,
         key: &Key,
         create_first: bool,
         given_up: Option<&GiveUp>,
         mut f: impl FnMut(Option<&Stored>) -> (T, Option<LeaseRecord>),
-    ) -> Result<T> {
+    ) -> Result<(T, Option<LeaseRecord>)> {
         let stop = || {
             given_up
                 .is_some_and(GiveUp::is_given_up)
@@ -110,8 +349,8 @@ impl<R: RecordStore> RecordLockStore<R> {
             if let (out, Some(write)) = f(Some(&cur)) {
                 match self.inner.replace(key, &write, &version).await {
                     Ok(Some(v)) => {
-                        self.remember(key, v, write);
-                        return Ok(out);
+                        let written = self.written(key, v, write);
+                        return Ok((out, Some(written)));
                     }
                     Ok(None) => {}
                     Err(e) => {
@@ -124,8 +363,8 @@ impl<R: RecordStore> RecordLockStore<R> {
         } else if create_first {
             if let (out, Some(write)) = f(None) {
                 if let Some(v) = self.inner.create(key, &write).await? {
-                    self.remember(key, v, write);
-                    return Ok(out);
+                    let written = self.written(key, v, write);
+                    return Ok((out, Some(written)));
                 }
             }
         }
@@ -133,9 +372,11 @@ impl<R: RecordStore> RecordLockStore<R> {
             if let Some(e) = stop() {
                 return Err(e);
             }
-            let cur = self.inner.get(key).await?;
+            let cur = self.inner.get(key).await?.map(|s| self.resolve(s));
             let (out, write) = f(cur.as_ref());
-            let Some(write) = write else { return Ok(out) };
+            let Some(write) = write else {
+                return Ok((out, None));
+            };
             let written = match &cur {
                 None => self.inner.create(key, &write).await?,
                 Some(Stored::Record { version, .. }) | Some(Stored::Corrupt { version, .. }) => {
@@ -143,8 +384,8 @@ impl<R: RecordStore> RecordLockStore<R> {
                 }
             };
             if let Some(v) = written {
-                self.remember(key, v, write);
-                return Ok(out);
+                let written = self.written(key, v, write);
+                return Ok((out, Some(written)));
             }
             tokio::task::yield_now().await;
         }
@@ -154,6 +395,34 @@ impl<R: RecordStore> RecordLockStore<R> {
             detail: format!("{MAX_RACES} conditional writes in a row lost their race on {key}"),
             retryable: true,
         })
+    }
+
+    /// Writes the fence of a record this adapter just created (its create revision resolved) as a
+    /// number, so that people reading the record with the store's own tools see it. The fence is
+    /// defined by the create's revision either way: a write that loses its race (somebody wrote,
+    /// and so stored the number) or fails changes nothing about it.
+    async fn write_resolved_fence(&self, key: &Key) {
+        let Some((version, record)) = self.written.lock().get(key.as_str()).cloned() else {
+            return;
+        };
+        match self.inner.replace(key, &record, &version).await {
+            Ok(Some(v)) => {
+                self.written(key, v, record);
+            }
+            Ok(None) => self.forget(key),
+            Err(e) => {
+                tracing::debug!(key = %key, error = %e, "the fence of a new record stays a marker until its next write");
+                self.forget(key);
+            }
+        }
+    }
+
+    /// Takes note of a successful write of `record` at `version`: resolved, remembered, observed.
+    fn written(&self, key: &Key, version: String, mut record: LeaseRecord) -> LeaseRecord {
+        self.resolve_fence(&mut record, &version);
+        self.observe(key, &version, &record);
+        self.remember(key, version, record.clone());
+        record
     }
 }
 
@@ -175,39 +444,69 @@ impl<R: RecordStore> LockStore for RecordLockStore<R> {
     }
 
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome> {
-        self.cas(&req.key, true, Some(&req.given_up), |cur| {
-            let current = match cur {
-                None => Current::Missing,
-                Some(Stored::Record { record, .. }) => Current::Record(record),
-                Some(Stored::Corrupt { salvaged_fence, .. }) => Current::Corrupt {
-                    salvaged_fence: *salvaged_fence,
-                },
-            };
-            decide::acquire(current, req, Now::wall(), false)
+        let revisions = self.inner.revisions();
+        // Whether the last decision (the one written, if any) creates the record.
+        let created = std::sync::atomic::AtomicBool::new(false);
+        let (out, written) = self
+            .cas(&req.key, true, Some(&req.given_up), |cur| {
+                created.store(cur.is_none(), std::sync::atomic::Ordering::Relaxed);
+                let current = match cur {
+                    None => Current::Missing,
+                    Some(Stored::Record { record, .. }) => Current::Record(record),
+                    Some(Stored::Corrupt { salvaged_fence, .. }) => Current::Corrupt {
+                        salvaged_fence: *salvaged_fence,
+                    },
+                };
+                let now = self.now();
+                let expiry = self.judge(&req.key, cur);
+                let floor = if revisions { 0 } else { now.us };
+                let (out, mut write) =
+                    decide::acquire_judged(current, req, now, false, expiry, floor);
+                if let (None, true, Some(w)) = (cur, revisions, write.as_mut()) {
+                    // A create: its fence comes from the revision the create gets.
+                    w.store.insert(FENCE_FROM.0.into(), FENCE_FROM.1.into());
+                }
+                (out, write)
+            })
+            .await?;
+        Ok(match (out, written) {
+            (AcquireOutcome::Granted(_), Some(w)) => {
+                if revisions && created.load(std::sync::atomic::Ordering::Relaxed) {
+                    self.write_resolved_fence(&req.key).await;
+                }
+                AcquireOutcome::Granted(w)
+            }
+            (out, _) => out,
         })
-        .await
     }
 
     async fn renew(&self, key: &Key, token: &str, ttl: Duration) -> Result<RenewOutcome> {
         let ttl_ms = ttl.as_millis() as u64;
-        self.cas(key, false, None, |cur| {
-            decide::renew(record(cur), token, ttl_ms, now_ms())
-        })
-        .await
+        let (out, _) = self
+            .cas(key, false, None, |cur| {
+                let expiry = self.judge(key, cur);
+                decide::renew_judged(record(cur), token, ttl_ms, self.now().ms, expiry)
+            })
+            .await?;
+        Ok(out)
     }
 
     async fn release(&self, key: &Key, token: &str) -> Result<ReleaseOutcome> {
-        self.cas(key, false, None, |cur| {
-            decide::release(record(cur), token, now_ms())
-        })
-        .await
+        let (out, _) = self
+            .cas(key, false, None, |cur| {
+                let expiry = self.judge(key, cur);
+                decide::release_judged(record(cur), token, self.now().ms, expiry)
+            })
+            .await?;
+        Ok(out)
     }
 
     async fn withdraw_waiter(&self, key: &Key, token: &str) -> Result<()> {
         self.cas(key, false, None, |cur| {
             ((), decide::withdraw_waiter(record(cur), token))
         })
-        .await
+        .await?;
+        Ok(())
     }
 
     async fn inspect(&self, key: &Key) -> Result<Option<Inspection>> {
@@ -215,7 +514,7 @@ impl<R: RecordStore> LockStore for RecordLockStore<R> {
             .inner
             .get(key)
             .await?
-            .map(|s| to_inspection(key.as_str().to_owned(), s)))
+            .map(|s| to_inspection(key.as_str().to_owned(), self.resolve(s))))
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<Inspection>> {
@@ -224,29 +523,40 @@ impl<R: RecordStore> LockStore for RecordLockStore<R> {
             .list(prefix)
             .await?
             .into_iter()
-            .map(|(n, s)| to_inspection(n, s))
+            .map(|(n, s)| to_inspection(n, self.resolve(s)))
             .collect())
     }
 
     async fn force_release(&self, key: &Key) -> Result<Option<LeaseRecord>> {
-        self.cas(key, false, None, |cur| match record(cur) {
-            Some(r) if r.token.is_some() => (Some(r.clone()), Some(decide::freed(r, now_ms()))),
-            Some(r) => (Some(r.clone()), None),
-            None => (None, None),
-        })
-        .await
+        let (out, _) = self
+            .cas(key, false, None, |cur| match record(cur) {
+                Some(r) if r.token.is_some() => {
+                    let expiry = self.judge(key, cur);
+                    (
+                        Some(r.clone()),
+                        Some(decide::freed_judged(r, self.now().ms, expiry)),
+                    )
+                }
+                Some(r) => (Some(r.clone()), None),
+                None => (None, None),
+            })
+            .await?;
+        Ok(out)
     }
 
     async fn cleanup(&self, older_than: Duration) -> Result<CleanupReport> {
         let mut report = CleanupReport::default();
-        let now = now_ms();
+        let now = self.now().ms;
         for (_, stored) in self.inner.list("").await? {
-            if let Stored::Record { record, version } = stored {
+            if let Stored::Record { record, version } = self.resolve(stored) {
                 let key = Key::new(&record.key)?;
-                if decide::removable(&record, now, older_than.as_millis() as u64)
+                // A one-shot look: only a record free, or expired beyond any assumed skew, goes.
+                let expiry = Expiry::Observed(self.first_sight());
+                if decide::removable_judged(&record, now, older_than.as_millis() as u64, expiry)
                     && self.inner.delete(&key, &version).await?
                 {
                     self.forget(&key);
+                    self.unobserve(&key);
                     report.removed += 1;
                     continue;
                 }
@@ -398,5 +708,193 @@ mod tests {
             (1..MAX_RACES / 2).contains(&sent),
             "the call in the background stopped at its next race: {sent} writes"
         );
+    }
+
+    /// Several machines sharing one record store, each with its own wall-clock error.
+    fn machines(
+        offsets_ms: &[i64],
+    ) -> (
+        Arc<RecordMemoryStore>,
+        Vec<RecordLockStore<Arc<RecordMemoryStore>>>,
+    ) {
+        let shared = Arc::new(RecordMemoryStore::new());
+        let all = offsets_ms
+            .iter()
+            .map(|o| RecordLockStore::new(shared.clone()).with_wall_clock_offset(*o))
+            .collect();
+        (shared, all)
+    }
+
+    fn request(key: &Key, holder: &str, ttl: Duration) -> AcquireRequest {
+        AcquireRequest::new(key.clone(), holder, ttl)
+    }
+
+    const TWO_MINUTES: i64 = 120_000;
+
+    /// Exclusion with clocks minutes apart: a contender whose wall clock is two minutes ahead (or
+    /// behind) never takes a lease its holder keeps renewing, and takes a crashed holder's lease
+    /// once it has seen it unchanged for the TTL plus the drift margin — not before, and within
+    /// one poll after.
+    #[tokio::test(start_paused = true)]
+    async fn skewed_contenders_neither_take_a_held_lease_early_nor_wait_for_their_clock() {
+        let (_, m) = machines(&[0, TWO_MINUTES, -TWO_MINUTES]);
+        let (holder, ahead, behind) = (&m[0], &m[1], &m[2]);
+        let key = Key::new("skew").unwrap();
+        let ttl = Duration::from_secs(1);
+        let h = request(&key, "holder", ttl);
+        let AcquireOutcome::Granted(first) = holder.acquire(&h).await.unwrap() else {
+            panic!("free key not granted")
+        };
+        let (a, b) = (request(&key, "ahead", ttl), request(&key, "behind", ttl));
+        // The holder renews every TTL/3 for three TTLs; both contenders poll every 50 ms.
+        let step = Duration::from_millis(50);
+        let mut since_renewal = Duration::ZERO;
+        for _ in 0..60 {
+            for (who, r) in [(ahead, &a), (behind, &b)] {
+                let out = who.acquire(r).await.unwrap();
+                assert!(
+                    matches!(out, AcquireOutcome::Held(_)),
+                    "{} took a lease that is renewed every {:?}: {out:?}",
+                    r.holder,
+                    ttl / 3
+                );
+            }
+            tokio::time::advance(step).await;
+            since_renewal += step;
+            if since_renewal >= ttl / 3 {
+                let renewed = holder.renew(&key, &h.token, ttl).await.unwrap();
+                assert!(matches!(renewed, RenewOutcome::Renewed(_)), "{renewed:?}");
+                since_renewal = Duration::ZERO;
+            }
+        }
+        // The holder crashes now (it renewed `since_renewal` ago); the contenders keep polling.
+        let needed = decide::observation_needed(ttl.as_millis() as u64);
+        let crashed = Instant::now();
+        let mut elapsed = since_renewal;
+        let granted = loop {
+            let mut got = None;
+            for (who, r) in [(behind, &b), (ahead, &a)] {
+                if let AcquireOutcome::Granted(g) = who.acquire(r).await.unwrap() {
+                    got = Some(g);
+                    break;
+                }
+            }
+            if let Some(g) = got {
+                break g;
+            }
+            assert!(
+                elapsed <= needed + step,
+                "a crashed holder's lease was still not taken {elapsed:?} after its last renewal"
+            );
+            tokio::time::advance(step).await;
+            elapsed += step;
+        };
+        assert!(
+            elapsed >= needed,
+            "taken {elapsed:?} after the last renewal, before TTL + drift ({needed:?})"
+        );
+        assert!(crashed.elapsed() <= needed + step);
+        assert!(granted.fence > first.fence);
+    }
+
+    /// Fences from revisions: the record is deleted (an operator, `cleanup`) after a machine
+    /// whose clock runs two minutes ahead held it; the next machine's clock lags two minutes.
+    /// Its fence is still above every earlier one.
+    #[tokio::test]
+    async fn fences_never_go_backwards_when_the_record_is_deleted_and_the_next_clock_lags() {
+        let (shared, m) = machines(&[TWO_MINUTES, -TWO_MINUTES]);
+        let key = Key::new("deleted").unwrap();
+        let ttl = Duration::from_secs(30);
+        let mut last = 0;
+        for round in 0..3 {
+            for (i, who) in m.iter().enumerate() {
+                let r = request(&key, &format!("m{i}"), ttl);
+                let AcquireOutcome::Granted(g) = who.acquire(&r).await.unwrap() else {
+                    panic!("round {round}: machine {i} was refused a free key")
+                };
+                assert!(
+                    g.fence > last,
+                    "round {round}: machine {i} got fence {} after {last}",
+                    g.fence
+                );
+                last = g.fence;
+                assert_eq!(
+                    who.release(&key, &r.token).await.unwrap(),
+                    ReleaseOutcome::Released
+                );
+                // Somebody deletes the record.
+                let Some(Stored::Record { version, .. }) = shared.get(&key).await.unwrap() else {
+                    panic!("no record")
+                };
+                assert!(shared.delete(&key, &version).await.unwrap());
+            }
+        }
+    }
+
+    /// A waiter registration is judged by observation too: a waiter whose clock runs two
+    /// minutes ahead registers and goes away; the freed lease is reserved for it only for its
+    /// registration's lifetime (plus the drift margin), not for two minutes more.
+    #[tokio::test(start_paused = true)]
+    async fn a_vanished_waiter_with_a_fast_clock_reserves_the_lease_only_for_its_lifetime() {
+        let (_, m) = machines(&[0, TWO_MINUTES, 0]);
+        let (holder, waiter, other) = (&m[0], &m[1], &m[2]);
+        let key = Key::new("reserved").unwrap();
+        let ttl = Duration::from_secs(30);
+        let h = request(&key, "holder", ttl);
+        holder.acquire(&h).await.unwrap();
+        let mut w = request(&key, "waiter", ttl);
+        let lifetime = Duration::from_millis(300);
+        w.waiter_ttl = Some(lifetime);
+        let AcquireOutcome::Held(reg) = waiter.acquire(&w).await.unwrap() else {
+            panic!("not held")
+        };
+        assert_eq!(reg.waiter_ttl_ms, Some(300));
+        // The waiter is gone; the holder releases.
+        assert_eq!(
+            holder.release(&key, &h.token).await.unwrap(),
+            ReleaseOutcome::Released
+        );
+        let o = request(&key, "other", ttl);
+        assert!(
+            matches!(other.acquire(&o).await.unwrap(), AcquireOutcome::Held(_)),
+            "reserved for the waiter while its registration lives"
+        );
+        tokio::time::advance(decide::observation_needed(300)).await;
+        let out = other.acquire(&o).await.unwrap();
+        assert!(
+            matches!(out, AcquireOutcome::Granted(_)),
+            "still reserved for a waiter gone {lifetime:?} ago: {out:?}"
+        );
+    }
+
+    /// A contender arriving long after a crash, without having watched: held on first sight
+    /// unless the written expiry is older than its clock minus the skew bound.
+    #[tokio::test]
+    async fn first_sight_takes_only_what_expired_beyond_the_skew_bound() {
+        let shared = Arc::new(RecordMemoryStore::new());
+        let bound = Duration::from_secs(60);
+        let crashed = RecordLockStore::new(shared.clone());
+        let key = Key::new("late").unwrap();
+        let ttl = Duration::from_millis(100);
+        crashed
+            .acquire(&request(&key, "crashed", ttl))
+            .await
+            .unwrap();
+        // Ten seconds later on this clock: expired by the holder's time, within the bound.
+        let soon = RecordLockStore::new(shared.clone())
+            .with_max_clock_skew(bound)
+            .with_wall_clock_offset(10_000);
+        assert!(matches!(
+            soon.acquire(&request(&key, "soon", ttl)).await.unwrap(),
+            AcquireOutcome::Held(_)
+        ));
+        // Beyond the bound: taken at first sight.
+        let late = RecordLockStore::new(shared)
+            .with_max_clock_skew(bound)
+            .with_wall_clock_offset(61_000);
+        assert!(matches!(
+            late.acquire(&request(&key, "late", ttl)).await.unwrap(),
+            AcquireOutcome::Granted(_)
+        ));
     }
 }

@@ -9,7 +9,7 @@
 use crate::key::Key;
 use crate::options::LockOptions;
 use crate::record::LeaseRecord;
-use crate::store::LockStore;
+use crate::store::{LockStore, RenewOutcome};
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
@@ -98,10 +98,58 @@ impl Carry {
             && self.valid_until > Instant::now() + self.opts.drift()
     }
 
+    /// Confirms with the store that the lease is still ours when nobody has for a renewal period
+    /// or more (it waited in the slot, where nothing renews it, or its holder did not renew): it
+    /// may have been force-released or taken over meanwhile. A lease confirmed sooner is handed
+    /// on as it is; that it was taken away meanwhile is then found by the next task's first
+    /// renewal, at most a renewal period later.
+    ///
+    /// Whether the lease may be handed on. A renewal refused disarms the carry (nothing is left
+    /// to release); a renewal that fails leaves it armed, so it is released once dropped.
+    ///
+    /// # Cancel safety
+    /// Dropped mid-way, the carry is dropped with it and released in the background.
+    pub(crate) async fn confirm(&mut self) -> bool {
+        let (ttl, drift, period) = (self.opts.ttl, self.opts.drift(), self.opts.renew_period());
+        let live = ttl.saturating_sub(drift);
+        let confirmed = self
+            .valid_until
+            .checked_sub(live)
+            .unwrap_or(self.valid_until);
+        if Instant::now() < confirmed + period {
+            return true;
+        }
+        let sent = Instant::now();
+        let call = self.store.renew(&self.key, &self.token, ttl);
+        match tokio::time::timeout_at(self.valid_until, call).await {
+            Ok(Ok(RenewOutcome::Renewed(_))) => {
+                self.valid_until = sent + live;
+                self.renew_at = self.renew_at.map(|_| sent + period);
+                true
+            }
+            Ok(Ok(RenewOutcome::Lost(reason))) => {
+                tracing::debug!(key = %self.key, %reason, "a lease waiting to be handed on was lost");
+                self.armed = false;
+                false
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(key = %self.key, error = %e, "a lease waiting to be handed on could not be renewed");
+                false
+            }
+            Err(_) => false,
+        }
+    }
+
     /// Releases the lease in the store now (errors only logged: it then expires by its TTL).
+    ///
+    /// # Cancel safety
+    /// The carry stays armed until the release has answered: dropped mid-way, it is released in
+    /// the background (a second release of the same token is harmless).
     pub(crate) async fn release(mut self) {
-        self.armed = false;
-        release_carried(&*self.store, &self.key, &self.token).await;
+        if self.armed {
+            release_carried(&*self.store, &self.key, &self.token).await;
+            self.armed = false;
+        }
         drop(self.transit.take());
     }
 }

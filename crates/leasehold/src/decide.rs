@@ -1,4 +1,4 @@
-//! The lock decision logic, pure: records in, decision out, the clock passed in.
+//! The lock decision logic, pure: records in, decision out, the clocks passed in.
 //!
 //! Shared by the memory store, the file store and the generic [`crate::adapter::RecordLockStore`], so
 //! every store built on records follows one algorithm:
@@ -7,14 +7,19 @@
 //!   tell, its holder process is alive);
 //! * a free or expired lease goes to the acquirer, **unless** a live waiter other than the acquirer
 //!   is registered: then it is reserved for that waiter;
-//! * every grant's fence is `max(previous fence + 1, now in microseconds)`: strictly increasing
-//!   while the record exists whatever the clocks do, and still increasing after the record was
-//!   deleted (cleanup) or damaged as long as the wall clock has not been set back past the last
-//!   grant.
+//! * how "expired" and "live" are judged is the [`Expiry`] rule the store passes: by the written
+//!   times on a clock the writer shares ([`Expiry::Clock`]), or, for records written by other
+//!   machines, by how long the record has been **observed unchanged** on the decider's monotonic
+//!   clock, with a wall-clock shortcut bounded by an assumed maximum skew ([`Expiry::Observed`]);
+//! * every grant's fence is `max(previous fence + n, floor)` for a block of `n` fences, where the
+//!   floor is the store's: now in microseconds for stores that keep the fence as a clock-floored
+//!   counter, none for stores whose versions give a floor a deletion cannot lower (the adapter
+//!   derives those fences from versions, see [`crate::adapter`]).
 
 use crate::record::LeaseRecord;
 use crate::store::{AcquireOutcome, AcquireRequest, LostReason, ReleaseOutcome, RenewOutcome};
 use std::sync::OnceLock;
+use std::time::Duration;
 
 /// What a store found under a key before deciding.
 #[derive(Debug, Clone, Copy)]
@@ -47,6 +52,91 @@ impl Now {
     }
 }
 
+/// How a decision judges the times written in a record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Expiry {
+    /// The writer's clock is the decider's (one process, or the processes of one host): compare
+    /// the written `expires` and `waiter_expires` with [`Now::ms`].
+    Clock,
+    /// The writer may be another machine with another wall clock: judge by observation.
+    Observed(Observed),
+}
+
+/// What a decider saw of a record on its own monotonic clock, and the skew it assumes.
+///
+/// The holder's lease has passed once the holder's part of the record (token, fence, times) was
+/// seen unchanged for the record's TTL plus the drift margin: a holder that still holds it
+/// renews well within its TTL, each renewal changes that part, and its own `lost()` fires at
+/// TTL − drift after its last renewal was sent, which is before this decider first saw that
+/// renewal. Shortcut: a written expiry older than now − `max_skew` on the decider's wall clock
+/// has passed whatever the writer's clock said, as long as no two clocks differ by more than
+/// `max_skew`. A waiter registration lapses the same way, on its own lifetime.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Observed {
+    /// How long the holder's part of the record has been seen unchanged (zero on first sight).
+    pub lease_unchanged: Duration,
+    /// How long the waiter registration has been seen unchanged (zero on first sight).
+    pub waiter_unchanged: Duration,
+    /// The largest difference between two machines' wall clocks that is assumed.
+    pub max_skew: Duration,
+}
+
+/// A waiter registration without a recorded lifetime (written before records carried one) is
+/// judged on the lease's TTL, and at least this long.
+const LEGACY_WAITER_TTL_MS: u64 = 5_000;
+
+impl Expiry {
+    /// Whether the lease in `r` (its holder's part) is over at `now_ms`. A record without an
+    /// owner token is free at once.
+    pub(crate) fn lease_over(&self, r: &LeaseRecord, now_ms: u64) -> bool {
+        if r.token.is_none() {
+            return true;
+        }
+        match self {
+            Expiry::Clock => r.expires_ms <= now_ms,
+            Expiry::Observed(o) => {
+                o.lease_unchanged >= observation_needed(r.ttl_ms)
+                    || passed_beyond_skew(r.expires_ms, o.max_skew, now_ms)
+            }
+        }
+    }
+
+    /// Whether the lease in `r` is held by a live holder at `now_ms`.
+    pub(crate) fn held(&self, r: &LeaseRecord, now_ms: u64) -> bool {
+        !self.lease_over(r, now_ms)
+    }
+
+    /// Whether `r` carries a live waiter registration at `now_ms`.
+    pub(crate) fn waiter_live(&self, r: &LeaseRecord, now_ms: u64) -> bool {
+        let (Some(_), Some(expires)) = (&r.waiter_token, r.waiter_expires_ms) else {
+            return false;
+        };
+        match self {
+            Expiry::Clock => expires > now_ms,
+            Expiry::Observed(o) => {
+                let lifetime = r
+                    .waiter_ttl_ms
+                    .unwrap_or_else(|| r.ttl_ms.max(LEGACY_WAITER_TTL_MS));
+                !(o.waiter_unchanged >= observation_needed(lifetime)
+                    || passed_beyond_skew(expires, o.max_skew, now_ms))
+            }
+        }
+    }
+}
+
+/// How long a record written with a lifetime of `ttl_ms` must be seen unchanged before it has
+/// surely lapsed on its writer's side: the lifetime plus the drift margin.
+pub(crate) fn observation_needed(ttl_ms: u64) -> Duration {
+    let ttl = Duration::from_millis(ttl_ms);
+    ttl + crate::options::drift(ttl)
+}
+
+/// Whether a time `written_ms` on some machine's wall clock has passed at `now_ms` on ours even if
+/// the two clocks differ by `max_skew`.
+fn passed_beyond_skew(written_ms: u64, max_skew: Duration, now_ms: u64) -> bool {
+    written_ms.saturating_add(max_skew.as_millis() as u64) <= now_ms
+}
+
 /// This process's id, read once (a syscall saved per grant).
 pub(crate) fn pid() -> u32 {
     static PID: OnceLock<u32> = OnceLock::new();
@@ -59,7 +149,8 @@ pub(crate) fn host() -> &'static str {
     HOST.get_or_init(crate::holder::hostname)
 }
 
-/// Decides an acquisition. Returns the outcome and the record to write, if anything changes.
+/// Decides an acquisition, judging times on this clock ([`Expiry::Clock`]) and flooring the fence
+/// at now in microseconds. Returns the outcome and the record to write, if anything changes.
 /// `holder_dead` is true when the store knows the recorded holder's process is gone.
 pub(crate) fn acquire(
     current: Current<'_>,
@@ -67,33 +158,46 @@ pub(crate) fn acquire(
     now: Now,
     holder_dead: bool,
 ) -> (AcquireOutcome, Option<LeaseRecord>) {
+    acquire_judged(current, req, now, holder_dead, Expiry::Clock, now.us)
+}
+
+/// Decides an acquisition with the `expiry` rule and a grant's fence floored at `fence_floor`.
+pub(crate) fn acquire_judged(
+    current: Current<'_>,
+    req: &AcquireRequest,
+    now: Now,
+    holder_dead: bool,
+    expiry: Expiry,
+    fence_floor: u64,
+) -> (AcquireOutcome, Option<LeaseRecord>) {
     let base_fence = match current {
         Current::Missing => 0,
         Current::Corrupt { salvaged_fence } => salvaged_fence.unwrap_or(0),
         Current::Record(r) => r.fence,
     };
     if let Current::Record(r) = current {
-        let held = r.is_held(now.ms) && !holder_dead;
-        let reserved_for_other = !held
-            && r.has_live_waiter(now.ms)
-            && r.waiter_token.as_deref() != Some(req.token.as_str());
+        let held = expiry.held(r, now.ms) && !holder_dead;
+        let live_waiter = expiry.waiter_live(r, now.ms);
+        let mine = r.waiter_token.as_deref() == Some(req.token.as_str());
+        let reserved_for_other = !held && live_waiter && !mine;
         if held || reserved_for_other {
             if let Some(wttl) = req.waiter_ttl {
-                let mine = r.waiter_token.as_deref() == Some(req.token.as_str());
                 let wttl_ms = wttl.as_millis() as u64;
                 // A fresh registration of ours is left alone: rewriting it on every attempt would
-                // wake every watcher (ourselves included) for nothing.
+                // wake every watcher (ourselves included) for nothing. Ours was written on this
+                // clock, so its written expiry is judged directly.
                 let fresh = mine
                     && r.has_live_waiter(now.ms)
                     && r.waiter_expires_ms.unwrap_or(0) >= now.ms + wttl_ms * 2 / 3;
                 if fresh {
                     return (AcquireOutcome::Held(r.clone()), None);
                 }
-                if mine || !r.has_live_waiter(now.ms) {
+                if mine || !live_waiter {
                     let mut w = r.clone();
                     w.waiter = Some(req.holder.clone());
                     w.waiter_token = Some(req.token.clone());
                     w.waiter_expires_ms = Some(now.ms + wttl_ms);
+                    w.waiter_ttl_ms = Some(wttl_ms);
                     return (AcquireOutcome::Held(w.clone()), Some(w));
                 }
             }
@@ -108,14 +212,24 @@ pub(crate) fn acquire(
         }
         _ => LeaseRecord::free(req.key.as_str(), 0),
     };
-    let fence = base_fence.saturating_add(req.fences.max(1)).max(now.us);
+    let fence = base_fence
+        .saturating_add(req.fences.max(1))
+        .max(fence_floor);
+    let keep_waiter =
+        expiry.waiter_live(&g, now.ms) && g.waiter_token.as_deref() != Some(req.token.as_str());
     grant(&mut g, req, fence, now.ms);
-    if !g.has_live_waiter(now.ms) || g.waiter_token.as_deref() == Some(req.token.as_str()) {
-        g.waiter = None;
-        g.waiter_token = None;
-        g.waiter_expires_ms = None;
+    if !keep_waiter {
+        clear_waiter(&mut g);
     }
     (AcquireOutcome::Granted(g.clone()), Some(g))
+}
+
+/// Removes the waiter registration from `r`.
+fn clear_waiter(r: &mut LeaseRecord) {
+    r.waiter = None;
+    r.waiter_token = None;
+    r.waiter_expires_ms = None;
+    r.waiter_ttl_ms = None;
 }
 
 /// Writes the grant of `req` with `fence` at `now_ms` into `g` (holder, token, fence, times, this
@@ -157,12 +271,25 @@ pub(crate) fn lost_reason(
     }
 }
 
-/// Decides a renewal: the record to write when it is still ours.
+/// Decides a renewal: the record to write when it is still ours. A lapsed waiter registration is
+/// dropped, judged on this clock.
 pub(crate) fn renew(
     current: Option<&LeaseRecord>,
     token: &str,
     ttl_ms: u64,
     now_ms: u64,
+) -> (RenewOutcome, Option<LeaseRecord>) {
+    renew_judged(current, token, ttl_ms, now_ms, Expiry::Clock)
+}
+
+/// Decides a renewal; whether a waiter registration has lapsed is judged with `expiry` (the
+/// holder's own lease is always judged on its own clock: it wrote it).
+pub(crate) fn renew_judged(
+    current: Option<&LeaseRecord>,
+    token: &str,
+    ttl_ms: u64,
+    now_ms: u64,
+    expiry: Expiry,
 ) -> (RenewOutcome, Option<LeaseRecord>) {
     if let Some(reason) = lost_reason(current, token, now_ms) {
         return (RenewOutcome::Lost(reason), None);
@@ -174,10 +301,8 @@ pub(crate) fn renew(
     n.renewed_ms = now_ms;
     n.ttl_ms = ttl_ms;
     n.expires_ms = now_ms + ttl_ms;
-    if !n.has_live_waiter(now_ms) {
-        n.waiter = None;
-        n.waiter_token = None;
-        n.waiter_expires_ms = None;
+    if !expiry.waiter_live(r, now_ms) {
+        clear_waiter(&mut n);
     }
     (RenewOutcome::Renewed(n.clone()), Some(n))
 }
@@ -189,6 +314,16 @@ pub(crate) fn release(
     token: &str,
     now_ms: u64,
 ) -> (ReleaseOutcome, Option<LeaseRecord>) {
+    release_judged(current, token, now_ms, Expiry::Clock)
+}
+
+/// Decides a release; whether the waiter registration is kept is judged with `expiry`.
+pub(crate) fn release_judged(
+    current: Option<&LeaseRecord>,
+    token: &str,
+    now_ms: u64,
+    expiry: Expiry,
+) -> (ReleaseOutcome, Option<LeaseRecord>) {
     match current {
         Some(r) if r.token.as_deref() == Some(token) => {
             let outcome = if r.expires_ms > now_ms {
@@ -196,7 +331,7 @@ pub(crate) fn release(
             } else {
                 ReleaseOutcome::NotHeld
             };
-            (outcome, Some(freed(r, now_ms)))
+            (outcome, Some(freed_judged(r, now_ms, expiry)))
         }
         _ => (ReleaseOutcome::NotHeld, None),
     }
@@ -204,16 +339,20 @@ pub(crate) fn release(
 
 /// The record `r` with its holder removed (fence, live waiter and key kept).
 pub(crate) fn freed(r: &LeaseRecord, now_ms: u64) -> LeaseRecord {
+    freed_judged(r, now_ms, Expiry::Clock)
+}
+
+/// The record `r` with its holder removed; the waiter registration is kept while `expiry` judges
+/// it live.
+pub(crate) fn freed_judged(r: &LeaseRecord, now_ms: u64, expiry: Expiry) -> LeaseRecord {
     let mut f = r.clone();
     f.holder = None;
     f.token = None;
     f.expires_ms = 0;
     f.renewed_ms = now_ms;
     f.store.clear();
-    if !f.has_live_waiter(now_ms) {
-        f.waiter = None;
-        f.waiter_token = None;
-        f.waiter_expires_ms = None;
+    if !expiry.waiter_live(r, now_ms) {
+        clear_waiter(&mut f);
     }
     f
 }
@@ -223,9 +362,7 @@ pub(crate) fn withdraw_waiter(current: Option<&LeaseRecord>, token: &str) -> Opt
     match current {
         Some(r) if r.waiter_token.as_deref() == Some(token) => {
             let mut n = r.clone();
-            n.waiter = None;
-            n.waiter_token = None;
-            n.waiter_expires_ms = None;
+            clear_waiter(&mut n);
             Some(n)
         }
         _ => None,
@@ -233,10 +370,22 @@ pub(crate) fn withdraw_waiter(current: Option<&LeaseRecord>, token: &str) -> Opt
 }
 
 /// Whether `cleanup` may delete this record: free or expired, no live waiter, untouched for
-/// `older_than_ms`.
+/// `older_than_ms`, with times judged on this clock.
 pub(crate) fn removable(r: &LeaseRecord, now_ms: u64, older_than_ms: u64) -> bool {
+    removable_judged(r, now_ms, older_than_ms, Expiry::Clock)
+}
+
+/// Whether `cleanup` may delete this record, with expiry judged by `expiry`.
+pub(crate) fn removable_judged(
+    r: &LeaseRecord,
+    now_ms: u64,
+    older_than_ms: u64,
+    expiry: Expiry,
+) -> bool {
     let last = r.renewed_ms.max(r.acquired_ms).max(r.expires_ms);
-    !r.is_held(now_ms) && !r.has_live_waiter(now_ms) && last.saturating_add(older_than_ms) <= now_ms
+    expiry.lease_over(r, now_ms)
+        && !expiry.waiter_live(r, now_ms)
+        && last.saturating_add(older_than_ms) <= now_ms
 }
 
 /// Finds the largest `"fence": N` in damaged bytes.
@@ -330,6 +479,119 @@ mod tests {
             false,
         ));
         assert_eq!(e.fence, u64::MAX);
+    }
+
+    fn seen(lease_ms: u64, waiter_ms: u64) -> Expiry {
+        Expiry::Observed(Observed {
+            lease_unchanged: Duration::from_millis(lease_ms),
+            waiter_unchanged: Duration::from_millis(waiter_ms),
+            max_skew: Duration::from_secs(300),
+        })
+    }
+
+    #[test]
+    fn observed_expiry_ignores_the_writers_wall_clock_within_the_skew_bound() {
+        // Written by a holder whose clock is 2 minutes behind ours: by wall clocks it expired
+        // long ago; seen unchanged for less than TTL + drift (1012 ms), it is held.
+        let behind = granted(acquire(Current::Missing, &req("a"), at(10), false));
+        let now = at(120_000);
+        let (o, w) = acquire_judged(
+            Current::Record(&behind),
+            &req("b"),
+            now,
+            false,
+            seen(1011, 0),
+            0,
+        );
+        assert!(matches!(o, AcquireOutcome::Held(_)) && w.is_none(), "{o:?}");
+        let got = granted(acquire_judged(
+            Current::Record(&behind),
+            &req("b"),
+            now,
+            false,
+            seen(1012, 0),
+            0,
+        ));
+        assert_eq!(got.fence, behind.fence + 1, "no clock floor: previous + 1");
+        // Written by a holder whose clock is 2 minutes ahead: its expiry is far in our future,
+        // yet unchanged for TTL + drift means it is over.
+        let ahead = granted(acquire(Current::Missing, &req("a"), at(240_000), false));
+        granted(acquire_judged(
+            Current::Record(&ahead),
+            &req("b"),
+            at(120_000),
+            false,
+            seen(1012, 0),
+            0,
+        ));
+        // First sight: only an expiry older than now − the bound (300 s) has passed.
+        let old = granted(acquire(Current::Missing, &req("a"), at(10), false));
+        let (o, _) = acquire_judged(
+            Current::Record(&old),
+            &req("b"),
+            at(300_000),
+            false,
+            seen(0, 0),
+            0,
+        );
+        assert!(matches!(o, AcquireOutcome::Held(_)), "{o:?}");
+        granted(acquire_judged(
+            Current::Record(&old),
+            &req("b"),
+            at(301_010),
+            false,
+            seen(0, 0),
+            0,
+        ));
+        // Released: free at once, whatever was observed.
+        let (_, free) = release(Some(&old), "a", 20);
+        granted(acquire_judged(
+            Current::Record(&free.unwrap()),
+            &req("b"),
+            at(0),
+            false,
+            seen(0, 0),
+            0,
+        ));
+    }
+
+    #[test]
+    fn observed_waiters_lapse_after_their_recorded_lifetime() {
+        let a = granted(acquire(Current::Missing, &req("a"), at(10), false));
+        let mut w = req("w");
+        w.waiter_ttl = Some(Duration::from_millis(300));
+        let (_, reg) = acquire(Current::Record(&a), &w, at(20), false);
+        let mut reg = reg.unwrap();
+        // The waiter's clock was 2 minutes ahead of ours.
+        reg.waiter_expires_ms = Some(120_320);
+        assert_eq!(reg.waiter_ttl_ms, Some(300));
+        let (_, free) = release(Some(&reg), "a", 30);
+        let free = free.unwrap();
+        assert!(
+            free.waiter_token.is_some(),
+            "a live waiter survives the release"
+        );
+        let (o, _) = acquire_judged(
+            Current::Record(&free),
+            &req("z"),
+            at(40),
+            false,
+            seen(0, 304),
+            0,
+        );
+        assert!(matches!(o, AcquireOutcome::Held(_)), "reserved: {o:?}");
+        let got = granted(acquire_judged(
+            Current::Record(&free),
+            &req("z"),
+            at(40),
+            false,
+            seen(0, 305),
+            0,
+        ));
+        assert!(
+            got.waiter_token.is_none(),
+            "the lapsed registration is dropped"
+        );
     }
 
     #[test]

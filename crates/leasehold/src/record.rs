@@ -83,6 +83,11 @@ pub struct LeaseRecord {
     /// When the waiter registration lapses unless renewed.
     #[serde(default, rename = "waiter_expires", with = "opt_ms_time")]
     pub waiter_expires_ms: Option<u64>,
+    /// The waiter registration's lifetime in milliseconds, as the waiter asked for it: a
+    /// contender on another machine judges the registration lapsed once it has seen it unchanged
+    /// for this long, without trusting the waiter's wall clock.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiter_ttl_ms: Option<u64>,
     /// The holder's process id.
     #[serde(default)]
     pub pid: Option<u32>,
@@ -118,6 +123,7 @@ impl LeaseRecord {
             waiter: None,
             waiter_token: None,
             waiter_expires_ms: None,
+            waiter_ttl_ms: None,
             pid: None,
             host: None,
             labels: BTreeMap::new(),

@@ -513,4 +513,69 @@ pub trait RecordStore: Send + Sync + fmt::Debug + 'static {
     async fn subscribe(&self, _key: &Key) -> Result<Option<Box<dyn ChangeWatch>>> {
         Ok(None)
     }
+
+    /// Whether the store's versions are **revisions**: numbers that every later write of any
+    /// record of the store exceeds, a deletion included (an etcd revision, which is what a
+    /// Kubernetes API server answers as `resourceVersion`; a store-wide write counter). The
+    /// generic adapter then takes fences from revisions instead of a clock, so that neither a
+    /// deleted record nor a lagging clock can make a fence go backwards (see
+    /// [`crate::adapter`]). Default: false (fences are floored at the wall clock).
+    fn revisions(&self) -> bool {
+        false
+    }
+
+    /// The revision a version stands for, when [`revisions`](Self::revisions) is true and the
+    /// version is one. Default: `None`.
+    fn revision(&self, _version: &str) -> Option<u64> {
+        None
+    }
+}
+
+/// A shared record store is a record store: several adapters (several simulated machines) can
+/// work on one.
+///
+/// ```
+/// use leasehold::{adapter::RecordLockStore, memory::RecordMemoryStore};
+/// use std::sync::Arc;
+/// let shared = Arc::new(RecordMemoryStore::new());
+/// let (a, b) = (RecordLockStore::new(shared.clone()), RecordLockStore::new(shared));
+/// # let _ = (a, b);
+/// ```
+#[async_trait]
+impl<R: RecordStore + ?Sized> RecordStore for Arc<R> {
+    fn describe(&self) -> String {
+        (**self).describe()
+    }
+    fn capabilities(&self) -> Capabilities {
+        (**self).capabilities()
+    }
+    async fn get(&self, key: &Key) -> Result<Option<Stored>> {
+        (**self).get(key).await
+    }
+    async fn create(&self, key: &Key, record: &LeaseRecord) -> Result<Option<String>> {
+        (**self).create(key, record).await
+    }
+    async fn replace(
+        &self,
+        key: &Key,
+        record: &LeaseRecord,
+        version: &str,
+    ) -> Result<Option<String>> {
+        (**self).replace(key, record, version).await
+    }
+    async fn delete(&self, key: &Key, version: &str) -> Result<bool> {
+        (**self).delete(key, version).await
+    }
+    async fn list(&self, prefix: &str) -> Result<Vec<(String, Stored)>> {
+        (**self).list(prefix).await
+    }
+    async fn subscribe(&self, key: &Key) -> Result<Option<Box<dyn ChangeWatch>>> {
+        (**self).subscribe(key).await
+    }
+    fn revisions(&self) -> bool {
+        (**self).revisions()
+    }
+    fn revision(&self, version: &str) -> Option<u64> {
+        (**self).revision(version)
+    }
 }

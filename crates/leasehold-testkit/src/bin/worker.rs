@@ -18,6 +18,9 @@
 //!
 //! `leasehold-worker hold STORE KEY TTL_MS`: acquire KEY, print `held FENCE`, then wait; print
 //! `lost REASON` and exit 4 when the lease is lost; exit 0 on SIGTERM after releasing.
+//!
+//! `leasehold-worker try STORE KEY TTL_MS`: try to acquire KEY once, without waiting: print
+//! `granted FENCE` and release, or `busy HOLDER`.
 
 use std::io::Write;
 use std::time::Duration;
@@ -238,6 +241,30 @@ async fn main() {
                 _ = term.recv() => {
                     let _ = g.release().await;
                 }
+            }
+        }
+        "try" => {
+            let ttl: u64 = arg(4).parse().unwrap_or_else(|_| fail("bad ttl".into()));
+            match locks
+                .lock_key(key.clone())
+                .ttl(Duration::from_millis(ttl))
+                .try_acquire()
+                .await
+            {
+                Ok(Some(g)) => {
+                    println!("granted {}", g.fence());
+                    if let Err(e) = g.release().await {
+                        fail(e.to_string());
+                    }
+                }
+                Ok(None) => {
+                    let holder = match locks.store().inspect(&key).await {
+                        Ok(Some(leasehold::Inspection::Record(r))) => r.holder.unwrap_or_default(),
+                        _ => String::new(),
+                    };
+                    println!("busy {holder}");
+                }
+                Err(e) => fail(e.to_string()),
             }
         }
         other => fail(format!("unknown mode {other}")),

@@ -87,8 +87,8 @@ async fn run_inner(
 
     // A lease the previous local holder handed on: ours without a store call if it fits.
     let mut local = local;
-    if let Some(carry) = local.as_mut().and_then(LocalGuard::take_carry) {
-        if carry.fits(locks.holder.as_str(), &opts) {
+    if let Some(mut carry) = local.as_mut().and_then(LocalGuard::take_carry) {
+        if carry.fits(locks.holder.as_str(), &opts) && carry.confirm().await {
             tracing::debug!(key = %key, "lease taken over from a task of this process");
             return Ok(LeaseGuard::carried(
                 carry,

@@ -25,6 +25,8 @@ struct NoNotifications {
     subscribes: AtomicUsize,
     notifies: bool,
     fail_acquires: AtomicUsize,
+    /// When set, each release waits for a permit first (a store slow to answer releases).
+    release_gate: Option<Arc<tokio::sync::Semaphore>>,
 }
 
 #[async_trait]
@@ -54,6 +56,11 @@ impl LockStore for NoNotifications {
         self.inner.renew(key, token, ttl).await
     }
     async fn release(&self, key: &Key, token: &str) -> Result<ReleaseOutcome> {
+        if let Some(gate) = &self.release_gate {
+            if let Ok(permit) = gate.acquire().await {
+                permit.forget(); // one release per permit
+            }
+        }
         self.inner.release(key, token).await
     }
     async fn withdraw_waiter(&self, key: &Key, token: &str) -> Result<()> {
@@ -170,4 +177,98 @@ async fn a_waiter_without_notifications_polls_and_subscribes_again_once_a_second
         "{acquires} acquisitions in 10 s"
     );
     held.release().await.unwrap();
+}
+
+/// Whether the store shows `key` held by anyone.
+async fn held_in_store(store: &dyn LockStore, key: &str) -> bool {
+    let key = Key::new(key).unwrap();
+    match store.inspect(&key).await.unwrap() {
+        Some(Inspection::Record(r)) => r.is_held(crate::decide::Now::wall().ms),
+        _ => false,
+    }
+}
+
+/// Two tasks of holder `a` queued on `key` (the first waiting in the store, the second behind it
+/// in the local layer) while holder `b` holds it; `b` then releases, so the first task's grant
+/// reserves a block of two fences and can hand the lease on to the second. `lock` builds both
+/// tasks' locks except the second's TTL, `second_ttl`.
+async fn queued_pair(
+    store: Arc<dyn LockStore>,
+    ttl: Duration,
+    second_ttl: Duration,
+    auto_renew: bool,
+) -> (
+    crate::LeaseGuard,
+    tokio::task::JoinHandle<Result<crate::LeaseGuard>>,
+) {
+    let a = Locks::from_arc(store.clone()).with_holder(HolderId::new("a"));
+    let b = Locks::from_arc(store).with_holder(HolderId::new("b"));
+    let held = b.lock("k").unwrap().ttl(ttl).acquire().await.unwrap();
+    let lock = move |l: &Locks, ttl| {
+        l.lock("k")
+            .unwrap()
+            .ttl(ttl)
+            .auto_renew(auto_renew)
+            .wait(Duration::from_secs(60))
+    };
+    let a1 = a.clone();
+    let first = tokio::spawn(async move { lock(&a1, ttl).acquire().await });
+    // Paused time: the sleep ends once every task waits (the first in the store, the second in
+    // the local layer behind it).
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let second = tokio::spawn(async move { lock(&a, second_ttl).acquire().await });
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    held.release().await.unwrap();
+    let first = first.await.unwrap().unwrap();
+    (first, second)
+}
+
+/// An acquisition dropped while it releases a handed-on lease that did not fit (another TTL)
+/// leaves nothing held: the release goes on in the background.
+#[tokio::test(start_paused = true)]
+async fn an_acquire_dropped_while_it_releases_a_carried_lease_leaves_it_released() {
+    // One release passes (holder b's); the next waits at the gate.
+    let gate = Arc::new(tokio::sync::Semaphore::new(1));
+    let store = Arc::new(NoNotifications {
+        notifies: true,
+        release_gate: Some(gate.clone()),
+        ..Default::default()
+    });
+    let ttl = Duration::from_secs(600);
+    let (first, second) = queued_pair(store.clone(), ttl, ttl * 2, true).await;
+    // Handed on to the second task, which releases it in the store (the TTL does not fit), where
+    // the release waits at the gate; the second task is dropped then.
+    first.release().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert!(!second.is_finished());
+    second.abort();
+    let _ = second.await;
+    gate.add_permits(16);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while held_in_store(&*store, "k").await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the carried lease stayed held for nobody"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A lease that waited to be handed on for longer than a renewal period, and was force-released
+/// meanwhile, is not handed on: the next task acquires the key afresh in the store.
+#[tokio::test(start_paused = true)]
+async fn a_lease_force_released_while_it_waited_to_be_handed_on_is_not_handed_on() {
+    let store = Arc::new(MemoryStore::new());
+    let ttl = Duration::from_secs(30);
+    let (first, second) = queued_pair(store.clone(), ttl, ttl, false).await;
+    // Longer than a renewal period (10 s) without a word from the store; an operator frees it.
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    store.force_release(&Key::new("k").unwrap()).await.unwrap();
+    first.release().await.unwrap();
+    let second = second.await.unwrap().unwrap();
+    assert!(
+        held_in_store(&*store, "k").await,
+        "the next task started under a lease the store had freed"
+    );
+    second.release().await.unwrap();
 }

@@ -7,21 +7,42 @@
 //! - **spec** as Kubernetes' own leader election sets it: `holderIdentity`, `leaseDurationSeconds`
 //!   (the TTL rounded up to whole seconds), `acquireTime`, `renewTime`, `leaseTransitions` (counts
 //!   changes of holder), so `kubectl get leases` / `kubectl describe lease` show holder and times;
-//! - **annotations** under `leasehold.io/`: `key`, `fence`, `token` (owner token), `expires`
+//! - **annotations** under `leasehold.io/`: `key`, `fence`, `token` (owner token), `holder` and
+//!   `renewed` (the `holderIdentity` and `renewTime` written with that token), `expires`
 //!   (renewTime + the TTL to the millisecond), `ttl-ms`, `waiter`, `waiter-token`,
-//!   `waiter-expires`, `pid`, `host`, `labels`;
+//!   `waiter-expires`, `pid`, `host`, `labels`; labels and annotations of others are kept;
+//! - **the spec is the truth** every client reads, client-go's and the Python client's leader
+//!   election included: a Lease whose `holderIdentity` is set is held by that holder until
+//!   `renewTime + leaseDurationSeconds`, read afresh each time. leasehold's annotations add to
+//!   that (owner token, exact expiry, fence) only while they describe the same lease: their
+//!   `holder` and `renewed` are the spec's. Once another client has taken or renewed the Lease
+//!   they no longer are, and the spec alone counts; damaged annotations never free a Lease the
+//!   spec says is held. A leasehold waiting on another client's Lease writes only its key, fence
+//!   and waiter annotations, leaving the spec and everything else as read;
 //! - **writes**: every write is conditioned on `resourceVersion` — create (409 AlreadyExists = lost
 //!   the race), replace with the version read (409 Conflict = somebody else won: contention, not an
 //!   error), delete with `preconditions.resourceVersion`. Release is a conditional replace that
 //!   clears the holder and keeps the fence; nothing is ever written unconditionally;
-//! - **fence**: a counter in the `leasehold.io/fence` annotation, `max(previous + 1, µs wall
-//!   clock)`, so it keeps increasing even when `cleanup` deleted the Lease; the one limit is a wall
-//!   clock stepped back by more than the time since the Lease was deleted;
-//! - **expiry** is judged on the acquirer's wall clock against `leasehold.io/expires` (for Leases
-//!   written by other clients, such as client-go leader election: `renewTime +
-//!   leaseDurationSeconds`). Clock skew between pods shifts expiry by that skew: with NTP-synced
-//!   nodes (skew well under a second) keep TTLs of several seconds; a holder renews at 1/3 of
-//!   the TTL, so skew below 2/3 of the TTL never makes a renewing holder look expired;
+//! - **fence**: from the API server's `resourceVersion`, which every API server backed by etcd
+//!   (and kine) answers as the store-wide revision: a number every later write in the cluster
+//!   exceeds, a deletion included. A grant on an existing Lease takes the previous fence plus its
+//!   block; a grant that creates the Lease (first use, after `cleanup`, after `kubectl delete
+//!   lease`) gets `2⁵³ + revision of the create × 2²⁴ + block − 1` (the create writes a marker in
+//!   `leasehold.io/store`; the creator's next request stores the number in
+//!   `leasehold.io/fence`, so a create costs two requests). Neither a
+//!   deleted Lease nor a pod's lagging clock can make a fence go backwards; no clock is read. The
+//!   limits: a `resourceVersion` that is not a decimal number (no known API server answers one)
+//!   falls back to `max(previous + 1, µs wall clock)`; a block of 2²⁴ fences or more per grant is
+//!   not covered; fences written before this scheme (µs clock values, below 2⁵³) are continued;
+//! - **expiry** is judged by observation ([`crate::adapter`]): a contender takes a held Lease only
+//!   once it has seen the holder's part of it (`leasehold.io/token`, `fence`, `renewTime`,
+//!   `leasehold.io/expires` …; for Leases of other clients such as client-go leader election,
+//!   `holderIdentity`, `renewTime`, `leaseDurationSeconds`) unchanged for the TTL plus 1 % + 2 ms
+//!   on its own monotonic clock, exactly like client-go's leader election; or when the written
+//!   expiry is older than now − `max_clock_skew` (default 5 minutes) on its wall clock. Pods'
+//!   wall clocks may differ by anything below that bound without shortening a lease;
+//! - **waiters** record their registration's lifetime (`leasehold.io/waiter-ttl-ms`), and other
+//!   contenders judge it lapsed by observation too;
 //! - **watch**: waiters are woken by a watch on their Lease (`fieldSelector=metadata.name=…`);
 //! - **errors**: `403 Forbidden` names the missing RBAC verb and rule; `5xx`, `429` and transport
 //!   failures are retryable [`Error::Unavailable`].
@@ -30,7 +51,8 @@
 //! namespace is the URL's host, else `POD_NAMESPACE`, else the kubeconfig's namespace, else
 //! `default`. `?server=http://127.0.0.1:PORT` talks to that API server directly without
 //! credentials (for tests against `leasehold-apiserver`). `?prefix=` sets the name prefix
-//! (default `leasehold-`), `?timeout=` the per-request timeout (default `10s`).
+//! (default `leasehold-`), `?timeout=` the per-request timeout (default `10s`),
+//! `?max_clock_skew=` the largest difference between pods' wall clocks assumed (default `5m`).
 
 use crate::error::{Error, Result};
 use crate::key::{Key, Naming};
@@ -85,8 +107,13 @@ impl Default for KubernetesOptions {
     }
 }
 
-/// (resourceVersion, leaseTransitions, holderIdentity) of a Lease as last read.
-type Seen = (String, i32, Option<String>);
+/// The owner token leasehold reads for a Lease that another client holds: this prefix and its
+/// `holderIdentity`. Never written to a Lease.
+const FOREIGN_TOKEN: &str = "k8s-holder:";
+
+/// The annotations leasehold writes on a Lease that another client holds (its key and fence
+/// floor, and a waiter registration); the spec and every other annotation stay as read.
+const WAITER_ANNOTATIONS: [&str; 5] = ["key", "fence", "waiter", "waiter-token", "waiter-expires"];
 
 /// A [`RecordStore`] over `coordination.k8s.io/v1` Leases; wrap it in
 /// [`crate::adapter::RecordLockStore`] (as `open_store("k8s://…")` does) for a lock store.
@@ -96,9 +123,10 @@ pub struct KubernetesStore {
     naming: Naming,
     describe: String,
     timeout: Duration,
-    /// Lease name → (resourceVersion, leaseTransitions, holder) as last read, so that a replace
-    /// of that version can count a change of holder.
-    seen: Mutex<HashMap<String, Seen>>,
+    /// Lease name → the Lease as last read or written, so that a replace of that version keeps
+    /// what leasehold does not own (another client's spec, foreign labels and annotations) and
+    /// can count a change of holder.
+    seen: Mutex<HashMap<String, Lease>>,
 }
 
 impl fmt::Debug for KubernetesStore {
@@ -149,8 +177,8 @@ impl KubernetesStore {
                 }
                 other => {
                     return Err(bad(format!(
-                        "unknown parameter {other:?} (known: prefix, server, timeout)"
-                    )))
+                    "unknown parameter {other:?} (known: prefix, server, timeout, max_clock_skew)"
+                )))
                 }
             }
         }
@@ -308,41 +336,58 @@ impl KubernetesStore {
     }
 
     fn remember(&self, name: &str, lease: &Lease) {
-        let (Some(rv), spec) = (lease.metadata.resource_version.clone(), lease.spec.as_ref())
-        else {
+        if lease.metadata.resource_version.is_none() {
             return;
-        };
-        let transitions = spec.and_then(|s| s.lease_transitions).unwrap_or(0);
-        let holder = spec.and_then(|s| s.holder_identity.clone());
+        }
         let mut seen = self.seen.lock();
         if seen.len() > 4096 {
             seen.clear();
         }
-        seen.insert(name.to_owned(), (rv, transitions, holder));
+        seen.insert(name.to_owned(), lease.clone());
     }
 
-    fn to_lease(&self, name: &str, r: &LeaseRecord, version: Option<&str>) -> Lease {
-        let transitions = match version {
-            None => 0,
-            Some(v) => match self.seen.lock().get(name).cloned() {
-                Some((seen_v, t, old)) if seen_v == v => {
-                    let changed = r.holder.is_some() && r.holder != old;
-                    t.saturating_add(i32::from(changed))
-                }
-                _ => 0,
-            },
+    /// The Lease that stores `r` for `key` under `name`, replacing `version` (`None`: a create).
+    ///
+    /// A record leasehold holds (or a free one) is written whole: the spec and every
+    /// `leasehold.io/` annotation. A record read from a Lease another client holds (its token is
+    /// [`FOREIGN_TOKEN`]…) is written only as a waiter registration: the spec stays exactly as
+    /// read, and of the annotations only [`WAITER_ANNOTATIONS`] are set. Labels, annotations and
+    /// spec fields leasehold does not write are kept as read.
+    fn to_lease(&self, name: &str, key: &Key, r: &LeaseRecord, version: Option<&str>) -> Lease {
+        let base = version.and_then(|v| {
+            self.seen
+                .lock()
+                .get(name)
+                .filter(|l| l.metadata.resource_version.as_deref() == Some(v))
+                .cloned()
+        });
+        let foreign = r
+            .token
+            .as_deref()
+            .is_some_and(|t| t.starts_with(FOREIGN_TOKEN));
+        let (mut meta, base_spec) = match base {
+            Some(l) => (l.metadata, l.spec),
+            None => (ObjectMeta::default(), None),
         };
-        let mut a = BTreeMap::new();
+        meta.name = Some(name.to_owned());
+        meta.namespace = Some(self.namespace.clone());
+        meta.resource_version = version.map(str::to_owned);
+        meta.labels
+            .get_or_insert_with(BTreeMap::new)
+            .insert(MANAGED_BY.0.to_owned(), MANAGED_BY.1.to_owned());
+        let mut a = meta.annotations.take().unwrap_or_default();
+        if foreign {
+            for k in WAITER_ANNOTATIONS {
+                a.remove(&format!("{ANNOTATION_PREFIX}{k}"));
+            }
+        } else {
+            a.retain(|k, _| !k.starts_with(ANNOTATION_PREFIX));
+        }
         let mut put = |k: &str, v: String| {
             a.insert(format!("{ANNOTATION_PREFIX}{k}"), v);
         };
-        put("key", r.key.clone());
+        put("key", key.as_str().to_owned());
         put("fence", r.fence.to_string());
-        put("ttl-ms", r.ttl_ms.to_string());
-        if let Some(t) = &r.token {
-            put("token", t.clone());
-            put("expires", fmt_ms(r.expires_ms));
-        }
         if let Some(w) = &r.waiter {
             put("waiter", w.clone());
         }
@@ -352,48 +397,69 @@ impl KubernetesStore {
         if let Some(w) = r.waiter_expires_ms {
             put("waiter-expires", fmt_ms(w));
         }
-        if let Some(p) = r.pid {
-            put("pid", p.to_string());
-        }
-        if let Some(h) = &r.host {
-            put("host", h.clone());
-        }
-        if !r.labels.is_empty() {
-            put(
-                "labels",
-                serde_json::to_string(&r.labels).unwrap_or_default(),
-            );
-        }
-        if !r.store.is_empty() {
-            put("store", serde_json::to_string(&r.store).unwrap_or_default());
+        if let Some(w) = r.waiter_ttl_ms {
+            put("waiter-ttl-ms", w.to_string());
         }
         let micro = |ms: u64| {
             (ms > 0)
                 .then(|| DateTime::<Utc>::from_timestamp_millis(ms as i64).map(MicroTime))
                 .flatten()
         };
-        let held = r.token.is_some();
+        let old_spec = base_spec.clone().unwrap_or_default();
+        let spec = match base_spec {
+            // Another client's lease: its spec is its own.
+            Some(spec) if foreign => spec,
+            _ => {
+                let held = r.token.is_some();
+                let transitions = match version {
+                    None => 0,
+                    Some(_) => {
+                        let changed = r.holder.is_some() && r.holder != old_spec.holder_identity;
+                        old_spec
+                            .lease_transitions
+                            .unwrap_or(0)
+                            .saturating_add(i32::from(changed))
+                    }
+                };
+                LeaseSpec {
+                    holder_identity: if held { r.holder.clone() } else { None },
+                    lease_duration_seconds: (r.ttl_ms > 0)
+                        .then(|| r.ttl_ms.div_ceil(1000).min(i32::MAX as u64) as i32),
+                    acquire_time: if held { micro(r.acquired_ms) } else { None },
+                    renew_time: micro(r.renewed_ms),
+                    lease_transitions: Some(transitions),
+                    ..old_spec
+                }
+            }
+        };
+        if !foreign {
+            put("ttl-ms", r.ttl_ms.to_string());
+            if let (Some(t), Some(h)) = (&r.token, &spec.holder_identity) {
+                put("token", t.clone());
+                put("holder", h.clone());
+                put("renewed", fmt_ms(micro_ms(&spec.renew_time)));
+                put("expires", fmt_ms(r.expires_ms));
+            }
+            if let Some(p) = r.pid {
+                put("pid", p.to_string());
+            }
+            if let Some(h) = &r.host {
+                put("host", h.clone());
+            }
+            if !r.labels.is_empty() {
+                put(
+                    "labels",
+                    serde_json::to_string(&r.labels).unwrap_or_default(),
+                );
+            }
+            if !r.store.is_empty() {
+                put("store", serde_json::to_string(&r.store).unwrap_or_default());
+            }
+        }
+        meta.annotations = Some(a);
         Lease {
-            metadata: ObjectMeta {
-                name: Some(name.to_owned()),
-                namespace: Some(self.namespace.clone()),
-                resource_version: version.map(str::to_owned),
-                labels: Some(BTreeMap::from([(
-                    MANAGED_BY.0.to_owned(),
-                    MANAGED_BY.1.to_owned(),
-                )])),
-                annotations: Some(a),
-                ..ObjectMeta::default()
-            },
-            spec: Some(LeaseSpec {
-                holder_identity: if held { r.holder.clone() } else { None },
-                lease_duration_seconds: (r.ttl_ms > 0)
-                    .then(|| r.ttl_ms.div_ceil(1000).min(i32::MAX as u64) as i32),
-                acquire_time: if held { micro(r.acquired_ms) } else { None },
-                renew_time: micro(r.renewed_ms),
-                lease_transitions: Some(transitions),
-                ..LeaseSpec::default()
-            }),
+            metadata: meta,
+            spec: Some(spec),
         }
     }
 }
@@ -415,11 +481,95 @@ fn micro_ms(t: &Option<MicroTime>) -> u64 {
         .unwrap_or(0)
 }
 
+/// A Lease's annotations.
+type Annotations = BTreeMap<String, String>;
+
+/// The annotation `leasehold.io/{k}`.
+fn annotation<'a>(ann: &'a Annotations, k: &str) -> Option<&'a String> {
+    ann.get(&format!("{ANNOTATION_PREFIX}{k}"))
+}
+
+/// Whether the `leasehold.io/` annotations describe the lease of the spec's holder `holder`: they
+/// carry an owner token of leasehold's, written with that `holderIdentity` and `renewTime`. Once
+/// another client has written the spec (taken the Lease, or renewed it), they no longer do.
+fn annotations_hold(ann: &Annotations, spec: &LeaseSpec, holder: &str) -> bool {
+    let get = |k: &str| annotation(ann, k);
+    let Some(token) = get("token") else {
+        return false;
+    };
+    if token.starts_with(FOREIGN_TOKEN) {
+        return false;
+    }
+    let renewed = micro_ms(&spec.renew_time);
+    match (get("holder"), get("renewed")) {
+        (Some(h), Some(r)) => h == holder && parse_ms(r).ok() == Some(renewed),
+        // Written by a leasehold that did not record these: its expiry is renewTime + TTL.
+        (None, None) => {
+            let ttl = get("ttl-ms").and_then(|t| t.parse::<u64>().ok());
+            let expires = get("expires").and_then(|e| parse_ms(e).ok());
+            matches!((ttl, expires), (Some(t), Some(e)) if e.checked_sub(t) == Some(renewed))
+        }
+        _ => false,
+    }
+}
+
+/// The record of a Lease as its spec says: held by `holderIdentity` (if set) until `renewTime +
+/// leaseDurationSeconds`, with the owner token [`FOREIGN_TOKEN`]`holder`. Of the annotations only
+/// leasehold's key, fence floor and waiter registration are read, leniently: nothing in them can
+/// make the spec's holder look gone.
+fn spec_record(name: &str, ann: &Annotations, spec: &LeaseSpec) -> LeaseRecord {
+    let get = |k: &str| annotation(ann, k);
+    let holder = spec.holder_identity.clone().filter(|h| !h.is_empty());
+    let key = get("key").map_or(name, String::as_str);
+    let fence = get("fence").and_then(|f| f.parse().ok()).unwrap_or(0);
+    let mut r = LeaseRecord::free(key, fence);
+    r.acquired_ms = micro_ms(&spec.acquire_time);
+    r.renewed_ms = micro_ms(&spec.renew_time);
+    r.ttl_ms = u64::try_from(spec.lease_duration_seconds.unwrap_or(0)).unwrap_or(0) * 1000;
+    if let Some(h) = holder {
+        r.token = Some(format!("{FOREIGN_TOKEN}{h}"));
+        r.holder = Some(h);
+        r.expires_ms = r.renewed_ms + r.ttl_ms;
+    }
+    r.waiter = get("waiter").cloned();
+    r.waiter_token = get("waiter-token").cloned();
+    r.waiter_expires_ms = get("waiter-expires").and_then(|w| parse_ms(w).ok());
+    r
+}
+
 /// The record a Lease holds, or why it cannot be read.
+///
+/// The spec is the truth every client reads: a Lease whose `holderIdentity` is set is held by
+/// that holder, until `renewTime + leaseDurationSeconds` ([`spec_record`]), unless leasehold's
+/// annotations describe that very lease ([`annotations_hold`]), which then add its owner token,
+/// exact expiry, fence and labels. A Lease with no holder is free; its annotations (fence floor,
+/// waiter) still count, and damaged ones make it [`Stored::Corrupt`].
 fn from_lease(lease: &Lease) -> std::result::Result<LeaseRecord, String> {
     let empty = BTreeMap::new();
     let ann = lease.metadata.annotations.as_ref().unwrap_or(&empty);
-    let get = |k: &str| ann.get(&format!("{ANNOTATION_PREFIX}{k}"));
+    let spec = lease.spec.clone().unwrap_or_default();
+    let name = lease.metadata.name.clone().unwrap_or_default();
+    let holder = spec.holder_identity.clone().filter(|h| !h.is_empty());
+    match &holder {
+        Some(h) if annotations_hold(ann, &spec, h) => {
+            // Damaged annotations cannot free a lease the spec says is held.
+            Ok(own_record(ann, &spec, holder.clone())
+                .unwrap_or_else(|_| spec_record(&name, ann, &spec)))
+        }
+        Some(_) => Ok(spec_record(&name, ann, &spec)),
+        None if annotation(ann, "key").is_none() => Ok(spec_record(&name, ann, &spec)),
+        None => own_record(ann, &spec, None),
+    }
+}
+
+/// The record leasehold's annotations describe, held by `holder` (the spec's) if they carry a
+/// token, or why they cannot be read.
+fn own_record(
+    ann: &Annotations,
+    spec: &LeaseSpec,
+    holder: Option<String>,
+) -> std::result::Result<LeaseRecord, String> {
+    let get = |k: &str| annotation(ann, k);
     let num = |k: &str| -> std::result::Result<Option<u64>, String> {
         get(k)
             .map(|v| {
@@ -431,48 +581,25 @@ fn from_lease(lease: &Lease) -> std::result::Result<LeaseRecord, String> {
     let time = |k: &str| -> std::result::Result<Option<u64>, String> {
         get(k).map(|v| parse_ms(v)).transpose()
     };
-    let spec = lease.spec.clone().unwrap_or_default();
-    let name = lease.metadata.name.clone().unwrap_or_default();
-    let Some(key) = get("key") else {
-        // A Lease of another client (client-go leader election …): honoured as held by its
-        // holderIdentity until renewTime + leaseDurationSeconds.
-        let holder = spec.holder_identity.filter(|h| !h.is_empty());
-        let renewed = micro_ms(&spec.renew_time);
-        let ttl_ms = u64::try_from(spec.lease_duration_seconds.unwrap_or(0)).unwrap_or(0) * 1000;
-        let mut r = LeaseRecord::free(&name, num("fence")?.unwrap_or(0));
-        r.token = holder.as_ref().map(|h| format!("k8s-holder:{h}"));
-        r.holder = holder;
-        r.acquired_ms = micro_ms(&spec.acquire_time);
-        r.renewed_ms = renewed;
-        r.ttl_ms = ttl_ms;
-        r.expires_ms = if r.token.is_some() {
-            renewed + ttl_ms
-        } else {
-            0
-        };
-        return Ok(r);
-    };
+    let key = get("key").ok_or("annotation leasehold.io/key missing")?;
     let mut r = LeaseRecord::free(
         key,
         num("fence")?.ok_or("annotation leasehold.io/fence missing")?,
     );
-    r.token = get("token").cloned();
-    r.holder = if r.token.is_some() {
-        spec.holder_identity.clone()
-    } else {
-        None
-    };
+    let expires = time("expires")?;
+    let token = get("token").cloned();
+    if let (Some(token), Some(holder)) = (token, holder) {
+        r.token = Some(token);
+        r.holder = Some(holder);
+        r.expires_ms = expires.ok_or("annotation leasehold.io/expires missing on a held lease")?;
+    }
     r.ttl_ms = num("ttl-ms")?.unwrap_or(0);
     r.acquired_ms = micro_ms(&spec.acquire_time);
     r.renewed_ms = micro_ms(&spec.renew_time);
-    r.expires_ms = if r.token.is_some() {
-        time("expires")?.ok_or("annotation leasehold.io/expires missing on a held lease")?
-    } else {
-        0
-    };
     r.waiter = get("waiter").cloned();
     r.waiter_token = get("waiter-token").cloned();
     r.waiter_expires_ms = time("waiter-expires")?;
+    r.waiter_ttl_ms = num("waiter-ttl-ms")?;
     r.pid = num("pid")?.and_then(|p| u32::try_from(p).ok());
     r.host = get("host").cloned();
     if let Some(l) = get("labels") {
@@ -514,8 +641,7 @@ impl RecordStore for KubernetesStore {
             native_ttl: false,
             watch: true,
             liveness: false,
-            fence_source:
-                "a counter in the leasehold.io/fence annotation: max(previous + 1, µs clock)",
+            fence_source: "the API server's resourceVersion (an etcd revision), kept in the leasehold.io/fence annotation",
         }
     }
 
@@ -532,7 +658,7 @@ impl RecordStore for KubernetesStore {
 
     async fn create(&self, key: &Key, record: &LeaseRecord) -> Result<Option<String>> {
         let name = self.lease_name(key);
-        let lease = self.to_lease(&name, record, None);
+        let lease = self.to_lease(&name, key, record, None);
         match self
             .call(
                 "create",
@@ -556,7 +682,7 @@ impl RecordStore for KubernetesStore {
         version: &str,
     ) -> Result<Option<String>> {
         let name = self.lease_name(key);
-        let lease = self.to_lease(&name, record, Some(version));
+        let lease = self.to_lease(&name, key, record, Some(version));
         match self
             .call(
                 "update",
@@ -608,6 +734,14 @@ impl RecordStore for KubernetesStore {
             .collect();
         out.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(out)
+    }
+
+    fn revisions(&self) -> bool {
+        true
+    }
+
+    fn revision(&self, version: &str) -> Option<u64> {
+        version.parse().ok()
     }
 
     async fn subscribe(&self, key: &Key) -> Result<Option<Box<dyn ChangeWatch>>> {
@@ -705,9 +839,22 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
-    #[test]
-    fn records_round_trip_through_leases() {
-        let store_naming = Naming::dns1123("task-llm-");
+    fn store() -> KubernetesStore {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(KubernetesStore::connect(KubernetesOptions {
+            namespace: Some("ns".into()),
+            prefix: "task-llm-".into(),
+            server: Some("http://127.0.0.1:1".into()),
+            ..KubernetesOptions::default()
+        }))
+        .unwrap()
+    }
+
+    /// A lease of `Task/7` leasehold's pod-1 holds, with a waiter.
+    fn held() -> LeaseRecord {
         let mut r = LeaseRecord::free("Task/7", 41);
         r.holder = Some("pod-1".into());
         r.token = Some("tok".into());
@@ -719,23 +866,48 @@ mod tests {
         r.waiter = Some("pod-2".into());
         r.waiter_token = Some("wt".into());
         r.waiter_expires_ms = Some(r.renewed_ms + 900);
+        r.waiter_ttl_ms = Some(900);
         r.pid = Some(7);
         r.host = Some("h".into());
         r.labels.insert("task".into(), "7".into());
-        let name = store_naming.name(&Key::new("Task/7").unwrap());
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let store = rt
-            .block_on(KubernetesStore::connect(KubernetesOptions {
-                namespace: Some("ns".into()),
-                prefix: "task-llm-".into(),
-                server: Some("http://127.0.0.1:1".into()),
-                ..KubernetesOptions::default()
-            }))
-            .unwrap();
-        let lease = store.to_lease(&name, &r, None);
+        r
+    }
+
+    fn key() -> Key {
+        Key::new("Task/7").unwrap()
+    }
+
+    fn micro(ms: i64) -> Option<MicroTime> {
+        DateTime::<Utc>::from_timestamp_millis(ms).map(MicroTime)
+    }
+
+    /// `lease` as the API server keeps it (version `rv`), remembered as read by `store`.
+    fn read(store: &KubernetesStore, mut lease: Lease, rv: &str) -> Lease {
+        lease.metadata.resource_version = Some(rv.into());
+        store.remember(lease.metadata.name.as_deref().unwrap(), &lease);
+        lease
+    }
+
+    /// What another client's leader election writes when it takes or renews `lease`: its own
+    /// spec, every annotation left as it was.
+    fn foreign_write(lease: &Lease, holder: &str, renewed_ms: i64, seconds: i32) -> Lease {
+        let mut l = lease.clone();
+        let spec = l.spec.get_or_insert_with(LeaseSpec::default);
+        if spec.holder_identity.as_deref() != Some(holder) {
+            spec.acquire_time = micro(renewed_ms);
+        }
+        spec.holder_identity = Some(holder.into());
+        spec.renew_time = micro(renewed_ms);
+        spec.lease_duration_seconds = Some(seconds);
+        l
+    }
+
+    #[test]
+    fn records_round_trip_through_leases() {
+        let store = store();
+        let r = held();
+        let name = store.lease_name(&key());
+        let lease = store.to_lease(&name, &key(), &r, None);
         let spec = lease.spec.as_ref().unwrap();
         assert_eq!(spec.holder_identity.as_deref(), Some("pod-1"));
         assert_eq!(spec.lease_duration_seconds, Some(2));
@@ -743,20 +915,21 @@ mod tests {
             lease.metadata.labels.as_ref().unwrap()["app.kubernetes.io/managed-by"],
             "leasehold"
         );
+        let a = lease.metadata.annotations.as_ref().unwrap();
+        assert_eq!(a["leasehold.io/holder"], "pod-1");
+        assert_eq!(a["leasehold.io/renewed"], "2026-09-21T14:13:21.456Z");
         let back = from_lease(&lease).unwrap();
         assert_eq!(back, r);
         // Freed: no holder in the spec, fence kept.
         let freed = crate::decide::freed(&r, r.renewed_ms + 10);
-        let back = from_lease(&store.to_lease(&name, &freed, None)).unwrap();
+        let back = from_lease(&store.to_lease(&name, &key(), &freed, None)).unwrap();
         assert_eq!(back.fence, 42);
         assert!(back.holder.is_none() && back.token.is_none());
-        // A damaged annotation makes a corrupt record, with the fence salvaged when readable.
-        let mut bad = store.to_lease(&name, &r, None);
-        bad.metadata
-            .annotations
-            .as_mut()
-            .unwrap()
-            .insert("leasehold.io/expires".into(), "soon".into());
+        // A damaged annotation on a free Lease makes a corrupt record, with the fence salvaged.
+        let mut bad = store.to_lease(&name, &key(), &freed, None);
+        let a = bad.metadata.annotations.as_mut().unwrap();
+        a.insert("leasehold.io/token".into(), "x".into());
+        a.insert("leasehold.io/expires".into(), "soon".into());
         bad.metadata.resource_version = Some("9".into());
         assert!(matches!(
             stored(&bad),
@@ -765,6 +938,27 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    #[test]
+    fn damaged_annotations_never_free_a_lease_the_spec_says_is_held() {
+        let store = store();
+        let r = held();
+        let mut bad = store.to_lease(&store.lease_name(&key()), &key(), &r, None);
+        bad.metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert("leasehold.io/expires".into(), "soon".into());
+        let back = from_lease(&bad).unwrap();
+        assert_eq!(back.holder.as_deref(), Some("pod-1"));
+        assert_eq!(back.token.as_deref(), Some("k8s-holder:pod-1"));
+        assert_eq!(
+            back.expires_ms,
+            r.renewed_ms + 2000,
+            "renewTime + leaseDurationSeconds"
+        );
+        assert_eq!(back.fence, 42);
     }
 
     #[test]
@@ -777,14 +971,148 @@ mod tests {
             spec: Some(LeaseSpec {
                 holder_identity: Some("controller-0".into()),
                 lease_duration_seconds: Some(15),
-                renew_time: DateTime::<Utc>::from_timestamp_millis(1_000_000).map(MicroTime),
+                renew_time: micro(1_000_000),
                 ..LeaseSpec::default()
             }),
         };
         let r = from_lease(&lease).unwrap();
         assert_eq!(r.holder.as_deref(), Some("controller-0"));
         assert_eq!(r.expires_ms, 1_015_000);
-        assert!(r.token.is_some());
+        assert_eq!(r.token.as_deref(), Some("k8s-holder:controller-0"));
+    }
+
+    #[test]
+    fn another_client_taking_a_lease_leasehold_held_or_used_is_its_holder() {
+        let store = store();
+        let r = held();
+        let name = store.lease_name(&key());
+        let t = r.expires_ms as i64 + 5_000;
+        // Taken after pod-1's lease expired: leasehold's annotations (pod-1's token) stay.
+        let taken = foreign_write(&store.to_lease(&name, &key(), &r, None), "py-a", t, 3);
+        let back = from_lease(&taken).unwrap();
+        assert_eq!(back.holder.as_deref(), Some("py-a"));
+        assert_eq!(back.token.as_deref(), Some("k8s-holder:py-a"));
+        assert_eq!(back.expires_ms, t as u64 + 3000);
+        assert_eq!((back.key.as_str(), back.fence), ("Task/7", 42));
+        // Released by leasehold first (annotations without a token), then taken.
+        let freed = crate::decide::freed(&r, r.renewed_ms + 10);
+        let taken = foreign_write(&store.to_lease(&name, &key(), &freed, None), "py-a", t, 3);
+        let back = from_lease(&taken).unwrap();
+        assert_eq!(back.holder.as_deref(), Some("py-a"));
+        assert_eq!(back.expires_ms, t as u64 + 3000);
+        // Renewed by pod-1's own holderIdentity from another client (the same name): still the
+        // spec's renewTime counts.
+        let renewed = foreign_write(&store.to_lease(&name, &key(), &r, None), "pod-1", t, 3);
+        assert_eq!(from_lease(&renewed).unwrap().expires_ms, t as u64 + 3000);
+    }
+
+    #[test]
+    fn a_waiter_registered_on_another_clients_lease_leaves_its_spec_alone() {
+        let store = store();
+        let name = store.lease_name(&key());
+        let mut theirs = foreign_write(
+            &Lease {
+                metadata: ObjectMeta {
+                    name: Some(name.clone()),
+                    labels: Some(BTreeMap::from([("app".to_owned(), "agent".to_owned())])),
+                    annotations: Some(BTreeMap::from([("team".to_owned(), "x".to_owned())])),
+                    ..ObjectMeta::default()
+                },
+                spec: None,
+            },
+            "py-a",
+            1_790_000_000_000,
+            3,
+        );
+        theirs.spec.as_mut().unwrap().renew_time = Some(MicroTime(
+            DateTime::<Utc>::from_timestamp_micros(1_790_000_000_000_123).unwrap(),
+        ));
+        let theirs = read(&store, theirs, "5");
+        let r = from_lease(&theirs).unwrap();
+        let mut w = r.clone();
+        w.waiter = Some("pod-2".into());
+        w.waiter_token = Some("wt".into());
+        w.waiter_expires_ms = Some(1_790_000_009_000);
+        let written = store.to_lease(&name, &key(), &w, Some("5"));
+        assert_eq!(
+            written.spec, theirs.spec,
+            "the holder's spec, to the microsecond"
+        );
+        let a = written.metadata.annotations.as_ref().unwrap();
+        assert_eq!(a["team"], "x");
+        assert_eq!(a["leasehold.io/waiter-token"], "wt");
+        for own in ["token", "expires", "holder", "renewed", "ttl-ms"] {
+            assert!(
+                !a.contains_key(&format!("leasehold.io/{own}")),
+                "{own}: {a:?}"
+            );
+        }
+        assert_eq!(written.metadata.labels.as_ref().unwrap()["app"], "agent");
+        // The holder renews: the record follows its renewTime, the waiter stays.
+        let renewed = foreign_write(&written, "py-a", 1_790_000_002_000, 3);
+        let back = from_lease(&renewed).unwrap();
+        assert_eq!(back.expires_ms, 1_790_000_005_000);
+        assert_eq!(back.waiter_token.as_deref(), Some("wt"));
+        // A waiter write that an older leasehold made (the holder's token copied, an expiry
+        // frozen at the time) does not hide a later renewal either.
+        let mut old = renewed.clone();
+        let a = old.metadata.annotations.as_mut().unwrap();
+        a.insert("leasehold.io/token".into(), "k8s-holder:py-a".into());
+        a.insert("leasehold.io/expires".into(), fmt_ms(1_790_000_003_000));
+        a.insert("leasehold.io/ttl-ms".into(), "3000".into());
+        assert_eq!(from_lease(&old).unwrap().expires_ms, 1_790_000_005_000);
+    }
+
+    #[test]
+    fn leases_an_older_leasehold_wrote_are_read_by_their_times() {
+        let store = store();
+        let r = held();
+        let mut lease = store.to_lease(&store.lease_name(&key()), &key(), &r, None);
+        let a = lease.metadata.annotations.as_mut().unwrap();
+        a.remove("leasehold.io/holder");
+        a.remove("leasehold.io/renewed");
+        // expires = renewTime + ttl-ms: leasehold's own lease.
+        assert_eq!(from_lease(&lease).unwrap(), r);
+        // Renewed by another client since: the spec's.
+        let renewed = foreign_write(&lease, "pod-1", r.renewed_ms as i64 + 1000, 3);
+        let back = from_lease(&renewed).unwrap();
+        assert_eq!(back.token.as_deref(), Some("k8s-holder:pod-1"));
+        assert_eq!(back.expires_ms, r.renewed_ms + 4000);
+    }
+
+    #[test]
+    fn a_change_of_holder_counts_and_foreign_metadata_is_kept() {
+        let store = store();
+        let name = store.lease_name(&key());
+        let mut lease = foreign_write(
+            &Lease {
+                metadata: ObjectMeta {
+                    name: Some(name.clone()),
+                    annotations: Some(BTreeMap::from([("team".to_owned(), "x".to_owned())])),
+                    ..ObjectMeta::default()
+                },
+                spec: None,
+            },
+            "py-a",
+            1_000_000,
+            3,
+        );
+        lease.spec.as_mut().unwrap().lease_transitions = Some(4);
+        lease.spec.as_mut().unwrap().preferred_holder = Some("py-b".into());
+        let lease = read(&store, lease, "7");
+        let mut g = from_lease(&lease).unwrap();
+        g.holder = Some("pod-1".into());
+        g.token = Some("tok".into());
+        g.renewed_ms = 1_005_000;
+        g.expires_ms = 1_006_000;
+        g.ttl_ms = 1000;
+        let written = store.to_lease(&name, &key(), &g, Some("7"));
+        let spec = written.spec.as_ref().unwrap();
+        assert_eq!(spec.holder_identity.as_deref(), Some("pod-1"));
+        assert_eq!(spec.lease_transitions, Some(5));
+        assert_eq!(spec.preferred_holder.as_deref(), Some("py-b"));
+        assert_eq!(written.metadata.annotations.as_ref().unwrap()["team"], "x");
+        assert_eq!(from_lease(&written).unwrap().token.as_deref(), Some("tok"));
     }
 
     #[test]

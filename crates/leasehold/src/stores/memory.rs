@@ -1,10 +1,14 @@
 //! In-process stores: [`MemoryStore`] (lock-level) and [`RecordMemoryStore`] (record-level, used
 //! through the generic adapter).
 //!
-//! Checklist — native TTL: no (expiry judged on this process's wall clock); watch: yes for
-//! [`MemoryStore`] (per-key change channel), no for [`RecordMemoryStore`] (waiters poll, which tests
-//! the polling path); liveness: not applicable; fence: `max(previous + 1, now in µs)` per key, the
-//! common rule of the crate-private `decide` module.
+//! Checklist — native TTL: no; expiry: [`MemoryStore`] compares the written times with this
+//! process's wall clock (the clock that wrote them), [`RecordMemoryStore`] goes through the generic
+//! adapter, which judges expiry by observation as for any compare-and-set store
+//! ([`crate::adapter`]); watch: yes for [`MemoryStore`] (per-key change channel), no for
+//! [`RecordMemoryStore`] (waiters poll, which tests the polling path); liveness: not applicable;
+//! fence: [`MemoryStore`] `max(previous + 1, now in µs)` per key, the common rule of the
+//! crate-private `decide` module; [`RecordMemoryStore`] from its store-wide version counter, which
+//! no deletion lowers (revisions, see [`crate::adapter`]).
 //!
 //! Both are for tests, single-process programs and as a reference; nothing survives the process.
 
@@ -257,7 +261,7 @@ impl RecordStore for RecordMemoryStore {
             native_ttl: false,
             watch: false,
             liveness: false,
-            fence_source: "max(previous + 1, µs clock), kept in the record",
+            fence_source: "the store-wide write counter (versions are revisions)",
         }
     }
 
@@ -321,5 +325,13 @@ impl RecordStore for RecordMemoryStore {
                 .collect();
         out.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(out)
+    }
+
+    fn revisions(&self) -> bool {
+        true
+    }
+
+    fn revision(&self, version: &str) -> Option<u64> {
+        version.parse().ok()
     }
 }

@@ -302,11 +302,45 @@ fn open_memory(_url: &str) -> Opening<'_> {
     Box::pin(async { Ok(Arc::new(memory::MemoryStore::new()) as Arc<dyn LockStore>) })
 }
 
-fn open_record_memory(_url: &str) -> Opening<'_> {
-    Box::pin(async {
-        let store = crate::adapter::RecordLockStore::new(memory::RecordMemoryStore::new());
+fn open_record_memory(url: &str) -> Opening<'_> {
+    Box::pin(async move {
+        let (_, skew) = take_max_clock_skew(url)?;
+        let store = crate::adapter::RecordLockStore::new(memory::RecordMemoryStore::new())
+            .with_max_clock_skew(skew);
         Ok(Arc::new(store) as Arc<dyn LockStore>)
     })
+}
+
+/// Takes the generic adapter's `max_clock_skew` parameter out of a compare-and-set store's URL:
+/// the URL without it, and its value (default [`crate::adapter::DEFAULT_MAX_CLOCK_SKEW`]).
+fn take_max_clock_skew(url: &str) -> Result<(String, std::time::Duration)> {
+    const NAME: &str = "max_clock_skew";
+    let mut skew = crate::adapter::DEFAULT_MAX_CLOCK_SKEW;
+    let Some((base, query)) = url.split_once('?') else {
+        return Ok((url.to_owned(), skew));
+    };
+    let mut kept = vec![];
+    for pair in query.split('&') {
+        match pair.split_once('=') {
+            Some((NAME, v)) => {
+                skew = humantime::parse_duration(v)
+                    .map_err(|e| invalid(url, format!("{NAME}={v}: {e}")))?;
+            }
+            _ if pair == NAME => {
+                return Err(invalid(
+                    url,
+                    format!("{NAME} needs a duration, e.g. {NAME}=5m"),
+                ))
+            }
+            _ => kept.push(pair),
+        }
+    }
+    let rest = if kept.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", kept.join("&"))
+    };
+    Ok((rest, skew))
 }
 
 fn open_file(url: &str) -> Opening<'_> {
@@ -350,8 +384,10 @@ fn open_redlock(url: &str) -> Opening<'_> {
 #[cfg(feature = "kubernetes")]
 fn open_kubernetes(url: &str) -> Opening<'_> {
     Box::pin(async move {
-        let store = kubernetes::KubernetesStore::from_url(&parse(url)?).await?;
-        Ok(Arc::new(crate::adapter::RecordLockStore::new(store)) as Arc<dyn LockStore>)
+        let (rest, skew) = take_max_clock_skew(url)?;
+        let store = kubernetes::KubernetesStore::from_url(&parse(&rest)?).await?;
+        let store = crate::adapter::RecordLockStore::new(store).with_max_clock_skew(skew);
+        Ok(Arc::new(store) as Arc<dyn LockStore>)
     })
 }
 

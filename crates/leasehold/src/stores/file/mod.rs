@@ -1,7 +1,9 @@
 //! The file store (`file:///path/to/dir`), the embedded default: one JSON record file per key.
 //!
-//! Checklist — native TTL: no (expiry judged on the host's wall clock, which every process on the
-//! host shares); watch: yes (inotify on the record file); liveness: yes (a kernel lock); fence:
+//! Checklist — native TTL: no (expiry judged on the host's boot-time clock, `CLOCK_BOOTTIME`,
+//! which every process on the host shares and no NTP step or date change moves; a record of
+//! another boot, or one written without boot-time stamps, on the wall clock); watch: yes (inotify
+//! on the record file); liveness: yes (a kernel lock); fence:
 //! `max(previous + 1, now in µs)` kept in the record, so it survives release, expiry and restarts;
 //! after `cleanup` deleted a record or a record was damaged beyond repair, the µs clock floor keeps it
 //! increasing unless the wall clock was set back past the last grant.
@@ -21,6 +23,14 @@
 //! missing file while a lease exists. A torn record (crash mid-write, disk trouble, a hand edit) is
 //! reported by `inspect` as corrupt and recovered by `acquire`, taking the largest fence found in the
 //! damaged bytes or the µs clock, whichever is larger.
+//!
+//! # Clocks
+//! Each record keeps its deadlines (`expires`, `waiter_expires`) as wall-clock times for people
+//! and, in its `store` entries, as `expires_boottime_ms` and `waiter_expires_boottime_ms` on the
+//! boot-time clock with the `boot_id` of the boot that wrote them. A process of the same boot
+//! judges expiry on the boot-time stamps, so setting the wall clock (by hand, by an NTP step, or a
+//! process whose clock is faked) neither shortens nor lengthens a lease. After a reboot every
+//! holder is gone (the kernel locks are free) and the wall-clock times are used.
 //!
 //! # Durability
 //! By default records are not fsynced: leases are about live processes, and without an OS crash the
@@ -52,6 +62,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+mod boot;
 mod notify;
 mod ofd;
 
@@ -200,9 +211,17 @@ impl Inner {
             if std::os::unix::fs::MetadataExt::nlink(&meta) == 0 {
                 return Ok(Step::Unlinked);
             }
-            let (found, len) = read_record(file).map_err(|e| self.io_err("read", path, e))?;
+            let (mut found, len) = read_record(file).map_err(|e| self.io_err("read", path, e))?;
+            // Deadlines are judged on the host's boot-time clock (see `boot`).
+            let clocks = boot::now();
+            if let (Found::Record(r), Some(c)) = (&mut found, clocks) {
+                boot::view(r, c);
+            }
             let (out, write) = f(&found);
-            if let Some(rec) = write {
+            if let Some(mut rec) = write {
+                if let Some(c) = clocks {
+                    boot::stamp(&mut rec, found.record(), c);
+                }
                 self.write_record(path, file, &rec, len)?;
             }
             Ok(Step::Done(out))

@@ -32,12 +32,18 @@
 //! The seed nodes only start the connection: the store learns the cluster's other nodes from
 //! them. They must share one user and password. As with one server, a failover can lose the last
 //! grants and counter increments that had not reached the promoted replica (replication is
-//! asynchronous): see the crate's README.
+//! asynchronous): see the book's Redis page, `docs/src/stores/redis.md#replication`.
+//!
+//! This module knows the cluster's nodes (its URL, slot map, pub/sub hubs); it sits below the
+//! link, which asks it for a new connection or why none can be made, and above the connection
+//! layer (`conn.rs`). It never reaches for the store.
 
+use super::conn::{bounded, scan, Conn};
+use super::error::{connection_refused, map_err};
+use super::options::{checked, host_list, Checked, RedisOptions};
+use super::pubsub::Hub;
 use crate::error::{Error, Result};
 use crate::key::Key;
-use crate::stores::redis::coalesce::Lanes;
-use crate::stores::redis::{bounded, host_list, scan, Conn, Hub, Origin, RedisOptions, RedisStore};
 use ::redis::cluster_async::ClusterConnection;
 use ::redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use std::collections::HashMap;
@@ -50,7 +56,7 @@ struct ClusterUrl {
     /// Each seed node's `redis://` (or `rediss://`) URL, with the user and password.
     nodes: Vec<String>,
     opts: RedisOptions,
-    checked: crate::stores::redis::Checked,
+    checked: Checked,
 }
 
 /// Parses `redis+cluster://[user:pass@]h1:p1,h2:p2,…[/0][?…]` (or `rediss+cluster://`).
@@ -87,7 +93,7 @@ fn parse(url: &str, described: &str) -> Result<ClusterUrl> {
             ));
         }
     }
-    let checked = crate::stores::redis::checked(&opts, described)?;
+    let checked = checked(&opts, described)?;
     Ok(ClusterUrl {
         nodes,
         opts,
@@ -95,68 +101,77 @@ fn parse(url: &str, described: &str) -> Result<ClusterUrl> {
     })
 }
 
-impl RedisStore {
-    /// Parses a `redis+cluster://` or `rediss+cluster://` URL and connects to the cluster.
-    pub(crate) async fn from_cluster_url(url: &str) -> Result<Self> {
-        let described = crate::redact_url(url);
-        let ClusterUrl {
-            nodes,
-            opts,
-            checked,
-        } = parse(url, &described)?;
-        let bad = |e: ::redis::RedisError| Error::InvalidUrl {
-            url: described.clone(),
-            reason: e.to_string(),
-        };
-        let mut builder = ::redis::cluster::ClusterClientBuilder::new(nodes.clone())
-            .connection_timeout(opts.timeout)
-            // Every call is bounded by the store's timeout; within it, the connection retries
-            // redirections and reconnections.
-            .response_timeout(opts.timeout)
-            .retries(8)
-            .min_retry_wait(10)
-            .max_retry_wait(200);
-        if url.starts_with("rediss+cluster://") {
-            // Several crates may race to install a provider; any installed one will do.
-            let _ = rustls::crypto::ring::default_provider().install_default();
-        } else if opts.names_tls_files() {
-            return Err(Error::InvalidUrl {
-                url: described,
-                reason: "?ca=, ?cert= and ?key= need a rediss+cluster:// URL".into(),
-            });
-        }
-        let certs = opts.tls_certificates()?;
-        if let Some(certs) = &certs {
-            builder = builder.certs(certs.clone());
-        }
-        let mut clients = vec![];
-        for node in &nodes {
-            clients.push(node_client(node, None, &certs).map_err(bad)?);
-        }
-        let client = builder.build().map_err(bad)?;
-        let conn = connect(&client, &described, opts.timeout, checked.wait.is_some()).await?;
-        let first = clients[0].clone();
-        let nodes = ClusterNodes {
-            client,
-            seeds: clients,
-            node_url: nodes[0].clone(),
-            certs,
-            map: parking_lot::Mutex::new(None),
-            ask_of: parking_lot::Mutex::new(vec![]),
-            reading_map: AtomicBool::new(false),
-            lanes: parking_lot::Mutex::new(HashMap::new()),
-            hubs: tokio::sync::Mutex::new(HashMap::new()),
-        };
-        Ok(Self::assemble(
-            conn,
-            first,
-            Origin::Cluster(nodes),
-            ::redis::aio::ConnectionManagerConfig::new(),
-            described,
-            checked,
-            opts,
-        ))
+/// A cluster connected to, for the store to use.
+pub(super) struct Opened {
+    /// The command connection.
+    pub(super) conn: Conn,
+    /// A client of the first seed node (the link's client).
+    pub(super) seed: ::redis::Client,
+    /// The cluster's nodes.
+    pub(super) nodes: ClusterNodes,
+    /// What the store takes from its options.
+    pub(super) checked: Checked,
+    /// The options the URL gives.
+    pub(super) opts: RedisOptions,
+}
+
+/// Parses a `redis+cluster://` or `rediss+cluster://` URL and connects to the cluster;
+/// `described` (the URL without its secrets) names it in errors.
+pub(super) async fn open(url: &str, described: &str) -> Result<Opened> {
+    let ClusterUrl {
+        nodes,
+        opts,
+        checked,
+    } = parse(url, described)?;
+    let bad = |e: ::redis::RedisError| Error::InvalidUrl {
+        url: described.to_owned(),
+        reason: e.to_string(),
+    };
+    let mut builder = ::redis::cluster::ClusterClientBuilder::new(nodes.clone())
+        .connection_timeout(opts.timeout)
+        // Every call is bounded by the store's timeout; within it, the connection retries
+        // redirections and reconnections.
+        .response_timeout(opts.timeout)
+        .retries(8)
+        .min_retry_wait(10)
+        .max_retry_wait(200);
+    if url.starts_with("rediss+cluster://") {
+        // Several crates may race to install a provider; any installed one will do.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    } else if opts.names_tls_files() {
+        return Err(Error::InvalidUrl {
+            url: described.to_owned(),
+            reason: "?ca=, ?cert= and ?key= need a rediss+cluster:// URL".into(),
+        });
     }
+    let certs = opts.tls_certificates()?;
+    if let Some(certs) = &certs {
+        builder = builder.certs(certs.clone());
+    }
+    let mut clients = vec![];
+    for node in &nodes {
+        clients.push(node_client(node, None, &certs).map_err(bad)?);
+    }
+    let client = builder.build().map_err(bad)?;
+    let conn = connect(&client, described, opts.timeout, checked.wait.is_some()).await?;
+    let first = clients[0].clone();
+    let nodes = ClusterNodes {
+        client,
+        seeds: clients,
+        node_url: nodes[0].clone(),
+        certs,
+        map: parking_lot::Mutex::new(None),
+        ask_of: parking_lot::Mutex::new(vec![]),
+        reading_map: AtomicBool::new(false),
+        hubs: tokio::sync::Mutex::new(HashMap::new()),
+    };
+    Ok(Opened {
+        conn,
+        seed: first,
+        nodes,
+        checked,
+        opts,
+    })
 }
 
 /// A connection to the cluster `client` names (it reads the slot map from the nodes that answer),
@@ -228,14 +243,12 @@ pub(crate) struct ClusterNodes {
     ask_of: parking_lot::Mutex<Vec<u16>>,
     /// A read of the slot map started in the background is under way ([`Self::claim_map_read`]).
     reading_map: AtomicBool,
-    /// The coalescing lanes of each primary ([`crate::stores::redis::coalesce`]).
-    lanes: parking_lot::Mutex<HashMap<Node, Arc<Lanes>>>,
     /// One pub/sub hub per node (`host`, `port`).
     hubs: tokio::sync::Mutex<HashMap<Node, Arc<Hub>>>,
 }
 
 /// A node's host and port.
-type Node = (String, u16);
+pub(super) type Node = (String, u16);
 
 /// Slots `start..=end` and the primary serving them.
 struct SlotRange {
@@ -312,7 +325,7 @@ impl ClusterNodes {
 
     /// Why the cluster connection finds no node to send to, when the nodes refuse it: a new
     /// connection to every seed at once, with the store's credentials. A refusal the connection
-    /// would keep ([`crate::stores::redis::connection_refused`]: refused credentials, an answer that is
+    /// would keep ([`connection_refused`]: refused credentials, an answer that is
     /// not Redis) when no seed accepts; `None` as soon as one does (or when none answers at all:
     /// the nodes are down, which the call's own error says). A seed that hangs holds up nothing.
     ///
@@ -333,9 +346,7 @@ impl ClusterNodes {
         while let Some(tried) = tries.next().await {
             match tried {
                 Ok(_) => return None,
-                Err(e) if refused.is_none() && crate::stores::redis::connection_refused(&e) => {
-                    refused = Some(e)
-                }
+                Err(e) if refused.is_none() && connection_refused(&e) => refused = Some(e),
                 Err(_) => {}
             }
         }
@@ -367,15 +378,12 @@ impl ClusterNodes {
         self.reading_map.store(false, Ordering::Release);
     }
 
-    /// The coalescing lanes of the primary serving `slot` by a fresh slot map, or `None`.
-    pub(crate) fn lanes_for(&self, slot: u16) -> Option<Arc<Lanes>> {
+    /// What `f` makes of the primary serving `slot` by a fresh slot map, or `None` (the
+    /// coalescing lanes of that primary, say).
+    pub(super) fn with_primary<R>(&self, slot: u16, f: impl FnOnce(&Node) -> R) -> Option<R> {
         let map = self.fresh_map()?;
         let node = serving(&map, slot)?;
-        let mut lanes = self.lanes.lock();
-        if let Some(l) = lanes.get(node) {
-            return Some(l.clone());
-        }
-        Some(lanes.entry(node.clone()).or_default().clone())
+        Some(f(node))
     }
 
     /// Forgets the slot map (found out of date), so that it is read again.
@@ -444,7 +452,7 @@ impl ClusterNodes {
             }
             let started = match node_client(&self.node_url, Some((&host, port)), &self.certs) {
                 Ok(client) => Hub::start(&client, probe, store, timeout).await,
-                Err(e) => Err(crate::stores::redis::map_err(store, e)),
+                Err(e) => Err(map_err(store, e)),
             };
             match started {
                 Ok(hub) => {
@@ -632,7 +640,7 @@ pub(crate) async fn scan_all(
 
 #[cfg(test)]
 mod tests {
-    use super::slot;
+    use super::{parse, slot};
 
     #[test]
     fn slots_are_those_redis_computes() {
@@ -645,5 +653,46 @@ mod tests {
         // An empty tag: the whole key.
         assert_eq!(slot("a{}b"), 13694);
         assert_ne!(slot("lock:{}x}"), slot("fence:{}x}"));
+    }
+
+    #[test]
+    fn cluster_urls() {
+        let url = "rediss+cluster://u:p@h1:1,h2:2/0?prefix=a:lock:&ca=/ca.pem";
+        let named = parse(url, "rediss+cluster://u:***@h1:1,h2:2/0").expect("good");
+        assert_eq!(named.nodes, ["rediss://u:p@h1:1", "rediss://u:p@h2:2"]);
+        assert_eq!(named.opts.prefix, "a:lock:");
+        assert_eq!(named.checked.fence_prefix, "a:fence:");
+        let named = parse("redis+cluster://h1:1", "redis+cluster://h1:1").expect("good");
+        assert_eq!(named.nodes, ["redis://h1:1"]);
+        for (url, says) in [
+            ("redis+cluster://h1:1/2", "only database 0"),
+            (
+                "redis+cluster://h1:1?prefix=a{b}:",
+                "may not contain { or }",
+            ),
+            (
+                "redis+cluster://h1:1?fence_prefix=f{",
+                "may not contain { or }",
+            ),
+            ("redis+cluster://h1", "bad server \"h1\""),
+            (
+                "redis+cluster://h1:1?bogus=1",
+                "unknown parameter \"bogus\"",
+            ),
+        ] {
+            let text = parse(url, url)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(text.contains(says), "{url}: {text}");
+        }
+    }
+
+    #[test]
+    fn keys_that_cannot_be_hash_tags_are_refused() {
+        let key = |k: &str| crate::Key::new(k).expect("a key");
+        assert!(super::check_key(&key("job")).is_ok());
+        assert!(super::check_key(&key("a}")).is_ok());
+        assert!(super::check_key(&key("}a")).is_err());
     }
 }

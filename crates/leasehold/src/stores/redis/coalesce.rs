@@ -4,18 +4,19 @@
 //! goes out at once, as its own call, while fewer than [`IN_FLIGHT`] such calls are waiting for
 //! the server (one, for a store that waits for replicas: see `in_flight`). Beyond that it waits
 //! in its lane's queue, and the next call to come back sends the whole queue (at most [`MOST`]
-//! calls) as one call of the batched script, which runs every
+//! calls) as one call of the batched script (its text is made in `scripts.rs`), which runs every
 //! operation in turn, as separate calls would, and answers each on its own (an error raised by
-//! one, such as a fence counter an operator overwrote, is that operation's answer alone).
+//! one, such as a fence counter an operator overwrote, is that operation's answer alone). The
+//! lanes are the store's ([`Coalescer`]).
 //!
 //! So a lone caller never waits for a batch (one task pays nothing), and many concurrent callers
 //! share the script's fixed cost on the server (parsing, finding and starting the script, the
 //! reply) and the connection's per-request cost on the client: with 64 tasks acquiring and
-//! releasing, about a quarter more cycles a second (see the README's performance section). A
-//! queued call waits for one call of its lane to come back, then takes one round trip; the
-//! store's timeout bounds the two together, from the moment the call is made, as it bounds a
-//! lone call. An acquisition whose caller has gone before its batch
-//! leaves is left out of it.
+//! releasing, about a quarter more cycles a second (see the book's performance page,
+//! `docs/src/performance.md#redis-and-redlock`). A queued call waits for one call of its lane to
+//! come back, then takes one round trip; the store's timeout bounds the two together, from the
+//! moment the call is made, as it bounds a lone call. An acquisition whose caller has gone before
+//! its batch leaves is left out of it.
 //!
 //! On a Redis Cluster the lanes are per primary (by the store's slot map): a batch goes to one
 //! primary as a call of the batched script's node form, which names no keys (declared keys must
@@ -24,10 +25,21 @@
 //! read) is answered `ELSEWHERE` before it runs, and sent again alone, naming its key, which
 //! follows the cluster's redirections. While the store has no fresh slot map, calls go alone.
 
-use super::{map_err, read_only, shared_error, Conn, Link, Lua, ScriptCall};
+#[cfg(feature = "redis-cluster")]
+use super::cluster::{self, ClusterNodes, Node};
+use super::conn::Conn;
+use super::error::{map_err, read_only, shared_error};
+use super::link::Link;
+#[cfg(feature = "redis-cluster")]
+use super::link::Origin;
+#[cfg(feature = "redis-cluster")]
+use super::scripts::ELSEWHERE;
+use super::scripts::{Batched, Lua, ScriptCall, ACQUIRE_LANE, LANES};
 use crate::error::{Error, Result};
 use ::redis::Value;
 use parking_lot::Mutex;
+#[cfg(feature = "redis-cluster")]
+use std::collections::HashMap;
 use std::sync::Arc;
 
 /// How many calls of one lane may wait for the server before others are coalesced.
@@ -38,7 +50,7 @@ pub(super) const IN_FLIGHT: usize = 4;
 /// connection until the replicas acknowledge, so calls sent one by one would take turns at it,
 /// where a batch shares one).
 fn in_flight(call: &ScriptCall) -> usize {
-    if call.lua.0.wait.is_some() {
+    if call.lua.waits_for_replicas() {
         1
     } else {
         IN_FLIGHT
@@ -48,178 +60,14 @@ fn in_flight(call: &ScriptCall) -> usize {
 /// The most operations one batched call carries.
 const MOST: usize = 256;
 
-/// The lanes: one per script with a batched form.
-pub(super) const LANES: usize = 2;
-
-/// The lane of the acquire script.
-pub(super) const ACQUIRE_LANE: usize = 0;
-
-/// The lane of the release script.
-pub(super) const RELEASE_LANE: usize = 1;
-
 /// The lanes of one server (or of one cluster primary).
 pub(crate) type Lanes = [Mutex<Lane>; LANES];
-
-/// The code of the error a node-form batch answers for an operation whose key the node does not
-/// serve.
-#[cfg(feature = "redis-cluster")]
-const ELSEWHERE: &str = "ELSEWHERE";
-
-/// A script's batched form: the same body run for each operation of one call.
-pub(super) struct Batched {
-    /// The batched script: KEYS are every operation's keys in turn (`keys` each), ARGV every
-    /// operation's arguments in turn (`args` each); it answers one value per operation, an error
-    /// reply for an operation that raised one.
-    pub(super) lua: Lua,
-    /// The form for one cluster primary: every operation's keys, then every operation's
-    /// arguments, all as arguments; it answers `ELSEWHERE …` for an operation whose key the node
-    /// does not serve, without running it.
-    #[cfg(feature = "redis-cluster")]
-    node: Lua,
-    keys: usize,
-    args: usize,
-    lane: usize,
-}
 
 /// Whether a queued call whose caller has gone (its future dropped before the batch left) is
 /// left out of the batch: an acquisition nobody waits for would take a lease nobody holds (until
 /// its TTL), while a release is still worth making.
 fn leave_out_abandoned(lane: usize) -> bool {
     lane == ACQUIRE_LANE
-}
-
-impl Batched {
-    /// The batched form of `prologue` then `body` (a script that takes `keys` keys and `args`
-    /// arguments, and returns a value on every path), queued in `lane`. The prologue runs once
-    /// per call; the body once per operation, as a function whose keys and arguments are those
-    /// of its operation (`KEYS[n]` in the body reads `KEYS[o + n]`, `o` the operation's offset:
-    /// no table per operation).
-    pub(super) fn new(
-        prologue: &str,
-        body: &str,
-        keys: usize,
-        args: usize,
-        lane: usize,
-        wait: Option<super::Wait>,
-    ) -> Self {
-        let body = offset(&offset(body, "KEYS", "o"), "ARGV", "p");
-        let one_call = batch_text(
-            "",
-            prologue,
-            &body,
-            "local function run(o, p) return pcall(one, o, p) end",
-            &format!("local n = #KEYS / {keys}"),
-            &format!("{keys} * i, {args} * i"),
-        );
-        Batched {
-            lua: Lua::waiting(one_call, wait),
-            #[cfg(feature = "redis-cluster")]
-            node: Lua::waiting(node_text(prologue, &body, keys, args), wait),
-            keys,
-            args,
-            lane,
-        }
-    }
-}
-
-/// A batched script: `flags` (a first line of flags, or nothing), `prologue`, the operation's
-/// `body` as the function `one(o, p, pre)` (`pre`: what the runner read for it, if anything),
-/// then `runner` (which defines `run(o, p)`, running `one` in `pcall`), and a loop over the `n`
-/// operations (`count` sets `n`) that runs each with its offsets (`offsets`: the expressions of
-/// `o` and `p` for operation `i`) and answers one value per operation, an error reply for one
-/// that raised.
-fn batch_text(
-    flags: &str,
-    prologue: &str,
-    body: &str,
-    runner: &str,
-    count: &str,
-    offsets: &str,
-) -> String {
-    format!(
-        r#"{flags}{prologue}
-local function one(o, p, pre)
-{body}
-end
-{runner}
-{count}
-local out = {{}}
-for i = 0, n - 1 do
-  local o, p = {offsets}
-  local ok, r = run(o, p)
-  if not ok then
-    -- `redis.call` raises its error reply as a table; a Lua error is a string.
-    if type(r) == 'table' and r.err then r = {{err = r.err}} else r = {{err = 'ERR ' .. tostring(r)}} end
-  elseif r == nil then
-    r = false
-  end
-  out[i + 1] = r
-end
-return out
-"#
-    )
-}
-
-/// The node form of a batched script ([`Batched::node`]) whose per-operation `body` reads
-/// `KEYS[o + n]` and `ARGV[p + n]`.
-///
-/// Before running an operation it reads its first key: a key of a slot the node does not serve
-/// cannot be read there (an error other than `WRONGTYPE`), and the operation is answered
-/// `ELSEWHERE` without running. When the body's first read is that same `GET` (the acquire and
-/// release scripts'), the body takes the value read (`pre`) instead of reading it again.
-#[cfg(feature = "redis-cluster")]
-fn node_text(prologue: &str, body: &str, keys: usize, args: usize) -> String {
-    // The keys come as arguments, ahead of all operations' arguments.
-    let body = body.replace("KEYS[o + ", "ARGV[o + ");
-    let (body, probe) = match body.find(FIRST_READ) {
-        Some(at) => (
-            format!("{}pre{}", &body[..at], &body[at + FIRST_READ.len()..]),
-            FIRST_READ,
-        ),
-        None => (body, "redis.pcall('EXISTS', ARGV[o + 1])"),
-    };
-    let runner = format!(
-        r#"-- A key of a slot this node does not serve cannot be read here: left to a call naming it.
-local function run(o, p)
-  local pre = {probe}
-  if type(pre) == 'table' and not string.find(tostring(pre.err), 'WRONGTYPE', 1, true) then
-    return true, {{err = '{ELSEWHERE} ' .. tostring(pre.err)}}
-  end
-  return pcall(one, o, p, pre)
-end"#
-    );
-    batch_text(
-        "#!lua flags=allow-cross-slot-keys\n",
-        prologue,
-        &body,
-        &runner,
-        &format!("local n = #ARGV / {}", keys + args),
-        &format!("{keys} * i, {keys} * n + {args} * i"),
-    )
-}
-
-/// An operation's read of its record as the node form's runner makes it, before the operation
-/// runs (see [`node_text`]).
-#[cfg(feature = "redis-cluster")]
-const FIRST_READ: &str = "redis.pcall('GET', ARGV[o + 1])";
-
-/// `body` with every `NAME[n]` (`n` digits) read as `NAME[var + n]`.
-fn offset(body: &str, name: &str, var: &str) -> String {
-    let open = format!("{name}[");
-    let mut out = String::with_capacity(body.len() + body.len() / 8);
-    let mut rest = body;
-    while let Some(at) = rest.find(&open) {
-        let after = &rest[at + open.len()..];
-        let digits = after.bytes().take_while(u8::is_ascii_digit).count();
-        out.push_str(&rest[..at + open.len()]);
-        if digits > 0 && after[digits..].starts_with(']') {
-            out.push_str(var);
-            out.push_str(" + ");
-        }
-        rest = after;
-    }
-    out.push_str(rest);
-    out
 }
 
 /// One lane: its calls in flight and those waiting for a batch.
@@ -235,58 +83,89 @@ struct Queued {
     reply: tokio::sync::oneshot::Sender<Result<Value>>,
 }
 
-/// Sends `call` (of a script whose batched form is `batched`) on `link`: at once, or, while
-/// [`IN_FLIGHT`] calls of its lane wait for the server, in the next batch.
-pub(super) async fn send(link: &Arc<Link>, batched: &Batched, call: &ScriptCall) -> Result<Value> {
-    send_in(link, link.lanes.clone(), None, batched, call).await
+/// A store's lanes: the acquire and release calls in flight, and those queued for the next
+/// batch, of its one server, or on a cluster of each primary.
+#[derive(Default)]
+pub(super) struct Coalescer {
+    /// The lanes of the one server.
+    lanes: Arc<Lanes>,
+    /// The lanes of each cluster primary (`host`, `port`).
+    #[cfg(feature = "redis-cluster")]
+    primaries: Mutex<HashMap<Node, Arc<Lanes>>>,
 }
 
-/// [`send`] on a cluster: in the lanes of the primary serving the call's key, by the store's
-/// slot map; alone (routed by its key) while the map is missing or stale, which is then read
-/// again in the background.
-#[cfg(feature = "redis-cluster")]
-pub(super) async fn send_to_primary(
-    link: &Arc<Link>,
-    nodes: &crate::stores::redis::cluster::ClusterNodes,
-    batched: &Batched,
-    call: &ScriptCall,
-) -> Result<Value> {
-    let slot = call.first_key().map(crate::stores::redis::cluster::slot);
-    match slot.and_then(|slot| Some((slot, nodes.lanes_for(slot)?))) {
-        Some((slot, lanes)) => send_in(link, lanes, Some(slot), batched, call).await,
-        None => {
-            if nodes.claim_map_read() {
-                // The claim ends with the read, or with the task dropped unrun (a runtime
-                // shutting down): one background read at a time, never none for good.
-                let claim = MapReadClaim(link.clone());
-                tokio::spawn(async move {
-                    let link = &claim.0;
-                    if let super::Origin::Cluster(nodes) = &link.origin {
-                        let conn = link.current.lock().1.clone();
-                        nodes.read_map(&conn, &link.described, link.timeout).await;
-                    }
-                });
+impl Coalescer {
+    /// Sends `call` (of a script whose batched form is `batched`) on `link`: at once, or, while
+    /// [`IN_FLIGHT`] calls of its lane wait for the server, in the next batch.
+    pub(super) async fn send(
+        &self,
+        link: &Arc<Link>,
+        batched: &Batched,
+        call: &ScriptCall,
+    ) -> Result<Value> {
+        send_in(link, self.lanes.clone(), None, batched, call).await
+    }
+
+    /// [`Coalescer::send`] on a cluster: in the lanes of the primary serving the call's key, by
+    /// the store's slot map; alone (routed by its key) while the map is missing or stale, which
+    /// is then read again in the background.
+    #[cfg(feature = "redis-cluster")]
+    pub(super) async fn send_to_primary(
+        &self,
+        link: &Arc<Link>,
+        nodes: &ClusterNodes,
+        batched: &Batched,
+        call: &ScriptCall,
+    ) -> Result<Value> {
+        let slot = call.first_key().map(cluster::slot);
+        match slot.and_then(|slot| Some((slot, self.lanes_for(nodes, slot)?))) {
+            Some((slot, lanes)) => send_in(link, lanes, Some(slot), batched, call).await,
+            None => {
+                if nodes.claim_map_read() {
+                    // The claim ends with the read, or with the task dropped unrun (a runtime
+                    // shutting down): one background read at a time, never none for good.
+                    let claim = MapReadClaim(link.clone());
+                    tokio::spawn(async move {
+                        let link = &claim.0;
+                        if let Origin::Cluster(nodes) = &link.origin {
+                            let conn = link.current.lock().1.clone();
+                            nodes.read_map(&conn, &link.described, link.timeout).await;
+                        }
+                    });
+                }
+                alone(link, call).await
             }
-            alone(link, call).await
         }
+    }
+
+    /// The lanes of the primary serving `slot` by a fresh slot map of `nodes`, or `None`.
+    #[cfg(feature = "redis-cluster")]
+    fn lanes_for(&self, nodes: &ClusterNodes, slot: u16) -> Option<Arc<Lanes>> {
+        nodes.with_primary(slot, |node| {
+            let mut lanes = self.primaries.lock();
+            if let Some(l) = lanes.get(node) {
+                return l.clone();
+            }
+            lanes.entry(node.clone()).or_default().clone()
+        })
     }
 }
 
-/// A background read of a cluster's slot map under way ([`send_to_primary`]); dropped, it ends
-/// the claim.
+/// A background read of a cluster's slot map under way ([`Coalescer::send_to_primary`]);
+/// dropped, it ends the claim.
 #[cfg(feature = "redis-cluster")]
 struct MapReadClaim(Arc<Link>);
 
 #[cfg(feature = "redis-cluster")]
 impl Drop for MapReadClaim {
     fn drop(&mut self) {
-        if let super::Origin::Cluster(nodes) = &self.0.origin {
+        if let Origin::Cluster(nodes) = &self.0.origin {
             nodes.end_map_read();
         }
     }
 }
 
-/// [`send`] in `lanes`: those of the one server (`slot` None), or those of the cluster primary
+/// [`Coalescer::send`] in `lanes`: those of the one server (`slot` None), or those of the cluster primary
 /// serving `slot`.
 async fn send_in(
     link: &Arc<Link>,
@@ -423,7 +302,7 @@ async fn run(turn: Turn, mut jobs: Vec<Queued>) {
             let n = jobs.len();
             fail_all(jobs, || mismatch(link, values.len(), n));
         }
-        Err(e) => fail_all(jobs, || shared_error(link, &e)),
+        Err(e) => fail_all(jobs, || shared_error(&link.described, &e)),
     }
 }
 
@@ -458,12 +337,12 @@ async fn run_on_primary(turn: &Turn, batched: &Batched, slot: u16, jobs: Vec<Que
             }
             if !again.is_empty() {
                 // Found out of date (a failover, a resharding): read again.
-                if let super::Origin::Cluster(nodes) = &link.origin {
+                if let Origin::Cluster(nodes) = &link.origin {
                     nodes.forget_map();
                 }
             }
         }
-        Err(e @ Error::Unavailable { .. }) => fail_all(jobs, || shared_error(link, &e)),
+        Err(e @ Error::Unavailable { .. }) => fail_all(jobs, || shared_error(&link.described, &e)),
         // It ran, but its answer does not match: the operations may have run, so none is sent
         // again.
         Ok(values) => {
@@ -572,41 +451,5 @@ fn answers(answer: Value) -> ::redis::RedisResult<Vec<Value>> {
             format!("{other:?}"),
         )
             .into()),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::offset;
-
-    #[test]
-    fn offsets_apply_to_indexed_reads_only() {
-        assert_eq!(
-            offset(
-                "redis.call('GET', KEYS[1]) .. KEYS[12] .. KEYS[o] .. #KEYS .. KEYS[",
-                "KEYS",
-                "o"
-            ),
-            "redis.call('GET', KEYS[o + 1]) .. KEYS[o + 12] .. KEYS[o] .. #KEYS .. KEYS["
-        );
-        assert_eq!(
-            offset("ARGV[2]ARGV[3]", "ARGV", "p"),
-            "ARGV[p + 2]ARGV[p + 3]"
-        );
-    }
-
-    /// The acquire and release scripts' node forms read each operation's record once: the
-    /// runner's read, which tells a key served elsewhere, is the one the body uses.
-    #[cfg(feature = "redis-cluster")]
-    #[test]
-    fn node_forms_read_each_record_once() {
-        let scripts = super::super::Scripts::new(None);
-        for lua in [&scripts.acquire, &scripts.release] {
-            let node = lua.batched().map_or("", |b| b.node.0.body.as_str());
-            assert_eq!(node.matches("redis.pcall('GET'").count(), 1, "{node}");
-            assert_eq!(node.matches(super::FIRST_READ).count(), 1, "{node}");
-            assert!(!node.contains("EXISTS"), "{node}");
-            assert!(node.contains("local raw = pre\n"), "{node}");
-        }
     }
 }

@@ -1,0 +1,288 @@
+//! Clock skew, with real processes whose wall clocks `faketime` moves minutes ahead and minutes
+//! behind (their monotonic and boot-time clocks left alone). On Kubernetes Leases
+//! (leasehold-apiserver over a real etcd): a held lease is never granted early, a crashed holder's
+//! lease is taken over within its TTL plus one observation, and fences never go backwards, not even
+//! after `kubectl delete lease` when the next pod's clock lags. On the file store, whose processes
+//! share the host's boot-time clock: a wall clock set ahead or behind changes nothing.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use leasehold_testkit::servers::{http_request, shared_apiserver, ApiServer};
+use leasehold_testkit::workspace_bin;
+use serde_json::Value;
+use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+const NS: &str = "clock";
+const AHEAD: &str = "+120s";
+const BEHIND: &str = "-120s";
+const TTL_MS: u64 = 1000;
+
+/// A line a worker printed, with the worker's name.
+type Line = (String, String);
+
+/// A worker process and the lines it prints, as they come.
+struct Worker {
+    child: Child,
+    lines: mpsc::Receiver<Line>,
+    name: String,
+}
+
+impl Worker {
+    /// Starts `leasehold-worker ARGS`, with its wall clock moved by `offset` (`faketime` syntax)
+    /// when given.
+    fn start(offset: Option<&str>, args: &[&str]) -> Worker {
+        let (tx, lines) = mpsc::channel();
+        let (child, name) = Self::spawn(offset, args, tx);
+        Worker { child, lines, name }
+    }
+
+    /// Starts a worker whose lines go to `tx`; the child and its name.
+    fn spawn(offset: Option<&str>, args: &[&str], tx: mpsc::Sender<Line>) -> (Child, String) {
+        let worker = workspace_bin("leasehold-worker");
+        let mut c = match offset {
+            Some(o) => {
+                let mut c = Command::new("faketime");
+                c.env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+                    .args(["-f", o])
+                    .arg(&worker);
+                c
+            }
+            None => Command::new(&worker),
+        };
+        // A group of its own: `faketime` runs the worker as its child, and both go together.
+        let mut child = c
+            .args(args)
+            .process_group(0)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("cannot start {worker:?} (under faketime {offset:?}; apt-get install faketime): {e}")
+            });
+        let out = child.stdout.take().unwrap();
+        let name = format!("{} (clock {})", args[0], offset.unwrap_or("+0s"));
+        let who = name.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send((who.clone(), line)).is_err() {
+                    return;
+                }
+            }
+        });
+        (child, name)
+    }
+
+    /// The next line within `limit`, if any.
+    fn line(&self, limit: Duration) -> Option<String> {
+        self.lines.recv_timeout(limit).ok().map(|(_, l)| l)
+    }
+
+    /// A line already printed, without waiting.
+    fn printed(&self) -> Option<String> {
+        self.lines.try_recv().ok().map(|(_, l)| l)
+    }
+}
+
+/// Processes started with [`Worker::spawn`], killed when dropped.
+struct Children(Vec<Child>);
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            kill(c);
+        }
+    }
+}
+
+/// Kills `child` and everything in its process group (a worker under `faketime`).
+fn kill(child: &mut Child) {
+    if let Ok(pid) = i32::try_from(child.id()) {
+        // SAFETY: a signal to the process group this test started (its leader is `child`).
+        unsafe { libc::kill(-pid, libc::SIGKILL) };
+    }
+    let _ = child.wait();
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        kill(&mut self.child);
+    }
+}
+
+/// Runs `leasehold-worker try` once with the clock moved by `offset`: `Some(fence)` when granted,
+/// `None` when busy.
+fn try_once(url: &str, key: &str, offset: Option<&str>) -> Option<u64> {
+    let w = Worker::start(offset, &["try", url, key, &TTL_MS.to_string()]);
+    let line = w
+        .line(Duration::from_secs(20))
+        .unwrap_or_else(|| panic!("{} answered nothing", w.name));
+    match line.split_once(' ') {
+        Some(("granted", f)) => Some(f.parse().unwrap()),
+        Some(("busy", _)) | None if line.starts_with("busy") => None,
+        _ => panic!("{}: unexpected {line:?}", w.name),
+    }
+}
+
+/// The fence a `hold` worker printed (`held FENCE`).
+fn held_fence(line: &str) -> u64 {
+    line.strip_prefix("held ")
+        .and_then(|f| f.parse().ok())
+        .unwrap_or_else(|| panic!("expected `held FENCE`, got {line:?}"))
+}
+
+/// Deletes the Lease of `key` with the API, as `kubectl delete lease` does.
+fn delete_lease(s: &ApiServer, key: &str) {
+    let path = format!("/apis/coordination.k8s.io/v1/namespaces/{NS}/leases");
+    let (code, body) = http_request(s.port, "GET", &path, &[], "").unwrap();
+    assert_eq!(code, 200, "{body}");
+    let list: Value = serde_json::from_str(&body).unwrap();
+    let name = list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["metadata"]["annotations"]["leasehold.io/key"] == key)
+        .and_then(|l| l["metadata"]["name"].as_str())
+        .unwrap_or_else(|| panic!("no Lease for {key} in {list}"))
+        .to_owned();
+    let (code, body) = http_request(s.port, "DELETE", &format!("{path}/{name}"), &[], "").unwrap();
+    assert_eq!(code, 200, "{body}");
+}
+
+/// One-shot contenders two minutes ahead and two minutes behind, started one after another for
+/// two TTLs while a holder renews: every one of them is told the lease is held.
+#[test]
+fn a_renewed_lease_is_never_granted_to_a_contender_whose_clock_is_minutes_off() {
+    let s = shared_apiserver();
+    let url = s.store_url(NS);
+    let key = "skew/held";
+    let holder = Worker::start(None, &["hold", &url, key, &TTL_MS.to_string()]);
+    let first = held_fence(&holder.line(Duration::from_secs(20)).expect("holder"));
+    let until = Instant::now() + Duration::from_millis(2 * TTL_MS);
+    let mut attempts = 0;
+    while Instant::now() < until {
+        for offset in [AHEAD, BEHIND] {
+            attempts += 1;
+            if let Some(fence) = try_once(&url, key, Some(offset)) {
+                panic!(
+                    "a contender whose clock is {offset} was granted the lease (fence {fence}) \
+                     while its holder (fence {first}) renews it"
+                );
+            }
+        }
+    }
+    assert!(attempts >= 4, "only {attempts} attempts in two TTLs");
+    assert_eq!(holder.printed(), None, "the holder lost its lease");
+}
+
+/// A holder crashes (SIGKILL) while two waiters, two minutes ahead and two minutes behind, watch
+/// its lease. Neither gets it while the holder lives; one gets it within the TTL plus one
+/// observation of the crash, with a higher fence.
+#[test]
+fn a_crashed_holders_lease_goes_to_a_skewed_waiter_within_its_ttl() {
+    let s = shared_apiserver();
+    let url = s.store_url(NS);
+    let key = "skew/crash";
+    let ttl = TTL_MS.to_string();
+    let mut holder = Worker::start(None, &["hold", &url, key, &ttl]);
+    let first = held_fence(&holder.line(Duration::from_secs(20)).expect("holder"));
+    let (tx, printed) = mpsc::channel();
+    let _waiters = Children(vec![
+        Worker::spawn(Some(AHEAD), &["hold", &url, key, &ttl], tx.clone()).0,
+        Worker::spawn(Some(BEHIND), &["hold", &url, key, &ttl], tx).0,
+    ]);
+    // Two TTLs of the holder renewing: the waiters must still be waiting.
+    if let Ok((who, line)) = printed.recv_timeout(Duration::from_millis(2 * TTL_MS)) {
+        panic!("{who} printed {line:?} while the holder renews");
+    }
+    assert_eq!(holder.printed(), None, "the holder lost its lease");
+    kill(&mut holder.child);
+    let killed = Instant::now();
+    // Observation ends TTL + 1 % + 2 ms after the last renewal seen; waiters poll at most 500 ms
+    // apart once nothing changes, and a process needs a moment to print.
+    let limit = Duration::from_millis(TTL_MS + TTL_MS / 100 + 2 + 500 + 700);
+    let (taker, line) = printed
+        .recv_timeout(limit)
+        .unwrap_or_else(|_| panic!("no waiter took the crashed holder's lease within {limit:?}"));
+    let took = killed.elapsed();
+    let fence = held_fence(&line);
+    assert!(fence > first, "{taker}: fence {fence} after {first}");
+    eprintln!("{taker} took the lease {took:?} after the holder was killed");
+}
+
+/// The Lease is deleted with the API (`kubectl delete lease`) after a pod whose clock is two
+/// minutes ahead held it, and the next pod's clock lags two minutes: its fence is still higher.
+/// And again with the clocks the other way round.
+#[test]
+fn fences_never_go_backwards_after_kubectl_delete_when_the_next_pod_lags() {
+    let s = shared_apiserver();
+    let url = s.store_url(NS);
+    let key = "skew/deleted";
+    let mut last = 0;
+    for offset in [Some(AHEAD), Some(BEHIND), None, Some(BEHIND)] {
+        let fence = try_once(&url, key, offset).unwrap_or_else(|| panic!("{key} busy"));
+        assert!(
+            fence > last,
+            "a pod whose clock is {offset:?} got fence {fence} after {last} (the Lease was deleted in between)"
+        );
+        last = fence;
+        delete_lease(s, key);
+    }
+}
+
+/// The file store: a contender whose wall clock is a minute ahead is told a held 10 s lease is
+/// held, for as long as it is.
+#[test]
+fn file_store_a_contender_whose_clock_is_a_minute_ahead_is_told_the_lease_is_held() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", dir.path().display());
+    let key = "skew/file-held";
+    let holder = Worker::start(None, &["hold", &url, key, "10000"]);
+    let first = held_fence(&holder.line(Duration::from_secs(20)).expect("holder"));
+    for offset in ["+60s", "-60s", "+1h"] {
+        let w = Worker::start(Some(offset), &["try", &url, key, "10000"]);
+        let line = w
+            .line(Duration::from_secs(20))
+            .unwrap_or_else(|| panic!("{} answered nothing", w.name));
+        assert!(
+            line.starts_with("busy"),
+            "a contender whose clock is {offset} got {line:?} while the holder (fence {first}) holds a 10 s lease"
+        );
+    }
+    assert_eq!(holder.printed(), None, "the holder lost its lease");
+}
+
+/// The file store: a holder stopped with SIGSTOP keeps its kernel lock, so its lease ends by the
+/// TTL; a waiter whose wall clock is a minute behind takes it over within the TTL, not a minute
+/// later.
+#[test]
+fn file_store_a_stopped_holders_lease_goes_to_a_lagging_waiter_by_the_ttl() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", dir.path().display());
+    let key = "skew/file-stopped";
+    let ttl = TTL_MS.to_string();
+    let holder = Worker::start(None, &["hold", &url, key, &ttl]);
+    let first = held_fence(&holder.line(Duration::from_secs(20)).expect("holder"));
+    let pid = i32::try_from(holder.child.id()).unwrap();
+    // SAFETY: a signal to the process this test started.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let stopped = Instant::now();
+    let waiter = Worker::start(Some("-60s"), &["hold", &url, key, &ttl]);
+    // TTL + the waiter's start and at most one 500 ms poll, well under the minute its clock lags.
+    let limit = Duration::from_millis(TTL_MS + 500 + 1500);
+    let line = waiter.line(limit).unwrap_or_else(|| {
+        panic!(
+            "{} did not take a stopped holder's lease within {limit:?}",
+            waiter.name
+        )
+    });
+    let fence = held_fence(&line);
+    assert!(fence > first, "fence {fence} after {first}");
+    eprintln!(
+        "{} took the lease {:?} after the holder stopped",
+        waiter.name,
+        stopped.elapsed()
+    );
+}

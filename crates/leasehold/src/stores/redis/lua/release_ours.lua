@@ -1,0 +1,9 @@
+local raw = redis.pcall('GET', KEYS[1])
+if not raw then return 0 end
+if type(raw) == 'string' and string.find(raw, '"token":' .. ARGV[2], 1, true) and string.find(raw, '"waiter_token":null', 1, true) then
+  redis.call('DEL', KEYS[1])
+  if string.find(raw, '"watched":true', 1, true) then
+    redis.call('PUBLISH', KEYS[1], 'released')
+  end
+  return 1
+end

@@ -1,0 +1,1 @@
+local keys, args = KEYS, ARGV
