@@ -29,8 +29,14 @@ pub(crate) struct Loss {
 }
 
 /// The kill margin of a lease of `ttl`: min(ttl/10, 1 s).
-fn kill_margin(ttl: Duration) -> Duration {
+pub(crate) fn kill_margin(ttl: Duration) -> Duration {
     (ttl / 10).min(Duration::from_secs(1))
+}
+
+/// When SIGKILL must go for what runs under a lease to be gone by `deadline` (its
+/// `valid_until`): `margin` before it; at or before now when that has passed (SIGKILL at once).
+pub(crate) fn kill_before(deadline: Instant, margin: Duration) -> Instant {
+    deadline.checked_sub(margin).unwrap_or_else(Instant::now)
 }
 
 impl Loss {
@@ -88,9 +94,7 @@ impl Loss {
             StopReason::RenewalsFailing { valid_until } => *valid_until,
             _ => valid_until,
         };
-        v.checked_sub(self.kill_margin)
-            .unwrap_or(now)
-            .min(now + self.grace)
+        kill_before(v, self.kill_margin).min(now + self.grace)
     }
 
     /// What the command's group guard is told for `valid_until`: it kills the group then unless

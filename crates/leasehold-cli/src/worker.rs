@@ -1,25 +1,30 @@
 //! `leasehold queue work`: the library's queue worker ([`leasehold::queue::worker`], which
 //! claims, heartbeats, recovers, takes each key's lease and records each end) with a runner that
 //! runs each task's command as a process, under a task supervisor ([`crate::supervise`]), and
-//! stops it (SIGTERM, SIGKILL after `--grace`) when the worker says so: cancel, timeout, lost
-//! lease, drain. SIGTERM/SIGINT/SIGHUP drain the worker; a second one stops the running tasks.
+//! stops it when the worker says so: on cancel, timeout or drain SIGTERM, SIGKILL after `--grace`;
+//! when the key's lease must be given up (its stop-by deadline passed unrenewed) SIGTERM, and
+//! SIGKILL the kill margin ([`crate::loss`]) before the lease's `valid_until`, or at once when
+//! the store says the lease is gone, so that the task is gone before another worker can be
+//! granted its key. SIGTERM/SIGINT/SIGHUP drain the worker; a second one stops the running tasks.
 
-use crate::child::{die_with_parent, stop_child};
+use crate::child::{die_with_parent, sleep_until, stop_signal};
 use crate::cli::QueueWorkArgs;
 use crate::exit::{self, Failure, OK};
+use crate::loss;
 use crate::metrics::{self, Endpoint};
 use crate::payload::decode_command;
 use crate::signals::{self, Forwarded};
 use crate::supervise;
 use crate::tree;
 use leasehold::queue::metrics::QueueMetrics;
-use leasehold::queue::worker::{RunningTask, TaskRunner, Worker};
+use leasehold::queue::worker::{RunningTask, StopReason, TaskRunner, Worker};
 use leasehold::queue::{Outcome, QueueBackend, Task};
 use std::collections::HashSet;
 use std::future::Future;
 use std::os::unix::process::ExitStatusExt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio::time::Instant;
 
 /// Beyond the longest a process runner takes to stop its task (the grace, the supervisor's
 /// overrun, the sweep), before the worker would drop it: never, in practice.
@@ -88,6 +93,7 @@ pub(crate) async fn work(
     let shutdown = worker.shutdown_handle();
     let runner = ProcessRunner {
         grace: args.grace,
+        kill_margin: loss::kill_margin(args.ttl),
         supervisors: Mutex::new(HashSet::new()),
     };
     let run = worker.run(runner);
@@ -120,6 +126,8 @@ pub(crate) async fn work(
 struct ProcessRunner {
     /// How long a stopped task may take to exit after SIGTERM before SIGKILL.
     grace: Duration,
+    /// How long before the key's lease's deadline a task stopped for its lease gets SIGKILL.
+    kill_margin: Duration,
     /// The running tasks' supervisors (pids), each named here as it is started, under this lock.
     /// The worker is the subreaper of their descendants, so what a supervisor that died (killed
     /// with SIGKILL) left running becomes the worker's child; every other child is such a
@@ -157,23 +165,51 @@ impl ProcessRunner {
         };
         let supervisor = child.id();
         // The supervisor is told to stop (SIGTERM), passes it on and kills the task itself once
-        // the grace has passed; it is killed only if it overruns.
+        // the grace has passed; it is killed (SIGKILL, and the task's group with it) if it
+        // overruns, or the kill margin before the key's lease's deadline.
         let grace = self.grace + supervise::OVERRUN;
-        let outcome = tokio::select! {
-            biased;
-            status = child.wait() => match status {
-                Ok(s) if s.success() => Outcome::Succeeded,
-                Ok(s) => Outcome::Failed(match (s.code(), s.signal()) {
-                    (Some(c), _) => format!("exit status {c}"),
-                    (None, Some(sig)) => format!("killed by {}", signals::name(sig)),
-                    _ => "ended abnormally".into(),
-                }),
-                Err(e) => Outcome::Failed(format!("cannot wait for the command: {e}")),
-            },
-            why = task.stopped() => {
-                let _ = stop_child(&mut child, grace).await;
-                why.outcome()
+        let mut stopped: Option<StopReason> = None;
+        let mut lease_by = task.deadline();
+        let mut kill_at: Option<Instant> = None;
+        let mut killed = false;
+        let status = loop {
+            tokio::select! {
+                biased;
+                status = child.wait() => break status,
+                why = task.stopped(), if stopped.is_none() => {
+                    let now = Instant::now();
+                    let mut at = now + grace;
+                    if let Some(by) = lease_by {
+                        at = at.min(loss::kill_before(by, self.kill_margin));
+                    }
+                    if at > now {
+                        stop_signal(&child, libc::SIGTERM);
+                    }
+                    tracing::info!(task = id, reason = %why, "stopping the task");
+                    kill_at = Some(at);
+                    stopped = Some(why);
+                }
+                by = task.deadline_changed(lease_by) => {
+                    lease_by = Some(by);
+                    let at = loss::kill_before(by, self.kill_margin);
+                    kill_at = kill_at.map(|k| k.min(at));
+                }
+                () = sleep_until(kill_at), if kill_at.is_some() && !killed => {
+                    tracing::warn!(task = id, "the task did not exit in time; killing it");
+                    stop_signal(&child, libc::SIGKILL);
+                    killed = true;
+                }
             }
+        };
+        let outcome = match (stopped, status) {
+            (Some(why), _) => why.outcome(),
+            (None, Ok(s)) if s.success() => Outcome::Succeeded,
+            (None, Ok(s)) => Outcome::Failed(match (s.code(), s.signal()) {
+                (Some(c), _) => format!("exit status {c}"),
+                (None, Some(sig)) => format!("killed by {}", signals::name(sig)),
+                _ => "ended abnormally".into(),
+            }),
+            (None, Err(e)) => Outcome::Failed(format!("cannot wait for the command: {e}")),
         };
         // The supervisor has ended (and been reaped). Killed before its own sweep, it left what
         // the task still runs to the worker: ended here, before the task's end is recorded and

@@ -1067,3 +1067,100 @@ async fn worker_cleanup(s: Setup) {
     let ran: Vec<bool> = s.events().iter().map(|e| e.start).collect();
     assert_eq!(ran, [true, false], "it ran, start to end, before it went");
 }
+
+/// A task command that ignores SIGTERM and appends `$ME NANOS` to `$LOG` every 20 ms, forever.
+const WRITER: &str = r#"trap '' TERM;
+    while :; do echo "$ME $(date +%s%N)" >> "$LOG"; sleep 0.02 </dev/null >/dev/null 2>&1; done"#;
+
+/// A command that appends `$ME NANOS` to `$LOG` every 20 ms, 25 times, and exits 0.
+const SECOND_WRITER: &str = r#"i=0; while [ $i -lt 25 ]; do echo "$ME $(date +%s%N)" >> "$LOG";
+    sleep 0.02 </dev/null >/dev/null 2>&1; i=$((i+1)); done"#;
+
+/// A worker cut off from the lock store (Redis through a proxy that stops forwarding; its SQLite
+/// queue stays reachable) has its task — which ignores SIGTERM — gone before the key's lease can
+/// expire: a `leasehold run` on the same key, reaching Redis directly, is granted the lease at
+/// its expiry, and the two commands never write at the same time. Before, the task was told to
+/// stop only at `lost()` and killed `--grace` (10 s) later, while the other process ran.
+#[test]
+fn a_worker_cut_off_from_the_store_stops_its_task_before_another_is_granted_the_key() {
+    use leasehold_testkit::{proxy::TcpProxy, servers::RedisServer};
+    let redis = RedisServer::start();
+    let proxy = TcpProxy::start(redis.port);
+    let via_proxy = format!("redis://127.0.0.1:{}/0", proxy.port);
+    let s = Setup::new();
+    let log = s.dir.path().join("writers.log");
+    let (code, _, err) = run(
+        &s,
+        &["queue", "add", "--key", "k", "--", "sh", "-c", WRITER],
+    );
+    assert_eq!(code, 0, "{err}");
+    let mut cmd = s.cmd();
+    cmd.env("LEASEHOLD_STORE", &via_proxy)
+        .env("ME", "A")
+        .env("LOG", &log);
+    let worker = s.worker_with(0, &["--slots", "1"], cmd);
+    let written = |who: &str| {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l.starts_with(who))
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !written("A ") {
+        assert!(
+            Instant::now() < deadline,
+            "the task never ran: {}",
+            s.worker_errors()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    proxy.pause();
+    let second = s
+        .cmd()
+        .args(["--store", &redis.url(), "run", "--key", "k", "--ttl", "1s"])
+        .args(["--wait", "60s", "--", "sh", "-c", SECOND_WRITER])
+        .env("ME", "B")
+        .env("LOG", &log)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let status = wait_for(Worker(Some(second)), Duration::from_secs(60));
+    assert!(status.success(), "{status:?}");
+    // The first writer wrote, then the second, and never the first after the second began.
+    let text = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    let ms = |l: &str| {
+        l.split_whitespace()
+            .nth(1)
+            .and_then(|t| t.parse::<u64>().ok())
+            .unwrap_or(0)
+            / 1_000_000
+    };
+    let first_b = lines.iter().position(|l| l.starts_with("B ")).unwrap();
+    let late: Vec<&&str> = lines[first_b..]
+        .iter()
+        .filter(|l| l.starts_with("A "))
+        .collect();
+    if let Some(last) = late.last() {
+        panic!(
+            "both tasks' commands ran: {} lines of the worker's task after the other began ({} ms of overlap)\n{}",
+            late.len(),
+            ms(last).saturating_sub(ms(lines[first_b])),
+            s.worker_errors()
+        );
+    }
+    // The task ended as one whose lease failed.
+    let (_, out, _) = run(&s, &["queue", "ls", "--all", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v[0]["state"], "failed", "{v}");
+    assert!(
+        v[0]["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("lease was lost")),
+        "{v}"
+    );
+    proxy.resume();
+    drop(worker);
+}
