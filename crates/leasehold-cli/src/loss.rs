@@ -33,6 +33,12 @@ pub(crate) fn kill_margin(ttl: Duration) -> Duration {
     (ttl / 10).min(Duration::from_secs(1))
 }
 
+/// What a command's group guard is told for a lease valid until `valid_until` whose kill margin
+/// is `margin`: half the margin before it.
+pub(crate) fn watchdog(valid_until: Instant, margin: Duration) -> Instant {
+    valid_until.checked_sub(margin / 2).unwrap_or(valid_until)
+}
+
 /// When SIGKILL must go for what runs under a lease to be gone by `deadline` (its
 /// `valid_until`): `margin` before it; at or before now when that has passed (SIGKILL at once).
 pub(crate) fn kill_before(deadline: Instant, margin: Duration) -> Instant {
@@ -100,9 +106,7 @@ impl Loss {
     /// What the command's group guard is told for `valid_until`: it kills the group then unless
     /// told of a later one.
     pub(crate) fn watchdog(&self, valid_until: Instant) -> Instant {
-        valid_until
-            .checked_sub(self.kill_margin / 2)
-            .unwrap_or(valid_until)
+        watchdog(valid_until, self.kill_margin)
     }
 }
 

@@ -21,6 +21,7 @@ use leasehold::queue::worker::{RunningTask, StopReason, TaskRunner, Worker};
 use leasehold::queue::{Outcome, QueueBackend, Task};
 use std::collections::HashSet;
 use std::future::Future;
+use std::os::fd::OwnedFd;
 use std::os::unix::process::ExitStatusExt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -156,7 +157,7 @@ impl ProcessRunner {
             Ok(argv) => argv,
             Err(e) => return Outcome::Failed(format!("corrupt payload: {e}")),
         };
-        let (mut child, report) = match self.supervised(&task, &argv) {
+        let (mut child, report, deadlines) = match self.supervised(&task, &argv) {
             Ok(started) => started,
             Err(why) => {
                 exit::report(&format!("task {id}: {why}"));
@@ -172,6 +173,9 @@ impl ProcessRunner {
         let mut lease_by = task.deadline();
         let mut kill_at: Option<Instant> = None;
         let mut killed = false;
+        // The supervisor is told each of the lease's deadlines, for a worker that is paused.
+        let mut known = task.valid_until();
+        self.tell_deadline(&deadlines, known);
         let status = loop {
             tokio::select! {
                 biased;
@@ -188,6 +192,10 @@ impl ProcessRunner {
                     tracing::info!(task = id, reason = %why, "stopping the task");
                     kill_at = Some(at);
                     stopped = Some(why);
+                }
+                v = task.valid_until_changed(known) => {
+                    known = v;
+                    self.tell_deadline(&deadlines, v);
                 }
                 by = task.deadline_changed(lease_by) => {
                     lease_by = Some(by);
@@ -227,6 +235,16 @@ impl ProcessRunner {
         }
     }
 
+    /// Tells a task's supervisor (on `pipe`, its stdin) that its key's lease is valid until
+    /// `valid_until`: the command's group is killed then, less half the kill margin, unless told
+    /// of a later one ([`supervise`]).
+    fn tell_deadline(&self, pipe: &OwnedFd, valid_until: Instant) {
+        let at = crate::guard::monotonic_at(loss::watchdog(valid_until, self.kill_margin));
+        if let Err(e) = crate::guard::write_deadline(pipe, at) {
+            tracing::warn!(error = %e, "cannot tell the task's supervisor the lease's deadline");
+        }
+    }
+
     /// Starts `argv` for `task` under a supervisor, so that what the task leaves running ends
     /// with it, also when the worker is killed ([`supervise`]). The supervisor gets a process
     /// group of its own (the signals stopping the task go to it alone), and starts the command in
@@ -235,15 +253,18 @@ impl ProcessRunner {
         &self,
         task: &RunningTask,
         argv: &[String],
-    ) -> Result<(tokio::process::Child, supervise::Report), String> {
+    ) -> Result<(tokio::process::Child, supervise::Report, OwnedFd), String> {
         let (mut command, mut report) = supervise::command(argv, self.grace)
+            .map_err(|e| format!("cannot prepare the task's supervisor: {e}"))?;
+        // The lease's deadlines go to the supervisor's stdin.
+        let (read, write) = crate::guard::pipe(libc::O_CLOEXEC | libc::O_NONBLOCK)
             .map_err(|e| format!("cannot prepare the task's supervisor: {e}"))?;
         command
             .env("LEASEHOLD_TASK_ID", task.task().id.to_string())
             .env("LEASEHOLD_KEY", &task.task().key)
             .env("LEASEHOLD_FENCE", task.fence().to_string())
             .env("LEASEHOLD_HOLDER", task.worker())
-            .stdin(std::process::Stdio::null())
+            .stdin(std::process::Stdio::from(read))
             .kill_on_drop(true)
             .process_group(0);
         die_with_parent(&mut command);
@@ -258,7 +279,7 @@ impl ProcessRunner {
         };
         report.started();
         let child = spawned.map_err(|e| format!("cannot start the task's supervisor: {e}"))?;
-        Ok((child, report))
+        Ok((child, report, write))
     }
 }
 

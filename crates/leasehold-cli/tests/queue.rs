@@ -10,7 +10,7 @@
 
 use leasehold::queue::{open_queue, NewTask, Policy, QueueBackend, TaskEntry, TaskState};
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -1076,6 +1076,70 @@ const WRITER: &str = r#"trap '' TERM;
 const SECOND_WRITER: &str = r#"i=0; while [ $i -lt 25 ]; do echo "$ME $(date +%s%N)" >> "$LOG";
     sleep 0.02 </dev/null >/dev/null 2>&1; i=$((i+1)); done"#;
 
+/// `leasehold run` on key `k` of `store` (TTL 1 s, waiting for it) running [`SECOND_WRITER`] as
+/// `B`, to its end.
+fn second_writer(s: &Setup, store: &str, log: &Path) -> ExitStatus {
+    let second = s
+        .cmd()
+        .args(["--store", store, "run", "--key", "k", "--ttl", "1s"])
+        .args(["--wait", "60s", "--", "sh", "-c", SECOND_WRITER])
+        .env("ME", "B")
+        .env("LOG", log)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for(Worker(Some(second)), Duration::from_secs(60))
+}
+
+/// Waits (bounded) until `who` has written to `log`.
+fn await_writer(s: &Setup, log: &Path, who: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        if text.lines().any(|l| l.starts_with(who)) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the task never ran: {}",
+            s.worker_errors()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Asserts that the worker's task (`A`) wrote, then the other process (`B`), and never `A` after
+/// `B` began.
+fn assert_no_interleaving(log: &Path, s: &Setup) {
+    let text = std::fs::read_to_string(log).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    let ms = |l: &str| {
+        l.split_whitespace()
+            .nth(1)
+            .and_then(|t| t.parse::<u64>().ok())
+            .unwrap_or(0)
+            / 1_000_000
+    };
+    let first_b = lines
+        .iter()
+        .position(|l| l.starts_with("B "))
+        .unwrap_or_else(|| panic!("the second process never wrote: {lines:?}"));
+    let late: Vec<&&str> = lines[first_b..]
+        .iter()
+        .filter(|l| l.starts_with("A "))
+        .collect();
+    if let Some(last) = late.last() {
+        panic!(
+            "both tasks' commands ran: {} lines of the worker's task after the other began ({} ms of overlap)\n{}",
+            late.len(),
+            ms(last).saturating_sub(ms(lines[first_b])),
+            s.worker_errors()
+        );
+    }
+}
+
 /// A worker cut off from the lock store (Redis through a proxy that stops forwarding; its SQLite
 /// queue stays reachable) has its task — which ignores SIGTERM — gone before the key's lease can
 /// expire: a `leasehold run` on the same key, reaching Redis directly, is granted the lease at
@@ -1099,58 +1163,11 @@ fn a_worker_cut_off_from_the_store_stops_its_task_before_another_is_granted_the_
         .env("ME", "A")
         .env("LOG", &log);
     let worker = s.worker_with(0, &["--slots", "1"], cmd);
-    let written = |who: &str| {
-        std::fs::read_to_string(&log)
-            .unwrap_or_default()
-            .lines()
-            .any(|l| l.starts_with(who))
-    };
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !written("A ") {
-        assert!(
-            Instant::now() < deadline,
-            "the task never ran: {}",
-            s.worker_errors()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    await_writer(&s, &log, "A ");
     proxy.pause();
-    let second = s
-        .cmd()
-        .args(["--store", &redis.url(), "run", "--key", "k", "--ttl", "1s"])
-        .args(["--wait", "60s", "--", "sh", "-c", SECOND_WRITER])
-        .env("ME", "B")
-        .env("LOG", &log)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let status = wait_for(Worker(Some(second)), Duration::from_secs(60));
+    let status = second_writer(&s, &redis.url(), &log);
     assert!(status.success(), "{status:?}");
-    // The first writer wrote, then the second, and never the first after the second began.
-    let text = std::fs::read_to_string(&log).unwrap();
-    let lines: Vec<&str> = text.lines().collect();
-    let ms = |l: &str| {
-        l.split_whitespace()
-            .nth(1)
-            .and_then(|t| t.parse::<u64>().ok())
-            .unwrap_or(0)
-            / 1_000_000
-    };
-    let first_b = lines.iter().position(|l| l.starts_with("B ")).unwrap();
-    let late: Vec<&&str> = lines[first_b..]
-        .iter()
-        .filter(|l| l.starts_with("A "))
-        .collect();
-    if let Some(last) = late.last() {
-        panic!(
-            "both tasks' commands ran: {} lines of the worker's task after the other began ({} ms of overlap)\n{}",
-            late.len(),
-            ms(last).saturating_sub(ms(lines[first_b])),
-            s.worker_errors()
-        );
-    }
+    assert_no_interleaving(&log, &s);
     // The task ended as one whose lease failed.
     let (_, out, _) = run(&s, &["queue", "ls", "--all", "--json"]);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
@@ -1162,5 +1179,31 @@ fn a_worker_cut_off_from_the_store_stops_its_task_before_another_is_granted_the_
         "{v}"
     );
     proxy.resume();
+    drop(worker);
+}
+
+/// A worker that is paused (SIGSTOP) cannot stop its task when the key's lease runs out: the
+/// task's supervisor, told each of the lease's deadlines, has the command's group killed at the
+/// deadline, before a `leasehold run` on the same key is granted the lease at its expiry.
+#[test]
+fn a_paused_worker_s_task_is_killed_before_another_is_granted_the_key() {
+    let s = Setup::new();
+    let log = s.dir.path().join("writers.log");
+    let (code, _, err) = run(
+        &s,
+        &["queue", "add", "--key", "k", "--", "sh", "-c", WRITER],
+    );
+    assert_eq!(code, 0, "{err}");
+    let mut cmd = s.cmd();
+    cmd.env("ME", "A").env("LOG", &log);
+    let worker = s.worker_with(0, &["--slots", "1"], cmd);
+    await_writer(&s, &log, "A ");
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(worker.id() as i32, libc::SIGSTOP) };
+    let status = second_writer(&s, &s.store, &log);
+    // SAFETY: as above.
+    unsafe { libc::kill(worker.id() as i32, libc::SIGCONT) };
+    assert!(status.success(), "{status:?}");
+    assert_no_interleaving(&log, &s);
     drop(worker);
 }

@@ -114,6 +114,7 @@ pub struct RunningTask {
     worker: Arc<str>,
     stop: watch::Receiver<Option<StopReason>>,
     deadline: watch::Receiver<Option<Instant>>,
+    valid_until: watch::Receiver<Instant>,
 }
 
 impl RunningTask {
@@ -123,6 +124,7 @@ impl RunningTask {
         worker: Arc<str>,
         stop: watch::Receiver<Option<StopReason>>,
         deadline: watch::Receiver<Option<Instant>>,
+        valid_until: watch::Receiver<Instant>,
     ) -> Self {
         RunningTask {
             task,
@@ -130,6 +132,7 @@ impl RunningTask {
             worker,
             stop,
             deadline,
+            valid_until,
         }
     }
 
@@ -184,6 +187,30 @@ impl RunningTask {
     /// before the deadline), so that they are gone before another worker can be granted the key.
     pub fn deadline(&self) -> Option<Instant> {
         *self.deadline.borrow()
+    }
+
+    /// The time up to which the key's lease is surely this worker's, on this process's monotonic
+    /// clock ([`LeaseGuard::valid_until`](crate::LeaseGuard::valid_until)): moved by each renewal.
+    /// For a watchdog outside the worker's process (a paused worker cannot stop its task).
+    pub fn valid_until(&self) -> Instant {
+        *self.valid_until.borrow()
+    }
+
+    /// Completes with the new [`valid_until`](Self::valid_until) once a renewal moved it past
+    /// `after`; never once the lease stops moving (lost, released, or the worker gone).
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn valid_until_changed(&self, after: Instant) -> Instant {
+        let mut rx = self.valid_until.clone();
+        let changed = match rx.wait_for(|v| *v > after).await {
+            Ok(v) => Some(*v),
+            Err(_) => None,
+        };
+        match changed {
+            Some(v) => v,
+            None => std::future::pending().await,
+        }
     }
 
     /// Completes with [`deadline`](Self::deadline) once it is set or moved earlier than `after`

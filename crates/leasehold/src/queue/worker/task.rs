@@ -125,6 +125,9 @@ async fn run_claimed<R: TaskRunner>(
         .map(|ms| started + Duration::from_millis(ms));
     // Set once the key's lease must be given up: by when the runner must be gone.
     let (lease_deadline, lease_deadline_rx) = watch::channel(None);
+    // The lease's `valid_until`, as renewals move it.
+    let mut known = guard.valid_until();
+    let (valid_until, valid_until_rx) = watch::channel(known);
     let running = RunningTask::new(
         Task {
             fence: Some(fence),
@@ -134,6 +137,7 @@ async fn run_claimed<R: TaskRunner>(
         ctx.worker.clone(),
         stop.clone(),
         lease_deadline_rx,
+        valid_until_rx,
     );
     // The runner's future lives in this block only: a runner that is dropped is gone before the
     // task's end is recorded and its lease released.
@@ -181,6 +185,10 @@ async fn run_claimed<R: TaskRunner>(
                         }
                         sooner
                     });
+                }
+                Some(v) = guard.valid_until_changed(known) => {
+                    known = v;
+                    valid_until.send_replace(v);
                 }
                 () = async { if let Some(d) = deadline { tokio::time::sleep_until(d).await } }, if deadline.is_some() => {
                     deadline = None;
