@@ -209,6 +209,14 @@ impl ProcessRunner {
                 }
             }
         };
+        // The task outlived the lease's validity without being told to stop: the worker was
+        // paused (SIGSTOP, a freeze) and the group guard killed the command at the deadline.
+        if stopped.is_none() && Instant::now() >= known {
+            exit::report(&format!(
+                "task {id}: the key's lease ran out while the worker could not act (paused?); the task was killed at its deadline"
+            ));
+            stopped = Some(StopReason::LeaseLost(leasehold::LostReason::Expired));
+        }
         let outcome = match (stopped, status) {
             (Some(why), _) => why.outcome(),
             (None, Ok(s)) if s.success() => Outcome::Succeeded,

@@ -1205,5 +1205,19 @@ fn a_paused_worker_s_task_is_killed_before_another_is_granted_the_key() {
     unsafe { libc::kill(worker.id() as i32, libc::SIGCONT) };
     assert!(status.success(), "{status:?}");
     assert_no_interleaving(&log, &s);
+    // The task ended as one whose lease ran out.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, out, _) = run(&s, &["queue", "ls", "--all", "--json"]);
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        if v[0]["state"] != "running" {
+            assert_eq!(v[0]["state"], "failed", "{v}");
+            let detail = v[0]["detail"].as_str().unwrap_or_default();
+            assert!(detail.contains("lease was lost"), "{v}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the task did not end: {v}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     drop(worker);
 }
