@@ -1221,3 +1221,47 @@ fn a_paused_worker_s_task_is_killed_before_another_is_granted_the_key() {
     }
     drop(worker);
 }
+
+/// A task whose key's lease the store says is gone (force-released) is killed at once: no
+/// SIGTERM first (the task would log it), and the task fails naming why.
+#[test]
+fn a_task_whose_lease_is_force_released_is_killed_at_once() {
+    let s = Setup::new();
+    let log = s.dir.path().join("writers.log");
+    let task = r#"trap 'echo "TERM $(date +%s%N)" >> "$LOG"' TERM;
+        while :; do echo "A $(date +%s%N)" >> "$LOG"; sleep 0.02 </dev/null >/dev/null 2>&1; done"#;
+    let (code, _, err) = run(&s, &["queue", "add", "--key", "k", "--", "sh", "-c", task]);
+    assert_eq!(code, 0, "{err}");
+    let mut cmd = s.cmd();
+    cmd.env("LOG", &log);
+    let worker = s.worker_with(0, &["--slots", "1"], cmd);
+    await_writer(&s, &log, "A ");
+    let (code, _, err) = run(&s, &["release", "--force", "k"]);
+    assert_eq!(code, 0, "{err}");
+    let released = Instant::now();
+    let deadline = released + Duration::from_secs(20);
+    let v = loop {
+        let (_, out, _) = run(&s, &["queue", "ls", "--all", "--json"]);
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        if v[0]["state"] != "running" {
+            break v;
+        }
+        assert!(Instant::now() < deadline, "the task did not end: {v}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // Learned at the next renewal (TTL/3 of 1 s), then killed at once.
+    assert!(
+        released.elapsed() < Duration::from_secs(2),
+        "the task ran {:?} after its lease was force-released",
+        released.elapsed()
+    );
+    assert_eq!(v[0]["state"], "failed", "{v}");
+    let detail = v[0]["detail"].as_str().unwrap_or_default();
+    assert!(detail.contains("released by someone else"), "{v}");
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        !text.lines().any(|l| l.starts_with("TERM ")),
+        "the task got SIGTERM: {text}"
+    );
+    drop(worker);
+}
