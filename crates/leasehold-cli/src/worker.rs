@@ -125,7 +125,8 @@ pub(crate) async fn work(
 
 /// Runs a task's command (its payload) as a child process under a task supervisor.
 struct ProcessRunner {
-    /// How long a stopped task may take to exit after SIGTERM before SIGKILL.
+    /// How long a task stopped by cancel, timeout or drain may take to exit after SIGTERM before
+    /// SIGKILL.
     grace: Duration,
     /// How long before the key's lease's deadline a task stopped for its lease gets SIGKILL.
     kill_margin: Duration,
