@@ -8,8 +8,6 @@
 use crate::exit::{ERROR, SIGNAL_BASE};
 use crate::signals;
 use std::io;
-use std::process::ExitStatus;
-use std::time::Duration;
 use tokio::process::{Child, Command};
 
 /// Sends `sig` to the child unless it has been reaped already.
@@ -48,16 +46,11 @@ pub(crate) fn stop_signal(child: &Child, sig: libc::c_int) {
     }
 }
 
-/// Stops the child: SIGTERM, then SIGKILL once `grace` has passed; returns how it ended.
-pub(crate) async fn stop_child(child: &mut Child, grace: Duration) -> io::Result<ExitStatus> {
-    stop_signal(child, libc::SIGTERM);
-    match tokio::time::timeout(grace, child.wait()).await {
-        Ok(status) => status,
-        Err(_) => {
-            tracing::warn!(grace = %humantime::format_duration(grace), "the command did not exit in time; sending SIGKILL");
-            stop_signal(child, libc::SIGKILL);
-            child.wait().await
-        }
+/// Until `at` (a SIGKILL due); never without one.
+pub(crate) async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 

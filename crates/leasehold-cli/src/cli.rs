@@ -484,7 +484,8 @@ pub(crate) struct QueueWorkArgs {
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub(crate) lease_wait: Option<Duration>,
 
-    /// How long a stopped task may take to exit after SIGTERM before SIGKILL.
+    /// How long a task stopped by cancel, timeout or drain may take to exit after SIGTERM before
+    /// SIGKILL (a task stopped for its key's lease gets until the lease's deadline).
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     pub(crate) grace: Duration,
 

@@ -192,13 +192,14 @@ impl Guard {
     /// Tells the guard to kill the command's group at `at` unless told of a later time first (it
     /// is told every renewal's deadline). A guard that cannot be told is already killing it.
     pub(crate) fn deadline(&self, at: tokio::time::Instant) {
+        self.deadline_ns(monotonic_at(at));
+    }
+
+    /// [`deadline`](Self::deadline) as an absolute CLOCK_MONOTONIC time in nanoseconds.
+    pub(crate) fn deadline_ns(&self, ns: u64) {
         let Some(pipe) = &self.pipe else { return };
-        let line = format!("{}\n", monotonic_at(at));
-        // One short write to a pipe is atomic and the guard is always reading it.
-        // SAFETY: write(2) of a buffer we own, on the descriptor we own.
-        let n = unsafe { libc::write(pipe.as_raw_fd(), line.as_ptr().cast(), line.len()) };
-        if n < 0 {
-            tracing::warn!(error = %io::Error::last_os_error(), "cannot tell the process-group guard the lease's deadline");
+        if let Err(e) = write_deadline(pipe, ns) {
+            tracing::warn!(error = %e, "cannot tell the process-group guard the lease's deadline");
         }
     }
 
@@ -215,6 +216,19 @@ impl Guard {
             tracing::warn!(error = %e, "waiting for the process-group guard failed");
         }
     }
+}
+
+/// Writes the deadline `ns` (CLOCK_MONOTONIC nanoseconds) on `pipe` as one line, as a guard or a
+/// task supervisor reads them.
+pub(crate) fn write_deadline(pipe: &OwnedFd, ns: u64) -> io::Result<()> {
+    let line = format!("{ns}\n");
+    // One short write to a pipe is atomic and the reader is always reading it.
+    // SAFETY: write(2) of a buffer we own, on the descriptor we own.
+    let n = unsafe { libc::write(pipe.as_raw_fd(), line.as_ptr().cast(), line.len()) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// A pipe (read end, write end) with `flags` (`O_CLOEXEC`, `O_NONBLOCK`) on both ends.

@@ -14,7 +14,7 @@
 //! — in its group or not (`setsid`), on a terminal too — is killed before the lease is released
 //! ([`crate::tree`]).
 
-use crate::child::{die_with_parent, signal_child, signal_status, stop_signal};
+use crate::child::{die_with_parent, signal_child, signal_status, sleep_until, stop_signal};
 use crate::exit::{self, Failure, CANNOT_EXECUTE, ERROR, NOT_FOUND};
 use crate::guard::Guard;
 use crate::holding::{release_failed, Ended};
@@ -213,14 +213,6 @@ fn stop_for_lease(
         stop_signal(child, libc::SIGTERM);
     }
     Some(at)
-}
-
-/// Until `at`; never without one.
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
 }
 
 /// Passes a signal leasehold received on to the child (see [`stop_signal`]) — unless the terminal

@@ -29,8 +29,20 @@ pub(crate) struct Loss {
 }
 
 /// The kill margin of a lease of `ttl`: min(ttl/10, 1 s).
-fn kill_margin(ttl: Duration) -> Duration {
+pub(crate) fn kill_margin(ttl: Duration) -> Duration {
     (ttl / 10).min(Duration::from_secs(1))
+}
+
+/// What a command's group guard is told for a lease valid until `valid_until` whose kill margin
+/// is `margin`: half the margin before it.
+pub(crate) fn watchdog(valid_until: Instant, margin: Duration) -> Instant {
+    valid_until.checked_sub(margin / 2).unwrap_or(valid_until)
+}
+
+/// When SIGKILL must go for what runs under a lease to be gone by `deadline` (its
+/// `valid_until`): `margin` before it; at or before now when that has passed (SIGKILL at once).
+pub(crate) fn kill_before(deadline: Instant, margin: Duration) -> Instant {
+    deadline.checked_sub(margin).unwrap_or_else(Instant::now)
 }
 
 impl Loss {
@@ -88,17 +100,13 @@ impl Loss {
             StopReason::RenewalsFailing { valid_until } => *valid_until,
             _ => valid_until,
         };
-        v.checked_sub(self.kill_margin)
-            .unwrap_or(now)
-            .min(now + self.grace)
+        kill_before(v, self.kill_margin).min(now + self.grace)
     }
 
     /// What the command's group guard is told for `valid_until`: it kills the group then unless
     /// told of a later one.
     pub(crate) fn watchdog(&self, valid_until: Instant) -> Instant {
-        valid_until
-            .checked_sub(self.kill_margin / 2)
-            .unwrap_or(valid_until)
+        watchdog(valid_until, self.kill_margin)
     }
 }
 

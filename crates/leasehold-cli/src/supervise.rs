@@ -12,6 +12,12 @@
 //! kills what is left of its group and, generation by generation, everything else it started
 //! ([`tree::sweep`]), and exits as the command did: its exit code, or the same signal.
 //!
+//! The worker writes the key lease's deadlines on the supervisor's stdin (a pipe), as `run` writes
+//! them to its group guard: one CLOCK_MONOTONIC nanosecond count per line, `valid_until` less half
+//! the kill margin, moved by each renewal. The supervisor passes each on to the command's group
+//! guard, which kills the group when the last one passes: a worker that is paused (SIGSTOP, a
+//! freeze) cannot stop the task when the lease runs out, and this dead man's switch does.
+//!
 //! The worker stops a task by sending the supervisor SIGTERM: the supervisor passes it to the
 //! command's group and, once GRACE_MS has passed, kills the group (SIGKILL), then sweeps. When the
 //! worker dies, the kernel sends the supervisor SIGTERM too (`PR_SET_PDEATHSIG`); with the worker
@@ -190,8 +196,10 @@ async fn supervise(
         // Gone before the handlers were in place: the task does not start.
         return Err(exit::ERROR);
     }
+    // The key lease's deadlines, from the worker on stdin; the command's stdin is /dev/null.
+    let mut deadlines = deadlines();
     let mut command = Command::new(&argv[0]);
-    command.args(&argv[1..]);
+    command.args(&argv[1..]).stdin(std::process::Stdio::null());
     // The command's process group, led by its guard, ends with the supervisor, however it ends.
     let group_guard = Guard::group(&mut command);
     die_with_parent(&mut command);
@@ -221,6 +229,16 @@ async fn supervise(
             Some(()) = int.recv() => stopping.asked(&child),
             Some(()) = hup.recv() => stopping.asked(&child),
             Some(()) = orphans.recv() => tree::reap_orphans(&keep),
+            line = next_line(&mut deadlines), if deadlines.is_some() => match line {
+                // Passed on to the group guard, which kills the command's group when the last
+                // one passes: the worker, paused, could not stop the task itself.
+                Some(ns) => {
+                    if let (Some(ns), Some(g)) = (ns, &group_guard) {
+                        g.deadline_ns(ns);
+                    }
+                }
+                None => deadlines = None,
+            },
             () = stopping.due(), if stopping.pending() => {
                 tracing::warn!(grace = %humantime::format_duration(grace), "the task did not exit in time; sending SIGKILL");
                 stopping.kill(&child);
@@ -235,6 +253,29 @@ async fn supervise(
         exit::report(&format!("cannot wait for the task: {e}"));
         exit::ERROR
     })
+}
+
+/// The lines of stdin, when the worker passed a pipe there: the key lease's deadlines.
+type Deadlines = tokio::io::Lines<tokio::io::BufReader<tokio::net::unix::pipe::Receiver>>;
+
+/// Stdin as the worker's deadlines pipe; `None` when it is not a pipe (nothing to read).
+fn deadlines() -> Option<Deadlines> {
+    use tokio::io::AsyncBufReadExt;
+    // SAFETY: descriptor 0 was left to this process by the worker for this purpose, and is taken
+    // over here once (the command gets /dev/null).
+    let fd = unsafe { OwnedFd::from_raw_fd(0) };
+    let pipe = tokio::net::unix::pipe::Receiver::from_owned_fd(fd).ok()?;
+    Some(tokio::io::BufReader::new(pipe).lines())
+}
+
+/// The next deadline line: `Some(Some(ns))`, `Some(None)` for a line that does not parse,
+/// `None` at end-of-file or on an error (no more deadlines).
+async fn next_line(deadlines: &mut Option<Deadlines>) -> Option<Option<u64>> {
+    let lines = deadlines.as_mut()?;
+    match lines.next_line().await {
+        Ok(Some(line)) => Some(line.trim().parse().ok()),
+        Ok(None) | Err(_) => None,
+    }
 }
 
 /// Whether `worker` is still this process's parent.

@@ -1,25 +1,31 @@
 //! `leasehold queue work`: the library's queue worker ([`leasehold::queue::worker`], which
 //! claims, heartbeats, recovers, takes each key's lease and records each end) with a runner that
 //! runs each task's command as a process, under a task supervisor ([`crate::supervise`]), and
-//! stops it (SIGTERM, SIGKILL after `--grace`) when the worker says so: cancel, timeout, lost
-//! lease, drain. SIGTERM/SIGINT/SIGHUP drain the worker; a second one stops the running tasks.
+//! stops it when the worker says so: on cancel, timeout or drain SIGTERM, SIGKILL after `--grace`;
+//! when the key's lease must be given up (its stop-by deadline passed unrenewed) SIGTERM, and
+//! SIGKILL the kill margin ([`crate::loss`]) before the lease's `valid_until`, or at once when
+//! the store says the lease is gone, so that the task is gone before another worker can be
+//! granted its key. SIGTERM/SIGINT/SIGHUP drain the worker; a second one stops the running tasks.
 
-use crate::child::{die_with_parent, stop_child};
+use crate::child::{die_with_parent, sleep_until, stop_signal};
 use crate::cli::QueueWorkArgs;
 use crate::exit::{self, Failure, OK};
+use crate::loss;
 use crate::metrics::{self, Endpoint};
 use crate::payload::decode_command;
 use crate::signals::{self, Forwarded};
 use crate::supervise;
 use crate::tree;
 use leasehold::queue::metrics::QueueMetrics;
-use leasehold::queue::worker::{RunningTask, TaskRunner, Worker};
+use leasehold::queue::worker::{RunningTask, StopReason, TaskRunner, Worker};
 use leasehold::queue::{Outcome, QueueBackend, Task};
 use std::collections::HashSet;
 use std::future::Future;
+use std::os::fd::OwnedFd;
 use std::os::unix::process::ExitStatusExt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio::time::Instant;
 
 /// Beyond the longest a process runner takes to stop its task (the grace, the supervisor's
 /// overrun, the sweep), before the worker would drop it: never, in practice.
@@ -88,6 +94,7 @@ pub(crate) async fn work(
     let shutdown = worker.shutdown_handle();
     let runner = ProcessRunner {
         grace: args.grace,
+        kill_margin: loss::kill_margin(args.ttl),
         supervisors: Mutex::new(HashSet::new()),
     };
     let run = worker.run(runner);
@@ -118,8 +125,11 @@ pub(crate) async fn work(
 
 /// Runs a task's command (its payload) as a child process under a task supervisor.
 struct ProcessRunner {
-    /// How long a stopped task may take to exit after SIGTERM before SIGKILL.
+    /// How long a task stopped by cancel, timeout or drain may take to exit after SIGTERM before
+    /// SIGKILL.
     grace: Duration,
+    /// How long before the key's lease's deadline a task stopped for its lease gets SIGKILL.
+    kill_margin: Duration,
     /// The running tasks' supervisors (pids), each named here as it is started, under this lock.
     /// The worker is the subreaper of their descendants, so what a supervisor that died (killed
     /// with SIGKILL) left running becomes the worker's child; every other child is such a
@@ -148,7 +158,7 @@ impl ProcessRunner {
             Ok(argv) => argv,
             Err(e) => return Outcome::Failed(format!("corrupt payload: {e}")),
         };
-        let (mut child, report) = match self.supervised(&task, &argv) {
+        let (mut child, report, deadlines) = match self.supervised(&task, &argv) {
             Ok(started) => started,
             Err(why) => {
                 exit::report(&format!("task {id}: {why}"));
@@ -157,23 +167,66 @@ impl ProcessRunner {
         };
         let supervisor = child.id();
         // The supervisor is told to stop (SIGTERM), passes it on and kills the task itself once
-        // the grace has passed; it is killed only if it overruns.
+        // the grace has passed; it is killed (SIGKILL, and the task's group with it) if it
+        // overruns, or the kill margin before the key's lease's deadline.
         let grace = self.grace + supervise::OVERRUN;
-        let outcome = tokio::select! {
-            biased;
-            status = child.wait() => match status {
-                Ok(s) if s.success() => Outcome::Succeeded,
-                Ok(s) => Outcome::Failed(match (s.code(), s.signal()) {
-                    (Some(c), _) => format!("exit status {c}"),
-                    (None, Some(sig)) => format!("killed by {}", signals::name(sig)),
-                    _ => "ended abnormally".into(),
-                }),
-                Err(e) => Outcome::Failed(format!("cannot wait for the command: {e}")),
-            },
-            why = task.stopped() => {
-                let _ = stop_child(&mut child, grace).await;
-                why.outcome()
+        let mut stopped: Option<StopReason> = None;
+        let mut lease_by = task.deadline();
+        let mut kill_at: Option<Instant> = None;
+        let mut killed = false;
+        // The supervisor is told each of the lease's deadlines, for a worker that is paused.
+        let mut known = task.valid_until();
+        self.tell_deadline(&deadlines, known);
+        let status = loop {
+            tokio::select! {
+                biased;
+                status = child.wait() => break status,
+                why = task.stopped(), if stopped.is_none() => {
+                    let now = Instant::now();
+                    let mut at = now + grace;
+                    if let Some(by) = lease_by {
+                        at = at.min(loss::kill_before(by, self.kill_margin));
+                    }
+                    if at > now {
+                        stop_signal(&child, libc::SIGTERM);
+                    }
+                    tracing::info!(task = id, reason = %why, "stopping the task");
+                    kill_at = Some(at);
+                    stopped = Some(why);
+                }
+                v = task.valid_until_changed(known) => {
+                    known = v;
+                    self.tell_deadline(&deadlines, v);
+                }
+                by = task.deadline_changed(lease_by) => {
+                    lease_by = Some(by);
+                    let at = loss::kill_before(by, self.kill_margin);
+                    kill_at = kill_at.map(|k| k.min(at));
+                }
+                () = sleep_until(kill_at), if kill_at.is_some() && !killed => {
+                    tracing::warn!(task = id, "the task did not exit in time; killing it");
+                    stop_signal(&child, libc::SIGKILL);
+                    killed = true;
+                }
             }
+        };
+        // The task outlived the lease's validity without being told to stop: the worker was
+        // paused (SIGSTOP, a freeze) and the group guard killed the command at the deadline.
+        if stopped.is_none() && Instant::now() >= known {
+            exit::report(&format!(
+                "task {id}: the key's lease ran out while the worker could not act (paused?); the task was killed at its deadline"
+            ));
+            stopped = Some(StopReason::LeaseLost(leasehold::LostReason::Expired));
+        }
+        let outcome = match (stopped, status) {
+            (Some(why), _) => why.outcome(),
+            (None, Ok(s)) if s.success() => Outcome::Succeeded,
+            (None, Ok(s)) => Outcome::Failed(match (s.code(), s.signal()) {
+                (Some(c), _) => format!("exit status {c}"),
+                (None, Some(sig)) => format!("killed by {}", signals::name(sig)),
+                _ => "ended abnormally".into(),
+            }),
+            (None, Err(e)) => Outcome::Failed(format!("cannot wait for the command: {e}")),
         };
         // The supervisor has ended (and been reaped). Killed before its own sweep, it left what
         // the task still runs to the worker: ended here, before the task's end is recorded and
@@ -191,6 +244,16 @@ impl ProcessRunner {
         }
     }
 
+    /// Tells a task's supervisor (on `pipe`, its stdin) that its key's lease is valid until
+    /// `valid_until`: the command's group is killed then, less half the kill margin, unless told
+    /// of a later one ([`supervise`]).
+    fn tell_deadline(&self, pipe: &OwnedFd, valid_until: Instant) {
+        let at = crate::guard::monotonic_at(loss::watchdog(valid_until, self.kill_margin));
+        if let Err(e) = crate::guard::write_deadline(pipe, at) {
+            tracing::warn!(error = %e, "cannot tell the task's supervisor the lease's deadline");
+        }
+    }
+
     /// Starts `argv` for `task` under a supervisor, so that what the task leaves running ends
     /// with it, also when the worker is killed ([`supervise`]). The supervisor gets a process
     /// group of its own (the signals stopping the task go to it alone), and starts the command in
@@ -199,15 +262,18 @@ impl ProcessRunner {
         &self,
         task: &RunningTask,
         argv: &[String],
-    ) -> Result<(tokio::process::Child, supervise::Report), String> {
+    ) -> Result<(tokio::process::Child, supervise::Report, OwnedFd), String> {
         let (mut command, mut report) = supervise::command(argv, self.grace)
+            .map_err(|e| format!("cannot prepare the task's supervisor: {e}"))?;
+        // The lease's deadlines go to the supervisor's stdin.
+        let (read, write) = crate::guard::pipe(libc::O_CLOEXEC | libc::O_NONBLOCK)
             .map_err(|e| format!("cannot prepare the task's supervisor: {e}"))?;
         command
             .env("LEASEHOLD_TASK_ID", task.task().id.to_string())
             .env("LEASEHOLD_KEY", &task.task().key)
             .env("LEASEHOLD_FENCE", task.fence().to_string())
             .env("LEASEHOLD_HOLDER", task.worker())
-            .stdin(std::process::Stdio::null())
+            .stdin(std::process::Stdio::from(read))
             .kill_on_drop(true)
             .process_group(0);
         die_with_parent(&mut command);
@@ -222,7 +288,7 @@ impl ProcessRunner {
         };
         report.started();
         let child = spawned.map_err(|e| format!("cannot start the task's supervisor: {e}"))?;
-        Ok((child, report))
+        Ok((child, report, write))
     }
 }
 

@@ -10,7 +10,7 @@
 
 use leasehold::queue::{open_queue, NewTask, Policy, QueueBackend, TaskEntry, TaskState};
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -1066,4 +1066,202 @@ async fn worker_cleanup(s: Setup) {
     }
     let ran: Vec<bool> = s.events().iter().map(|e| e.start).collect();
     assert_eq!(ran, [true, false], "it ran, start to end, before it went");
+}
+
+/// A task command that ignores SIGTERM and appends `$ME NANOS` to `$LOG` every 20 ms, forever.
+const WRITER: &str = r#"trap '' TERM;
+    while :; do echo "$ME $(date +%s%N)" >> "$LOG"; sleep 0.02 </dev/null >/dev/null 2>&1; done"#;
+
+/// A command that appends `$ME NANOS` to `$LOG` every 20 ms, 25 times, and exits 0.
+const SECOND_WRITER: &str = r#"i=0; while [ $i -lt 25 ]; do echo "$ME $(date +%s%N)" >> "$LOG";
+    sleep 0.02 </dev/null >/dev/null 2>&1; i=$((i+1)); done"#;
+
+/// `leasehold run` on key `k` of `store` (TTL 1 s, waiting for it) running [`SECOND_WRITER`] as
+/// `B`, to its end.
+fn second_writer(s: &Setup, store: &str, log: &Path) -> ExitStatus {
+    let second = s
+        .cmd()
+        .args(["--store", store, "run", "--key", "k", "--ttl", "1s"])
+        .args(["--wait", "60s", "--", "sh", "-c", SECOND_WRITER])
+        .env("ME", "B")
+        .env("LOG", log)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for(Worker(Some(second)), Duration::from_secs(60))
+}
+
+/// Waits (bounded) until `who` has written to `log`.
+fn await_writer(s: &Setup, log: &Path, who: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        if text.lines().any(|l| l.starts_with(who)) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the task never ran: {}",
+            s.worker_errors()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Asserts that the worker's task (`A`) wrote, then the other process (`B`), and never `A` after
+/// `B` began.
+fn assert_no_interleaving(log: &Path, s: &Setup) {
+    let text = std::fs::read_to_string(log).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    let ms = |l: &str| {
+        l.split_whitespace()
+            .nth(1)
+            .and_then(|t| t.parse::<u64>().ok())
+            .unwrap_or(0)
+            / 1_000_000
+    };
+    let first_b = lines
+        .iter()
+        .position(|l| l.starts_with("B "))
+        .unwrap_or_else(|| panic!("the second process never wrote: {lines:?}"));
+    let late: Vec<&&str> = lines[first_b..]
+        .iter()
+        .filter(|l| l.starts_with("A "))
+        .collect();
+    if let Some(last) = late.last() {
+        panic!(
+            "both tasks' commands ran: {} lines of the worker's task after the other began ({} ms of overlap)\n{}",
+            late.len(),
+            ms(last).saturating_sub(ms(lines[first_b])),
+            s.worker_errors()
+        );
+    }
+}
+
+/// A worker cut off from the lock store (Redis through a proxy that stops forwarding; its SQLite
+/// queue stays reachable) has its task — which ignores SIGTERM — gone before the key's lease can
+/// expire: a `leasehold run` on the same key, reaching Redis directly, is granted the lease at
+/// its expiry, and the two commands never write at the same time. Before, the task was told to
+/// stop only at `lost()` and killed `--grace` (10 s) later, while the other process ran.
+#[test]
+fn a_worker_cut_off_from_the_store_stops_its_task_before_another_is_granted_the_key() {
+    use leasehold_testkit::{proxy::TcpProxy, servers::RedisServer};
+    let redis = RedisServer::start();
+    let proxy = TcpProxy::start(redis.port);
+    let via_proxy = format!("redis://127.0.0.1:{}/0", proxy.port);
+    let s = Setup::new();
+    let log = s.dir.path().join("writers.log");
+    let (code, _, err) = run(
+        &s,
+        &["queue", "add", "--key", "k", "--", "sh", "-c", WRITER],
+    );
+    assert_eq!(code, 0, "{err}");
+    let mut cmd = s.cmd();
+    cmd.env("LEASEHOLD_STORE", &via_proxy)
+        .env("ME", "A")
+        .env("LOG", &log);
+    let worker = s.worker_with(0, &["--slots", "1"], cmd);
+    await_writer(&s, &log, "A ");
+    proxy.pause();
+    let status = second_writer(&s, &redis.url(), &log);
+    assert!(status.success(), "{status:?}");
+    assert_no_interleaving(&log, &s);
+    // The task ended as one whose lease failed.
+    let (_, out, _) = run(&s, &["queue", "ls", "--all", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v[0]["state"], "failed", "{v}");
+    assert!(
+        v[0]["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("lease was lost")),
+        "{v}"
+    );
+    proxy.resume();
+    drop(worker);
+}
+
+/// A worker that is paused (SIGSTOP) cannot stop its task when the key's lease runs out: the
+/// task's supervisor, told each of the lease's deadlines, has the command's group killed at the
+/// deadline, before a `leasehold run` on the same key is granted the lease at its expiry.
+#[test]
+fn a_paused_worker_s_task_is_killed_before_another_is_granted_the_key() {
+    let s = Setup::new();
+    let log = s.dir.path().join("writers.log");
+    let (code, _, err) = run(
+        &s,
+        &["queue", "add", "--key", "k", "--", "sh", "-c", WRITER],
+    );
+    assert_eq!(code, 0, "{err}");
+    let mut cmd = s.cmd();
+    cmd.env("ME", "A").env("LOG", &log);
+    let worker = s.worker_with(0, &["--slots", "1"], cmd);
+    await_writer(&s, &log, "A ");
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(worker.id() as i32, libc::SIGSTOP) };
+    let status = second_writer(&s, &s.store, &log);
+    // SAFETY: as above.
+    unsafe { libc::kill(worker.id() as i32, libc::SIGCONT) };
+    assert!(status.success(), "{status:?}");
+    assert_no_interleaving(&log, &s);
+    // The task ended as one whose lease ran out.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, out, _) = run(&s, &["queue", "ls", "--all", "--json"]);
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        if v[0]["state"] != "running" {
+            assert_eq!(v[0]["state"], "failed", "{v}");
+            let detail = v[0]["detail"].as_str().unwrap_or_default();
+            assert!(detail.contains("lease was lost"), "{v}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the task did not end: {v}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(worker);
+}
+
+/// A task whose key's lease the store says is gone (force-released) is killed at once: no
+/// SIGTERM first (the task would log it), and the task fails naming why.
+#[test]
+fn a_task_whose_lease_is_force_released_is_killed_at_once() {
+    let s = Setup::new();
+    let log = s.dir.path().join("writers.log");
+    let task = r#"trap 'echo "TERM $(date +%s%N)" >> "$LOG"' TERM;
+        while :; do echo "A $(date +%s%N)" >> "$LOG"; sleep 0.02 </dev/null >/dev/null 2>&1; done"#;
+    let (code, _, err) = run(&s, &["queue", "add", "--key", "k", "--", "sh", "-c", task]);
+    assert_eq!(code, 0, "{err}");
+    let mut cmd = s.cmd();
+    cmd.env("LOG", &log);
+    let worker = s.worker_with(0, &["--slots", "1"], cmd);
+    await_writer(&s, &log, "A ");
+    let (code, _, err) = run(&s, &["release", "--force", "k"]);
+    assert_eq!(code, 0, "{err}");
+    let released = Instant::now();
+    let deadline = released + Duration::from_secs(20);
+    let v = loop {
+        let (_, out, _) = run(&s, &["queue", "ls", "--all", "--json"]);
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        if v[0]["state"] != "running" {
+            break v;
+        }
+        assert!(Instant::now() < deadline, "the task did not end: {v}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // Learned at the next renewal (TTL/3 of 1 s), then killed at once.
+    assert!(
+        released.elapsed() < Duration::from_secs(2),
+        "the task ran {:?} after its lease was force-released",
+        released.elapsed()
+    );
+    assert_eq!(v[0]["state"], "failed", "{v}");
+    let detail = v[0]["detail"].as_str().unwrap_or_default();
+    assert!(detail.contains("released by someone else"), "{v}");
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        !text.lines().any(|l| l.starts_with("TERM ")),
+        "the task got SIGTERM: {text}"
+    );
+    drop(worker);
 }

@@ -261,3 +261,87 @@ async fn postgres_a_runner_that_ignores_a_cancel_is_dropped() {
     let url = shared_postgres().fresh_db();
     a_runner_that_ignores_a_cancel_is_dropped(&url, dir.path()).await;
 }
+
+/// A worker cut off from its lock store (Redis through a proxy that stops forwarding) with a
+/// runner that ignores being told to stop: the runner is told at the lease's stop-by deadline
+/// (`LeaseLost`, with the deadline it must be gone by: the lease's `valid_until`), and dropped at
+/// that deadline — not `stop_grace` (here 30 s) after `lost()`.
+async fn a_runner_cut_off_from_the_store_is_dropped_at_the_lease_s_deadline(url: &str) {
+    use leasehold_testkit::{proxy::TcpProxy, servers::RedisServer};
+    let redis = RedisServer::start();
+    let proxy = TcpProxy::start(redis.port);
+    let q = open_queue(url).await.unwrap();
+    let id = q.enqueue(&NewTask::new("k", "x")).await.unwrap().id;
+    let locks = leasehold::connect(&format!("redis://127.0.0.1:{}/0", proxy.port))
+        .await
+        .unwrap()
+        .with_holder(HolderId::new("w"));
+    let ttl = Duration::from_secs(1);
+    let worker = Worker::new(q.clone(), locks)
+        .ttl(ttl)
+        .stop_grace(Duration::from_secs(30));
+    let shutdown = worker.shutdown_handle();
+    let dropped = Arc::new(Mutex::new(None));
+    let (told, mut told_rx) = mpsc::unbounded_channel();
+    let (started, mut started_rx) = mpsc::unbounded_channel();
+    let flag = dropped.clone();
+    let run = tokio::spawn(worker.run(move |task: RunningTask| {
+        let (flag, told, started) = (flag.clone(), told.clone(), started.clone());
+        async move {
+            struct At(Arc<Mutex<Option<Instant>>>);
+            impl Drop for At {
+                fn drop(&mut self) {
+                    *self.0.lock().unwrap() = Some(Instant::now());
+                }
+            }
+            let _at = At(flag);
+            assert_eq!(task.deadline(), None, "the lease is healthy");
+            started.send(()).unwrap();
+            let why = task.stopped().await;
+            told.send((why, task.deadline(), Instant::now())).unwrap();
+            // Ignores the stop.
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            Outcome::Succeeded
+        }
+    }));
+    started_rx.recv().await.unwrap();
+    let cut = Instant::now();
+    proxy.pause();
+    let (why, deadline, at) = tokio::time::timeout(Duration::from_secs(5), told_rx.recv())
+        .await
+        .expect("told within the TTL")
+        .unwrap();
+    assert!(
+        matches!(why, StopReason::LeaseLost(LostReason::Unreachable { .. })),
+        "{why:?}"
+    );
+    let deadline = deadline.expect("a lease stop has a deadline");
+    let deadline = Instant::now() + deadline.saturating_duration_since(tokio::time::Instant::now());
+    assert!(at < deadline, "told before the lease's deadline");
+    assert!(at < cut + ttl, "told before the lease could expire");
+    let mut ended = task(&q, id).await;
+    let limit = Instant::now() + Duration::from_secs(10);
+    while ended.state == TaskState::Running {
+        assert!(Instant::now() < limit, "the runner was not dropped in time");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        ended = task(&q, id).await;
+    }
+    let dropped_at = dropped.lock().unwrap().expect("the runner was dropped");
+    assert!(
+        dropped_at < deadline + Duration::from_millis(100),
+        "dropped {:?} after the lease's deadline",
+        dropped_at.saturating_duration_since(deadline)
+    );
+    assert_eq!(ended.state, TaskState::Failed);
+    let detail = ended.detail.unwrap_or_default();
+    assert!(detail.starts_with("the key's lease was lost"), "{detail}");
+    proxy.resume();
+    shutdown.stop();
+    let _ = tokio::time::timeout(Duration::from_secs(10), run).await;
+}
+
+#[tokio::test]
+async fn sqlite_a_runner_cut_off_from_the_store_is_dropped_at_the_lease_s_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    a_runner_cut_off_from_the_store_is_dropped_at_the_lease_s_deadline(&sqlite(dir.path())).await;
+}

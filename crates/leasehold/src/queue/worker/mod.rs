@@ -28,13 +28,17 @@
 //! # Stopping a task
 //! A runner is told to stop through its [`RunningTask`]: [`RunningTask::stopped`] completes with
 //! a [`StopReason`] when an operator cancelled the task, it ran past its timeout, the worker shuts
-//! down, or **the key's lease was lost**. The runner must then stop the task's work and return;
-//! [`StopReason::outcome`] is the outcome to record. A lost lease is the urgent case: another
-//! worker may be granted the key once the lease has expired, so work done after
-//! [`StopReason::LeaseLost`] is no longer serialised with the key's other tasks — stop at once,
-//! and pass [`RunningTask::fence`] to whatever the task writes so that a late write is refused.
-//! A runner that has not returned [`Worker::stop_grace`] after being told to stop is dropped (its
-//! future cancelled at its next `.await`), and the stop's outcome recorded.
+//! down, or **the key's lease must be given up**. The runner must then stop the task's work and
+//! return; [`StopReason::outcome`] is the outcome to record. The lease is the urgent case: the
+//! worker says so at the lease's stop-by deadline
+//! ([`LeaseGuard::must_stop`](crate::LeaseGuard::must_stop): renewals have failed until
+//! `valid_until` less the loss grace), or at once when the store says the lease is gone, with
+//! [`StopReason::LeaseLost`]. Another worker may be granted the key once the lease has expired,
+//! so the task must be gone by [`RunningTask::deadline`] (the lease's `valid_until`; now when the
+//! store says it is gone) — stop at once, and pass [`RunningTask::fence`] to whatever the task
+//! writes so that a late write is refused. A runner still running at the lease's `valid_until`
+//! is dropped (its future cancelled at its next `.await`), and the stop's outcome recorded; told
+//! to stop for any other reason, one that has not returned [`Worker::stop_grace`] later is.
 //!
 //! # Identity
 //! The worker's name in the queue is the holder id of its [`Locks`] ([`Locks::holder`]), which
@@ -269,7 +273,8 @@ impl Worker {
     }
 
     /// How long a runner told to stop may take to return before the worker drops it (default
-    /// 10 s). A process runner sets it above its own bound on stopping the process.
+    /// 10 s). A process runner sets it above its own bound on stopping the process. Not for a
+    /// stop for the key's lease: a runner is dropped at its [`RunningTask::deadline`] then.
     pub fn stop_grace(mut self, grace: Duration) -> Self {
         self.stop_grace = grace;
         self

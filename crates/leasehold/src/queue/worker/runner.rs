@@ -7,6 +7,7 @@ use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 /// What runs a claimed task, once its key's lease is held.
 ///
@@ -17,9 +18,12 @@ use tokio::sync::watch;
 /// - When [`run`](Self::run) returns, nothing the task started may still act under its key's
 ///   lease: the worker records the outcome and then releases the lease, and the key's next task
 ///   may start at once.
-/// - When [`RunningTask::stopped`] completes, stop the work and return, promptly when the reason
-///   is [`StopReason::LeaseLost`] (see the [worker's docs](super#stopping-a-task)). A runner still
-///   running [`Worker::stop_grace`](super::Worker::stop_grace) later is dropped.
+/// - When [`RunningTask::stopped`] completes, stop the work and return. When the reason is
+///   [`StopReason::LeaseLost`], everything the task started must be gone by
+///   [`RunningTask::deadline`] (the key's lease's `valid_until`, or at once when the store said
+///   the lease is gone): another worker may be granted the key then. A runner still running at
+///   the lease's `valid_until` is dropped; for any other reason, [`Worker::stop_grace`](super::Worker::stop_grace) after it
+///   was told to stop (see the [worker's docs](super#stopping-a-task)).
 /// - A panic in `run` fails the task (the panic is caught); the worker goes on.
 pub trait TaskRunner: Send + Sync + 'static {
     /// Checks a claimed task before its key's lease is taken (e.g. that its payload parses).
@@ -59,8 +63,11 @@ pub enum StopReason {
     Timeout,
     /// The worker shuts down: the drain timeout passed, or [`Shutdown::stop`](super::Shutdown::stop) was called.
     Shutdown,
-    /// The key's lease was lost (expired unrenewed, taken over, force-released): the task is
-    /// no longer the key's only one. Stop at once.
+    /// The key's lease must be given up: its renewals have failed until its stop-by deadline
+    /// (the reason is then [`LostReason::Unreachable`], and the lease is still valid until
+    /// [`RunningTask::deadline`]), or it was lost (expired unrenewed, taken over, force-released:
+    /// the deadline is now). The task is about to be, or already is, no longer the key's only
+    /// one: stop at once, and be gone by [`RunningTask::deadline`].
     LeaseLost(LostReason),
 }
 
@@ -106,6 +113,8 @@ pub struct RunningTask {
     fence: u64,
     worker: Arc<str>,
     stop: watch::Receiver<Option<StopReason>>,
+    deadline: watch::Receiver<Option<Instant>>,
+    valid_until: watch::Receiver<Instant>,
 }
 
 impl RunningTask {
@@ -114,12 +123,16 @@ impl RunningTask {
         fence: u64,
         worker: Arc<str>,
         stop: watch::Receiver<Option<StopReason>>,
+        deadline: watch::Receiver<Option<Instant>>,
+        valid_until: watch::Receiver<Instant>,
     ) -> Self {
         RunningTask {
             task,
             fence,
             worker,
             stop,
+            deadline,
+            valid_until,
         }
     }
 
@@ -158,5 +171,67 @@ impl RunningTask {
     /// [`stopped`](Self::stopped).
     pub fn stop_reason(&self) -> Option<StopReason> {
         self.stop.borrow().clone()
+    }
+
+    /// By when the task must be gone, once the key's lease must be given up (on this process's
+    /// monotonic clock); `None` while the lease is healthy. Set when the lease's stop-by deadline
+    /// passes without a renewal (then the lease's `valid_until`: the time up to which it is surely
+    /// still this worker's, [`LeaseGuard::valid_until`](crate::LeaseGuard::valid_until)), and
+    /// moved to the moment the store says the lease is gone. [`stopped`](Self::stopped) completes
+    /// with [`StopReason::LeaseLost`] then, unless the task was told to stop for another reason
+    /// first; either way the worker drops a runner still running at the lease's `valid_until`
+    /// (this deadline, or later when the store said the lease is gone: time for a runner that
+    /// killed its work at once to see it gone).
+    ///
+    /// A runner that starts processes gives them the time left (SIGTERM now, SIGKILL a margin
+    /// before the deadline), so that they are gone before another worker can be granted the key.
+    pub fn deadline(&self) -> Option<Instant> {
+        *self.deadline.borrow()
+    }
+
+    /// The time up to which the key's lease is surely this worker's, on this process's monotonic
+    /// clock ([`LeaseGuard::valid_until`](crate::LeaseGuard::valid_until)): moved by each renewal.
+    /// For a watchdog outside the worker's process (a paused worker cannot stop its task).
+    pub fn valid_until(&self) -> Instant {
+        *self.valid_until.borrow()
+    }
+
+    /// Completes with the new [`valid_until`](Self::valid_until) once a renewal moved it past
+    /// `after`; never once the lease stops moving (lost, released, or the worker gone).
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn valid_until_changed(&self, after: Instant) -> Instant {
+        let mut rx = self.valid_until.clone();
+        let changed = match rx.wait_for(|v| *v > after).await {
+            Ok(v) => Some(*v),
+            Err(_) => None,
+        };
+        match changed {
+            Some(v) => v,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Completes with [`deadline`](Self::deadline) once it is set or moved earlier than `after`
+    /// (`None`: not set yet); never if the worker is gone.
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn deadline_changed(&self, after: Option<Instant>) -> Instant {
+        let mut rx = self.deadline.clone();
+        let sooner = |d: &Option<Instant>| match (*d, after) {
+            (Some(d), Some(a)) => d < a,
+            (Some(_), None) => true,
+            (None, _) => false,
+        };
+        let changed = match rx.wait_for(sooner).await {
+            Ok(d) => *d,
+            Err(_) => None,
+        };
+        match changed {
+            Some(d) => d,
+            None => std::future::pending().await,
+        }
     }
 }

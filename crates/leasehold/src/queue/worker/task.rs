@@ -4,6 +4,7 @@
 use super::{Ctx, RunningTask, StopReason, TaskRunner};
 use crate::error::Error;
 use crate::queue::{Outcome, Task};
+use crate::LostReason;
 use futures_util::FutureExt;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -122,6 +123,11 @@ async fn run_claimed<R: TaskRunner>(
     let mut deadline = task
         .timeout_ms
         .map(|ms| started + Duration::from_millis(ms));
+    // Set once the key's lease must be given up: by when the runner must be gone.
+    let (lease_deadline, lease_deadline_rx) = watch::channel(None);
+    // The lease's `valid_until`, as renewals move it.
+    let mut known = guard.valid_until();
+    let (valid_until, valid_until_rx) = watch::channel(known);
     let running = RunningTask::new(
         Task {
             fence: Some(fence),
@@ -130,6 +136,8 @@ async fn run_claimed<R: TaskRunner>(
         fence,
         ctx.worker.clone(),
         stop.clone(),
+        lease_deadline_rx,
+        valid_until_rx,
     );
     // The runner's future lives in this block only: a runner that is dropped is gone before the
     // task's end is recorded and its lease released.
@@ -138,10 +146,20 @@ async fn run_claimed<R: TaskRunner>(
         // fails the task as one that panics later does.
         let run = AssertUnwindSafe(async { runner.run(running).await }).catch_unwind();
         tokio::pin!(run);
-        let mut lost = false;
-        // Once told to stop: by when the runner must have returned.
+        // Once the key's lease must be given up (its stop-by deadline passed unrenewed, or the
+        // store said it is gone): when a runner still running is dropped, the lease's
+        // `valid_until`, or now if that has passed. (A runner told that the lease is gone is
+        // told to be gone at once, [`RunningTask::deadline`]; the time to its `valid_until` lets
+        // a process runner that killed its process at once see it and what it left gone.)
+        let mut lease_stop: Option<Instant> = None;
+        let mut lost_seen = false;
+        // Once told to stop: by when the runner must have returned (the stop grace).
         let mut drop_at: Option<Instant> = None;
         loop {
+            let drop_by = match (drop_at, lease_stop) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
             tokio::select! {
                 biased;
                 ran = &mut run => break ran.unwrap_or_else(|panic| {
@@ -149,10 +167,28 @@ async fn run_claimed<R: TaskRunner>(
                     ctx.report(&format!("task {}: the task runner panicked: {why}", task.id));
                     Outcome::Failed(format!("the task runner panicked: {why}"))
                 }),
-                reason = guard.lost(), if !lost => {
-                    lost = true;
-                    tracing::info!(reason = %reason, "the key's lease was lost; stopping the task");
+                why = guard.must_stop(), if lease_stop.is_none() => {
+                    let (reason, by) = lease_stop_reason(&why, guard.valid_until());
+                    lease_stop = Some(guard.valid_until());
+                    lease_deadline.send_replace(Some(by));
+                    tracing::info!(reason = %why, "the key's lease must be given up; stopping the task");
                     ctx.stop(task.id, StopReason::LeaseLost(reason));
+                }
+                // Told to stop while renewals failed, then lost: the store may say it is gone.
+                reason = guard.lost(), if lease_stop.is_some() && !lost_seen => {
+                    lost_seen = true;
+                    let (_, by) = lease_stop_reason(&crate::StopReason::Lost(reason), guard.valid_until());
+                    lease_deadline.send_if_modified(|cur| {
+                        let sooner = cur.is_some_and(|c| by < c);
+                        if sooner {
+                            *cur = Some(by);
+                        }
+                        sooner
+                    });
+                }
+                Some(v) = guard.valid_until_changed(known) => {
+                    known = v;
+                    valid_until.send_replace(v);
                 }
                 () = async { if let Some(d) = deadline { tokio::time::sleep_until(d).await } }, if deadline.is_some() => {
                     deadline = None;
@@ -163,12 +199,19 @@ async fn run_claimed<R: TaskRunner>(
                         drop_at = Some(Instant::now() + ctx.stop_grace);
                     }
                 }
-                () = async { if let Some(d) = drop_at { tokio::time::sleep_until(d).await } }, if drop_at.is_some() => {
+                () = async { if let Some(d) = drop_by { tokio::time::sleep_until(d).await } }, if drop_by.is_some() => {
                     let why = stop.borrow().clone().unwrap_or(StopReason::Shutdown);
-                    ctx.report(&format!(
-                        "task {}: its runner did not return within {:?} of being told to stop ({why}); dropped",
-                        task.id, ctx.stop_grace
-                    ));
+                    if lease_stop.is_some_and(|l| drop_at.map_or(true, |d| l <= d)) {
+                        ctx.report(&format!(
+                            "task {}: its runner was still running when the key's lease could expire ({why}); dropped",
+                            task.id
+                        ));
+                    } else {
+                        ctx.report(&format!(
+                            "task {}: its runner did not return within {:?} of being told to stop ({why}); dropped",
+                            task.id, ctx.stop_grace
+                        ));
+                    }
                     break why.outcome();
                 }
             }
@@ -180,6 +223,22 @@ async fn run_claimed<R: TaskRunner>(
             "cannot release the lease on {:?}: {e}; it expires by its TTL",
             task.key
         ));
+    }
+}
+
+/// The worker's stop reason for a lease that must be given up (`why`, from
+/// [`LeaseGuard::must_stop`](crate::LeaseGuard::must_stop)), and by when the runner must be gone:
+/// the lease's `valid_until` while it may still be valid, now when the store said it is gone.
+fn lease_stop_reason(why: &crate::StopReason, valid_until: Instant) -> (LostReason, Instant) {
+    match why {
+        crate::StopReason::RenewalsFailing { valid_until } => (
+            LostReason::Unreachable {
+                detail: why.to_string(),
+            },
+            *valid_until,
+        ),
+        crate::StopReason::Lost(reason) if reason.is_gone() => (reason.clone(), Instant::now()),
+        crate::StopReason::Lost(reason) => (reason.clone(), valid_until),
     }
 }
 
