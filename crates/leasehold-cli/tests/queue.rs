@@ -84,8 +84,11 @@ impl Setup {
 
     fn worker_with(&self, n: usize, args: &[&str], mut cmd: Command) -> Worker {
         let err = std::fs::File::create(self.dir.path().join(format!("worker-{n}.err"))).unwrap();
+        cmd.args(["queue", "work"]);
+        if !args.contains(&"--ttl") {
+            cmd.args(["--ttl", "1s"]);
+        }
         let child = cmd
-            .args(["queue", "work", "--ttl", "1s"])
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -1234,7 +1237,9 @@ fn a_task_whose_lease_is_force_released_is_killed_at_once() {
     assert_eq!(code, 0, "{err}");
     let mut cmd = s.cmd();
     cmd.env("LOG", &log);
-    let worker = s.worker_with(0, &["--slots", "1"], cmd);
+    // A 3 s TTL: a renewal slowed by a loaded machine does not reach the stop-by deadline (as
+    // it can at 1 s), so the only stop is the release the next renewal finds.
+    let worker = s.worker_with(0, &["--slots", "1", "--ttl", "3s"], cmd);
     await_writer(&s, &log, "A ");
     let (code, _, err) = run(&s, &["release", "--force", "k"]);
     assert_eq!(code, 0, "{err}");
@@ -1249,9 +1254,9 @@ fn a_task_whose_lease_is_force_released_is_killed_at_once() {
         assert!(Instant::now() < deadline, "the task did not end: {v}");
         std::thread::sleep(Duration::from_millis(20));
     };
-    // Learned at the next renewal (TTL/3 of 1 s), then killed at once.
+    // Learned at the next renewal (TTL/3 of 3 s), then killed at once.
     assert!(
-        released.elapsed() < Duration::from_secs(2),
+        released.elapsed() < Duration::from_secs(3),
         "the task ran {:?} after its lease was force-released",
         released.elapsed()
     );

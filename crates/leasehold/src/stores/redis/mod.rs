@@ -27,7 +27,7 @@
 //! and never replaced. Acquisitions answer it as held (its type, length and
 //! `PTTL` in the holder's description); one without a TTL is held until someone deletes it;
 //! inspection and listing show it the same way; force release leaves it. A holder whose own record
-//! was overwritten that way has lost its lease (`TakenOver`). See [`foreign`].
+//! was overwritten that way has lost its lease (`TakenOver`).
 //!
 //! Every operation is one script call (`EVALSHA`, sent again as `EVAL` with the script on
 //! `NOSCRIPT`): acquire-when-free, renew and release each cost one round trip. Renewals are
