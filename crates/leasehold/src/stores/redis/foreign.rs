@@ -3,8 +3,6 @@
 //! `fence`, a value of another type) is held by an unknown holder until the server expires it, and
 //! never replaced (the acquire script answers it with `foreign` in the prelude).
 
-use super::RedisStore;
-use crate::error::Result;
 use crate::record::LeaseRecord;
 use crate::store::Inspection;
 
@@ -43,53 +41,9 @@ pub(crate) fn record(key: &str, kind: &str, len: i64, pttl: i64, now_ms: u64) ->
     r
 }
 
-/// A stored value as an inspection: the record, or `None` when it is not a record of ours (see
-/// [`RedisStore::foreign_inspection`]).
+/// A stored value as an inspection: the record, or `None` when it is not a record of ours (the
+/// store then inspects it as another client's value).
 pub(crate) fn inspection(raw: &[u8]) -> Option<Inspection> {
     let r = serde_json::from_slice::<LeaseRecord>(raw).ok()?;
     Some(Inspection::Record(r))
-}
-
-impl RedisStore {
-    /// The key a record key `name` (found by a scan) is of: `name` without the prefix (and, on a
-    /// cluster, the hash tag's braces).
-    pub(crate) fn key_of(&self, name: &str) -> String {
-        let key = name
-            .strip_prefix(self.inner.prefix.as_str())
-            .unwrap_or(name);
-        if self.clustered() {
-            if let Some(k) = key.strip_prefix('{').and_then(|k| k.strip_suffix('}')) {
-                return k.to_owned();
-            }
-        }
-        key.to_owned()
-    }
-
-    /// The inspection of record key `name` (of `key`) holding a value that is not a record of
-    /// ours: another client's lock ([`record`]), from its type, length and PTTL and the server's
-    /// time, read in one round trip; `None` when it is gone.
-    pub(crate) async fn foreign_inspection(
-        &self,
-        key: &str,
-        name: &str,
-    ) -> Result<Option<Inspection>> {
-        let mut pipe = ::redis::pipe();
-        pipe.cmd("TYPE").arg(name).cmd("PTTL").arg(name).cmd("TIME");
-        let pipe = &pipe;
-        let (kind, pttl, (secs, micros)): (String, i64, (u64, u64)) = self
-            .inner
-            .link
-            .send(|mut conn| async move { pipe.query_async(&mut conn).await })
-            .await?;
-        if kind == "none" || pttl == -2 {
-            return Ok(None);
-        }
-        let len = if kind == "string" {
-            self.query(::redis::cmd("STRLEN").arg(name)).await?
-        } else {
-            -1
-        };
-        let now = secs * 1000 + micros / 1000;
-        Ok(Some(Inspection::Record(record(key, &kind, len, pttl, now))))
-    }
 }

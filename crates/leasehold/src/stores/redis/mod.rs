@@ -299,6 +299,50 @@ impl RedisStore {
         self.name(&self.inner.prefix, key)
     }
 
+    /// The key a record key `name` (found by a scan) is of: `name` without the prefix (and, on a
+    /// cluster, the hash tag's braces).
+    pub(crate) fn key_of(&self, name: &str) -> String {
+        let key = name
+            .strip_prefix(self.inner.prefix.as_str())
+            .unwrap_or(name);
+        if self.clustered() {
+            if let Some(k) = key.strip_prefix('{').and_then(|k| k.strip_suffix('}')) {
+                return k.to_owned();
+            }
+        }
+        key.to_owned()
+    }
+
+    /// The inspection of record key `name` (of `key`) holding a value that is not a record of
+    /// ours: another client's lock ([`foreign::record`]), from its type, length and PTTL and the server's
+    /// time, read in one round trip; `None` when it is gone.
+    pub(crate) async fn foreign_inspection(
+        &self,
+        key: &str,
+        name: &str,
+    ) -> Result<Option<Inspection>> {
+        let mut pipe = ::redis::pipe();
+        pipe.cmd("TYPE").arg(name).cmd("PTTL").arg(name).cmd("TIME");
+        let pipe = &pipe;
+        let (kind, pttl, (secs, micros)): (String, i64, (u64, u64)) = self
+            .inner
+            .link
+            .send(|mut conn| async move { pipe.query_async(&mut conn).await })
+            .await?;
+        if kind == "none" || pttl == -2 {
+            return Ok(None);
+        }
+        let len = if kind == "string" {
+            self.query(::redis::cmd("STRLEN").arg(name)).await?
+        } else {
+            -1
+        };
+        let now = secs * 1000 + micros / 1000;
+        Ok(Some(Inspection::Record(foreign::record(
+            key, &kind, len, pttl, now,
+        ))))
+    }
+
     fn fence_key(&self, key: &Key) -> String {
         self.name(&self.inner.fence_prefix, key)
     }
