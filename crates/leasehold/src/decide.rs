@@ -212,9 +212,14 @@ pub(crate) fn acquire_judged(
         }
         _ => LeaseRecord::free(req.key.as_str(), 0),
     };
-    let fence = base_fence
-        .saturating_add(req.fences.max(1))
-        .max(fence_floor);
+    // A fence that would pass u64::MAX is never granted: saturating would hand out the same fence
+    // twice. The key reads as held by nobody who can be named, so waiters give up with the reason.
+    let Some(next) = base_fence.checked_add(req.fences.max(1)) else {
+        let mut r = LeaseRecord::free(req.key.as_str(), base_fence);
+        r.holder = Some(FENCE_EXHAUSTED.to_owned());
+        return (AcquireOutcome::Held(r), None);
+    };
+    let fence = next.max(fence_floor);
     let keep_waiter =
         expiry.waiter_live(&g, now.ms) && g.waiter_token.as_deref() != Some(req.token.as_str());
     grant(&mut g, req, fence, now.ms);
@@ -223,6 +228,11 @@ pub(crate) fn acquire_judged(
     }
     (AcquireOutcome::Granted(g.clone()), Some(g))
 }
+
+/// The holder a key whose fence cannot grow any more reads as held by: no later grant could be
+/// fenced above the last one, so none is made.
+pub(crate) const FENCE_EXHAUSTED: &str =
+    "nobody: the key's fence reached its largest value (u64::MAX), so it is never granted again";
 
 /// Removes the waiter registration from `r`.
 fn clear_waiter(r: &mut LeaseRecord) {
@@ -479,6 +489,24 @@ mod tests {
             false,
         ));
         assert_eq!(e.fence, u64::MAX);
+        // The next grant would repeat u64::MAX: refused, the reason in the holder, nothing written.
+        let mut free = e.clone();
+        free.token = None;
+        let (out, write) = acquire(Current::Record(&free), &req("f"), at(1), false);
+        assert!(write.is_none());
+        match out {
+            AcquireOutcome::Held(r) => assert_eq!(r.holder.as_deref(), Some(FENCE_EXHAUSTED)),
+            other => panic!("granted past u64::MAX: {other:?}"),
+        }
+        let (out, _) = acquire(
+            Current::Corrupt {
+                salvaged_fence: Some(u64::MAX),
+            },
+            &req("g"),
+            at(1),
+            false,
+        );
+        assert!(matches!(out, AcquireOutcome::Held(_)), "{out:?}");
     }
 
     fn seen(lease_ms: u64, waiter_ms: u64) -> Expiry {
