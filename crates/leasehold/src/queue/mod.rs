@@ -535,6 +535,22 @@ pub struct Status {
 impl Status {
     /// How many keys `keys` lists.
     pub const KEYS_SHOWN: usize = 100;
+
+    /// Counts `n` tasks of a backend's row state `state` with priority rank `rank` (0 high, 1
+    /// normal, 2 low; read for pending tasks only); any other state counts as corrupt.
+    pub(crate) fn count(&mut self, state: &str, rank: i64, n: u64) {
+        let s = self;
+        match (state, rank) {
+            ("pending", 0) => s.pending.high += n,
+            ("pending", 1) => s.pending.normal += n,
+            ("pending", 2) => s.pending.low += n,
+            ("running", _) => s.running += n,
+            ("succeeded", _) => s.succeeded += n,
+            ("failed", _) => s.failed += n,
+            ("cancelled", _) => s.cancelled += n,
+            _ => s.corrupt += n,
+        }
+    }
 }
 
 /// Pending tasks by effective priority.

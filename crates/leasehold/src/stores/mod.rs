@@ -249,7 +249,6 @@ fn invalid(url: &str, reason: impl Into<String>) -> Error {
 }
 
 /// Parses a URL the `url` crate understands (one host), as the stores that take one need.
-#[allow(dead_code)] // unused when only memory is built
 pub(crate) fn parse(url: &str) -> Result<url::Url> {
     url::Url::parse(url).map_err(|e| invalid(url, e.to_string()))
 }

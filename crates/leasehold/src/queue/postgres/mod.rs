@@ -767,17 +767,7 @@ async fn status(c: &Client) -> std::result::Result<Status, tokio_postgres::Error
         .await?
     {
         let (state, rank, n): (String, i64, i64) = (r.try_get(0)?, r.try_get(1)?, r.try_get(2)?);
-        let n = u(n);
-        match (state.as_str(), rank) {
-            ("pending", 0) => s.pending.high += n,
-            ("pending", 1) => s.pending.normal += n,
-            ("pending", 2) => s.pending.low += n,
-            ("running", _) => s.running += n,
-            ("succeeded", _) => s.succeeded += n,
-            ("failed", _) => s.failed += n,
-            ("cancelled", _) => s.cancelled += n,
-            _ => s.corrupt += n,
-        }
+        s.count(&state, rank, u(n));
     }
     let counts = |rows: Vec<Row>| -> std::result::Result<Vec<KeyCount>, tokio_postgres::Error> {
         rows.iter()

@@ -765,17 +765,7 @@ fn status(c: &Connection) -> rusqlite::Result<Status> {
         })?;
         for row in rows {
             let (state, rank, n) = row?;
-            let n = u(n);
-            match (state.as_str(), rank) {
-                ("pending", 0) => s.pending.high += n,
-                ("pending", 1) => s.pending.normal += n,
-                ("pending", 2) => s.pending.low += n,
-                ("running", _) => s.running += n,
-                ("succeeded", _) => s.succeeded += n,
-                ("failed", _) => s.failed += n,
-                ("cancelled", _) => s.cancelled += n,
-                _ => s.corrupt += n,
-            }
+            s.count(&state, rank, u(n));
         }
     }
     let counts = |sql: &str| -> rusqlite::Result<Vec<KeyCount>> {

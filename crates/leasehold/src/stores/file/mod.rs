@@ -93,7 +93,7 @@ pub struct FileOptions {
 impl Default for FileOptions {
     fn default() -> Self {
         FileOptions {
-            mode: 0o600,
+            mode: crate::fsmode::DEFAULT,
             fsync: false,
         }
     }
