@@ -404,3 +404,82 @@ async fn a_waiter_wakes_when_the_holder_is_killed() {
     assert!(g.fence() > fence);
     g.release().await.expect("release");
 }
+
+#[tokio::test]
+async fn labels_too_large_to_read_back_are_refused_with_the_limit() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = FileStore::open(dir.path(), FileOptions::default()).expect("open");
+    let locks = Locks::new(store.clone());
+    // 2 MiB of label: the record could not be read back whole (reads stop at 1 MiB), so another
+    // process would judge it corrupt while its holder lives.
+    let err = locks
+        .lock("big")
+        .expect("key")
+        .label("blob", "x".repeat(2 << 20))
+        .try_acquire()
+        .await
+        .expect_err("a record that cannot be read back is never written");
+    assert!(
+        matches!(err, leasehold::Error::InvalidOption { name: "labels", .. }),
+        "{err:?}"
+    );
+    let limit = leasehold::stores::file::LABEL_LIMIT;
+    assert!(err.to_string().contains(&limit.to_string()), "{err}");
+    assert!(store
+        .inspect(&Key::new("big").expect("k"))
+        .await
+        .expect("inspect")
+        .is_none());
+    // Up to the limit is fine, and is read back whole by another store of the directory.
+    let fits = "y".repeat(limit - 100);
+    let g = locks
+        .lock("big")
+        .expect("key")
+        .label("blob", fits.clone())
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("free");
+    let other = FileStore::open(dir.path(), FileOptions::default()).expect("open");
+    match other
+        .inspect(&Key::new("big").expect("k"))
+        .await
+        .expect("inspect")
+    {
+        Some(Inspection::Record(r)) => assert_eq!(r.labels.get("blob"), Some(&fits)),
+        other => panic!("read back as {other:?}"),
+    }
+    g.release().await.expect("release");
+}
+
+/// A record damaged while its holder process lives is held by "unknown (corrupt record)" until the
+/// kernel lock says the holder is gone; then it is recovered above the holder's fence.
+#[tokio::test]
+async fn a_corrupt_record_is_held_while_its_holder_process_lives() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mut child, fence, _out) = hold(dir.path(), "job", 60_000);
+    let store = FileStore::open(dir.path(), FileOptions::default()).expect("open");
+    let key = Key::new("job").expect("k");
+    std::fs::write(store.record_path(&key), b"\0\0\0garbage").expect("damage");
+    let locks = Locks::new(store.clone());
+    let err = locks
+        .lock_key(key.clone())
+        .wait(Duration::from_millis(300))
+        .acquire()
+        .await
+        .expect_err("granted while its holder process lives");
+    assert!(
+        matches!(&err, leasehold::Error::Timeout { holder, .. } if holder.contains("corrupt record")),
+        "{err:?}"
+    );
+    signal(&child, libc::SIGKILL);
+    child.wait().expect("wait");
+    let g = locks
+        .lock_key(key)
+        .wait(Duration::from_secs(5))
+        .acquire()
+        .await
+        .expect("recovered once the holder is gone");
+    assert!(g.fence() > fence, "{} after {fence}", g.fence());
+    g.release().await.expect("release");
+}

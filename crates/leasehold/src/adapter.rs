@@ -295,10 +295,17 @@ impl<R: RecordStore> RecordLockStore<R> {
             Some(Stored::Record { record, version }) => {
                 Expiry::Observed(self.observe(key, version, record))
             }
-            // No record (or a guess that there is none: a create tried before reading), or one
-            // that does not parse: nothing to observe. What was seen of an earlier record stays
-            // until a record is seen again: a different one starts its observation over.
-            Some(Stored::Corrupt { .. }) | None => Expiry::Observed(self.first_sight()),
+            // A record that does not parse is observed by its version: a write of any kind
+            // starts its observation over.
+            Some(Stored::Corrupt { version, .. }) => {
+                let mut marker = LeaseRecord::free(key.as_str(), 0);
+                marker.token = Some(format!("corrupt at version {version}"));
+                Expiry::Observed(self.observe(key, version, &marker))
+            }
+            // No record (or a guess that there is none: a create tried before reading): nothing
+            // to observe. What was seen of an earlier record stays until a record is seen again:
+            // a different one starts its observation over.
+            None => Expiry::Observed(self.first_sight()),
         }
     }
 
@@ -444,21 +451,27 @@ impl<R: RecordStore> LockStore for RecordLockStore<R> {
     }
 
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome> {
+        req.check_size(self.inner.label_limit(), &self.inner.describe())?;
         let revisions = self.inner.revisions();
         // Whether the last decision (the one written, if any) creates the record.
         let created = std::sync::atomic::AtomicBool::new(false);
         let (out, written) = self
             .cas(&req.key, true, Some(&req.given_up), |cur| {
                 created.store(cur.is_none(), std::sync::atomic::Ordering::Relaxed);
+                let now = self.now();
+                let expiry = self.judge(&req.key, cur);
                 let current = match cur {
                     None => Current::Missing,
                     Some(Stored::Record { record, .. }) => Current::Record(record),
+                    // Whoever wrote it holds nothing any more once its bytes were seen unchanged
+                    // for longer than any lease lasts.
                     Some(Stored::Corrupt { salvaged_fence, .. }) => Current::Corrupt {
                         salvaged_fence: *salvaged_fence,
+                        over: self.inner.corrupt_holds_nothing()
+                            || matches!(expiry, Expiry::Observed(o)
+                                if o.lease_unchanged >= decide::corrupt_observation(req.ttl, self.max_skew)),
                     },
                 };
-                let now = self.now();
-                let expiry = self.judge(&req.key, cur);
                 let floor = if revisions { 0 } else { now.us };
                 let (out, mut write) =
                     decide::acquire_judged(current, req, now, false, expiry, floor);
@@ -727,6 +740,34 @@ mod tests {
 
     fn request(key: &Key, holder: &str, ttl: Duration) -> AcquireRequest {
         AcquireRequest::new(key.clone(), holder, ttl)
+    }
+
+    /// A record that cannot be read is held by "unknown (corrupt record)" until its damaged bytes
+    /// were seen unchanged for longer than any lease lasts (the skew bound, or the contender's TTL
+    /// if longer); new damage starts the observation over.
+    #[tokio::test(start_paused = true)]
+    async fn a_corrupt_record_is_held_until_seen_unchanged_beyond_any_lease() {
+        let (shared, m) = machines(&[0]);
+        let key = Key::new("torn").unwrap();
+        let req = request(&key, "a", Duration::from_secs(1));
+        shared.put_raw(&key, br#"{"fence": 77, "hold"#);
+        let held_by_unknown = |out: AcquireOutcome| match out {
+            AcquireOutcome::Held(r) => r.holder.as_deref() == Some(decide::CORRUPT_HOLDER),
+            _ => false,
+        };
+        assert!(held_by_unknown(m[0].acquire(&req).await.unwrap()));
+        let needed = decide::corrupt_observation(req.ttl, DEFAULT_MAX_CLOCK_SKEW);
+        tokio::time::advance(needed - Duration::from_secs(1)).await;
+        assert!(held_by_unknown(m[0].acquire(&req).await.unwrap()));
+        // Damaged again (someone still writes it): observed afresh.
+        shared.put_raw(&key, br#"{"fence": 78, "hold"#);
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert!(held_by_unknown(m[0].acquire(&req).await.unwrap()));
+        tokio::time::advance(needed).await;
+        let AcquireOutcome::Granted(r) = m[0].acquire(&req).await.unwrap() else {
+            panic!("never recovered")
+        };
+        assert!(r.fence > 78);
     }
 
     const TWO_MINUTES: i64 = 120_000;

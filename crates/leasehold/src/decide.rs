@@ -26,10 +26,17 @@ use std::time::Duration;
 pub(crate) enum Current<'a> {
     /// No record.
     Missing,
-    /// A record that does not parse, with a fence recovered from its bytes if any.
+    /// A record that does not parse, with a fence recovered from its bytes if any. Nobody can
+    /// tell from it who holds the lease or until when, so it reads as held by
+    /// [`CORRUPT_HOLDER`] until the store knows better: `over` is true once the store can tell
+    /// that whoever wrote it holds nothing any more (the file store: no process holds the
+    /// record's kernel lock; the record adapter: the damaged bytes were seen unchanged for longer
+    /// than any lease on the store can last, see [`corrupt_observation`]).
     Corrupt {
         /// The salvaged fence.
         salvaged_fence: Option<u64>,
+        /// Whether its holder, whoever it was, certainly holds nothing any more.
+        over: bool,
     },
     /// A sound record.
     Record(&'a LeaseRecord),
@@ -172,9 +179,15 @@ pub(crate) fn acquire_judged(
 ) -> (AcquireOutcome, Option<LeaseRecord>) {
     let base_fence = match current {
         Current::Missing => 0,
-        Current::Corrupt { salvaged_fence } => salvaged_fence.unwrap_or(0),
+        Current::Corrupt { salvaged_fence, .. } => salvaged_fence.unwrap_or(0),
         Current::Record(r) => r.fence,
     };
+    if let Current::Corrupt { over: false, .. } = current {
+        return (
+            AcquireOutcome::Held(corrupt_placeholder(req.key.as_str(), base_fence, now.ms)),
+            None,
+        );
+    }
     if let Current::Record(r) = current {
         let held = expiry.held(r, now.ms) && !holder_dead;
         let live_waiter = expiry.waiter_live(r, now.ms);
@@ -233,6 +246,34 @@ pub(crate) fn acquire_judged(
 /// fenced above the last one, so none is made.
 pub(crate) const FENCE_EXHAUSTED: &str =
     "nobody: the key's fence reached its largest value (u64::MAX), so it is never granted again";
+
+/// The holder a record that cannot be read is held by, until the store can tell it is over.
+pub(crate) const CORRUPT_HOLDER: &str = "unknown (corrupt record)";
+
+/// How often a contender looks again at a record that cannot be read (the expiry its placeholder
+/// carries, so a waiting acquirer wakes to check).
+const CORRUPT_RECHECK_MS: u64 = 1_000;
+
+/// What an acquirer sees of a key whose record cannot be read: held by [`CORRUPT_HOLDER`] under
+/// the salvaged fence, for a short while (then it looks again).
+fn corrupt_placeholder(key: &str, fence: u64, now_ms: u64) -> LeaseRecord {
+    let mut r = LeaseRecord::free(key, fence);
+    r.holder = Some(CORRUPT_HOLDER.to_owned());
+    r.token = Some(String::new());
+    r.acquired_ms = now_ms;
+    r.renewed_ms = now_ms;
+    r.ttl_ms = CORRUPT_RECHECK_MS;
+    r.expires_ms = now_ms + CORRUPT_RECHECK_MS;
+    r
+}
+
+/// How long a record that cannot be read must be seen unchanged, by a contender asking for a
+/// lease of `ttl`, before whoever wrote it certainly holds nothing: no lease on the store is
+/// assumed to last longer than the skew bound or the contender's own TTL, and a holder that finds
+/// its record damaged loses it at its next renewal; plus the drift margin.
+pub(crate) fn corrupt_observation(ttl: Duration, max_skew: Duration) -> Duration {
+    observation_needed(ttl.max(max_skew).as_millis() as u64)
+}
 
 /// Removes the waiter registration from `r`.
 fn clear_waiter(r: &mut LeaseRecord) {
@@ -483,6 +524,7 @@ mod tests {
         let e = granted(acquire(
             Current::Corrupt {
                 salvaged_fence: Some(u64::MAX - 1),
+                over: true,
             },
             &req("e"),
             at(1),
@@ -501,12 +543,41 @@ mod tests {
         let (out, _) = acquire(
             Current::Corrupt {
                 salvaged_fence: Some(u64::MAX),
+                over: true,
             },
             &req("g"),
             at(1),
             false,
         );
         assert!(matches!(out, AcquireOutcome::Held(_)), "{out:?}");
+    }
+
+    #[test]
+    fn a_record_that_cannot_be_read_is_held_until_the_store_can_tell_it_is_over() {
+        let held = Current::Corrupt {
+            salvaged_fence: Some(41),
+            over: false,
+        };
+        let (out, write) = acquire(held, &req("a"), at(1_000), false);
+        assert!(write.is_none(), "nothing is written over it");
+        match out {
+            AcquireOutcome::Held(r) => {
+                assert_eq!(r.holder.as_deref(), Some(CORRUPT_HOLDER));
+                assert_eq!(r.fence, 41, "the salvaged fence is reported");
+                assert!(r.is_held(1_000), "a waiting acquirer looks again later");
+            }
+            other => panic!("a corrupt record was granted while it may be held: {other:?}"),
+        }
+        let over = Current::Corrupt {
+            salvaged_fence: Some(41),
+            over: true,
+        };
+        assert!(granted(acquire(over, &req("a"), at(1), false)).fence > 41);
+        // No lease is assumed longer than the skew bound or the contender's TTL.
+        let (short, long) = (Duration::from_secs(1), Duration::from_secs(600));
+        let skew = Duration::from_secs(300);
+        assert!(corrupt_observation(short, skew) > skew);
+        assert!(corrupt_observation(long, skew) > long);
     }
 
     fn seen(lease_ms: u64, waiter_ms: u64) -> Expiry {

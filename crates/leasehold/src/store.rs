@@ -127,6 +127,56 @@ impl AcquireRequest {
         }
     }
 
+    /// How many bytes the holder id and the labels take written as JSON (escapes included): what
+    /// a store bounds, so that it never writes a record it cannot read back.
+    ///
+    /// ```
+    /// use leasehold::{AcquireRequest, Key};
+    /// use std::time::Duration;
+    /// let mut req = AcquireRequest::new(Key::new("k")?, "a", Duration::from_secs(30));
+    /// let bare = req.size();
+    /// req.labels.insert("job".into(), "7".into());
+    /// assert_eq!(req.size(), bare + r#"{"job":"7"}"#.len() - "{}".len());
+    /// # Ok::<(), leasehold::Error>(())
+    /// ```
+    pub fn size(&self) -> usize {
+        json_len(&self.holder).saturating_add(json_len(&self.labels))
+    }
+
+    /// Refuses a request whose holder id and labels ([`size`](Self::size)) take more than `limit`
+    /// bytes: every store calls it at acquire with its own limit, so that what it writes can be
+    /// read back whole (a record read back truncated could only be judged corrupt).
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidOption`] `labels`, naming the size, the limit and the store.
+    ///
+    /// ```
+    /// use leasehold::{AcquireRequest, Error, Key};
+    /// use std::time::Duration;
+    /// let mut req = AcquireRequest::new(Key::new("k")?, "a", Duration::from_secs(30));
+    /// req.labels.insert("blob".into(), "x".repeat(100));
+    /// assert!(req.check_size(1000, "file:///tmp/locks").is_ok());
+    /// let err = req.check_size(64, "file:///tmp/locks").unwrap_err();
+    /// assert!(matches!(err, Error::InvalidOption { name: "labels", .. }));
+    /// assert!(err.to_string().contains("at most 64 bytes"), "{err}");
+    /// # Ok::<(), leasehold::Error>(())
+    /// ```
+    pub fn check_size(&self, limit: usize, store: &str) -> Result<()> {
+        let size = self.size();
+        if size <= limit {
+            return Ok(());
+        }
+        Err(crate::Error::InvalidOption {
+            name: "labels",
+            reason: format!(
+                "the holder id and labels of {} take {size} bytes written as JSON; {store} keeps \
+                 at most {limit} bytes of them per lease (keep large data elsewhere and label the \
+                 lease with a reference to it)",
+                self.key
+            ),
+        })
+    }
+
     /// Registers as waiter for `ttl` when the lease is held (if no other live waiter is
     /// registered): the holder learns it at its next renewal, and once the lease is freed it is
     /// reserved for this request's token until the registration lapses.
@@ -529,7 +579,29 @@ pub trait RecordStore: Send + Sync + fmt::Debug + 'static {
     fn revision(&self, _version: &str) -> Option<u64> {
         None
     }
+
+    /// The most bytes of holder id and labels a lease may carry on this store
+    /// ([`AcquireRequest::check_size`], which the adapter calls at acquire): what a record can
+    /// hold with a waiter's id of the same bound and still be written and read back whole.
+    /// Default: [`DEFAULT_LABEL_LIMIT`].
+    fn label_limit(&self) -> usize {
+        DEFAULT_LABEL_LIMIT
+    }
+
+    /// Whether a record this store reads as [`Stored::Corrupt`] holds nothing: true when the
+    /// store's own protocol still says who holds a key whatever else is damaged (a Kubernetes
+    /// Lease's spec, which every client reads; a Lease is corrupt only when its spec is free and
+    /// leasehold's annotations are damaged). Default false: a record that cannot be read is held
+    /// by "unknown (corrupt record)" until its bytes were seen unchanged for longer than any lease
+    /// lasts (see [`crate::adapter`]).
+    fn corrupt_holds_nothing(&self) -> bool {
+        false
+    }
 }
+
+/// The default [`RecordStore::label_limit`]: 64 KiB of holder id and labels, written as JSON. A
+/// Kubernetes Lease, whose annotations may take 256 KiB in all, holds two of them.
+pub const DEFAULT_LABEL_LIMIT: usize = 64 << 10;
 
 /// A shared record store is a record store: several adapters (several simulated machines) can
 /// work on one.
@@ -578,4 +650,15 @@ impl<R: RecordStore + ?Sized> RecordStore for Arc<R> {
     fn revision(&self, version: &str) -> Option<u64> {
         (**self).revision(version)
     }
+    fn label_limit(&self) -> usize {
+        (**self).label_limit()
+    }
+    fn corrupt_holds_nothing(&self) -> bool {
+        (**self).corrupt_holds_nothing()
+    }
+}
+
+/// The length of `v` written as JSON (never fails for strings and string maps).
+fn json_len<T: serde::Serialize + ?Sized>(v: &T) -> usize {
+    serde_json::to_vec(v).map_or(usize::MAX, |v| v.len())
 }

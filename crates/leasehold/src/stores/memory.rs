@@ -209,12 +209,19 @@ impl RecordMemoryStore {
     /// use leasehold::{adapter::RecordLockStore, memory::RecordMemoryStore};
     /// use leasehold::{AcquireOutcome, AcquireRequest, Inspection, Key, LockStore};
     /// use std::time::Duration;
-    /// let store = RecordLockStore::new(RecordMemoryStore::new());
+    /// // Clocks assumed in step (no skew bound), so no lease here outlasts its TTL.
+    /// let store = RecordLockStore::new(RecordMemoryStore::new()).with_max_clock_skew(Duration::ZERO);
     /// let key = Key::new("k")?;
     /// store.inner().put_raw(&key, br#"{"fence": 9000000000000000, "hold"#);
-    /// // Reported as corrupt, never fatal; the next acquisition recovers it, fence above the damage.
+    /// // Reported as corrupt, never fatal.
     /// assert!(matches!(store.inspect(&key).await?, Some(Inspection::Corrupt { .. })));
-    /// let req = AcquireRequest::new(key.clone(), "a", Duration::from_secs(30));
+    /// // Whoever wrote it may still hold it: held by "unknown (corrupt record)" until the damaged
+    /// // bytes were seen unchanged for longer than a lease lasts (here the 50 ms TTL asked for).
+    /// let req = AcquireRequest::new(key.clone(), "a", Duration::from_millis(50));
+    /// let AcquireOutcome::Held(r) = store.acquire(&req).await? else { panic!("granted") };
+    /// assert_eq!(r.holder.as_deref(), Some("unknown (corrupt record)"));
+    /// tokio::time::sleep(Duration::from_millis(60)).await;
+    /// // Then recovered, the fence above the damage.
     /// let AcquireOutcome::Granted(r) = store.acquire(&req).await? else { panic!("not granted") };
     /// assert!(r.fence > 9_000_000_000_000_000);
     /// # Ok::<(), leasehold::Error>(()) }).unwrap();

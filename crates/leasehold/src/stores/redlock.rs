@@ -292,6 +292,7 @@ impl LockStore for RedlockStore {
     }
 
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome> {
+        req.check_size(super::redis::LABEL_LIMIT, &self.describe())?;
         let started = Instant::now();
         let mut granted: Vec<(&RedisStore, LeaseRecord)> = vec![];
         // The nodes that refused, with their records.

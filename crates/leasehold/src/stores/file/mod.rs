@@ -143,11 +143,14 @@ enum Found {
 }
 
 impl Found {
-    fn current(&self) -> Current<'_> {
+    /// What the decision sees; `free` is whether no process holds the record's kernel lock,
+    /// which alone tells that a record that cannot be read is held by nobody.
+    fn current(&self, free: bool) -> Current<'_> {
         match self {
             Found::Missing => Current::Missing,
             Found::Corrupt { salvaged, .. } => Current::Corrupt {
                 salvaged_fence: *salvaged,
+                over: free,
             },
             Found::Record(r) => Current::Record(r),
         }
@@ -277,7 +280,7 @@ impl Inner {
                         r.token.is_some()
                             && r.store.get(KERNEL_LOCK).map(String::as_str) == Some("held")
                     });
-                let (out, write) = decide::acquire(found.current(), req, Now::wall(), dead);
+                let (out, write) = decide::acquire(found.current(kernel), req, Now::wall(), dead);
                 match (out, write) {
                     (AcquireOutcome::Granted(mut r), Some(_)) => {
                         r.store.insert(
@@ -525,6 +528,14 @@ enum Step<T> {
     Unlinked,
 }
 
+/// The most a record file is read of: a longer one reads as corrupt.
+const READ_LIMIT: usize = 1 << 20;
+
+/// The most bytes of holder id and labels a lease may carry ([`AcquireRequest::check_size`]): a
+/// record holds them, a waiter's id of the same bound and a few hundred bytes more, far within
+/// [`READ_LIMIT`].
+pub const LABEL_LIMIT: usize = 256 << 10;
+
 fn read_record(file: &File) -> io::Result<(Found, usize)> {
     let mut buf = vec![0u8; 4096];
     let mut len = 0;
@@ -532,7 +543,7 @@ fn read_record(file: &File) -> io::Result<(Found, usize)> {
         let n = file.read_at(&mut buf[len..], len as u64)?;
         len += n;
         // Under the mutation lock nobody writes: a short read is the end of the file.
-        if n == 0 || len < buf.len() || len >= 1 << 20 {
+        if n == 0 || len < buf.len() || len >= READ_LIMIT {
             break;
         }
         buf.resize(len * 2, 0);
@@ -706,6 +717,7 @@ impl LockStore for FileStore {
     }
 
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome> {
+        req.check_size(LABEL_LIMIT, &self.describe())?;
         let req = req.clone();
         self.run(move |inner, wait| inner.acquire(&req, wait)).await
     }

@@ -645,6 +645,12 @@ impl RecordStore for KubernetesStore {
         }
     }
 
+    /// The spec says who holds a Lease; a Lease reads as corrupt only when its spec is free (no
+    /// `holderIdentity`) and leasehold's annotations are damaged ([`from_lease`]).
+    fn corrupt_holds_nothing(&self) -> bool {
+        true
+    }
+
     async fn get(&self, key: &Key) -> Result<Option<Stored>> {
         let name = self.lease_name(key);
         match self.call("get", &name, self.api.get(&name)).await? {

@@ -106,6 +106,11 @@ use async_trait::async_trait;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// The most bytes of holder id and labels a lease may carry ([`AcquireRequest::check_size`]):
+/// far below Redis's 512 MB string limit, so every record stays quick to read and to decode in
+/// the server's scripts.
+pub const LABEL_LIMIT: usize = 1 << 20;
+
 /// The Redis store; see the [module docs](self).
 #[derive(Clone)]
 pub struct RedisStore {
@@ -602,6 +607,7 @@ impl LockStore for RedisStore {
 
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome> {
         self.check(&req.key)?;
+        req.check_size(LABEL_LIMIT, &self.describe())?;
         let call = self.acquire_call(req);
         let answer = match self.call(&call).await {
             Err(e) if call.lua.waits_for_replicas() => {
