@@ -533,7 +533,7 @@ const READ_LIMIT: usize = 1 << 20;
 
 /// The most bytes of holder id and labels a lease may carry ([`AcquireRequest::check_size`]): a
 /// record holds them, a waiter's id of the same bound and a few hundred bytes more, far within
-/// [`READ_LIMIT`].
+/// the 1 MiB a record file is read up to.
 pub const LABEL_LIMIT: usize = 256 << 10;
 
 fn read_record(file: &File) -> io::Result<(Found, usize)> {

@@ -646,7 +646,7 @@ impl RecordStore for KubernetesStore {
     }
 
     /// The spec says who holds a Lease; a Lease reads as corrupt only when its spec is free (no
-    /// `holderIdentity`) and leasehold's annotations are damaged ([`from_lease`]).
+    /// `holderIdentity`) and leasehold's annotations are damaged.
     fn corrupt_holds_nothing(&self) -> bool {
         true
     }
