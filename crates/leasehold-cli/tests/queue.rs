@@ -837,7 +837,8 @@ fn a_worker_serves_its_metrics() {
         "leasehold_queue_tasks_finished_total{outcome=\"cancelled\"} 1",
         "leasehold_queue_task_run_seconds_count 3",
         "leasehold_queue_task_wait_seconds_count 4",
-        "leasehold_acquire_success_total 4",
+        // The four tasks' key leases and the worker's name lease.
+        "leasehold_acquire_success_total 5",
         "leasehold_releases_total 3",
     ] {
         assert!(text.contains(line), "{line} missing from\n{text}");
@@ -928,7 +929,8 @@ fn a_task_recovered_elsewhere_is_not_counted_finished_by_its_first_worker() {
         assert!(Instant::now() < errors, "{}", s.worker_errors());
         std::thread::sleep(Duration::from_millis(20));
     }
-    let (code, text) = leasehold_testkit::servers::http_get(port, "/metrics").unwrap();
+    let (code, text) = leasehold_testkit::servers::http_get(port, "/metrics")
+        .unwrap_or_else(|| panic!("no metrics: {}", s.worker_errors()));
     assert_eq!(code, 200, "{text}");
     assert!(
         text.contains("leasehold_queue_tasks_started_total 1"),

@@ -345,3 +345,73 @@ async fn sqlite_a_runner_cut_off_from_the_store_is_dropped_at_the_lease_s_deadli
     let dir = tempfile::tempdir().unwrap();
     a_runner_cut_off_from_the_store_is_dropped_at_the_lease_s_deadline(&sqlite(dir.path())).await;
 }
+
+/// A second worker started under a live worker's name (two pods given one `POD_NAME`) refuses
+/// to start, naming the conflict, instead of giving back the first one's claims as unknown to
+/// it; the first one's task runs on untouched. Once the first has stopped, the name is free.
+#[tokio::test]
+async fn a_second_live_worker_under_the_same_name_refuses_to_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = sqlite(dir.path());
+    let q = open_queue(&url).await.unwrap();
+    let id = q.enqueue(&NewTask::new("k", "x")).await.unwrap().id;
+    let ttl = Duration::from_millis(300);
+    let first = Worker::new(q.clone(), locks(dir.path(), "pod-0").await).ttl(ttl);
+    let shutdown = first.shutdown_handle();
+    let release = Arc::new(tokio::sync::Notify::new());
+    let released = release.clone();
+    let run = tokio::spawn(first.run(move |_task: RunningTask| {
+        let released = released.clone();
+        async move {
+            released.notified().await;
+            Outcome::Succeeded
+        }
+    }));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while task(&q, id).await.fence.is_none() {
+        assert!(Instant::now() < deadline, "the task did not start");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The same name, another lock store instance (as another process would open it).
+    let twin = Worker::new(
+        open_queue(&url).await.unwrap(),
+        locks(dir.path(), "pod-0").await,
+    )
+    .ttl(ttl);
+    let err = tokio::time::timeout(
+        Duration::from_secs(10),
+        twin.run(|_t: RunningTask| async { Outcome::Succeeded }),
+    )
+    .await
+    .expect("the twin neither refused nor stopped")
+    .expect_err("a second live worker under one name started");
+    assert!(
+        matches!(
+            err,
+            leasehold::Error::InvalidOption {
+                name: "worker name",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("pod-0"), "{err}");
+    let running = task(&q, id).await;
+    assert_eq!(
+        (running.state, running.worker.as_deref()),
+        (TaskState::Running, Some("pod-0")),
+        "the first worker's claim was kept"
+    );
+    release.notify_one();
+    shutdown.drain();
+    run.await.unwrap().unwrap();
+    assert_eq!(task(&q, id).await.state, TaskState::Succeeded);
+    // The name is free again.
+    let again = Worker::new(q.clone(), locks(dir.path(), "pod-0").await)
+        .ttl(ttl)
+        .exit_when_idle(true);
+    again
+        .run(|_t: RunningTask| async { Outcome::Succeeded })
+        .await
+        .unwrap();
+}

@@ -44,7 +44,15 @@
 //! The worker's name in the queue is the holder id of its [`Locks`] ([`Locks::holder`]), which
 //! also holds the key leases: `POD_NAMESPACE/POD_NAME` under Kubernetes, else host, pid and a
 //! random part ([`HolderId::from_env`](crate::HolderId::from_env)); set another with
-//! [`Locks::with_holder`]. Two live workers must not share a name.
+//! [`Locks::with_holder`]. Two live workers must not share a name: each would give back the
+//! other's claims as unknown to it. So a worker holds a lease on its name, the key
+//! [`WORKER_KEY_PREFIX`]`NAME` of the same lock store, for as long as it runs. A second worker
+//! started under a live worker's name waits for that lease (a restarted pod's previous life
+//! holds it until its TTL runs out) for up to twice the TTL plus a second, then refuses to start
+//! ([`Error::InvalidOption`] `worker name`, naming the other's holder). A worker whose name lease
+//! is lost (a pause past its TTL, the store out of reach) gives back no claim as unknown until it
+//! has taken the lease back (tried at each heartbeat); if it is still held by then as long as a
+//! start waits, another worker holds it: it claims nothing more and drains.
 //!
 //! # Example
 //! A queue on SQLite run in-process with an async closure: a few tasks enqueued, a worker run
@@ -104,6 +112,10 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tracing::Instrument;
+
+/// The prefix of the key a worker holds a lease on for as long as it runs, followed by its name
+/// (see [Identity](self#identity)): keep task keys out of it.
+pub const WORKER_KEY_PREFIX: &str = "leasehold.queue.worker/";
 
 /// The shortest TTL a worker accepts: its heartbeat runs every TTL/3.
 const MIN_TTL: Duration = Duration::from_millis(30);
@@ -344,8 +356,10 @@ impl Worker {
     /// [`Locks`] are left alone.
     ///
     /// # Errors
-    /// [`Error::InvalidOption`] for a TTL under 30 ms, or zero slots or group limit; the queue's
-    /// error when the worker cannot register (its first heartbeat). Later problems are reported
+    /// [`Error::InvalidOption`] for a TTL under 30 ms, or zero slots or group limit;
+    /// [`Error::InvalidOption`] `worker name` when another live worker runs under this name
+    /// (see [Identity](self#identity)); the lock store's error when the name lease cannot be
+    /// taken; the queue's error when the worker cannot register (its first heartbeat). Later problems are reported
     /// ([`on_problem`](Self::on_problem)) and the worker goes on: the failed step is tried again
     /// at its next round.
     ///
@@ -378,6 +392,9 @@ impl Worker {
             ttl: self.ttl,
         };
         let mut phase = self.shutdown.phase.subscribe();
+        // The name lease; `None` while it is lost and not yet taken back, since `name_lost`.
+        let mut name_lease = Some(self.take_name(&worker).await?);
+        let mut name_lost = Instant::now();
         queue.heartbeat(&worker, slots, self.ttl, &[]).await?;
         tracing::info!(worker = %worker, slots, "worker started");
 
@@ -434,6 +451,13 @@ impl Worker {
                     drain.apply(now, &ctx, self.drain_timeout, runners.len());
                 }
                 Some(_) = runners.join_next() => {}
+                _ = async { match &name_lease { Some(g) => g.lost().await, None => std::future::pending().await } } => {
+                    name_lease = None;
+                    name_lost = Instant::now();
+                    if !self.retake_name(&ctx, &mut name_lease, name_lost).await {
+                        drain.apply(Phase::Draining, &ctx, self.drain_timeout, runners.len());
+                    }
+                }
                 () = async { if let Some(d) = drain_at { tokio::time::sleep_until(d).await } }, if drain_at.is_some() => {
                     drain.stop_all(&ctx);
                 }
@@ -450,7 +474,12 @@ impl Worker {
                         },
                         Err(e) => ctx.report(&format!("heartbeat failed: {e}")),
                     }
-                    give_back_unknown_claims(&ctx).await;
+                    if name_lease.is_none() && !drain.started() && !self.retake_name(&ctx, &mut name_lease, name_lost).await {
+                        drain.apply(Phase::Draining, &ctx, self.drain_timeout, runners.len());
+                    }
+                    if name_lease.is_some() {
+                        give_back_unknown_claims(&ctx).await;
+                    }
                 }
                 _ = recover.tick() => match queue.recover(self.aging).await {
                     Ok(r) => {
@@ -471,8 +500,75 @@ impl Worker {
         if let Err(e) = queue.deregister(&worker).await {
             tracing::debug!(error = %e, "could not deregister");
         }
+        if let Some(Err(e)) = match &name_lease {
+            Some(g) => Some(g.release().await),
+            None => None,
+        } {
+            tracing::debug!(error = %e, "could not release the worker's name lease");
+        }
         tracing::info!(worker = %worker, "worker stopped");
         Ok(())
+    }
+
+    /// Takes the name lease back after it was lost (a pause past its TTL, a store out of reach)
+    /// at `since`: `false` when it is still held, by its previous lease of this worker's or by a
+    /// second worker under this name, as long as a start waits for it ([`Self::name_wait`]):
+    /// then drain. Until it is taken back (tried again at each heartbeat) no claim is given back
+    /// as unknown.
+    async fn retake_name(
+        &self,
+        ctx: &Ctx,
+        lease: &mut Option<crate::LeaseGuard>,
+        since: Instant,
+    ) -> bool {
+        let key = format!("{WORKER_KEY_PREFIX}{}", ctx.worker);
+        let attempt = match self.locks.lock(&key) {
+            Ok(b) => b.ttl(self.ttl).try_acquire().await,
+            Err(e) => Err(e),
+        };
+        match attempt {
+            Ok(Some(g)) => {
+                tracing::info!(key = %key, "this worker's name lease was lost and is taken back");
+                *lease = Some(g);
+                true
+            }
+            Ok(None) if since.elapsed() < self.name_wait() => true,
+            Ok(None) => {
+                ctx.report(&format!(
+                    "this worker's name lease ({key}) is held by another worker under the same name; claiming nothing more and draining"
+                ));
+                false
+            }
+            Err(e) => {
+                ctx.report(&format!(
+                    "cannot take this worker's name lease ({key}) back: {e}"
+                ));
+                true
+            }
+        }
+    }
+
+    /// How long a worker waits for its name lease: a previous lease of the name lapses within it.
+    fn name_wait(&self) -> Duration {
+        self.ttl * 2 + Duration::from_secs(1)
+    }
+
+    /// Takes the lease on this worker's name (see [Identity](self#identity)), waiting for a
+    /// previous life's to run out.
+    async fn take_name(&self, worker: &str) -> Result<crate::LeaseGuard> {
+        let key = format!("{WORKER_KEY_PREFIX}{worker}");
+        let wait = self.name_wait();
+        match self.locks.lock(&key)?.ttl(self.ttl).wait(wait).acquire().await {
+            Err(Error::Timeout { holder, .. }) => Err(Error::option(
+                "worker name",
+                format!(
+                    "another live worker runs under the name {worker:?}: the lease on {key} is held \
+                     by {holder} and was not freed within {wait:?}; give each worker a name of its own \
+                     (POD_NAME, or Locks::with_holder)"
+                ),
+            )),
+            other => other,
+        }
     }
 }
 
