@@ -352,7 +352,7 @@ macro_rules! conformance_tests {
             waiter_withdraws_on_timeout, hostile_keys, racing_workers, inspect_list_cleanup,
             try_acquire_never_waits, drop_releases, waiters_do_not_spin, fence_blocks,
             local_handoff, abandoned_handoff_is_released, cancelled_acquires_leave_nothing_taken,
-            release_is_notified_when_asked);
+            release_is_notified_when_asked, labels_are_read_back_whole);
     };
     (@each $make:expr; $($name:ident),*) => {
         $(

@@ -715,6 +715,59 @@ pub async fn waiter_withdraws_on_timeout(store: Arc<dyn LockStore>) {
     );
 }
 
+/// Nothing is written that cannot be read back whole: labels far over any store's limit (2 MiB)
+/// are refused with `InvalidOption` `labels`, or granted and read back byte for byte; labels
+/// that JSON must escape (control characters, quotes, non-ASCII) round-trip.
+pub async fn labels_are_read_back_whole(store: Arc<dyn LockStore>) {
+    let locks = client(&store, "a");
+    let p = crate::prefix("labels");
+    let big = "x".repeat(2 << 20);
+    let key = format!("{p}/big");
+    match locks
+        .lock(&key)
+        .unwrap()
+        .label("blob", big.clone())
+        .try_acquire()
+        .await
+    {
+        Err(Error::InvalidOption {
+            name: "labels",
+            reason,
+        }) => {
+            assert!(reason.contains("at most"), "{reason}");
+            assert!(store
+                .inspect(&Key::new(&key).unwrap())
+                .await
+                .unwrap()
+                .is_none());
+        }
+        Ok(Some(g)) => {
+            match store.inspect(g.key()).await.unwrap() {
+                Some(Inspection::Record(r)) => {
+                    assert!(r.labels.get("blob") == Some(&big), "read back cut")
+                }
+                other => panic!("2 MiB of label read back as {other:?}"),
+            }
+            g.release().await.unwrap();
+        }
+        other => panic!("2 MiB of label: {other:?}"),
+    }
+    let odd = "\u{1}\"\\\n\té\u{10FFFF}".repeat(500);
+    let g = locks
+        .lock(&format!("{p}/odd"))
+        .unwrap()
+        .label("odd", odd.clone())
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("free");
+    match store.inspect(g.key()).await.unwrap() {
+        Some(Inspection::Record(r)) => assert_eq!(r.labels.get("odd"), Some(&odd)),
+        other => panic!("escaped labels read back as {other:?}"),
+    }
+    g.release().await.unwrap();
+}
+
 /// Hostile keys are refused with a typed error or handled safely; never a panic.
 pub async fn hostile_keys(store: Arc<dyn LockStore>) {
     for bad in ["", "a\0b", "a\nb"] {
