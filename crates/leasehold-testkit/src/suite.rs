@@ -754,7 +754,7 @@ pub async fn labels_are_read_back_whole(store: Arc<dyn LockStore>) {
     }
     let odd = "\u{1}\"\\\n\té\u{10FFFF}".repeat(500);
     let g = locks
-        .lock(&format!("{p}/odd"))
+        .lock(format!("{p}/odd"))
         .unwrap()
         .label("odd", odd.clone())
         .try_acquire()
