@@ -3,7 +3,7 @@
 use crate::cli::{key_arg, prefix_arg, Cli, Command};
 use crate::exit::{self, Failure, ERROR};
 use crate::setup::runtime;
-use crate::{admin, bench, elect, hold, queue, run, store};
+use crate::{admin, bench, elect, hold, queue, run, store, torture};
 use std::time::Duration;
 
 /// Runs the command and returns leasehold's exit code; failures are reported on stderr.
@@ -56,5 +56,6 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
         }
         Command::Cleanup(args) => admin::cleanup(&*store::open(url).await?, args).await,
         Command::Queue(args) => queue::dispatch(url, args).await,
+        Command::Torture(args) => torture::torture(url, args).await,
     }
 }

@@ -10,6 +10,7 @@ mod elect;
 mod hold;
 mod queue;
 mod run;
+mod torture;
 mod worker;
 
 // The helpers. None imports a command, and their imports have no cycle: `leased` (a command
@@ -43,6 +44,12 @@ fn main() -> ExitCode {
         .is_some_and(|a| a == supervise::ARG)
     {
         return supervise::main();
+    }
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|a| a == torture::ARG)
+    {
+        return torture::main();
     }
     let cli = match cli::Cli::try_parse() {
         Ok(cli) => cli,

@@ -1,0 +1,368 @@
+//! `leasehold torture`: exclusion and fencing checked under real faults, with real processes.
+//!
+//! The harness starts a fenced resource ([`resource`], a process of its own) and `--clients`
+//! client processes ([`client`]; `leasehold` itself, each its own holder) that take leases on
+//! `--keys` keys and write to the resource under each. For each fault of `--faults` in turn it runs
+//! the clients for its share of `--duration`, injecting that fault at seeded random times:
+//! * `none` — no fault;
+//! * `kill` — SIGKILL of a client (a crash while holding, most of the time), then a new client;
+//! * `stop` — SIGSTOP of a client for 1.5 TTLs, then SIGCONT (a GC pause: it wakes believing it
+//!   holds).
+//!
+//! The resource judges each request as it receives it and counts per phase: critical sections,
+//! **overlaps** (a client entered a key's section while another, neither stopped nor killed, was
+//! still inside it: an exclusion violation), **paused overlaps** (the same while the earlier one
+//! was stopped: what no lock prevents), requests **caught by the fence** (below the key's highest
+//! fence), and **fence violations** (a new grant whose fence is not above the key's highest).
+//! Overlaps and fence violations break a promise: the exit status is then 1.
+//!
+//! `memory` runs every client on an in-process store of its own, so nothing excludes anything
+//! across processes: the checker must report overlaps and exit 1 (the proof it can fail).
+
+pub(crate) mod client;
+pub(crate) mod resource;
+
+use crate::cli::TortureArgs;
+use crate::exit::{Failure, ERROR, OK, USAGE};
+use resource::{Counts, Resource};
+use std::path::{Path, PathBuf};
+use std::process::{ExitCode, Stdio};
+use std::time::Duration;
+use tokio::process::{Child, Command};
+use tokio::time::Instant;
+
+/// The hidden first argument of the harness's own processes.
+pub(crate) const ARG: &str = "__torture";
+
+/// The `main` of `leasehold __torture resource SOCKET` and `leasehold __torture client URL SOCKET
+/// ID KEYS TTL_MS SEED`.
+pub(crate) fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(2).collect();
+    let result = match args.as_slice() {
+        [what, socket] if what == "resource" => {
+            resource::serve(Path::new(socket)).map_err(|e| format!("resource: {e}"))
+        }
+        [what, url, socket, id, keys, ttl_ms, seed] if what == "client" => {
+            match (keys.parse(), ttl_ms.parse(), seed.parse()) {
+                (Ok(keys), Ok(ttl_ms), Ok(seed)) => match crate::setup::runtime() {
+                    Some(rt) => rt.block_on(client::run(client::Plan {
+                        url,
+                        socket: Path::new(socket),
+                        id,
+                        keys,
+                        ttl: Duration::from_millis(ttl_ms),
+                        seed,
+                    })),
+                    None => Err("no runtime".into()),
+                },
+                _ => Err("bad client arguments".into()),
+            }
+        }
+        _ => Err(
+            "usage: leasehold __torture resource SOCKET | client URL SOCKET ID KEYS TTL_MS SEED"
+                .into(),
+        ),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            crate::exit::report(&format!("torture: {e}"));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// One phase's figures.
+#[derive(Debug, Clone)]
+struct Row {
+    fault: String,
+    injected: u64,
+    counts: Counts,
+}
+
+/// Runs the harness (see the module documentation).
+pub(crate) async fn torture(url: Option<&str>, args: TortureArgs) -> Result<u8, Failure> {
+    let seed = args.seed.unwrap_or_else(|| fastrand::u64(..));
+    for f in &args.faults {
+        if !["none", "kill", "stop"].contains(&f.as_str()) {
+            return Err(Failure::new(
+                USAGE,
+                format!("unknown fault {f:?} (none, kill, stop)"),
+            ));
+        }
+    }
+    if args.clients == 0 || args.keys == 0 || args.ttl < Duration::from_millis(100) {
+        return Err(Failure::new(
+            USAGE,
+            "--clients and --keys must be at least 1, --ttl at least 100ms",
+        ));
+    }
+    eprintln!("leasehold torture: seed {seed} (--seed {seed} replays this fault schedule)");
+    let dir = std::env::temp_dir().join(format!("leasehold-torture-{}-{seed}", std::process::id()));
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| Failure::new(ERROR, format!("{}: {e}", dir.display())))?;
+    let outcome = harness(url, &args, seed, &dir).await;
+    let _ = std::fs::remove_dir_all(&dir);
+    let rows = outcome?;
+    let broken = rows
+        .iter()
+        .any(|r| r.counts.overlaps > 0 || r.counts.fence_violations > 0);
+    print_rows(&args, seed, &rows);
+    Ok(if broken { ERROR } else { OK })
+}
+
+async fn harness(
+    url: Option<&str>,
+    args: &TortureArgs,
+    seed: u64,
+    dir: &Path,
+) -> Result<Vec<Row>, Failure> {
+    let mut servers: Vec<Child> = vec![];
+    let store = match (url, args.kind.as_str()) {
+        (Some(u), _) => u.to_owned(),
+        (None, "file") => format!("file://{}", dir.join("locks").display()),
+        (None, "memory") => "memory://".to_owned(),
+        (None, "redis") => {
+            let (child, url) = start_redis(dir).await?;
+            servers.push(child);
+            url
+        }
+        (None, other) => {
+            return Err(Failure::new(
+                USAGE,
+                format!("torture {other} needs --store URL of a server you run (started here: file, memory, redis)"),
+            ))
+        }
+    };
+    let socket = dir.join("resource.sock");
+    servers.push(spawn_self(&["resource", &socket.display().to_string()])?);
+    let mut resource = connect_resource(&socket).await?;
+    let share = args.duration / u32::try_from(args.faults.len().max(1)).unwrap_or(1);
+    let mut rows = vec![];
+    for (n, fault) in args.faults.iter().enumerate() {
+        let phase_seed = seed.wrapping_add(1_000_003 * n as u64);
+        let row = phase(
+            &store,
+            &socket,
+            &mut resource,
+            args,
+            fault,
+            share,
+            phase_seed,
+        )
+        .await?;
+        rows.push(row);
+    }
+    for mut s in servers {
+        let _ = s.start_kill();
+        let _ = s.wait().await;
+    }
+    Ok(rows)
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn phase(
+    store: &str,
+    socket: &Path,
+    resource: &mut Resource,
+    args: &TortureArgs,
+    fault: &str,
+    duration: Duration,
+    seed: u64,
+) -> Result<Row, Failure> {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let spawn = |i: usize, generation: u32| -> Result<(String, Child), Failure> {
+        let id = format!("{fault}-c{i}g{generation}");
+        let child = spawn_self(&[
+            "client",
+            store,
+            &socket.display().to_string(),
+            &id,
+            &args.keys.to_string(),
+            &args.ttl.as_millis().to_string(),
+            &seed
+                .wrapping_add(i as u64 * 7919 + u64::from(generation))
+                .to_string(),
+        ])?;
+        Ok((id, child))
+    };
+    let mut clients = (0..args.clients)
+        .map(|i| spawn(i, 0))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut generation = 1;
+    let mut injected = 0;
+    let end = Instant::now() + duration;
+    let ask = |r: &mut Resource, req: &str| {
+        r.ask(req)
+            .map_err(|e| Failure::new(ERROR, format!("the fenced resource: {e}")))
+    };
+    while Instant::now() < end {
+        // Between half a TTL and one and a half.
+        let next = Instant::now() + args.ttl.mul_f64(0.5 + rng.f64());
+        tokio::time::sleep_until(next.min(end)).await;
+        if Instant::now() >= end {
+            break;
+        }
+        let i = rng.usize(..clients.len());
+        let pid = clients[i].1.id();
+        match (fault, pid) {
+            ("kill", Some(pid)) => {
+                ask(resource, &format!("D {}", clients[i].0))?;
+                signal(pid, libc::SIGKILL);
+                let _ = clients[i].1.wait().await;
+                ask(resource, &format!("K {}", clients[i].0))?;
+                clients[i] = spawn(i, generation)?;
+                generation += 1;
+                injected += 1;
+            }
+            ("stop", Some(pid)) => {
+                ask(resource, &format!("S {}", clients[i].0))?;
+                signal(pid, libc::SIGSTOP);
+                tokio::time::sleep(args.ttl * 3 / 2).await;
+                signal(pid, libc::SIGCONT);
+                injected += 1;
+            }
+            _ => {}
+        }
+    }
+    for (id, mut child) in clients {
+        ask(resource, &format!("D {id}"))?;
+        let _ = child.start_kill();
+        let _ = child.wait().await;
+        ask(resource, &format!("K {id}"))?;
+    }
+    let answer = ask(resource, "Q")?;
+    let counts = serde_json::from_str(&answer)
+        .ok()
+        .and_then(|v| Counts::from_json(&v))
+        .ok_or_else(|| Failure::new(ERROR, format!("the fenced resource answered {answer:?}")))?;
+    Ok(Row {
+        fault: fault.to_owned(),
+        injected,
+        counts,
+    })
+}
+
+fn signal(pid: u32, sig: libc::c_int) {
+    if let Ok(pid) = i32::try_from(pid) {
+        // SAFETY: kill(2) on a child of ours, by the pid its Child holds (not yet reaped).
+        unsafe { libc::kill(pid, sig) };
+    }
+}
+
+/// Starts `leasehold __torture ARGS…`, dying with this process.
+fn spawn_self(args: &[&str]) -> Result<Child, Failure> {
+    let exe = std::env::current_exe()
+        .map_err(|e| Failure::new(ERROR, format!("cannot find the leasehold executable: {e}")))?;
+    let mut cmd = Command::new(exe);
+    cmd.arg(ARG)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null());
+    crate::child::die_with_parent(&mut cmd);
+    cmd.spawn()
+        .map_err(|e| Failure::new(ERROR, format!("cannot start a torture process: {e}")))
+}
+
+/// Connects to the resource once it listens (within 5 s).
+async fn connect_resource(socket: &Path) -> Result<Resource, Failure> {
+    let until = Instant::now() + Duration::from_secs(5);
+    loop {
+        match Resource::connect(socket) {
+            Ok(r) => return Ok(r),
+            Err(e) if Instant::now() >= until => {
+                return Err(Failure::new(
+                    ERROR,
+                    format!("the fenced resource did not start: {e}"),
+                ))
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+        }
+    }
+}
+
+/// Starts a private `redis-server` (no persistence) on a free loopback port in `dir`.
+async fn start_redis(dir: &Path) -> Result<(Child, String), Failure> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(|e| Failure::new(ERROR, format!("no free port: {e}")))?
+        .port();
+    let data: PathBuf = dir.join("redis");
+    std::fs::create_dir_all(&data).map_err(|e| Failure::new(ERROR, e.to_string()))?;
+    let mut cmd = Command::new("redis-server");
+    cmd.args([
+        "--port",
+        &port.to_string(),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+    ])
+    .arg("--dir")
+    .arg(&data)
+    .stdin(Stdio::null())
+    .stdout(Stdio::null());
+    crate::child::die_with_parent(&mut cmd);
+    let child = cmd.spawn().map_err(|e| {
+        Failure::new(ERROR, format!("cannot start redis-server ({e}): install it (apt-get install redis-server) or pass --store URL"))
+    })?;
+    let until = Instant::now() + Duration::from_secs(5);
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        if Instant::now() >= until {
+            return Err(Failure::new(
+                ERROR,
+                format!("redis-server did not listen on port {port}"),
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Ok((child, format!("redis://127.0.0.1:{port}")))
+}
+
+fn print_rows(args: &TortureArgs, seed: u64, rows: &[Row]) {
+    if args.json {
+        let rows: Vec<_> = rows
+            .iter()
+            .map(|r| {
+                let mut v = r.counts.json();
+                v["store"] = args.kind.clone().into();
+                v["fault"] = r.fault.clone().into();
+                v["faults_injected"] = r.injected.into();
+                v
+            })
+            .collect();
+        println!("{}", serde_json::json!({ "seed": seed, "rows": rows }));
+        return;
+    }
+    println!(
+        "{:<10} {:<6} {:>9} {:>7} {:>9} {:>15} {:>13} {:>16}",
+        "STORE",
+        "FAULT",
+        "SECTIONS",
+        "FAULTS",
+        "OVERLAPS",
+        "PAUSED-OVERLAPS",
+        "FENCE-CAUGHT",
+        "FENCE-VIOLATIONS"
+    );
+    for r in rows {
+        let c = r.counts;
+        println!(
+            "{:<10} {:<6} {:>9} {:>7} {:>9} {:>15} {:>13} {:>16}",
+            args.kind,
+            r.fault,
+            c.sections,
+            r.injected,
+            c.overlaps,
+            c.paused_overlaps,
+            c.stale_rejected,
+            c.fence_violations
+        );
+    }
+    println!("seed {seed}");
+}

@@ -1,0 +1,283 @@
+//! The fenced resource of `leasehold torture`: a separate process that clients write to under
+//! their leases, one line per request on a Unix socket. Per key it keeps the highest fence it
+//! accepted and refuses lower ones, and it judges, as it receives them, whether two clients were
+//! ever inside one key's critical section at once.
+//!
+//! Requests (one line each, answered `ok` or `stale`, or a JSON line for `Q`):
+//! * `E KEY FENCE CLIENT VALID` — the client entered its critical section under a new grant;
+//! * `W KEY FENCE CLIENT VALID` — a write inside it;
+//! * `X KEY FENCE CLIENT VALID` — it left;
+//! * `S CLIENT` / `D CLIENT` — from the harness, before it stops / kills that client; `K CLIENT`
+//!   after the kill (its section ends with it);
+//! * `Q` — the counts since the last `Q`, as JSON.
+//!
+//! `VALID` is the sender's lease's `valid_until` as an absolute CLOCK_MONOTONIC time in
+//! nanoseconds, the clock every process of the host reads alike. Two clients inside one key at
+//! once are an exclusion violation only while the earlier one's lease was still valid by its own
+//! clock when the later one entered: a holder whose lease had run out (paused, starved by a loaded
+//! machine, stopped or killed by the harness) is a late holder, which no lock can stop and the
+//! fence must catch.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+/// What the resource counted.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Counts {
+    /// Critical sections entered (grants whose fence was accepted).
+    pub(crate) sections: u64,
+    /// Writes accepted.
+    pub(crate) writes: u64,
+    /// Two clients inside one key's section at once while the earlier one's lease was still
+    /// valid by its own clock, and the harness had neither stopped nor killed it: an exclusion
+    /// violation.
+    pub(crate) overlaps: u64,
+    /// The same with a late earlier holder (its lease run out by its own clock, or stopped or
+    /// killed by the harness): what no lock can prevent, and what the fence must catch.
+    pub(crate) paused_overlaps: u64,
+    /// Requests refused for a fence below the key's highest (or equal to another client's):
+    /// stale holders caught by the fence.
+    pub(crate) stale_rejected: u64,
+    /// A new grant whose fence was not above the key's highest while its lease was valid, from a
+    /// client the harness did not stop: fences not strictly increasing per grant.
+    pub(crate) fence_violations: u64,
+}
+
+impl Counts {
+    /// As one JSON object.
+    pub(crate) fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "sections": self.sections, "writes": self.writes, "overlaps": self.overlaps,
+            "paused_overlaps": self.paused_overlaps, "stale_rejected": self.stale_rejected,
+            "fence_violations": self.fence_violations,
+        })
+    }
+
+    /// Read back from [`Counts::json`].
+    pub(crate) fn from_json(v: &serde_json::Value) -> Option<Counts> {
+        let n = |k: &str| v.get(k).and_then(serde_json::Value::as_u64);
+        Some(Counts {
+            sections: n("sections")?,
+            writes: n("writes")?,
+            overlaps: n("overlaps")?,
+            paused_overlaps: n("paused_overlaps")?,
+            stale_rejected: n("stale_rejected")?,
+            fence_violations: n("fence_violations")?,
+        })
+    }
+}
+
+#[derive(Debug, Default)]
+struct KeyState {
+    highest: u64,
+    owner: String,
+    /// Who is inside, and until when its lease is valid (CLOCK_MONOTONIC ns), as last told.
+    inside: Option<(String, u64)>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    keys: HashMap<String, KeyState>,
+    /// Clients the harness stopped since their last accepted grant, or is killing.
+    late: HashMap<String, bool>,
+    counts: Counts,
+}
+
+impl State {
+    fn late(&self, client: &str) -> bool {
+        self.late.get(client).copied().unwrap_or(false)
+    }
+
+    /// Answers one request line.
+    fn answer(&mut self, line: &str) -> String {
+        let parts: Vec<&str> = line.split_whitespace().collect();
+        match parts.as_slice() {
+            ["Q"] => std::mem::take(&mut self.counts).json().to_string(),
+            ["K", client] => {
+                for k in self.keys.values_mut() {
+                    if k.inside.as_ref().is_some_and(|(c, _)| c == client) {
+                        k.inside = None;
+                    }
+                }
+                "ok".into()
+            }
+            ["S" | "D", client] => {
+                self.late.insert((*client).to_owned(), true);
+                "ok".into()
+            }
+            [op @ ("E" | "W" | "X"), key, fence, client, valid] => {
+                let (Ok(fence), Ok(valid)) = (fence.parse::<u64>(), valid.parse::<u64>()) else {
+                    return "error: bad number".into();
+                };
+                self.section(op, key, fence, client, valid, crate::guard::monotonic_ns())
+            }
+            _ => "error: unknown request".into(),
+        }
+    }
+
+    /// Judges one section request received at `now` (CLOCK_MONOTONIC ns).
+    fn section(
+        &mut self,
+        op: &str,
+        key: &str,
+        fence: u64,
+        client: &str,
+        valid: u64,
+        now: u64,
+    ) -> String {
+        let late = self.late(client) || valid <= now;
+        let k = self.keys.entry(key.to_owned()).or_default();
+        let inside_me = k.inside.as_ref().is_some_and(|(c, _)| c == client);
+        if op == "X" {
+            if inside_me {
+                k.inside = None;
+            }
+            return "ok".into();
+        }
+        let stale = fence < k.highest || (fence == k.highest && k.owner != client);
+        if stale {
+            self.counts.stale_rejected += 1;
+            if op == "E" && !late {
+                self.counts.fence_violations += 1;
+                eprintln!(
+                    "leasehold torture: fence violation on {key}: {client} entered with fence {fence}, not above {} of {}",
+                    k.highest, k.owner
+                );
+            }
+            return "stale".into();
+        }
+        if op == "E" || fence > k.highest {
+            if let Some((other, other_valid)) = k.inside.clone().filter(|(o, _)| o != client) {
+                if self.late.get(&other).copied().unwrap_or(false) || other_valid <= now {
+                    self.counts.paused_overlaps += 1;
+                } else {
+                    self.counts.overlaps += 1;
+                    eprintln!(
+                        "leasehold torture: overlap on {key}: {client} entered with fence {fence} while {other} (fence {}, valid {} ms more) was inside",
+                        k.highest,
+                        (other_valid - now) / 1_000_000
+                    );
+                }
+            }
+            let k = self.keys.entry(key.to_owned()).or_default();
+            k.highest = fence;
+            k.owner = client.to_owned();
+            k.inside = Some((client.to_owned(), valid));
+            self.counts.sections += 1;
+            self.late.insert(client.to_owned(), false);
+        } else if inside_me {
+            k.inside = Some((client.to_owned(), valid));
+        }
+        self.counts.writes += u64::from(op == "W");
+        "ok".into()
+    }
+}
+
+/// Serves requests on `socket` until killed.
+pub(crate) fn serve(socket: &Path) -> std::io::Result<()> {
+    let listener = UnixListener::bind(socket)?;
+    let state = Arc::new(Mutex::new(State::default()));
+    for stream in listener.incoming() {
+        let Ok(stream) = stream else { continue };
+        let state = state.clone();
+        std::thread::spawn(move || connection(stream, &state));
+    }
+    Ok(())
+}
+
+fn connection(stream: UnixStream, state: &Mutex<State>) {
+    let Ok(mut out) = stream.try_clone() else {
+        return;
+    };
+    for line in BufReader::new(stream).lines() {
+        let Ok(line) = line else { return };
+        let answer = match state.lock() {
+            Ok(mut s) => s.answer(&line),
+            Err(_) => return,
+        };
+        if writeln!(out, "{answer}").is_err() {
+            return;
+        }
+    }
+}
+
+/// A connection to the resource.
+#[derive(Debug)]
+pub(crate) struct Resource {
+    reader: BufReader<UnixStream>,
+    writer: UnixStream,
+}
+
+impl Resource {
+    /// Connects to the resource at `socket`.
+    pub(crate) fn connect(socket: &Path) -> std::io::Result<Self> {
+        let writer = UnixStream::connect(socket)?;
+        let reader = BufReader::new(writer.try_clone()?);
+        Ok(Resource { reader, writer })
+    }
+
+    /// Sends one request and reads its answer.
+    pub(crate) fn ask(&mut self, request: &str) -> std::io::Result<String> {
+        writeln!(self.writer, "{request}")?;
+        let mut answer = String::new();
+        if self.reader.read_line(&mut answer)? == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "the resource closed the connection",
+            ));
+        }
+        Ok(answer.trim_end().to_owned())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_resource_tells_overlaps_late_holders_and_stale_fences_apart() {
+        let mut s = State::default();
+        // Leases valid until 1000 (ns on the shared clock); requests received at 100 .. 900.
+        let at = |s: &mut State, line: &str, now: u64| {
+            let p: Vec<&str> = line.split(' ').collect();
+            s.section(p[0], p[1], p[2].parse().unwrap(), p[3], 1000, now)
+        };
+        assert_eq!(at(&mut s, "E k 5 a", 100), "ok");
+        assert_eq!(at(&mut s, "W k 5 a", 110), "ok");
+        // b enters while a is inside with a valid lease: an overlap.
+        assert_eq!(at(&mut s, "E k 6 b", 120), "ok");
+        // a writes on with its old fence: refused.
+        assert_eq!(at(&mut s, "W k 5 a", 130), "stale");
+        assert_eq!(at(&mut s, "X k 6 b", 140), "ok");
+        // c is stopped inside; d enters: a late holder's overlap; c's late write is refused.
+        assert_eq!(at(&mut s, "E k 7 c", 150), "ok");
+        assert_eq!(s.answer("S c"), "ok");
+        assert_eq!(at(&mut s, "E k 8 d", 160), "ok");
+        assert_eq!(at(&mut s, "W k 7 c", 170), "stale");
+        // A new grant below the highest while its lease is valid: fences went backwards.
+        assert_eq!(at(&mut s, "E k 3 e", 180), "stale");
+        // The same from a holder whose lease had run out by its own clock: late, not a violation.
+        assert_eq!(at(&mut s, "E k 4 e", 2000), "stale");
+        // A killed client's section ends with it.
+        assert_eq!(s.answer("D d"), "ok");
+        assert_eq!(s.answer("K d"), "ok");
+        assert_eq!(at(&mut s, "E k 9 f", 190), "ok");
+        // f starved past its lease; g enters after it: late, not a violation.
+        assert_eq!(at(&mut s, "E k 10 g", 1500), "ok");
+        let c = Counts::from_json(&serde_json::from_str(&s.answer("Q")).unwrap()).unwrap();
+        assert_eq!(
+            c,
+            Counts {
+                sections: 6,
+                writes: 1,
+                overlaps: 1,
+                paused_overlaps: 2,
+                stale_rejected: 4,
+                fence_violations: 1,
+            }
+        );
+    }
+}
