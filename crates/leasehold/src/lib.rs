@@ -34,6 +34,7 @@ mod background;
 mod carry;
 pub(crate) mod decide;
 pub mod error;
+pub mod fence;
 mod fsmode;
 pub mod guard;
 pub mod holder;

@@ -72,7 +72,7 @@ impl Counts {
 
 #[derive(Debug, Default)]
 struct KeyState {
-    highest: u64,
+    /// Whose grant the key's highest fence is.
     owner: String,
     /// Who is inside, and until when its lease is valid (CLOCK_MONOTONIC ns), as last told.
     inside: Option<(String, u64)>,
@@ -80,6 +80,8 @@ struct KeyState {
 
 #[derive(Debug, Default)]
 struct State {
+    /// The highest fence accepted per key: the check a user's resource makes.
+    gate: leasehold::fence::FenceGate,
     keys: HashMap<String, KeyState>,
     /// Clients the harness stopped since their last accepted grant, or is killing.
     late: HashMap<String, bool>,
@@ -137,33 +139,34 @@ impl State {
             }
             return "ok".into();
         }
-        let stale = fence < k.highest || (fence == k.highest && k.owner != client);
-        if stale {
+        let highest = self.gate.highest(key).unwrap_or(0);
+        let new_grant = op == "E" || fence > highest;
+        // The same fence from another client would be one fence granted twice.
+        let reused = fence == highest && k.owner != client;
+        if reused || self.gate.check(key, fence).is_err() {
             self.counts.stale_rejected += 1;
             if op == "E" && !late {
                 self.counts.fence_violations += 1;
                 eprintln!(
-                    "leasehold torture: fence violation on {key}: {client} entered with fence {fence}, not above {} of {}",
-                    k.highest, k.owner
+                    "leasehold torture: fence violation on {key}: {client} entered with fence {fence}, not above {highest} of {}",
+                    k.owner
                 );
             }
             return "stale".into();
         }
-        if op == "E" || fence > k.highest {
+        if new_grant {
             if let Some((other, other_valid)) = k.inside.clone().filter(|(o, _)| o != client) {
                 if self.late.get(&other).copied().unwrap_or(false) || other_valid <= now {
                     self.counts.paused_overlaps += 1;
                 } else {
                     self.counts.overlaps += 1;
                     eprintln!(
-                        "leasehold torture: overlap on {key}: {client} entered with fence {fence} while {other} (fence {}, valid {} ms more) was inside",
-                        k.highest,
+                        "leasehold torture: overlap on {key}: {client} entered with fence {fence} while {other} (fence {highest}, valid {} ms more) was inside",
                         (other_valid - now) / 1_000_000
                     );
                 }
             }
             let k = self.keys.entry(key.to_owned()).or_default();
-            k.highest = fence;
             k.owner = client.to_owned();
             k.inside = Some((client.to_owned(), valid));
             self.counts.sections += 1;
