@@ -3,7 +3,7 @@
 use crate::exit::Failure;
 use leasehold::LeaseRecord;
 use std::io::{self, Write};
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::Duration;
 
 /// Writes `text` to stdout. A reader that went away (`leasehold ls | head -1`) is not an error:
 /// the rest of the output is dropped quietly.
@@ -42,7 +42,7 @@ pub(crate) fn time(ms: u64) -> String {
     if ms == 0 {
         return "-".into();
     }
-    humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
+    leasehold::record::format_ms(ms)
 }
 
 /// A duration for people: `850ms`, `29.8s`, `4m 10s`, `2h 5m 0s`.

@@ -162,11 +162,31 @@ impl LeaseRecord {
     }
 }
 
-fn fmt_ms(ms: u64) -> String {
+/// The last millisecond RFC 3339 can write: 9999-12-31T23:59:59.999Z.
+const LAST_RFC3339_MS: u64 = 253_402_300_799_999;
+
+/// Unix milliseconds as RFC 3339 (UTC, with milliseconds), as records keep their times. A time
+/// past the year 9999 — which no lease of leasehold's reaches (TTLs are at most a year), but a
+/// damaged record or another client's value can carry — is written as its millisecond count,
+/// which [`LeaseRecord`]s read back.
+///
+/// ```
+/// use leasehold::record::format_ms;
+/// assert_eq!(format_ms(1_700_000_000_123), "2023-11-14T22:13:20.123Z");
+/// assert_eq!(format_ms(u64::MAX), u64::MAX.to_string());
+/// ```
+pub fn format_ms(ms: u64) -> String {
+    if ms > LAST_RFC3339_MS {
+        return ms.to_string();
+    }
     humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
 }
 
-fn parse_ms(s: &str) -> Result<u64, String> {
+/// Reads a time written by [`format_ms`] (RFC 3339, or a millisecond count).
+pub(crate) fn parse_ms(s: &str) -> Result<u64, String> {
+    if let Ok(ms) = s.parse::<u64>() {
+        return Ok(ms);
+    }
     let t = humantime::parse_rfc3339_weak(s).map_err(|e| format!("bad time {s:?}: {e}"))?;
     t.duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
@@ -189,7 +209,7 @@ mod ms_time {
         if *ms == 0 {
             s.serialize_none()
         } else {
-            s.serialize_str(&super::fmt_ms(*ms))
+            s.serialize_str(&super::format_ms(*ms))
         }
     }
 
@@ -207,7 +227,7 @@ mod opt_ms_time {
 
     pub(super) fn serialize<S: Serializer>(ms: &Option<u64>, s: S) -> Result<S::Ok, S::Error> {
         match ms {
-            Some(ms) => s.serialize_str(&super::fmt_ms(*ms)),
+            Some(ms) => s.serialize_str(&super::format_ms(*ms)),
             None => s.serialize_none(),
         }
     }

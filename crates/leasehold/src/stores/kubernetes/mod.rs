@@ -56,7 +56,7 @@
 
 use crate::error::{Error, Result};
 use crate::key::{Key, Naming};
-use crate::record::LeaseRecord;
+use crate::record::{format_ms as fmt_ms, parse_ms, LeaseRecord};
 use crate::store::{Capabilities, ChangeWatch, RecordStore, Stored};
 use async_trait::async_trait;
 use futures_util::StreamExt;
@@ -462,17 +462,6 @@ impl KubernetesStore {
             spec: Some(spec),
         }
     }
-}
-
-fn fmt_ms(ms: u64) -> String {
-    humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + Duration::from_millis(ms)).to_string()
-}
-
-fn parse_ms(s: &str) -> std::result::Result<u64, String> {
-    let t = humantime::parse_rfc3339_weak(s).map_err(|e| format!("bad time {s:?}: {e}"))?;
-    t.duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .map_err(|e| e.to_string())
 }
 
 fn micro_ms(t: &Option<MicroTime>) -> u64 {
