@@ -596,7 +596,14 @@ fn parse_priority(s: &str) -> Result<leasehold::queue::Priority, String> {
 
 /// Parses `500ms`, `30s`, `2m`, `1h`, `1h 30m` …
 pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s.trim()).map_err(|e| format!("{e} (examples: 500ms, 30s, 2m, 1h)"))
+    // Deadlines are the monotonic clock plus a duration: keep them representable.
+    const LONGEST: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+    let d = humantime::parse_duration(s.trim())
+        .map_err(|e| format!("{e} (examples: 500ms, 30s, 2m, 1h)"))?;
+    if d > LONGEST {
+        return Err(format!("{s:?} is longer than 100 years"));
+    }
+    Ok(d)
 }
 
 /// Parses `name=value`.
@@ -621,6 +628,9 @@ mod tests {
     fn durations_and_labels_parse() {
         assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert!(parse_duration("500000000000y")
+            .unwrap_err()
+            .contains("100 years"));
         assert!(parse_duration("5x").is_err());
         assert_eq!(parse_label("a=b=c"), Ok(("a".into(), "b=c".into())));
         assert!(parse_label("=b").is_err());

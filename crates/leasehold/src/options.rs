@@ -216,6 +216,16 @@ impl LockOptions {
     /// let mut o = LockOptions::default();
     /// o.loss_grace = Some(Duration::from_secs(20)); // no renewal before the holder must stop
     /// assert_eq!(name(o), "loss_grace");
+    /// // Durations past what a clock can add are refused, never a panic.
+    /// let mut o = LockOptions::default();
+    /// o.loss_grace = Some(Duration::MAX);
+    /// assert_eq!(name(o), "loss_grace");
+    /// let mut o = LockOptions::default();
+    /// o.renew_every = Some(Duration::MAX);
+    /// assert_eq!(name(o), "renew_every");
+    /// let mut o = LockOptions::default();
+    /// o.waiter_ttl = Some(Duration::MAX);
+    /// assert_eq!(name(o), "waiter_ttl");
     /// ```
     pub fn validate(&self) -> Result<()> {
         if self.ttl < Duration::from_millis(10) {
@@ -231,7 +241,7 @@ impl LockOptions {
             ));
         }
         let p = self.renew_period();
-        if p.is_zero() || p + self.drift() >= self.ttl {
+        if p.is_zero() || p.saturating_add(self.drift()) >= self.ttl {
             return Err(Error::option(
                 "renew_every",
                 format!(
@@ -241,7 +251,7 @@ impl LockOptions {
             ));
         }
         if let Some(g) = self.loss_grace {
-            if p + g + self.drift() >= self.ttl {
+            if p.saturating_add(g).saturating_add(self.drift()) >= self.ttl {
                 return Err(Error::option(
                     "loss_grace",
                     format!(
@@ -258,6 +268,9 @@ impl LockOptions {
         }
         if self.waiter_lifetime() < Duration::from_millis(10) {
             return Err(Error::option("waiter_ttl", "must be at least 10 ms"));
+        }
+        if self.waiter_lifetime() > Duration::from_secs(365 * 24 * 3600) {
+            return Err(Error::option("waiter_ttl", "must be at most one year"));
         }
         Ok(())
     }

@@ -57,7 +57,8 @@ async fn run_inner(
 ) -> std::result::Result<LeaseGuard, AcquireError> {
     let deadline = match opts.wait {
         Wait::No => Some(started),
-        Wait::For(d) => Some(started + d),
+        // A limit too far off for the clock to represent is no limit.
+        Wait::For(d) => started.checked_add(d),
         Wait::Forever => None,
     };
     let waiting = opts.wait != Wait::No;
@@ -120,7 +121,7 @@ async fn run_inner(
     // A waiting acquire's store calls end by its wait limit and allowance (not a try: its
     // one call has the store's own timeout).
     let attempt_limit = match opts.wait {
-        Wait::For(_) => deadline.map(|d| d + WAIT_ALLOWANCE),
+        Wait::For(_) => deadline.and_then(|d| d.checked_add(WAIT_ALLOWANCE)),
         Wait::No | Wait::Forever => None,
     };
     // If this future is dropped while registered as waiter, withdraw in the background.

@@ -272,3 +272,17 @@ async fn a_lease_force_released_while_it_waited_to_be_handed_on_is_not_handed_on
     );
     second.release().await.unwrap();
 }
+
+/// A wait limit too long for the clock to add is no limit, not a panic.
+#[tokio::test]
+async fn a_wait_limit_beyond_the_clock_is_no_limit() {
+    let locks = Locks::new(MemoryStore::new());
+    let g = locks
+        .lock("k")
+        .unwrap()
+        .wait(Duration::MAX)
+        .acquire()
+        .await
+        .unwrap();
+    g.release().await.unwrap();
+}
