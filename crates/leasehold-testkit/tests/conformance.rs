@@ -170,3 +170,17 @@ mod k8s {
     }
     leasehold_testkit::conformance_tests!(store().await);
 }
+
+/// PostgreSQL (`postgres://`): one database of the shared server, its lease table created by the
+/// first store opened.
+mod postgres {
+    use super::*;
+    fn url() -> &'static str {
+        static URL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+        URL.get_or_init(|| leasehold_testkit::servers::shared_postgres().fresh_db())
+    }
+    async fn store() -> Arc<dyn LockStore> {
+        leasehold::open_store(url()).await.expect("postgres store")
+    }
+    leasehold_testkit::conformance_tests!(store().await);
+}
