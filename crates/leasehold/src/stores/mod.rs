@@ -20,7 +20,7 @@
 //! | `gs://bucket/prefix`, `gcs://…` | Google Cloud Storage | planned |
 //! | `s3://bucket/prefix` | Amazon S3 | planned |
 //! | `az://container/prefix` | Azure Blob Storage | planned |
-//! | `postgres://user@host:port/db`, `postgresql://…` | PostgreSQL | planned |
+//! | `postgres://user[:pass]@host:port/db[?schema=…&table=…&timeout=…&sslmode=…]`, `postgresql://…` | postgres | `postgres` |
 //! | `etcd://host1:2379,host2:2379` | etcd | planned |
 //! <!-- schemes:end -->
 

@@ -458,10 +458,10 @@ impl LockStore for PostgresStore {
             }
             None => (0, 0),
         };
-        let mut report = CleanupReport::default();
-        report.removed = removed;
-        report.kept = total.saturating_sub(removed);
-        Ok(report)
+        Ok(CleanupReport {
+            removed,
+            kept: total.saturating_sub(removed),
+        })
     }
 
     async fn subscribe(&self, key: &Key) -> Result<Option<Box<dyn ChangeWatch>>> {
