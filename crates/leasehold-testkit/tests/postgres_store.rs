@@ -263,3 +263,46 @@ async fn labels_round_trip_and_oversize_is_refused() {
         Err(Error::InvalidOption { name: "holder", .. })
     ));
 }
+
+/// `?mode=advisory`: a holder process killed with SIGKILL frees its lease at once (the server
+/// ends its session and with it the advisory lock), long before the TTL; without it the lease
+/// waits for its TTL.
+#[tokio::test]
+async fn advisory_mode_frees_a_killed_holders_lease_at_once() {
+    use std::io::BufRead;
+    let url = format!("{}?mode=advisory", shared_postgres().fresh_db());
+    let mut child = std::process::Command::new(WORKER)
+        .args(["hold", &url, "job", "30000"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let fence: u64 = line.trim().strip_prefix("held ").unwrap().parse().unwrap();
+    let s = store(&url).await;
+    assert!(s.capabilities().liveness);
+    let k = Key::new("job").unwrap();
+    let req = AcquireRequest::new(k.clone(), "b", Duration::from_secs(5));
+    assert!(matches!(
+        s.acquire(&req).await.unwrap(),
+        AcquireOutcome::Held(_)
+    ));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let t = Instant::now();
+    loop {
+        let req = AcquireRequest::new(k.clone(), "b", Duration::from_secs(5));
+        if let AcquireOutcome::Granted(r) = s.acquire(&req).await.unwrap() {
+            assert!(r.fence > fence);
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "still held after SIGKILL"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!("taken over {:?} after SIGKILL (TTL 30 s)", t.elapsed());
+}

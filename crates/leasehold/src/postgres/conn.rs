@@ -34,6 +34,7 @@ impl Prepared {
     }
 
     /// Runs `sql` on `c`, prepared: the number of rows it changed.
+    #[cfg_attr(not(feature = "queue-postgres"), allow(dead_code))] // the queue's
     pub(crate) async fn execute(
         &self,
         c: &impl GenericClient,
@@ -54,6 +55,7 @@ impl Prepared {
     }
 
     /// Runs the query `sql` on `c`, prepared: its one row, if any.
+    #[cfg_attr(not(feature = "queue-postgres"), allow(dead_code))] // the queue's
     pub(crate) async fn query_opt(
         &self,
         c: &impl GenericClient,
@@ -186,8 +188,9 @@ impl Target {
 /// What a listening connection hears: a notification's payload, or its end (`None`).
 pub(crate) type OnNotice = Arc<dyn Fn(Option<&str>) + Send + Sync>;
 
-/// A connection to the server at `config` that listens on `channel` (`on` is called with each
-/// notification's payload, and with `None` when the connection ends), made within `timeout`.
+/// A connection to the server at `config` that listens on `channel` (none when empty; `on` is
+/// called with each notification's payload, and with `None` when the connection ends), made
+/// within `timeout`.
 pub(crate) async fn connect_listening(
     config: &tokio_postgres::Config,
     shown: &str,
@@ -221,9 +224,11 @@ pub(crate) async fn connect_listening(
         }
         on(None);
     });
-    // The channel is an identifier: quoted, its quotes doubled.
-    let listen = format!("LISTEN \"{}\"", channel.replace('"', "\"\""));
-    bounded(shown, timeout, client.batch_execute(&listen)).await?;
+    if !channel.is_empty() {
+        // The channel is an identifier: quoted, its quotes doubled.
+        let listen = format!("LISTEN \"{}\"", channel.replace('"', "\"\""));
+        bounded(shown, timeout, client.batch_execute(&listen)).await?;
+    }
     Ok(client)
 }
 

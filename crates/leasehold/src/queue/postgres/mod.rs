@@ -31,8 +31,9 @@
 //! - Operators read it with `psql -c 'SELECT id, key, state, worker, detail FROM tasks'`.
 //!
 //! This file holds the backend's calls, one transaction each; `schema` the SQL text they share
-//! (the tables, the server's clock, the dispatch choice); `conn` the connection (URL parameters,
-//! TLS, listening, prepared statements, bounds, errors).
+//! (the tables, the server's clock, the dispatch choice); the connection (URL parameters, TLS,
+//! listening, prepared statements, bounds, errors) is the crate's `postgres` module's, which the
+//! PostgreSQL lock store shares.
 
 mod schema;
 

@@ -3,7 +3,9 @@
 //! Checklist — native TTL: yes in effect (every expiry is judged by the server's clock, `now()`
 //! of the statement, never by a client's; expired rows are kept, free, until `cleanup`, so
 //! [`Capabilities::native_ttl`] is false); watch: yes (`LISTEN/NOTIFY`, see below); liveness: no
-//! (a dead holder's lease lapses at its TTL); fence: a PostgreSQL sequence per table, which no
+//! (a dead holder's lease lapses at its TTL), yes with `?mode=advisory` (a session advisory lock
+//! per held lease, freed by the server when the holder's connection ends; see `advisory.rs` and
+//! the book's page for its trade-offs); fence: a PostgreSQL sequence per table, which no
 //! deletion lowers: a grant of `n` fences takes `n` values of it and is fenced with the largest,
 //! so every grant of a key is above every earlier one, also after `cleanup` deleted the key's row
 //! or the server restarted.
@@ -47,6 +49,7 @@
 //! # Ok(()) }
 //! ```
 
+mod advisory;
 mod options;
 mod renew;
 mod sql;
@@ -109,6 +112,8 @@ struct Inner {
     hub: Arc<watch::Hub>,
     batch: renew::Batch,
     channel: String,
+    /// `?mode=advisory`: the session holding the advisory locks.
+    advisory: Option<advisory::Advisory>,
 }
 
 impl PostgresStore {
@@ -118,17 +123,15 @@ impl PostgresStore {
     /// [`Error::InvalidUrl`] for a URL the driver or the store's parameters refuse;
     /// [`Error::Unavailable`] when the server cannot be reached; [`Error::Store`]
     /// (non-retryable) when the table is missing and the user may not create it (the message
-    /// names the DDL to run); [`Error::NotSupported`] for `?mode=advisory`, not in this version.
+    /// names the DDL to run).
     pub async fn connect(url: &str) -> Result<Self> {
         let shown = crate::redact_url(url);
         let mut opts = Options::default();
         let target = Target::parse(url, |pair| opts.take(pair, &shown))?;
-        if opts.mode == Mode::Advisory {
-            return Err(Error::NotSupported {
-                store: shown,
-                what: "mode=advisory (session advisory locks) is not in this version".into(),
-            });
-        }
+        let advisory = (opts.mode == Mode::Advisory).then(|| {
+            let session = Link::new(target.clone(), String::new(), Arc::new(|_| {}));
+            advisory::Advisory::new(session)
+        });
         let hub = Arc::new(watch::Hub::default());
         let channel = opts.channel();
         let link = Link::new(target, channel.clone(), hub.listener());
@@ -138,6 +141,7 @@ impl PostgresStore {
             hub,
             batch: renew::Batch::default(),
             channel,
+            advisory,
         };
         inner.migrate().await?;
         Ok(PostgresStore {
@@ -251,6 +255,83 @@ impl Inner {
             .collect())
     }
 
+    /// The acquire statement for `req` with its labels as JSON; `session` is `$10` (see
+    /// `sql.rs`: 0 judges by expiry, 1 the holder's session is gone, 2 it lives).
+    async fn acquire_row(
+        &self,
+        req: &AcquireRequest,
+        labels: &str,
+        session: i32,
+    ) -> Result<AcquireOutcome> {
+        let (ttl, wttl) = (millis(req.ttl), req.waiter_ttl.map_or(0, millis));
+        let fences = i64::try_from(req.fences.max(1)).unwrap_or(1);
+        let pid = i32::try_from(crate::decide::pid()).unwrap_or(0);
+        let host = crate::decide::host();
+        let key = req.key.as_str();
+        // A row deleted (cleanup) between the statement and the read is acquired again.
+        for _ in 0..3 {
+            let rows = self
+                .query(
+                    &self.sql.acquire,
+                    &[
+                        &key,
+                        &req.holder,
+                        &req.token,
+                        &ttl,
+                        &wttl,
+                        &labels,
+                        &fences,
+                        &pid,
+                        &host,
+                        &session,
+                    ],
+                )
+                .await?;
+            if let Some(r) = rows.first() {
+                let rec = record(r).map_err(|e| self.err(e))?;
+                let granted: bool = r.try_get(15).map_err(|e| self.err(e))?;
+                return Ok(if granted {
+                    AcquireOutcome::Granted(rec)
+                } else {
+                    AcquireOutcome::Held(rec)
+                });
+            }
+            // Held, and nothing to write: the row as it is now.
+            if let Some(r) = self.query(&self.sql.inspect, &[&key]).await?.first() {
+                return Ok(AcquireOutcome::Held(record(r).map_err(|e| self.err(e))?));
+            }
+            if session == 2 {
+                // No row, and another session holds the key's advisory lock (it is taking it,
+                // or another program uses the same lock).
+                let mut r = LeaseRecord::free(key, 0);
+                r.holder = Some("another session (the key's advisory lock)".into());
+                return Ok(AcquireOutcome::Held(r));
+            }
+        }
+        Err(Error::Store {
+            source: None,
+            store: self.link.shown().to_owned(),
+            detail: format!("the row of {} kept changing while it was acquired", req.key),
+            retryable: true,
+        })
+    }
+
+    /// The release statement: whether the lease was still live.
+    async fn release_row(&self, key: &str, token: &str) -> Result<ReleaseOutcome> {
+        let rows = self
+            .query(&self.sql.release, &[&key, &token, &self.channel, &key])
+            .await?;
+        let live = match rows.first() {
+            Some(r) => r.try_get::<_, bool>(0).map_err(|e| self.err(e))?,
+            None => false,
+        };
+        Ok(if live {
+            ReleaseOutcome::Released
+        } else {
+            ReleaseOutcome::NotHeld
+        })
+    }
+
     fn err(&self, e: tokio_postgres::Error) -> Error {
         pg_err(self.link.shown(), e)
     }
@@ -326,84 +407,42 @@ impl LockStore for PostgresStore {
         Capabilities {
             native_ttl: false,
             watch: true,
-            liveness: false,
+            liveness: self.inner.advisory.is_some(),
             fence_source: "a PostgreSQL sequence per table, never lowered by cleanup",
         }
     }
 
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome> {
         let labels = check(req)?;
-        let inner = &self.inner;
-        let (ttl, wttl) = (millis(req.ttl), req.waiter_ttl.map_or(0, millis));
-        let fences = i64::try_from(req.fences.max(1)).unwrap_or(1);
-        let pid = i32::try_from(crate::decide::pid()).unwrap_or(0);
-        let host = crate::decide::host();
-        let key = req.key.as_str();
-        // A row deleted (cleanup) between the statement and the read is acquired again.
-        for _ in 0..3 {
-            let rows = inner
-                .query(
-                    &inner.sql.acquire,
-                    &[
-                        &key,
-                        &req.holder,
-                        &req.token,
-                        &ttl,
-                        &wttl,
-                        &labels,
-                        &fences,
-                        &pid,
-                        &host,
-                    ],
-                )
-                .await?;
-            if let Some(r) = rows.first() {
-                let rec = record(r).map_err(|e| inner.err(e))?;
-                let granted: bool = r.try_get(15).map_err(|e| inner.err(e))?;
-                return Ok(if granted {
-                    AcquireOutcome::Granted(rec)
-                } else {
-                    AcquireOutcome::Held(rec)
-                });
-            }
-            // Held, and nothing to write: the row as it is now.
-            if let Some(r) = inner.query(&inner.sql.inspect, &[&key]).await?.first() {
-                return Ok(AcquireOutcome::Held(record(r).map_err(|e| inner.err(e))?));
-            }
+        match &self.inner.advisory {
+            Some(a) => advisory::acquire(&self.inner, a, req, &labels).await,
+            None => self.inner.acquire_row(req, &labels, 0).await,
         }
-        Err(Error::Store {
-            source: None,
-            store: inner.link.shown().to_owned(),
-            detail: format!("the row of {} kept changing while it was acquired", req.key),
-            retryable: true,
-        })
     }
 
     async fn renew(&self, key: &Key, token: &str, ttl: Duration) -> Result<RenewOutcome> {
-        renew::renew(
-            &self.inner,
-            key.as_str().to_owned(),
-            token.to_owned(),
-            millis(ttl),
-        )
-        .await
+        let inner = &self.inner;
+        let k = key.as_str();
+        if let Some(a) = &inner.advisory {
+            if a.holds(k, token) == Some(false) {
+                // The session ended: the server freed the advisory lock, and another process
+                // may hold the key now.
+                advisory::forget(inner, a, k, token).await;
+                return Ok(RenewOutcome::Lost(LostReason::Released));
+            }
+        }
+        let out = renew::renew(inner, k.to_owned(), token.to_owned(), millis(ttl)).await?;
+        if let (Some(a), RenewOutcome::Lost(_)) = (&inner.advisory, &out) {
+            advisory::forget(inner, a, k, token).await;
+        }
+        Ok(out)
     }
 
     async fn release(&self, key: &Key, token: &str) -> Result<ReleaseOutcome> {
-        let inner = &self.inner;
-        let k = key.as_str();
-        let rows = inner
-            .query(&inner.sql.release, &[&k, &token, &inner.channel, &k])
-            .await?;
-        let live = match rows.first() {
-            Some(r) => r.try_get::<_, bool>(0).map_err(|e| inner.err(e))?,
-            None => false,
-        };
-        Ok(if live {
-            ReleaseOutcome::Released
-        } else {
-            ReleaseOutcome::NotHeld
-        })
+        match &self.inner.advisory {
+            Some(a) => advisory::release(&self.inner, a, key.as_str(), token).await,
+            None => self.inner.release_row(key.as_str(), token).await,
+        }
     }
 
     async fn withdraw_waiter(&self, key: &Key, token: &str) -> Result<()> {

@@ -59,7 +59,11 @@ impl Sql {
         let seq_name = format!("{table}_fence");
         let sequence = format!("\"{schema}\".\"{seq_name}\"");
         let cols = columns("");
-        let granted = format!("(NOT {HELD} AND NOT ({LIVE} AND NOT {MINE}))");
+        // `$10`: 0 judges the lease by its expiry; 1 says its holder's session is gone (advisory
+        // mode: this caller got the key's advisory lock), 2 that it lives (it did not).
+        let held =
+            format!("(CASE $10::integer WHEN 1 THEN false WHEN 2 THEN true ELSE {HELD} END)");
+        let granted = format!("(NOT {held} AND NOT ({LIVE} AND NOT {MINE}))");
         let fresh = format!(
             "({MINE} AND {LIVE} AND t.waiter_expires >= now() + ($5::bigint * 2 / 3) * interval '1 millisecond')"
         );
