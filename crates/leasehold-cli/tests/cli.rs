@@ -1136,40 +1136,7 @@ fn run_works_on_redis_redlock_and_a_cluster() {
                 );
             }
         }
-        // Held by another process: --no-wait exits 75 naming the holder.
-        let mut holder = bare()
-            .args([
-                "--store", &url, "run", "--key", "agent-1", "--", "sh", "-c", UNTIL_EOF,
-            ])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(holder.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        assert_eq!(line.trim(), "ready");
-        let out = bare()
-            .args([
-                "--store",
-                &url,
-                "run",
-                "--key",
-                "agent-1",
-                "--no-wait",
-                "--",
-                "true",
-            ])
-            .output()
-            .unwrap();
-        assert_eq!(out.status.code(), Some(75), "{url}: {out:?}");
-        assert!(
-            String::from_utf8_lossy(&out.stderr).contains("held by"),
-            "{out:?}"
-        );
-        drop(holder.stdin.take());
-        assert!(holder.wait().unwrap().success());
+        held_elsewhere_exits_75(&url, "agent-1");
         let out = bare()
             .args(["--store", &url, "ls", "--json"])
             .output()
@@ -1177,6 +1144,43 @@ fn run_works_on_redis_redlock_and_a_cluster() {
         assert_eq!(out.status.code(), Some(0), "{out:?}");
         elect_hands_over(&url);
     }
+}
+
+/// Held by another process: `run --no-wait` exits 75 naming the holder.
+fn held_elsewhere_exits_75(url: &str, key: &str) {
+    let mut holder = bare()
+        .args([
+            "--store", url, "run", "--key", key, "--", "sh", "-c", UNTIL_EOF,
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(holder.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "ready");
+    let out = bare()
+        .args([
+            "--store",
+            url,
+            "run",
+            "--key",
+            key,
+            "--no-wait",
+            "--",
+            "true",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(75), "{url}: {out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("held by"),
+        "{out:?}"
+    );
+    drop(holder.stdin.take());
+    assert!(holder.wait().unwrap().success());
 }
 
 /// Two `elect` candidates on the store at `url`: the second, waiting, leads within a second of
@@ -2239,39 +2243,7 @@ fn run_works_on_postgres() {
         Some("t"),
         "released, the row kept"
     );
-    let mut holder = bare()
-        .args([
-            "--store", &url, "run", "--key", "agent/1", "--", "sh", "-c", UNTIL_EOF,
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(holder.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert_eq!(line.trim(), "ready");
-    let out = bare()
-        .args([
-            "--store",
-            &url,
-            "run",
-            "--key",
-            "agent/1",
-            "--no-wait",
-            "--",
-            "true",
-        ])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(75), "{out:?}");
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("held by"),
-        "{out:?}"
-    );
-    drop(holder.stdin.take());
-    assert!(holder.wait().unwrap().success());
+    held_elsewhere_exits_75(&url, "agent/1");
     let out = bare()
         .args(["--store", &url, "ls", "--json"])
         .output()

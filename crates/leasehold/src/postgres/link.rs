@@ -34,6 +34,8 @@ pub(crate) struct Link {
     target: Target,
     channel: String,
     on: OnNotice,
+    /// Run on each new connection before its first call (session settings).
+    setup: &'static str,
     current: parking_lot::Mutex<Option<Arc<Live>>>,
     connecting: tokio::sync::Mutex<()>,
 }
@@ -49,12 +51,14 @@ impl std::fmt::Debug for Link {
 
 impl Link {
     /// A link to `target` listening on `channel`, telling `on` what it hears (and `None` each
-    /// time a connection ends). Connects at the first call.
-    pub(crate) fn new(target: Target, channel: String, on: OnNotice) -> Self {
+    /// time a connection ends), running `setup` on each new connection. Connects at the first
+    /// call.
+    pub(crate) fn new(target: Target, channel: String, on: OnNotice, setup: &'static str) -> Self {
         Link {
             target,
             channel,
             on,
+            setup,
             current: parking_lot::Mutex::new(None),
             connecting: tokio::sync::Mutex::new(()),
         }
@@ -83,6 +87,14 @@ impl Link {
             on(payload)
         });
         let client = self.target.connect(&self.channel, heard).await?;
+        if !self.setup.is_empty() {
+            bounded(
+                &self.target.shown,
+                self.target.timeout,
+                client.batch_execute(self.setup),
+            )
+            .await?;
+        }
         let live = Arc::new(Live {
             conn: Conn::new(client),
             alive,

@@ -79,6 +79,11 @@ pub const MAX_HOLDER_BYTES: usize = 4 * 1024;
 /// The most fences one grant reserves ([`AcquireRequest::fences`]).
 pub const MAX_FENCES: u64 = 100_000;
 
+/// The store connection's settings: its statements are planned once, when prepared (the
+/// server would otherwise plan the acquire statement again at each run, which costs more than
+/// running it).
+const SESSION: &str = "SET plan_cache_mode = force_generic_plan";
+
 /// The advisory lock that makes one table creator at a time (any fixed number; the queue's is
 /// another).
 const CREATE_LOCK: i64 = 7_451_830_022;
@@ -129,12 +134,12 @@ impl PostgresStore {
         let mut opts = Options::default();
         let target = Target::parse(url, |pair| opts.take(pair, &shown))?;
         let advisory = (opts.mode == Mode::Advisory).then(|| {
-            let session = Link::new(target.clone(), String::new(), Arc::new(|_| {}));
+            let session = Link::new(target.clone(), String::new(), Arc::new(|_| {}), "");
             advisory::Advisory::new(session)
         });
         let hub = Arc::new(watch::Hub::default());
         let channel = opts.channel();
-        let link = Link::new(target, channel.clone(), hub.listener());
+        let link = Link::new(target, channel.clone(), hub.listener(), SESSION);
         let inner = Inner {
             link,
             sql: Sql::new(&opts.schema, &opts.table),

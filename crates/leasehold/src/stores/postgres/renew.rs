@@ -88,41 +88,9 @@ async fn send(inner: Arc<Inner>) {
             }
             Err(e) => {
                 for p in batch {
-                    let _ = p.answer.send(Err(copy(&e, inner.link.shown())));
+                    let _ = p.answer.send(Err(e.shared(inner.link.shown())));
                 }
             }
         }
-    }
-}
-
-/// `e` again, for each renewal of a failed batch (its source shared).
-fn copy(e: &Error, shown: &str) -> Error {
-    match e {
-        Error::Unavailable {
-            store,
-            detail,
-            source,
-        } => Error::Unavailable {
-            store: store.clone(),
-            detail: detail.clone(),
-            source: source.clone(),
-        },
-        Error::Store {
-            store,
-            detail,
-            retryable,
-            source,
-        } => Error::Store {
-            store: store.clone(),
-            detail: detail.clone(),
-            retryable: *retryable,
-            source: source.clone(),
-        },
-        other => Error::Store {
-            store: shown.to_owned(),
-            detail: other.to_string(),
-            retryable: other.is_retryable(),
-            source: other.source_arc(),
-        },
     }
 }

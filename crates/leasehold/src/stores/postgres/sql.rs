@@ -97,9 +97,11 @@ CREATE TABLE IF NOT EXISTS {t} (
 );
 CREATE SEQUENCE IF NOT EXISTS {sequence};"
         );
+        // One value of the sequence, or the largest of `$7` values for a block.
+        let seq = sequence.replace('\'', "''");
         let block = format!(
-            "(SELECT max(nextval('{}'::regclass)) FROM generate_series(1, $7::bigint))",
-            sequence.replace('\'', "''")
+            "(CASE WHEN $7::bigint = 1 THEN nextval('{seq}'::regclass) \
+             ELSE (SELECT max(nextval('{seq}'::regclass)) FROM generate_series(1, $7::bigint)) END)"
         );
         let acquire = format!(
             "INSERT INTO {t} AS t (key, holder, token, fence, acquired, renewed, expires, ttl_ms, pid, host, labels)
