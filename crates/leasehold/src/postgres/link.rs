@@ -69,6 +69,11 @@ impl Link {
         &self.target.shown
     }
 
+    /// The bound of every call.
+    pub(crate) fn timeout(&self) -> std::time::Duration {
+        self.target.timeout
+    }
+
     /// The live connection, made first if there is none.
     pub(crate) async fn get(&self) -> Result<Arc<Live>> {
         if let Some(l) = self.current.lock().as_ref().filter(|l| l.alive()) {

@@ -156,26 +156,32 @@ impl PostgresStore {
 }
 
 impl Inner {
-    /// Creates the table and its sequence unless both are there.
+    /// Creates the table and its sequence unless both are there (and the schema unless it is).
     async fn migrate(&self) -> Result<()> {
         let sql = &self.sql;
         let there = |l: Arc<crate::postgres::link::Live>| async move {
             let row = l
                 .conn
-                .query_one(sql.exists, &[&sql.table, &sql.sequence])
+                .query_one(sql.exists, &[&sql.table, &sql.sequence, &sql.schema])
                 .await?;
-            row.try_get::<_, bool>(0)
+            Ok((row.try_get::<_, bool>(0)?, row.try_get::<_, bool>(1)?))
         };
-        if self.link.call(there).await? {
-            return Ok(());
+        let (table, schema) = self.link.call(there).await?;
+        if table {
+            return self.prepare().await;
         }
-        let ddl = format!(
-            "BEGIN; SELECT pg_advisory_xact_lock({CREATE_LOCK}); {}; COMMIT;",
-            sql.create
-        );
+        let needed = match schema {
+            true => sql.create.clone(),
+            false => format!("{}\n{}", sql.create_schema, sql.create),
+        };
+        let ddl = format!("BEGIN; SELECT pg_advisory_xact_lock({CREATE_LOCK}); {needed} COMMIT;");
         let live = self.link.get().await?;
-        match live.conn.batch_execute(&ddl).await {
-            Ok(()) => Ok(()),
+        let ran = tokio::time::timeout(self.link.timeout(), live.conn.batch_execute(&ddl)).await;
+        let Ok(ran) = ran else {
+            return Err(Error::no_answer(self.link.shown()));
+        };
+        match ran {
+            Ok(()) => self.prepare().await,
             Err(e) => {
                 let _ = live.conn.batch_execute("ROLLBACK").await;
                 if e.code().is_some_and(|c| c.code() == "42501") {
@@ -184,10 +190,9 @@ impl Inner {
                         store: self.link.shown().to_owned(),
                         detail: format!(
                             "the lease table {} is not there and this user may not create it \
-                             ({}); have it created with:\n{}",
+                             ({}); have it created with:\n{needed}",
                             sql.table,
                             e.as_db_error().map_or("permission denied", |d| d.message()),
-                            sql.create
                         ),
                         retryable: false,
                     });
@@ -195,6 +200,20 @@ impl Inner {
                 Err(pg_err(self.link.shown(), e))
             }
         }
+    }
+
+    /// Prepares the hot statements (acquire, renew, release) on the connection, so that the first
+    /// renewal of a short lease does not wait for its statement's planning.
+    async fn prepare(&self) -> Result<()> {
+        let sql = &self.sql;
+        self.link
+            .call(|l| async move {
+                for text in [&sql.acquire, &sql.renew, &sql.release] {
+                    l.conn.prepared.get(&l.conn.client, text).await?;
+                }
+                Ok(())
+            })
+            .await
     }
 
     /// Runs the query `sql` with `params`, prepared, on the shared connection: its rows.

@@ -7,12 +7,17 @@
 /// A table's statements, its names filled in.
 #[derive(Debug, Clone)]
 pub(super) struct Sql {
+    /// `"schema"`.
+    pub(super) schema: String,
     /// `"schema"."table"`.
     pub(super) table: String,
+    /// The DDL that creates the schema (idempotent; run only when it is missing: `CREATE SCHEMA
+    /// IF NOT EXISTS` needs the right to create schemas even when the schema is there).
+    pub(super) create_schema: String,
     /// The DDL that creates the table and its fence sequence (idempotent).
     pub(super) create: String,
-    /// Whether the table and its sequence are there: `$1` the table, `$2` the sequence (names as
-    /// `to_regclass` reads them).
+    /// Whether the table and its sequence are there, and whether the schema is: `$1` the table,
+    /// `$2` the sequence (names as `to_regclass` reads them), `$3` the schema.
     pub(super) exists: &'static str,
     pub(super) acquire: String,
     pub(super) renew: String,
@@ -55,6 +60,7 @@ const MINE: &str = "coalesce(t.waiter_token = $3, false)";
 impl Sql {
     /// The statements of table `table` in schema `schema` (both checked identifiers).
     pub(super) fn new(schema: &str, table: &str) -> Self {
+        let quoted_schema = format!("\"{schema}\"");
         let t = format!("\"{schema}\".\"{table}\"");
         let seq_name = format!("{table}_fence");
         let sequence = format!("\"{schema}\".\"{seq_name}\"");
@@ -77,8 +83,7 @@ impl Sql {
              waiter_ttl_ms = CASE WHEN {LIVE} THEN t.waiter_ttl_ms END"
         );
         let create = format!(
-            "CREATE SCHEMA IF NOT EXISTS \"{schema}\";
-CREATE TABLE IF NOT EXISTS {t} (
+            "CREATE TABLE IF NOT EXISTS {t} (
   key TEXT COLLATE \"C\" PRIMARY KEY,
   holder TEXT,
   token TEXT,
@@ -166,9 +171,12 @@ SELECT old.*, pg_notify($2, $3)::text FROM old"
 SELECT (SELECT count(*) FROM d), (SELECT count(*) FROM {t})"
         );
         Sql {
+            schema: quoted_schema,
             table: t,
             create,
-            exists: "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL",
+            exists: "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL, \
+                     to_regnamespace($3) IS NOT NULL",
+            create_schema: format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\";"),
             acquire,
             renew,
             lost,
