@@ -177,7 +177,7 @@ async fn unlock(a: &Advisory, id: i64, key: &str, token: &str) -> bool {
     let entry = {
         let mut held = a.held.lock();
         match held.get(key) {
-            Some(e) if e.token.as_deref().is_none_or(|t| t == token) => held.remove(key),
+            Some(e) if e.token.as_deref().map_or(true, |t| t == token) => held.remove(key),
             _ => None,
         }
     };
