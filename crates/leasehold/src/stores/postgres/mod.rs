@@ -42,7 +42,7 @@
 //!
 //! ```no_run
 //! # async fn f() -> leasehold::Result<()> {
-//! let locks = leasehold::Locks::connect("postgres://locker@db.internal:5432/app?table=leases").await?;
+//! let locks = leasehold::connect("postgres://locker@db.internal:5432/app?table=leases").await?;
 //! let guard = locks.lock("nightly-report")?.acquire().await?;
 //! println!("fence {}", guard.fence());
 //! guard.release().await?;
