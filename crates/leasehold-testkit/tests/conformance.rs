@@ -204,3 +204,19 @@ mod postgres_advisory {
     }
     leasehold_testkit::conformance_tests!(store().await);
 }
+
+/// PostgreSQL over TLS (`?sslmode=verify-full`, the test kit's CA), on a server that refuses
+/// plain connections.
+mod postgres_tls {
+    use super::*;
+    fn url() -> &'static str {
+        static URL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+        URL.get_or_init(|| leasehold_testkit::servers::shared_postgres_tls().fresh_db())
+    }
+    async fn store() -> Arc<dyn LockStore> {
+        leasehold::open_store(url())
+            .await
+            .expect("postgres store over TLS")
+    }
+    leasehold_testkit::conformance_tests!(store().await);
+}
