@@ -49,8 +49,21 @@ pub(crate) async fn dispatch(store: Option<&str>, args: QueueArgs) -> Result<u8,
         QueueCommand::Status(a) => status(&*open(queue).await?, a).await,
         QueueCommand::Cancel(a) => cancel(&*open(queue).await?, a.id).await,
         QueueCommand::Cleanup(a) => cleanup(&*open(queue).await?, a).await,
-        QueueCommand::Work(a) => crate::worker::work(open(queue).await?, store, a).await,
+        QueueCommand::Work(a) => {
+            let same_db = lease_store(store, &url(queue));
+            crate::worker::work(open(queue).await?, same_db.as_deref().or(store), a).await
+        }
     }
+}
+
+/// Where a worker takes its key leases when `--store` (and `LEASEHOLD_STORE`) is not given: a
+/// queue on PostgreSQL takes them from the same database (its lease table), so workers on many
+/// hosts need one server; any other queue, from the default store.
+fn lease_store(store: Option<&str>, queue: &str) -> Option<String> {
+    let given = store.map(str::trim).is_some_and(|s| !s.is_empty());
+    let scheme = queue.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
+    let postgres = matches!(scheme.as_deref(), Some("postgres" | "postgresql"));
+    (!given && postgres).then(|| queue.to_owned())
 }
 
 async fn add(q: &dyn QueueBackend, a: QueueAddArgs) -> Result<u8, Failure> {
@@ -275,6 +288,18 @@ async fn cleanup(q: &dyn QueueBackend, a: QueueCleanupArgs) -> Result<u8, Failur
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_postgres_queue_takes_its_leases_from_its_database() {
+        let pg = "postgres://w@db/jobs?sslmode=require";
+        assert_eq!(lease_store(None, pg).as_deref(), Some(pg));
+        assert_eq!(
+            lease_store(Some(" "), "POSTGRESQL://db/j").as_deref(),
+            Some("POSTGRESQL://db/j")
+        );
+        assert_eq!(lease_store(Some("redis://r"), pg), None);
+        assert_eq!(lease_store(None, "sqlite:///q.db"), None);
+    }
 
     #[test]
     fn the_default_queue_sits_next_to_the_default_store() {

@@ -1136,40 +1136,7 @@ fn run_works_on_redis_redlock_and_a_cluster() {
                 );
             }
         }
-        // Held by another process: --no-wait exits 75 naming the holder.
-        let mut holder = bare()
-            .args([
-                "--store", &url, "run", "--key", "agent-1", "--", "sh", "-c", UNTIL_EOF,
-            ])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(holder.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        assert_eq!(line.trim(), "ready");
-        let out = bare()
-            .args([
-                "--store",
-                &url,
-                "run",
-                "--key",
-                "agent-1",
-                "--no-wait",
-                "--",
-                "true",
-            ])
-            .output()
-            .unwrap();
-        assert_eq!(out.status.code(), Some(75), "{url}: {out:?}");
-        assert!(
-            String::from_utf8_lossy(&out.stderr).contains("held by"),
-            "{out:?}"
-        );
-        drop(holder.stdin.take());
-        assert!(holder.wait().unwrap().success());
+        held_elsewhere_exits_75(&url, "agent-1");
         let out = bare()
             .args(["--store", &url, "ls", "--json"])
             .output()
@@ -1177,6 +1144,43 @@ fn run_works_on_redis_redlock_and_a_cluster() {
         assert_eq!(out.status.code(), Some(0), "{out:?}");
         elect_hands_over(&url);
     }
+}
+
+/// Held by another process: `run --no-wait` exits 75 naming the holder.
+fn held_elsewhere_exits_75(url: &str, key: &str) {
+    let mut holder = bare()
+        .args([
+            "--store", url, "run", "--key", key, "--", "sh", "-c", UNTIL_EOF,
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(holder.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "ready");
+    let out = bare()
+        .args([
+            "--store",
+            url,
+            "run",
+            "--key",
+            key,
+            "--no-wait",
+            "--",
+            "true",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(75), "{url}: {out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("held by"),
+        "{out:?}"
+    );
+    drop(holder.stdin.take());
+    assert!(holder.wait().unwrap().success());
 }
 
 /// Two `elect` candidates on the store at `url`: the second, waiting, leads within a second of
@@ -2203,4 +2207,51 @@ fn a_loss_grace_that_cannot_fit_the_ttl_names_the_largest_that_fits() {
     );
     let out = s.output(["run", "--key", "k", "--ttl", "2s", "--", "true"]);
     assert_eq!(out.code, Some(0), "{out:?}");
+}
+
+/// `run`, `--no-wait`, `ls`, `elect`, `watch` and `bench` on `postgres://`: the fence comes from
+/// the server, the row is kept free after the command ends (its fence kept), and a second
+/// process meets the first's lease.
+#[test]
+fn run_works_on_postgres() {
+    let server = leasehold_testkit::servers::shared_postgres();
+    let url = server.fresh_db();
+    let mut fences = vec![];
+    for _ in 0..2 {
+        let out = bare()
+            .args(["--store", &url, "run", "--key", "agent/1", "--"])
+            .args(["sh", "-c", "echo $LEASEHOLD_FENCE"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+        fences.push(
+            String::from_utf8_lossy(&out.stdout)
+                .trim()
+                .parse::<u64>()
+                .unwrap(),
+        );
+    }
+    assert!(fences[1] > fences[0], "{fences:?}");
+    let db = url.rsplit('/').next().unwrap();
+    assert_eq!(
+        server
+            .psql(
+                db,
+                "SELECT token IS NULL FROM leasehold_leases WHERE key = 'agent/1'"
+            )
+            .as_deref(),
+        Some("t"),
+        "released, the row kept"
+    );
+    held_elsewhere_exits_75(&url, "agent/1");
+    let out = bare()
+        .args(["--store", &url, "ls", "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("agent/1"),
+        "{out:?}"
+    );
+    elect_hands_over(&url);
 }

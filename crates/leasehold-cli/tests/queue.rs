@@ -1272,3 +1272,31 @@ fn a_task_whose_lease_is_force_released_is_killed_at_once() {
     );
     drop(worker);
 }
+
+/// A worker of a PostgreSQL queue without `--store` takes its key leases from the queue's
+/// database: the lease table there has the task's key, released, with the fence the task ran
+/// under.
+#[tokio::test]
+async fn a_postgres_queue_without_store_leases_keys_in_its_database() {
+    let s = Setup::postgres();
+    let q = s.open().await;
+    q.enqueue(&NewTask::new("report/7", s.task(0)))
+        .await
+        .unwrap();
+    let mut cmd = s.cmd();
+    cmd.env_remove("LEASEHOLD_STORE");
+    let w = s.worker_with(0, &["--slots", "1", "--exit-when-idle"], cmd);
+    assert!(
+        wait_for(w, Duration::from_secs(20)).success(),
+        "{}",
+        s.worker_errors()
+    );
+    let ev = s.events();
+    assert_eq!(ev.len(), 2, "{ev:?}");
+    let db = s.queue.rsplit('/').next().unwrap();
+    let row = leasehold_testkit::servers::shared_postgres().psql(
+        db,
+        "SELECT fence, token IS NULL FROM leasehold_leases WHERE key = 'report/7'",
+    );
+    assert_eq!(row, Some(format!("{}|t", ev[0].fence)), "{ev:?}");
+}

@@ -170,3 +170,53 @@ mod k8s {
     }
     leasehold_testkit::conformance_tests!(store().await);
 }
+
+/// PostgreSQL (`postgres://`): one database of the shared server, its lease table created by the
+/// first store opened.
+mod postgres {
+    use super::*;
+    fn url() -> &'static str {
+        static URL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+        URL.get_or_init(|| leasehold_testkit::servers::shared_postgres().fresh_db())
+    }
+    async fn store() -> Arc<dyn LockStore> {
+        leasehold::open_store(url()).await.expect("postgres store")
+    }
+    leasehold_testkit::conformance_tests!(store().await);
+}
+
+/// PostgreSQL with session advisory locks (`?mode=advisory`).
+mod postgres_advisory {
+    use super::*;
+    fn url() -> &'static str {
+        static URL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+        URL.get_or_init(|| {
+            format!(
+                "{}?mode=advisory",
+                leasehold_testkit::servers::shared_postgres().fresh_db()
+            )
+        })
+    }
+    async fn store() -> Arc<dyn LockStore> {
+        leasehold::open_store(url())
+            .await
+            .expect("postgres store, advisory mode")
+    }
+    leasehold_testkit::conformance_tests!(store().await);
+}
+
+/// PostgreSQL over TLS (`?sslmode=verify-full`, the test kit's CA), on a server that refuses
+/// plain connections.
+mod postgres_tls {
+    use super::*;
+    fn url() -> &'static str {
+        static URL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+        URL.get_or_init(|| leasehold_testkit::servers::shared_postgres_tls().fresh_db())
+    }
+    async fn store() -> Arc<dyn LockStore> {
+        leasehold::open_store(url())
+            .await
+            .expect("postgres store over TLS")
+    }
+    leasehold_testkit::conformance_tests!(store().await);
+}

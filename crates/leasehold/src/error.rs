@@ -237,6 +237,30 @@ impl Error {
         }
     }
 
+    /// This error again, for each caller of a call that carried several callers' operations (a
+    /// batch): an [`Error::Unavailable`] as it is (its source shared, so a timeout stays one),
+    /// anything else as an [`Error::Store`] of `store` with its text and retryability.
+    #[allow(dead_code)] // without the stores that batch calls
+    pub(crate) fn shared(&self, store: &str) -> Error {
+        match self {
+            Error::Unavailable {
+                store,
+                detail,
+                source,
+            } => Error::Unavailable {
+                store: store.clone(),
+                detail: detail.clone(),
+                source: source.clone(),
+            },
+            other => Error::Store {
+                source: other.source_arc(),
+                store: store.to_owned(),
+                detail: other.to_string(),
+                retryable: other.is_retryable(),
+            },
+        }
+    }
+
     pub(crate) fn option(name: &'static str, reason: impl Into<String>) -> Self {
         Error::InvalidOption {
             name,

@@ -43,7 +43,7 @@ pub mod key;
 pub mod local;
 pub mod metrics;
 pub mod options;
-#[cfg(feature = "queue-postgres")]
+#[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "queue")]
 pub mod queue;

@@ -20,7 +20,7 @@
 //! | `gs://bucket/prefix`, `gcs://…` | Google Cloud Storage | planned |
 //! | `s3://bucket/prefix` | Amazon S3 | planned |
 //! | `az://container/prefix` | Azure Blob Storage | planned |
-//! | `postgres://user@host:port/db`, `postgresql://…` | PostgreSQL | planned |
+//! | `postgres://user[:pass]@host:port/db[?schema=…&table=…&timeout=…&sslmode=…]`, `postgresql://…` | postgres | `postgres` |
 //! | `etcd://host1:2379,host2:2379` | etcd | planned |
 //! <!-- schemes:end -->
 
@@ -34,6 +34,8 @@ pub mod file;
 #[cfg(feature = "kubernetes")]
 pub mod kubernetes;
 pub mod memory;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 #[cfg(feature = "redis")]
 pub mod redis;
 #[cfg(feature = "redlock")]
@@ -188,10 +190,13 @@ pub const SCHEMES: &[Scheme] = &[
     planned!(["gs", "gcs"], "`gs://bucket/prefix`, `gcs://…`", "Google Cloud Storage"),
     planned!(["s3"], "`s3://bucket/prefix`", "Amazon S3"),
     planned!(["az"], "`az://container/prefix`", "Azure Blob Storage"),
-    planned!(
+    store!(
         ["postgres", "postgresql"],
-        "`postgres://user@host:port/db`, `postgresql://…`",
-        "PostgreSQL"
+        "`postgres://user[:pass]@host:port/db[?schema=…&table=…&timeout=…&sslmode=…]`, `postgresql://…`",
+        "postgres",
+        "",
+        "postgres",
+        open_postgres
     ),
     planned!(["etcd"], "`etcd://host1:2379,host2:2379`", "etcd"),
 ];
@@ -376,6 +381,14 @@ fn open_redis_cluster(url: &str) -> Opening<'_> {
 fn open_redlock(url: &str) -> Opening<'_> {
     Box::pin(async move {
         let store = redlock::RedlockStore::from_url(url).await?;
+        Ok(Arc::new(store) as Arc<dyn LockStore>)
+    })
+}
+
+#[cfg(feature = "postgres")]
+fn open_postgres(url: &str) -> Opening<'_> {
+    Box::pin(async move {
+        let store = postgres::PostgresStore::connect(url).await?;
         Ok(Arc::new(store) as Arc<dyn LockStore>)
     })
 }

@@ -31,10 +31,10 @@
 //! - Operators read it with `psql -c 'SELECT id, key, state, worker, detail FROM tasks'`.
 //!
 //! This file holds the backend's calls, one transaction each; `schema` the SQL text they share
-//! (the tables, the server's clock, the dispatch choice); `conn` the connection (URL parameters,
-//! TLS, listening, prepared statements, bounds, errors).
+//! (the tables, the server's clock, the dispatch choice); the connection (URL parameters, TLS,
+//! listening, prepared statements, bounds, errors) is the crate's `postgres` module's, which the
+//! PostgreSQL lock store shares.
 
-mod conn;
 mod schema;
 
 use super::{
@@ -43,8 +43,7 @@ use super::{
     CANCEL_NONE, CANCEL_REQUESTED, CANCEL_TIMEOUT, COLUMNS,
 };
 use crate::error::{Error, Result};
-use crate::postgres::tls;
-use conn::{bounded, connect_listening, pg_err, split_params, Conn, Prepared};
+use crate::postgres::conn::{bounded, pg_err, Conn, OnNotice, Prepared, Target};
 use schema::{NOW, PICK, SCHEMA};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -58,11 +57,19 @@ pub struct PgQueue {
     client: Arc<Mutex<Conn>>,
     /// A call ran out of time on the connection: the next call makes a new one.
     stale: Arc<AtomicBool>,
-    config: tokio_postgres::Config,
+    target: Target,
     timeout: Duration,
     notify: Arc<Notify>,
     url: String,
-    tls: tls::Connect,
+}
+
+/// The channel the queue's changes are notified on.
+const CHANNEL: &str = "leasehold_queue";
+
+/// Wakes the queue's waiters on every notification, and when the connection ends.
+fn waker(notify: &Arc<Notify>) -> OnNotice {
+    let n = notify.clone();
+    Arc::new(move |_| n.notify_waiters())
 }
 
 fn read_raw(r: &Row) -> std::result::Result<RawTask, tokio_postgres::Error> {
@@ -151,16 +158,10 @@ impl PgQueue {
     /// [`Error::InvalidUrl`] for a URL the driver refuses; [`Error::Unavailable`] when the server
     /// cannot be reached; a store error when the schema cannot be created.
     pub async fn connect(url: &str) -> Result<Self> {
-        let shown = crate::redact_url(url);
-        let (url, timeout, tls) = split_params(url, &shown)?;
-        let mut config: tokio_postgres::Config = url.parse().map_err(|e| Error::InvalidUrl {
-            url: shown.clone(),
-            reason: format!("{e}"),
-        })?;
-        config.ssl_mode(tls.ssl_mode());
-        let tls = tls.connector(&shown)?;
+        let target = Target::parse(url, |_| Ok(false))?;
+        let (shown, timeout) = (target.shown.clone(), target.timeout);
         let notify = Arc::new(Notify::new());
-        let mut client = connect_listening(&config, &shown, timeout, &notify, &tls).await?;
+        let mut client = target.connect(CHANNEL, waker(&notify)).await?;
         let schema = async {
             let tx = client.transaction().await?;
             // One schema creator at a time (CREATE … IF NOT EXISTS races otherwise).
@@ -173,11 +174,10 @@ impl PgQueue {
         Ok(PgQueue {
             client: Arc::new(Mutex::new(Conn::new(client))),
             stale: Arc::default(),
-            config,
+            target,
             timeout,
             notify,
             url: shown,
-            tls,
         })
     }
 
@@ -186,16 +186,7 @@ impl PgQueue {
     async fn conn(&self) -> Result<MutexGuard<'_, Conn>> {
         let mut c = self.client.lock().await;
         if c.is_closed() || self.stale.load(Ordering::SeqCst) {
-            *c = Conn::new(
-                connect_listening(
-                    &self.config,
-                    &self.url,
-                    self.timeout,
-                    &self.notify,
-                    &self.tls,
-                )
-                .await?,
-            );
+            *c = Conn::new(self.target.connect(CHANNEL, waker(&self.notify)).await?);
             self.stale.store(false, Ordering::SeqCst);
             self.notify.notify_waiters();
         }

@@ -124,23 +124,7 @@ fn classify(store: &str, e: &::redis::RedisError) -> Error {
 /// [`Error::Unavailable`] as it is (Redlock tells a node that did not answer in time by it),
 /// anything else as an [`Error::Store`] with its text and retryability.
 pub(super) fn shared_error(store: &str, e: &Error) -> Error {
-    match e {
-        Error::Unavailable {
-            store,
-            detail,
-            source,
-        } => Error::Unavailable {
-            store: store.clone(),
-            detail: detail.clone(),
-            source: source.clone(),
-        },
-        other => Error::Store {
-            source: other.source_arc(),
-            store: store.to_owned(),
-            detail: other.to_string(),
-            retryable: other.is_retryable(),
-        },
-    }
+    e.shared(store)
 }
 
 #[cfg(test)]

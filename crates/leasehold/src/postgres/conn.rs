@@ -1,27 +1,26 @@
-//! The PostgreSQL queue's connection: the URL's own parameters (`timeout`, TLS), connecting and
-//! listening for notifications, statements prepared once per connection, every call bounded, and
-//! the driver's errors as leasehold's (retryable or not).
+//! A PostgreSQL connection as the queue and the lock store make it: the URL's own parameters
+//! (`timeout`, TLS), connecting and listening for notifications, statements prepared once per
+//! connection, every call bounded, and the driver's errors as leasehold's (retryable or not).
 
 use crate::error::{Error, Result};
 use crate::postgres::tls;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::Notify;
 use tokio_postgres::{Client, GenericClient, Row, Statement};
 
 /// The bound of every call (and of connecting) without `?timeout=`.
-pub(super) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The statements prepared on one connection, by their text. A statement of a hot call (claim,
 /// heartbeat, start, finish, give back) is parsed and planned by the server once per connection:
 /// each of its later runs costs one round trip (bind and execute) where an unprepared one costs
 /// two (parse and describe, then bind and execute).
 #[derive(Debug, Default)]
-pub(super) struct Prepared(parking_lot::Mutex<std::collections::HashMap<String, Statement>>);
+pub(crate) struct Prepared(parking_lot::Mutex<std::collections::HashMap<String, Statement>>);
 
 impl Prepared {
     /// `sql` prepared on `c`'s connection (once).
-    pub(super) async fn get(
+    pub(crate) async fn get(
         &self,
         c: &impl GenericClient,
         sql: &str,
@@ -35,7 +34,8 @@ impl Prepared {
     }
 
     /// Runs `sql` on `c`, prepared: the number of rows it changed.
-    pub(super) async fn execute(
+    #[cfg_attr(not(feature = "queue-postgres"), allow(dead_code))] // the queue's
+    pub(crate) async fn execute(
         &self,
         c: &impl GenericClient,
         sql: &str,
@@ -45,7 +45,7 @@ impl Prepared {
     }
 
     /// Runs the query `sql` on `c`, prepared: its rows.
-    pub(super) async fn query(
+    pub(crate) async fn query(
         &self,
         c: &impl GenericClient,
         sql: &str,
@@ -55,7 +55,8 @@ impl Prepared {
     }
 
     /// Runs the query `sql` on `c`, prepared: its one row, if any.
-    pub(super) async fn query_opt(
+    #[cfg_attr(not(feature = "queue-postgres"), allow(dead_code))] // the queue's
+    pub(crate) async fn query_opt(
         &self,
         c: &impl GenericClient,
         sql: &str,
@@ -67,13 +68,13 @@ impl Prepared {
 
 /// A connection and the statements prepared on it (dropped with it).
 #[derive(Debug)]
-pub(super) struct Conn {
-    pub(super) client: Client,
-    pub(super) prepared: Arc<Prepared>,
+pub(crate) struct Conn {
+    pub(crate) client: Client,
+    pub(crate) prepared: Arc<Prepared>,
 }
 
 impl Conn {
-    pub(super) fn new(client: Client) -> Self {
+    pub(crate) fn new(client: Client) -> Self {
         Conn {
             client,
             prepared: Arc::default(),
@@ -94,9 +95,14 @@ impl std::ops::DerefMut for Conn {
     }
 }
 
-/// `url` without the parameters the driver does not know (`timeout`, and the TLS parameters,
-/// some of whose values it refuses), that timeout and those TLS parameters.
-pub(super) fn split_params(url: &str, shown: &str) -> Result<(String, Duration, tls::Params)> {
+/// `url` without the parameters the driver does not know (`timeout`, the TLS parameters, some
+/// of whose values it refuses, and those `own` takes: `Ok(true)` for a pair it took), that
+/// timeout and those TLS parameters.
+pub(crate) fn split_params(
+    url: &str,
+    shown: &str,
+    mut own: impl FnMut(&str) -> Result<bool>,
+) -> Result<(String, Duration, tls::Params)> {
     let mut tls = tls::Params::default();
     let Some((base, query)) = url.split_once('?') else {
         return Ok((url.to_owned(), DEFAULT_TIMEOUT, tls));
@@ -104,7 +110,7 @@ pub(super) fn split_params(url: &str, shown: &str) -> Result<(String, Duration, 
     let mut timeout = DEFAULT_TIMEOUT;
     let mut kept = vec![];
     for pair in query.split('&') {
-        if tls.take(pair, shown)? {
+        if tls.take(pair, shown)? || own(pair)? {
             continue;
         }
         match pair.strip_prefix("timeout=") {
@@ -126,13 +132,71 @@ pub(super) fn split_params(url: &str, shown: &str) -> Result<(String, Duration, 
     Ok((format!("{base}?{}", kept.join("&")), timeout, tls))
 }
 
-/// A connection to the server at `config` that listens for the queue's notifications (woken on
-/// `notify`, which is also woken when the connection ends), made within `timeout`.
-pub(super) async fn connect_listening(
+/// Where and how to connect: a URL's driver settings, bound and TLS, parsed once.
+#[derive(Clone)]
+pub(crate) struct Target {
+    pub(crate) config: tokio_postgres::Config,
+    pub(crate) timeout: Duration,
+    pub(crate) tls: tls::Connect,
+    /// The URL without credentials, for messages.
+    pub(crate) shown: String,
+}
+
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The driver's config would show the password.
+        f.debug_struct("Target")
+            .field("url", &self.shown)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
+impl Target {
+    /// Parses `url`; `own` takes the caller's own parameters (see [`split_params`]).
+    pub(crate) fn parse(url: &str, own: impl FnMut(&str) -> Result<bool>) -> Result<Self> {
+        let shown = crate::redact_url(url);
+        let (url, timeout, tls) = split_params(url, &shown, own)?;
+        let mut config: tokio_postgres::Config = url.parse().map_err(|e| Error::InvalidUrl {
+            url: shown.clone(),
+            reason: format!("{e}"),
+        })?;
+        config.ssl_mode(tls.ssl_mode());
+        let tls = tls.connector(&shown)?;
+        Ok(Target {
+            config,
+            timeout,
+            tls,
+            shown,
+        })
+    }
+
+    /// A connection listening on `channel` ([`connect_listening`]).
+    pub(crate) async fn connect(&self, channel: &str, on: OnNotice) -> Result<Client> {
+        connect_listening(
+            &self.config,
+            &self.shown,
+            self.timeout,
+            channel,
+            on,
+            &self.tls,
+        )
+        .await
+    }
+}
+
+/// What a listening connection hears: a notification's payload, or its end (`None`).
+pub(crate) type OnNotice = Arc<dyn Fn(Option<&str>) + Send + Sync>;
+
+/// A connection to the server at `config` that listens on `channel` (none when empty; `on` is
+/// called with each notification's payload, and with `None` when the connection ends), made
+/// within `timeout`.
+pub(crate) async fn connect_listening(
     config: &tokio_postgres::Config,
     shown: &str,
     timeout: Duration,
-    notify: &Arc<Notify>,
+    channel: &str,
+    on: OnNotice,
     tls: &tls::Connect,
 ) -> Result<Client> {
     let (client, mut connection) = tokio::time::timeout(timeout, config.connect(tls.clone()))
@@ -146,27 +210,25 @@ pub(super) async fn connect_listening(
             ),
         })?
         .map_err(|e| connect_error(shown, &e))?;
-    let n = notify.clone();
     tokio::spawn(async move {
         loop {
             match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
-                Some(Ok(tokio_postgres::AsyncMessage::Notification(_))) => n.notify_waiters(),
+                Some(Ok(tokio_postgres::AsyncMessage::Notification(n))) => on(Some(n.payload())),
                 Some(Ok(_)) => {}
                 Some(Err(e)) => {
-                    tracing::debug!(error = %e, "queue connection ended");
+                    tracing::debug!(error = %e, "PostgreSQL connection ended");
                     break;
                 }
                 None => break,
             }
         }
-        n.notify_waiters();
+        on(None);
     });
-    bounded(
-        shown,
-        timeout,
-        client.batch_execute("LISTEN leasehold_queue"),
-    )
-    .await?;
+    if !channel.is_empty() {
+        // The channel is an identifier: quoted, its quotes doubled.
+        let listen = format!("LISTEN \"{}\"", channel.replace('"', "\"\""));
+        bounded(shown, timeout, client.batch_execute(&listen)).await?;
+    }
     Ok(client)
 }
 
@@ -213,7 +275,7 @@ fn connect_error(shown: &str, e: &tokio_postgres::Error) -> Error {
 }
 
 /// `call`, bounded by `timeout`: an error of the server's, or [`Error::no_answer`].
-pub(super) async fn bounded<T>(
+pub(crate) async fn bounded<T>(
     shown: &str,
     timeout: Duration,
     call: impl std::future::Future<Output = std::result::Result<T, tokio_postgres::Error>>,
@@ -224,7 +286,7 @@ pub(super) async fn bounded<T>(
     }
 }
 
-pub(super) fn pg_err(url: &str, e: tokio_postgres::Error) -> Error {
+pub(crate) fn pg_err(url: &str, e: tokio_postgres::Error) -> Error {
     pg_classify(url, &e).caused_by(e)
 }
 

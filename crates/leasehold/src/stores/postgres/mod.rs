@@ -1,0 +1,536 @@
+//! The PostgreSQL lock store: `postgres://user[:password]@host:port/db[?schema=…&table=…]`.
+//!
+//! Checklist — native TTL: yes in effect (every expiry is judged by the server's clock, `now()`
+//! of the statement, never by a client's; expired rows are kept, free, until `cleanup`, so
+//! [`Capabilities::native_ttl`] is false); watch: yes (`LISTEN/NOTIFY`, see below); liveness: no
+//! (a dead holder's lease lapses at its TTL), yes with `?mode=advisory` (a session advisory lock
+//! per held lease, freed by the server when the holder's connection ends; see `advisory.rs` and
+//! the book's page for its trade-offs); fence: a PostgreSQL sequence per table, which no
+//! deletion lowers: a grant of `n` fences takes `n` values of it and is fenced with the largest,
+//! so every grant of a key is above every earlier one, also after `cleanup` deleted the key's row
+//! or the server restarted.
+//!
+//! - **One row per key** in a table created on first use (idempotent: `CREATE … IF NOT EXISTS`,
+//!   one creator at a time; nothing is created when the table is there). Its columns: `key`,
+//!   `holder`, `token` (the owner token), `fence`, `acquired`, `renewed`, `expires`, `ttl_ms`,
+//!   `waiter`, `waiter_token`, `waiter_expires`, `waiter_ttl_ms`, `pid`, `host`, `labels` (JSON
+//!   text). A user without the right to create it gets a non-retryable error naming the DDL to
+//!   run.
+//! - **One statement per step**, each judged by the server's clock: acquire-when-free, takeover
+//!   of an expired row and waiter registration are one `INSERT … ON CONFLICT (key) DO UPDATE …
+//!   WHERE <free, expired, or reserved for us> RETURNING …`; renewal is one `UPDATE … WHERE
+//!   token = $token AND expires > now()`, for many leases at once (`FROM unnest($keys, $tokens,
+//!   $ttls)`: the renewals asked for while one statement runs go together in the next); release
+//!   is one `UPDATE` that keeps the row (free, its fence kept) and notifies. Only a step that
+//!   fails (a lost renewal, a contended acquire whose row was not written) reads the row again
+//!   to say why.
+//! - **Wake-ups**: every release, force-release and waiter withdrawal runs `pg_notify` on the
+//!   channel `schema.table` with the key as payload, delivered at its commit; the store's
+//!   connection listens there, and waiters wake on it rather than by polling. When the
+//!   connection ends, every waiter is woken and subscribes again, which connects (and listens)
+//!   again.
+//! - **One connection** per store, shared by all its calls (pipelined: many tasks' statements
+//!   are in flight on it at once); each statement is prepared once per connection. Every call
+//!   is bounded by `?timeout=` (default 10 s): a server that stops answering fails the call,
+//!   retryably, and the next call connects again; so does the first call after the server ended
+//!   the connection (a restart). TLS as libpq sets it (`sslmode`, `sslrootcert`, `sslcert`,
+//!   `sslkey`), shared with the PostgreSQL queue.
+//! - **Limits**: keys are any [`Key`] (bind parameters only; no key is ever written into SQL
+//!   text); labels of at most [`MAX_LABEL_BYTES`] bytes as JSON and holders of at most
+//!   [`MAX_HOLDER_BYTES`] bytes without NUL, else [`Error::InvalidOption`] at acquire; at most
+//!   [`MAX_FENCES`] fences per grant.
+//!
+//! ```no_run
+//! # async fn f() -> leasehold::Result<()> {
+//! let locks = leasehold::connect("postgres://locker@db.internal:5432/app?table=leases").await?;
+//! let guard = locks.lock("nightly-report")?.acquire().await?;
+//! println!("fence {}", guard.fence());
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+
+mod advisory;
+mod options;
+mod renew;
+mod sql;
+mod watch;
+
+use crate::error::{Error, Result};
+use crate::key::Key;
+use crate::postgres::conn::{pg_err, Target};
+use crate::postgres::link::Link;
+use crate::record::LeaseRecord;
+use crate::store::{
+    AcquireOutcome, AcquireRequest, Capabilities, ChangeWatch, CleanupReport, Inspection,
+    LockStore, LostReason, ReleaseOutcome, RenewOutcome,
+};
+use async_trait::async_trait;
+use options::{Mode, Options};
+use sql::Sql;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_postgres::Row;
+
+/// The largest labels a lease carries, as JSON (`{"name":"value",…}`) in bytes.
+pub const MAX_LABEL_BYTES: usize = 64 * 1024;
+/// The longest holder name, in bytes.
+pub const MAX_HOLDER_BYTES: usize = 4 * 1024;
+/// The most fences one grant reserves ([`AcquireRequest::fences`]).
+pub const MAX_FENCES: u64 = 100_000;
+
+/// The store connection's settings: its statements are planned once, when prepared (the
+/// server would otherwise plan the acquire statement again at each run, which costs more than
+/// running it).
+const SESSION: &str = "SET plan_cache_mode = force_generic_plan";
+
+/// The advisory lock that makes one table creator at a time (any fixed number; the queue's is
+/// another).
+const CREATE_LOCK: i64 = 7_451_830_022;
+
+/// A lock store on a PostgreSQL table.
+///
+/// # Expiry
+/// A lease expires at `expires` on the server's clock; a renewal or release that reaches the
+/// server later is refused, whatever the client's clock says.
+///
+/// # Errors
+/// Calls fail with [`Error::Unavailable`] (retryable) when the server cannot be reached or does
+/// not answer within `?timeout=`, and with [`Error::Store`] when it refuses a statement.
+///
+/// ```no_run
+/// # async fn f() -> leasehold::Result<()> {
+/// use leasehold::{stores::postgres::PostgresStore, Locks};
+/// let store = PostgresStore::connect("postgres://locker@127.0.0.1:5432/app").await?;
+/// let locks = Locks::new(store);
+/// # drop(locks); Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct PostgresStore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    link: Link,
+    sql: Sql,
+    hub: Arc<watch::Hub>,
+    batch: renew::Batch,
+    channel: String,
+    /// `?mode=advisory`: the session holding the advisory locks.
+    advisory: Option<advisory::Advisory>,
+}
+
+impl PostgresStore {
+    /// Connects to the database of `url` and creates the lease table if it is not there.
+    ///
+    /// # Errors
+    /// [`Error::InvalidUrl`] for a URL the driver or the store's parameters refuse;
+    /// [`Error::Unavailable`] when the server cannot be reached; [`Error::Store`]
+    /// (non-retryable) when the table is missing and the user may not create it (the message
+    /// names the DDL to run).
+    pub async fn connect(url: &str) -> Result<Self> {
+        let shown = crate::redact_url(url);
+        let mut opts = Options::default();
+        let target = Target::parse(url, |pair| opts.take(pair, &shown))?;
+        let advisory = (opts.mode == Mode::Advisory).then(|| {
+            let session = Link::new(target.clone(), String::new(), Arc::new(|_| {}), "");
+            advisory::Advisory::new(session)
+        });
+        let hub = Arc::new(watch::Hub::default());
+        let channel = opts.channel();
+        let link = Link::new(target, channel.clone(), hub.listener(), SESSION);
+        let inner = Inner {
+            link,
+            sql: Sql::new(&opts.schema, &opts.table),
+            hub,
+            batch: renew::Batch::default(),
+            channel,
+            advisory,
+        };
+        inner.migrate().await?;
+        Ok(PostgresStore {
+            inner: Arc::new(inner),
+        })
+    }
+}
+
+impl Inner {
+    /// Creates the table and its sequence unless both are there (and the schema unless it is).
+    async fn migrate(&self) -> Result<()> {
+        let sql = &self.sql;
+        let there = |l: Arc<crate::postgres::link::Live>| async move {
+            let row = l
+                .conn
+                .query_one(sql.exists, &[&sql.table, &sql.sequence, &sql.schema])
+                .await?;
+            Ok((row.try_get::<_, bool>(0)?, row.try_get::<_, bool>(1)?))
+        };
+        let (table, schema) = self.link.call(there).await?;
+        if table {
+            return self.prepare().await;
+        }
+        let needed = match schema {
+            true => sql.create.clone(),
+            false => format!("{}\n{}", sql.create_schema, sql.create),
+        };
+        let ddl = format!("BEGIN; SELECT pg_advisory_xact_lock({CREATE_LOCK}); {needed} COMMIT;");
+        let live = self.link.get().await?;
+        let ran = tokio::time::timeout(self.link.timeout(), live.conn.batch_execute(&ddl)).await;
+        let Ok(ran) = ran else {
+            return Err(Error::no_answer(self.link.shown()));
+        };
+        match ran {
+            Ok(()) => self.prepare().await,
+            Err(e) => {
+                let _ = live.conn.batch_execute("ROLLBACK").await;
+                if e.code().is_some_and(|c| c.code() == "42501") {
+                    return Err(Error::Store {
+                        source: None,
+                        store: self.link.shown().to_owned(),
+                        detail: format!(
+                            "the lease table {} is not there and this user may not create it \
+                             ({}); have it created with:\n{needed}",
+                            sql.table,
+                            e.as_db_error().map_or("permission denied", |d| d.message()),
+                        ),
+                        retryable: false,
+                    });
+                }
+                Err(pg_err(self.link.shown(), e))
+            }
+        }
+    }
+
+    /// Prepares the hot statements (acquire, renew, release) on the connection, so that the first
+    /// renewal of a short lease does not wait for its statement's planning.
+    async fn prepare(&self) -> Result<()> {
+        let sql = &self.sql;
+        self.link
+            .call(|l| async move {
+                for text in [&sql.acquire, &sql.renew, &sql.release] {
+                    l.conn.prepared.get(&l.conn.client, text).await?;
+                }
+                Ok(())
+            })
+            .await
+    }
+
+    /// Runs the query `sql` with `params`, prepared, on the shared connection: its rows.
+    async fn query(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Vec<Row>> {
+        self.link
+            .call(|l| async move { l.conn.prepared.query(&l.conn.client, sql, params).await })
+            .await
+    }
+
+    /// Renews each lease `keys[i]` held under `tokens[i]` for `ttls[i]` ms, in one statement;
+    /// the outcomes in the same order.
+    async fn renew_many(
+        &self,
+        keys: &[&str],
+        tokens: &[&str],
+        ttls: &[i64],
+    ) -> Result<Vec<RenewOutcome>> {
+        let rows = self
+            .query(&self.sql.renew, &[&keys, &tokens, &ttls])
+            .await?;
+        let mut renewed: HashMap<(String, String), LeaseRecord> = HashMap::new();
+        for r in &rows {
+            let rec = record(r).map_err(|e| pg_err(self.link.shown(), e))?;
+            let token = rec.token.clone().unwrap_or_default();
+            renewed.insert((rec.key.clone(), token), rec);
+        }
+        let missing: Vec<&str> = keys
+            .iter()
+            .zip(tokens)
+            .filter(|(k, t)| !renewed.contains_key(&(k.to_string(), t.to_string())))
+            .map(|(k, _)| *k)
+            .collect();
+        let mut found: HashMap<String, (Option<String>, Option<String>)> = HashMap::new();
+        if !missing.is_empty() {
+            for r in self.query(&self.sql.lost, &[&missing]).await? {
+                let got = (|| {
+                    Ok::<_, tokio_postgres::Error>((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?))
+                })();
+                let (k, holder, token): (String, Option<String>, Option<String>) =
+                    got.map_err(|e| pg_err(self.link.shown(), e))?;
+                found.insert(k, (holder, token));
+            }
+        }
+        Ok(keys
+            .iter()
+            .zip(tokens)
+            .map(|(k, t)| {
+                if let Some(rec) = renewed.get(&(k.to_string(), t.to_string())) {
+                    return RenewOutcome::Renewed(rec.clone());
+                }
+                RenewOutcome::Lost(match found.get(*k) {
+                    None | Some((_, None)) => LostReason::Released,
+                    Some((_, Some(tok))) if tok == t => LostReason::Expired,
+                    Some((holder, Some(_))) => LostReason::TakenOver {
+                        holder: holder.clone().unwrap_or_default(),
+                    },
+                })
+            })
+            .collect())
+    }
+
+    /// The acquire statement for `req` with its labels as JSON; `session` is `$10` (see
+    /// `sql.rs`: 0 judges by expiry, 1 the holder's session is gone, 2 it lives).
+    async fn acquire_row(
+        &self,
+        req: &AcquireRequest,
+        labels: &str,
+        session: i32,
+    ) -> Result<AcquireOutcome> {
+        let (ttl, wttl) = (millis(req.ttl), req.waiter_ttl.map_or(0, millis));
+        let fences = i64::try_from(req.fences.max(1)).unwrap_or(1);
+        let pid = i32::try_from(crate::decide::pid()).unwrap_or(0);
+        let host = crate::decide::host();
+        let key = req.key.as_str();
+        // A row deleted (cleanup) between the statement and the read is acquired again.
+        for _ in 0..3 {
+            let rows = self
+                .query(
+                    &self.sql.acquire,
+                    &[
+                        &key,
+                        &req.holder,
+                        &req.token,
+                        &ttl,
+                        &wttl,
+                        &labels,
+                        &fences,
+                        &pid,
+                        &host,
+                        &session,
+                    ],
+                )
+                .await?;
+            if let Some(r) = rows.first() {
+                let rec = record(r).map_err(|e| self.err(e))?;
+                let granted: bool = r.try_get(15).map_err(|e| self.err(e))?;
+                return Ok(if granted {
+                    AcquireOutcome::Granted(rec)
+                } else {
+                    AcquireOutcome::Held(rec)
+                });
+            }
+            // Held, and nothing to write: the row as it is now.
+            if let Some(r) = self.query(&self.sql.inspect, &[&key]).await?.first() {
+                return Ok(AcquireOutcome::Held(record(r).map_err(|e| self.err(e))?));
+            }
+            if session == 2 {
+                // No row, and another session holds the key's advisory lock (it is taking it,
+                // or another program uses the same lock).
+                let mut r = LeaseRecord::free(key, 0);
+                r.holder = Some("another session (the key's advisory lock)".into());
+                return Ok(AcquireOutcome::Held(r));
+            }
+        }
+        Err(Error::Store {
+            source: None,
+            store: self.link.shown().to_owned(),
+            detail: format!("the row of {} kept changing while it was acquired", req.key),
+            retryable: true,
+        })
+    }
+
+    /// The release statement: whether the lease was still live.
+    async fn release_row(&self, key: &str, token: &str) -> Result<ReleaseOutcome> {
+        let rows = self
+            .query(&self.sql.release, &[&key, &token, &self.channel, &key])
+            .await?;
+        let live = match rows.first() {
+            Some(r) => r.try_get::<_, bool>(0).map_err(|e| self.err(e))?,
+            None => false,
+        };
+        Ok(if live {
+            ReleaseOutcome::Released
+        } else {
+            ReleaseOutcome::NotHeld
+        })
+    }
+
+    fn err(&self, e: tokio_postgres::Error) -> Error {
+        pg_err(self.link.shown(), e)
+    }
+}
+
+/// Refuses what the table cannot hold or give back as it was written.
+fn check(req: &AcquireRequest) -> Result<String> {
+    if req.holder.len() > MAX_HOLDER_BYTES || req.holder.contains('\0') {
+        return Err(Error::option(
+            "holder",
+            format!("at most {MAX_HOLDER_BYTES} bytes, without NUL, on the PostgreSQL store"),
+        ));
+    }
+    if req.fences > MAX_FENCES {
+        return Err(Error::option(
+            "fences",
+            format!("at most {MAX_FENCES} fences per grant on the PostgreSQL store"),
+        ));
+    }
+    let labels =
+        serde_json::to_string(&req.labels).map_err(|e| Error::option("labels", e.to_string()))?;
+    if labels.len() > MAX_LABEL_BYTES {
+        return Err(Error::option(
+            "labels",
+            format!(
+                "{} bytes as JSON; the PostgreSQL store keeps at most {MAX_LABEL_BYTES}",
+                labels.len()
+            ),
+        ));
+    }
+    Ok(labels)
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+fn unsigned(v: i64) -> u64 {
+    u64::try_from(v).unwrap_or(0)
+}
+
+/// The record in a row of the store's columns (see `sql::columns`).
+fn record(r: &Row) -> std::result::Result<LeaseRecord, tokio_postgres::Error> {
+    let key: String = r.try_get(0)?;
+    let mut rec = LeaseRecord::free(&key, unsigned(r.try_get(3)?));
+    rec.holder = r.try_get(1)?;
+    rec.token = r.try_get(2)?;
+    rec.acquired_ms = unsigned(r.try_get(4)?);
+    rec.renewed_ms = unsigned(r.try_get(5)?);
+    rec.expires_ms = unsigned(r.try_get(6)?);
+    rec.ttl_ms = unsigned(r.try_get(7)?);
+    rec.waiter = r.try_get(8)?;
+    rec.waiter_token = r.try_get(9)?;
+    rec.waiter_expires_ms = Some(unsigned(r.try_get(10)?)).filter(|&v| v > 0);
+    rec.waiter_ttl_ms = r.try_get::<_, Option<i64>>(11)?.map(unsigned);
+    rec.pid = r
+        .try_get::<_, Option<i32>>(12)?
+        .and_then(|p| u32::try_from(p).ok());
+    rec.host = r.try_get(13)?;
+    let labels: String = r.try_get(14)?;
+    // Labels someone else wrote that are not a JSON object of strings read as none.
+    rec.labels = serde_json::from_str(&labels).unwrap_or_default();
+    Ok(rec)
+}
+
+#[async_trait]
+impl LockStore for PostgresStore {
+    fn describe(&self) -> String {
+        self.inner.link.shown().to_owned()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            native_ttl: false,
+            watch: true,
+            liveness: self.inner.advisory.is_some(),
+            fence_source: "a PostgreSQL sequence per table, never lowered by cleanup",
+        }
+    }
+
+    async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome> {
+        let labels = check(req)?;
+        match &self.inner.advisory {
+            Some(a) => advisory::acquire(&self.inner, a, req, &labels).await,
+            None => self.inner.acquire_row(req, &labels, 0).await,
+        }
+    }
+
+    async fn renew(&self, key: &Key, token: &str, ttl: Duration) -> Result<RenewOutcome> {
+        let inner = &self.inner;
+        let k = key.as_str();
+        if let Some(a) = &inner.advisory {
+            if a.holds(k, token) == Some(false) {
+                // The session ended: the server freed the advisory lock, and another process
+                // may hold the key now.
+                advisory::forget(inner, a, k, token).await;
+                return Ok(RenewOutcome::Lost(LostReason::Released));
+            }
+        }
+        let out = renew::renew(inner, k.to_owned(), token.to_owned(), millis(ttl)).await?;
+        if let (Some(a), RenewOutcome::Lost(_)) = (&inner.advisory, &out) {
+            advisory::forget(inner, a, k, token).await;
+        }
+        Ok(out)
+    }
+
+    async fn release(&self, key: &Key, token: &str) -> Result<ReleaseOutcome> {
+        match &self.inner.advisory {
+            Some(a) => advisory::release(&self.inner, a, key.as_str(), token).await,
+            None => self.inner.release_row(key.as_str(), token).await,
+        }
+    }
+
+    async fn withdraw_waiter(&self, key: &Key, token: &str) -> Result<()> {
+        let inner = &self.inner;
+        let k = key.as_str();
+        inner
+            .query(&inner.sql.withdraw, &[&k, &token, &inner.channel, &k])
+            .await?;
+        Ok(())
+    }
+
+    async fn inspect(&self, key: &Key) -> Result<Option<Inspection>> {
+        let inner = &self.inner;
+        let rows = inner.query(&inner.sql.inspect, &[&key.as_str()]).await?;
+        rows.first()
+            .map(|r| record(r).map(Inspection::Record).map_err(|e| inner.err(e)))
+            .transpose()
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<Inspection>> {
+        let inner = &self.inner;
+        let rows = inner.query(&inner.sql.list, &[&prefix]).await?;
+        rows.iter()
+            .map(|r| record(r).map(Inspection::Record).map_err(|e| inner.err(e)))
+            .collect()
+    }
+
+    async fn force_release(&self, key: &Key) -> Result<Option<LeaseRecord>> {
+        let inner = &self.inner;
+        let k = key.as_str();
+        let rows = inner
+            .query(&inner.sql.force, &[&k, &inner.channel, &k])
+            .await?;
+        let rows = match rows.is_empty() {
+            true => inner.query(&inner.sql.inspect, &[&k]).await?,
+            false => rows,
+        };
+        rows.first()
+            .map(|r| record(r).map_err(|e| inner.err(e)))
+            .transpose()
+    }
+
+    async fn cleanup(&self, older_than: Duration) -> Result<CleanupReport> {
+        let inner = &self.inner;
+        let rows = inner
+            .query(&inner.sql.cleanup, &[&millis(older_than)])
+            .await?;
+        let (removed, total) = match rows.first() {
+            Some(r) => {
+                let get = |i| r.try_get::<_, i64>(i).map_err(|e| inner.err(e));
+                (unsigned(get(0)?) as usize, unsigned(get(1)?) as usize)
+            }
+            None => (0, 0),
+        };
+        Ok(CleanupReport {
+            removed,
+            kept: total.saturating_sub(removed),
+        })
+    }
+
+    async fn subscribe(&self, key: &Key) -> Result<Option<Box<dyn ChangeWatch>>> {
+        let live = self.inner.link.get().await?;
+        Ok(Some(Box::new(
+            self.inner.hub.subscribe(key.as_str(), live.flag()),
+        )))
+    }
+}

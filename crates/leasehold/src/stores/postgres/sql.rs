@@ -1,0 +1,192 @@
+//! The SQL text of the PostgreSQL lock store: the table (created on first use), and one
+//! statement per step, every time judged by the server's clock (`now()`, the statement's start).
+//!
+//! A step's parameters are always bind parameters; only the table's and sequence's names (checked
+//! identifiers, see [`super::options`]) are written into the text.
+
+/// A table's statements, its names filled in.
+#[derive(Debug, Clone)]
+pub(super) struct Sql {
+    /// `"schema"`.
+    pub(super) schema: String,
+    /// `"schema"."table"`.
+    pub(super) table: String,
+    /// The DDL that creates the schema (idempotent; run only when it is missing: `CREATE SCHEMA
+    /// IF NOT EXISTS` needs the right to create schemas even when the schema is there).
+    pub(super) create_schema: String,
+    /// The DDL that creates the table and its fence sequence (idempotent).
+    pub(super) create: String,
+    /// Whether the table and its sequence are there, and whether the schema is: `$1` the table,
+    /// `$2` the sequence (names as `to_regclass` reads them), `$3` the schema.
+    pub(super) exists: &'static str,
+    pub(super) acquire: String,
+    pub(super) renew: String,
+    pub(super) lost: String,
+    pub(super) release: String,
+    pub(super) withdraw: String,
+    pub(super) inspect: String,
+    pub(super) list: String,
+    pub(super) force: String,
+    pub(super) cleanup: String,
+    /// The sequence's name as a `regclass` literal reads it.
+    pub(super) sequence: String,
+}
+
+/// A timestamp column as Unix milliseconds (0 for none).
+fn ms(col: &str) -> String {
+    format!("coalesce(floor(extract(epoch from {col}) * 1000), 0)::bigint")
+}
+
+/// The record's columns (of the table named `p`, empty for the only one), in the order
+/// [`super::row`] reads them.
+fn columns(p: &str) -> String {
+    format!(
+        "{p}key, {p}holder, {p}token, {p}fence, {}, {}, CASE WHEN {p}token IS NULL THEN 0 ELSE {} END, \
+         {p}ttl_ms, {p}waiter, {p}waiter_token, {}, {p}waiter_ttl_ms, {p}pid, {p}host, {p}labels",
+        ms(&format!("{p}acquired")),
+        ms(&format!("{p}renewed")),
+        ms(&format!("{p}expires")),
+        ms(&format!("{p}waiter_expires")),
+    )
+}
+
+/// A held lease: an owner token not yet expired, on the server's clock.
+const HELD: &str = "coalesce(t.token IS NOT NULL AND t.expires > now(), false)";
+/// A live waiter registration.
+const LIVE: &str = "coalesce(t.waiter_token IS NOT NULL AND t.waiter_expires > now(), false)";
+/// The live waiter registration is the caller's (`$3`, its token).
+const MINE: &str = "coalesce(t.waiter_token = $3, false)";
+
+impl Sql {
+    /// The statements of table `table` in schema `schema` (both checked identifiers).
+    pub(super) fn new(schema: &str, table: &str) -> Self {
+        let quoted_schema = format!("\"{schema}\"");
+        let t = format!("\"{schema}\".\"{table}\"");
+        let seq_name = format!("{table}_fence");
+        let sequence = format!("\"{schema}\".\"{seq_name}\"");
+        let cols = columns("");
+        // `$10`: 0 judges the lease by its expiry; 1 says its holder's session is gone (advisory
+        // mode: this caller got the key's advisory lock), 2 that it lives (it did not).
+        let held =
+            format!("(CASE $10::integer WHEN 1 THEN false WHEN 2 THEN true ELSE {HELD} END)");
+        let granted = format!("(NOT {held} AND NOT ({LIVE} AND NOT {MINE}))");
+        let fresh = format!(
+            "({MINE} AND {LIVE} AND t.waiter_expires >= now() + ($5::bigint * 2 / 3) * interval '1 millisecond')"
+        );
+        let registers = format!("($5::bigint > 0 AND ({MINE} OR NOT {LIVE}) AND NOT {fresh})");
+        let pick =
+            |col: &str| format!("{col} = CASE WHEN {granted} THEN excluded.{col} ELSE t.{col} END");
+        let lapsed_waiter = format!(
+            "waiter = CASE WHEN {LIVE} THEN t.waiter END, \
+             waiter_token = CASE WHEN {LIVE} THEN t.waiter_token END, \
+             waiter_expires = CASE WHEN {LIVE} THEN t.waiter_expires END, \
+             waiter_ttl_ms = CASE WHEN {LIVE} THEN t.waiter_ttl_ms END"
+        );
+        let create = format!(
+            "CREATE TABLE IF NOT EXISTS {t} (
+  key TEXT COLLATE \"C\" PRIMARY KEY,
+  holder TEXT,
+  token TEXT,
+  fence BIGINT NOT NULL,
+  acquired TIMESTAMPTZ NOT NULL,
+  renewed TIMESTAMPTZ NOT NULL,
+  expires TIMESTAMPTZ NOT NULL,
+  ttl_ms BIGINT NOT NULL,
+  waiter TEXT,
+  waiter_token TEXT,
+  waiter_expires TIMESTAMPTZ,
+  waiter_ttl_ms BIGINT,
+  pid INTEGER,
+  host TEXT,
+  labels TEXT NOT NULL DEFAULT '{{}}'
+);
+CREATE SEQUENCE IF NOT EXISTS {sequence};"
+        );
+        // One value of the sequence, or the largest of `$7` values for a block.
+        let seq = sequence.replace('\'', "''");
+        let block = format!(
+            "(CASE WHEN $7::bigint = 1 THEN nextval('{seq}'::regclass) \
+             ELSE (SELECT max(nextval('{seq}'::regclass)) FROM generate_series(1, $7::bigint)) END)"
+        );
+        let acquire = format!(
+            "INSERT INTO {t} AS t (key, holder, token, fence, acquired, renewed, expires, ttl_ms, pid, host, labels)
+VALUES ($1, $2, $3, {block}, now(), now(), now() + $4::bigint * interval '1 millisecond', $4::bigint, $8::integer, $9, $6)
+ON CONFLICT (key) DO UPDATE SET
+  {}, {}, {}, {}, {}, {}, {}, {}, {}, {},
+  waiter = CASE WHEN {granted} THEN NULL ELSE $2 END,
+  waiter_token = CASE WHEN {granted} THEN NULL ELSE $3 END,
+  waiter_expires = CASE WHEN {granted} THEN NULL ELSE now() + $5::bigint * interval '1 millisecond' END,
+  waiter_ttl_ms = CASE WHEN {granted} THEN NULL ELSE $5::bigint END
+WHERE {granted} OR {registers}
+RETURNING {cols}, (token = $3 AND acquired = now())",
+            pick("holder"),
+            pick("token"),
+            pick("fence"),
+            pick("acquired"),
+            pick("renewed"),
+            pick("expires"),
+            pick("ttl_ms"),
+            pick("pid"),
+            pick("host"),
+            pick("labels"),
+        );
+        // Many leases in one statement: `$1` keys, `$2` tokens, `$3` TTLs in milliseconds.
+        let renew = format!(
+            "UPDATE {t} AS t SET renewed = now(), ttl_ms = r.ttl,
+  expires = now() + r.ttl * interval '1 millisecond', {lapsed_waiter}
+FROM unnest($1::text[], $2::text[], $3::bigint[]) AS r(key, token, ttl)
+WHERE t.key = r.key AND t.token = r.token AND t.expires > now()
+RETURNING {}",
+            columns("t.")
+        );
+        let lost = format!("SELECT key, holder, token FROM {t} WHERE key = ANY($1::text[])");
+        // `$3` the channel, `$4` the payload (the key).
+        let release = format!(
+            "WITH r AS (UPDATE {t} AS t SET holder = NULL, token = NULL, renewed = now(), {lapsed_waiter}
+  WHERE t.key = $1 AND t.token = $2 RETURNING t.expires > now() AS live)
+SELECT r.live, pg_notify($3, $4)::text FROM r"
+        );
+        let withdraw = format!(
+            "WITH r AS (UPDATE {t} SET waiter = NULL, waiter_token = NULL, waiter_expires = NULL,
+  waiter_ttl_ms = NULL WHERE key = $1 AND waiter_token = $2 RETURNING 1)
+SELECT pg_notify($3, $4)::text FROM r"
+        );
+        let inspect = format!("SELECT {cols} FROM {t} WHERE key = $1");
+        let list =
+            format!("SELECT {cols} FROM {t} WHERE starts_with(key, $1) ORDER BY key COLLATE \"C\"");
+        // The record as it was, then freed (`$2` the channel, `$3` the payload).
+        let force = format!(
+            "WITH old AS (SELECT {cols} FROM {t} WHERE key = $1 AND token IS NOT NULL FOR UPDATE),
+  up AS (UPDATE {t} AS t SET holder = NULL, token = NULL, renewed = now(), {lapsed_waiter}
+         FROM old WHERE t.key = old.key RETURNING 1)
+SELECT old.*, pg_notify($2, $3)::text FROM old"
+        );
+        // Free (or expired), no live waiter, untouched for `$1` milliseconds. Fences come from
+        // the sequence, which no deletion lowers.
+        let cleanup = format!(
+            "WITH d AS (DELETE FROM {t} AS t WHERE NOT {HELD} AND NOT {LIVE}
+  AND greatest(t.renewed, t.acquired, CASE WHEN t.token IS NOT NULL THEN t.expires END)
+      + $1::bigint * interval '1 millisecond' <= now()
+  RETURNING 1)
+SELECT (SELECT count(*) FROM d), (SELECT count(*) FROM {t})"
+        );
+        Sql {
+            schema: quoted_schema,
+            table: t,
+            create,
+            exists: "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL, \
+                     to_regnamespace($3) IS NOT NULL",
+            create_schema: format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\";"),
+            acquire,
+            renew,
+            lost,
+            release,
+            withdraw,
+            inspect,
+            list,
+            force,
+            cleanup,
+            sequence,
+        }
+    }
+}
