@@ -170,3 +170,14 @@ mod k8s {
     }
     leasehold_testkit::conformance_tests!(store().await);
 }
+
+mod gcs {
+    use super::*;
+    async fn store() -> Arc<dyn LockStore> {
+        let server = leasehold_testkit::gcs_server::shared_gcs();
+        leasehold::open_store(&server.store_url("conformance"))
+            .await
+            .expect("gcs store")
+    }
+    leasehold_testkit::conformance_tests!(store().await);
+}
