@@ -90,7 +90,10 @@ impl GcsServer {
                 &format!("fake-gcs-server on port {port}"),
                 Duration::from_secs(10),
                 Duration::from_millis(10),
-                || http_request(port, "GET", "/storage/v1/b", &[], "").is_some_and(|(c, _)| c == 200),
+                || {
+                    http_request(port, "GET", "/storage/v1/b", &[], "")
+                        .is_some_and(|(c, _)| c == 200)
+                },
             )
             .map(|()| (port, child))
         });
