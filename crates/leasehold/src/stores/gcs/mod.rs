@@ -205,17 +205,18 @@ impl GcsStore {
             return Err(Error::option("timeout", "must be more than zero"));
         }
         let emulator = std::env::var(EMULATOR_ENV).ok().filter(|h| !h.is_empty());
-        let (endpoint, via) = match (&options.endpoint, emulator) {
-            (Some(e), _) => (e.clone(), format!("?endpoint={e}")),
+        // An endpoint named by the option or the variable is an emulator: no credentials.
+        let (endpoint, via, anonymous) = match (&options.endpoint, emulator) {
+            (Some(e), _) => (e.clone(), format!("?endpoint={e}"), true),
             (None, Some(host)) => {
                 let e = if host.contains("://") {
                     host
                 } else {
                     format!("http://{host}")
                 };
-                (e, format!(" ({EMULATOR_ENV})"))
+                (e, format!(" ({EMULATOR_ENV})"), true)
             }
-            (None, None) => (GOOGLE_ENDPOINT.to_owned(), String::new()),
+            (None, None) => (GOOGLE_ENDPOINT.to_owned(), String::new(), false),
         };
         let parsed = url::Url::parse(&endpoint)
             .map_err(|e| Error::option("endpoint", format!("{endpoint:?}: {e}")))?;
@@ -226,7 +227,7 @@ impl GcsStore {
             ));
         }
         let describe = format!("gs://{}/{prefix}{via}", options.bucket);
-        let auth = if endpoint == GOOGLE_ENDPOINT {
+        let auth = if !anonymous {
             let provider = tokio::time::timeout(options.timeout, gcp_auth::provider()).await;
             let unavailable = |detail: String| Error::Unavailable {
                 store: describe.clone(),

@@ -1,0 +1,202 @@
+//! Google Cloud Storage benchmark against `fake-gcs-server` (started here on a free loopback
+//! port): HTTP requests and cycles/s per acquisition, beside the floor measured in the same run.
+//!
+//! `cargo bench -p leasehold-testkit --bench gcs` (about 15 s), `-- --quick` for a smoke run.
+//!
+//! 1. Floor: one raw conditional create (`ifGenerationMatch=0`) + one conditional delete of a new
+//!    object per cycle, through the store's own client.
+//! 2. Uncontended acquire + release on new keys, one at a time (the target: ≤ 2 requests
+//!    per cycle, ≥ 0.9× the floor's cycles/s).
+//! 3. Uncontended acquire + release of one key again and again (the adapter's remembered version).
+//! 4. Handoff: two clients (two holders, as two processes would be, local layer off) on one key,
+//!    each acquiring and releasing at once, again: handoffs/s, requests per handoff.
+
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use leasehold::adapter::RecordLockStore;
+use leasehold::stores::gcs::{GcsOptions, GcsStore};
+use leasehold::{HolderId, Key, LeaseRecord, Locks, RecordStore};
+use leasehold_testkit::gcs_server::{GcsServer, BUCKET};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn pct(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    sorted[((sorted.len() - 1) as f64 * p) as usize]
+}
+
+async fn store(server: &GcsServer, prefix: &str) -> Arc<GcsStore> {
+    let mut o = GcsOptions::new(BUCKET);
+    o.prefix = prefix.into();
+    o.endpoint = Some(server.url());
+    Arc::new(GcsStore::connect(o).await.unwrap())
+}
+
+fn locks(store: &Arc<GcsStore>, holder: &str) -> Locks {
+    Locks::new(RecordLockStore::new(store.clone()))
+        .with_holder(HolderId::new(holder))
+        .with_local_layer(false)
+}
+
+struct Figures {
+    cycles_per_s: f64,
+    requests: f64,
+    p50: Duration,
+    p99: Duration,
+}
+
+fn report(what: &str, n: usize, took: Duration, mut lat: Vec<Duration>, requests: u64) -> Figures {
+    lat.sort();
+    let f = Figures {
+        cycles_per_s: n as f64 / took.as_secs_f64(),
+        requests: requests as f64 / n as f64,
+        p50: pct(&lat, 0.5),
+        p99: pct(&lat, 0.99),
+    };
+    println!(
+        "{what}: {n} cycles, {:.0} cycles/s, p50 {:?}, p99 {:?}, {:.2} requests per cycle",
+        f.cycles_per_s, f.p50, f.p99, f.requests
+    );
+    f
+}
+
+async fn floor(server: &GcsServer, n: usize) -> Figures {
+    let s = store(server, "bench-floor").await;
+    let before = s.requests();
+    let mut lat = Vec::with_capacity(n);
+    let t0 = Instant::now();
+    for i in 0..n {
+        let key = Key::new(format!("raw-{i}")).unwrap();
+        let t = Instant::now();
+        let g = s
+            .create(&key, &LeaseRecord::free(key.as_str(), 1))
+            .await
+            .unwrap();
+        assert!(s.delete(&key, &g.expect("created")).await.unwrap());
+        lat.push(t.elapsed());
+    }
+    report(
+        "floor (conditional create + conditional delete)",
+        n,
+        t0.elapsed(),
+        lat,
+        s.requests() - before,
+    )
+}
+
+async fn uncontended(server: &GcsServer, n: usize, same_key: bool) -> Figures {
+    let s = store(server, if same_key { "bench-same" } else { "bench-new" }).await;
+    let l = locks(&s, "solo");
+    let before = s.requests();
+    let mut lat = Vec::with_capacity(n);
+    let t0 = Instant::now();
+    for i in 0..n {
+        let key = if same_key {
+            "one".to_owned()
+        } else {
+            format!("solo-{i}")
+        };
+        let t = Instant::now();
+        let g = l
+            .lock(key)
+            .unwrap()
+            .ttl(Duration::from_secs(10))
+            .try_acquire()
+            .await
+            .unwrap()
+            .expect("free");
+        g.release().await.unwrap();
+        lat.push(t.elapsed());
+    }
+    report(
+        if same_key {
+            "uncontended acquire + release, one key again"
+        } else {
+            "uncontended acquire + release, new keys"
+        },
+        n,
+        t0.elapsed(),
+        lat,
+        s.requests() - before,
+    )
+}
+
+async fn handoff(server: &GcsServer, dur: Duration) {
+    let (sa, sb) = (
+        store(server, "bench-hot").await,
+        store(server, "bench-hot").await,
+    );
+    let before = sa.requests() + sb.requests();
+    let end = Instant::now() + dur;
+    let mut tasks = vec![];
+    for l in [locks(&sa, "a"), locks(&sb, "b")] {
+        tasks.push(tokio::spawn(async move {
+            let mut waits = vec![];
+            while Instant::now() < end {
+                let t = Instant::now();
+                let g = l
+                    .lock("hot")
+                    .unwrap()
+                    .ttl(Duration::from_secs(10))
+                    .wait(Duration::from_secs(30))
+                    .acquire()
+                    .await
+                    .unwrap();
+                waits.push(t.elapsed());
+                g.release().await.unwrap();
+            }
+            waits
+        }));
+    }
+    let mut waits = vec![];
+    for t in tasks {
+        waits.extend(t.await.unwrap());
+    }
+    let total = sa.requests() + sb.requests() - before;
+    waits.sort();
+    println!(
+        "handoff (2 clients, one key): {} acquisitions in {dur:?} ({:.0}/s), wait p50 {:?} p99 {:?}, {:.2} requests per acquisition",
+        waits.len(),
+        waits.len() as f64 / dur.as_secs_f64(),
+        pct(&waits, 0.5),
+        pct(&waits, 0.99),
+        total as f64 / waits.len().max(1) as f64,
+    );
+}
+
+fn main() {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let server = GcsServer::start();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let n = if quick { 20 } else { 1000 };
+        // Warm-up (connections, the emulator's first objects).
+        floor(&server, n / 10 + 1).await;
+        let f = floor(&server, n).await;
+        let u = uncontended(&server, n, false).await;
+        let same = uncontended(&server, n, true).await;
+        println!(
+            "ratio to the floor (cycles/s): new keys {:.2}x, one key {:.2}x; requests per cycle {:.2} and {:.2} (floor {:.2})",
+            u.cycles_per_s / f.cycles_per_s,
+            same.cycles_per_s / f.cycles_per_s,
+            u.requests,
+            same.requests,
+            f.requests
+        );
+        handoff(
+            &server,
+            if quick {
+                Duration::from_secs(1)
+            } else {
+                Duration::from_secs(5)
+            },
+        )
+        .await;
+    });
+}
