@@ -104,6 +104,9 @@ impl GcsOptions {
     }
 }
 
+/// An object as last read or written: its generation and its JSON.
+type Seen = (String, Map<String, Value>);
+
 /// A [`RecordStore`] over objects in a Google Cloud Storage bucket; wrap it in
 /// [`crate::adapter::RecordLockStore`] (as `open_store("gs://…")` does) for a lock store.
 pub struct GcsStore {
@@ -114,7 +117,7 @@ pub struct GcsStore {
     describe: String,
     /// Object name → (generation, object) as last read or written, so that a replace of that
     /// generation keeps the fields leasehold does not own, and another client's lease exactly.
-    seen: Mutex<HashMap<String, (String, Map<String, Value>)>>,
+    seen: Mutex<HashMap<String, Seen>>,
 }
 
 impl fmt::Debug for GcsStore {
