@@ -255,3 +255,29 @@ fn eight_processes_never_overlap_and_count_to_200() {
     assert_eq!(count.trim(), "200");
     eprintln!("8 × 25 critical sections in {:?}", t.elapsed());
 }
+
+/// The server hangs (SIGSTOP): renewals time out, and once the lease could have expired the
+/// holder's `lost()` fires as unreachable, before its TTL is over; the store never says it still
+/// holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_server_loses_the_lease_within_its_ttl() {
+    let server = GcsServer::start();
+    let url = format!("{}&timeout=200ms", server.store_url("hung"));
+    let l = leasehold_testkit::connect_as(&url, "web-1").await;
+    let guard = leasehold_testkit::take(&l, "job", Duration::from_millis(1500)).await;
+    let t = Instant::now();
+    server.signal(libc::SIGSTOP);
+    let reason = tokio::time::timeout(Duration::from_secs(3), guard.lost()).await;
+    server.signal(libc::SIGCONT);
+    let reason = reason.expect("lost fires");
+    assert!(
+        matches!(reason, LostReason::Unreachable { .. }),
+        "{reason:?}"
+    );
+    assert!(
+        t.elapsed() < Duration::from_millis(1500),
+        "{:?}",
+        t.elapsed()
+    );
+    assert!(!guard.is_current());
+}
