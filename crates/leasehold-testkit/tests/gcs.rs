@@ -281,3 +281,26 @@ async fn a_hung_server_loses_the_lease_within_its_ttl() {
     );
     assert!(!guard.is_current());
 }
+
+/// Labels that would make the object larger than the store reads back are refused at acquire,
+/// at once, with a usage error naming the limit; nothing is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn labels_larger_than_the_read_limit_are_refused_at_acquire() {
+    let server = shared_gcs();
+    let prefix = leasehold_testkit::prefix("big");
+    let l = leasehold_testkit::connect_as(&server.store_url(&prefix), "web-1").await;
+    let err = l
+        .lock("job")
+        .unwrap()
+        .label("blob", "x".repeat(leasehold::stores::gcs::MAX_OBJECT_BYTES))
+        .wait(Duration::from_secs(5))
+        .acquire()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, leasehold::Error::InvalidOption { name: "labels", .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("1048576"), "{err}");
+    assert!(server.get_raw(&format!("{prefix}/job")).is_none());
+}
