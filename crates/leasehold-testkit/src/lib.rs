@@ -8,6 +8,7 @@
 #![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)]
 
 pub mod foreign;
+pub mod gcs_server;
 pub mod proxy;
 pub mod queue_suite;
 pub mod servers;

@@ -220,3 +220,14 @@ mod postgres_tls {
     }
     leasehold_testkit::conformance_tests!(store().await);
 }
+
+mod gcs {
+    use super::*;
+    async fn store() -> Arc<dyn LockStore> {
+        let server = leasehold_testkit::gcs_server::shared_gcs();
+        leasehold::open_store(&server.store_url("conformance"))
+            .await
+            .expect("gcs store")
+    }
+    leasehold_testkit::conformance_tests!(store().await);
+}

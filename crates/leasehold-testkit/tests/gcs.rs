@@ -1,0 +1,307 @@
+//! The GCS store against `fake-gcs-server`: the server itself refuses stale conditional writes;
+//! leasehold and a process of the seed lock service (its JSON written by hand, as that service
+//! writes it) exclude each other; a stolen lease is lost; several OS processes count without
+//! overlap.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use leasehold::{Key, LostReason};
+use leasehold_testkit::gcs_server::{shared_gcs, GcsServer};
+use serde_json::{json, Value};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+const WORKER: &str = env!("CARGO_BIN_EXE_leasehold-worker");
+
+fn now_secs() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+/// The object as JSON.
+fn object(server: &GcsServer, name: &str) -> Value {
+    let text = server
+        .get_raw(name)
+        .unwrap_or_else(|| panic!("no object {name}"));
+    serde_json::from_str(&text).unwrap()
+}
+
+/// The current generation of `name`, by writing it again unconditionally (the emulator has no
+/// other cheap way to answer it with the body).
+fn rewrite(server: &GcsServer, name: &str, body: &Value) -> String {
+    let (code, generation) = server.put_raw(name, &body.to_string(), None);
+    assert_eq!(code, 200);
+    generation
+}
+
+/// The suite can fail: the emulator refuses a create of an existing object and a replace of a
+/// generation that is no longer current, on the multipart uploads the store sends.
+#[test]
+fn the_server_refuses_stale_conditional_writes() {
+    let server = shared_gcs();
+    let name = format!("{}/stale", leasehold_testkit::prefix("raw"));
+    let (code, g1) = server.put_raw(&name, r#"{"n":1}"#, Some("0"));
+    assert_eq!(code, 200, "create");
+    let (code, _) = server.put_raw(&name, r#"{"n":2}"#, Some("0"));
+    assert_eq!(code, 412, "a second create");
+    let (code, g2) = server.put_raw(&name, r#"{"n":2}"#, Some(&g1));
+    assert_eq!(code, 200, "a replace of the current generation");
+    assert_ne!(g1, g2);
+    let (code, _) = server.put_raw(&name, r#"{"n":3}"#, Some(&g1));
+    assert_eq!(code, 412, "a replace of a stale generation");
+    assert_eq!(object(server, &name)["n"], 2);
+}
+
+/// A lease the seed service holds (its JSON as it writes it, without leasehold's fields): held by
+/// its `ownerId` for leasehold, which registers as its waiter without touching the holder's
+/// fields, and takes it once `expiresAt` has passed by the assumed skew. leasehold's own object
+/// then reads, in the seed's fields, as held by leasehold until its `expiresAt`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leasehold_and_the_seed_service_exclude_each_other() {
+    let server = shared_gcs();
+    let prefix = leasehold_testkit::prefix("seed");
+    let url = format!("{}&max_clock_skew=500ms", server.store_url(&prefix));
+    let name = format!("{prefix}/agent-lock");
+    let expires = now_secs() + 1.5;
+    let seed = json!({"ownerId": "agent-7", "expiresAt": expires, "waitingOwnerId": null, "waiterExpiresAt": 0});
+    let (code, _) = server.put_raw(&name, &seed.to_string(), Some("0"));
+    assert_eq!(code, 200);
+
+    let l = leasehold_testkit::connect_as(&url, "web-1").await;
+    let refused = l.lock("agent-lock").unwrap().try_acquire().await.unwrap();
+    assert!(refused.is_none(), "held by agent-7");
+    let key = Key::new("agent-lock").unwrap();
+    let seen = l.store().inspect(&key).await.unwrap();
+    assert!(
+        matches!(&seen, Some(leasehold::Inspection::Record(r)) if r.holder.as_deref() == Some("agent-7")),
+        "{seen:?}"
+    );
+
+    let waiting = {
+        let l = l.clone();
+        tokio::spawn(async move {
+            let g = l
+                .lock("agent-lock")
+                .unwrap()
+                .ttl(Duration::from_secs(3))
+                .wait(Duration::from_secs(10))
+                .acquire()
+                .await
+                .unwrap();
+            (g, now_secs())
+        })
+    };
+    // The waiter registration is in the seed's fields; the holder's are as the seed wrote them.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let o = object(server, &name);
+        if o["waitingOwnerId"] == "web-1" {
+            assert_eq!(o["ownerId"], "agent-7");
+            assert_eq!(o["expiresAt"], seed["expiresAt"], "{o}");
+            assert!(o["waiterExpiresAt"].as_f64().unwrap() > now_secs());
+            break;
+        }
+        assert!(Instant::now() < deadline, "no waiter registration: {o}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (guard, got_at) = waiting.await.unwrap();
+    assert!(
+        got_at >= expires + 0.5,
+        "taken {:.3} s after expiresAt",
+        got_at - expires
+    );
+    // For the seed service, leasehold holds it now.
+    let o = object(server, &name);
+    assert_eq!(o["ownerId"], "web-1", "{o}");
+    let theirs = o["expiresAt"].as_f64().unwrap();
+    assert!(theirs > now_secs() && theirs <= now_secs() + 3.1, "{o}");
+    assert!(o["leasehold"]["fence"].as_u64().unwrap() > 0, "{o}");
+
+    // The seed service asks for it as waiter, as it does: read the object and its generation,
+    // set its two waiter fields, write conditioned on that generation (again if leasehold
+    // renewed in between): the holder's handoff_requested fires, and the released lease is
+    // reserved for agent-9.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (mut o, generation) = read_with_generation(server, &name);
+        o["waitingOwnerId"] = json!("agent-9");
+        o["waiterExpiresAt"] = json!(now_secs() + 5.0);
+        let (code, _) = server.put_raw(&name, &o.to_string(), Some(&generation));
+        if code == 200 {
+            break;
+        }
+        assert_eq!(code, 412);
+        assert!(
+            Instant::now() < deadline,
+            "the seed's waiter write never went through"
+        );
+    }
+    let who = tokio::time::timeout(Duration::from_secs(5), guard.handoff_requested())
+        .await
+        .expect("handoff requested");
+    assert_eq!(who, "agent-9");
+    guard.release().await.unwrap();
+    let o = object(server, &name);
+    assert_eq!(o["ownerId"], Value::Null, "{o}");
+    assert_eq!(o["waitingOwnerId"], "agent-9", "{o}");
+    let other = leasehold_testkit::connect_as(&url, "web-2").await;
+    let reserved = other
+        .lock("agent-lock")
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap();
+    assert!(reserved.is_none(), "reserved for agent-9");
+}
+
+/// The object `name` and its generation, read consistently (the generation before and after the
+/// read agree).
+fn read_with_generation(server: &GcsServer, name: &str) -> (Value, String) {
+    loop {
+        let before = current_generation(server, name).expect("the object exists");
+        let o = object(server, name);
+        if current_generation(server, name).as_deref() == Some(before.as_str()) {
+            return (o, before);
+        }
+    }
+}
+
+/// The generation of `name`, from the object's metadata.
+fn current_generation(server: &GcsServer, name: &str) -> Option<String> {
+    let path = format!(
+        "/storage/v1/b/{}/o/{}",
+        leasehold_testkit::gcs_server::BUCKET,
+        name.replace('%', "%25").replace('/', "%2F")
+    );
+    let (code, text) = leasehold_testkit::servers::http_get(server.port, &path)?;
+    (code == 200).then_some(())?;
+    let v: Value = serde_json::from_str(&text).ok()?;
+    v["generation"].as_str().map(str::to_owned)
+}
+
+/// The seed service takes the object over (its write conditioned on the generation it read):
+/// leasehold's holder loses the lease at its next renewal, naming the new owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_the_seed_service_overwrites_is_lost() {
+    let server = shared_gcs();
+    let prefix = leasehold_testkit::prefix("stolen");
+    let l = leasehold_testkit::connect_as(&server.store_url(&prefix), "web-1").await;
+    let guard = leasehold_testkit::take(&l, "job", Duration::from_millis(900)).await;
+    let name = format!("{prefix}/job");
+    let stolen = json!({"ownerId": "agent-7", "expiresAt": now_secs() + 60.0});
+    let generation = current_generation(server, &name).unwrap();
+    let (code, _) = server.put_raw(&name, &stolen.to_string(), Some(&generation));
+    if code == 412 {
+        // Renewed in between: steal it unconditionally, as a broken client would.
+        rewrite(server, &name, &stolen);
+    }
+    let reason = tokio::time::timeout(Duration::from_secs(3), guard.lost())
+        .await
+        .expect("lost fires");
+    assert_eq!(
+        reason,
+        LostReason::TakenOver {
+            holder: "agent-7".into()
+        }
+    );
+    // And deleted (an operator removes the object): the next holder's renewal finds nothing.
+    let guard = {
+        let o = json!({"ownerId": null, "expiresAt": 0});
+        rewrite(server, &name, &o);
+        leasehold_testkit::take(&l, "job", Duration::from_millis(900)).await
+    };
+    assert!(guard.fence() > 0);
+    let (code, _) = leasehold_testkit::servers::http_request(
+        server.port,
+        "DELETE",
+        &format!(
+            "/storage/v1/b/{}/o/{}",
+            leasehold_testkit::gcs_server::BUCKET,
+            name.replace('/', "%2F")
+        ),
+        &[],
+        "",
+    )
+    .unwrap();
+    assert!((200..300).contains(&code), "delete: {code}");
+    let reason = tokio::time::timeout(Duration::from_secs(3), guard.lost())
+        .await
+        .expect("lost fires");
+    assert_eq!(reason, LostReason::Released);
+}
+
+/// Eight OS processes, 25 critical sections each, on one key: never two inside, the counter
+/// reaches 200.
+#[test]
+fn eight_processes_never_overlap_and_count_to_200() {
+    let server = shared_gcs();
+    let url = server.store_url(&leasehold_testkit::prefix("count"));
+    let work = tempfile::tempdir().unwrap();
+    let t = Instant::now();
+    leasehold_testkit::run_all(
+        WORKER,
+        &[
+            "count",
+            &url,
+            "counter",
+            "25",
+            work.path().to_str().unwrap(),
+        ],
+        8,
+        "two processes",
+    );
+    let count = std::fs::read_to_string(work.path().join("counter")).unwrap();
+    assert_eq!(count.trim(), "200");
+    eprintln!("8 × 25 critical sections in {:?}", t.elapsed());
+}
+
+/// The server hangs (SIGSTOP): renewals time out, and once the lease could have expired the
+/// holder's `lost()` fires as unreachable, before its TTL is over; the store never says it still
+/// holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_server_loses_the_lease_within_its_ttl() {
+    let server = GcsServer::start();
+    let url = format!("{}&timeout=200ms", server.store_url("hung"));
+    let l = leasehold_testkit::connect_as(&url, "web-1").await;
+    let guard = leasehold_testkit::take(&l, "job", Duration::from_millis(1500)).await;
+    let t = Instant::now();
+    server.signal(libc::SIGSTOP);
+    let reason = tokio::time::timeout(Duration::from_secs(3), guard.lost()).await;
+    server.signal(libc::SIGCONT);
+    let reason = reason.expect("lost fires");
+    assert!(
+        matches!(reason, LostReason::Unreachable { .. }),
+        "{reason:?}"
+    );
+    assert!(
+        t.elapsed() < Duration::from_millis(1500),
+        "{:?}",
+        t.elapsed()
+    );
+    assert!(!guard.is_current());
+}
+
+/// Labels that would make the object larger than the store reads back are refused at acquire,
+/// at once, with a usage error naming the limit; nothing is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn labels_larger_than_the_read_limit_are_refused_at_acquire() {
+    let server = shared_gcs();
+    let prefix = leasehold_testkit::prefix("big");
+    let l = leasehold_testkit::connect_as(&server.store_url(&prefix), "web-1").await;
+    let err = l
+        .lock("job")
+        .unwrap()
+        .label("blob", "x".repeat(leasehold::stores::gcs::MAX_OBJECT_BYTES))
+        .wait(Duration::from_secs(5))
+        .acquire()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, leasehold::Error::InvalidOption { name: "labels", .. }),
+        "{err}"
+    );
+    let limit = leasehold::stores::gcs::LABEL_LIMIT.to_string();
+    assert!(err.to_string().contains(&limit), "{err}");
+    assert!(server.get_raw(&format!("{prefix}/job")).is_none());
+}

@@ -1,0 +1,490 @@
+//! The Google Cloud Storage store: one JSON object per key in a bucket, every write conditioned on
+//! the object's generation.
+//!
+//! Checklist: native TTL no (expiry is judged by [`crate::adapter`]'s observation rule); watch no
+//! (waiters poll with capped backoff and jitter); liveness no; fences: a counter in the object,
+//! each grant's floored at the acquirer's wall clock in microseconds (GCS generations are not
+//! promised to grow across a deletion, so they are not used as revisions).
+//!
+//! A [`RecordStore`]: [`crate::adapter::RecordLockStore`] over it (as `open_store("gs://…")`
+//! builds) is the lock store. Every write is a multipart upload to the JSON API with
+//! `ifGenerationMatch=0` (create) or `=<generation read>` (replace); a release is a conditional
+//! replace with a free record (it keeps the fence), and objects are deleted only by `cleanup`,
+//! with `ifGenerationMatch` too.
+//!
+//! The object is JSON **in the seed lock service's schema** (`ownerId`, `expiresAt` in Unix
+//! seconds, `waitingOwnerId`, `waiterExpiresAt`) with leasehold's record beside it under
+//! `leasehold`; a process of that service and a leasehold process exclude each other. An object
+//! that service wrote reads as held by its `ownerId` until its `expiresAt` has passed by more than
+//! the adapter's `max_clock_skew` (such an object carries no TTL to observe); its waiter
+//! registration is honoured as a reservation.
+//!
+//! URL: `gs://BUCKET/PREFIX[?endpoint=…&timeout=…&max_clock_skew=…]` (also `gcs://`). The object
+//! of key `K` is `PREFIX/K` (a key longer than the name limit, `.`, `..`, or one that looks like a
+//! hashed name is shortened and given 128 bits of its SHA-256). Credentials come from Google's
+//! chain (`GOOGLE_APPLICATION_CREDENTIALS`, gcloud's application default credentials, the metadata
+//! server, `gcloud auth print-access-token`), through the `gcp_auth` crate. With
+//! `STORAGE_EMULATOR_HOST=host:port` (as Google's client libraries read it) or `?endpoint=URL`
+//! the store talks to that emulator without credentials.
+//!
+//! ```no_run
+//! # async fn f() -> leasehold::Result<()> {
+//! let locks = leasehold::connect("gs://my-bucket/locks").await?;
+//! let guard = locks.lock("nightly-report")?.acquire().await?;
+//! // gcloud storage cat gs://my-bucket/locks/nightly-report  shows the lease
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+
+mod client;
+mod object;
+#[cfg(test)]
+mod tests;
+
+use crate::error::{Error, Result};
+use crate::key::Key;
+use crate::record::LeaseRecord;
+use crate::store::{Capabilities, RecordStore, Stored};
+use async_trait::async_trait;
+use client::{Auth, Client, Read};
+use parking_lot::Mutex;
+use serde_json::{Map, Value};
+use sha2::{Digest, Sha256};
+use std::collections::HashMap;
+use std::fmt;
+use std::time::Duration;
+
+/// The largest object the store reads back (and writes): 1 MiB. An acquisition whose record
+/// (labels included) would be larger is refused with [`Error::InvalidOption`]; a larger object
+/// found in the bucket reads as corrupt.
+pub const MAX_OBJECT_BYTES: usize = 1 << 20;
+
+/// The most bytes of holder id and labels a lease may carry here
+/// ([`RecordStore::label_limit`]): an object holds them, a waiter's id of the same bound and the
+/// seed's fields, far within [`MAX_OBJECT_BYTES`].
+pub const LABEL_LIMIT: usize = MAX_OBJECT_BYTES / 4;
+
+/// The endpoint of Google Cloud Storage's JSON API.
+pub const GOOGLE_ENDPOINT: &str = "https://storage.googleapis.com";
+
+/// The environment variable Google's client libraries read for an emulator's `host:port`.
+pub const EMULATOR_ENV: &str = "STORAGE_EMULATOR_HOST";
+
+/// The longest object name GCS accepts, in bytes.
+const MAX_NAME: usize = 1024;
+
+/// Hex digits of SHA-256 in a shortened object name.
+const HASH_HEX: usize = 32;
+
+/// How to reach the bucket and name objects. `Debug` shows no secret (there is none here:
+/// credentials come from the environment's chain, never from options).
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct GcsOptions {
+    /// The bucket (it must exist).
+    pub bucket: String,
+    /// The object name prefix; `locks` puts key `K` at `locks/K`. Default empty.
+    pub prefix: String,
+    /// A JSON API endpoint to use without credentials (an emulator, `http://127.0.0.1:4443`);
+    /// `None`: `STORAGE_EMULATOR_HOST` if set, else [`GOOGLE_ENDPOINT`] with Google credentials.
+    pub endpoint: Option<String>,
+    /// Per-request timeout. Default 10 s.
+    pub timeout: Duration,
+}
+
+impl GcsOptions {
+    /// Options for `bucket`, every other one at its default.
+    ///
+    /// ```
+    /// let o = leasehold::stores::gcs::GcsOptions::new("my-bucket");
+    /// assert_eq!((o.prefix.as_str(), o.endpoint, o.timeout.as_secs()), ("", None, 10));
+    /// ```
+    pub fn new(bucket: impl Into<String>) -> Self {
+        GcsOptions {
+            bucket: bucket.into(),
+            prefix: String::new(),
+            endpoint: None,
+            timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// An object as last read or written: its generation and its JSON.
+type Seen = (String, Map<String, Value>);
+
+/// A [`RecordStore`] over objects in a Google Cloud Storage bucket; wrap it in
+/// [`crate::adapter::RecordLockStore`] (as `open_store("gs://…")` does) for a lock store.
+pub struct GcsStore {
+    client: Client,
+    bucket: String,
+    /// The name prefix with its `/` (empty for none).
+    prefix: String,
+    describe: String,
+    /// Object name → (generation, object) as last read or written, so that a replace of that
+    /// generation keeps the fields leasehold does not own, and another client's lease exactly.
+    seen: Mutex<HashMap<String, Seen>>,
+}
+
+impl fmt::Debug for GcsStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GcsStore")
+            .field("store", &self.describe)
+            .finish_non_exhaustive()
+    }
+}
+
+fn valid_bucket(b: &str) -> bool {
+    (3..=222).contains(&b.len())
+        && b.bytes()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || b"._-".contains(&c))
+        && b.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && b.ends_with(|c: char| c.is_ascii_alphanumeric())
+}
+
+impl GcsStore {
+    /// Opens the store a `gs://BUCKET/PREFIX` or `gcs://…` URL names (`?endpoint=`,
+    /// `?timeout=`).
+    ///
+    /// # Errors
+    /// [`Error::InvalidUrl`] for a bad bucket, prefix, endpoint, timeout or unknown parameter;
+    /// [`Error::Unavailable`] when no Google credentials can be found (and no emulator is named).
+    pub async fn from_url(url: &url::Url) -> Result<Self> {
+        let bad = |reason: String| Error::InvalidUrl {
+            url: crate::redact_url(url.as_str()),
+            reason,
+        };
+        let bucket = url.host_str().unwrap_or_default();
+        if bucket.is_empty() {
+            return Err(bad("expected gs://BUCKET/PREFIX".into()));
+        }
+        let mut o = GcsOptions::new(bucket);
+        o.prefix = percent_encoding::percent_decode_str(url.path())
+            .decode_utf8()
+            .map_err(|e| bad(format!("the prefix is not UTF-8: {e}")))?
+            .into_owned();
+        for (k, v) in url.query_pairs() {
+            match k.as_ref() {
+                "endpoint" => o.endpoint = Some(v.into_owned()),
+                "timeout" => {
+                    o.timeout = humantime::parse_duration(&v)
+                        .map_err(|e| bad(format!("timeout={v}: {e}")))?;
+                }
+                other => {
+                    return Err(bad(format!(
+                        "unknown parameter {other:?} (known: endpoint, timeout, max_clock_skew)"
+                    )))
+                }
+            }
+        }
+        Self::connect(o).await.map_err(|e| match e {
+            Error::InvalidOption { name, reason } => bad(format!("{name}: {reason}")),
+            e => e,
+        })
+    }
+
+    /// Connects with `options`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOption`] for a bad bucket, prefix, endpoint or timeout;
+    /// [`Error::Unavailable`] when no Google credentials can be found (and no emulator is named).
+    pub async fn connect(options: GcsOptions) -> Result<Self> {
+        if !valid_bucket(&options.bucket) {
+            return Err(Error::option(
+                "bucket",
+                format!(
+                    "{:?} is not a bucket name ([a-z0-9._-], 3 to 222 characters, starting and ending alphanumeric)",
+                    options.bucket
+                ),
+            ));
+        }
+        let prefix = options.prefix.trim_matches('/');
+        if prefix.len() > MAX_NAME / 2 || prefix.chars().any(char::is_control) {
+            return Err(Error::option(
+                "prefix",
+                format!("{prefix:?}: at most 512 bytes, no control characters"),
+            ));
+        }
+        let prefix = if prefix.is_empty() {
+            String::new()
+        } else {
+            format!("{prefix}/")
+        };
+        if options.timeout.is_zero() {
+            return Err(Error::option("timeout", "must be more than zero"));
+        }
+        let emulator = std::env::var(EMULATOR_ENV).ok().filter(|h| !h.is_empty());
+        // An endpoint named by the option or the variable is an emulator: no credentials.
+        let (endpoint, via, anonymous) = match (&options.endpoint, emulator) {
+            (Some(e), _) => (e.clone(), format!("?endpoint={e}"), true),
+            (None, Some(host)) => {
+                let e = if host.contains("://") {
+                    host
+                } else {
+                    format!("http://{host}")
+                };
+                (e, format!(" ({EMULATOR_ENV})"), true)
+            }
+            (None, None) => (GOOGLE_ENDPOINT.to_owned(), String::new(), false),
+        };
+        let parsed = url::Url::parse(&endpoint)
+            .map_err(|e| Error::option("endpoint", format!("{endpoint:?}: {e}")))?;
+        if !matches!(parsed.scheme(), "http" | "https") || parsed.host_str().is_none() {
+            return Err(Error::option(
+                "endpoint",
+                format!("{endpoint:?}: expected http://HOST:PORT or https://HOST:PORT"),
+            ));
+        }
+        let describe = format!("gs://{}/{prefix}{via}", options.bucket);
+        let auth = if !anonymous {
+            let provider = tokio::time::timeout(options.timeout, gcp_auth::provider()).await;
+            let unavailable = |detail: String| Error::Unavailable {
+                store: describe.clone(),
+                detail,
+                source: None,
+            };
+            match provider {
+                Ok(Ok(p)) => Auth::Google(p),
+                Ok(Err(e)) => return Err(unavailable(format!(
+                    "no Google credentials (GOOGLE_APPLICATION_CREDENTIALS, gcloud's application default credentials, the metadata server, gcloud): {e}"
+                ))),
+                Err(_) => return Err(unavailable(format!(
+                    "no Google credentials within {:?} (the metadata server did not answer)",
+                    options.timeout
+                ))),
+            }
+        } else {
+            Auth::Anonymous
+        };
+        let client = Client::new(
+            endpoint,
+            options.bucket.clone(),
+            auth,
+            options.timeout,
+            MAX_OBJECT_BYTES as u64,
+            describe.clone(),
+        )?;
+        Ok(GcsStore {
+            client,
+            bucket: options.bucket,
+            prefix,
+            describe,
+            seen: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The bucket.
+    pub fn bucket(&self) -> &str {
+        &self.bucket
+    }
+
+    /// How many HTTP requests this store has sent (for measurements).
+    pub fn requests(&self) -> u64 {
+        self.client.requests()
+    }
+
+    /// The name of `key`'s object: the prefix and the key as it is, unless the name would be
+    /// longer than GCS allows (1024 bytes), is `.` or `..` after the prefix, or ends like a
+    /// shortened name; then a readable start of the key, `--` and 32 hex digits of its SHA-256.
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// use leasehold::{stores::gcs::{GcsOptions, GcsStore}, Key};
+    /// let mut o = GcsOptions::new("my-bucket");
+    /// (o.prefix, o.endpoint) = ("locks".into(), Some("http://127.0.0.1:9".into()));
+    /// let store = GcsStore::connect(o).await?;
+    /// assert_eq!(store.object_name(&Key::new("job:1/a b")?), "locks/job:1/a b");
+    /// assert!(store.object_name(&Key::new("..")?).starts_with("locks/--"));
+    /// # Ok::<(), leasehold::Error>(()) }).unwrap();
+    /// ```
+    pub fn object_name(&self, key: &Key) -> String {
+        let k = key.as_str();
+        let room = MAX_NAME - self.prefix.len();
+        let fits =
+            k.len() <= room && k != "." && k != ".." && !looks_hashed(k) && !k.ends_with('/');
+        if fits {
+            return format!("{}{k}", self.prefix);
+        }
+        let digest = Sha256::digest(k.as_bytes());
+        let hash: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+        let mut readable = String::new();
+        for c in k.chars() {
+            if readable.len() + c.len_utf8() > room - 2 - HASH_HEX {
+                break;
+            }
+            readable.push(c);
+        }
+        let readable = readable.trim_end_matches(['.', '/']);
+        format!("{}{readable}--{}", self.prefix, &hash[..HASH_HEX])
+    }
+
+    /// The key an object of another client names (its name after the prefix).
+    fn key_of(&self, name: &str) -> String {
+        name.strip_prefix(&self.prefix).unwrap_or(name).to_owned()
+    }
+
+    fn remember(&self, name: &str, generation: &str, map: Map<String, Value>) {
+        let mut seen = self.seen.lock();
+        if seen.len() > 4096 {
+            seen.clear();
+        }
+        seen.insert(name.to_owned(), (generation.to_owned(), map));
+    }
+
+    /// The object of `record`, replacing `version` (`None`: a create), and its bytes.
+    fn object(
+        &self,
+        name: &str,
+        record: &LeaseRecord,
+        version: Option<&str>,
+    ) -> Result<(Map<String, Value>, Vec<u8>)> {
+        let base = version.and_then(|v| {
+            self.seen
+                .lock()
+                .get(name)
+                .filter(|(g, _)| g == v)
+                .map(|(_, m)| m.clone())
+        });
+        let map = object::encode(record, base);
+        let bytes = serde_json::to_vec_pretty(&map).unwrap_or_default();
+        if bytes.len() > MAX_OBJECT_BYTES {
+            return Err(Error::option(
+                "labels",
+                format!(
+                    "the lease object of {:?} would be {} bytes; the gs:// store reads objects of at most {MAX_OBJECT_BYTES} bytes (1 MiB): use fewer or shorter labels",
+                    record.key,
+                    bytes.len()
+                ),
+            ));
+        }
+        Ok((map, bytes))
+    }
+
+    async fn read(&self, name: &str, key: &str) -> Result<Option<Stored>> {
+        Ok(match self.client.get(name).await? {
+            Read::Missing => None,
+            Read::TooLarge(version, n) => Some(Stored::Corrupt {
+                version,
+                detail: format!(
+                    "object gs://{}/{name} is {n} bytes, more than the {MAX_OBJECT_BYTES} this store reads",
+                    self.bucket
+                ),
+                salvaged_fence: None,
+            }),
+            Read::Found(bytes, version) => {
+                let decoded = object::parse(&bytes)
+                    .and_then(|map| object::decode(&map, key).map(|r| (map, r)));
+                match decoded {
+                    Ok((map, record)) => {
+                        self.remember(name, &version, map);
+                        Some(Stored::Record { record, version })
+                    }
+                    Err(d) => Some(Stored::Corrupt {
+                        version,
+                        detail: d.detail,
+                        salvaged_fence: d.fence,
+                    }),
+                }
+            }
+        })
+    }
+}
+
+/// Whether `s` ends like a shortened name (`--` and [`HASH_HEX`] hex digits): such a key is
+/// shortened too, so it cannot take another key's name.
+fn looks_hashed(s: &str) -> bool {
+    let n = HASH_HEX + 2;
+    s.len() >= n
+        && s.is_char_boundary(s.len() - n)
+        && s[s.len() - n..].starts_with("--")
+        && s[s.len() - HASH_HEX..]
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+#[async_trait]
+impl RecordStore for GcsStore {
+    fn label_limit(&self) -> usize {
+        LABEL_LIMIT
+    }
+
+    fn describe(&self) -> String {
+        self.describe.clone()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            native_ttl: false,
+            watch: false,
+            liveness: false,
+            fence_source:
+                "a counter in the object, floored at the acquirer's wall clock in microseconds",
+        }
+    }
+
+    async fn get(&self, key: &Key) -> Result<Option<Stored>> {
+        self.read(&self.object_name(key), key.as_str()).await
+    }
+
+    async fn create(&self, key: &Key, record: &LeaseRecord) -> Result<Option<String>> {
+        let name = self.object_name(key);
+        let (map, bytes) = self.object(&name, record, None)?;
+        let written = self.client.put(&name, &bytes, "0").await?;
+        if let Some(g) = &written {
+            self.remember(&name, g, map);
+        }
+        Ok(written)
+    }
+
+    async fn replace(
+        &self,
+        key: &Key,
+        record: &LeaseRecord,
+        version: &str,
+    ) -> Result<Option<String>> {
+        let name = self.object_name(key);
+        let (map, bytes) = self.object(&name, record, Some(version))?;
+        let written = self.client.put(&name, &bytes, version).await?;
+        if let Some(g) = &written {
+            self.remember(&name, g, map);
+        }
+        Ok(written)
+    }
+
+    async fn delete(&self, key: &Key, version: &str) -> Result<bool> {
+        let name = self.object_name(key);
+        let deleted = self.client.delete(&name, version).await?;
+        if deleted {
+            self.seen.lock().remove(&name);
+        }
+        Ok(deleted)
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<(String, Stored)>> {
+        // A shortened name starts with the key's first bytes, up to its readable part's length.
+        let room = MAX_NAME - self.prefix.len() - 2 - HASH_HEX;
+        let mut cut = prefix.len().min(room);
+        while !prefix.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        let names = self
+            .client
+            .list(&format!("{}{}", self.prefix, &prefix[..cut]))
+            .await?;
+        let mut out = Vec::new();
+        for name in names {
+            let key = self.key_of(&name);
+            let Some(s) = self.read(&name, &key).await? else {
+                continue; // deleted since it was listed
+            };
+            let matches = match &s {
+                Stored::Record { record, .. } => record.key.starts_with(prefix),
+                Stored::Corrupt { .. } => key.starts_with(prefix),
+            };
+            if matches {
+                out.push((name, s));
+            }
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(out)
+    }
+}

@@ -1,0 +1,208 @@
+use super::object::{decode, encode, parse, FOREIGN_TOKEN, FOREIGN_TTL_MS, FOREIGN_WAITER};
+use super::*;
+
+fn map(json: &str) -> Map<String, Value> {
+    parse(json.as_bytes()).unwrap()
+}
+
+fn held(key: &str) -> LeaseRecord {
+    let mut r = LeaseRecord::free(key, 7);
+    r.holder = Some("web-1".into());
+    r.token = Some("t1".into());
+    r.acquired_ms = 1_790_000_000_123;
+    r.renewed_ms = r.acquired_ms;
+    r.expires_ms = r.acquired_ms + 30_000;
+    r.ttl_ms = 30_000;
+    r.labels.insert("task".into(), "42".into());
+    r
+}
+
+#[test]
+fn a_record_round_trips_through_the_seed_schema() {
+    let r = held("job");
+    let m = encode(&r, None);
+    assert_eq!(m["ownerId"], "web-1");
+    assert_eq!(m["expiresAt"].as_f64(), Some(1_790_000_030.123));
+    assert_eq!(m["waitingOwnerId"], Value::Null);
+    assert_eq!(decode(&m, "job").unwrap(), r);
+    let mut w = r.clone();
+    w.waiter = Some("web-2".into());
+    w.waiter_token = Some("t2".into());
+    w.waiter_expires_ms = Some(r.acquired_ms + 5_000);
+    w.waiter_ttl_ms = Some(5_000);
+    let m = encode(&w, None);
+    assert_eq!(m["waitingOwnerId"], "web-2");
+    assert_eq!(decode(&m, "job").unwrap(), w);
+    let free = LeaseRecord::free("job", 9);
+    let m = encode(&free, None);
+    assert_eq!(
+        (&m["ownerId"], m["expiresAt"].as_f64()),
+        (&Value::Null, Some(0.0))
+    );
+    assert_eq!(decode(&m, "job").unwrap(), free);
+}
+
+#[test]
+fn an_object_of_the_seed_service_is_held_by_its_owner_until_its_expiry() {
+    let m = map(
+        r#"{"ownerId":"agent-7","expiresAt":1790000030.5,"waitingOwnerId":null,"waiterExpiresAt":0}"#,
+    );
+    let r = decode(&m, "agent-lock").unwrap();
+    assert_eq!(r.key, "agent-lock");
+    assert_eq!(r.holder.as_deref(), Some("agent-7"));
+    assert_eq!(r.token.as_deref(), Some("gcs-owner:agent-7"));
+    assert_eq!(
+        (r.expires_ms, r.ttl_ms),
+        (1_790_000_030_500, FOREIGN_TTL_MS)
+    );
+    assert!(r.is_held(1_790_000_030_499) && !r.is_held(1_790_000_030_500));
+    assert!(r.waiter.is_none());
+    // Without an expiry: held until someone frees it, never free.
+    let r = decode(&map(r#"{"ownerId":"agent-7"}"#), "k").unwrap();
+    assert!(r.is_held(u64::MAX - 1));
+    // A seed waiter is a waiter.
+    let m = map(
+        r#"{"ownerId":"a","expiresAt":1790000030,"waitingOwnerId":"b","waiterExpiresAt":1790000040}"#,
+    );
+    let r = decode(&m, "k").unwrap();
+    assert_eq!(r.waiter_token.as_deref(), Some("gcs-waiter:b"));
+    assert_eq!(r.waiter_expires_ms, Some(1_790_000_040_000));
+}
+
+#[test]
+fn our_field_describes_only_the_lease_it_was_written_with() {
+    let r = held("job");
+    let mut m = encode(&r, None);
+    // The seed service takes the lease over, keeping the fields it does not know.
+    m.insert("ownerId".into(), "agent-7".into());
+    m.insert("expiresAt".into(), serde_json::json!(1_790_000_100.0));
+    let seen = decode(&m, "job").unwrap();
+    assert_eq!(seen.token.as_deref(), Some("gcs-owner:agent-7"));
+    assert_eq!(seen.fence, 7, "the fence floor stays");
+    assert!(seen.labels.is_empty());
+    // It releases by clearing ownerId: free, fence kept.
+    m.insert("ownerId".into(), Value::Null);
+    let seen = decode(&m, "job").unwrap();
+    assert!(seen.token.is_none() && seen.holder.is_none());
+    assert_eq!(seen.fence, 7);
+}
+
+#[test]
+fn a_waiter_registration_on_a_foreign_lease_keeps_its_fields_as_read() {
+    let text = r#"{"ownerId":"agent-7","expiresAt":1790000030.1234567,"color":"blue"}"#;
+    let base = map(text);
+    let mut r = decode(&base, "k").unwrap();
+    r.waiter = Some("web-2".into());
+    r.waiter_token = Some("t2".into());
+    r.waiter_expires_ms = Some(1_790_000_035_000);
+    r.waiter_ttl_ms = Some(5_000);
+    let m = encode(&r, Some(base.clone()));
+    assert_eq!(m["ownerId"], base["ownerId"]);
+    assert_eq!(m["expiresAt"], base["expiresAt"], "not rounded");
+    assert_eq!(m["color"], "blue");
+    assert_eq!(m["waitingOwnerId"], "web-2");
+    assert!(m["leasehold"]["token"].is_null(), "{m:?}");
+    let back = decode(&m, "k").unwrap();
+    assert_eq!(back.waiter_token.as_deref(), Some("t2"));
+    assert!(back
+        .token
+        .as_deref()
+        .is_some_and(|t| t.starts_with(FOREIGN_TOKEN)));
+    // A foreign waiter on our lease keeps its fields too.
+    let mut ours = held("k");
+    ours.waiter = Some("agent-9".into());
+    ours.waiter_token = Some(format!("{FOREIGN_WAITER}agent-9"));
+    ours.waiter_expires_ms = Some(1_790_000_040_000);
+    let base = map(r#"{"waitingOwnerId":"agent-9","waiterExpiresAt":1790000040.0004}"#);
+    let m = encode(&ours, Some(base.clone()));
+    assert_eq!(m["waiterExpiresAt"], base["waiterExpiresAt"]);
+    assert!(m["leasehold"]["waiter_token"].is_null());
+}
+
+#[test]
+fn damaged_objects_are_corrupt_unless_the_seed_fields_name_a_holder() {
+    for bad in [
+        "not json",
+        "[1]",
+        r#"{"ownerId":5}"#,
+        r#"{"leasehold":{"fence":"x"}}"#,
+        r#"{"waitingOwnerId":"b","waiterExpiresAt":"soon"}"#,
+    ] {
+        assert!(
+            parse(bad.as_bytes()).and_then(|m| decode(&m, "k")).is_err(),
+            "{bad}"
+        );
+    }
+    let d = decode(&map(r#"{"leasehold":{"fence":12,"key":3}}"#), "k").unwrap_err();
+    assert_eq!(d.fence, Some(12));
+    let r = decode(
+        &map(r#"{"ownerId":"a","expiresAt":1790000030,"leasehold":{"fence":12}}"#),
+        "k",
+    )
+    .unwrap();
+    assert_eq!((r.holder.as_deref(), r.fence), (Some("a"), 12));
+}
+
+async fn store(prefix: &str) -> GcsStore {
+    let mut o = GcsOptions::new("bucket");
+    o.prefix = prefix.into();
+    o.endpoint = Some("http://127.0.0.1:9".into());
+    GcsStore::connect(o).await.unwrap()
+}
+
+#[tokio::test]
+async fn object_names_are_the_keys_unless_gcs_cannot_take_them() {
+    let s = store("/locks/").await;
+    let k = |s: &str| Key::new(s).unwrap();
+    assert_eq!(s.object_name(&k("a/b:c")), "locks/a/b:c");
+    let long = "é".repeat(Key::MAX_LEN / 2);
+    let n = s.object_name(&k(&long));
+    assert!(n.len() <= MAX_NAME && n.starts_with("locks/éé"), "{n}");
+    let dots = s.object_name(&k(".."));
+    assert!(dots.starts_with("locks/--") && dots.len() == 6 + 2 + HASH_HEX);
+    assert_ne!(
+        s.object_name(&k(&dots[6..])),
+        dots,
+        "a key that looks shortened"
+    );
+    assert_eq!(store("").await.object_name(&k("x")), "x");
+}
+
+#[tokio::test]
+async fn options_are_checked() {
+    let mut o = GcsOptions::new("B");
+    o.endpoint = Some("http://127.0.0.1:9".into());
+    assert!(matches!(
+        GcsStore::connect(o).await,
+        Err(Error::InvalidOption { name: "bucket", .. })
+    ));
+    let mut o = GcsOptions::new("bucket");
+    o.endpoint = Some("ftp://x".into());
+    assert!(matches!(
+        GcsStore::connect(o).await,
+        Err(Error::InvalidOption {
+            name: "endpoint",
+            ..
+        })
+    ));
+    let url = url::Url::parse("gs://bucket/p?endpoint=http://127.0.0.1:9&nope=1").unwrap();
+    let e = GcsStore::from_url(&url).await.unwrap_err().to_string();
+    assert!(e.contains("unknown parameter \"nope\""), "{e}");
+    let url = url::Url::parse("gs://bucket/p?endpoint=http://127.0.0.1:9&timeout=3s").unwrap();
+    let s = GcsStore::from_url(&url).await.unwrap();
+    assert_eq!(s.describe(), "gs://bucket/p/?endpoint=http://127.0.0.1:9");
+}
+
+#[tokio::test]
+async fn a_record_larger_than_the_read_limit_is_refused_before_writing() {
+    let s = store("p").await;
+    let mut r = held("k");
+    r.labels.insert("big".into(), "x".repeat(MAX_OBJECT_BYTES));
+    let e = s.create(&Key::new("k").unwrap(), &r).await.unwrap_err();
+    assert!(
+        matches!(&e, Error::InvalidOption { name: "labels", .. }),
+        "{e}"
+    );
+    assert!(e.to_string().contains("1048576"), "{e}");
+    assert_eq!(s.requests(), 0, "nothing sent");
+}
