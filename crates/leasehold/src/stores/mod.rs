@@ -30,6 +30,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+#[cfg(feature = "etcd")]
+pub mod etcd;
 pub mod file;
 #[cfg(feature = "kubernetes")]
 pub mod kubernetes;
@@ -193,7 +195,14 @@ pub const SCHEMES: &[Scheme] = &[
         "`postgres://user@host:port/db`, `postgresql://…`",
         "PostgreSQL"
     ),
-    planned!(["etcd"], "`etcd://host1:2379,host2:2379`", "etcd"),
+    store!(
+        ["etcd"],
+        "`etcd://[user:pass@]host1:2379,host2:2379[?prefix=…&timeout=…]`",
+        "etcd",
+        "",
+        "etcd",
+        open_etcd
+    ),
 ];
 
 /// Where the store names in [`markdown_table`] link to.
@@ -386,6 +395,14 @@ fn open_kubernetes(url: &str) -> Opening<'_> {
         let (rest, skew) = take_max_clock_skew(url)?;
         let store = kubernetes::KubernetesStore::from_url(&parse(&rest)?).await?;
         let store = crate::adapter::RecordLockStore::new(store).with_max_clock_skew(skew);
+        Ok(Arc::new(store) as Arc<dyn LockStore>)
+    })
+}
+
+#[cfg(feature = "etcd")]
+fn open_etcd(url: &str) -> Opening<'_> {
+    Box::pin(async move {
+        let store = etcd::EtcdStore::from_url(url).await?;
         Ok(Arc::new(store) as Arc<dyn LockStore>)
     })
 }
