@@ -118,7 +118,14 @@ impl EtcdCluster {
         let out = Command::new("etcdctl")
             .env("ETCDCTL_API", "3")
             .args(["--endpoints", &endpoints.join(",")])
-            .args(["--command-timeout", "2s", "endpoint", "status", "-w", "json"])
+            .args([
+                "--command-timeout",
+                "2s",
+                "endpoint",
+                "status",
+                "-w",
+                "json",
+            ])
             .output()
             .ok()?;
         let status: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;

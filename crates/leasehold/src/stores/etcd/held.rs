@@ -80,7 +80,11 @@ impl Held {
 
     /// The entry of `name` if it is held under `token`.
     pub(crate) fn get(&self, name: &str, token: &str) -> Option<Entry> {
-        self.map.lock().get(name).filter(|e| e.token == token).cloned()
+        self.map
+            .lock()
+            .get(name)
+            .filter(|e| e.token == token)
+            .cloned()
     }
 
     /// Moves the deadline of `name` (held under `token`) to `deadline`, and its session to
@@ -117,11 +121,7 @@ impl Held {
     /// Deletes `name` if its create revision is still `create_rev`; whether it did.
     pub(crate) async fn delete_if(&self, name: &str, create_rev: i64) -> crate::Result<bool> {
         let txn = Txn::new()
-            .when([Compare::create_revision(
-                name,
-                CompareOp::Equal,
-                create_rev,
-            )])
+            .when([Compare::create_revision(name, CompareOp::Equal, create_rev)])
             .and_then([TxnOp::delete(name, None)]);
         let mut client = self.client.clone();
         let r = bounded(&self.described, self.timeout, client.txn(txn)).await?;

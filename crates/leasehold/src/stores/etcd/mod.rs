@@ -212,10 +212,11 @@ impl EtcdStore {
     /// least its TTL from now (a key that exists is held until its holder deletes it or its
     /// session ends).
     fn record(&self, key: &str, kv: &KeyValue) -> Result<LeaseRecord> {
-        let mut r: LeaseRecord = serde_json::from_slice(kv.value()).map_err(|e| Error::Corrupt {
-            key: key.to_owned(),
-            detail: format!("not a leasehold record: {e}"),
-        })?;
+        let mut r: LeaseRecord =
+            serde_json::from_slice(kv.value()).map_err(|e| Error::Corrupt {
+                key: key.to_owned(),
+                detail: format!("not a leasehold record: {e}"),
+            })?;
         let block = r
             .store
             .remove(FENCES)
@@ -242,7 +243,8 @@ impl EtcdStore {
     fn grant_record(&self, req: &AcquireRequest) -> Result<(LeaseRecord, Vec<u8>)> {
         let mut rec = LeaseRecord::free(req.key.as_str(), 0);
         crate::decide::grant(&mut rec, req, 0, now_ms());
-        rec.store.insert(FENCES.into(), req.fences.max(1).to_string());
+        rec.store
+            .insert(FENCES.into(), req.fences.max(1).to_string());
         let value = serde_json::to_vec(&rec).map_err(|e| Error::InvalidOption {
             name: "labels".into(),
             reason: format!("cannot be written as JSON: {e}"),
@@ -369,10 +371,12 @@ impl LockStore for EtcdStore {
             }
             let sent = Instant::now();
             let r = self
-                .txn(Txn::new().when(when).and_then(then).or_else([
-                    TxnOp::get(l.clone(), None),
-                    TxnOp::get(w.clone(), None),
-                ]))
+                .txn(
+                    Txn::new()
+                        .when(when)
+                        .and_then(then)
+                        .or_else([TxnOp::get(l.clone(), None), TxnOp::get(w.clone(), None)]),
+                )
                 .await?;
             if r.succeeded() {
                 let rev = revision(&r);
@@ -521,11 +525,7 @@ impl LockStore for EtcdStore {
                 return Ok(RenewOutcome::Lost(LostReason::Expired));
             }
         }
-        if !self
-            .inner
-            .held
-            .extend(&l, token, sent + ttl, Some(session))
-        {
+        if !self.inner.held.extend(&l, token, sent + ttl, Some(session)) {
             return Ok(RenewOutcome::Lost(LostReason::Expired));
         }
         let now = now_ms();

@@ -192,7 +192,10 @@ mod tests {
     fn urls_are_read() {
         let o = parse("etcd://a:1,b:2,c:3?prefix=app/&timeout=500ms").expect("parses");
         assert_eq!(o.endpoints, ["http://a:1", "http://b:2", "http://c:3"]);
-        assert_eq!((o.prefix.as_str(), o.timeout), ("app/", Duration::from_millis(500)));
+        assert_eq!(
+            (o.prefix.as_str(), o.timeout),
+            ("app/", Duration::from_millis(500))
+        );
         let o = parse("etcd://u:p%40ss@h:2379?ca=/ca.pem").expect("parses");
         assert_eq!(o.user, Some(("u".into(), "p@ss".into())));
         assert_eq!(o.endpoints, ["https://h:2379"]);
