@@ -21,7 +21,7 @@
 //! | `s3://bucket/prefix` | Amazon S3 | planned |
 //! | `az://container/prefix` | Azure Blob Storage | planned |
 //! | `postgres://user@host:port/db`, `postgresql://…` | PostgreSQL | planned |
-//! | `etcd://host1:2379,host2:2379` | etcd | planned |
+//! | `etcd://[user:pass@]host1:2379,host2:2379[?prefix=…&timeout=…]` | etcd | `etcd` |
 //! <!-- schemes:end -->
 
 use crate::error::{Error, Result};
