@@ -75,3 +75,44 @@ pub(crate) async fn bounded<T>(
         Err(_) => Err(Error::no_answer(store)),
     }
 }
+
+/// Whether `e` says the request never reached a member (the connection to the one the channel
+/// picked could not be made), so that sending it again cannot do it twice.
+fn not_sent(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::GRpcStatus(s) => {
+            s.code() == tonic::Code::Unavailable
+                && (s.message().contains("connect error")
+                    || s.message().contains("Connection refused"))
+        }
+        etcd_client::Error::TransportError(_) => true,
+        _ => false,
+    }
+}
+
+/// The call `f` makes, bounded by `limit` in all, sent again at once when it never reached a
+/// member (the client's channel spreads calls over the members, and one that is down refuses
+/// the connection): a dead member costs a retry, not a failed call.
+pub(crate) async fn retried<T, Fut>(
+    store: &str,
+    limit: Duration,
+    mut f: impl FnMut() -> Fut,
+) -> Result<T>
+where
+    Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        match tokio::time::timeout_at(deadline, f()).await {
+            Err(_) => return Err(Error::no_answer(store)),
+            Ok(Ok(v)) => return Ok(v),
+            Ok(Err(e))
+                if not_sent(&e)
+                    && tokio::time::Instant::now() + Duration::from_millis(20) < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            Ok(Err(e)) => return Err(map_err(store, e)),
+        }
+    }
+}

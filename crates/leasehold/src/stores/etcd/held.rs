@@ -6,7 +6,7 @@
 //! `sent + ttl` of its last grant or renewal, never before the holder's own stop-by time — with a
 //! delete conditioned on its create revision, so that only that lease goes.
 
-use super::error::bounded;
+use super::error::retried;
 use super::session::Session;
 use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 use parking_lot::Mutex;
@@ -118,13 +118,45 @@ impl Held {
         }
     }
 
+    /// Deletes `name` (held under `token`) now, whoever asked: a release whose delete failed
+    /// leaves it to this, retried while its session lives.
+    pub(crate) fn delete_soon(self: &Arc<Self>, name: &str, token: &str) {
+        if let Some(e) = self.remove(name, token) {
+            let (held, name) = (Arc::downgrade(self), name.to_owned());
+            tokio::spawn(async move {
+                delete_until_done(held, &name, e.create_rev, &e.session).await;
+            });
+        }
+    }
+
+    /// Checks, at `at`, on a write of `name` under `token` that got no answer (see
+    /// [`unanswered`]).
+    pub(crate) fn unanswered(
+        self: &Arc<Self>,
+        name: &str,
+        token: &str,
+        at: Instant,
+        session: Arc<Session>,
+    ) {
+        tokio::spawn(unanswered(
+            Arc::downgrade(self),
+            name.to_owned(),
+            token.to_owned(),
+            at,
+            session,
+        ));
+    }
+
     /// Deletes `name` if its create revision is still `create_rev`; whether it did.
     pub(crate) async fn delete_if(&self, name: &str, create_rev: i64) -> crate::Result<bool> {
         let txn = Txn::new()
             .when([Compare::create_revision(name, CompareOp::Equal, create_rev)])
             .and_then([TxnOp::delete(name, None)]);
-        let mut client = self.client.clone();
-        let r = bounded(&self.described, self.timeout, client.txn(txn)).await?;
+        let r = retried(&self.described, self.timeout, || {
+            let (mut client, txn) = (self.client.clone(), txn.clone());
+            async move { client.txn(txn).await }
+        })
+        .await?;
         Ok(r.succeeded())
     }
 }
@@ -143,27 +175,94 @@ async fn sweep(held: Weak<Held>, name: String, token: String) {
         };
         tokio::time::sleep_until(deadline).await;
         let Some(h) = held.upgrade() else { return };
-        let rev = {
+        let entry = {
             let mut map = h.map.lock();
             match map.get(&name) {
-                Some(e) if e.token == token && e.deadline <= Instant::now() => {
-                    let rev = e.create_rev;
-                    map.remove(&name);
-                    rev
-                }
+                Some(e) if e.token == token && e.deadline <= Instant::now() => map.remove(&name),
                 Some(e) if e.token == token => continue,
                 _ => return,
             }
         };
-        // Expired: delete it (a failure leaves it to the session lease's end).
-        for _ in 0..3 {
-            match h.delete_if(&name, rev).await {
-                Ok(_) => return,
-                Err(e) => {
-                    tracing::debug!(key = %name, error = %e, "could not delete an expired lease; retrying");
-                    tokio::time::sleep(Duration::from_millis(200)).await;
+        if let Some(e) = entry {
+            drop(h);
+            delete_until_done(held, &name, e.create_rev, &e.session).await;
+        }
+        return;
+    }
+}
+
+/// Deletes `name` if its create revision is still `create_rev`, retrying while the store exists
+/// and `session` (which keeps the key) is alive: a key left there would stay for the session's
+/// life.
+async fn delete_until_done(held: Weak<Held>, name: &str, create_rev: i64, session: &Session) {
+    let mut pause = Duration::from_millis(100);
+    loop {
+        let Some(h) = held.upgrade() else { return };
+        match h.delete_if(name, create_rev).await {
+            Ok(_) => return,
+            Err(e) => {
+                if matches!(
+                    session.vouch(Instant::now()),
+                    super::session::Vouch::Dead(_)
+                ) {
+                    return;
                 }
+                tracing::debug!(key = %name, error = %e, "could not delete an expired lease; retrying");
             }
         }
+        drop(h);
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(1));
+    }
+}
+
+/// After a write of `name` under `token` that got no answer (it may have been done): at `at`,
+/// unless the key is held here by then (a later attempt found it granted), deletes it if it
+/// holds `token`, retrying while `session` lives.
+async fn unanswered(
+    held: Weak<Held>,
+    name: String,
+    token: String,
+    at: Instant,
+    session: Arc<Session>,
+) {
+    tokio::time::sleep_until(at).await;
+    let mut pause = Duration::from_millis(100);
+    loop {
+        let Some(h) = held.upgrade() else { return };
+        if h.get(&name, &token).is_some() {
+            return;
+        }
+        let read = retried(&h.described, h.timeout, || {
+            let (mut client, name) = (h.client.clone(), name.clone());
+            async move { client.get(name, None).await }
+        })
+        .await;
+        match read {
+            Ok(mut r) => {
+                let Some(kv) = r.take_kvs().into_iter().next() else {
+                    return;
+                };
+                let ours = std::str::from_utf8(kv.value())
+                    .is_ok_and(|v| v.contains(&format!("\"{token}\"")));
+                if !ours || h.get(&name, &token).is_some() {
+                    return;
+                }
+                drop(h);
+                return delete_until_done(held, &name, kv.create_revision(), &session).await;
+            }
+            Err(e) => {
+                if matches!(
+                    session.vouch(Instant::now()),
+                    super::session::Vouch::Dead(_)
+                ) {
+                    return;
+                }
+                tracing::debug!(key = %name, error = %e, "could not read a key written without answer; retrying");
+            }
+        }
+        drop(h);
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(1));
     }
 }

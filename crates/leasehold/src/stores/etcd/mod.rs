@@ -49,7 +49,7 @@ mod watch;
 
 pub use options::EtcdOptions;
 
-use self::error::bounded;
+use self::error::{bounded, retried};
 use self::held::Held;
 use self::session::{Sessions, Vouch};
 use crate::error::{Error, Result};
@@ -165,9 +165,12 @@ impl EtcdStore {
         // One read, so that an unreachable cluster or refused credentials show now.
         let probe = store.inner.locks.clone();
         store
-            .call(|mut c| async move {
-                c.get(probe, Some(GetOptions::new().with_count_only()))
-                    .await
+            .call(|mut c| {
+                let probe = probe.clone();
+                async move {
+                    c.get(probe, Some(GetOptions::new().with_count_only()))
+                        .await
+                }
             })
             .await?;
         Ok(store)
@@ -179,16 +182,21 @@ impl EtcdStore {
     }
 
     /// One call with the store's client, bounded by its timeout.
-    async fn call<T, F>(&self, f: impl FnOnce(etcd_client::Client) -> F) -> Result<T>
+    /// (Sent again when it never reached a member, see [`retried`].)
+    async fn call<T, F>(&self, mut f: impl FnMut(etcd_client::Client) -> F) -> Result<T>
     where
         F: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
     {
         let i = &self.inner;
-        bounded(&i.described, i.timeout, f(i.client.clone())).await
+        retried(&i.described, i.timeout, || f(i.client.clone())).await
     }
 
     async fn txn(&self, txn: Txn) -> Result<TxnResponse> {
-        self.call(|mut c| async move { c.txn(txn).await }).await
+        self.call(|mut c| {
+            let txn = txn.clone();
+            async move { c.txn(txn).await }
+        })
+        .await
     }
 
     fn lock_name(&self, key: &Key) -> String {
@@ -274,7 +282,7 @@ impl EtcdStore {
         })
         .unwrap_or_default();
         let sent = Instant::now();
-        let r = self
+        let answer = self
             .txn(
                 Txn::new()
                     .when([
@@ -287,7 +295,15 @@ impl EtcdStore {
                         Some(PutOptions::new().with_lease(session.id)),
                     )]),
             )
-            .await?;
+            .await;
+        let r = match answer {
+            Ok(r) => r,
+            Err(e) => {
+                let at = sent + wttl;
+                self.inner.held.unanswered(&w, &req.token, at, session);
+                return Err(e);
+            }
+        };
         if r.succeeded() {
             let rev = revision(&r);
             self.inner
@@ -295,6 +311,34 @@ impl EtcdStore {
                 .insert(&w, &req.token, rev, session, sent + wttl);
         }
         Ok(r.succeeded())
+    }
+}
+
+impl EtcdStore {
+    /// The grant `lock` is when an earlier attempt of `req` (same owner token) created it on
+    /// `session` but its answer was lost: recorded as held from now.
+    fn own_unanswered(
+        &self,
+        req: &AcquireRequest,
+        lock: &KeyValue,
+        session: &Arc<session::Session>,
+    ) -> Option<LeaseRecord> {
+        let rec = self.record(req.key.as_str(), lock).ok()?;
+        if rec.token.as_deref() != Some(req.token.as_str()) || lock.lease() != session.id {
+            return None;
+        }
+        if !matches!(session.vouch(Instant::now() + req.ttl), Vouch::Alive) {
+            return None;
+        }
+        let l = self.lock_name(&req.key);
+        self.inner.held.insert(
+            &l,
+            &req.token,
+            lock.create_revision(),
+            session.clone(),
+            Instant::now() + req.ttl,
+        );
+        Some(rec)
     }
 }
 
@@ -370,14 +414,24 @@ impl LockStore for EtcdStore {
                 None => when.push(Compare::create_revision(w.clone(), CompareOp::Equal, 0)),
             }
             let sent = Instant::now();
-            let r = self
+            let answer = self
                 .txn(
                     Txn::new()
                         .when(when)
                         .and_then(then)
                         .or_else([TxnOp::get(l.clone(), None), TxnOp::get(w.clone(), None)]),
                 )
-                .await?;
+                .await;
+            let r = match answer {
+                Ok(r) => r,
+                Err(e) => {
+                    // It may have been granted: a retry of this acquisition finds it its own
+                    // (below); else it is deleted once its TTL passes.
+                    let at = sent + req.ttl;
+                    self.inner.held.unanswered(&l, &req.token, at, session);
+                    return Err(e);
+                }
+            };
             if r.succeeded() {
                 let rev = revision(&r);
                 self.inner.held.remove(&w, &req.token);
@@ -416,6 +470,9 @@ impl LockStore for EtcdStore {
                     }
                 }
             };
+            if let Some(own) = self.own_unanswered(req, &lock, &session) {
+                return Ok(AcquireOutcome::Granted(own));
+            }
             let mut held = match self.record(req.key.as_str(), &lock) {
                 Ok(r) => r,
                 Err(_) => {
@@ -538,8 +595,16 @@ impl LockStore for EtcdStore {
 
     async fn release(&self, key: &Key, token: &str) -> Result<ReleaseOutcome> {
         let l = self.lock_name(key);
-        if let Some(e) = self.inner.held.remove(&l, token) {
-            let deleted = self.inner.held.delete_if(&l, e.create_rev).await?;
+        if let Some(e) = self.inner.held.get(&l, token) {
+            let deleted = match self.inner.held.delete_if(&l, e.create_rev).await {
+                Ok(deleted) => deleted,
+                Err(err) => {
+                    // Deleted in the background, retried while its session lives.
+                    self.inner.held.delete_soon(&l, token);
+                    return Err(err);
+                }
+            };
+            self.inner.held.remove(&l, token);
             return Ok(if deleted {
                 ReleaseOutcome::Released
             } else {
@@ -560,8 +625,12 @@ impl LockStore for EtcdStore {
 
     async fn withdraw_waiter(&self, key: &Key, token: &str) -> Result<()> {
         let w = self.waiter_name(key);
-        if let Some(e) = self.inner.held.remove(&w, token) {
-            self.inner.held.delete_if(&w, e.create_rev).await?;
+        if let Some(e) = self.inner.held.get(&w, token) {
+            if let Err(err) = self.inner.held.delete_if(&w, e.create_rev).await {
+                self.inner.held.delete_soon(&w, token);
+                return Err(err);
+            }
+            self.inner.held.remove(&w, token);
             return Ok(());
         }
         let (_, waiter_kv) = self.read(key).await?;
@@ -598,7 +667,10 @@ impl LockStore for EtcdStore {
     async fn list(&self, prefix: &str) -> Result<Vec<Inspection>> {
         let from = format!("{}{prefix}", self.inner.locks);
         let mut got = self
-            .call(|mut c| async move { c.get(from, Some(GetOptions::new().with_prefix())).await })
+            .call(|mut c| {
+                let from = from.clone();
+                async move { c.get(from, Some(GetOptions::new().with_prefix())).await }
+            })
             .await?;
         let locks = self.inner.locks.len();
         Ok(got

@@ -7,7 +7,7 @@
 //! the session is surely alive for that long, so a guard's stop-by deadline always falls before
 //! etcd could expire the session and free its keys for another process.
 
-use super::error::bounded;
+use super::error::retried;
 use crate::error::{Error, Result};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -148,12 +148,10 @@ impl Sessions {
             }
         }
         let sent = Instant::now();
-        let mut client = self.client.clone();
-        let granted = bounded(
-            &self.described,
-            self.timeout,
-            client.lease_grant(secs, None),
-        )
+        let granted = retried(&self.described, self.timeout, || {
+            let mut client = self.client.clone();
+            async move { client.lease_grant(secs, None).await }
+        })
         .await?;
         let ttl = Duration::from_secs(granted.ttl().max(1) as u64);
         let session = Arc::new(Session::new(granted.id(), ttl, sent));

@@ -1,7 +1,7 @@
 //! Change notification: an etcd watch on a key's lease record and waiter registration, on one
 //! watch stream.
 
-use super::error::{bounded, map_err};
+use super::error::{bounded, map_err, retried};
 use crate::error::Result;
 use crate::store::ChangeWatch;
 use async_trait::async_trait;
@@ -32,8 +32,11 @@ impl KeyWatch {
         described: &str,
         timeout: Duration,
     ) -> Result<Self> {
-        let mut client = client.clone();
-        let mut stream = bounded(described, timeout, client.watch(names[0], None)).await?;
+        let mut stream = retried(described, timeout, || {
+            let mut client = client.clone();
+            async move { client.watch(names[0], None).await }
+        })
+        .await?;
         stream
             .watch(names[1], None)
             .await
