@@ -207,3 +207,63 @@ async fn a_partitioned_holder_stops_before_anyone_else_gets_its_keys() {
     }
     proxy.resume();
 }
+
+const WORKER: &str = env!("CARGO_BIN_EXE_leasehold-worker");
+
+/// Six processes on a 3-member cluster, 25 critical sections each on one key: never two inside
+/// at once, and every increment of the file counter lands.
+#[test]
+fn six_processes_on_three_members_count_to_150() {
+    let cluster = EtcdCluster::start(3);
+    let work = tempfile::tempdir().unwrap();
+    let t = Instant::now();
+    leasehold_testkit::run_all(
+        WORKER,
+        &[
+            "count",
+            &cluster.url(),
+            "counter",
+            "25",
+            work.path().to_str().unwrap(),
+        ],
+        6,
+        "two processes",
+    );
+    let count = std::fs::read_to_string(work.path().join("counter")).unwrap();
+    assert_eq!(count.trim(), "150");
+    eprintln!("6 × 25 critical sections in {:?}", t.elapsed());
+}
+
+/// A holder process killed with SIGKILL: its key goes when its session lease expires (a TTL of
+/// 1 s has a session of 3 s), and the next holder's fence is higher.
+#[tokio::test]
+async fn a_holder_killed_with_sigkill_frees_its_key_with_its_session() {
+    use std::io::BufRead;
+    let url = store_url(shared_etcd());
+    let key = leasehold_testkit::prefix("killed");
+    let mut child = std::process::Command::new(WORKER)
+        .args(["hold", &url, &key, "1000"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let fence: u64 = line.trim().strip_prefix("held ").unwrap().parse().unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let killed = Instant::now();
+    let l = leasehold_testkit::connect_as(&url, "next").await;
+    let g = l
+        .lock(&key)
+        .unwrap()
+        .wait(Duration::from_secs(10))
+        .acquire()
+        .await
+        .expect("freed with the session");
+    let took = killed.elapsed();
+    assert!(took < Duration::from_millis(4500), "took {took:?}");
+    assert!(g.fence() > fence);
+    g.release().await.unwrap();
+}
