@@ -170,3 +170,137 @@ pub fn shared_etcd_cluster() -> &'static EtcdCluster {
     static CLUSTER: OnceLock<EtcdCluster> = OnceLock::new();
     CLUSTER.get_or_init(|| EtcdCluster::start(3))
 }
+
+/// A single etcd member that speaks only TLS and asks clients for a certificate
+/// (`--client-cert-auth`), with its CA and a client certificate in [`EtcdTlsServer::certs`].
+#[derive(Debug)]
+pub struct EtcdTlsServer {
+    /// Its client port (`https://127.0.0.1:PORT`).
+    pub port: u16,
+    child: Option<Child>,
+    certs: tempfile::TempDir,
+    _dir: tempfile::TempDir,
+}
+
+impl EtcdTlsServer {
+    /// Starts it and waits until `etcdctl endpoint health` over TLS succeeds.
+    ///
+    /// # Panics
+    /// When `etcd`, `etcdctl` or `openssl` is missing, or it does not come up.
+    pub fn start() -> Self {
+        in_three_starts("etcd over TLS", Self::start_once)
+    }
+
+    fn start_once() -> Result<Self, String> {
+        let certs = crate::servers::test_certs();
+        let dir = server_dir("etcd-tls");
+        let (port, peer) = (free_port(), free_port());
+        let client_url = format!("https://127.0.0.1:{port}");
+        let peer_url = format!("http://127.0.0.1:{peer}");
+        let c = |f: &str| certs.path().join(f);
+        let log =
+            std::fs::File::create(dir.path().join("log")).map_err(|e| format!("etcd log: {e}"))?;
+        let mut cmd = Command::new("etcd");
+        cmd.args(["--name", "tls", "--data-dir"])
+            .arg(dir.path().join("data"))
+            .args(["--listen-client-urls", &client_url])
+            .args(["--advertise-client-urls", &client_url])
+            .args(["--listen-peer-urls", &peer_url])
+            .args(["--initial-advertise-peer-urls", &peer_url])
+            .args(["--initial-cluster", &format!("tls={peer_url}")])
+            .args(["--initial-cluster-state", "new", "--unsafe-no-fsync"])
+            .arg("--cert-file")
+            .arg(c("server.crt"))
+            .arg("--key-file")
+            .arg(c("server.key"))
+            .arg("--trusted-ca-file")
+            .arg(c("ca.crt"))
+            .arg("--client-cert-auth")
+            .args(["--log-level", "warn"])
+            .stdout(Stdio::null())
+            .stderr(log);
+        let mut child = spawn(cmd).unwrap_or_else(|e| {
+            panic!("cannot start etcd ({e}): install it with `apt-get install etcd-server etcd-client`, or run ./scripts/test which does")
+        });
+        let server = |child| EtcdTlsServer {
+            port,
+            child,
+            certs,
+            _dir: dir,
+        };
+        let probe = server(None);
+        let up = wait_up(
+            &mut child,
+            &format!("etcd over TLS on port {port}"),
+            Duration::from_secs(20),
+            Duration::from_millis(100),
+            || probe.etcdctl(&["endpoint", "health"]).is_some(),
+        );
+        let mut s = probe;
+        up?;
+        s.child = Some(child);
+        Ok(s)
+    }
+
+    /// The directory holding `ca.crt`, `client.crt` and `client.key`.
+    pub fn certs(&self) -> &std::path::Path {
+        self.certs.path()
+    }
+
+    /// `etcd://127.0.0.1:PORT?ca=…&cert=…&key=…`: the store URL with the CA and the client
+    /// certificate.
+    pub fn url(&self) -> String {
+        let c = |f: &str| self.certs.path().join(f).display().to_string();
+        format!(
+            "etcd://127.0.0.1:{}?ca={}&cert={}&key={}",
+            self.port,
+            c("ca.crt"),
+            c("client.crt"),
+            c("client.key")
+        )
+    }
+
+    /// Runs `etcdctl ARGS` against it with the client certificate: its output when it succeeds.
+    pub fn etcdctl(&self, args: &[&str]) -> Option<String> {
+        let c = |f: &str| self.certs.path().join(f);
+        let out = Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .args(["--endpoints", &format!("https://127.0.0.1:{}", self.port)])
+            .arg("--cacert")
+            .arg(c("ca.crt"))
+            .arg("--cert")
+            .arg(c("client.crt"))
+            .arg("--key")
+            .arg(c("client.key"))
+            .args(["--command-timeout", "2s"])
+            .args(args)
+            .output()
+            .ok()?;
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+}
+
+impl Drop for EtcdTlsServer {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Runs `etcdctl ARGS` against the plain member on `port`: its output when it succeeds.
+pub fn etcdctl(port: u16, args: &[&str]) -> Option<String> {
+    let out = Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .args(["--endpoints", &format!("http://127.0.0.1:{port}")])
+        .args(["--command-timeout", "2s"])
+        .args(args)
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}

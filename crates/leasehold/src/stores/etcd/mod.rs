@@ -1,5 +1,6 @@
-//! The etcd store (`etcd://[user:pass@]host1:2379,host2:2379,host3:2379[?prefix=…]`): leases as
-//! etcd keys attached to session leases, over a cluster's Raft consensus.
+//! The etcd store (`etcd://[user:pass@]host1:2379,host2:2379,host3:2379[?prefix=…&ca=…]`):
+//! leases as etcd keys attached to session leases, over a cluster's Raft consensus. TLS with
+//! `?tls=true`, `?ca=` and client certificates (`?cert=&key=`); see [`EtcdOptions`].
 //!
 //! Checklist — native TTL: yes (each key is attached to an etcd lease, and deleted by its holder
 //! process when its own TTL passes unrenewed); watch: yes (an etcd watch on the key: waiters
@@ -139,11 +140,7 @@ impl EtcdStore {
             connect = connect.with_user(user.clone(), pass.clone());
         }
         if opts.tls {
-            return Err(Error::NotSupported {
-                store: described,
-                what: "TLS (https:// members) is not built into this version of the etcd store"
-                    .into(),
-            });
+            connect = connect.with_tls(tls_options(&opts)?);
         }
         let client = bounded(
             &described,
@@ -254,13 +251,13 @@ impl EtcdStore {
         rec.store
             .insert(FENCES.into(), req.fences.max(1).to_string());
         let value = serde_json::to_vec(&rec).map_err(|e| Error::InvalidOption {
-            name: "labels".into(),
+            name: "labels",
             reason: format!("cannot be written as JSON: {e}"),
         })?;
         let size = value.len() + self.lock_name(&req.key).len();
         if size + 1024 > options::MAX_REQUEST_BYTES {
             return Err(Error::InvalidOption {
-                name: "labels".into(),
+                name: "labels",
                 reason: format!(
                     "the lease record would be {size} bytes; etcd refuses requests over {} bytes (1.5 MiB, its --max-request-bytes default)",
                     options::MAX_REQUEST_BYTES
@@ -342,6 +339,31 @@ impl EtcdStore {
     }
 }
 
+/// The TLS settings of `opts`: its CA (else the system's trust store) and client certificate.
+///
+/// # Errors
+/// [`Error::InvalidOption`] naming a file that cannot be read.
+fn tls_options(opts: &EtcdOptions) -> Result<etcd_client::TlsOptions> {
+    fn read(name: &'static str, path: &std::path::Path) -> Result<Vec<u8>> {
+        std::fs::read(path).map_err(|e| Error::InvalidOption {
+            name: name.into(),
+            reason: format!("cannot read {}: {e}", path.display()),
+        })
+    }
+    let mut tls = etcd_client::TlsOptions::new();
+    tls = match &opts.ca_file {
+        Some(ca) => tls.ca_certificate(etcd_client::Certificate::from_pem(read("ca", ca)?)),
+        None => tls.with_native_roots(),
+    };
+    if let Some((cert, key)) = &opts.client_cert {
+        tls = tls.identity(etcd_client::Identity::from_pem(
+            read("cert", cert)?,
+            read("key", key)?,
+        ));
+    }
+    Ok(tls)
+}
+
 /// The fence of a grant created at revision `rev` reserving `block` fences.
 fn fence_of(rev: i64, block: u64) -> u64 {
     (rev.max(0) as u64)
@@ -385,7 +407,7 @@ impl LockStore for EtcdStore {
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome> {
         if req.fences >= FENCE_STRIDE {
             return Err(Error::InvalidOption {
-                name: "fences".into(),
+                name: "fences",
                 reason: format!("at most {} per grant on etcd", FENCE_STRIDE - 1),
             });
         }
