@@ -346,7 +346,7 @@ impl EtcdStore {
 fn tls_options(opts: &EtcdOptions) -> Result<etcd_client::TlsOptions> {
     fn read(name: &'static str, path: &std::path::Path) -> Result<Vec<u8>> {
         std::fs::read(path).map_err(|e| Error::InvalidOption {
-            name: name.into(),
+            name,
             reason: format!("cannot read {}: {e}", path.display()),
         })
     }
