@@ -21,7 +21,6 @@ pub const MAX_REQUEST_BYTES: usize = 1_572_864;
 /// assert!(!format!("{opts:?}").contains("s3cret"));
 /// ```
 #[derive(Clone)]
-#[non_exhaustive]
 pub struct EtcdOptions {
     /// The members' client URLs (`http://host:port`, or `https://…` with TLS).
     pub endpoints: Vec<String>,
