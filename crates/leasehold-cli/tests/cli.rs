@@ -2255,3 +2255,74 @@ fn run_works_on_postgres() {
     );
     elect_hands_over(&url);
 }
+
+#[test]
+fn run_works_on_etcd() {
+    let server = leasehold_testkit::servers::EtcdServer::start();
+    let url = format!(
+        "{}?prefix=cli/",
+        leasehold_testkit::etcd_cluster::store_url(&server)
+    );
+    let run = |args: &[&str]| bare().arg("--store").arg(&url).args(args).output().unwrap();
+    let out = run(&[
+        "run",
+        "--key",
+        "agent-1",
+        "--",
+        "sh",
+        "-c",
+        "echo $LEASEHOLD_FENCE",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let first: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    assert!(first >= 1);
+    // Released before leasehold exited: etcd has no key left under the prefix.
+    let keys = Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .args([
+            "--endpoints",
+            &server.url(),
+            "get",
+            "--prefix",
+            "cli/",
+            "--keys-only",
+        ])
+        .output()
+        .expect("etcdctl (apt-get install etcd-client)");
+    assert!(keys.status.success(), "{keys:?}");
+    assert_eq!(String::from_utf8_lossy(&keys.stdout).trim(), "", "{keys:?}");
+    // Held by another process: --no-wait exits 75 naming the holder.
+    let mut holder = bare()
+        .args([
+            "--store", &url, "run", "--key", "agent-1", "--", "sh", "-c", UNTIL_EOF,
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(holder.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "ready");
+    let out = run(&["run", "--key", "agent-1", "--no-wait", "--", "true"]);
+    assert_eq!(out.status.code(), Some(75), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("held by"),
+        "{out:?}"
+    );
+    drop(holder.stdin.take());
+    assert!(holder.wait().unwrap().success());
+    let out = run(&[
+        "run",
+        "--key",
+        "agent-1",
+        "--",
+        "sh",
+        "-c",
+        "echo $LEASEHOLD_FENCE",
+    ]);
+    let second: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    assert!(second > first, "fence {second} after {first}");
+    elect_hands_over(&url);
+}

@@ -7,6 +7,7 @@
 
 #![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)]
 
+pub mod etcd_cluster;
 pub mod foreign;
 pub mod gcs_server;
 pub mod proxy;

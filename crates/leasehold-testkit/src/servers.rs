@@ -1255,7 +1255,7 @@ fn make_certs(dir: &std::path::Path) {
 pub const CLIENT_EXT: &str = "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n";
 
 /// Whether something answers `GET path` on `127.0.0.1:port` with a 200 whose body contains `needle`.
-fn http_ok(port: u16, path: &str, needle: &str) -> bool {
+pub(crate) fn http_ok(port: u16, path: &str, needle: &str) -> bool {
     http_get(port, path).is_some_and(|(code, body)| code == 200 && body.contains(needle))
 }
 

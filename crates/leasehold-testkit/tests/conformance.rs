@@ -231,3 +231,25 @@ mod gcs {
     }
     leasehold_testkit::conformance_tests!(store().await);
 }
+
+mod etcd {
+    use super::*;
+    async fn store() -> Arc<dyn LockStore> {
+        let server = leasehold_testkit::etcd_cluster::shared_etcd();
+        leasehold::open_store(&leasehold_testkit::etcd_cluster::store_url(server))
+            .await
+            .expect("etcd store")
+    }
+    leasehold_testkit::conformance_tests!(store().await);
+}
+
+mod etcd3 {
+    use super::*;
+    async fn store() -> Arc<dyn LockStore> {
+        let cluster = leasehold_testkit::etcd_cluster::shared_etcd_cluster();
+        leasehold::open_store(&cluster.url())
+            .await
+            .expect("etcd store on 3 members")
+    }
+    leasehold_testkit::conformance_tests!(store().await);
+}

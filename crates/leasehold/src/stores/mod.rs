@@ -21,7 +21,7 @@
 //! | `s3://bucket/prefix` | Amazon S3 | planned |
 //! | `az://container/prefix` | Azure Blob Storage | planned |
 //! | `postgres://user[:pass]@host:port/db[?schema=…&table=…&timeout=…&sslmode=…]`, `postgresql://…` | postgres | `postgres` |
-//! | `etcd://host1:2379,host2:2379` | etcd | planned |
+//! | `etcd://[user:pass@]host1:2379,host2:2379[?prefix=…&timeout=…]` | etcd | `etcd` |
 //! <!-- schemes:end -->
 
 use crate::error::{Error, Result};
@@ -30,6 +30,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+#[cfg(feature = "etcd")]
+pub mod etcd;
 pub mod file;
 #[cfg(feature = "gcs")]
 pub mod gcs;
@@ -207,7 +209,14 @@ pub const SCHEMES: &[Scheme] = &[
         "postgres",
         open_postgres
     ),
-    planned!(["etcd"], "`etcd://host1:2379,host2:2379`", "etcd"),
+    store!(
+        ["etcd"],
+        "`etcd://[user:pass@]host1:2379,host2:2379[?prefix=…&timeout=…]`",
+        "etcd",
+        "",
+        "etcd",
+        open_etcd
+    ),
 ];
 
 /// Where the store names in [`markdown_table`] link to.
@@ -418,6 +427,14 @@ fn open_gcs(url: &str) -> Opening<'_> {
         let (rest, skew) = take_max_clock_skew(url)?;
         let store = gcs::GcsStore::from_url(&parse(&rest)?).await?;
         let store = crate::adapter::RecordLockStore::new(store).with_max_clock_skew(skew);
+        Ok(Arc::new(store) as Arc<dyn LockStore>)
+    })
+}
+
+#[cfg(feature = "etcd")]
+fn open_etcd(url: &str) -> Opening<'_> {
+    Box::pin(async move {
+        let store = etcd::EtcdStore::from_url(url).await?;
         Ok(Arc::new(store) as Arc<dyn LockStore>)
     })
 }

@@ -1,0 +1,768 @@
+//! The etcd store (`etcd://[user:pass@]host1:2379,host2:2379,host3:2379[?prefix=…&ca=…]`):
+//! leases as etcd keys attached to session leases, over a cluster's Raft consensus. TLS with
+//! `?tls=true`, `?ca=` and client certificates (`?cert=&key=`); see [`EtcdOptions`].
+//!
+//! Checklist — native TTL: yes (each key is attached to an etcd lease, and deleted by its holder
+//! process when its own TTL passes unrenewed); watch: yes (an etcd watch on the key: waiters
+//! wake on the holder's release, no polling); liveness: no (a killed holder's keys go when its
+//! session lease expires, at most ⌈1.5 × TTL⌉ + 1 s later, 2 s at least); fence: the record key's
+//! **create revision**, etcd's cluster-wide revision counter, which every later write of the
+//! cluster exceeds: `fence = create revision × 65536 + (block − 1)`, where a block of `n` fences
+//! ([`AcquireRequest::fences`]) is `fence − n + 1 ..= fence` (a plain acquisition reserves one,
+//! so its fence is `create revision × 65536`). No clock is involved, and neither a deletion nor
+//! a leader change can make a fence go backwards.
+//!
+//! # Sessions
+//! Each store keeps one etcd lease per lease-time class (the TTL rounded up, see
+//! [`session`]) — one for all the keys a process holds with the same TTL — kept alive by one
+//! keep-alive stream: renewing 10,000 leases costs that stream, not 10,000 keep-alives. A
+//! renewal reads the key (to see a force release, a takeover or a waiter) and says "renewed"
+//! only while the session is surely alive for the whole TTL asked for, counted on this process's
+//! monotonic clock from the last keep-alive etcd answered; a session lost (its keep-alives
+//! failing past its TTL, revoked, the member partitioned away from the leader) makes every
+//! guard of it see `lost()` before etcd could free its keys for another process.
+//!
+//! # Records
+//! The lease record (JSON, as every store's) lives at `<prefix>lock/<key>` (default prefix
+//! `leasehold/`), created by a transaction that succeeds only if the key's create revision is 0
+//! (it does not exist) and no other waiter reserved it; a release deletes it. A waiter
+//! registers at `<prefix>waiter/<key>` (attached to its own session), which reserves the key
+//! for it once freed, and which the holder's renewals read (`handoff_requested()`).
+//! `etcdctl get --prefix leasehold/lock/` lists them; `etcdctl del leasehold/lock/KEY` is a
+//! force release. A record must fit in one etcd request ([`options::MAX_REQUEST_BYTES`], 1.5 MiB
+//! by default): larger labels are refused at acquire.
+//!
+//! # Module map
+//! | file | holds | uses |
+//! | --- | --- | --- |
+//! | `mod.rs` | [`EtcdStore`], the [`LockStore`] impl | all below |
+//! | `watch.rs` | the change notification of a key | error |
+//! | `held.rs` | the keys held, each deleted at its own deadline | session, error |
+//! | `session.rs` | session leases and their keep-alive | error |
+//! | `options.rs` | [`EtcdOptions`] and the URL | — |
+//! | `error.rs` | etcd errors as [`Error`]s | — |
+
+mod error;
+mod held;
+pub mod options;
+pub mod session;
+mod watch;
+
+pub use options::EtcdOptions;
+
+use self::error::{bounded, retried};
+use self::held::Held;
+use self::session::{Sessions, Vouch};
+use crate::error::{Error, Result};
+use crate::key::Key;
+use crate::record::{now_ms, LeaseRecord};
+use crate::store::{
+    AcquireOutcome, AcquireRequest, Capabilities, ChangeWatch, CleanupReport, Inspection,
+    LockStore, LostReason, ReleaseOutcome, RenewOutcome,
+};
+use async_trait::async_trait;
+use etcd_client::{
+    Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
+};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// Fences per create revision: a block reserved by one grant stays below this.
+pub const FENCE_STRIDE: u64 = 1 << 16;
+
+/// The `store` entry of a written record holding its block size (its fence is computed from the
+/// create revision when read).
+const FENCES: &str = "fences";
+
+/// The etcd store; see the [module docs](self).
+#[derive(Clone)]
+pub struct EtcdStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: etcd_client::Client,
+    described: String,
+    timeout: Duration,
+    locks: String,
+    waiters: String,
+    sessions: Sessions,
+    held: Arc<Held>,
+}
+
+impl std::fmt::Debug for EtcdStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdStore")
+            .field("store", &self.inner.described)
+            .field("prefix", &self.inner.locks)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A waiter registration as stored.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct Waiter {
+    waiter: String,
+    waiter_token: String,
+    waiter_ttl_ms: u64,
+}
+
+impl EtcdStore {
+    /// Connects to the members in `opts` and checks that one answers.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOption`] for unreadable TLS files; [`Error::Unavailable`] when no member
+    /// answers; a non-retryable [`Error::Store`] saying "authentication failed" when the user
+    /// or password is refused.
+    ///
+    /// ```no_run
+    /// # async fn f() -> leasehold::Result<()> {
+    /// use leasehold::stores::etcd::{EtcdOptions, EtcdStore};
+    /// let opts = EtcdOptions {
+    ///     endpoints: vec!["http://10.0.0.1:2379".into(), "http://10.0.0.2:2379".into()],
+    ///     prefix: "jobs/".into(),
+    ///     ..EtcdOptions::default()
+    /// };
+    /// let locks = leasehold::Locks::new(EtcdStore::connect(opts).await?);
+    /// let guard = locks.lock("nightly-report")?.acquire().await?;
+    /// println!("fence {}", guard.fence()); // pass it to whatever the lock protects
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect(opts: EtcdOptions) -> Result<Self> {
+        let described = options::describe(&opts);
+        let mut connect = etcd_client::ConnectOptions::new()
+            .with_timeout(opts.timeout)
+            .with_connect_timeout(opts.timeout)
+            .with_require_leader(true)
+            .with_keep_alive(opts.timeout, opts.timeout);
+        if let Some((user, pass)) = &opts.user {
+            connect = connect.with_user(user.clone(), pass.clone());
+        }
+        if opts.tls {
+            connect = connect.with_tls(tls_options(&opts)?);
+        }
+        let client = bounded(
+            &described,
+            opts.timeout * 2,
+            etcd_client::Client::connect(opts.endpoints.clone(), Some(connect)),
+        )
+        .await?;
+        let store = EtcdStore {
+            inner: Arc::new(Inner {
+                sessions: Sessions::new(client.clone(), described.clone(), opts.timeout),
+                held: Arc::new(Held::new(client.clone(), described.clone(), opts.timeout)),
+                client,
+                timeout: opts.timeout,
+                locks: format!("{}lock/", opts.prefix),
+                waiters: format!("{}waiter/", opts.prefix),
+                described,
+            }),
+        };
+        // One read, so that an unreachable cluster or refused credentials show now.
+        let probe = store.inner.locks.clone();
+        store
+            .call(|mut c| {
+                let probe = probe.clone();
+                async move {
+                    c.get(probe, Some(GetOptions::new().with_count_only()))
+                        .await
+                }
+            })
+            .await?;
+        Ok(store)
+    }
+
+    /// Parses an `etcd://` URL ([`options`]) and connects.
+    pub(crate) async fn from_url(url: &str) -> Result<Self> {
+        Self::connect(options::parse(url)?).await
+    }
+
+    /// One call with the store's client, bounded by its timeout.
+    /// (Sent again when it never reached a member, see [`retried`].)
+    async fn call<T, F>(&self, mut f: impl FnMut(etcd_client::Client) -> F) -> Result<T>
+    where
+        F: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        let i = &self.inner;
+        retried(&i.described, i.timeout, || f(i.client.clone())).await
+    }
+
+    async fn txn(&self, txn: Txn) -> Result<TxnResponse> {
+        self.call(|mut c| {
+            let txn = txn.clone();
+            async move { c.txn(txn).await }
+        })
+        .await
+    }
+
+    fn lock_name(&self, key: &Key) -> String {
+        format!("{}{}", self.inner.locks, key.as_str())
+    }
+
+    fn waiter_name(&self, key: &Key) -> String {
+        format!("{}{}", self.inner.waiters, key.as_str())
+    }
+
+    /// The record and waiter registration of `key` in one read.
+    async fn read(&self, key: &Key) -> Result<(Option<KeyValue>, Option<KeyValue>)> {
+        let (l, w) = (self.lock_name(key), self.waiter_name(key));
+        let r = self
+            .txn(Txn::new().and_then([TxnOp::get(l, None), TxnOp::get(w, None)]))
+            .await?;
+        Ok(two_gets(r))
+    }
+
+    /// The lease record in `kv` (of `key`), its fence from the create revision and its expiry at
+    /// least its TTL from now (a key that exists is held until its holder deletes it or its
+    /// session ends).
+    fn record(&self, key: &str, kv: &KeyValue) -> Result<LeaseRecord> {
+        let mut r: LeaseRecord =
+            serde_json::from_slice(kv.value()).map_err(|e| Error::Corrupt {
+                key: key.to_owned(),
+                detail: format!("not a leasehold record: {e}"),
+            })?;
+        let block = r
+            .store
+            .remove(FENCES)
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or(1);
+        r.fence = fence_of(kv.create_revision(), block);
+        r.store.clear();
+        r.expires_ms = r.expires_ms.max(now_ms() + r.ttl_ms);
+        Ok(r)
+    }
+
+    /// `r` with the waiter registration in `w`, if any (live for its lifetime from now: it
+    /// exists, so its holder keeps it).
+    fn with_waiter(r: &mut LeaseRecord, w: Option<&Waiter>) {
+        if let Some(w) = w {
+            r.waiter = Some(w.waiter.clone());
+            r.waiter_token = Some(w.waiter_token.clone());
+            r.waiter_expires_ms = Some(now_ms() + w.waiter_ttl_ms);
+            r.waiter_ttl_ms = Some(w.waiter_ttl_ms);
+        }
+    }
+
+    /// The record to write for `req` (its fence comes from the create revision).
+    fn grant_record(&self, req: &AcquireRequest) -> Result<(LeaseRecord, Vec<u8>)> {
+        req.check_size(options::LABEL_LIMIT, &self.describe())?;
+        let mut rec = LeaseRecord::free(req.key.as_str(), 0);
+        crate::decide::grant(&mut rec, req, 0, now_ms());
+        rec.store
+            .insert(FENCES.into(), req.fences.max(1).to_string());
+        let value = serde_json::to_vec(&rec).map_err(|e| Error::InvalidOption {
+            name: "labels",
+            reason: format!("cannot be written as JSON: {e}"),
+        })?;
+        let size = value.len() + self.lock_name(&req.key).len();
+        if size + 1024 > options::MAX_REQUEST_BYTES {
+            return Err(Error::InvalidOption {
+                name: "labels",
+                reason: format!(
+                    "the lease record would be {size} bytes; etcd refuses requests over {} bytes (1.5 MiB, its --max-request-bytes default)",
+                    options::MAX_REQUEST_BYTES
+                ),
+            });
+        }
+        Ok((rec, value))
+    }
+
+    /// Registers `req` as waiter of a key held with create revision `held_rev`, unless someone
+    /// registered first; whether it did.
+    async fn register(&self, req: &AcquireRequest, wttl: Duration, held_rev: i64) -> Result<bool> {
+        let (l, w) = (self.lock_name(&req.key), self.waiter_name(&req.key));
+        let session = self.inner.sessions.for_ttl(wttl).await?;
+        let value = serde_json::to_vec(&Waiter {
+            waiter: req.holder.clone(),
+            waiter_token: req.token.clone(),
+            waiter_ttl_ms: wttl.as_millis() as u64,
+        })
+        .unwrap_or_default();
+        let sent = Instant::now();
+        let answer = self
+            .txn(
+                Txn::new()
+                    .when([
+                        Compare::create_revision(w.clone(), CompareOp::Equal, 0),
+                        Compare::create_revision(l, CompareOp::Equal, held_rev),
+                    ])
+                    .and_then([TxnOp::put(
+                        w.clone(),
+                        value,
+                        Some(PutOptions::new().with_lease(session.id)),
+                    )]),
+            )
+            .await;
+        let r = match answer {
+            Ok(r) => r,
+            Err(e) => {
+                let at = sent + wttl;
+                self.inner.held.unanswered(&w, &req.token, at, session);
+                return Err(e);
+            }
+        };
+        if r.succeeded() {
+            let rev = revision(&r);
+            self.inner
+                .held
+                .insert(&w, &req.token, rev, session, sent + wttl);
+        }
+        Ok(r.succeeded())
+    }
+}
+
+impl EtcdStore {
+    /// The grant `lock` is when an earlier attempt of `req` (same owner token) created it on
+    /// `session` but its answer was lost: recorded as held from now.
+    fn own_unanswered(
+        &self,
+        req: &AcquireRequest,
+        lock: &KeyValue,
+        session: &Arc<session::Session>,
+    ) -> Option<LeaseRecord> {
+        let rec = self.record(req.key.as_str(), lock).ok()?;
+        if rec.token.as_deref() != Some(req.token.as_str()) || lock.lease() != session.id {
+            return None;
+        }
+        if !matches!(session.vouch(Instant::now() + req.ttl), Vouch::Alive) {
+            return None;
+        }
+        let l = self.lock_name(&req.key);
+        self.inner.held.insert(
+            &l,
+            &req.token,
+            lock.create_revision(),
+            session.clone(),
+            Instant::now() + req.ttl,
+        );
+        Some(rec)
+    }
+}
+
+/// The TLS settings of `opts`: its CA (else the system's trust store) and client certificate.
+///
+/// # Errors
+/// [`Error::InvalidOption`] naming a file that cannot be read.
+fn tls_options(opts: &EtcdOptions) -> Result<etcd_client::TlsOptions> {
+    fn read(name: &'static str, path: &std::path::Path) -> Result<Vec<u8>> {
+        std::fs::read(path).map_err(|e| Error::InvalidOption {
+            name,
+            reason: format!("cannot read {}: {e}", path.display()),
+        })
+    }
+    let mut tls = etcd_client::TlsOptions::new();
+    tls = match &opts.ca_file {
+        Some(ca) => tls.ca_certificate(etcd_client::Certificate::from_pem(read("ca", ca)?)),
+        None => tls.with_native_roots(),
+    };
+    if let Some((cert, key)) = &opts.client_cert {
+        tls = tls.identity(etcd_client::Identity::from_pem(
+            read("cert", cert)?,
+            read("key", key)?,
+        ));
+    }
+    Ok(tls)
+}
+
+/// The fence of a grant created at revision `rev` reserving `block` fences.
+fn fence_of(rev: i64, block: u64) -> u64 {
+    (rev.max(0) as u64)
+        .saturating_mul(FENCE_STRIDE)
+        .saturating_add(block.clamp(1, FENCE_STRIDE) - 1)
+}
+
+/// The revision a transaction's answer was written at.
+fn revision(r: &TxnResponse) -> i64 {
+    r.header().map_or(0, |h| h.revision())
+}
+
+/// The first key-value of each of the two gets of a transaction's branch.
+fn two_gets(r: TxnResponse) -> (Option<KeyValue>, Option<KeyValue>) {
+    let mut got = r.op_responses().into_iter().filter_map(|op| match op {
+        TxnOpResponse::Get(mut g) => Some(g.take_kvs().into_iter().next()),
+        _ => None,
+    });
+    (got.next().flatten(), got.next().flatten())
+}
+
+fn parse_waiter(kv: Option<&KeyValue>) -> Option<Waiter> {
+    kv.and_then(|kv| serde_json::from_slice(kv.value()).ok())
+}
+
+#[async_trait]
+impl LockStore for EtcdStore {
+    fn describe(&self) -> String {
+        self.inner.described.clone()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            native_ttl: true,
+            watch: true,
+            liveness: false,
+            fence_source: "the record key's create revision (etcd's cluster-wide revision) × 65536",
+        }
+    }
+
+    async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome> {
+        if req.fences >= FENCE_STRIDE {
+            return Err(Error::InvalidOption {
+                name: "fences",
+                reason: format!("at most {} per grant on etcd", FENCE_STRIDE - 1),
+            });
+        }
+        let (l, w) = (self.lock_name(&req.key), self.waiter_name(&req.key));
+        let (mut rec, value) = self.grant_record(req)?;
+        let session = self.inner.sessions.for_ttl(req.ttl).await?;
+        let put = TxnOp::put(
+            l.clone(),
+            value,
+            Some(PutOptions::new().with_lease(session.id)),
+        );
+        let mut mine = self.inner.held.get(&w, &req.token).map(|e| e.create_rev);
+        for _ in 0..4 {
+            if req.given_up.is_given_up() {
+                return Err(Error::GivenUp {
+                    key: req.key.as_str().to_owned(),
+                });
+            }
+            let mut when = vec![Compare::create_revision(l.clone(), CompareOp::Equal, 0)];
+            let mut then = vec![put.clone()];
+            match mine {
+                Some(rev) => {
+                    when.push(Compare::create_revision(w.clone(), CompareOp::Equal, rev));
+                    then.push(TxnOp::delete(w.clone(), None));
+                }
+                None => when.push(Compare::create_revision(w.clone(), CompareOp::Equal, 0)),
+            }
+            let sent = Instant::now();
+            let answer = self
+                .txn(
+                    Txn::new()
+                        .when(when)
+                        .and_then(then)
+                        .or_else([TxnOp::get(l.clone(), None), TxnOp::get(w.clone(), None)]),
+                )
+                .await;
+            let r = match answer {
+                Ok(r) => r,
+                Err(e) => {
+                    // It may have been granted: a retry of this acquisition finds it its own
+                    // (below); else it is deleted once its TTL passes.
+                    let at = sent + req.ttl;
+                    self.inner.held.unanswered(&l, &req.token, at, session);
+                    return Err(e);
+                }
+            };
+            if r.succeeded() {
+                let rev = revision(&r);
+                self.inner.held.remove(&w, &req.token);
+                self.inner
+                    .held
+                    .insert(&l, &req.token, rev, session, sent + req.ttl);
+                rec.fence = fence_of(rev, req.fences.max(1));
+                rec.store.clear();
+                return Ok(AcquireOutcome::Granted(rec));
+            }
+            let (lock, waiter_kv) = two_gets(r);
+            let waiter = parse_waiter(waiter_kv.as_ref());
+            let Some(lock) = lock else {
+                // Free: reserved for a waiter (us, or another), or the race moved on.
+                match (&waiter, &waiter_kv) {
+                    (Some(wr), Some(kv)) if wr.waiter_token == req.token => {
+                        mine = Some(kv.create_revision());
+                        continue;
+                    }
+                    (Some(_), _) => {
+                        let mut free = LeaseRecord::free(req.key.as_str(), 0);
+                        Self::with_waiter(&mut free, waiter.as_ref());
+                        return Ok(AcquireOutcome::Held(free));
+                    }
+                    (None, Some(_)) => {
+                        // An unreadable registration: held by it until its session ends.
+                        let mut free = LeaseRecord::free(req.key.as_str(), 0);
+                        free.holder = Some("unknown (an unreadable waiter registration)".into());
+                        free.expires_ms = now_ms() + req.ttl.as_millis() as u64;
+                        free.token = Some(String::new());
+                        return Ok(AcquireOutcome::Held(free));
+                    }
+                    (None, None) => {
+                        mine = None;
+                        continue;
+                    }
+                }
+            };
+            if let Some(own) = self.own_unanswered(req, &lock, &session) {
+                return Ok(AcquireOutcome::Granted(own));
+            }
+            let mut held = match self.record(req.key.as_str(), &lock) {
+                Ok(r) => r,
+                Err(_) => {
+                    let mut r = LeaseRecord::free(req.key.as_str(), 0);
+                    r.holder = Some("unknown (a value that is not a leasehold record)".into());
+                    r.token = Some(String::new());
+                    r.expires_ms = now_ms() + req.ttl.as_millis() as u64;
+                    r
+                }
+            };
+            if let Some(wttl) = req.waiter_ttl {
+                match &waiter {
+                    None if self.register(req, wttl, lock.create_revision()).await? => {
+                        Self::with_waiter(
+                            &mut held,
+                            Some(&Waiter {
+                                waiter: req.holder.clone(),
+                                waiter_token: req.token.clone(),
+                                waiter_ttl_ms: wttl.as_millis() as u64,
+                            }),
+                        );
+                        return Ok(AcquireOutcome::Held(held));
+                    }
+                    Some(wr) if wr.waiter_token == req.token => {
+                        self.inner
+                            .held
+                            .extend(&w, &req.token, Instant::now() + wttl, None);
+                    }
+                    _ => {}
+                }
+            }
+            Self::with_waiter(&mut held, waiter.as_ref());
+            return Ok(AcquireOutcome::Held(held));
+        }
+        Err(Error::Store {
+            store: self.inner.described.clone(),
+            detail: format!(
+                "the key {} changed under four attempts in a row",
+                req.key.as_str()
+            ),
+            retryable: true,
+            source: None,
+        })
+    }
+
+    async fn renew(&self, key: &Key, token: &str, ttl: Duration) -> Result<RenewOutcome> {
+        let l = self.lock_name(key);
+        let sent = Instant::now();
+        let entry = self.inner.held.get(&l, token);
+        let (lock, waiter_kv) = self.read(key).await?;
+        let Some(lock) = lock else {
+            self.inner.held.remove(&l, token);
+            return Ok(RenewOutcome::Lost(LostReason::Released));
+        };
+        let mut rec = match self.record(key.as_str(), &lock) {
+            Ok(r) => r,
+            Err(_) => {
+                self.inner.held.remove(&l, token);
+                return Ok(RenewOutcome::Lost(LostReason::TakenOver {
+                    holder: "unknown (a value that is not a leasehold record)".into(),
+                }));
+            }
+        };
+        if rec.token.as_deref() != Some(token) {
+            self.inner.held.remove(&l, token);
+            return Ok(RenewOutcome::Lost(LostReason::TakenOver {
+                holder: rec.holder.unwrap_or_default(),
+            }));
+        }
+        let Some(entry) = entry.filter(|e| e.create_rev == lock.create_revision()) else {
+            // Ours, but its deadline passed here (its deletion is under way).
+            return Ok(RenewOutcome::Lost(LostReason::Expired));
+        };
+        let mut session = entry.session.clone();
+        if session::lease_secs(ttl) > session::lease_secs(Duration::from_millis(rec.ttl_ms))
+            && session.ttl < Duration::from_secs(session::lease_secs(ttl) as u64)
+        {
+            // Renewed for longer than its session vouches for: move it to a longer one.
+            let longer = self.inner.sessions.for_ttl(ttl).await?;
+            let moved = self
+                .txn(
+                    Txn::new()
+                        .when([Compare::create_revision(
+                            l.clone(),
+                            CompareOp::Equal,
+                            entry.create_rev,
+                        )])
+                        .and_then([TxnOp::put(
+                            l.clone(),
+                            lock.value().to_vec(),
+                            Some(PutOptions::new().with_lease(longer.id)),
+                        )]),
+                )
+                .await?;
+            if !moved.succeeded() {
+                self.inner.held.remove(&l, token);
+                return Ok(RenewOutcome::Lost(LostReason::Released));
+            }
+            session = longer;
+        }
+        match session.vouch(Instant::now() + ttl) {
+            Vouch::Alive => {}
+            Vouch::Late(why) => return Err(Error::unavailable(&self.inner.described, why)),
+            Vouch::Dead(why) => {
+                self.inner.held.remove(&l, token);
+                tracing::debug!(key = %key, reason = %why, "lease lost with its session");
+                return Ok(RenewOutcome::Lost(LostReason::Expired));
+            }
+        }
+        if !self.inner.held.extend(&l, token, sent + ttl, Some(session)) {
+            return Ok(RenewOutcome::Lost(LostReason::Expired));
+        }
+        let now = now_ms();
+        rec.renewed_ms = now;
+        rec.ttl_ms = ttl.as_millis() as u64;
+        rec.expires_ms = now + rec.ttl_ms;
+        Self::with_waiter(&mut rec, parse_waiter(waiter_kv.as_ref()).as_ref());
+        Ok(RenewOutcome::Renewed(rec))
+    }
+
+    async fn release(&self, key: &Key, token: &str) -> Result<ReleaseOutcome> {
+        let l = self.lock_name(key);
+        if let Some(e) = self.inner.held.get(&l, token) {
+            let deleted = match self.inner.held.delete_if(&l, e.create_rev).await {
+                Ok(deleted) => deleted,
+                Err(err) => {
+                    // Deleted in the background, retried while its session lives.
+                    self.inner.held.delete_soon(&l, token);
+                    return Err(err);
+                }
+            };
+            self.inner.held.remove(&l, token);
+            return Ok(if deleted {
+                ReleaseOutcome::Released
+            } else {
+                ReleaseOutcome::NotHeld
+            });
+        }
+        // Not held here (expired, or never ours): a record of ours still there is cleared.
+        let (lock, _) = self.read(key).await?;
+        if let Some(kv) = lock {
+            if let Ok(r) = self.record(key.as_str(), &kv) {
+                if r.token.as_deref() == Some(token) {
+                    self.inner.held.delete_if(&l, kv.create_revision()).await?;
+                }
+            }
+        }
+        Ok(ReleaseOutcome::NotHeld)
+    }
+
+    async fn withdraw_waiter(&self, key: &Key, token: &str) -> Result<()> {
+        let w = self.waiter_name(key);
+        if let Some(e) = self.inner.held.get(&w, token) {
+            if let Err(err) = self.inner.held.delete_if(&w, e.create_rev).await {
+                self.inner.held.delete_soon(&w, token);
+                return Err(err);
+            }
+            self.inner.held.remove(&w, token);
+            return Ok(());
+        }
+        let (_, waiter_kv) = self.read(key).await?;
+        if let Some(kv) = waiter_kv {
+            if parse_waiter(Some(&kv)).is_some_and(|wr| wr.waiter_token == token) {
+                self.inner.held.delete_if(&w, kv.create_revision()).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn inspect(&self, key: &Key) -> Result<Option<Inspection>> {
+        let (lock, waiter_kv) = self.read(key).await?;
+        let waiter = parse_waiter(waiter_kv.as_ref());
+        let Some(lock) = lock else {
+            return Ok(waiter.map(|w| {
+                let mut free = LeaseRecord::free(key.as_str(), 0);
+                Self::with_waiter(&mut free, Some(&w));
+                Inspection::Record(free)
+            }));
+        };
+        Ok(Some(match self.record(key.as_str(), &lock) {
+            Ok(mut r) => {
+                Self::with_waiter(&mut r, waiter.as_ref());
+                Inspection::Record(r)
+            }
+            Err(e) => Inspection::Corrupt {
+                name: self.lock_name(key),
+                detail: e.to_string(),
+            },
+        }))
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<Inspection>> {
+        let from = format!("{}{prefix}", self.inner.locks);
+        let mut got = self
+            .call(|mut c| {
+                let from = from.clone();
+                async move { c.get(from, Some(GetOptions::new().with_prefix())).await }
+            })
+            .await?;
+        let locks = self.inner.locks.len();
+        Ok(got
+            .take_kvs()
+            .iter()
+            .map(|kv| {
+                let name = String::from_utf8_lossy(kv.key()).into_owned();
+                let key = name.get(locks..).unwrap_or_default();
+                match self.record(key, kv) {
+                    Ok(r) => Inspection::Record(r),
+                    Err(e) => Inspection::Corrupt {
+                        name: name.clone(),
+                        detail: e.to_string(),
+                    },
+                }
+            })
+            .collect())
+    }
+
+    async fn force_release(&self, key: &Key) -> Result<Option<LeaseRecord>> {
+        let l = self.lock_name(key);
+        for _ in 0..4 {
+            let (lock, _) = self.read(key).await?;
+            let Some(kv) = lock else { return Ok(None) };
+            let r = self
+                .txn(
+                    Txn::new()
+                        .when([Compare::mod_revision(
+                            l.clone(),
+                            CompareOp::Equal,
+                            kv.mod_revision(),
+                        )])
+                        .and_then([TxnOp::delete(l.clone(), None)]),
+                )
+                .await?;
+            if r.succeeded() {
+                return Ok(self.record(key.as_str(), &kv).ok());
+            }
+        }
+        Err(Error::Store {
+            store: self.inner.described.clone(),
+            detail: format!("the key {} changed under four force releases", key.as_str()),
+            retryable: true,
+            source: None,
+        })
+    }
+
+    async fn cleanup(&self, _older_than: Duration) -> Result<CleanupReport> {
+        // Released leases are deleted at once and expired ones by their holder or their
+        // session's end; fences need nothing kept (they come from revisions).
+        Ok(CleanupReport::default())
+    }
+
+    async fn subscribe(&self, key: &Key) -> Result<Option<Box<dyn ChangeWatch>>> {
+        let (l, w) = (self.lock_name(key), self.waiter_name(key));
+        let i = &self.inner;
+        let watch = watch::KeyWatch::open(&i.client, [&l, &w], &i.described, i.timeout).await?;
+        Ok(Some(Box::new(watch)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fences_come_in_blocks_above_each_revision() {
+        assert_eq!(fence_of(7, 1), 7 * FENCE_STRIDE);
+        assert_eq!(fence_of(7, 64), 7 * FENCE_STRIDE + 63);
+        assert!(fence_of(8, 1) - 1 + 1 > fence_of(7, FENCE_STRIDE - 1));
+    }
+}

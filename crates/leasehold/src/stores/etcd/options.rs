@@ -1,0 +1,218 @@
+//! The etcd store's options ([`EtcdOptions`]) and its URL:
+//! `etcd://[user:pass@]host1:2379,host2:2379[?prefix=…&timeout=…&tls=true&ca=…&cert=…&key=…]`.
+
+use crate::error::{Error, Result};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The largest request etcd accepts by default (`--max-request-bytes`, 1.5 MiB): a lease record
+/// (its key, holder and labels) must fit in one.
+pub const MAX_REQUEST_BYTES: usize = 1_572_864;
+
+/// The most bytes of holder id and labels a lease may carry here
+/// ([`AcquireRequest::check_size`](crate::AcquireRequest::check_size)): a record holds them and
+/// a waiter's id of the same bound within one request.
+pub const LABEL_LIMIT: usize = 512 << 10;
+
+/// Options of the etcd store. `Debug` never shows the password.
+///
+/// ```
+/// use leasehold::stores::etcd::EtcdOptions;
+/// let opts = EtcdOptions {
+///     user: Some(("locker".into(), "s3cret".into())),
+///     ..EtcdOptions::default()
+/// };
+/// assert_eq!(opts.prefix, "leasehold/");
+/// assert!(!format!("{opts:?}").contains("s3cret"));
+/// ```
+#[derive(Clone)]
+pub struct EtcdOptions {
+    /// The members' client URLs (`http://host:port`, or `https://…` with TLS).
+    pub endpoints: Vec<String>,
+    /// The prefix of every key the store writes (default `leasehold/`, `?prefix=`): lease records
+    /// live at `<prefix>lock/<key>`, waiter registrations at `<prefix>waiter/<key>`.
+    pub prefix: String,
+    /// The time limit of each call (default 2 s, `?timeout=`).
+    pub timeout: Duration,
+    /// A user and password (etcd's auth, `etcd://user:pass@…`).
+    pub user: Option<(String, String)>,
+    /// Speak TLS to the members (`https://`; `?tls=true`, implied by `ca`, `cert`).
+    pub tls: bool,
+    /// A PEM file of the CA that signed the members' certificates (`?ca=`); default: the
+    /// system's trust store.
+    pub ca_file: Option<PathBuf>,
+    /// PEM files of a client certificate and its key (`?cert=` and `?key=`, given together), for
+    /// members started with `--client-cert-auth`.
+    pub client_cert: Option<(PathBuf, PathBuf)>,
+}
+
+impl Default for EtcdOptions {
+    fn default() -> Self {
+        EtcdOptions {
+            endpoints: vec!["http://127.0.0.1:2379".into()],
+            prefix: "leasehold/".into(),
+            timeout: Duration::from_secs(2),
+            user: None,
+            tls: false,
+            ca_file: None,
+            client_cert: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for EtcdOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdOptions")
+            .field("endpoints", &self.endpoints)
+            .field("prefix", &self.prefix)
+            .field("timeout", &self.timeout)
+            .field("user", &self.user.as_ref().map(|(u, _)| (u, "***")))
+            .field("tls", &self.tls)
+            .field("ca_file", &self.ca_file)
+            .field("client_cert", &self.client_cert)
+            .finish()
+    }
+}
+
+/// Parses an `etcd://` URL into options.
+///
+/// # Errors
+/// [`Error::InvalidUrl`] naming what is wrong (a member without a port, an unknown parameter, a
+/// bad duration, `cert` without `key`).
+pub(crate) fn parse(url: &str) -> Result<EtcdOptions> {
+    let described = crate::redact_url(url);
+    let bad = |reason: String| Error::InvalidUrl {
+        url: described.clone(),
+        reason,
+    };
+    let rest = url
+        .split_once("://")
+        .map(|(_, r)| r)
+        .ok_or_else(|| bad("expected etcd://host1:2379,host2:2379".into()))?;
+    let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let authority = rest.trim_end_matches('/');
+    if authority.contains('/') {
+        return Err(bad(
+            "no path is taken: etcd://host1:2379,host2:2379[?prefix=…]".into(),
+        ));
+    }
+    let (user, hosts) = match authority.rsplit_once('@') {
+        Some((u, h)) => {
+            let (name, pass) = u.split_once(':').unwrap_or((u, ""));
+            let decode = |s: &str| {
+                url::form_urlencoded::parse(format!("x={s}").as_bytes())
+                    .next()
+                    .map(|(_, v)| v.into_owned())
+                    .unwrap_or_default()
+            };
+            (Some((decode(name), decode(pass))), h)
+        }
+        None => (None, authority),
+    };
+    let mut opts = EtcdOptions {
+        user,
+        ..EtcdOptions::default()
+    };
+    let mut hosts_seen = vec![];
+    for host in hosts.split(',') {
+        match host.rsplit_once(':') {
+            Some((h, p)) if !h.is_empty() && p.parse::<u16>().is_ok() => {
+                hosts_seen.push(host.to_owned())
+            }
+            _ => {
+                return Err(bad(format!(
+                    "bad member {host:?}: expected host:port, e.g. 127.0.0.1:2379"
+                )))
+            }
+        }
+    }
+    let (mut cert, mut key) = (None, None);
+    for (k, v) in url::form_urlencoded::parse(query.as_bytes()) {
+        match &*k {
+            "prefix" if !v.is_empty() => opts.prefix = v.into_owned(),
+            "prefix" => return Err(bad("prefix must not be empty".into())),
+            "timeout" => {
+                opts.timeout = humantime::parse_duration(&v)
+                    .ok()
+                    .filter(|d| !d.is_zero())
+                    .ok_or_else(|| bad(format!("timeout={v}: expected a duration, e.g. 2s")))?
+            }
+            "tls" => {
+                opts.tls = match &*v {
+                    "true" | "1" => true,
+                    "false" | "0" => false,
+                    _ => return Err(bad(format!("tls={v}: expected true or false"))),
+                }
+            }
+            "ca" => opts.ca_file = Some(PathBuf::from(&*v)),
+            "cert" => cert = Some(PathBuf::from(&*v)),
+            "key" => key = Some(PathBuf::from(&*v)),
+            other => {
+                return Err(bad(format!(
+                    "unknown parameter {other:?} (known: prefix, timeout, tls, ca, cert, key)"
+                )))
+            }
+        }
+    }
+    opts.client_cert = match (cert, key) {
+        (Some(c), Some(k)) => Some((c, k)),
+        (None, None) => None,
+        _ => return Err(bad("cert and key are given together".into())),
+    };
+    opts.tls |= opts.ca_file.is_some() || opts.client_cert.is_some();
+    let scheme = if opts.tls { "https" } else { "http" };
+    opts.endpoints = hosts_seen
+        .iter()
+        .map(|h| format!("{scheme}://{h}"))
+        .collect();
+    Ok(opts)
+}
+
+/// How the store names itself in messages: `etcd://` and its members, no credentials.
+pub(crate) fn describe(opts: &EtcdOptions) -> String {
+    let hosts: Vec<&str> = opts
+        .endpoints
+        .iter()
+        .map(|e| e.split_once("://").map_or(e.as_str(), |(_, h)| h))
+        .collect();
+    let user = opts
+        .user
+        .as_ref()
+        .map(|(u, _)| format!("{u}:***@"))
+        .unwrap_or_default();
+    let tls = if opts.tls { " (TLS)" } else { "" };
+    format!("etcd://{user}{}{tls}", hosts.join(","))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(url: &str) -> String {
+        parse(url).err().map(|e| e.to_string()).unwrap_or_default()
+    }
+
+    #[test]
+    fn urls_are_read() {
+        let o = parse("etcd://a:1,b:2,c:3?prefix=app/&timeout=500ms").expect("parses");
+        assert_eq!(o.endpoints, ["http://a:1", "http://b:2", "http://c:3"]);
+        assert_eq!(
+            (o.prefix.as_str(), o.timeout),
+            ("app/", Duration::from_millis(500))
+        );
+        let o = parse("etcd://u:p%40ss@h:2379?ca=/ca.pem").expect("parses");
+        assert_eq!(o.user, Some(("u".into(), "p@ss".into())));
+        assert_eq!(o.endpoints, ["https://h:2379"]);
+        assert_eq!(describe(&o), "etcd://u:***@h:2379 (TLS)");
+    }
+
+    #[test]
+    fn bad_urls_say_why() {
+        assert!(err("etcd://a").contains("expected host:port"));
+        assert!(err("etcd://a:1?nope=1").contains("unknown parameter"));
+        assert!(err("etcd://a:1?timeout=x").contains("expected a duration"));
+        assert!(err("etcd://a:1?cert=/c").contains("together"));
+        assert!(err("etcd://a:1/x").contains("no path"));
+        assert!(!err("etcd://u:hunter2@a?x").contains("hunter2"));
+    }
+}

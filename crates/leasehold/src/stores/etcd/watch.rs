@@ -1,0 +1,97 @@
+//! Change notification: an etcd watch on a key's lease record and waiter registration, on one
+//! watch stream.
+
+use super::error::{bounded, map_err, retried};
+use crate::error::Result;
+use crate::store::ChangeWatch;
+use async_trait::async_trait;
+use std::time::Duration;
+
+/// A watch of one key's record and waiter registration.
+pub(crate) struct KeyWatch {
+    stream: etcd_client::WatchStream,
+    /// A change came while the watches were being created.
+    pending: bool,
+    stale: bool,
+}
+
+impl std::fmt::Debug for KeyWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyWatch")
+            .field("stale", &self.stale)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KeyWatch {
+    /// Watches `names` from now on; answers once etcd has created every watch, so that no
+    /// change after this returns is missed.
+    pub(crate) async fn open(
+        client: &etcd_client::Client,
+        names: [&str; 2],
+        described: &str,
+        timeout: Duration,
+    ) -> Result<Self> {
+        let mut stream = retried(described, timeout, || {
+            let mut client = client.clone();
+            async move { client.watch(names[0], None).await }
+        })
+        .await?;
+        stream
+            .watch(names[1], None)
+            .await
+            .map_err(|e| map_err(described, e))?;
+        let mut pending = false;
+        let mut created = 0;
+        while created < names.len() {
+            match bounded(described, timeout, stream.message()).await? {
+                Some(r) if r.canceled() => {
+                    return Err(crate::Error::unavailable(
+                        described,
+                        format!("watch refused: {}", r.cancel_reason()),
+                    ))
+                }
+                Some(r) => {
+                    created += usize::from(r.created());
+                    pending |= !r.events().is_empty();
+                }
+                None => {
+                    return Err(crate::Error::unavailable(
+                        described,
+                        "the watch stream ended",
+                    ))
+                }
+            }
+        }
+        Ok(KeyWatch {
+            stream,
+            pending,
+            stale: false,
+        })
+    }
+}
+
+#[async_trait]
+impl ChangeWatch for KeyWatch {
+    async fn changed(&mut self) {
+        if std::mem::take(&mut self.pending) {
+            return;
+        }
+        if self.stale {
+            return std::future::pending().await;
+        }
+        loop {
+            match self.stream.message().await {
+                Ok(Some(r)) if r.canceled() => break,
+                Ok(Some(r)) if !r.events().is_empty() => return,
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => break,
+            }
+        }
+        self.stale = true;
+    }
+
+    fn stale(&self) -> bool {
+        self.stale
+    }
+}
