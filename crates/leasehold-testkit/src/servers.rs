@@ -23,7 +23,7 @@ const OWNER: &str = "owner.pid";
 /// outlives the process (the server itself dies with it, by `PR_SET_PDEATHSIG`) — etcd's and
 /// PostgreSQL's hold ≈ 125–140 MB each; the first call in a process removes the directories of
 /// processes that are gone.
-fn server_dir(kind: &str) -> tempfile::TempDir {
+pub(crate) fn server_dir(kind: &str) -> tempfile::TempDir {
     static SWEEP: std::sync::Once = std::sync::Once::new();
     SWEEP.call_once(remove_stale_dirs);
     let dir = tempfile::Builder::new()
@@ -93,7 +93,7 @@ fn poll_until(
 ///
 /// # Panics
 /// When all three fail, with each failure.
-fn in_three_starts<T>(what: &str, mut start: impl FnMut() -> Result<T, String>) -> T {
+pub(crate) fn in_three_starts<T>(what: &str, mut start: impl FnMut() -> Result<T, String>) -> T {
     let mut failures = Vec::new();
     for _ in 0..3 {
         match start() {
@@ -113,7 +113,7 @@ fn in_three_starts<T>(what: &str, mut start: impl FnMut() -> Result<T, String>) 
 /// Waits until `ready` holds for a server that `child` runs, checking every `every` for at most
 /// `limit`; an error names `what` and says whether the process exited or ran out of time, and the
 /// process is then killed and reaped.
-fn wait_up(
+pub(crate) fn wait_up(
     child: &mut Child,
     what: &str,
     limit: Duration,
@@ -250,7 +250,7 @@ type SpawnJob = (Command, mpsc::Sender<std::io::Result<Child>>);
 
 /// Spawns `cmd` from the launcher thread, which lives as long as the process: with
 /// `PR_SET_PDEATHSIG` the child is killed when this process dies.
-fn spawn(mut cmd: Command) -> std::io::Result<Child> {
+pub(crate) fn spawn(mut cmd: Command) -> std::io::Result<Child> {
     static LAUNCHER: OnceLock<Mutex<mpsc::Sender<SpawnJob>>> = OnceLock::new();
     let tx = LAUNCHER.get_or_init(|| {
         let (tx, rx) = mpsc::channel::<SpawnJob>();

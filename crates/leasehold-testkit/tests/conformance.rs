@@ -170,3 +170,13 @@ mod k8s {
     }
     leasehold_testkit::conformance_tests!(store().await);
 }
+
+mod s3 {
+    use super::*;
+    async fn store() -> Arc<dyn LockStore> {
+        let server = leasehold_testkit::s3_server::shared_moto();
+        let store = server.store("conformance", "locks");
+        Arc::new(leasehold::adapter::RecordLockStore::new(store))
+    }
+    leasehold_testkit::conformance_tests!(store().await);
+}

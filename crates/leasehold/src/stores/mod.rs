@@ -18,8 +18,8 @@
 //! | `redlock://host1:port1,host2:port2,host3:port3[/db]` | redlock | `redlock` |
 //! | `k8s://[namespace][?prefix=…&server=…]`, `kubernetes://…` | kubernetes (Lease objects) | `kubernetes` |
 //! | `gs://bucket/prefix`, `gcs://…` | Google Cloud Storage | planned |
-//! | `s3://bucket/prefix` | Amazon S3 | planned |
-//! | `az://container/prefix` | Azure Blob Storage | planned |
+//! | `s3://bucket/prefix[?endpoint=…&region=…&profile=…]` | s3 (Amazon S3 and S3-compatible servers) | `s3` |
+//! | `az://container/prefix[?account=…&endpoint=…]`, `azure://…` | azure (Azure Blob Storage) | `azure` |
 //! | `postgres://user@host:port/db`, `postgresql://…` | PostgreSQL | planned |
 //! | `etcd://host1:2379,host2:2379` | etcd | planned |
 //! <!-- schemes:end -->
@@ -30,14 +30,20 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+#[cfg(feature = "azure")]
+pub mod azure;
 pub mod file;
 #[cfg(feature = "kubernetes")]
 pub mod kubernetes;
 pub mod memory;
+#[cfg(any(feature = "s3", feature = "azure"))]
+pub mod object;
 #[cfg(feature = "redis")]
 pub mod redis;
 #[cfg(feature = "redlock")]
 pub mod redlock;
+#[cfg(feature = "s3")]
+pub mod s3;
 
 /// An opening store, as an [`Opener`] returns it.
 pub(crate) type Opening<'a> = Pin<Box<dyn Future<Output = Result<Arc<dyn LockStore>>> + Send + 'a>>;
@@ -186,8 +192,22 @@ pub const SCHEMES: &[Scheme] = &[
         open_kubernetes
     ),
     planned!(["gs", "gcs"], "`gs://bucket/prefix`, `gcs://…`", "Google Cloud Storage"),
-    planned!(["s3"], "`s3://bucket/prefix`", "Amazon S3"),
-    planned!(["az"], "`az://container/prefix`", "Azure Blob Storage"),
+    store!(
+        ["s3"],
+        "`s3://bucket/prefix[?endpoint=…&region=…&profile=…]`",
+        "s3",
+        "Amazon S3 and S3-compatible servers",
+        "s3",
+        open_s3
+    ),
+    store!(
+        ["az", "azure"],
+        "`az://container/prefix[?account=…&endpoint=…]`, `azure://…`",
+        "azure",
+        "Azure Blob Storage",
+        "azure",
+        open_azure
+    ),
     planned!(
         ["postgres", "postgresql"],
         "`postgres://user@host:port/db`, `postgresql://…`",
@@ -385,6 +405,26 @@ fn open_kubernetes(url: &str) -> Opening<'_> {
     Box::pin(async move {
         let (rest, skew) = take_max_clock_skew(url)?;
         let store = kubernetes::KubernetesStore::from_url(&parse(&rest)?).await?;
+        let store = crate::adapter::RecordLockStore::new(store).with_max_clock_skew(skew);
+        Ok(Arc::new(store) as Arc<dyn LockStore>)
+    })
+}
+
+#[cfg(feature = "s3")]
+fn open_s3(url: &str) -> Opening<'_> {
+    Box::pin(async move {
+        let (rest, skew) = take_max_clock_skew(url)?;
+        let store = s3::S3Store::from_url(&parse(&rest)?)?;
+        let store = crate::adapter::RecordLockStore::new(store).with_max_clock_skew(skew);
+        Ok(Arc::new(store) as Arc<dyn LockStore>)
+    })
+}
+
+#[cfg(feature = "azure")]
+fn open_azure(url: &str) -> Opening<'_> {
+    Box::pin(async move {
+        let (rest, skew) = take_max_clock_skew(url)?;
+        let store = azure::AzureStore::from_url(&parse(&rest)?)?;
         let store = crate::adapter::RecordLockStore::new(store).with_max_clock_skew(skew);
         Ok(Arc::new(store) as Arc<dyn LockStore>)
     })
