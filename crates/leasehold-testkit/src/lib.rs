@@ -11,6 +11,7 @@ pub mod foreign;
 pub mod proxy;
 pub mod queue_suite;
 pub mod s3_server;
+pub mod azure_server;
 pub mod servers;
 pub mod suite;
 

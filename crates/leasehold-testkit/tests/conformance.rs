@@ -180,3 +180,13 @@ mod s3 {
     }
     leasehold_testkit::conformance_tests!(store().await);
 }
+
+mod azure {
+    use super::*;
+    async fn store() -> Arc<dyn LockStore> {
+        let server = leasehold_testkit::azure_server::shared_azurite();
+        let store = server.store("conformance", "locks").await;
+        Arc::new(leasehold::adapter::RecordLockStore::new(store))
+    }
+    leasehold_testkit::conformance_tests!(store().await);
+}

@@ -217,6 +217,27 @@ fn valid_container(c: &str) -> bool {
 }
 
 impl AzureStore {
+    /// Creates the container if it does not exist yet: `true` if this call created it.
+    ///
+    /// # Errors
+    /// [`Error::Unavailable`] when the service cannot be reached or does not answer in time;
+    /// [`Error::Store`] when it refuses (access denied, a bad name).
+    pub async fn create_container(&self) -> Result<bool> {
+        let call = Call {
+            method: hyper::Method::PUT,
+            object: None,
+            query: vec![("restype", "container".to_owned())],
+            headers: vec![],
+            body: hyper::body::Bytes::new(),
+        };
+        let a = self.objects.send("create container", call, 64 * 1024).await?;
+        match a.status {
+            201 => Ok(true),
+            409 => Ok(false),
+            _ => Err(self.objects.refused("create container", &a)),
+        }
+    }
+
     /// Opens the store an `az://` (or `azure://`) URL names (credentials from the environment).
     ///
     /// # Errors

@@ -196,7 +196,7 @@ impl<B: Backend> Objects<B> {
         &self.prefix
     }
 
-    async fn send(&self, what: &str, call: Call, limit: usize) -> Result<Answer> {
+    pub(crate) async fn send(&self, what: &str, call: Call, limit: usize) -> Result<Answer> {
         let req = self.backend.request(call)?;
         self.http
             .send(self.backend.describe(), what, req, limit)
@@ -204,7 +204,7 @@ impl<B: Backend> Objects<B> {
     }
 
     /// The error for an answer that is neither success nor a lost race.
-    fn refused(&self, what: &str, a: &Answer) -> Error {
+    pub(crate) fn refused(&self, what: &str, a: &Answer) -> Error {
         let store = self.backend.describe().to_owned();
         let detail = format!("{what}: HTTP {} {}", a.status, a.excerpt());
         match a.status {
