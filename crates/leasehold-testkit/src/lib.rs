@@ -7,11 +7,11 @@
 
 #![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)]
 
+pub mod azure_server;
 pub mod foreign;
 pub mod proxy;
 pub mod queue_suite;
 pub mod s3_server;
-pub mod azure_server;
 pub mod servers;
 pub mod suite;
 

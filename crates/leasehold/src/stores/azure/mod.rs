@@ -230,7 +230,10 @@ impl AzureStore {
             headers: vec![],
             body: hyper::body::Bytes::new(),
         };
-        let a = self.objects.send("create container", call, 64 * 1024).await?;
+        let a = self
+            .objects
+            .send("create container", call, 64 * 1024)
+            .await?;
         match a.status {
             201 => Ok(true),
             409 => Ok(false),
