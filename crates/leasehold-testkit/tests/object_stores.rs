@@ -192,3 +192,36 @@ async fn a_record_too_large_is_refused_at_acquire() {
     let key = Key::new("big").unwrap();
     assert!(locks.store().inspect(&key).await.unwrap().is_none());
 }
+
+/// A renewal that finds no object (an operator deleted it: a force release) fires `lost()`.
+#[tokio::test]
+async fn a_deleted_record_is_lost_at_the_next_renewal() {
+    use leasehold::RecordStore;
+    let store =
+        std::sync::Arc::new(shared_moto().store("lost", &leasehold_testkit::prefix("deleted")));
+    let locks = leasehold::Locks::new(leasehold::adapter::RecordLockStore::new(store.clone()));
+    let g = locks
+        .lock("job")
+        .unwrap()
+        .ttl(std::time::Duration::from_millis(900))
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("free");
+    let key = Key::new("job").unwrap();
+    let Some(leasehold::Stored::Record { version, .. }) = store.get(&key).await.unwrap() else {
+        panic!("no record")
+    };
+    let deleted = store.raw_delete(&store.object_name(&key), &version).await;
+    assert_eq!(deleted.unwrap().status, 204);
+    let t = Instant::now();
+    let reason = tokio::time::timeout(std::time::Duration::from_secs(3), g.lost())
+        .await
+        .expect("lost fires");
+    assert!(reason.is_gone(), "{reason:?}");
+    assert!(
+        t.elapsed() < std::time::Duration::from_millis(700),
+        "{:?}",
+        t.elapsed()
+    );
+}

@@ -206,7 +206,15 @@ impl<B: Backend> Objects<B> {
     /// The error for an answer that is neither success nor a lost race.
     pub(crate) fn refused(&self, what: &str, a: &Answer) -> Error {
         let store = self.backend.describe().to_owned();
-        let detail = format!("{what}: HTTP {} {}", a.status, a.excerpt());
+        let excerpt = a.excerpt();
+        let detail = if excerpt.contains("NoSuchBucket") || excerpt.contains("ContainerNotFound") {
+            format!(
+                "{what}: the bucket or container does not exist (HTTP {}); create it first",
+                a.status
+            )
+        } else {
+            format!("{what}: HTTP {} {excerpt}", a.status)
+        };
         match a.status {
             401 | 403 => Error::Store {
                 store,

@@ -88,11 +88,15 @@ impl Http {
             .map_err(|e| fail(format!("TLS setup: {e}")))?
             .with_root_certificates(roots)
             .with_no_client_auth();
+        let mut http = HttpConnector::new();
+        // Requests are small and answered at once: no Nagle delay between their pieces.
+        http.set_nodelay(true);
+        http.enforce_http(false);
         let https = hyper_rustls::HttpsConnectorBuilder::new()
             .with_tls_config(tls)
             .https_or_http()
             .enable_http1()
-            .build();
+            .wrap_connector(http);
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(30))
             .build(https);
