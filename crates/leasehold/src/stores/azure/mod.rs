@@ -32,7 +32,7 @@
 //!   path (`http://127.0.0.1:10000/devstoreaccount1`).
 //!
 //! The client is leasehold's own, small: `hyper` with rustls, and Shared Key signing written out
-//! in [`sharedkey`] (Azurite checks every signature in the tests). The `object_store` crate
+//! in its `sharedkey` module (Azurite checks every signature in the tests). The `object_store` crate
 //! (Apache Arrow) has no conditional delete, and the Azure SDK crates would bring their own HTTP
 //! stack for five request kinds.
 

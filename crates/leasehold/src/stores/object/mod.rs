@@ -1,10 +1,11 @@
-//! What the object stores ([S3](crate::stores::s3), [Azure Blob](crate::stores::azure)) share:
+//! What the object stores (`s3`, `azure`) share:
 //! the record's JSON object, object names, conditional requests and their answers, listing, and
-//! the HTTP client ([`transport`]).
+//! the HTTP client (`hyper` with rustls).
 //!
-//! Each store is a [`RecordStore`] made of an [`Objects`] over its [`Backend`] (addressing,
-//! signing, listing format); the generic adapter ([`crate::adapter::RecordLockStore`]) turns it
-//! into a lock store, so the lock algorithm is the one every compare-and-set store shares.
+//! Each store is a [`RecordStore`](crate::RecordStore) made of the same object logic over a
+//! backend of its own (addressing, signing, listing format); the generic adapter
+//! ([`crate::adapter::RecordLockStore`]) turns it into a lock store, so the lock algorithm is the
+//! one every compare-and-set store shares.
 //!
 //! - **object**: `PREFIX` + the key's file-safe name ([`Naming::file`]) + `.json`: one JSON
 //!   object per key, the record ([`LeaseRecord`]'s JSON form) plus a `write` field with 128

@@ -27,7 +27,7 @@
 //!   (`ENDPOINT/BUCKET/OBJECT`). Requests are signed with Signature Version 4.
 //!
 //! The client is leasehold's own, small: `hyper` with rustls, and Signature Version 4 written
-//! out in [`sigv4`] (checked against AWS's published examples). The `object_store` crate
+//! out in its `sigv4` module (checked against AWS's published examples). The `object_store` crate
 //! (Apache Arrow) was the first choice, but it has no conditional delete, and the AWS SDK would
 //! add some hundred crates to a build that only needs five request kinds.
 
