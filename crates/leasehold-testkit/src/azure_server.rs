@@ -1,5 +1,5 @@
 //! An Azure Blob server for tests: Azurite (npm package `azurite`) on a free 127.0.0.1 port with
-//! its data in a temp dir, installed by `./scripts/test` under `target/azurite`, stopped by PID.
+//! its data in memory, run in a temp dir, installed by `./scripts/test` under `target/azurite`, stopped by PID.
 //!
 //! Azurite checks every Shared Key signature, answers 409 to a second create and 412 to a stale
 //! `If-Match` write or delete, and serves the published development account
@@ -55,9 +55,10 @@ impl AzuriteServer {
         let log = std::fs::File::create(dir.path().join("log")).map_err(|e| e.to_string())?;
         let mut cmd = Command::new(&bin);
         cmd.args(["--blobHost", "127.0.0.1", "--blobPort", &port.to_string()])
-            .arg("--location")
-            .arg(dir.path().join("data"))
-            .args(["--silent", "--skipApiVersionCheck"])
+            // Blobs and metadata in memory: no disk write per request (Azurite refuses
+            // `--location` with it); it runs in the temp dir all the same.
+            .args(["--silent", "--skipApiVersionCheck", "--inMemoryPersistence"])
+            .current_dir(dir.path())
             .stdout(Stdio::null())
             .stderr(log);
         let mut child = spawn(cmd)
