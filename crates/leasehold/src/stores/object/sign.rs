@@ -10,11 +10,13 @@ pub(crate) fn hmac_sha256(key: &[u8], data: &[u8]) -> Vec<u8> {
 }
 
 /// SHA-256 of `data`, in lower-case hex.
+#[cfg_attr(not(feature = "s3"), allow(dead_code))] // S3's signature only
 pub(crate) fn sha256_hex(data: &[u8]) -> String {
     hex(ring::digest::digest(&ring::digest::SHA256, data).as_ref())
 }
 
 /// Lower-case hex.
+#[cfg_attr(not(feature = "s3"), allow(dead_code))] // S3's signature only
 pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
