@@ -7,11 +7,13 @@
 
 #![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)]
 
+pub mod azure_server;
 pub mod etcd_cluster;
 pub mod foreign;
 pub mod gcs_server;
 pub mod proxy;
 pub mod queue_suite;
+pub mod s3_server;
 pub mod servers;
 pub mod suite;
 

@@ -253,3 +253,23 @@ mod etcd3 {
     }
     leasehold_testkit::conformance_tests!(store().await);
 }
+
+mod s3 {
+    use super::*;
+    async fn store() -> Arc<dyn LockStore> {
+        let server = leasehold_testkit::s3_server::shared_moto();
+        let store = server.store("conformance", "locks");
+        Arc::new(leasehold::adapter::RecordLockStore::new(store))
+    }
+    leasehold_testkit::conformance_tests!(store().await);
+}
+
+mod azure {
+    use super::*;
+    async fn store() -> Arc<dyn LockStore> {
+        let server = leasehold_testkit::azure_server::shared_azurite();
+        let store = server.store("conformance", "locks").await;
+        Arc::new(leasehold::adapter::RecordLockStore::new(store))
+    }
+    leasehold_testkit::conformance_tests!(store().await);
+}

@@ -18,8 +18,8 @@
 //! | `redlock://host1:port1,host2:port2,host3:port3[/db]` | redlock | `redlock` |
 //! | `k8s://[namespace][?prefix=…&server=…]`, `kubernetes://…` | kubernetes (Lease objects) | `kubernetes` |
 //! | `gs://bucket/prefix[?endpoint=…&timeout=…]`, `gcs://…` | gcs (Google Cloud Storage objects) | `gcs` |
-//! | `s3://bucket/prefix` | Amazon S3 | planned |
-//! | `az://container/prefix` | Azure Blob Storage | planned |
+//! | `s3://bucket/prefix[?endpoint=…&region=…&profile=…]` | s3 (Amazon S3 and S3-compatible servers) | `s3` |
+//! | `az://container/prefix[?account=…&endpoint=…]`, `azure://…` | azure (Azure Blob Storage) | `azure` |
 //! | `postgres://user[:pass]@host:port/db[?schema=…&table=…&timeout=…&sslmode=…]`, `postgresql://…` | postgres | `postgres` |
 //! | `etcd://[user:pass@]host1:2379,host2:2379[?prefix=…&timeout=…]` | etcd | `etcd` |
 //! <!-- schemes:end -->
@@ -30,6 +30,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+#[cfg(feature = "azure")]
+pub mod azure;
 #[cfg(feature = "etcd")]
 pub mod etcd;
 pub mod file;
@@ -38,12 +40,16 @@ pub mod gcs;
 #[cfg(feature = "kubernetes")]
 pub mod kubernetes;
 pub mod memory;
+#[cfg(any(feature = "s3", feature = "azure"))]
+pub mod object;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(feature = "redis")]
 pub mod redis;
 #[cfg(feature = "redlock")]
 pub mod redlock;
+#[cfg(feature = "s3")]
+pub mod s3;
 
 /// An opening store, as an [`Opener`] returns it.
 pub(crate) type Opening<'a> = Pin<Box<dyn Future<Output = Result<Arc<dyn LockStore>>> + Send + 'a>>;
@@ -59,8 +65,6 @@ enum Availability {
     /// Its Cargo feature is not enabled in this build.
     #[allow(dead_code)] // a build with every feature
     FeatureOff,
-    /// Not written yet: no feature turns it on.
-    Planned,
 }
 
 /// One family of URL schemes that open the same store.
@@ -70,9 +74,9 @@ pub struct Scheme {
     pub schemes: &'static [&'static str],
     /// The URL forms, for the docs' table.
     pub forms: &'static str,
-    /// The store's module under [`crate::stores`] (empty for a planned store) and what it opens.
+    /// The store's module under [`crate::stores`] and what it opens.
     pub store: (&'static str, &'static str),
-    /// The Cargo feature that builds it (`None` for a planned store).
+    /// The Cargo feature that builds it (`None`: always built).
     pub feature: Option<&'static str>,
     available: Availability,
 }
@@ -123,19 +127,6 @@ macro_rules! always {
             store: ($module, $what),
             feature: Some($module),
             available: Availability::Built($open),
-        }
-    };
-}
-
-/// A registry line for a store not written yet.
-macro_rules! planned {
-    ($schemes:expr, $forms:expr, $what:literal) => {
-        Scheme {
-            schemes: &$schemes,
-            forms: $forms,
-            store: ("", $what),
-            feature: None,
-            available: Availability::Planned,
         }
     };
 }
@@ -199,8 +190,22 @@ pub const SCHEMES: &[Scheme] = &[
         "gcs",
         open_gcs
     ),
-    planned!(["s3"], "`s3://bucket/prefix`", "Amazon S3"),
-    planned!(["az"], "`az://container/prefix`", "Azure Blob Storage"),
+    store!(
+        ["s3"],
+        "`s3://bucket/prefix[?endpoint=…&region=…&profile=…]`",
+        "s3",
+        "Amazon S3 and S3-compatible servers",
+        "s3",
+        open_s3
+    ),
+    store!(
+        ["az", "azure"],
+        "`az://container/prefix[?account=…&endpoint=…]`, `azure://…`",
+        "azure",
+        "Azure Blob Storage",
+        "azure",
+        open_azure
+    ),
     store!(
         ["postgres", "postgresql"],
         "`postgres://user[:pass]@host:port/db[?schema=…&table=…&timeout=…&sslmode=…]`, `postgresql://…`",
@@ -246,7 +251,7 @@ pub fn markdown_table(links: Links<'_>) -> String {
             (_, w) => format!("{name} ({w})"),
         };
         let feature = match s.feature {
-            None => "planned".to_owned(),
+            None => String::new(),
             Some(f @ ("memory" | "file")) => format!("`{f}` (default)"),
             Some(f) => format!("`{f}`"),
         };
@@ -303,20 +308,6 @@ pub(crate) async fn open(url: &str) -> Result<Arc<dyn LockStore>> {
             scheme,
             feature: entry.feature.unwrap_or_default(),
         }),
-        Availability::Planned => {
-            let built: Vec<&str> = SCHEMES
-                .iter()
-                .filter(|s| s.is_built())
-                .map(|s| s.schemes[0])
-                .collect();
-            Err(invalid(
-                url,
-                format!(
-                    "the {scheme}:// store is not in this version of leasehold (this build opens: {})",
-                    built.join(", ")
-                ),
-            ))
-        }
     }
 }
 
@@ -431,6 +422,26 @@ fn open_gcs(url: &str) -> Opening<'_> {
     })
 }
 
+#[cfg(feature = "s3")]
+fn open_s3(url: &str) -> Opening<'_> {
+    Box::pin(async move {
+        let (rest, skew) = take_max_clock_skew(url)?;
+        let store = s3::S3Store::from_url(&parse(&rest)?)?;
+        let store = crate::adapter::RecordLockStore::new(store).with_max_clock_skew(skew);
+        Ok(Arc::new(store) as Arc<dyn LockStore>)
+    })
+}
+
+#[cfg(feature = "azure")]
+fn open_azure(url: &str) -> Opening<'_> {
+    Box::pin(async move {
+        let (rest, skew) = take_max_clock_skew(url)?;
+        let store = azure::AzureStore::from_url(&parse(&rest)?)?;
+        let store = crate::adapter::RecordLockStore::new(store).with_max_clock_skew(skew);
+        Ok(Arc::new(store) as Arc<dyn LockStore>)
+    })
+}
+
 #[cfg(feature = "etcd")]
 fn open_etcd(url: &str) -> Opening<'_> {
     Box::pin(async move {
@@ -508,7 +519,6 @@ mod tests {
         let err =
             |r: Result<Arc<dyn LockStore>>| r.err().map(|e| e.to_string()).unwrap_or_default();
         assert!(err(open("nope://x").await).contains("unknown scheme (known: file, memory"));
-        assert!(err(open("s3://b/p").await).contains("not in this version"));
         assert!(err(open("x").await).contains("expected SCHEME://"));
         #[cfg(not(feature = "kubernetes"))]
         assert!(matches!(

@@ -1,0 +1,372 @@
+//! Amazon S3 store: `s3://BUCKET[/PREFIX][?endpoint=…&region=…&profile=…&timeout=…]`, for AWS
+//! and S3-compatible servers.
+//!
+//! Checklist:
+//! - **records**: one JSON object per key, `PREFIX/NAME.json` (NAME: the key's file-safe name);
+//!   the record plus a `write` nonce, so every write changes the ETag ([`crate::stores::object`]);
+//! - **writes**: `PutObject` with `If-None-Match: *` to create, `If-Match: <ETag>` to replace;
+//!   `DeleteObject` with `If-Match` (only `cleanup` deletes: a release is a conditional replace
+//!   that frees the record and keeps its fence). A failed precondition (412, or 409 when S3
+//!   reports a concurrent conditional write) is a lost race. The server must honour both
+//!   preconditions: AWS S3 does (conditional writes since August 2024, conditional deletes since
+//!   September 2025), as do moto and most S3-compatible servers of 2025 and later; a server that
+//!   ignored `If-None-Match` would break exclusion, so check yours with
+//!   `S3Store::raw_put` twice (the second must answer 412);
+//! - **expiry**: judged by observation ([`crate::adapter`]): a held record is taken once seen
+//!   unchanged for its TTL plus 1 % + 2 ms on this machine's monotonic clock, or once its
+//!   written expiry is older than now − `max_clock_skew`;
+//! - **fence**: floored at the writer's wall clock in microseconds, above the previous fence
+//!   (ETags are hashes, not counters);
+//! - **watch**: none; waiters poll with capped, jittered backoff (see the book's S3 page for the
+//!   requests this costs);
+//! - **credentials**: `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY` / `AWS_SESSION_TOKEN`, else
+//!   the profile (`?profile=`, else `AWS_PROFILE`, else `default`) of `~/.aws/credentials` and
+//!   `~/.aws/config`; region: `?region=`, `AWS_REGION`, `AWS_DEFAULT_REGION`, the profile's,
+//!   else `us-east-1`; endpoint: `?endpoint=`, `AWS_ENDPOINT_URL_S3`, `AWS_ENDPOINT_URL`, else
+//!   `https://BUCKET.s3.REGION.amazonaws.com`. A custom endpoint is addressed path-style
+//!   (`ENDPOINT/BUCKET/OBJECT`). Requests are signed with Signature Version 4.
+//!
+//! The client is leasehold's own, small: `hyper` with rustls, and Signature Version 4 written
+//! out in its `sigv4` module (checked against AWS's published examples). The `object_store` crate
+//! (Apache Arrow) was the first choice, but it has no conditional delete, and the AWS SDK would
+//! add some hundred crates to a build that only needs five request kinds.
+
+mod credentials;
+mod sigv4;
+
+pub use credentials::AwsCredentials;
+
+use crate::error::{Error, Result};
+use crate::stores::object::sign::{sha256_hex, times, uri_encode};
+use crate::stores::object::transport::Body;
+use crate::stores::object::{object_record_store, xml_values, Backend, Call, Objects, Page};
+use hyper::Request;
+use std::time::{Duration, SystemTime};
+
+/// How to reach a bucket; every default is stated. `Debug` never shows a secret.
+///
+/// ```
+/// use leasehold::stores::s3::{AwsCredentials, S3Options};
+/// let mut o = S3Options::new("locks");
+/// o.credentials = Some(AwsCredentials::new("AKID", "s3cret", None));
+/// assert!(!format!("{o:?}").contains("s3cret"));
+/// ```
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct S3Options {
+    /// The bucket (it must exist).
+    pub bucket: String,
+    /// Object names start with this (a `/` is added); default empty.
+    pub prefix: String,
+    /// The endpoint, e.g. `http://127.0.0.1:9000`; `None`: `AWS_ENDPOINT_URL_S3`,
+    /// `AWS_ENDPOINT_URL`, the profile's `endpoint_url`, else AWS.
+    pub endpoint: Option<String>,
+    /// The region; `None`: `AWS_REGION`, `AWS_DEFAULT_REGION`, the profile's, else `us-east-1`.
+    pub region: Option<String>,
+    /// The access key; `None`: the environment, else the profile.
+    pub credentials: Option<AwsCredentials>,
+    /// The profile to read; `None`: `AWS_PROFILE`, else `default`.
+    pub profile: Option<String>,
+    /// Per-request timeout. Default 10 s.
+    pub timeout: Duration,
+}
+
+impl S3Options {
+    /// The options for `bucket`, every other one at its default.
+    pub fn new(bucket: impl Into<String>) -> Self {
+        S3Options {
+            bucket: bucket.into(),
+            prefix: String::new(),
+            endpoint: None,
+            region: None,
+            credentials: None,
+            profile: None,
+            timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// How requests reach the bucket.
+#[derive(Debug)]
+struct S3 {
+    describe: String,
+    bucket: String,
+    credentials: AwsCredentials,
+    region: String,
+    /// `http` or `https`.
+    scheme: String,
+    /// The `Host` header.
+    host: String,
+    /// Path-style addressing: the bucket is the path's first segment.
+    path_style: bool,
+}
+
+impl Backend for S3 {
+    fn describe(&self) -> &str {
+        &self.describe
+    }
+
+    fn request(&self, call: Call) -> Result<Request<Body>> {
+        let bucket = if self.path_style {
+            format!("/{}", uri_encode(&self.bucket, false))
+        } else {
+            String::new()
+        };
+        let path = match &call.object {
+            Some(name) => format!("{bucket}/{}", uri_encode(name, true)),
+            None if bucket.is_empty() => "/".to_owned(),
+            None => bucket,
+        };
+        let query = sigv4::canonical_query(&call.query);
+        let (amz_date, _) = times(SystemTime::now());
+        let payload = sha256_hex(&call.body);
+        let mut headers: Vec<(String, String)> = vec![
+            ("host".into(), self.host.clone()),
+            ("x-amz-date".into(), amz_date.clone()),
+            ("x-amz-content-sha256".into(), payload.clone()),
+        ];
+        if let Some(t) = &self.credentials.session_token {
+            headers.push(("x-amz-security-token".into(), t.clone()));
+        }
+        headers.extend(
+            call.headers
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), v.clone())),
+        );
+        let auth = sigv4::authorization(
+            &sigv4::ToSign {
+                method: call.method.as_str(),
+                path: &path,
+                query: &call.query,
+                headers: &headers,
+                payload_sha256: &payload,
+                amz_date: &amz_date,
+                region: &self.region,
+            },
+            &self.credentials,
+        );
+        let uri = match query.as_str() {
+            "" => format!("{}://{}{path}", self.scheme, self.host),
+            q => format!("{}://{}{path}?{q}", self.scheme, self.host),
+        };
+        let mut b = Request::builder().method(call.method).uri(uri);
+        for (k, v) in headers.iter().filter(|(k, _)| k != "host") {
+            b = b.header(k.as_str(), v.as_str());
+        }
+        b.header("authorization", auth)
+            .body(http_body_util::Full::new(call.body))
+            .map_err(|e| Error::Store {
+                store: self.describe.clone(),
+                detail: format!("cannot build the request: {e}"),
+                retryable: false,
+                source: None,
+            })
+    }
+
+    fn put_headers(&self) -> Vec<(&'static str, String)> {
+        vec![]
+    }
+
+    fn list_query(&self, prefix: &str, next: Option<&str>) -> Vec<(&'static str, String)> {
+        let mut q = vec![("list-type", "2".to_owned()), ("prefix", prefix.to_owned())];
+        if let Some(n) = next {
+            q.push(("continuation-token", n.to_owned()));
+        }
+        q
+    }
+
+    fn parse_list(&self, xml: &str) -> Page {
+        let truncated = xml_values(xml, "IsTruncated").first().map(String::as_str) == Some("true");
+        Page {
+            names: xml_values(xml, "Key"),
+            next: if truncated {
+                xml_values(xml, "NextContinuationToken").into_iter().next()
+            } else {
+                None
+            },
+        }
+    }
+
+    fn denied_hint(&self) -> &'static str {
+        "the access key needs s3:GetObject, s3:PutObject, s3:DeleteObject and s3:ListBucket on the bucket and prefix"
+    }
+}
+
+/// A [`RecordStore`](crate::RecordStore) over objects of an S3 bucket; wrap it in
+/// [`crate::adapter::RecordLockStore`] (as `open_store("s3://…")` does) for a lock store.
+///
+/// ```no_run
+/// # async fn f() -> leasehold::Result<()> {
+/// use leasehold::{adapter::RecordLockStore, stores::s3::{S3Options, S3Store}, Locks};
+/// let mut o = S3Options::new("my-bucket");
+/// o.prefix = "locks".into();
+/// let locks = Locks::new(RecordLockStore::new(S3Store::connect(o)?));
+/// let guard = locks.lock("nightly-report")?.try_acquire().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct S3Store {
+    objects: Objects<S3>,
+}
+
+object_record_store!(S3Store);
+
+/// A bucket name S3 accepts: 3–63 of `[a-z0-9.-]`, starting and ending alphanumeric.
+fn valid_bucket(b: &str) -> bool {
+    (3..=63).contains(&b.len())
+        && b.bytes()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'.' || c == b'-')
+        && b.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && b.ends_with(|c: char| c.is_ascii_alphanumeric())
+}
+
+impl S3Store {
+    /// Opens the store an `s3://` URL names (credentials from the environment or a profile).
+    ///
+    /// # Errors
+    /// [`Error::InvalidUrl`] for a bad bucket, endpoint, timeout or unknown parameter, or when no
+    /// credentials are found.
+    pub fn from_url(url: &url::Url) -> Result<Self> {
+        let bad = |reason: String| Error::InvalidUrl {
+            url: crate::redact_url(url.as_str()),
+            reason,
+        };
+        let mut o = S3Options::new(url.host_str().unwrap_or_default());
+        o.prefix = url.path().trim_start_matches('/').to_owned();
+        for (k, v) in url.query_pairs() {
+            match k.as_ref() {
+                "endpoint" => o.endpoint = Some(v.into_owned()),
+                "region" => o.region = Some(v.into_owned()),
+                "profile" => o.profile = Some(v.into_owned()),
+                "timeout" => {
+                    o.timeout = humantime::parse_duration(&v)
+                        .map_err(|e| bad(format!("timeout={v}: {e}")))?;
+                }
+                other => {
+                    return Err(bad(format!(
+                        "unknown parameter {other:?} (known: endpoint, region, profile, timeout, max_clock_skew)"
+                    )))
+                }
+            }
+        }
+        Self::connect(o).map_err(|e| match e {
+            Error::InvalidOption { name, reason } => bad(format!("{name}: {reason}")),
+            e => e,
+        })
+    }
+
+    /// Connects with `options` (no request is sent until the first operation).
+    ///
+    /// # Errors
+    /// [`Error::InvalidOption`] for a bad bucket, endpoint or timeout, or when no credentials
+    /// are found.
+    pub fn connect(options: S3Options) -> Result<Self> {
+        if !valid_bucket(&options.bucket) {
+            return Err(Error::option(
+                "bucket",
+                format!(
+                    "{:?}: 3 to 63 of [a-z0-9.-], starting and ending with a letter or digit",
+                    options.bucket
+                ),
+            ));
+        }
+        if options.timeout.is_zero() {
+            return Err(Error::option("timeout", "must be more than zero"));
+        }
+        let r = credentials::resolve(
+            options.credentials,
+            options.region,
+            options.endpoint,
+            options.profile.as_deref(),
+        )?;
+        let (scheme, host, path_style) = match &r.endpoint {
+            Some(e) => {
+                let u = url::Url::parse(e)
+                    .map_err(|err| Error::option("endpoint", format!("{e:?}: {err}")))?;
+                let host = match (u.host_str(), u.port()) {
+                    (Some(h), Some(p)) => format!("{h}:{p}"),
+                    (Some(h), None) => h.to_owned(),
+                    (None, _) => String::new(),
+                };
+                if !matches!(u.scheme(), "http" | "https") || host.is_empty() {
+                    return Err(Error::option(
+                        "endpoint",
+                        format!("{e:?}: expected http://HOST[:PORT] or https://HOST[:PORT]"),
+                    ));
+                }
+                (u.scheme().to_owned(), host, true)
+            }
+            None if options.bucket.contains('.') => (
+                "https".to_owned(),
+                format!("s3.{}.amazonaws.com", r.region),
+                true,
+            ),
+            None => (
+                "https".to_owned(),
+                format!("{}.s3.{}.amazonaws.com", options.bucket, r.region),
+                false,
+            ),
+        };
+        let via = match &r.endpoint {
+            Some(e) => format!("?endpoint={e}"),
+            None => String::new(),
+        };
+        let describe = format!(
+            "s3://{}/{}{via}",
+            options.bucket,
+            options.prefix.trim_start_matches('/')
+        );
+        let backend = S3 {
+            describe,
+            bucket: options.bucket,
+            credentials: r.credentials,
+            region: r.region,
+            scheme,
+            host,
+            path_style,
+        };
+        Ok(S3Store {
+            objects: Objects::new(backend, &options.prefix, options.timeout)?,
+        })
+    }
+
+    /// The bucket.
+    pub fn bucket(&self) -> &str {
+        &self.objects.backend.bucket
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bucket_names() {
+        assert!(valid_bucket("locks") && valid_bucket("my.locks-1"));
+        for bad in ["", "ab", "Locks", "-x-", "a_b", &"x".repeat(64)] {
+            assert!(!valid_bucket(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn urls_name_what_is_wrong_and_never_show_a_secret() {
+        let open = |u: &str| S3Store::from_url(&url::Url::parse(u).unwrap());
+        let err = open("s3://Bad_Bucket/p").unwrap_err().to_string();
+        assert!(err.contains("bucket"), "{err}");
+        let err = open("s3://locks/p?nope=1").unwrap_err().to_string();
+        assert!(err.contains("unknown parameter \"nope\""), "{err}");
+        let mut o = S3Options::new("locks");
+        o.credentials = Some(AwsCredentials::new("AKID", "s3cret", Some("tok3n".into())));
+        o.endpoint = Some("http://127.0.0.1:9".into());
+        let store = S3Store::connect(o).unwrap();
+        let shown = format!("{store:?}");
+        assert!(
+            !shown.contains("s3cret") && !shown.contains("tok3n"),
+            "{shown}"
+        );
+        assert_eq!(
+            store.object_name(&crate::Key::new("job").unwrap()),
+            "job.json"
+        );
+    }
+}
