@@ -44,16 +44,20 @@ impl Worker {
     fn spawn(offset: Option<&str>, args: &[&str], tx: mpsc::Sender<Line>) -> (Child, String) {
         let worker = workspace_bin("leasehold-worker");
         let mut c = match offset {
+            // libfaketime preloaded directly: the `faketime` wrapper names a semaphore after its
+            // pid, which a wrapper killed by SIGKILL leaves behind, and a later wrapper given the
+            // same pid then fails to start ("sem_open: File exists").
             Some(o) => {
-                let mut c = Command::new("faketime");
-                c.env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
-                    .args(["-f", o])
-                    .arg(&worker);
+                let mut c = Command::new(&worker);
+                c.env("LD_PRELOAD", libfaketime())
+                    .env("FAKETIME", o)
+                    .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+                    .env("FAKETIME_NO_CACHE", "1");
                 c
             }
             None => Command::new(&worker),
         };
-        // A group of its own: `faketime` runs the worker as its child, and both go together.
+        // A group of its own, killed together.
         let mut child = c
             .args(args)
             .process_group(0)
@@ -84,6 +88,19 @@ impl Worker {
     fn printed(&self) -> Option<String> {
         self.lines.try_recv().ok().map(|(_, l)| l)
     }
+}
+
+/// Debian's libfaketime (package `faketime`), for this machine's architecture.
+fn libfaketime() -> std::path::PathBuf {
+    std::fs::read_dir("/usr/lib")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|d| d.path().join("faketime/libfaketime.so.1"))
+        .find(|p| p.exists())
+        .unwrap_or_else(|| {
+            panic!("libfaketime not found under /usr/lib/*/faketime: apt-get install faketime")
+        })
 }
 
 /// Processes started with [`Worker::spawn`], killed when dropped.
