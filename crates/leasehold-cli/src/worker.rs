@@ -182,6 +182,11 @@ impl ProcessRunner {
                 biased;
                 status = child.wait() => break status,
                 why = task.stopped(), if stopped.is_none() => {
+                    // The deadline as it is now: a lease the store says is gone moved it to now
+                    // just before this stop, and a SIGTERM then would be an overlap.
+                    if let Some(by) = task.deadline() {
+                        lease_by = Some(by);
+                    }
                     let now = Instant::now();
                     let mut at = now + grace;
                     if let Some(by) = lease_by {
