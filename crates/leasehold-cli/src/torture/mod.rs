@@ -192,10 +192,6 @@ async fn phase(
     let mut generation = 1;
     let mut injected = 0;
     let end = Instant::now() + duration;
-    let ask = |r: &mut Resource, req: &str| {
-        r.ask(req)
-            .map_err(|e| Failure::new(ERROR, format!("the fenced resource: {e}")))
-    };
     while Instant::now() < end {
         // Between half a TTL and one and a half.
         let next = Instant::now() + args.ttl.mul_f64(0.5 + rng.f64());
@@ -206,11 +202,9 @@ async fn phase(
         let i = rng.usize(..clients.len());
         let pid = clients[i].1.id();
         match (fault, pid) {
-            ("kill", Some(pid)) => {
-                ask(resource, &format!("D {}", clients[i].0))?;
-                signal(pid, libc::SIGKILL);
-                let _ = clients[i].1.wait().await;
-                ask(resource, &format!("K {}", clients[i].0))?;
+            ("kill", Some(_)) => {
+                let (id, child) = &mut clients[i];
+                kill_client(resource, id, child).await?;
                 clients[i] = spawn(i, generation)?;
                 generation += 1;
                 injected += 1;
@@ -226,10 +220,7 @@ async fn phase(
         }
     }
     for (id, mut child) in clients {
-        ask(resource, &format!("D {id}"))?;
-        let _ = child.start_kill();
-        let _ = child.wait().await;
-        ask(resource, &format!("K {id}"))?;
+        kill_client(resource, &id, &mut child).await?;
     }
     let answer = ask(resource, "Q")?;
     let counts = serde_json::from_str(&answer)
@@ -241,6 +232,23 @@ async fn phase(
         injected,
         counts,
     })
+}
+
+/// Sends the resource one request; its answer.
+fn ask(resource: &mut Resource, request: &str) -> Result<String, Failure> {
+    resource
+        .ask(request)
+        .map_err(|e| Failure::new(ERROR, format!("the fenced resource: {e}")))
+}
+
+/// Kills client `id` (SIGKILL) and waits for it, telling the resource first that it is dying
+/// (a section it is in excuses the next entrant) and then that it is gone (its section ends).
+async fn kill_client(resource: &mut Resource, id: &str, child: &mut Child) -> Result<(), Failure> {
+    ask(resource, &format!("D {id}"))?;
+    let _ = child.start_kill();
+    let _ = child.wait().await;
+    ask(resource, &format!("K {id}"))?;
+    Ok(())
 }
 
 fn signal(pid: u32, sig: libc::c_int) {
