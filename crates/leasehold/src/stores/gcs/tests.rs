@@ -206,3 +206,17 @@ async fn a_record_larger_than_the_read_limit_is_refused_before_writing() {
     assert!(e.to_string().contains("1048576"), "{e}");
     assert_eq!(s.requests(), 0, "nothing sent");
 }
+
+#[test]
+fn a_foreign_expiry_is_written_back_digit_for_digit() {
+    // 17 significant digits, which a best-effort float parser reads one unit off.
+    let text = r#"{"ownerId":"agent-7","expiresAt":1795680243.7358553,"waitingOwnerId":null,"waiterExpiresAt":0}"#;
+    let base = map(text);
+    let mut r = decode(&base, "k").unwrap();
+    r.waiter = Some("web-2".into());
+    r.waiter_token = Some("t2".into());
+    r.waiter_expires_ms = Some(1_795_680_245_000);
+    r.waiter_ttl_ms = Some(3_000);
+    let written = serde_json::to_string(&encode(&r, Some(base))).unwrap();
+    assert!(written.contains(r#""expiresAt":1795680243.7358553"#), "{written}");
+}
