@@ -83,14 +83,18 @@ struct State {
     /// The highest fence accepted per key: the check a user's resource makes.
     gate: leasehold::fence::FenceGate,
     keys: HashMap<String, KeyState>,
-    /// Clients the harness stopped since their last accepted grant, or is killing.
+    /// Clients the harness stopped since their last accepted grant.
     late: HashMap<String, bool>,
+    /// Clients the harness is killing or killed. Never cleared: a request a dying client sent
+    /// before the kill may arrive after the harness's word, and a killed client never comes back
+    /// (its replacement has an id of its own).
+    dying: std::collections::HashSet<String>,
     counts: Counts,
 }
 
 impl State {
     fn late(&self, client: &str) -> bool {
-        self.late.get(client).copied().unwrap_or(false)
+        self.late.get(client).copied().unwrap_or(false) || self.dying.contains(client)
     }
 
     /// Answers one request line.
@@ -106,8 +110,12 @@ impl State {
                 }
                 "ok".into()
             }
-            ["S" | "D", client] => {
+            ["S", client] => {
                 self.late.insert((*client).to_owned(), true);
+                "ok".into()
+            }
+            ["D", client] => {
+                self.dying.insert((*client).to_owned());
                 "ok".into()
             }
             [op @ ("E" | "W" | "X"), key, fence, client, valid] => {
@@ -156,7 +164,7 @@ impl State {
         }
         if new_grant {
             if let Some((other, other_valid)) = k.inside.clone().filter(|(o, _)| o != client) {
-                if self.late.get(&other).copied().unwrap_or(false) || other_valid <= now {
+                if self.late(&other) || other_valid <= now {
                     self.counts.paused_overlaps += 1;
                 } else {
                     self.counts.overlaps += 1;
@@ -282,5 +290,18 @@ mod tests {
                 fence_violations: 1,
             }
         );
+    }
+
+    #[test]
+    fn a_grant_a_dying_client_announces_after_the_kill_notice_stays_late() {
+        // The harness says a is dying; a's entry, sent before the SIGKILL, arrives after that
+        // word; the kernel frees a's lease at its death and b enters: a late holder, not an
+        // overlap.
+        let mut s = State::default();
+        assert_eq!(s.answer("D a"), "ok");
+        assert_eq!(s.section("E", "k", 5, "a", 1000, 100), "ok");
+        assert_eq!(s.section("E", "k", 6, "b", 1000, 110), "ok");
+        let c = Counts::from_json(&serde_json::from_str(&s.answer("Q")).unwrap()).unwrap();
+        assert_eq!((c.overlaps, c.paused_overlaps), (0, 1));
     }
 }

@@ -218,5 +218,8 @@ fn a_foreign_expiry_is_written_back_digit_for_digit() {
     r.waiter_expires_ms = Some(1_795_680_245_000);
     r.waiter_ttl_ms = Some(3_000);
     let written = serde_json::to_string(&encode(&r, Some(base))).unwrap();
-    assert!(written.contains(r#""expiresAt":1795680243.7358553"#), "{written}");
+    assert!(
+        written.contains(r#""expiresAt":1795680243.7358553"#),
+        "{written}"
+    );
 }
