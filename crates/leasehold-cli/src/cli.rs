@@ -329,6 +329,16 @@ pub(crate) struct TortureArgs {
     #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
     pub(crate) ttl: Duration,
 
+    /// How clients take their leases: lib (the library, checking the guard before each write),
+    /// run (`leasehold run`, its command writing), or both (comma-separated; clients take turns).
+    #[arg(
+        long,
+        value_name = "VIA,…",
+        value_delimiter = ',',
+        default_value = "lib,run"
+    )]
+    pub(crate) via: Vec<String>,
+
     /// Print the table as one JSON object.
     #[arg(long)]
     pub(crate) json: bool,

@@ -1,8 +1,6 @@
 //! `leasehold torture` with real processes: it finds violations where nothing excludes (each
-//! client on a memory store of its own) and none on the file store (no fault, SIGSTOP) and on a
-//! private Redis (SIGKILL, SIGSTOP). The file store under SIGKILL of clients is left out: long
-//! runs found rare overlaps there (`leasehold torture file --faults kill --duration 60s`), a
-//! defect being fixed; a test that fails one run in twenty would say nothing more.
+//! client on a memory store of its own) and none on the file store and on a private Redis (no
+//! fault, SIGKILL, SIGSTOP).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -46,18 +44,33 @@ fn the_checker_catches_clients_that_nothing_excludes() {
 }
 
 #[test]
-fn the_file_store_keeps_exclusion_and_fences_under_pauses() {
+fn the_checker_catches_commands_under_leasehold_run_that_nothing_excludes() {
+    let (code, rows) = torture(&[
+        "memory",
+        "--duration",
+        "3s",
+        "--faults",
+        "none",
+        "--via",
+        "run",
+    ]);
+    assert_eq!(code, 1, "{rows:?}");
+    assert!(n(&rows[0], "overlaps") > 0, "{rows:?}");
+}
+
+#[test]
+fn the_file_store_keeps_exclusion_and_fences_under_kills_and_pauses() {
     let (code, rows) = torture(&[
         "file",
         "--duration",
-        "6s",
+        "9s",
         "--faults",
-        "none,stop",
+        "none,kill,stop",
         "--seed",
         "11",
     ]);
     assert_eq!(code, 0, "{rows:?}");
-    assert_eq!(rows.len(), 2);
+    assert_eq!(rows.len(), 3);
     for row in &rows {
         assert!(n(row, "sections") > 0, "{row}");
         assert_eq!(

@@ -1,13 +1,37 @@
-//! A client process of `leasehold torture`: takes leases on a few keys through the library and
-//! writes to the fenced resource under each, until killed.
+//! A client process of `leasehold torture`: takes leases on a few keys and writes to the fenced
+//! resource under each, until killed — through the library, or through `leasehold run` with the
+//! writes made by the command it runs.
 
 use super::resource::Resource;
 use std::path::Path;
+use std::process::Stdio;
 use std::time::Duration;
 
 /// Writes per critical section, and the pause between them.
 const WRITES: usize = 3;
 const BETWEEN_WRITES: Duration = Duration::from_millis(2);
+/// How long a client waits for a key before it picks another.
+const WAIT: Duration = Duration::from_secs(2);
+
+/// How a client takes its leases.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Via {
+    /// Through the library, checking the guard before each write.
+    Library,
+    /// Through `leasehold run`, the writes made by its command (`leasehold __torture section`).
+    Run,
+}
+
+impl Via {
+    /// `lib` or `run`.
+    pub(crate) fn parse(s: &str) -> Option<Via> {
+        match s {
+            "lib" => Some(Via::Library),
+            "run" => Some(Via::Run),
+            _ => None,
+        }
+    }
+}
 
 /// What one client does.
 #[derive(Debug)]
@@ -18,11 +42,15 @@ pub(crate) struct Plan<'a> {
     pub(crate) keys: usize,
     pub(crate) ttl: Duration,
     pub(crate) seed: u64,
+    pub(crate) via: Via,
 }
 
 /// Loops until the process is killed: acquire a key, enter, write while the lease is not due to
 /// stop, leave, release. Store errors are retried; an unreachable resource ends the client.
 pub(crate) async fn run(plan: Plan<'_>) -> Result<(), String> {
+    if plan.via == Via::Run {
+        return run_commands(&plan).await;
+    }
     let locks = leasehold::connect(plan.url)
         .await
         .map_err(|e| format!("store: {e}"))?
@@ -32,12 +60,7 @@ pub(crate) async fn run(plan: Plan<'_>) -> Result<(), String> {
     loop {
         let key = format!("torture/{}", rng.usize(..plan.keys.max(1)));
         let builder = locks.lock(&key).map_err(|e| e.to_string())?;
-        let guard = match builder
-            .ttl(plan.ttl)
-            .wait(Duration::from_secs(2))
-            .acquire()
-            .await
-        {
+        let guard = match builder.ttl(plan.ttl).wait(WAIT).acquire().await {
             Ok(g) => g,
             Err(e) => {
                 tracing::debug!(error = %e, "torture client: not acquired");
@@ -56,6 +79,7 @@ pub(crate) async fn run(plan: Plan<'_>) -> Result<(), String> {
                 // A careful holder checks its lease before each write; the fence catches a
                 // holder paused between the check and the write.
                 if guard.is_stop_due() {
+                    say("L")?;
                     break;
                 }
                 if say("W")? != "ok" {
@@ -69,4 +93,61 @@ pub(crate) async fn run(plan: Plan<'_>) -> Result<(), String> {
             tracing::debug!(error = %e, "torture client: release failed");
         }
     }
+}
+
+/// The client as a loop of `leasehold run --key KEY -- leasehold __torture section …`.
+async fn run_commands(plan: &Plan<'_>) -> Result<(), String> {
+    let exe = std::env::current_exe().map_err(|e| format!("leasehold executable: {e}"))?;
+    let mut rng = fastrand::Rng::with_seed(plan.seed);
+    let ttl = humantime::format_duration(plan.ttl)
+        .to_string()
+        .replace(' ', "");
+    let wait = humantime::format_duration(WAIT).to_string();
+    loop {
+        let key = format!("torture/{}", rng.usize(..plan.keys.max(1)));
+        let mut cmd = tokio::process::Command::new(&exe);
+        cmd.args(["run", "--store", plan.url, "--key", &key, "--ttl", &ttl])
+            .args(["--wait", &wait, "--"])
+            .arg(&exe)
+            .arg(super::ARG)
+            .arg("section")
+            .arg(plan.socket)
+            .args([key.as_str(), plan.id])
+            // Its warnings (a command stopped at a deadline) are what the faults cause.
+            .env("LEASEHOLD_LOG", "error")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null());
+        crate::child::die_with_parent(&mut cmd);
+        let status = cmd
+            .status()
+            .await
+            .map_err(|e| format!("leasehold run: {e}"))?;
+        tracing::debug!(%status, "torture client: leasehold run ended");
+    }
+}
+
+/// The command a `leasehold run` client runs under its lease: enters `key`'s section with the
+/// fence of `LEASEHOLD_FENCE`, writes, leaves. Its section lasts while its process lives (valid
+/// `-`): `leasehold run` must kill it before the lease could be another's.
+pub(crate) fn section(socket: &Path, key: &str, id: &str) -> Result<(), String> {
+    let fence = std::env::var("LEASEHOLD_FENCE")
+        .ok()
+        .and_then(|f| f.parse::<u64>().ok())
+        .ok_or("LEASEHOLD_FENCE is not a fence: run me under leasehold run")?;
+    let mut resource = Resource::connect(socket).map_err(|e| format!("resource: {e}"))?;
+    let mut say = |op: &str| -> Result<String, String> {
+        resource
+            .ask(&format!("{op} {key} {fence} {id} -"))
+            .map_err(|e| format!("resource: {e}"))
+    };
+    if say("E")? == "ok" {
+        for _ in 0..WRITES {
+            if say("W")? != "ok" {
+                break;
+            }
+            std::thread::sleep(BETWEEN_WRITES);
+        }
+    }
+    say("X")?;
+    Ok(())
 }

@@ -34,17 +34,20 @@ use tokio::time::Instant;
 /// The hidden first argument of the harness's own processes.
 pub(crate) const ARG: &str = "__torture";
 
-/// The `main` of `leasehold __torture resource SOCKET` and `leasehold __torture client URL SOCKET
-/// ID KEYS TTL_MS SEED`.
+/// The `main` of `leasehold __torture resource SOCKET`, `leasehold __torture client URL SOCKET
+/// ID KEYS TTL_MS SEED VIA` and `leasehold __torture section SOCKET KEY ID`.
 pub(crate) fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(2).collect();
     let result = match args.as_slice() {
         [what, socket] if what == "resource" => {
             resource::serve(Path::new(socket)).map_err(|e| format!("resource: {e}"))
         }
-        [what, url, socket, id, keys, ttl_ms, seed] if what == "client" => {
-            match (keys.parse(), ttl_ms.parse(), seed.parse()) {
-                (Ok(keys), Ok(ttl_ms), Ok(seed)) => match crate::setup::runtime() {
+        [what, socket, key, id] if what == "section" => {
+            client::section(Path::new(socket), key, id).map_err(|e| format!("section: {e}"))
+        }
+        [what, url, socket, id, keys, ttl_ms, seed, via] if what == "client" => {
+            match (keys.parse(), ttl_ms.parse(), seed.parse(), client::Via::parse(via)) {
+                (Ok(keys), Ok(ttl_ms), Ok(seed), Some(via)) => match crate::setup::runtime() {
                     Some(rt) => rt.block_on(client::run(client::Plan {
                         url,
                         socket: Path::new(socket),
@@ -52,6 +55,7 @@ pub(crate) fn main() -> ExitCode {
                         keys,
                         ttl: Duration::from_millis(ttl_ms),
                         seed,
+                        via,
                     })),
                     None => Err("no runtime".into()),
                 },
@@ -59,7 +63,7 @@ pub(crate) fn main() -> ExitCode {
             }
         }
         _ => Err(
-            "usage: leasehold __torture resource SOCKET | client URL SOCKET ID KEYS TTL_MS SEED"
+            "usage: leasehold __torture resource SOCKET | client URL SOCKET ID KEYS TTL_MS SEED VIA | section SOCKET KEY ID"
                 .into(),
         ),
     };
@@ -90,6 +94,9 @@ pub(crate) async fn torture(url: Option<&str>, args: TortureArgs) -> Result<u8, 
                 format!("unknown fault {f:?} (none, kill, stop)"),
             ));
         }
+    }
+    if args.via.iter().any(|v| client::Via::parse(v).is_none()) || args.via.is_empty() {
+        return Err(Failure::new(USAGE, "--via takes lib, run or both"));
     }
     if args.clients == 0 || args.keys == 0 || args.ttl < Duration::from_millis(100) {
         return Err(Failure::new(
@@ -183,6 +190,7 @@ async fn phase(
             &seed
                 .wrapping_add(i as u64 * 7919 + u64::from(generation))
                 .to_string(),
+            &args.via[i % args.via.len()],
         ])?;
         Ok((id, child))
     };
@@ -211,9 +219,9 @@ async fn phase(
             }
             ("stop", Some(pid)) => {
                 ask(resource, &format!("S {}", clients[i].0))?;
-                signal(pid, libc::SIGSTOP);
+                signal_group(pid, libc::SIGSTOP);
                 tokio::time::sleep(args.ttl * 3 / 2).await;
-                signal(pid, libc::SIGCONT);
+                signal_group(pid, libc::SIGCONT);
                 injected += 1;
             }
             _ => {}
@@ -241,20 +249,29 @@ fn ask(resource: &mut Resource, request: &str) -> Result<String, Failure> {
         .map_err(|e| Failure::new(ERROR, format!("the fenced resource: {e}")))
 }
 
-/// Kills client `id` (SIGKILL) and waits for it, telling the resource first that it is dying
-/// (a section it is in excuses the next entrant) and then that it is gone (its section ends).
+/// Kills client `id` (SIGKILL to its process group: the client and its `leasehold run`) and waits
+/// for it, telling the resource first that it is dying (a section it is in excuses the next
+/// entrant) and then that it is gone (its section ends).
 async fn kill_client(resource: &mut Resource, id: &str, child: &mut Child) -> Result<(), Failure> {
     ask(resource, &format!("D {id}"))?;
-    let _ = child.start_kill();
+    match child.id() {
+        Some(pid) => signal_group(pid, libc::SIGKILL),
+        None => {
+            let _ = child.start_kill();
+        }
+    }
     let _ = child.wait().await;
     ask(resource, &format!("K {id}"))?;
     Ok(())
 }
 
-fn signal(pid: u32, sig: libc::c_int) {
+/// Sends `sig` to the process group a client leads: the client and, for a `leasehold run` client,
+/// that `leasehold` (whose command runs in a group of its own, under its guard).
+fn signal_group(pid: u32, sig: libc::c_int) {
     if let Ok(pid) = i32::try_from(pid) {
-        // SAFETY: kill(2) on a child of ours, by the pid its Child holds (not yet reaped).
-        unsafe { libc::kill(pid, sig) };
+        // SAFETY: kill(2) on the group of a child of ours, which leads it and is not yet reaped,
+        // so the group id is not reused.
+        unsafe { libc::kill(-pid, sig) };
     }
 }
 
@@ -266,7 +283,8 @@ fn spawn_self(args: &[&str]) -> Result<Child, Failure> {
     cmd.arg(ARG)
         .args(args)
         .stdin(Stdio::null())
-        .stdout(Stdio::null());
+        .stdout(Stdio::null())
+        .process_group(0);
     crate::child::die_with_parent(&mut cmd);
     cmd.spawn()
         .map_err(|e| Failure::new(ERROR, format!("cannot start a torture process: {e}")))
@@ -348,7 +366,7 @@ fn print_rows(args: &TortureArgs, seed: u64, rows: &[Row]) {
         return;
     }
     println!(
-        "{:<10} {:<6} {:>9} {:>7} {:>9} {:>15} {:>13} {:>16}",
+        "{:<10} {:<6} {:>9} {:>7} {:>9} {:>15} {:>13} {:>16} {:>12}",
         "STORE",
         "FAULT",
         "SECTIONS",
@@ -356,12 +374,13 @@ fn print_rows(args: &TortureArgs, seed: u64, rows: &[Row]) {
         "OVERLAPS",
         "PAUSED-OVERLAPS",
         "FENCE-CAUGHT",
-        "FENCE-VIOLATIONS"
+        "FENCE-VIOLATIONS",
+        "UNSIGNALLED"
     );
     for r in rows {
         let c = r.counts;
         println!(
-            "{:<10} {:<6} {:>9} {:>7} {:>9} {:>15} {:>13} {:>16}",
+            "{:<10} {:<6} {:>9} {:>7} {:>9} {:>15} {:>13} {:>16} {:>12}",
             args.kind,
             r.fault,
             c.sections,
@@ -369,7 +388,8 @@ fn print_rows(args: &TortureArgs, seed: u64, rows: &[Row]) {
             c.overlaps,
             c.paused_overlaps,
             c.stale_rejected,
-            c.fence_violations
+            c.fence_violations,
+            c.unsignalled
         );
     }
     println!("seed {seed}");

@@ -7,6 +7,8 @@
 //! * `E KEY FENCE CLIENT VALID` — the client entered its critical section under a new grant;
 //! * `W KEY FENCE CLIENT VALID` — a write inside it;
 //! * `X KEY FENCE CLIENT VALID` — it left;
+//! * `L KEY FENCE CLIENT VALID` — its lease's stop signal fired (the guard said stop) while it
+//!   was inside; it leaves next;
 //! * `S CLIENT` / `D CLIENT` — from the harness, before it stops / kills that client; `K CLIENT`
 //!   after the kill (its section ends with it);
 //! * `Q` — the counts since the last `Q`, as JSON.
@@ -17,6 +19,11 @@
 //! clock when the later one entered: a holder whose lease had run out (paused, starved by a loaded
 //! machine, stopped or killed by the harness) is a late holder, which no lock can stop and the
 //! fence must catch.
+//!
+//! `VALID` may be `-` for a section that lasts as long as its process does (a command under
+//! `leasehold run`, which kills it before its lease could expire): such a section is inside until it
+//! leaves or its process dies, which the resource sees as its connection closing. Every section ends
+//! when its connection closes.
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
@@ -44,6 +51,10 @@ pub(crate) struct Counts {
     /// A new grant whose fence was not above the key's highest while its lease was valid, from a
     /// client the harness did not stop: fences not strictly increasing per grant.
     pub(crate) fence_violations: u64,
+    /// Another client entered after the earlier one's lease had run out by its own clock, while
+    /// the earlier one, neither stopped nor killed, was still inside without having said that its
+    /// stop signal fired: the signal came late (or its process was starved).
+    pub(crate) unsignalled: u64,
 }
 
 impl Counts {
@@ -52,7 +63,7 @@ impl Counts {
         serde_json::json!({
             "sections": self.sections, "writes": self.writes, "overlaps": self.overlaps,
             "paused_overlaps": self.paused_overlaps, "stale_rejected": self.stale_rejected,
-            "fence_violations": self.fence_violations,
+            "fence_violations": self.fence_violations, "unsignalled": self.unsignalled,
         })
     }
 
@@ -66,16 +77,29 @@ impl Counts {
             paused_overlaps: n("paused_overlaps")?,
             stale_rejected: n("stale_rejected")?,
             fence_violations: n("fence_violations")?,
+            unsignalled: n("unsignalled")?,
         })
     }
+}
+
+/// A client inside a key's critical section.
+#[derive(Debug, Clone)]
+struct Inside {
+    client: String,
+    /// Until when its lease is valid (CLOCK_MONOTONIC ns), as last told; `u64::MAX` while its
+    /// process lives.
+    valid: u64,
+    /// The connection it spoke on: the section ends when it closes.
+    conn: u64,
+    /// Whether it said its stop signal fired.
+    signalled: bool,
 }
 
 #[derive(Debug, Default)]
 struct KeyState {
     /// Whose grant the key's highest fence is.
     owner: String,
-    /// Who is inside, and until when its lease is valid (CLOCK_MONOTONIC ns), as last told.
-    inside: Option<(String, u64)>,
+    inside: Option<Inside>,
 }
 
 #[derive(Debug, Default)]
@@ -97,14 +121,23 @@ impl State {
         self.late.get(client).copied().unwrap_or(false) || self.dying.contains(client)
     }
 
-    /// Answers one request line.
-    fn answer(&mut self, line: &str) -> String {
+    /// Ends the sections entered on connection `conn` (it closed: their processes are gone).
+    fn closed(&mut self, conn: u64) {
+        for k in self.keys.values_mut() {
+            if k.inside.as_ref().is_some_and(|i| i.conn == conn) {
+                k.inside = None;
+            }
+        }
+    }
+
+    /// Answers one request line received on connection `conn`.
+    fn answer(&mut self, line: &str, conn: u64) -> String {
         let parts: Vec<&str> = line.split_whitespace().collect();
         match parts.as_slice() {
             ["Q"] => std::mem::take(&mut self.counts).json().to_string(),
             ["K", client] => {
                 for k in self.keys.values_mut() {
-                    if k.inside.as_ref().is_some_and(|(c, _)| c == client) {
+                    if k.inside.as_ref().is_some_and(|i| i.client == *client) {
                         k.inside = None;
                     }
                 }
@@ -118,32 +151,45 @@ impl State {
                 self.dying.insert((*client).to_owned());
                 "ok".into()
             }
-            [op @ ("E" | "W" | "X"), key, fence, client, valid] => {
-                let (Ok(fence), Ok(valid)) = (fence.parse::<u64>(), valid.parse::<u64>()) else {
+            [op @ ("E" | "W" | "X" | "L"), key, fence, client, valid] => {
+                let valid = if *valid == "-" {
+                    Ok(u64::MAX)
+                } else {
+                    valid.parse::<u64>()
+                };
+                let (Ok(fence), Ok(valid)) = (fence.parse::<u64>(), valid) else {
                     return "error: bad number".into();
                 };
-                self.section(op, key, fence, client, valid, crate::guard::monotonic_ns())
+                let now = crate::guard::monotonic_ns();
+                self.section(op, key, fence, (client, conn), valid, now)
             }
             _ => "error: unknown request".into(),
         }
     }
 
-    /// Judges one section request received at `now` (CLOCK_MONOTONIC ns).
+    /// Judges one section request from `client` on connection `conn`, received at `now`
+    /// (CLOCK_MONOTONIC ns).
     fn section(
         &mut self,
         op: &str,
         key: &str,
         fence: u64,
-        client: &str,
+        (client, conn): (&str, u64),
         valid: u64,
         now: u64,
     ) -> String {
         let late = self.late(client) || valid <= now;
         let k = self.keys.entry(key.to_owned()).or_default();
-        let inside_me = k.inside.as_ref().is_some_and(|(c, _)| c == client);
+        let inside_me = k.inside.as_ref().is_some_and(|i| i.client == client);
         if op == "X" {
             if inside_me {
                 k.inside = None;
+            }
+            return "ok".into();
+        }
+        if op == "L" {
+            if let Some(i) = k.inside.as_mut().filter(|_| inside_me) {
+                i.signalled = true;
             }
             return "ok".into();
         }
@@ -163,24 +209,39 @@ impl State {
             return "stale".into();
         }
         if new_grant {
-            if let Some((other, other_valid)) = k.inside.clone().filter(|(o, _)| o != client) {
-                if self.late(&other) || other_valid <= now {
+            if let Some(other) = k.inside.clone().filter(|i| i.client != client) {
+                if self.late(&other.client) {
                     self.counts.paused_overlaps += 1;
+                } else if other.valid <= now {
+                    self.counts.paused_overlaps += 1;
+                    if !other.signalled {
+                        self.counts.unsignalled += 1;
+                    }
                 } else {
                     self.counts.overlaps += 1;
+                    let left = if other.valid == u64::MAX {
+                        "its process alive".to_owned()
+                    } else {
+                        format!("valid {} ms more", (other.valid - now) / 1_000_000)
+                    };
                     eprintln!(
-                        "leasehold torture: overlap on {key}: {client} entered with fence {fence} while {other} (fence {highest}, valid {} ms more) was inside",
-                        (other_valid - now) / 1_000_000
+                        "leasehold torture: overlap on {key}: {client} entered with fence {fence} while {} (fence {highest}, {left}) was inside",
+                        other.client
                     );
                 }
             }
             let k = self.keys.entry(key.to_owned()).or_default();
             k.owner = client.to_owned();
-            k.inside = Some((client.to_owned(), valid));
+            k.inside = Some(Inside {
+                client: client.to_owned(),
+                valid,
+                conn,
+                signalled: false,
+            });
             self.counts.sections += 1;
             self.late.insert(client.to_owned(), false);
-        } else if inside_me {
-            k.inside = Some((client.to_owned(), valid));
+        } else if let Some(i) = k.inside.as_mut().filter(|_| inside_me) {
+            i.valid = valid;
         }
         self.counts.writes += u64::from(op == "W");
         "ok".into()
@@ -191,22 +252,27 @@ impl State {
 pub(crate) fn serve(socket: &Path) -> std::io::Result<()> {
     let listener = UnixListener::bind(socket)?;
     let state = Arc::new(Mutex::new(State::default()));
-    for stream in listener.incoming() {
+    for (conn, stream) in (0u64..).zip(listener.incoming()) {
         let Ok(stream) = stream else { continue };
         let state = state.clone();
-        std::thread::spawn(move || connection(stream, &state));
+        std::thread::spawn(move || {
+            connection(stream, &state, conn);
+            if let Ok(mut s) = state.lock() {
+                s.closed(conn);
+            }
+        });
     }
     Ok(())
 }
 
-fn connection(stream: UnixStream, state: &Mutex<State>) {
+fn connection(stream: UnixStream, state: &Mutex<State>, conn: u64) {
     let Ok(mut out) = stream.try_clone() else {
         return;
     };
     for line in BufReader::new(stream).lines() {
         let Ok(line) = line else { return };
         let answer = match state.lock() {
-            Ok(mut s) => s.answer(&line),
+            Ok(mut s) => s.answer(&line, conn),
             Err(_) => return,
         };
         if writeln!(out, "{answer}").is_err() {
@@ -254,7 +320,7 @@ mod tests {
         // Leases valid until 1000 (ns on the shared clock); requests received at 100 .. 900.
         let at = |s: &mut State, line: &str, now: u64| {
             let p: Vec<&str> = line.split(' ').collect();
-            s.section(p[0], p[1], p[2].parse().unwrap(), p[3], 1000, now)
+            s.section(p[0], p[1], p[2].parse().unwrap(), (p[3], 0), 1000, now)
         };
         assert_eq!(at(&mut s, "E k 5 a", 100), "ok");
         assert_eq!(at(&mut s, "W k 5 a", 110), "ok");
@@ -265,7 +331,7 @@ mod tests {
         assert_eq!(at(&mut s, "X k 6 b", 140), "ok");
         // c is stopped inside; d enters: a late holder's overlap; c's late write is refused.
         assert_eq!(at(&mut s, "E k 7 c", 150), "ok");
-        assert_eq!(s.answer("S c"), "ok");
+        assert_eq!(s.answer("S c", 9), "ok");
         assert_eq!(at(&mut s, "E k 8 d", 160), "ok");
         assert_eq!(at(&mut s, "W k 7 c", 170), "stale");
         // A new grant below the highest while its lease is valid: fences went backwards.
@@ -273,12 +339,12 @@ mod tests {
         // The same from a holder whose lease had run out by its own clock: late, not a violation.
         assert_eq!(at(&mut s, "E k 4 e", 2000), "stale");
         // A killed client's section ends with it.
-        assert_eq!(s.answer("D d"), "ok");
-        assert_eq!(s.answer("K d"), "ok");
+        assert_eq!(s.answer("D d", 9), "ok");
+        assert_eq!(s.answer("K d", 9), "ok");
         assert_eq!(at(&mut s, "E k 9 f", 190), "ok");
         // f starved past its lease; g enters after it: late, not a violation.
         assert_eq!(at(&mut s, "E k 10 g", 1500), "ok");
-        let c = Counts::from_json(&serde_json::from_str(&s.answer("Q")).unwrap()).unwrap();
+        let c = Counts::from_json(&serde_json::from_str(&s.answer("Q", 9)).unwrap()).unwrap();
         assert_eq!(
             c,
             Counts {
@@ -288,6 +354,7 @@ mod tests {
                 paused_overlaps: 2,
                 stale_rejected: 4,
                 fence_violations: 1,
+                unsignalled: 1,
             }
         );
     }
@@ -298,10 +365,33 @@ mod tests {
         // word; the kernel frees a's lease at its death and b enters: a late holder, not an
         // overlap.
         let mut s = State::default();
-        assert_eq!(s.answer("D a"), "ok");
-        assert_eq!(s.section("E", "k", 5, "a", 1000, 100), "ok");
-        assert_eq!(s.section("E", "k", 6, "b", 1000, 110), "ok");
-        let c = Counts::from_json(&serde_json::from_str(&s.answer("Q")).unwrap()).unwrap();
+        assert_eq!(s.answer("D a", 9), "ok");
+        assert_eq!(s.section("E", "k", 5, ("a", 1), 1000, 100), "ok");
+        assert_eq!(s.section("E", "k", 6, ("b", 2), 1000, 110), "ok");
+        let c = Counts::from_json(&serde_json::from_str(&s.answer("Q", 9)).unwrap()).unwrap();
         assert_eq!((c.overlaps, c.paused_overlaps), (0, 1));
+    }
+
+    #[test]
+    fn a_section_under_leasehold_run_lasts_while_its_process_lives() {
+        let mut s = State::default();
+        // a's command entered (valid `-`) on connection 1 and is still running long after:
+        // b's entry is an overlap however late.
+        assert_eq!(s.answer("E k 5 a -", 1), "ok");
+        assert_eq!(s.section("E", "k", 6, ("b", 2), 1000, u64::MAX - 1), "ok");
+        // c's command entered on connection 3 and was killed (the connection closed): d's entry
+        // is no overlap.
+        assert_eq!(s.answer("E j 5 c -", 3), "ok");
+        s.closed(3);
+        assert_eq!(s.answer("E j 6 d -", 4), "ok");
+        // e said its stop signal fired before its lease ran out; f entered after: late, signalled.
+        assert_eq!(s.section("E", "i", 5, ("e", 5), 1000, 100), "ok");
+        assert_eq!(s.section("L", "i", 5, ("e", 5), 1000, 900), "ok");
+        assert_eq!(s.section("E", "i", 6, ("f", 6), 1000, 1100), "ok");
+        let c = Counts::from_json(&serde_json::from_str(&s.answer("Q", 9)).unwrap()).unwrap();
+        assert_eq!(
+            (c.sections, c.overlaps, c.paused_overlaps, c.unsignalled),
+            (6, 1, 1, 0)
+        );
     }
 }
