@@ -113,10 +113,10 @@ async fn run_commands(plan: &Plan<'_>) -> Result<(), String> {
             .arg("section")
             .arg(plan.socket)
             .args([key.as_str(), plan.id])
-            // Its warnings (a command stopped at a deadline) are what the faults cause.
-            .env("LEASEHOLD_LOG", "error")
+            // What it says (a command stopped at a deadline) is what the faults cause.
             .stdin(Stdio::null())
-            .stdout(Stdio::null());
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
         crate::child::die_with_parent(&mut cmd);
         let status = cmd
             .status()
