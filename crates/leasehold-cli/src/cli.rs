@@ -339,6 +339,11 @@ pub(crate) struct TortureArgs {
     )]
     pub(crate) via: Vec<String>,
 
+    /// Write the resource's history to FILE: each request, when it was received (CLOCK_MONOTONIC
+    /// ns), on which connection, and its answer.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) history: Option<std::path::PathBuf>,
+
     /// Print the table as one JSON object.
     #[arg(long)]
     pub(crate) json: bool,

@@ -59,12 +59,18 @@ pub(crate) async fn supervise(
     signals: &mut Forwarded,
 ) -> Result<Ended, Failure> {
     let program = command.program;
+    let loss = command.loss;
+    let mut known = guard.valid_until();
     let mut child_command = Command::new(program);
     child_command
         .args(command.args)
         .env("LEASEHOLD_KEY", key.as_str())
         .env("LEASEHOLD_FENCE", guard.fence().to_string())
-        .env("LEASEHOLD_HOLDER", locks.holder().as_str());
+        .env("LEASEHOLD_HOLDER", locks.holder().as_str())
+        .env(
+            "LEASEHOLD_DEADLINE",
+            crate::guard::monotonic_at(loss.watchdog(known)).to_string(),
+        );
     // SAFETY: isatty(3) only inspects the descriptor.
     let own_group = unsafe { libc::isatty(0) } == 0;
     // Nor do the command's own children: the guard, started first as the leader of the group the
@@ -75,8 +81,6 @@ pub(crate) async fn supervise(
     } else {
         None
     };
-    let loss = command.loss;
-    let mut known = guard.valid_until();
     if let Some(g) = &group_guard {
         g.deadline(loss.watchdog(known));
     }

@@ -303,22 +303,31 @@ fn find<'a>(records: &'a [Value], key: &str) -> &'a Value {
 #[test]
 fn run_passes_the_lease_to_the_command_and_exits_with_its_status() {
     let s = Store::new();
+    let before = leasehold_testkit::mono_ns();
     let out = s.output([
         "run",
         "--key",
         "job",
+        "--ttl",
+        "3s",
         "--",
         "sh",
         "-c",
-        r#"echo "$LEASEHOLD_KEY|$LEASEHOLD_FENCE|$LEASEHOLD_HOLDER"; exit 7"#,
+        r#"echo "$LEASEHOLD_KEY|$LEASEHOLD_FENCE|$LEASEHOLD_HOLDER|$LEASEHOLD_DEADLINE"; exit 7"#,
     ]);
     assert_eq!(out.code, Some(7), "{out:?}");
     assert_eq!(out.stderr, "");
     let parts: Vec<&str> = out.stdout.trim().split('|').collect();
-    assert_eq!(parts.len(), 3, "{out:?}");
+    assert_eq!(parts.len(), 4, "{out:?}");
     assert_eq!(parts[0], "job");
     let f: u64 = parts[1].parse().unwrap();
     assert!(!parts[2].is_empty());
+    // The kill-by deadline on the host's monotonic clock: before the lease's 3 s are over.
+    let deadline: u64 = parts[3].parse().unwrap();
+    assert!(
+        deadline > before && deadline < leasehold_testkit::mono_ns() + 3_000_000_000,
+        "{out:?}"
+    );
 
     // Released afterwards, fence kept.
     let rec = s.inspect("job");

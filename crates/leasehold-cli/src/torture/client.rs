@@ -127,17 +127,23 @@ async fn run_commands(plan: &Plan<'_>) -> Result<(), String> {
 }
 
 /// The command a `leasehold run` client runs under its lease: enters `key`'s section with the
-/// fence of `LEASEHOLD_FENCE`, writes, leaves. Its section lasts while its process lives (valid
-/// `-`): `leasehold run` must kill it before the lease could be another's.
+/// fence of `LEASEHOLD_FENCE`, writes, leaves. Its section lasts while its process lives, and its
+/// lease is valid until `LEASEHOLD_DEADLINE`, by which `leasehold run` (or its group guard, when
+/// `run` is paused) kills it: a section alive past it is a late holder (its killer was starved),
+/// one alive when another client enters before it an overlap.
 pub(crate) fn section(socket: &Path, key: &str, id: &str) -> Result<(), String> {
-    let fence = std::env::var("LEASEHOLD_FENCE")
-        .ok()
-        .and_then(|f| f.parse::<u64>().ok())
-        .ok_or("LEASEHOLD_FENCE is not a fence: run me under leasehold run")?;
+    let number = |name: &str| {
+        std::env::var(name)
+            .ok()
+            .and_then(|f| f.parse::<u64>().ok())
+            .ok_or_else(|| format!("{name} is not a number: run me under leasehold run"))
+    };
+    let fence = number("LEASEHOLD_FENCE")?;
+    let deadline = number("LEASEHOLD_DEADLINE")?;
     let mut resource = Resource::connect(socket).map_err(|e| format!("resource: {e}"))?;
     let mut say = |op: &str| -> Result<String, String> {
         resource
-            .ask(&format!("{op} {key} {fence} {id} -"))
+            .ask(&format!("{op} {key} {fence} {id} {deadline}"))
             .map_err(|e| format!("resource: {e}"))
     };
     if say("E")? == "ok" {

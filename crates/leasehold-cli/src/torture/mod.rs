@@ -34,13 +34,14 @@ use tokio::time::Instant;
 /// The hidden first argument of the harness's own processes.
 pub(crate) const ARG: &str = "__torture";
 
-/// The `main` of `leasehold __torture resource SOCKET`, `leasehold __torture client URL SOCKET
+/// The `main` of `leasehold __torture resource SOCKET [HISTORY]`, `leasehold __torture client URL SOCKET
 /// ID KEYS TTL_MS SEED VIA` and `leasehold __torture section SOCKET KEY ID`.
 pub(crate) fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(2).collect();
     let result = match args.as_slice() {
-        [what, socket] if what == "resource" => {
-            resource::serve(Path::new(socket)).map_err(|e| format!("resource: {e}"))
+        [what, socket, history @ ..] if what == "resource" && history.len() <= 1 => {
+            resource::serve(Path::new(socket), history.first().map(Path::new))
+                .map_err(|e| format!("resource: {e}"))
         }
         [what, socket, key, id] if what == "section" => {
             client::section(Path::new(socket), key, id).map_err(|e| format!("section: {e}"))
@@ -63,7 +64,7 @@ pub(crate) fn main() -> ExitCode {
             }
         }
         _ => Err(
-            "usage: leasehold __torture resource SOCKET | client URL SOCKET ID KEYS TTL_MS SEED VIA | section SOCKET KEY ID"
+            "usage: leasehold __torture resource SOCKET [HISTORY] | client URL SOCKET ID KEYS TTL_MS SEED VIA | section SOCKET KEY ID"
                 .into(),
         ),
     };
@@ -142,7 +143,12 @@ async fn harness(
         }
     };
     let socket = dir.join("resource.sock");
-    servers.push(spawn_self(&["resource", &socket.display().to_string()])?);
+    let mut resource_args = vec!["resource".to_owned(), socket.display().to_string()];
+    if let Some(h) = &args.history {
+        resource_args.push(h.display().to_string());
+    }
+    let resource_args: Vec<&str> = resource_args.iter().map(String::as_str).collect();
+    servers.push(spawn_self(&resource_args)?);
     let mut resource = connect_resource(&socket).await?;
     let share = args.duration / u32::try_from(args.faults.len().max(1)).unwrap_or(1);
     let mut rows = vec![];

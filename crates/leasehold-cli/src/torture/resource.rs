@@ -114,6 +114,8 @@ struct State {
     /// (its replacement has an id of its own).
     dying: std::collections::HashSet<String>,
     counts: Counts,
+    /// Where each request and its answer are written.
+    history: Option<std::io::BufWriter<std::fs::File>>,
 }
 
 impl State {
@@ -248,10 +250,18 @@ impl State {
     }
 }
 
-/// Serves requests on `socket` until killed.
-pub(crate) fn serve(socket: &Path) -> std::io::Result<()> {
+/// Serves requests on `socket` until killed, writing each request, when it was received
+/// (CLOCK_MONOTONIC ns), on which connection, and its answer, to `history` if given.
+pub(crate) fn serve(socket: &Path, history: Option<&Path>) -> std::io::Result<()> {
     let listener = UnixListener::bind(socket)?;
-    let state = Arc::new(Mutex::new(State::default()));
+    let history = match history {
+        Some(p) => Some(std::io::BufWriter::new(std::fs::File::create(p)?)),
+        None => None,
+    };
+    let state = Arc::new(Mutex::new(State {
+        history,
+        ..State::default()
+    }));
     for (conn, stream) in (0u64..).zip(listener.incoming()) {
         let Ok(stream) = stream else { continue };
         let state = state.clone();
@@ -272,7 +282,18 @@ fn connection(stream: UnixStream, state: &Mutex<State>, conn: u64) {
     for line in BufReader::new(stream).lines() {
         let Ok(line) = line else { return };
         let answer = match state.lock() {
-            Ok(mut s) => s.answer(&line, conn),
+            Ok(mut s) => {
+                let answer = s.answer(&line, conn);
+                if let Some(h) = s.history.as_mut() {
+                    let now = crate::guard::monotonic_ns();
+                    // The history is a record for people; a failed write must not stop the run.
+                    let _ = writeln!(h, "{now} c{conn} {line} -> {answer}");
+                    if line == "Q" {
+                        let _ = h.flush();
+                    }
+                }
+                answer
+            }
             Err(_) => return,
         };
         if writeln!(out, "{answer}").is_err() {
