@@ -2,7 +2,8 @@
 //!
 //! The harness starts a fenced resource ([`resource`], a process of its own) and `--clients`
 //! client processes ([`client`]; `leasehold` itself, each its own holder) that take leases on
-//! `--keys` keys and write to the resource under each. For each fault of `--faults` in turn it runs
+//! `--keys` keys and write to the resource under each, through the library or through
+//! `leasehold run` and its command (`--via`). For each fault of `--faults` in turn it runs
 //! the clients for its share of `--duration`, injecting that fault at seeded random times:
 //! * `none` — no fault;
 //! * `kill` — SIGKILL of a client (a crash while holding, most of the time), then a new client;
