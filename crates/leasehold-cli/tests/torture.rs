@@ -96,3 +96,82 @@ fn redis_keeps_exclusion_and_fences_under_kills_and_pauses() {
         );
     }
 }
+
+/// Asserts a run kept its promises: exit 0, and every row with sections, faults injected, no
+/// overlap and no fence violation.
+fn kept_under_faults(code: i32, rows: &[serde_json::Value]) {
+    assert_eq!(code, 0, "{rows:?}");
+    assert!(!rows.is_empty());
+    for row in rows {
+        assert!(
+            n(row, "sections") > 0 && n(row, "faults_injected") > 0,
+            "{row}"
+        );
+        assert_eq!(
+            (n(row, "overlaps"), n(row, "fence_violations")),
+            (0, 0),
+            "{row}"
+        );
+    }
+}
+
+#[test]
+fn redis_keeps_exclusion_and_fences_when_clients_are_cut_off() {
+    let (code, rows) = torture(&[
+        "redis",
+        "--duration",
+        "8s",
+        "--faults",
+        "partition",
+        "--seed",
+        "13",
+    ]);
+    kept_under_faults(code, &rows);
+}
+
+#[test]
+fn the_file_store_is_immune_to_skewed_wall_clocks() {
+    let (code, rows) = torture(&[
+        "file",
+        "--duration",
+        "5s",
+        "--faults",
+        "clock",
+        "--seed",
+        "14",
+    ]);
+    kept_under_faults(code, &rows);
+}
+
+#[test]
+fn a_record_store_keeps_exclusion_and_fences_with_skewed_wall_clocks() {
+    // Cloud Storage objects (fake-gcs-server): the record adapter, which judges expiry by what
+    // it observes, never by the clients' wall clocks.
+    let gcs = leasehold_testkit::gcs_server::GcsServer::start();
+    let url = gcs.store_url("torture-clock");
+    let (code, rows) = torture(&[
+        "gcs",
+        "--store",
+        &url,
+        "--duration",
+        "8s",
+        "--faults",
+        "clock",
+        "--seed",
+        "15",
+    ]);
+    kept_under_faults(code, &rows);
+}
+
+#[test]
+fn partition_is_refused_where_there_is_no_network_to_cut() {
+    for store in ["file", "memory"] {
+        let out = Command::new(BIN)
+            .args(["torture", store, "--faults", "partition", "--duration", "1s"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains("partition needs a store reached over TCP"), "{err}");
+    }
+}
