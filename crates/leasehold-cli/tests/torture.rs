@@ -2,7 +2,7 @@
 //! client on a memory store of its own) and none on the file store (no fault, SIGSTOP) and on a
 //! private Redis (SIGKILL, SIGSTOP, clients cut off from it by the `partition` fault's proxies),
 //! and none with clients' wall clocks two minutes off (`clock`) on the file store and on Cloud
-//! Storage (fake-gcs-server, a record-adapter store). The file store under SIGKILL of clients is left out: long
+//! Storage (fake-gcs-server, a record-adapter store, also partitioned). The file store under SIGKILL of clients is left out: long
 //! runs found rare overlaps there (`leasehold torture file --faults kill --duration 60s`), a
 //! defect being fixed; a test that fails one run in twenty would say nothing more.
 
@@ -146,9 +146,9 @@ fn the_file_store_is_immune_to_skewed_wall_clocks() {
 }
 
 #[test]
-fn a_record_store_keeps_exclusion_and_fences_with_skewed_wall_clocks() {
+fn a_record_store_keeps_exclusion_and_fences_with_skewed_wall_clocks_and_when_cut_off() {
     // Cloud Storage objects (fake-gcs-server): the record adapter, which judges expiry by what
-    // it observes, never by the clients' wall clocks.
+    // it observes, never by the clients' wall clocks; partitioned through its `endpoint=`.
     let gcs = leasehold_testkit::gcs_server::GcsServer::start();
     let url = gcs.store_url("torture-clock");
     let (code, rows) = torture(&[
@@ -156,9 +156,9 @@ fn a_record_store_keeps_exclusion_and_fences_with_skewed_wall_clocks() {
         "--store",
         &url,
         "--duration",
-        "8s",
+        "10s",
         "--faults",
-        "clock",
+        "clock,partition",
         "--seed",
         "15",
     ]);
