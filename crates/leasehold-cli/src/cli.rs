@@ -316,7 +316,9 @@ pub(crate) struct TortureArgs {
     #[arg(long, default_value_t = 3)]
     pub(crate) keys: usize,
 
-    /// The faults, one phase each: none, kill, stop (comma-separated).
+    /// The faults, one phase each: none, kill, stop, partition (the store cut off from a client
+    /// or from all by TCP proxies: latency, black hole, resets), clock (clients whose wall clock
+    /// is minutes off) (comma-separated).
     #[arg(
         long,
         value_name = "FAULT,…",

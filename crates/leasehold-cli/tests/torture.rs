@@ -1,6 +1,9 @@
 //! `leasehold torture` with real processes: it finds violations where nothing excludes (each
-//! client on a memory store of its own) and none on the file store and on a private Redis (no
-//! fault, SIGKILL, SIGSTOP).
+//! client on a memory store of its own, through the library or `leasehold run`) and none on the
+//! file store and on a private Redis (no fault, SIGKILL, SIGSTOP; on Redis also clients cut off
+//! from it by the `partition` fault's proxies), and none with clients' wall clocks two minutes off
+//! (`clock`) on the file store and on Cloud Storage (fake-gcs-server, a record-adapter store, also
+//! partitioned).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -106,6 +109,95 @@ fn redis_keeps_exclusion_and_fences_under_kills_and_pauses() {
             (n(row, "overlaps"), n(row, "fence_violations")),
             (0, 0),
             "{row}"
+        );
+    }
+}
+
+/// Asserts a run kept its promises: exit 0, and every row with sections, faults injected, no
+/// overlap and no fence violation.
+fn kept_under_faults(code: i32, rows: &[serde_json::Value]) {
+    assert_eq!(code, 0, "{rows:?}");
+    assert!(!rows.is_empty());
+    for row in rows {
+        assert!(
+            n(row, "sections") > 0 && n(row, "faults_injected") > 0,
+            "{row}"
+        );
+        assert_eq!(
+            (n(row, "overlaps"), n(row, "fence_violations")),
+            (0, 0),
+            "{row}"
+        );
+    }
+}
+
+#[test]
+fn redis_keeps_exclusion_and_fences_when_clients_are_cut_off() {
+    let (code, rows) = torture(&[
+        "redis",
+        "--duration",
+        "8s",
+        "--faults",
+        "partition",
+        "--seed",
+        "13",
+    ]);
+    kept_under_faults(code, &rows);
+}
+
+#[test]
+fn the_file_store_is_immune_to_skewed_wall_clocks() {
+    let (code, rows) = torture(&[
+        "file",
+        "--duration",
+        "5s",
+        "--faults",
+        "clock",
+        "--seed",
+        "14",
+    ]);
+    kept_under_faults(code, &rows);
+}
+
+#[test]
+fn a_record_store_keeps_exclusion_and_fences_with_skewed_wall_clocks_and_when_cut_off() {
+    // Cloud Storage objects (fake-gcs-server): the record adapter, which judges expiry by what
+    // it observes, never by the clients' wall clocks; partitioned through its `endpoint=`.
+    let gcs = leasehold_testkit::gcs_server::GcsServer::start();
+    let url = gcs.store_url("torture-clock");
+    let (code, rows) = torture(&[
+        "gcs",
+        "--store",
+        &url,
+        "--duration",
+        "10s",
+        "--faults",
+        "clock,partition",
+        "--seed",
+        "15",
+    ]);
+    kept_under_faults(code, &rows);
+}
+
+#[test]
+fn partition_is_refused_where_there_is_no_network_to_cut() {
+    for store in ["file", "memory"] {
+        let out = Command::new(BIN)
+            .args([
+                "torture",
+                store,
+                "--faults",
+                "partition",
+                "--duration",
+                "1s",
+            ])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(
+            err.contains("partition needs a store reached over TCP"),
+            "{err}"
         );
     }
 }

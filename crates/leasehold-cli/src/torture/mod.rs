@@ -8,7 +8,10 @@
 //! * `none` — no fault;
 //! * `kill` — SIGKILL of a client (a crash while holding, most of the time), then a new client;
 //! * `stop` — SIGSTOP of a client for 1.5 TTLs, then SIGCONT (a GC pause: it wakes believing it
-//!   holds).
+//!   holds);
+//! * `partition` — one client, or all of them, cut off from the store by the harness's TCP
+//!   proxies: latency, a black hole or resets ([`network`]);
+//! * `clock` — clients whose wall clock is minutes ahead or behind ([`clock`]).
 //!
 //! The resource judges each request as it receives it and counts per phase: critical sections,
 //! **overlaps** (a client entered a key's section while another, neither stopped nor killed, was
@@ -21,6 +24,8 @@
 //! across processes: the checker must report overlaps and exit 1 (the proof it can fail).
 
 pub(crate) mod client;
+pub(crate) mod clock;
+pub(crate) mod network;
 pub(crate) mod resource;
 
 use crate::cli::TortureArgs;
@@ -40,6 +45,7 @@ pub(crate) const ARG: &str = "__torture";
 pub(crate) fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(2).collect();
     let result = match args.as_slice() {
+        [what] if what == clock::CLOCKS => clock::print(),
         [what, socket, history @ ..] if what == "resource" && history.len() <= 1 => {
             resource::serve(Path::new(socket), history.first().map(Path::new))
                 .map_err(|e| format!("resource: {e}"))
@@ -86,14 +92,17 @@ struct Row {
     counts: Counts,
 }
 
+/// The faults `--faults` takes.
+const FAULTS: [&str; 5] = ["none", "kill", "stop", "partition", "clock"];
+
 /// Runs the harness (see the module documentation).
 pub(crate) async fn torture(url: Option<&str>, args: TortureArgs) -> Result<u8, Failure> {
     let seed = args.seed.unwrap_or_else(|| fastrand::u64(..));
     for f in &args.faults {
-        if !["none", "kill", "stop"].contains(&f.as_str()) {
+        if !FAULTS.contains(&f.as_str()) {
             return Err(Failure::new(
                 USAGE,
-                format!("unknown fault {f:?} (none, kill, stop)"),
+                format!("unknown fault {f:?} ({})", FAULTS.join(", ")),
             ));
         }
     }
@@ -185,27 +194,60 @@ async fn phase(
     seed: u64,
 ) -> Result<Row, Failure> {
     let mut rng = fastrand::Rng::with_seed(seed);
-    let spawn = |i: usize, generation: u32| -> Result<(String, Child), Failure> {
-        let id = format!("{fault}-c{i}g{generation}");
-        let child = spawn_self(&[
-            "client",
-            store,
-            &socket.display().to_string(),
-            &id,
-            &args.keys.to_string(),
-            &args.ttl.as_millis().to_string(),
-            &seed
-                .wrapping_add(i as u64 * 7919 + u64::from(generation))
-                .to_string(),
-            &args.via[i % args.via.len()],
-        ])?;
-        Ok((id, child))
+    // partition: each client reaches the store through proxies of its own.
+    let mut routes = vec![];
+    if fault == "partition" {
+        for _ in 0..args.clients {
+            routes.push(
+                network::Route::new(store)
+                    .await
+                    .map_err(|e| Failure::new(USAGE, e))?,
+            );
+        }
+    }
+    // clock: a seeded half of the clients starts with a skewed wall clock, and each injection
+    // replaces a client with a skewed one, ahead and behind in turn.
+    let mut skews = 0;
+    let mut skew = |rng: &mut fastrand::Rng, always: bool| {
+        (fault == "clock" && (always || rng.bool())).then(|| {
+            skews += 1;
+            clock::SKEWS[skews % 2]
+        })
     };
-    let mut clients = (0..args.clients)
-        .map(|i| spawn(i, 0))
-        .collect::<Result<Vec<_>, _>>()?;
-    let mut generation = 1;
+    if fault == "clock" {
+        for s in clock::SKEWS {
+            clock::check(s).await?;
+        }
+    }
+    let spawn =
+        |i: usize, generation: u32, skew: Option<&str>| -> Result<(String, Child), Failure> {
+            let id = format!("{fault}-c{i}g{generation}");
+            let env = skew.map(clock::env).transpose()?.unwrap_or_default();
+            let child = spawn_self_with(
+                &env,
+                &[
+                    "client",
+                    routes.get(i).map_or(store, |r| r.url.as_str()),
+                    &socket.display().to_string(),
+                    &id,
+                    &args.keys.to_string(),
+                    &args.ttl.as_millis().to_string(),
+                    &seed
+                        .wrapping_add(i as u64 * 7919 + u64::from(generation))
+                        .to_string(),
+                    &args.via[i % args.via.len()],
+                ],
+            )?;
+            Ok((id, child))
+        };
+    let mut clients = vec![];
     let mut injected = 0;
+    for i in 0..args.clients {
+        let skewed = skew(&mut rng, false);
+        injected += u64::from(skewed.is_some());
+        clients.push(spawn(i, 0, skewed)?);
+    }
+    let mut generation = 1;
     let end = Instant::now() + duration;
     while Instant::now() < end {
         // Between half a TTL and one and a half.
@@ -220,7 +262,20 @@ async fn phase(
             ("kill", Some(_)) => {
                 let (id, child) = &mut clients[i];
                 kill_client(resource, id, child).await?;
-                clients[i] = spawn(i, generation)?;
+                clients[i] = spawn(i, generation, None)?;
+                generation += 1;
+                injected += 1;
+            }
+            ("partition", _) => {
+                network::Cut::pick(&mut rng, routes.len(), args.ttl)
+                    .apply(&routes)
+                    .await;
+                injected += 1;
+            }
+            ("clock", Some(_)) => {
+                let (id, child) = &mut clients[i];
+                kill_client(resource, id, child).await?;
+                clients[i] = spawn(i, generation, skew(&mut rng, true))?;
                 generation += 1;
                 injected += 1;
             }
@@ -237,6 +292,7 @@ async fn phase(
     for (id, mut child) in clients {
         kill_client(resource, &id, &mut child).await?;
     }
+    drop(routes);
     let answer = ask(resource, "Q")?;
     let counts = serde_json::from_str(&answer)
         .ok()
@@ -284,11 +340,17 @@ fn signal_group(pid: u32, sig: libc::c_int) {
 
 /// Starts `leasehold __torture ARGS…`, dying with this process.
 fn spawn_self(args: &[&str]) -> Result<Child, Failure> {
+    spawn_self_with(&[], args)
+}
+
+/// [`spawn_self`] with `env` added to the environment.
+fn spawn_self_with(env: &[(&str, String)], args: &[&str]) -> Result<Child, Failure> {
     let exe = std::env::current_exe()
         .map_err(|e| Failure::new(ERROR, format!("cannot find the leasehold executable: {e}")))?;
     let mut cmd = Command::new(exe);
     cmd.arg(ARG)
         .args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .process_group(0);
@@ -373,7 +435,7 @@ fn print_rows(args: &TortureArgs, seed: u64, rows: &[Row]) {
         return;
     }
     println!(
-        "{:<10} {:<6} {:>9} {:>7} {:>9} {:>15} {:>13} {:>16} {:>12}",
+        "{:<10} {:<9} {:>9} {:>7} {:>9} {:>15} {:>13} {:>16} {:>12}",
         "STORE",
         "FAULT",
         "SECTIONS",
@@ -387,7 +449,7 @@ fn print_rows(args: &TortureArgs, seed: u64, rows: &[Row]) {
     for r in rows {
         let c = r.counts;
         println!(
-            "{:<10} {:<6} {:>9} {:>7} {:>9} {:>15} {:>13} {:>16} {:>12}",
+            "{:<10} {:<9} {:>9} {:>7} {:>9} {:>15} {:>13} {:>16} {:>12}",
             args.kind,
             r.fault,
             c.sections,
