@@ -7,25 +7,33 @@
 //! * `none` — no fault;
 //! * `kill` — SIGKILL of a client (a crash while holding, most of the time), then a new client;
 //! * `stop` — SIGSTOP of a client for 1.5 TTLs, then SIGCONT (a GC pause: it wakes believing it
-//!   holds).
+//!   holds);
+//! * `restart` — a store restart or failover, per kind ([`servers`]; only for servers started
+//!   here).
 //!
 //! The resource judges each request as it receives it and counts per phase: critical sections,
 //! **overlaps** (a client entered a key's section while another, neither stopped nor killed, was
 //! still inside it: an exclusion violation), **paused overlaps** (the same while the earlier one
 //! was stopped: what no lock prevents), requests **caught by the fence** (below the key's highest
 //! fence), and **fence violations** (a new grant whose fence is not above the key's highest).
-//! Overlaps and fence violations break a promise: the exit status is then 1.
+//! Overlaps and fence violations break a promise: the exit status is then 1. Where the store does
+//! not promise exclusion or fences under a fault ([`servers::promises`]: a Redis server restarted
+//! empty), they are counted apart as **unpromised** and leave the exit status alone; once a phase
+//! lost fences, later phases do not promise them either (the store's counters restarted below
+//! the resource's highest fence).
 //!
 //! `memory` runs every client on an in-process store of its own, so nothing excludes anything
 //! across processes: the checker must report overlaps and exit 1 (the proof it can fail).
 
 pub(crate) mod client;
 pub(crate) mod resource;
+pub(crate) mod servers;
 
 use crate::cli::TortureArgs;
 use crate::exit::{Failure, ERROR, OK, USAGE};
 use resource::{Counts, Resource};
-use std::path::{Path, PathBuf};
+use servers::{Promise, Stores};
+use std::path::Path;
 use std::process::{ExitCode, Stdio};
 use std::time::Duration;
 use tokio::process::{Child, Command};
@@ -78,16 +86,21 @@ struct Row {
     fault: String,
     injected: u64,
     counts: Counts,
+    /// What the store promised in this phase.
+    promise: Promise,
+    /// Overlaps and fence violations where they were not promised (moved out of `counts`).
+    unpromised_overlaps: u64,
+    unpromised_fence_violations: u64,
 }
 
 /// Runs the harness (see the module documentation).
 pub(crate) async fn torture(url: Option<&str>, args: TortureArgs) -> Result<u8, Failure> {
     let seed = args.seed.unwrap_or_else(|| fastrand::u64(..));
     for f in &args.faults {
-        if !["none", "kill", "stop"].contains(&f.as_str()) {
+        if !["none", "kill", "stop", "restart"].contains(&f.as_str()) {
             return Err(Failure::new(
                 USAGE,
-                format!("unknown fault {f:?} (none, kill, stop)"),
+                format!("unknown fault {f:?} (none, kill, stop, restart)"),
             ));
         }
     }
@@ -117,32 +130,36 @@ async fn harness(
     seed: u64,
     dir: &Path,
 ) -> Result<Vec<Row>, Failure> {
+    let mut stores = Stores::start(&args.kind, url, dir).await?;
+    if args.faults.iter().any(|f| f == "restart") && !stores.restartable() {
+        return Err(Failure::new(
+            USAGE,
+            format!(
+                "the restart fault needs a server started here (not --store URL, not {})",
+                args.kind
+            ),
+        ));
+    }
+    let store = stores.url().to_owned();
     let mut servers: Vec<Child> = vec![];
-    let store = match (url, args.kind.as_str()) {
-        (Some(u), _) => u.to_owned(),
-        (None, "file") => format!("file://{}", dir.join("locks").display()),
-        (None, "memory") => "memory://".to_owned(),
-        (None, "redis") => {
-            let (child, url) = start_redis(dir).await?;
-            servers.push(child);
-            url
-        }
-        (None, other) => {
-            return Err(Failure::new(
-                USAGE,
-                format!("torture {other} needs --store URL of a server you run (started here: file, memory, redis)"),
-            ))
-        }
-    };
     let socket = dir.join("resource.sock");
-    servers.push(spawn_self(&["resource", &socket.display().to_string()])?);
+    servers.push(spawn_self(
+        &["resource", &socket.display().to_string()],
+        &[],
+    )?);
     let mut resource = connect_resource(&socket).await?;
     let share = args.duration / u32::try_from(args.faults.len().max(1)).unwrap_or(1);
     let mut rows = vec![];
+    let mut fences_lost = false;
     for (n, fault) in args.faults.iter().enumerate() {
         let phase_seed = seed.wrapping_add(1_000_003 * n as u64);
+        let mut promise = servers::promises(&args.kind, fault);
+        promise.fences &= !fences_lost;
+        fences_lost |= !promise.fences;
         let row = phase(
             &store,
+            &mut stores,
+            promise,
             &socket,
             &mut resource,
             args,
@@ -157,12 +174,15 @@ async fn harness(
         let _ = s.start_kill();
         let _ = s.wait().await;
     }
+    stores.stop();
     Ok(rows)
 }
 
 #[allow(clippy::too_many_arguments)]
 async fn phase(
     store: &str,
+    stores: &mut Stores,
+    promise: Promise,
     socket: &Path,
     resource: &mut Resource,
     args: &TortureArgs,
@@ -171,19 +191,23 @@ async fn phase(
     seed: u64,
 ) -> Result<Row, Failure> {
     let mut rng = fastrand::Rng::with_seed(seed);
+    let env = stores.env().to_vec();
     let spawn = |i: usize, generation: u32| -> Result<(String, Child), Failure> {
         let id = format!("{fault}-c{i}g{generation}");
-        let child = spawn_self(&[
-            "client",
-            store,
-            &socket.display().to_string(),
-            &id,
-            &args.keys.to_string(),
-            &args.ttl.as_millis().to_string(),
-            &seed
-                .wrapping_add(i as u64 * 7919 + u64::from(generation))
-                .to_string(),
-        ])?;
+        let child = spawn_self(
+            &[
+                "client",
+                store,
+                &socket.display().to_string(),
+                &id,
+                &args.keys.to_string(),
+                &args.ttl.as_millis().to_string(),
+                &seed
+                    .wrapping_add(i as u64 * 7919 + u64::from(generation))
+                    .to_string(),
+            ],
+            &env,
+        )?;
         Ok((id, child))
     };
     let mut clients = (0..args.clients)
@@ -216,6 +240,10 @@ async fn phase(
                 signal(pid, libc::SIGCONT);
                 injected += 1;
             }
+            ("restart", _) => {
+                stores.restart(&mut rng, args.ttl).await?;
+                injected += 1;
+            }
             _ => {}
         }
     }
@@ -223,14 +251,27 @@ async fn phase(
         kill_client(resource, &id, &mut child).await?;
     }
     let answer = ask(resource, "Q")?;
-    let counts = serde_json::from_str(&answer)
+    let mut counts: Counts = serde_json::from_str(&answer)
         .ok()
         .and_then(|v| Counts::from_json(&v))
         .ok_or_else(|| Failure::new(ERROR, format!("the fenced resource answered {answer:?}")))?;
+    let unpromised_overlaps = if promise.exclusion {
+        0
+    } else {
+        std::mem::take(&mut counts.overlaps)
+    };
+    let unpromised_fence_violations = if promise.fences {
+        0
+    } else {
+        std::mem::take(&mut counts.fence_violations)
+    };
     Ok(Row {
         fault: fault.to_owned(),
         injected,
         counts,
+        promise,
+        unpromised_overlaps,
+        unpromised_fence_violations,
     })
 }
 
@@ -258,13 +299,15 @@ fn signal(pid: u32, sig: libc::c_int) {
     }
 }
 
-/// Starts `leasehold __torture ARGS…`, dying with this process.
-fn spawn_self(args: &[&str]) -> Result<Child, Failure> {
+/// Starts `leasehold __torture ARGS…` with `env` added to its environment, dying with this
+/// process.
+fn spawn_self(args: &[&str], env: &[(String, String)]) -> Result<Child, Failure> {
     let exe = std::env::current_exe()
         .map_err(|e| Failure::new(ERROR, format!("cannot find the leasehold executable: {e}")))?;
     let mut cmd = Command::new(exe);
     cmd.arg(ARG)
         .args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(Stdio::null());
     crate::child::die_with_parent(&mut cmd);
@@ -289,49 +332,6 @@ async fn connect_resource(socket: &Path) -> Result<Resource, Failure> {
     }
 }
 
-/// Starts a private `redis-server` (no persistence) on a free loopback port in `dir`.
-async fn start_redis(dir: &Path) -> Result<(Child, String), Failure> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map_err(|e| Failure::new(ERROR, format!("no free port: {e}")))?
-        .port();
-    let data: PathBuf = dir.join("redis");
-    std::fs::create_dir_all(&data).map_err(|e| Failure::new(ERROR, e.to_string()))?;
-    let mut cmd = Command::new("redis-server");
-    cmd.args([
-        "--port",
-        &port.to_string(),
-        "--bind",
-        "127.0.0.1",
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-    ])
-    .arg("--dir")
-    .arg(&data)
-    .stdin(Stdio::null())
-    .stdout(Stdio::null());
-    crate::child::die_with_parent(&mut cmd);
-    let child = cmd.spawn().map_err(|e| {
-        Failure::new(ERROR, format!("cannot start redis-server ({e}): install it (apt-get install redis-server) or pass --store URL"))
-    })?;
-    let until = Instant::now() + Duration::from_secs(5);
-    while tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .is_err()
-    {
-        if Instant::now() >= until {
-            return Err(Failure::new(
-                ERROR,
-                format!("redis-server did not listen on port {port}"),
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    Ok((child, format!("redis://127.0.0.1:{port}")))
-}
-
 fn print_rows(args: &TortureArgs, seed: u64, rows: &[Row]) {
     if args.json {
         let rows: Vec<_> = rows
@@ -341,6 +341,11 @@ fn print_rows(args: &TortureArgs, seed: u64, rows: &[Row]) {
                 v["store"] = args.kind.clone().into();
                 v["fault"] = r.fault.clone().into();
                 v["faults_injected"] = r.injected.into();
+                v["unpromised_overlaps"] = r.unpromised_overlaps.into();
+                v["unpromised_fence_violations"] = r.unpromised_fence_violations.into();
+                v["promised"] = serde_json::json!({
+                    "exclusion": r.promise.exclusion, "fences": r.promise.fences,
+                });
                 v
             })
             .collect();
@@ -348,7 +353,7 @@ fn print_rows(args: &TortureArgs, seed: u64, rows: &[Row]) {
         return;
     }
     println!(
-        "{:<10} {:<6} {:>9} {:>7} {:>9} {:>15} {:>13} {:>16}",
+        "{:<14} {:<7} {:>9} {:>7} {:>9} {:>15} {:>13} {:>16} {:>10}",
         "STORE",
         "FAULT",
         "SECTIONS",
@@ -356,12 +361,22 @@ fn print_rows(args: &TortureArgs, seed: u64, rows: &[Row]) {
         "OVERLAPS",
         "PAUSED-OVERLAPS",
         "FENCE-CAUGHT",
-        "FENCE-VIOLATIONS"
+        "FENCE-VIOLATIONS",
+        "UNPROMISED"
     );
     for r in rows {
         let c = r.counts;
+        // Overlaps / fence violations where the store promises neither: caught by the fence.
+        let unpromised = if r.promise.exclusion && r.promise.fences {
+            "-".to_owned()
+        } else {
+            format!(
+                "{}/{}",
+                r.unpromised_overlaps, r.unpromised_fence_violations
+            )
+        };
         println!(
-            "{:<10} {:<6} {:>9} {:>7} {:>9} {:>15} {:>13} {:>16}",
+            "{:<14} {:<7} {:>9} {:>7} {:>9} {:>15} {:>13} {:>16} {:>10}",
             args.kind,
             r.fault,
             c.sections,
@@ -369,8 +384,15 @@ fn print_rows(args: &TortureArgs, seed: u64, rows: &[Row]) {
             c.overlaps,
             c.paused_overlaps,
             c.stale_rejected,
-            c.fence_violations
+            c.fence_violations,
+            unpromised
         );
+    }
+    if rows
+        .iter()
+        .any(|r| !(r.promise.exclusion && r.promise.fences))
+    {
+        println!("UNPROMISED: overlaps/fence violations where the store promises no exclusion/fences under that fault (the fence caught their writes)");
     }
     println!("seed {seed}");
 }
