@@ -296,7 +296,8 @@ pub(crate) struct InspectArgs {
 /// Options of `torture`.
 #[derive(Debug, Args)]
 pub(crate) struct TortureArgs {
-    /// The store: file, redis or memory (started here), or a name for the --store URL given.
+    /// The store, its servers started here: file, memory, redis, redis-sentinel, redis-cluster,
+    /// redlock, etcd, postgres, k8s, gcs, s3, azure; or a name for the --store URL given.
     #[arg(default_value = "file")]
     pub(crate) kind: String,
 
@@ -316,7 +317,8 @@ pub(crate) struct TortureArgs {
     #[arg(long, default_value_t = 3)]
     pub(crate) keys: usize,
 
-    /// The faults, one phase each: none, kill, stop (comma-separated).
+    /// The faults, one phase each: none, kill, stop, restart (of the store's servers started
+    /// here; comma-separated).
     #[arg(
         long,
         value_name = "FAULT,…",
