@@ -138,74 +138,61 @@ fn keeps_its_promises(
     rows
 }
 
-/// The servers of the heavier kinds (a Sentinel deployment, a 6-node cluster, a 3-member etcd
-/// cluster, the API server, Azurite) are started one kind at a time on the 2-core machines.
-static HEAVY: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn heavy() -> std::sync::MutexGuard<'static, ()> {
-    HEAVY.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 #[test]
 fn redis_restarted_empty_is_shown_as_caught_by_the_fence() {
     // A server without persistence restarted empty forgets leases and fence counters: that is
     // not promised, so what it causes is counted apart and the run passes.
-    let rows = keeps_its_promises("redis", "none,restart", "6s", "21");
+    let rows = keeps_its_promises("redis", "none,restart", "4s", "21");
     assert_eq!(rows[1]["promised"]["fences"], false, "{rows:?}");
     assert_eq!(rows[0]["promised"]["fences"], true, "{rows:?}");
 }
 
 #[test]
 fn redis_sentinel_keeps_its_promises_under_kills_and_failovers() {
-    let _one = heavy();
-    let rows = keeps_its_promises("redis-sentinel", "none,kill,restart", "8s", "22");
-    assert_eq!(rows[2]["promised"]["exclusion"], false, "{rows:?}");
+    let rows = keeps_its_promises("redis-sentinel", "kill,restart", "6s", "22");
+    assert_eq!(rows[1]["promised"]["exclusion"], false, "{rows:?}");
 }
 
 #[test]
 fn redis_cluster_keeps_its_promises_under_kills_and_failovers() {
-    let _one = heavy();
-    keeps_its_promises("redis-cluster", "none,kill,restart", "8s", "23");
+    keeps_its_promises("redis-cluster", "kill,restart", "6s", "23");
 }
 
 #[test]
 fn redlock_keeps_its_promises_with_one_node_restarted_empty() {
-    keeps_its_promises("redlock", "kill,stop,restart", "8s", "24");
+    keeps_its_promises("redlock", "stop,restart", "6s", "24");
 }
 
 #[test]
 fn etcd_keeps_its_promises_when_its_leader_is_killed() {
-    let _one = heavy();
     // Restart first: a leader change renews every etcd lease, so under leader restarts the
     // sessions of clients killed in an earlier phase never expire and their keys stay held.
-    keeps_its_promises("etcd", "restart,kill", "8s", "25");
+    keeps_its_promises("etcd", "restart,kill", "6s", "25");
 }
 
 #[test]
 fn postgres_keeps_its_promises_across_a_restart() {
-    keeps_its_promises("postgres", "kill,stop,restart", "8s", "26");
+    keeps_its_promises("postgres", "kill,restart", "6s", "26");
 }
 
 #[test]
 fn kubernetes_keeps_its_promises_across_an_api_server_restart() {
-    let _one = heavy();
-    keeps_its_promises("k8s", "none,kill,restart", "8s", "27");
+    keeps_its_promises("k8s", "kill,restart", "6s", "27");
 }
 
 #[test]
 fn gcs_keeps_its_promises_through_a_hung_emulator() {
-    keeps_its_promises("gcs", "kill,restart", "6s", "28");
+    keeps_its_promises("gcs", "kill,restart", "5s", "28");
 }
 
 #[test]
 fn s3_keeps_its_promises_through_a_hung_emulator() {
-    keeps_its_promises("s3", "kill,restart", "6s", "29");
+    keeps_its_promises("s3", "kill,restart", "5s", "29");
 }
 
 #[test]
 fn azure_keeps_its_promises_through_a_hung_emulator() {
-    let _one = heavy();
-    keeps_its_promises("azure", "kill,restart", "8s", "30");
+    keeps_its_promises("azure", "kill,restart", "6s", "30");
 }
 
 #[test]
