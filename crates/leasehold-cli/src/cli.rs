@@ -296,7 +296,8 @@ pub(crate) struct InspectArgs {
 /// Options of `torture`.
 #[derive(Debug, Args)]
 pub(crate) struct TortureArgs {
-    /// The store: file, redis or memory (started here), or a name for the --store URL given.
+    /// The store, its servers started here: file, memory, redis, redis-sentinel, redis-cluster,
+    /// redlock, etcd, postgres, k8s, gcs, s3, azure; or a name for the --store URL given.
     #[arg(default_value = "file")]
     pub(crate) kind: String,
 
@@ -316,9 +317,9 @@ pub(crate) struct TortureArgs {
     #[arg(long, default_value_t = 3)]
     pub(crate) keys: usize,
 
-    /// The faults, one phase each: none, kill, stop, partition (the store cut off from a client
-    /// or from all by TCP proxies: latency, black hole, resets), clock (clients whose wall clock
-    /// is minutes off) (comma-separated).
+    /// The faults, one phase each: none, kill, stop, restart (of the store's servers started
+    /// here), partition (the store cut off from a client or from all by TCP proxies: latency,
+    /// black hole, resets), clock (clients whose wall clock is minutes off) (comma-separated).
     #[arg(
         long,
         value_name = "FAULT,…",

@@ -23,6 +23,8 @@ pub fn store_url(server: &EtcdServer) -> String {
 pub struct EtcdCluster {
     /// The members' client ports.
     pub ports: Vec<u16>,
+    /// The members' peer ports.
+    peers: Vec<u16>,
     children: Vec<Option<Child>>,
     _dir: tempfile::TempDir,
 }
@@ -46,32 +48,22 @@ impl EtcdCluster {
             .map(|(i, (_, peer))| format!("m{i}=http://127.0.0.1:{peer}"))
             .collect();
         let initial = initial.join(",");
-        let mut children = vec![];
-        for (i, (port, peer)) in ports.iter().enumerate() {
-            let client_url = format!("http://127.0.0.1:{port}");
-            let peer_url = format!("http://127.0.0.1:{peer}");
-            let log = std::fs::File::create(dir.path().join(format!("m{i}.log")))
-                .map_err(|e| format!("etcd log: {e}"))?;
-            let mut cmd = Command::new("etcd");
-            cmd.args(["--name", &format!("m{i}"), "--data-dir"])
-                .arg(dir.path().join(format!("m{i}")))
-                .args(["--listen-client-urls", &client_url])
-                .args(["--advertise-client-urls", &client_url])
-                .args(["--listen-peer-urls", &peer_url])
-                .args(["--initial-advertise-peer-urls", &peer_url])
-                .args(["--initial-cluster", &initial])
-                .args(["--initial-cluster-token", "leasehold-test"])
-                .args(["--initial-cluster-state", "new", "--unsafe-no-fsync"])
-                .args(["--log-level", "warn"])
-                .stdout(Stdio::null())
-                .stderr(log);
-            let child = spawn(cmd).unwrap_or_else(|e| {
-                panic!("cannot start etcd ({e}): install it with `apt-get install etcd-server etcd-client`, or run ./scripts/test which does")
-            });
-            children.push(Some(child));
+        let mut children: Vec<Option<Child>> = vec![];
+        for (i, ports) in ports.iter().enumerate() {
+            match member(dir.path(), i, *ports, &initial) {
+                Ok(child) => children.push(Some(child)),
+                Err(why) => {
+                    for mut c in children.into_iter().flatten() {
+                        let _ = c.kill();
+                        let _ = c.wait();
+                    }
+                    return Err(why);
+                }
+            }
         }
         let mut cluster = EtcdCluster {
             ports: ports.iter().map(|p| p.0).collect(),
+            peers: ports.iter().map(|p| p.1).collect(),
             children,
             _dir: dir,
         };
@@ -148,6 +140,39 @@ impl EtcdCluster {
         (0..self.ports.len()).filter(|i| self.children[*i].is_some())
     }
 
+    /// Starts member `i` again after a [kill](EtcdCluster::kill), on its ports and over its data
+    /// (it rejoins the cluster), and waits until it says it is healthy.
+    ///
+    /// # Errors
+    /// When it exits or is not healthy within 20 s.
+    pub fn restart(&mut self, i: usize) -> Result<(), String> {
+        if self.children[i].is_some() {
+            return Ok(());
+        }
+        let initial: Vec<String> = self
+            .peers
+            .iter()
+            .enumerate()
+            .map(|(m, peer)| format!("m{m}=http://127.0.0.1:{peer}"))
+            .collect();
+        let port = self.ports[i];
+        let mut child = member(
+            self._dir.path(),
+            i,
+            (port, self.peers[i]),
+            &initial.join(","),
+        )?;
+        wait_up(
+            &mut child,
+            &format!("etcd member m{i} on port {port}"),
+            Duration::from_secs(20),
+            Duration::from_millis(20),
+            || http_ok(port, "/health", "\"health\":\"true\""),
+        )?;
+        self.children[i] = Some(child);
+        Ok(())
+    }
+
     /// Kills member `i` with SIGKILL (no leadership transfer) and waits for it.
     pub fn kill(&mut self, i: usize) {
         if let Some(mut c) = self.children[i].take() {
@@ -163,6 +188,39 @@ impl Drop for EtcdCluster {
             self.kill(i);
         }
     }
+}
+
+/// Starts member `i` of a cluster in `dir` on `(client, peer)` ports (its data in `dir/m{i}`, its
+/// log `dir/m{i}.log`, appended to), `initial` naming every member's peer URL.
+fn member(
+    dir: &std::path::Path,
+    i: usize,
+    (port, peer): (u16, u16),
+    initial: &str,
+) -> Result<Child, String> {
+    let client_url = format!("http://127.0.0.1:{port}");
+    let peer_url = format!("http://127.0.0.1:{peer}");
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join(format!("m{i}.log")))
+        .map_err(|e| format!("etcd log: {e}"))?;
+    let mut cmd = Command::new("etcd");
+    cmd.args(["--name", &format!("m{i}"), "--data-dir"])
+        .arg(dir.join(format!("m{i}")))
+        .args(["--listen-client-urls", &client_url])
+        .args(["--advertise-client-urls", &client_url])
+        .args(["--listen-peer-urls", &peer_url])
+        .args(["--initial-advertise-peer-urls", &peer_url])
+        .args(["--initial-cluster", initial])
+        .args(["--initial-cluster-token", "leasehold-test"])
+        .args(["--initial-cluster-state", "new", "--unsafe-no-fsync"])
+        .args(["--log-level", "warn"])
+        .stdout(Stdio::null())
+        .stderr(log);
+    spawn(cmd).map_err(|e| {
+        format!("cannot start etcd ({e}): install it with `apt-get install etcd-server etcd-client`, or run ./scripts/test which does")
+    })
 }
 
 /// One 3-member cluster shared by the tests of this process that leave it whole.

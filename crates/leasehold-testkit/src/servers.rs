@@ -1407,11 +1407,15 @@ impl Drop for EtcdServer {
     }
 }
 
-/// Builds `leasehold-apiserver` (once per process, a no-op when it is fresh) and returns its path.
+/// `LEASEHOLD_APISERVER` (a `leasehold-apiserver` program) when set; else builds
+/// `leasehold-apiserver` (once per process, a no-op when it is fresh) and returns its path.
 fn apiserver_bin() -> PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT
         .get_or_init(|| {
+            if let Some(bin) = std::env::var_os("LEASEHOLD_APISERVER").filter(|b| !b.is_empty()) {
+                return PathBuf::from(bin);
+            }
             let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
             let path = crate::workspace_bin("leasehold-apiserver");
             // Built in the profile of the running test or benchmark (target/debug or
@@ -1427,7 +1431,10 @@ fn apiserver_bin() -> PathBuf {
                 .args(&args)
                 .status()
                 .unwrap_or_else(|e| panic!("cannot run cargo to build leasehold-apiserver: {e}"));
-            assert!(status.success(), "building leasehold-apiserver failed");
+            assert!(
+                status.success(),
+                "building leasehold-apiserver failed (run from the workspace, or set LEASEHOLD_APISERVER to a leasehold-apiserver program: cargo build -p leasehold-apiserver)"
+            );
             path
         })
         .clone()
@@ -1441,7 +1448,34 @@ pub struct ApiServer {
     pub port: u16,
     child: Option<Child>,
     etcd: EtcdServer,
+    /// Its extra arguments (to start it again alike).
+    args: Vec<String>,
     dir: tempfile::TempDir,
+}
+
+/// Starts `leasehold-apiserver` (`bin`) on `port` over `etcd` and waits until `/healthz` answers;
+/// an error when it exits or does not answer within 20 s.
+fn apiserver_launch(
+    bin: &Path,
+    port: u16,
+    etcd: &EtcdServer,
+    args: &[String],
+) -> Result<Child, String> {
+    let mut cmd = Command::new(bin);
+    cmd.args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(["--etcd", &etcd.url()])
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit());
+    let mut child = spawn(cmd).map_err(|e| format!("cannot start {} ({e})", bin.display()))?;
+    wait_up(
+        &mut child,
+        &format!("leasehold-apiserver on port {port}"),
+        Duration::from_secs(20),
+        Duration::from_millis(10),
+        || http_ok(port, "/healthz", "ok"),
+    )
+    .map(|()| child)
 }
 
 impl ApiServer {
@@ -1460,31 +1494,30 @@ impl ApiServer {
         let etcd = EtcdServer::start();
         let bin = apiserver_bin();
         let dir = server_dir("apiserver");
+        let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
         let (port, child) = in_three_starts("leasehold-apiserver", || {
             let port = free_port();
-            let mut cmd = Command::new(&bin);
-            cmd.args(["--listen", &format!("127.0.0.1:{port}")])
-                .args(["--etcd", &etcd.url()])
-                .args(args)
-                .stdout(Stdio::null())
-                .stderr(Stdio::inherit());
-            let mut child =
-                spawn(cmd).unwrap_or_else(|e| panic!("cannot start {} ({e})", bin.display()));
-            wait_up(
-                &mut child,
-                &format!("leasehold-apiserver on port {port}"),
-                Duration::from_secs(20),
-                Duration::from_millis(10),
-                || http_ok(port, "/healthz", "ok"),
-            )
-            .map(|()| (port, child))
+            apiserver_launch(&bin, port, &etcd, &args).map(|child| (port, child))
         });
         ApiServer {
             port,
             child: Some(child),
             etcd,
+            args,
             dir,
         }
+    }
+
+    /// Starts a stopped API server again, on its port, over its etcd (which kept every Lease).
+    ///
+    /// # Errors
+    /// When it does not answer within 20 s (another process took its port, say).
+    pub fn start_again(&mut self) -> Result<(), String> {
+        if self.child.is_none() {
+            let child = apiserver_launch(&apiserver_bin(), self.port, &self.etcd, &self.args)?;
+            self.child = Some(child);
+        }
+        Ok(())
     }
 
     /// `http://127.0.0.1:PORT`.
@@ -1611,7 +1644,54 @@ pub struct PostgresServer {
     bin: PathBuf,
     /// For a server started with [`PostgresServer::start_tls`]: the directory of its certificates.
     certs: Option<PathBuf>,
+    /// Its `-c` settings beyond the common ones (to start it again alike).
+    settings: Vec<String>,
     _dir: tempfile::TempDir,
+}
+
+/// Starts `postgres` on `port` over the cluster `dir/data` (socket and log in `dir`) and waits
+/// until `pg_isready` says it accepts connections; an error with its log when it exits or is not
+/// ready within 30 s (the process is then killed and reaped).
+fn postgres_launch(
+    bin: &Path,
+    dir: &Path,
+    port: u16,
+    settings: &[String],
+) -> Result<Child, String> {
+    let log = std::fs::File::create(dir.join("log")).map_err(|e| format!("postgres log: {e}"))?;
+    let mut cmd = Command::new(bin.join("postgres"));
+    cmd.arg("-D")
+        .arg(dir.join("data"))
+        .args(["-p", &port.to_string(), "-k"])
+        .arg(dir)
+        .args(["-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"])
+        .args(["-c", "full_page_writes=off", "-c", "max_connections=200"])
+        .args(settings.iter().flat_map(|s| ["-c", s.as_str()]))
+        .current_dir(dir)
+        .stdout(Stdio::null())
+        .stderr(log);
+    if let Some((uid, gid)) = postgres_ids() {
+        use std::os::unix::process::CommandExt;
+        cmd.uid(uid).gid(gid);
+    }
+    let mut child = spawn(cmd).map_err(|e| format!("cannot start postgres: {e}"))?;
+    // `pg_isready`: it accepts connections.
+    let ready = || {
+        Command::new(bin.join("pg_isready"))
+            .args(["-q", "-h", "127.0.0.1", "-p", &port.to_string()])
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    let what = format!("postgres on port {port}");
+    wait_up(
+        &mut child,
+        &what,
+        Duration::from_secs(30),
+        Duration::from_millis(20),
+        ready,
+    )
+    .map(|()| child)
+    .map_err(|why| with_log(&why, &dir.join("log")))
 }
 
 /// The roles a TLS server ([`PostgresServer::start_tls`]) has besides `postgres`.
@@ -1723,43 +1803,7 @@ impl PostgresServer {
         // `free_port` and the server's bind. The data directory is kept.
         let started = in_three_starts("postgres", || {
             let port = free_port();
-            let log = std::fs::File::create(dir.path().join("log"))
-                .unwrap_or_else(|e| panic!("postgres log: {e}"));
-            let mut cmd = Command::new(bin.join("postgres"));
-            cmd.arg("-D")
-                .arg(&data)
-                .args(["-p", &port.to_string(), "-k"])
-                .arg(dir.path())
-                .args(["-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"])
-                .args(["-c", "full_page_writes=off", "-c", "max_connections=200"])
-                .args(settings.iter().flat_map(|s| ["-c", s.as_str()]))
-                .current_dir(dir.path())
-                .stdout(Stdio::null())
-                .stderr(log);
-            as_server(&mut cmd);
-            let mut child = spawn(cmd).unwrap_or_else(|e| panic!("cannot start postgres: {e}"));
-            // `pg_isready`: it accepts connections.
-            let ready = || {
-                Command::new(bin.join("pg_isready"))
-                    .args(["-q", "-h", "127.0.0.1", "-p", &port.to_string()])
-                    .status()
-                    .is_ok_and(|s| s.success())
-            };
-            let what = format!("postgres on port {port}");
-            match wait_up(
-                &mut child,
-                &what,
-                Duration::from_secs(30),
-                Duration::from_millis(20),
-                ready,
-            ) {
-                Ok(()) => Ok((port, child)),
-                Err(why) => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    Err(with_log(&why, &dir.path().join("log")))
-                }
-            }
+            postgres_launch(&bin, dir.path(), port, &settings).map(|child| (port, child))
         });
         let (port, child) = started;
         let server = PostgresServer {
@@ -1767,6 +1811,7 @@ impl PostgresServer {
             child: Some(child),
             bin,
             certs,
+            settings,
             _dir: dir,
         };
         if tls {
@@ -1843,6 +1888,30 @@ impl PostgresServer {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+
+    /// Stops the server with a fast shutdown (SIGINT: it ends every session, writes a checkpoint
+    /// and exits) and waits for it; [`PostgresServer::start_again`] brings it back.
+    pub fn stop_fast(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            if let Ok(pid) = libc::pid_t::try_from(c.id()) {
+                // SAFETY: kill(2) on our own child's pid (not yet reaped).
+                unsafe { libc::kill(pid, libc::SIGINT) };
+            }
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts a stopped server again, on its port and over its data.
+    ///
+    /// # Errors
+    /// When it does not accept connections within 30 s (another process took its port, say).
+    pub fn start_again(&mut self) -> Result<(), String> {
+        if self.child.is_none() {
+            let child = postgres_launch(&self.bin, self._dir.path(), self.port, &self.settings)?;
+            self.child = Some(child);
+        }
+        Ok(())
     }
 
     /// Runs `sql` in database `db` with `psql` as the `postgres` user: its output, unaligned and

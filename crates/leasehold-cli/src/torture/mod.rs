@@ -12,13 +12,19 @@
 //! * `partition` — one client, or all of them, cut off from the store by the harness's TCP
 //!   proxies: latency, a black hole or resets ([`network`]);
 //! * `clock` — clients whose wall clock is minutes ahead or behind ([`clock`]).
+//! * `restart` — a store restart or failover, per kind ([`servers`]; only for servers started
+//!   here).
 //!
 //! The resource judges each request as it receives it and counts per phase: critical sections,
 //! **overlaps** (a client entered a key's section while another, neither stopped nor killed, was
 //! still inside it: an exclusion violation), **paused overlaps** (the same while the earlier one
 //! was stopped: what no lock prevents), requests **caught by the fence** (below the key's highest
 //! fence), and **fence violations** (a new grant whose fence is not above the key's highest).
-//! Overlaps and fence violations break a promise: the exit status is then 1.
+//! Overlaps and fence violations break a promise: the exit status is then 1. Where the store does
+//! not promise exclusion or fences under a fault ([`servers::promises`]: a Redis server restarted
+//! empty), they are counted apart as **unpromised** and leave the exit status alone; once a phase
+//! lost fences, later phases do not promise them either (the store's counters restarted below
+//! the resource's highest fence).
 //!
 //! `memory` runs every client on an in-process store of its own, so nothing excludes anything
 //! across processes: the checker must report overlaps and exit 1 (the proof it can fail).
@@ -27,11 +33,13 @@ pub(crate) mod client;
 pub(crate) mod clock;
 pub(crate) mod network;
 pub(crate) mod resource;
+pub(crate) mod servers;
 
 use crate::cli::TortureArgs;
 use crate::exit::{Failure, ERROR, OK, USAGE};
 use resource::{Counts, Resource};
-use std::path::{Path, PathBuf};
+use servers::{Promise, Stores};
+use std::path::Path;
 use std::process::{ExitCode, Stdio};
 use std::time::Duration;
 use tokio::process::{Child, Command};
@@ -90,10 +98,15 @@ struct Row {
     fault: String,
     injected: u64,
     counts: Counts,
+    /// What the store promised in this phase.
+    promise: Promise,
+    /// Overlaps and fence violations where they were not promised (moved out of `counts`).
+    unpromised_overlaps: u64,
+    unpromised_fence_violations: u64,
 }
 
 /// The faults `--faults` takes.
-const FAULTS: [&str; 5] = ["none", "kill", "stop", "partition", "clock"];
+const FAULTS: [&str; 6] = ["none", "kill", "stop", "restart", "partition", "clock"];
 
 /// Runs the harness (see the module documentation).
 pub(crate) async fn torture(url: Option<&str>, args: TortureArgs) -> Result<u8, Failure> {
@@ -135,37 +148,38 @@ async fn harness(
     seed: u64,
     dir: &Path,
 ) -> Result<Vec<Row>, Failure> {
+    let mut stores = Stores::start(&args.kind, url, dir).await?;
+    if args.faults.iter().any(|f| f == "restart") && !stores.restartable() {
+        return Err(Failure::new(
+            USAGE,
+            format!(
+                "the restart fault needs a server started here (not --store URL, not {})",
+                args.kind
+            ),
+        ));
+    }
+    let store = stores.url().to_owned();
     let mut servers: Vec<Child> = vec![];
-    let store = match (url, args.kind.as_str()) {
-        (Some(u), _) => u.to_owned(),
-        (None, "file") => format!("file://{}", dir.join("locks").display()),
-        (None, "memory") => "memory://".to_owned(),
-        (None, "redis") => {
-            let (child, url) = start_redis(dir).await?;
-            servers.push(child);
-            url
-        }
-        (None, other) => {
-            return Err(Failure::new(
-                USAGE,
-                format!("torture {other} needs --store URL of a server you run (started here: file, memory, redis)"),
-            ))
-        }
-    };
     let socket = dir.join("resource.sock");
     let mut resource_args = vec!["resource".to_owned(), socket.display().to_string()];
     if let Some(h) = &args.history {
         resource_args.push(h.display().to_string());
     }
     let resource_args: Vec<&str> = resource_args.iter().map(String::as_str).collect();
-    servers.push(spawn_self(&resource_args)?);
+    servers.push(spawn_self(&resource_args, &[])?);
     let mut resource = connect_resource(&socket).await?;
     let share = args.duration / u32::try_from(args.faults.len().max(1)).unwrap_or(1);
     let mut rows = vec![];
+    let mut fences_lost = false;
     for (n, fault) in args.faults.iter().enumerate() {
         let phase_seed = seed.wrapping_add(1_000_003 * n as u64);
+        let mut promise = servers::promises(&args.kind, fault);
+        promise.fences &= !fences_lost;
+        fences_lost |= !promise.fences;
         let row = phase(
             &store,
+            &mut stores,
+            promise,
             &socket,
             &mut resource,
             args,
@@ -180,12 +194,15 @@ async fn harness(
         let _ = s.start_kill();
         let _ = s.wait().await;
     }
+    stores.stop();
     Ok(rows)
 }
 
 #[allow(clippy::too_many_arguments)]
 async fn phase(
     store: &str,
+    stores: &mut Stores,
+    promise: Promise,
     socket: &Path,
     resource: &mut Resource,
     args: &TortureArgs,
@@ -219,12 +236,15 @@ async fn phase(
             clock::check(s).await?;
         }
     }
+    let store_env = stores.env().to_vec();
     let spawn =
         |i: usize, generation: u32, skew: Option<&str>| -> Result<(String, Child), Failure> {
             let id = format!("{fault}-c{i}g{generation}");
-            let env = skew.map(clock::env).transpose()?.unwrap_or_default();
-            let child = spawn_self_with(
-                &env,
+            let mut env = store_env.clone();
+            for (k, v) in skew.map(clock::env).transpose()?.unwrap_or_default() {
+                env.push((k.to_owned(), v));
+            }
+            let child = spawn_self(
                 &[
                     "client",
                     routes.get(i).map_or(store, |r| r.url.as_str()),
@@ -237,6 +257,7 @@ async fn phase(
                         .to_string(),
                     &args.via[i % args.via.len()],
                 ],
+                &env,
             )?;
             Ok((id, child))
         };
@@ -286,6 +307,10 @@ async fn phase(
                 signal_group(pid, libc::SIGCONT);
                 injected += 1;
             }
+            ("restart", _) => {
+                stores.restart(&mut rng, args.ttl).await?;
+                injected += 1;
+            }
             _ => {}
         }
     }
@@ -294,14 +319,27 @@ async fn phase(
     }
     drop(routes);
     let answer = ask(resource, "Q")?;
-    let counts = serde_json::from_str(&answer)
+    let mut counts: Counts = serde_json::from_str(&answer)
         .ok()
         .and_then(|v| Counts::from_json(&v))
         .ok_or_else(|| Failure::new(ERROR, format!("the fenced resource answered {answer:?}")))?;
+    let unpromised_overlaps = if promise.exclusion {
+        0
+    } else {
+        std::mem::take(&mut counts.overlaps)
+    };
+    let unpromised_fence_violations = if promise.fences {
+        0
+    } else {
+        std::mem::take(&mut counts.fence_violations)
+    };
     Ok(Row {
         fault: fault.to_owned(),
         injected,
         counts,
+        promise,
+        unpromised_overlaps,
+        unpromised_fence_violations,
     })
 }
 
@@ -338,13 +376,9 @@ fn signal_group(pid: u32, sig: libc::c_int) {
     }
 }
 
-/// Starts `leasehold __torture ARGS…`, dying with this process.
-fn spawn_self(args: &[&str]) -> Result<Child, Failure> {
-    spawn_self_with(&[], args)
-}
-
-/// [`spawn_self`] with `env` added to the environment.
-fn spawn_self_with(env: &[(&str, String)], args: &[&str]) -> Result<Child, Failure> {
+/// Starts `leasehold __torture ARGS…` with `env` added to its environment, dying with this
+/// process.
+fn spawn_self(args: &[&str], env: &[(String, String)]) -> Result<Child, Failure> {
     let exe = std::env::current_exe()
         .map_err(|e| Failure::new(ERROR, format!("cannot find the leasehold executable: {e}")))?;
     let mut cmd = Command::new(exe);
@@ -376,49 +410,6 @@ async fn connect_resource(socket: &Path) -> Result<Resource, Failure> {
     }
 }
 
-/// Starts a private `redis-server` (no persistence) on a free loopback port in `dir`.
-async fn start_redis(dir: &Path) -> Result<(Child, String), Failure> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map_err(|e| Failure::new(ERROR, format!("no free port: {e}")))?
-        .port();
-    let data: PathBuf = dir.join("redis");
-    std::fs::create_dir_all(&data).map_err(|e| Failure::new(ERROR, e.to_string()))?;
-    let mut cmd = Command::new("redis-server");
-    cmd.args([
-        "--port",
-        &port.to_string(),
-        "--bind",
-        "127.0.0.1",
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-    ])
-    .arg("--dir")
-    .arg(&data)
-    .stdin(Stdio::null())
-    .stdout(Stdio::null());
-    crate::child::die_with_parent(&mut cmd);
-    let child = cmd.spawn().map_err(|e| {
-        Failure::new(ERROR, format!("cannot start redis-server ({e}): install it (apt-get install redis-server) or pass --store URL"))
-    })?;
-    let until = Instant::now() + Duration::from_secs(5);
-    while tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .is_err()
-    {
-        if Instant::now() >= until {
-            return Err(Failure::new(
-                ERROR,
-                format!("redis-server did not listen on port {port}"),
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    Ok((child, format!("redis://127.0.0.1:{port}")))
-}
-
 fn print_rows(args: &TortureArgs, seed: u64, rows: &[Row]) {
     if args.json {
         let rows: Vec<_> = rows
@@ -428,6 +419,11 @@ fn print_rows(args: &TortureArgs, seed: u64, rows: &[Row]) {
                 v["store"] = args.kind.clone().into();
                 v["fault"] = r.fault.clone().into();
                 v["faults_injected"] = r.injected.into();
+                v["unpromised_overlaps"] = r.unpromised_overlaps.into();
+                v["unpromised_fence_violations"] = r.unpromised_fence_violations.into();
+                v["promised"] = serde_json::json!({
+                    "exclusion": r.promise.exclusion, "fences": r.promise.fences,
+                });
                 v
             })
             .collect();
@@ -435,7 +431,7 @@ fn print_rows(args: &TortureArgs, seed: u64, rows: &[Row]) {
         return;
     }
     println!(
-        "{:<10} {:<9} {:>9} {:>7} {:>9} {:>15} {:>13} {:>16} {:>12}",
+        "{:<14} {:<9} {:>9} {:>7} {:>9} {:>15} {:>13} {:>16} {:>12} {:>10}",
         "STORE",
         "FAULT",
         "SECTIONS",
@@ -444,12 +440,22 @@ fn print_rows(args: &TortureArgs, seed: u64, rows: &[Row]) {
         "PAUSED-OVERLAPS",
         "FENCE-CAUGHT",
         "FENCE-VIOLATIONS",
-        "UNSIGNALLED"
+        "UNSIGNALLED",
+        "UNPROMISED"
     );
     for r in rows {
         let c = r.counts;
+        // Overlaps / fence violations where the store promises neither: caught by the fence.
+        let unpromised = if r.promise.exclusion && r.promise.fences {
+            "-".to_owned()
+        } else {
+            format!(
+                "{}/{}",
+                r.unpromised_overlaps, r.unpromised_fence_violations
+            )
+        };
         println!(
-            "{:<10} {:<9} {:>9} {:>7} {:>9} {:>15} {:>13} {:>16} {:>12}",
+            "{:<14} {:<9} {:>9} {:>7} {:>9} {:>15} {:>13} {:>16} {:>12} {:>10}",
             args.kind,
             r.fault,
             c.sections,
@@ -458,8 +464,15 @@ fn print_rows(args: &TortureArgs, seed: u64, rows: &[Row]) {
             c.paused_overlaps,
             c.stale_rejected,
             c.fence_violations,
-            c.unsignalled
+            c.unsignalled,
+            unpromised
         );
+    }
+    if rows
+        .iter()
+        .any(|r| !(r.promise.exclusion && r.promise.fences))
+    {
+        println!("UNPROMISED: overlaps/fence violations where the store promises no exclusion/fences under that fault (the fence caught their writes)");
     }
     println!("seed {seed}");
 }

@@ -1,0 +1,416 @@
+//! The servers `leasehold torture` starts itself (the test kit's launchers, the same the test
+//! suite runs), their `restart` fault, and what each store promises under each fault.
+//!
+//! What `restart` does per kind:
+//! * `redis` — the server (no persistence) killed and started again empty on its port;
+//! * `redis-sentinel` — a Sentinel failover (`SENTINEL FAILOVER`: the replica promoted, the old
+//!   primary made its replica), replication asynchronous;
+//! * `redis-cluster` — a manual failover of one shard (`CLUSTER FAILOVER` on its replica, which
+//!   waits until the replica has everything the primary had);
+//! * `redlock` — one node of three (always the same) killed and started again empty;
+//! * `etcd` — the Raft leader of a 3-member cluster killed (SIGKILL), then started again over its
+//!   data;
+//! * `postgres` — a fast shutdown (SIGINT) and a start over the same data;
+//! * `k8s` — the API server (`leasehold-apiserver`) killed and started again over its etcd;
+//! * `gcs`, `s3`, `azure` — the emulator (in memory: a real restart would lose every object)
+//!   stopped (SIGSTOP) for 1.5 TTL, then continued: a hung server.
+//!
+//! A server is down (or hung) for up to one TTL; failovers have no down time of their own.
+
+use crate::exit::{Failure, ERROR, USAGE};
+use leasehold_testkit::azure_server::AzuriteServer;
+use leasehold_testkit::etcd_cluster::EtcdCluster;
+use leasehold_testkit::gcs_server::GcsServer;
+use leasehold_testkit::s3_server::MotoServer;
+use leasehold_testkit::servers::{
+    redlock_url, ApiServer, PostgresServer, RedisCluster, RedisServer, SentinelSet, SENTINEL_MASTER,
+};
+use std::path::Path;
+use std::time::Duration;
+
+/// The kinds `leasehold torture` starts the servers of (file and memory need none).
+pub(crate) const KINDS: &[&str] = &[
+    "file",
+    "memory",
+    "redis",
+    "redis-sentinel",
+    "redis-cluster",
+    "redlock",
+    "etcd",
+    "postgres",
+    "k8s",
+    "gcs",
+    "s3",
+    "azure",
+];
+
+/// What a store promises under a fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Promise {
+    /// No two holders inside one key's section while the earlier one's lease is valid.
+    pub(crate) exclusion: bool,
+    /// Every grant's fence above the key's highest.
+    pub(crate) fences: bool,
+}
+
+/// What each store promises under `fault` (from its page of the documentation): every store keeps
+/// both under `none`, `kill` and `stop`; under `restart`, a Redis server restarted empty and an
+/// asynchronous Sentinel failover lose grants and fence counters, so neither is promised.
+pub(crate) fn promises(kind: &str, fault: &str) -> Promise {
+    let lost = fault == "restart" && matches!(kind, "redis" | "redis-sentinel");
+    Promise {
+        exclusion: !lost,
+        fences: !lost,
+    }
+}
+
+/// The servers of one run.
+#[derive(Debug)]
+enum Running {
+    /// None started here: file, memory, or `--store URL`.
+    Nothing,
+    Redis(RedisServer),
+    Sentinel(SentinelSet),
+    Cluster(RedisCluster),
+    Redlock(Vec<RedisServer>),
+    Etcd(EtcdCluster),
+    Postgres(PostgresServer),
+    K8s(ApiServer),
+    Gcs(GcsServer),
+    S3(MotoServer),
+    Azure(AzuriteServer),
+}
+
+/// The store of one run: its URL, the environment its clients need, and the servers started here.
+#[derive(Debug)]
+pub(crate) struct Stores {
+    url: String,
+    env: Vec<(String, String)>,
+    running: Running,
+}
+
+impl Stores {
+    /// The store for `kind`: `url` when given (a server the user runs), else servers started
+    /// here, in `dir` for the file store.
+    ///
+    /// # Errors
+    /// A usage error for an unknown kind; an error naming the server and what to install (or to
+    /// pass `--store URL`) when one cannot start.
+    pub(crate) async fn start(
+        kind: &str,
+        url: Option<&str>,
+        dir: &Path,
+    ) -> Result<Stores, Failure> {
+        let plain = |url: String, running| Stores {
+            url,
+            env: vec![],
+            running,
+        };
+        if let Some(u) = url {
+            return Ok(plain(u.to_owned(), Running::Nothing));
+        }
+        let env = |pairs: Vec<(&str, String)>| {
+            pairs
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v))
+                .collect::<Vec<_>>()
+        };
+        Ok(match kind {
+            "file" => plain(
+                format!("file://{}", dir.join("locks").display()),
+                Running::Nothing,
+            ),
+            "memory" => plain("memory://".to_owned(), Running::Nothing),
+            "redis" => {
+                let s = quietly("redis-server", RedisServer::start)?;
+                plain(s.url(), Running::Redis(s))
+            }
+            "redis-sentinel" => {
+                let s = quietly("a Redis Sentinel deployment", SentinelSet::start)?;
+                plain(s.url(), Running::Sentinel(s))
+            }
+            "redis-cluster" => {
+                let s = quietly("a Redis Cluster", RedisCluster::start)?;
+                plain(s.url(), Running::Cluster(s))
+            }
+            "redlock" => {
+                let nodes = quietly("redis-server (Redlock nodes)", || {
+                    (0..3).map(|_| RedisServer::start()).collect::<Vec<_>>()
+                })?;
+                plain(redlock_url(&nodes), Running::Redlock(nodes))
+            }
+            "etcd" => {
+                let s = quietly("an etcd cluster", || EtcdCluster::start(3))?;
+                plain(s.url(), Running::Etcd(s))
+            }
+            "postgres" => {
+                let (s, url) = quietly("PostgreSQL", || {
+                    let s = PostgresServer::start();
+                    let url = s.fresh_db();
+                    (s, url)
+                })?;
+                plain(url, Running::Postgres(s))
+            }
+            "k8s" => {
+                let s = quietly("leasehold-apiserver over etcd", ApiServer::start)?;
+                plain(s.store_url("torture"), Running::K8s(s))
+            }
+            "gcs" => {
+                let s = quietly("fake-gcs-server", GcsServer::start)?;
+                plain(s.store_url("torture/"), Running::Gcs(s))
+            }
+            "s3" => {
+                let (s, url) = quietly("moto (S3)", || {
+                    let s = MotoServer::start();
+                    let url = s.url("torture", "torture/");
+                    (s, url)
+                })?;
+                Stores {
+                    url,
+                    env: env(s.env()),
+                    running: Running::S3(s),
+                }
+            }
+            "azure" => {
+                let s = quietly("Azurite", AzuriteServer::start)?;
+                let store = leasehold::stores::azure::AzureStore::connect({
+                    let mut o = leasehold::stores::azure::AzureOptions::new("torture");
+                    o.prefix = "torture/".into();
+                    o.endpoint = Some(s.endpoint());
+                    o.credentials = Some(leasehold::stores::azure::AzureCredentials::new(
+                        leasehold::stores::azure::DEV_ACCOUNT.0,
+                        leasehold::stores::azure::DEV_ACCOUNT.1,
+                    ));
+                    o
+                })?;
+                store
+                    .create_container()
+                    .await
+                    .map_err(|e| Failure::new(ERROR, format!("Azurite: {e}")))?;
+                Stores {
+                    url: "az://torture/torture/".to_owned(),
+                    env: env(s.env()),
+                    running: Running::Azure(s),
+                }
+            }
+            other => {
+                return Err(Failure::new(
+                    USAGE,
+                    format!(
+                        "torture {other} needs --store URL of a server you run (started here: {})",
+                        KINDS.join(", ")
+                    ),
+                ))
+            }
+        })
+    }
+
+    /// The store URL the clients open.
+    pub(crate) fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The environment the clients need besides this process's (credentials of an emulator).
+    pub(crate) fn env(&self) -> &[(String, String)] {
+        &self.env
+    }
+
+    /// Whether `restart` can be injected: the servers were started here.
+    pub(crate) fn restartable(&self) -> bool {
+        !matches!(self.running, Running::Nothing)
+    }
+
+    /// Injects one `restart` (see the module documentation), with the down time drawn from `rng`
+    /// (up to one `ttl`).
+    ///
+    /// # Errors
+    /// When a server does not come back.
+    pub(crate) async fn restart(
+        &mut self,
+        rng: &mut fastrand::Rng,
+        ttl: Duration,
+    ) -> Result<(), Failure> {
+        let down = ttl.mul_f64(rng.f64());
+        match &mut self.running {
+            Running::Nothing => {}
+            Running::Redis(s) => {
+                let port = s.port;
+                s.stop();
+                tokio::time::sleep(down).await;
+                *s = quietly("redis-server", || RedisServer::start_on(port))?;
+            }
+            Running::Redlock(nodes) => {
+                let port = nodes[0].port;
+                nodes[0].stop();
+                tokio::time::sleep(down).await;
+                nodes[0] = quietly("redis-server (Redlock node)", || {
+                    RedisServer::start_on(port)
+                })?;
+            }
+            Running::Sentinel(set) => {
+                let before = set.primary_port();
+                let _ = set.sentinels[rng.usize(..set.sentinels.len())].command(&[
+                    "SENTINEL",
+                    "FAILOVER",
+                    SENTINEL_MASTER,
+                ]);
+                settle("the Sentinel failover", || {
+                    let now = set.primary_port();
+                    now.is_some() && now != before
+                })
+                .await?;
+            }
+            Running::Cluster(cluster) => {
+                let primaries: Vec<u16> = cluster
+                    .nodes
+                    .iter()
+                    .filter(|n| n.command(&["ROLE"]).is_some_and(|r| r.contains("master")))
+                    .map(|n| n.port)
+                    .collect();
+                if primaries.is_empty() {
+                    return Err(Failure::new(ERROR, "the Redis Cluster has no primary"));
+                }
+                let primary = primaries[rng.usize(..primaries.len())];
+                let replica = cluster.replicas_of(primary).first().map(|r| r.port);
+                let Some(replica) = replica else {
+                    return Err(Failure::new(
+                        ERROR,
+                        format!("the Redis Cluster primary on port {primary} has no replica"),
+                    ));
+                };
+                let node = |port: u16| cluster.nodes.iter().find(|n| n.port == port);
+                let _ = node(replica).and_then(|n| n.command(&["CLUSTER", "FAILOVER"]));
+                settle("the Redis Cluster failover", || {
+                    node(replica)
+                        .and_then(|n| n.command(&["ROLE"]))
+                        .is_some_and(|r| r.contains("master"))
+                        && cluster.settled()
+                })
+                .await?;
+            }
+            Running::Etcd(cluster) => {
+                let live: Vec<usize> = cluster.live().collect();
+                let i = cluster
+                    .leader()
+                    .unwrap_or_else(|| live[rng.usize(..live.len())]);
+                cluster.kill(i);
+                tokio::time::sleep(down).await;
+                cluster
+                    .restart(i)
+                    .map_err(|e| Failure::new(ERROR, format!("etcd did not restart: {e}")))?;
+            }
+            Running::Postgres(s) => {
+                s.stop_fast();
+                tokio::time::sleep(down).await;
+                s.start_again()
+                    .map_err(|e| Failure::new(ERROR, format!("PostgreSQL did not restart: {e}")))?;
+            }
+            Running::K8s(s) => {
+                s.stop();
+                tokio::time::sleep(down).await;
+                s.start_again().map_err(|e| {
+                    Failure::new(ERROR, format!("leasehold-apiserver did not restart: {e}"))
+                })?;
+            }
+            Running::Gcs(s) => hang(|sig| s.signal(sig), ttl).await,
+            Running::S3(s) => hang(|sig| signal(s.pid(), sig), ttl).await,
+            Running::Azure(s) => hang(|sig| signal(s.pid(), sig), ttl).await,
+        }
+        Ok(())
+    }
+
+    /// Stops every server started here.
+    pub(crate) fn stop(self) {
+        // Each launcher's value stops its processes (SIGKILL by PID) when dropped.
+        drop(self.running);
+    }
+}
+
+/// Stops a server (SIGSTOP) for 1.5 `ttl`, then continues it (SIGCONT).
+async fn hang(signal: impl Fn(i32), ttl: Duration) {
+    signal(libc::SIGSTOP);
+    tokio::time::sleep(ttl * 3 / 2).await;
+    signal(libc::SIGCONT);
+}
+
+/// Sends `sig` to the process `pid` (a server started here, not yet reaped).
+fn signal(pid: Option<u32>, sig: i32) {
+    if let Some(pid) = pid.and_then(|p| libc::pid_t::try_from(p).ok()) {
+        // SAFETY: kill(2) on a child of this process, which its launcher has not reaped.
+        unsafe { libc::kill(pid, sig) };
+    }
+}
+
+/// Waits until `done` holds, for up to 10 s.
+async fn settle(what: &str, mut done: impl FnMut() -> bool) -> Result<(), Failure> {
+    let until = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !done() {
+        if tokio::time::Instant::now() >= until {
+            return Err(Failure::new(
+                ERROR,
+                format!("{what} did not complete within 10 s"),
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+/// Runs a test-kit launcher, which panics when its server cannot start, as an error naming
+/// `what` with the launcher's message (what to install, or which variable to set), without the
+/// panic's own report on stderr.
+fn quietly<T>(what: &str, start: impl FnOnce() -> T) -> Result<T, Failure> {
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(start));
+    std::panic::set_hook(hook);
+    result.map_err(|panic| {
+        let why = panic
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| panic.downcast_ref::<&str>().copied())
+            .unwrap_or("it panicked");
+        Failure::new(
+            ERROR,
+            format!("cannot start {what}: {why} (or pass --store URL of a server you run)"),
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_launcher_that_panics_is_an_error_naming_the_server() {
+        let e = quietly("redis-server", || -> u8 {
+            panic!("cannot start redis-server: install it")
+        })
+        .unwrap_err();
+        assert_eq!(e.code, ERROR);
+        assert!(
+            e.message
+                .contains("cannot start redis-server: cannot start redis-server: install it"),
+            "{e}"
+        );
+        assert!(e.message.contains("--store URL"), "{e}");
+    }
+
+    #[test]
+    fn only_a_store_that_loses_data_on_restart_is_excused() {
+        for kind in KINDS {
+            for fault in ["none", "kill", "stop"] {
+                assert_eq!(
+                    promises(kind, fault),
+                    Promise {
+                        exclusion: true,
+                        fences: true
+                    }
+                );
+            }
+        }
+        assert!(!promises("redis", "restart").exclusion);
+        assert!(!promises("redis-sentinel", "restart").fences);
+        assert!(promises("etcd", "restart").fences);
+    }
+}
