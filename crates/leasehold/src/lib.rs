@@ -36,6 +36,9 @@ pub(crate) mod decide;
 pub mod error;
 pub mod fence;
 mod fsmode;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod guard;
 pub mod holder;
 mod inotify;
