@@ -91,6 +91,16 @@ fn mutated_url() -> impl Strategy<Value = String> {
         })
 }
 
+/// Inputs the fuzz targets found, kept.
+#[test]
+fn fuzz_findings() {
+    // A path whose escaping equals the password's is no password shown.
+    fuzzing::url(b"g://.:\xa4\xc7@\x0c/.:.%gm\r.://.G\0\xd2\xd5\xd0\xd9:y");
+    // A secret parameter's name percent-encoded is still a secret parameter.
+    fuzzing::url(b"redis+unix:///run/r.sock?pa%73s=secret&db=2");
+    fuzzing::url(b"redis+sentinel://h:1/m?sentinel%5Fpass=secret");
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(1_000))]
 

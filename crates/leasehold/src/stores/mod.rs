@@ -531,6 +531,7 @@ mod tests {
         );
         assert!(url_duration("101y").unwrap_err().contains("100 years"));
         let long = "500000000000y";
+        #[allow(unused_mut)] // one URL per store in this build
         let mut urls = vec![format!("record-memory://?max_clock_skew={long}")];
         #[cfg(feature = "redis")]
         urls.extend([
