@@ -285,7 +285,7 @@ pub fn gcs_object(data: &[u8]) {
 }
 
 /// Store URLs, every scheme: parsed as opening the store would, without connecting. Ok or a
-/// typed error; every duration given is at most [`LONGEST_URL_DURATION`]; a Redis store's record
+/// typed error; every duration given is at most 100 years; a Redis store's record
 /// and counter prefixes never start one with the other (so no record key is a counter key); an
 /// etcd store's prefix is not empty. Input: the URL (lossy UTF-8).
 pub fn url(data: &[u8]) {
