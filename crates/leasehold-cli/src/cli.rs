@@ -654,4 +654,36 @@ mod tests {
         assert!(parse_label("=b").is_err());
         assert!(parse_label("ab").is_err());
     }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::test_runner::Config::with_cases(2_000))]
+
+        /// Any text is a duration of at most 100 years (what a deadline can add) or a message;
+        /// a duration written back reads as itself.
+        #[test]
+        fn any_text_is_a_duration_or_a_message(
+            s in ".{0,30}|[0-9]{1,25} ?[a-z]{0,7}( [0-9]{1,6}[a-z]{1,3}){0,3}",
+        ) {
+            match parse_duration(&s) {
+                Ok(d) => {
+                    proptest::prop_assert!(d <= Duration::from_secs(100 * 365 * 24 * 3600));
+                    let written = humantime::format_duration(d).to_string();
+                    proptest::prop_assert_eq!(parse_duration(&written), Ok(d));
+                }
+                Err(e) => proptest::prop_assert!(!e.is_empty()),
+            }
+        }
+
+        /// Labels, priorities and signals: a value or a message, never a panic.
+        #[test]
+        fn any_text_is_a_label_priority_signal_or_a_message(s in ".{0,30}") {
+            if let Ok((name, value)) = parse_label(&s) {
+                proptest::prop_assert_eq!(format!("{name}={value}"), s.clone());
+            }
+            let _ = parse_priority(&s);
+            if let Ok(sig) = crate::signals::SignalArg::parse(&s) {
+                proptest::prop_assert!((1..=64).contains(&sig.0));
+            }
+        }
+    }
 }

@@ -36,6 +36,9 @@ pub(crate) mod decide;
 pub mod error;
 pub mod fence;
 mod fsmode;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod guard;
 pub mod holder;
 mod inotify;
@@ -109,7 +112,13 @@ pub fn redact_url(url: &str) -> String {
         },
     };
     let Some(query) = query else { return main };
-    let secret = |k: &str| matches!(k, "pass" | "password" | "sentinel_pass");
+    // Names as the stores read them: percent-decoded (`pa%73s` is `pass`).
+    let secret = |k: &str| {
+        let k: String = url::form_urlencoded::parse(k.as_bytes())
+            .map(|(k, v)| k.into_owned() + &v)
+            .collect();
+        matches!(k.as_str(), "pass" | "password" | "sentinel_pass")
+    };
     let pairs: Vec<String> = query
         .split('&')
         .map(|pair| match pair.split_once('=') {

@@ -115,7 +115,7 @@ pub(crate) fn split_params(
         }
         match pair.strip_prefix("timeout=") {
             Some(v) => {
-                timeout = humantime::parse_duration(v)
+                timeout = crate::stores::url_duration(v)
                     .ok()
                     .filter(|d| !d.is_zero())
                     .ok_or_else(|| Error::InvalidUrl {

@@ -42,7 +42,7 @@
 
 mod commits;
 pub mod metrics;
-mod row;
+pub(crate) mod row;
 pub mod sqlite;
 pub mod worker;
 

@@ -260,8 +260,24 @@ pub fn markdown_table(links: Links<'_>) -> String {
     out
 }
 
+/// The longest duration a URL parameter may give (`?timeout=`, `?max_clock_skew=` …): 100 years.
+/// Deadlines are the monotonic clock plus a multiple of a duration, and times in milliseconds
+/// fit a `u64`: a longer duration would overflow them.
+pub(crate) const LONGEST_URL_DURATION: std::time::Duration =
+    std::time::Duration::from_secs(100 * 31_557_600); // `100y`: humantime's years are 365.25 days
+
+/// A duration as a URL parameter gives it (`500ms`, `2s`, `1h 30m`), at most
+/// [`LONGEST_URL_DURATION`]; the error says why not.
+pub(crate) fn url_duration(v: &str) -> std::result::Result<std::time::Duration, String> {
+    let d = humantime::parse_duration(v).map_err(|e| e.to_string())?;
+    if d > LONGEST_URL_DURATION {
+        return Err("longer than 100 years".into());
+    }
+    Ok(d)
+}
+
 /// The scheme of a URL, lower case, if it has the `SCHEME://` shape.
-fn scheme_of(url: &str) -> Option<String> {
+pub(crate) fn scheme_of(url: &str) -> Option<String> {
     let (s, _) = url.split_once("://")?;
     let ok = !s.is_empty()
         && s.chars()
@@ -326,7 +342,7 @@ fn open_record_memory(url: &str) -> Opening<'_> {
 
 /// Takes the generic adapter's `max_clock_skew` parameter out of a compare-and-set store's URL:
 /// the URL without it, and its value (default [`crate::adapter::DEFAULT_MAX_CLOCK_SKEW`]).
-fn take_max_clock_skew(url: &str) -> Result<(String, std::time::Duration)> {
+pub(crate) fn take_max_clock_skew(url: &str) -> Result<(String, std::time::Duration)> {
     const NAME: &str = "max_clock_skew";
     let mut skew = crate::adapter::DEFAULT_MAX_CLOCK_SKEW;
     let Some((base, query)) = url.split_once('?') else {
@@ -336,8 +352,7 @@ fn take_max_clock_skew(url: &str) -> Result<(String, std::time::Duration)> {
     for pair in query.split('&') {
         match pair.split_once('=') {
             Some((NAME, v)) => {
-                skew = humantime::parse_duration(v)
-                    .map_err(|e| invalid(url, format!("{NAME}={v}: {e}")))?;
+                skew = url_duration(v).map_err(|e| invalid(url, format!("{NAME}={v}: {e}")))?;
             }
             _ if pair == NAME => {
                 return Err(invalid(
@@ -502,6 +517,59 @@ mod tests {
                 Some(want.as_str()),
                 "{file}: the stores table differs from stores::SCHEMES (LEASEHOLD_BLESS=1 cargo test -p leasehold --lib stores rewrites it)"
             );
+        }
+    }
+
+    /// A duration a URL gives is at most 100 years: a longer `?timeout=` made opening a Redis or
+    /// etcd store panic (the connection's limit is twice it, which overflowed), a longer
+    /// `?max_clock_skew=` wrapped around in milliseconds. Refused before anything connects.
+    #[tokio::test]
+    async fn durations_past_100_years_are_refused() {
+        assert_eq!(
+            url_duration("100y"),
+            Ok(humantime::parse_duration("100y").unwrap())
+        );
+        assert!(url_duration("101y").unwrap_err().contains("100 years"));
+        let long = "500000000000y";
+        #[allow(unused_mut)] // one URL per store in this build
+        let mut urls = vec![format!("record-memory://?max_clock_skew={long}")];
+        #[cfg(feature = "redis")]
+        urls.extend([
+            format!("redis://127.0.0.1:1/0?timeout={long}"),
+            format!("redis://127.0.0.1:1/0?replicas=1&replicas_timeout={long}"),
+            format!("redis+sentinel://127.0.0.1:1/m?timeout={long}"),
+        ]);
+        #[cfg(feature = "redis-cluster")]
+        urls.push(format!("redis+cluster://127.0.0.1:1?timeout={long}"));
+        #[cfg(feature = "redlock")]
+        urls.push(format!(
+            "redlock://127.0.0.1:1,127.0.0.1:2/0?timeout={long}"
+        ));
+        #[cfg(feature = "etcd")]
+        urls.push(format!("etcd://127.0.0.1:1?timeout={long}"));
+        #[cfg(feature = "postgres")]
+        urls.push(format!("postgres://u@127.0.0.1:1/db?timeout={long}"));
+        #[cfg(feature = "kubernetes")]
+        urls.push(format!("k8s://default?timeout={long}"));
+        #[cfg(feature = "gcs")]
+        urls.push(format!(
+            "gs://bucket/p?endpoint=http://127.0.0.1:1&timeout={long}"
+        ));
+        #[cfg(feature = "s3")]
+        urls.push(format!(
+            "s3://bucket/p?endpoint=http://127.0.0.1:1&timeout={long}"
+        ));
+        #[cfg(feature = "azure")]
+        urls.push(format!(
+            "az://container/p?account=a&endpoint=http://127.0.0.1:1&timeout={long}"
+        ));
+        for url in urls {
+            match open(&url).await {
+                Err(Error::InvalidUrl { reason, .. }) => {
+                    assert!(reason.contains(long), "{url}: {reason}")
+                }
+                other => panic!("{url}: {:?}", other.err()),
+            }
         }
     }
 

@@ -123,6 +123,12 @@ impl RedlockStore {
 
     /// Parses `redlock://[user:pass@]h1:p1,h2:p2,…[/db][?prefix=…&timeout=…]`.
     pub(crate) async fn from_url(url: &str) -> Result<Self> {
+        let (urls, opts) = Self::parse_url(url)?;
+        Self::connect(&urls, opts).await
+    }
+
+    /// The nodes' `redis://` URLs and the options a `redlock://` URL gives.
+    pub(crate) fn parse_url(url: &str) -> Result<(Vec<String>, RedisOptions)> {
         let described = crate::redact_url(url);
         let list = crate::stores::redis::host_list(url, "redlock", &described)?;
         let db = list.path;
@@ -144,7 +150,7 @@ impl RedlockStore {
         };
         let opts =
             RedisOptions::from_query(url, url::form_urlencoded::parse(query.as_bytes()), defaults)?;
-        Self::connect(&urls, opts).await
+        Ok((urls, opts))
     }
 
     /// The first node (there is always one), whose calls every node can be sent.

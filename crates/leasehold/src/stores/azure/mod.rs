@@ -258,7 +258,7 @@ impl AzureStore {
                 "account" => o.account = Some(v.into_owned()),
                 "endpoint" => o.endpoint = Some(v.into_owned()),
                 "timeout" => {
-                    o.timeout = humantime::parse_duration(&v)
+                    o.timeout = crate::stores::url_duration(&v)
                         .map_err(|e| bad(format!("timeout={v}: {e}")))?;
                 }
                 other => {

@@ -132,7 +132,7 @@ pub(crate) fn parse(url: &str) -> Result<EtcdOptions> {
             "prefix" if !v.is_empty() => opts.prefix = v.into_owned(),
             "prefix" => return Err(bad("prefix must not be empty".into())),
             "timeout" => {
-                opts.timeout = humantime::parse_duration(&v)
+                opts.timeout = crate::stores::url_duration(&v)
                     .ok()
                     .filter(|d| !d.is_zero())
                     .ok_or_else(|| bad(format!("timeout={v}: expected a duration, e.g. 2s")))?

@@ -607,8 +607,16 @@ impl FileStore {
         })
     }
 
-    /// Parses the query of a `file://` URL: `mode` (octal) and `fsync` (`true`/`false`).
+    /// Opens the directory a `file://` URL names, with the options of its query
+    /// ([`FileStore::parse_url`]).
     pub(crate) fn from_url(url: &url::Url) -> Result<Self> {
+        let (path, opts) = Self::parse_url(url)?;
+        Self::open(path, opts)
+    }
+
+    /// Parses a `file://` URL: the directory, and the query's `mode` (octal) and `fsync`
+    /// (`true`/`false`).
+    pub(crate) fn parse_url(url: &url::Url) -> Result<(PathBuf, FileOptions)> {
         let bad = |reason: String| Error::InvalidUrl {
             url: crate::redact_url(url.as_str()),
             reason,
@@ -642,7 +650,7 @@ impl FileStore {
                 }
             }
         }
-        Self::open(path, opts)
+        Ok((path, opts))
     }
 
     /// The store directory, as given to [`open`](Self::open) (see there for an example).

@@ -37,7 +37,7 @@
 //! ```
 
 mod client;
-mod object;
+pub(crate) mod object;
 #[cfg(test)]
 mod tests;
 
@@ -149,6 +149,18 @@ impl GcsStore {
     /// [`Error::InvalidUrl`] for a bad bucket, prefix, endpoint, timeout or unknown parameter;
     /// [`Error::Unavailable`] when no Google credentials can be found (and no emulator is named).
     pub async fn from_url(url: &url::Url) -> Result<Self> {
+        let o = Self::options_from_url(url)?;
+        Self::connect(o).await.map_err(|e| match e {
+            Error::InvalidOption { name, reason } => Error::InvalidUrl {
+                url: crate::redact_url(url.as_str()),
+                reason: format!("{name}: {reason}"),
+            },
+            e => e,
+        })
+    }
+
+    /// The options a `gs://` URL gives, before anything is checked or connected.
+    pub(crate) fn options_from_url(url: &url::Url) -> Result<GcsOptions> {
         let bad = |reason: String| Error::InvalidUrl {
             url: crate::redact_url(url.as_str()),
             reason,
@@ -166,7 +178,7 @@ impl GcsStore {
             match k.as_ref() {
                 "endpoint" => o.endpoint = Some(v.into_owned()),
                 "timeout" => {
-                    o.timeout = humantime::parse_duration(&v)
+                    o.timeout = crate::stores::url_duration(&v)
                         .map_err(|e| bad(format!("timeout={v}: {e}")))?;
                 }
                 other => {
@@ -176,10 +188,7 @@ impl GcsStore {
                 }
             }
         }
-        Self::connect(o).await.map_err(|e| match e {
-            Error::InvalidOption { name, reason } => bad(format!("{name}: {reason}")),
-            e => e,
-        })
+        Ok(o)
     }
 
     /// Connects with `options`.
@@ -297,24 +306,7 @@ impl GcsStore {
     /// # Ok::<(), leasehold::Error>(()) }).unwrap();
     /// ```
     pub fn object_name(&self, key: &Key) -> String {
-        let k = key.as_str();
-        let room = MAX_NAME - self.prefix.len();
-        let fits =
-            k.len() <= room && k != "." && k != ".." && !looks_hashed(k) && !k.ends_with('/');
-        if fits {
-            return format!("{}{k}", self.prefix);
-        }
-        let digest = Sha256::digest(k.as_bytes());
-        let hash: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-        let mut readable = String::new();
-        for c in k.chars() {
-            if readable.len() + c.len_utf8() > room - 2 - HASH_HEX {
-                break;
-            }
-            readable.push(c);
-        }
-        let readable = readable.trim_end_matches(['.', '/']);
-        format!("{}{readable}--{}", self.prefix, &hash[..HASH_HEX])
+        object_name(&self.prefix, key)
     }
 
     /// The key an object of another client names (its name after the prefix).
@@ -387,6 +379,27 @@ impl GcsStore {
             }
         })
     }
+}
+
+/// The object name of `key` under `prefix` ([`GcsStore::object_name`]).
+pub(crate) fn object_name(prefix: &str, key: &Key) -> String {
+    let k = key.as_str();
+    let room = MAX_NAME - prefix.len();
+    let fits = k.len() <= room && k != "." && k != ".." && !looks_hashed(k) && !k.ends_with('/');
+    if fits {
+        return format!("{prefix}{k}");
+    }
+    let digest = Sha256::digest(k.as_bytes());
+    let hash: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    let mut readable = String::new();
+    for c in k.chars() {
+        if readable.len() + c.len_utf8() > room - 2 - HASH_HEX {
+            break;
+        }
+        readable.push(c);
+    }
+    let readable = readable.trim_end_matches(['.', '/']);
+    format!("{}{readable}--{}", prefix, &hash[..HASH_HEX])
 }
 
 /// Whether `s` ends like a shortened name (`--` and [`HASH_HEX`] hex digits): such a key is

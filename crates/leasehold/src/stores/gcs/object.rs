@@ -73,13 +73,13 @@ fn time(map: &Map<String, Value>, k: &str) -> Result<Option<u64>, String> {
 
 /// Why an object is not a lease, and the fence found in it, if any.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Damaged {
-    pub(super) detail: String,
-    pub(super) fence: Option<u64>,
+pub(crate) struct Damaged {
+    pub(crate) detail: String,
+    pub(crate) fence: Option<u64>,
 }
 
 /// Parses an object's bytes into a JSON object.
-pub(super) fn parse(bytes: &[u8]) -> Result<Map<String, Value>, Damaged> {
+pub(crate) fn parse(bytes: &[u8]) -> Result<Map<String, Value>, Damaged> {
     match serde_json::from_slice::<Value>(bytes) {
         Ok(Value::Object(m)) => Ok(m),
         Ok(other) => Err(Damaged {
@@ -102,7 +102,7 @@ fn truncate(s: &str) -> String {
 }
 
 /// The record an object holds; `key` names it when the object does not (another client wrote it).
-pub(super) fn decode(map: &Map<String, Value>, key: &str) -> Result<LeaseRecord, Damaged> {
+pub(crate) fn decode(map: &Map<String, Value>, key: &str) -> Result<LeaseRecord, Damaged> {
     let ours = map
         .get(OURS)
         .map(|v| serde_json::from_value::<LeaseRecord>(v.clone()));
@@ -175,7 +175,7 @@ pub(super) fn decode(map: &Map<String, Value>, key: &str) -> Result<LeaseRecord,
 /// The object that stores `r`, built on `base` (the object as read at the version replaced, if
 /// known): fields leasehold does not own stay as read, and a lease or waiter registration of
 /// another client ([`FOREIGN_TOKEN`], [`FOREIGN_WAITER`]) keeps its seed fields exactly as read.
-pub(super) fn encode(r: &LeaseRecord, base: Option<Map<String, Value>>) -> Map<String, Value> {
+pub(crate) fn encode(r: &LeaseRecord, base: Option<Map<String, Value>>) -> Map<String, Value> {
     let mut map = base.unwrap_or_default();
     let foreign_owner = r
         .token

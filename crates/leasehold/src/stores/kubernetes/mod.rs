@@ -153,6 +153,18 @@ impl KubernetesStore {
     /// [`Error::InvalidUrl`] for a bad namespace, prefix, server, timeout or unknown parameter;
     /// [`Error::Unavailable`] when no cluster configuration can be found.
     pub async fn from_url(url: &url::Url) -> Result<Self> {
+        let o = Self::options_from_url(url)?;
+        Self::connect(o).await.map_err(|e| match e {
+            Error::InvalidOption { name, reason } => Error::InvalidUrl {
+                url: crate::redact_url(url.as_str()),
+                reason: format!("{name}: {reason}"),
+            },
+            e => e,
+        })
+    }
+
+    /// The options a `k8s://` URL gives, before anything is checked or connected.
+    pub(crate) fn options_from_url(url: &url::Url) -> Result<KubernetesOptions> {
         let bad = |reason: String| Error::InvalidUrl {
             url: crate::redact_url(url.as_str()),
             reason,
@@ -172,7 +184,7 @@ impl KubernetesStore {
                 "prefix" => o.prefix = v.into_owned(),
                 "server" => o.server = Some(v.into_owned()),
                 "timeout" => {
-                    o.timeout = humantime::parse_duration(&v)
+                    o.timeout = crate::stores::url_duration(&v)
                         .map_err(|e| bad(format!("timeout={v}: {e}")))?;
                 }
                 other => {
@@ -182,10 +194,7 @@ impl KubernetesStore {
                 }
             }
         }
-        Self::connect(o).await.map_err(|e| match e {
-            Error::InvalidOption { name, reason } => bad(format!("{name}: {reason}")),
-            e => e,
-        })
+        Ok(o)
     }
 
     /// Connects with `options`.
@@ -602,7 +611,7 @@ fn own_record(
     Ok(r)
 }
 
-fn stored(lease: &Lease) -> Stored {
+pub(crate) fn stored(lease: &Lease) -> Stored {
     let version = lease.metadata.resource_version.clone().unwrap_or_default();
     match from_lease(lease) {
         Ok(record) => Stored::Record { record, version },

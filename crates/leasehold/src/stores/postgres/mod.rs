@@ -122,6 +122,15 @@ struct Inner {
 }
 
 impl PostgresStore {
+    /// The time limit a `postgres://` URL gives, its parameters parsed and checked as connecting
+    /// would, without connecting ([`crate::fuzzing`]).
+    #[cfg(feature = "fuzzing")]
+    pub(crate) fn parse_url(url: &str) -> Result<Duration> {
+        let shown = crate::redact_url(url);
+        let mut opts = Options::default();
+        Ok(Target::parse(url, |pair| opts.take(pair, &shown))?.timeout)
+    }
+
     /// Connects to the database of `url` and creates the lease table if it is not there.
     ///
     /// # Errors

@@ -52,15 +52,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// What the URL of a cluster store names.
-struct ClusterUrl {
+pub(super) struct ClusterUrl {
     /// Each seed node's `redis://` (or `rediss://`) URL, with the user and password.
     nodes: Vec<String>,
-    opts: RedisOptions,
+    pub(super) opts: RedisOptions,
     checked: Checked,
 }
 
 /// Parses `redis+cluster://[user:pass@]h1:p1,h2:p2,…[/0][?…]` (or `rediss+cluster://`).
-fn parse(url: &str, described: &str) -> Result<ClusterUrl> {
+pub(super) fn parse(url: &str, described: &str) -> Result<ClusterUrl> {
     let tls = url.starts_with("rediss+cluster://");
     let scheme = if tls {
         "rediss+cluster"

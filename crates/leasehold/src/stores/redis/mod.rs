@@ -300,6 +300,21 @@ impl RedisStore {
         Self::connect(clean.as_str(), opts).await
     }
 
+    /// The options a URL of any of the store's schemes gives, parsed and checked as opening it
+    /// would, without connecting ([`crate::fuzzing`]).
+    #[cfg(feature = "fuzzing")]
+    pub(crate) fn parse_url(url: &str) -> Result<RedisOptions> {
+        let described = crate::redact_url(url);
+        let opts = match crate::stores::scheme_of(url).as_deref() {
+            Some("redis+sentinel" | "rediss+sentinel") => sentinel::parse(url, &described)?.opts,
+            #[cfg(feature = "redis-cluster")]
+            Some("redis+cluster" | "rediss+cluster") => cluster::parse(url, &described)?.opts,
+            _ => options::split_url(&crate::stores::parse(url)?)?.1,
+        };
+        checked(&opts, &described)?;
+        Ok(opts)
+    }
+
     fn record_key(&self, key: &Key) -> String {
         self.name(&self.inner.prefix, key)
     }

@@ -86,7 +86,7 @@ impl RedisOptions {
                 "cert" => cert = Some(std::path::PathBuf::from(v.into_owned())),
                 "key" => key = Some(std::path::PathBuf::from(v.into_owned())),
                 "timeout" => {
-                    opts.timeout = humantime::parse_duration(&v)
+                    opts.timeout = crate::stores::url_duration(&v)
                         .map_err(|e| bad(format!("timeout {v:?}: {e}")))?
                 }
                 "replicas" => {
@@ -96,7 +96,7 @@ impl RedisOptions {
                 }
                 "replicas_timeout" => {
                     opts.replicas_timeout = Some(
-                        humantime::parse_duration(&v)
+                        crate::stores::url_duration(&v)
                             .map_err(|e| bad(format!("replicas_timeout {v:?}: {e}")))?,
                     )
                 }
@@ -195,7 +195,7 @@ impl RedisOptions {
         )
     }
 
-    fn fence_prefix(&self) -> String {
+    pub(crate) fn fence_prefix(&self) -> String {
         match &self.fence_prefix {
             Some(p) => p.clone(),
             None => match self.prefix.strip_suffix("lock:") {

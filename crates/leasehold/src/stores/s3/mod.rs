@@ -239,7 +239,7 @@ impl S3Store {
                 "region" => o.region = Some(v.into_owned()),
                 "profile" => o.profile = Some(v.into_owned()),
                 "timeout" => {
-                    o.timeout = humantime::parse_duration(&v)
+                    o.timeout = crate::stores::url_duration(&v)
                         .map_err(|e| bad(format!("timeout={v}: {e}")))?;
                 }
                 other => {

@@ -1,0 +1,4 @@
+#![no_main]
+//! `leasehold::fuzzing::url` on the fuzzer's bytes (its docs say what it checks).
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| leasehold::fuzzing::url(data));
