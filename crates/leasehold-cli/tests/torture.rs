@@ -64,6 +64,22 @@ fn the_checker_catches_commands_under_leasehold_run_that_nothing_excludes() {
 }
 
 #[test]
+fn a_run_in_which_no_client_could_enter_checked_nothing_and_fails() {
+    // Every client fails to open this store: no section, so no evidence either way.
+    let (code, rows) = torture(&[
+        "unusable",
+        "--store",
+        "nosuch://x",
+        "--duration",
+        "1s",
+        "--faults",
+        "none",
+    ]);
+    assert_eq!(code, 1, "{rows:?}");
+    assert_eq!(n(&rows[0], "sections"), 0, "{rows:?}");
+}
+
+#[test]
 fn the_file_store_keeps_exclusion_and_fences_under_kills_and_pauses() {
     let (code, rows) = torture(&[
         "file",
