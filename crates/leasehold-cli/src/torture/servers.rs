@@ -279,14 +279,25 @@ impl Stores {
                     ));
                 };
                 let node = |port: u16| cluster.nodes.iter().find(|n| n.port == port);
-                let _ = node(replica).and_then(|n| n.command(&["CLUSTER", "FAILOVER"]));
-                settle("the Redis Cluster failover", || {
-                    node(replica)
-                        .and_then(|n| n.command(&["ROLE"]))
-                        .is_some_and(|r| r.contains("master"))
-                        && cluster.settled()
-                })
-                .await?;
+                // A manual failover the primary does not join in time is aborted by Redis
+                // (seen about once in a hundred under load): asked again, up to three times.
+                let mut attempts = 0;
+                loop {
+                    attempts += 1;
+                    let _ = node(replica).and_then(|n| n.command(&["CLUSTER", "FAILOVER"]));
+                    let done = settle("the Redis Cluster failover", || {
+                        node(replica)
+                            .and_then(|n| n.command(&["ROLE"]))
+                            .is_some_and(|r| r.contains("master"))
+                            && cluster.settled()
+                    })
+                    .await;
+                    match done {
+                        Ok(()) => break,
+                        Err(e) if attempts >= 3 => return Err(e),
+                        Err(_) => {}
+                    }
+                }
             }
             Running::Etcd(cluster) => {
                 let live: Vec<usize> = cluster.live().collect();
