@@ -117,18 +117,7 @@ fn redis_keeps_exclusion_and_fences_under_kills_and_pauses() {
         "--seed",
         "12",
     ]);
-    assert_eq!(code, 0, "{rows:?}");
-    for row in &rows {
-        assert!(
-            n(row, "sections") > 0 && n(row, "faults_injected") > 0,
-            "{row}"
-        );
-        assert_eq!(
-            (n(row, "overlaps"), n(row, "fence_violations")),
-            (0, 0),
-            "{row}"
-        );
-    }
+    kept_under_faults(code, &rows);
 }
 
 /// Asserts a run kept its promises: exit 0, and every row with sections, faults injected, no
