@@ -307,6 +307,11 @@ fn record_json(r: &LeaseRecord, now: u64) -> Value {
     if let Some(o) = v.as_object_mut() {
         o.remove("token");
         o.remove("waiter_token");
+        if let Some(Value::Array(queue)) = o.get_mut("queue") {
+            for w in queue.iter_mut().filter_map(Value::as_object_mut) {
+                w.remove("token");
+            }
+        }
         o.insert("state".into(), state(r, now).into());
         o.insert(
             "remaining_ms".into(),
@@ -386,6 +391,10 @@ fn record_text(r: &LeaseRecord, now: u64) -> String {
         ("host", opt(&r.host)),
         ("labels", labels),
     ];
+    if !r.queue.is_empty() {
+        let line: Vec<String> = r.queue.iter().map(|w| clean(&w.holder)).collect();
+        fields.push(("queued", line.join(", ")));
+    }
     for (k, v) in &r.store {
         fields.push((k.as_str(), clean(v)));
     }

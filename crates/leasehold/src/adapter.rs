@@ -122,6 +122,8 @@ struct Observation {
     waiter: WaiterPart,
     lease_since: Instant,
     waiter_since: Instant,
+    /// Each queued waiter's token and written expiry, and since when it has been seen so.
+    queue: Vec<(String, u64, Instant)>,
 }
 
 /// A [`LockStore`] over any [`RecordStore`].
@@ -262,12 +264,20 @@ impl<R: RecordStore> RecordLockStore<R> {
                 waiter: waiter.clone(),
                 lease_since: now,
                 waiter_since: now,
+                queue: Vec::new(),
             });
         if o.version != version {
-            // Somebody wrote. A write that only set a waiter registration leaves the holder's
+            // Somebody wrote. A write that only set a waiter registration or changed the line
+            // behind it (a waiter joining, renewing its place or leaving) leaves the holder's
             // part as it was; any other write (a renewal, even one whose times happen to be
             // equal, a release, a grant) starts the holder's observation over.
-            let waiter_write = waiter.0.is_some() && waiter != o.waiter;
+            let line_changed = record.queue.len() != o.queue.len()
+                || record
+                    .queue
+                    .iter()
+                    .zip(&o.queue)
+                    .any(|(w, (t, e, _))| w.token != *t || w.expires_ms != *e);
+            let waiter_write = (waiter.0.is_some() && waiter != o.waiter) || line_changed;
             if lease != o.lease || !waiter_write {
                 o.lease_since = now;
             }
@@ -278,10 +288,32 @@ impl<R: RecordStore> RecordLockStore<R> {
             o.lease = lease;
             o.waiter = waiter;
         }
+        // A queued place lapses once seen unchanged (its token and written expiry) for its
+        // lifetime plus the drift margin; a place renewed or new is observed afresh.
+        let queue: Vec<(String, u64, Instant)> = record
+            .queue
+            .iter()
+            .map(|w| {
+                let since = o
+                    .queue
+                    .iter()
+                    .find(|(t, e, _)| *t == w.token && *e == w.expires_ms)
+                    .map_or(now, |(_, _, since)| *since);
+                (w.token.clone(), w.expires_ms, since)
+            })
+            .collect();
+        let mut queue_lapsed = 0u64;
+        for (i, (w, (_, _, since))) in record.queue.iter().zip(&queue).enumerate().take(64) {
+            if now.saturating_duration_since(*since) >= decide::observation_needed(w.ttl_ms) {
+                queue_lapsed |= 1 << i;
+            }
+        }
+        o.queue = queue;
         Observed {
             lease_unchanged: now.saturating_duration_since(o.lease_since),
             waiter_unchanged: now.saturating_duration_since(o.waiter_since),
             max_skew: self.max_skew,
+            queue_lapsed,
         }
     }
 
@@ -315,15 +347,18 @@ impl<R: RecordStore> RecordLockStore<R> {
             lease_unchanged: Duration::ZERO,
             waiter_unchanged: Duration::ZERO,
             max_skew: self.max_skew,
+            queue_lapsed: 0,
         }
     }
 
     /// Reads, decides with `f`, writes conditionally; retries lost races. Every record `f` sees
     /// has its fence resolved ([`Self::resolve`]); every record written is observed as written.
     ///
-    /// With `create_first`, a key this adapter has no write of is first tried as if it had no
-    /// record (one create, no read): a new key then costs one request, an existing one one more
-    /// than reading first (the create is refused and the loop below reads).
+    /// With `create_first`, a key this adapter has no write of and has never seen a record of is
+    /// first tried as if it had no record (one create, no read): a new key then costs one
+    /// request, an existing one one more than reading first (the create is refused and the loop
+    /// below reads). A key seen before is read first: under contention, where the memory of our
+    /// last write is often outdated, a create would only be refused.
     ///
     /// With `given_up` (an acquisition's flag), no further request is sent once the flag is set
     /// (a lost race is not retried): the call answers [`Error::GivenUp`].
@@ -367,7 +402,7 @@ impl<R: RecordStore> RecordLockStore<R> {
                 }
             }
             self.forget(key);
-        } else if create_first {
+        } else if create_first && !self.observed.lock().contains_key(key.as_str()) {
             if let (out, Some(write)) = f(None) {
                 if let Some(v) = self.inner.create(key, &write).await? {
                     let written = self.written(key, v, write);
@@ -379,6 +414,7 @@ impl<R: RecordStore> RecordLockStore<R> {
             if let Some(e) = stop() {
                 return Err(e);
             }
+            let round = Instant::now();
             let cur = self.inner.get(key).await?.map(|s| self.resolve(s));
             let (out, write) = f(cur.as_ref());
             let Some(write) = write else {
@@ -394,7 +430,11 @@ impl<R: RecordStore> RecordLockStore<R> {
                 let written = self.written(key, v, write);
                 return Ok((out, Some(written)));
             }
-            tokio::task::yield_now().await;
+            // Lost: somebody wrote between our read and our write. Wait a random part of the
+            // time a read and a write take before trying again, so that a writer who writes at
+            // a steady pace (a holder renewing often) cannot keep winning in step with us.
+            let took = round.elapsed().as_micros() as u64;
+            tokio::time::sleep(Duration::from_micros(fastrand::u64(0..=took))).await;
         }
         Err(Error::Store {
             source: None,
@@ -906,6 +946,91 @@ mod tests {
             matches!(out, AcquireOutcome::Granted(_)),
             "still reserved for a waiter gone {lifetime:?} ago: {out:?}"
         );
+    }
+
+    /// Waiters joining the line behind a crashed holder's lease write the record, but do not
+    /// renew the lease: it is taken once the holder's part was seen unchanged for the TTL plus
+    /// the drift margin, however much the line changed meanwhile.
+    #[tokio::test(start_paused = true)]
+    async fn waiters_joining_the_line_do_not_keep_a_crashed_holders_lease_alive() {
+        let (_, m) = machines(&[0, 0, 0, 0]);
+        let key = Key::new("crashed").unwrap();
+        let ttl = Duration::from_secs(1);
+        m[0].acquire(&request(&key, "crashed", ttl)).await.unwrap();
+        let waiting = |who: &str| {
+            let mut r = request(&key, who, ttl);
+            r.waiter_ttl = Some(Duration::from_secs(30));
+            r
+        };
+        let first = waiting("first");
+        assert!(matches!(
+            m[1].acquire(&first).await.unwrap(),
+            AcquireOutcome::Held(_)
+        ));
+        for (i, who) in ["second", "third"].into_iter().enumerate() {
+            tokio::time::advance(Duration::from_millis(400)).await;
+            let AcquireOutcome::Held(rec) = m[2 + i].acquire(&waiting(who)).await.unwrap() else {
+                panic!("not held")
+            };
+            assert_eq!(rec.queue.len(), i + 1);
+        }
+        tokio::time::advance(decide::observation_needed(1000) - Duration::from_millis(800)).await;
+        let out = m[1].acquire(&first).await.unwrap();
+        assert!(
+            matches!(out, AcquireOutcome::Granted(_)),
+            "the line's writes kept a crashed holder's lease alive: {out:?}"
+        );
+    }
+
+    /// A queued waiter whose clock runs two minutes ahead vanishes: its place lapses after its
+    /// lifetime (plus the drift margin) as the holder's adapter sees it, not two minutes later,
+    /// and the waiter behind it is served next.
+    #[tokio::test(start_paused = true)]
+    async fn a_vanished_queued_waiter_with_a_fast_clock_holds_the_line_only_for_its_lifetime() {
+        let (_, m) = machines(&[0, 0, TWO_MINUTES, 0]);
+        let (holder, first, gone, last) = (&m[0], &m[1], &m[2], &m[3]);
+        let key = Key::new("line").unwrap();
+        let ttl = Duration::from_secs(30);
+        let h = request(&key, "holder", ttl);
+        holder.acquire(&h).await.unwrap();
+        let waiting = |who: &str, lifetime_ms: u64| {
+            let mut r = request(&key, who, ttl);
+            r.waiter_ttl = Some(Duration::from_millis(lifetime_ms));
+            r
+        };
+        // "first" and "last" stay (their places live 30 s); "gone" vanishes (300 ms).
+        let (w1, w2, w3) = (
+            waiting("first", 30_000),
+            waiting("gone", 300),
+            waiting("last", 30_000),
+        );
+        for (who, r, place) in [(first, &w1, 0), (gone, &w2, 1), (last, &w3, 2)] {
+            let AcquireOutcome::Held(rec) = who.acquire(r).await.unwrap() else {
+                panic!("not held")
+            };
+            assert_eq!(decide::position(&rec, &r.token), Some(place));
+        }
+        // The holder renews: everybody still stands in line.
+        let RenewOutcome::Renewed(rec) = holder.renew(&key, &h.token, ttl).await.unwrap() else {
+            panic!("not renewed")
+        };
+        assert_eq!(rec.queue.len(), 2);
+        tokio::time::advance(decide::observation_needed(300)).await;
+        let RenewOutcome::Renewed(rec) = holder.renew(&key, &h.token, ttl).await.unwrap() else {
+            panic!("not renewed")
+        };
+        assert_eq!(decide::position(&rec, &w2.token), None, "{rec:?}");
+        assert_eq!(decide::position(&rec, &w3.token), Some(1));
+        // Released: reserved for "first", then "last" is next, not "gone".
+        holder.release(&key, &h.token).await.unwrap();
+        assert!(matches!(
+            gone.acquire(&w2).await.unwrap(),
+            AcquireOutcome::Held(_)
+        ));
+        let AcquireOutcome::Granted(g) = first.acquire(&w1).await.unwrap() else {
+            panic!("the first in line was not served")
+        };
+        assert_eq!(decide::position(&g, &w3.token), Some(0));
     }
 
     /// A contender arriving long after a crash, without having watched: held on first sight

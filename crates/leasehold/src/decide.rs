@@ -7,6 +7,10 @@
 //!   tell, its holder process is alive);
 //! * a free or expired lease goes to the acquirer, **unless** a live waiter other than the acquirer
 //!   is registered: then it is reserved for that waiter;
+//! * waiters stand in line: the registered waiter (`waiter`) first, then the
+//!   [`queue`](LeaseRecord::queue) in arrival order. A waiting acquirer joins the end of the line
+//!   once and keeps its place by renewing it; a grant to the first in line moves the next one up;
+//!   a place that lapses (judged like the registered waiter's) is dropped by the next write;
 //! * how "expired" and "live" are judged is the [`Expiry`] rule the store passes: by the written
 //!   times on a clock the writer shares ([`Expiry::Clock`]), or, for records written by other
 //!   machines, by how long the record has been **observed unchanged** on the decider's monotonic
@@ -16,7 +20,7 @@
 //!   counter, none for stores whose versions give a floor a deletion cannot lower (the adapter
 //!   derives those fences from versions, see [`crate::adapter`]).
 
-use crate::record::LeaseRecord;
+use crate::record::{LeaseRecord, QueuedWaiter, QUEUE_LIMIT};
 use crate::store::{AcquireOutcome, AcquireRequest, LostReason, ReleaseOutcome, RenewOutcome};
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -86,6 +90,9 @@ pub(crate) struct Observed {
     pub waiter_unchanged: Duration,
     /// The largest difference between two machines' wall clocks that is assumed.
     pub max_skew: Duration,
+    /// Bit `i` set: the [`queue`](LeaseRecord::queue) entry `i` (its token and written expiry)
+    /// has been seen unchanged for its lifetime plus the drift margin.
+    pub queue_lapsed: u64,
 }
 
 /// A waiter registration without a recorded lifetime (written before records carried one) is
@@ -128,6 +135,85 @@ impl Expiry {
                     || passed_beyond_skew(expires, o.max_skew, now_ms))
             }
         }
+    }
+}
+
+impl Expiry {
+    /// Whether the queued waiter `w`, entry `i` of `r`'s queue, still has its place at `now_ms`.
+    pub(crate) fn queued_live(&self, i: usize, w: &QueuedWaiter, now_ms: u64) -> bool {
+        match self {
+            Expiry::Clock => w.expires_ms > now_ms,
+            Expiry::Observed(o) => {
+                let seen_lapse = i < 64 && o.queue_lapsed & (1 << i) != 0;
+                !(seen_lapse || passed_beyond_skew(w.expires_ms, o.max_skew, now_ms))
+            }
+        }
+    }
+
+    /// Whether anybody is waiting in `r`'s line at `now_ms`: the registered waiter or a queued one.
+    pub(crate) fn anyone_waiting(&self, r: &LeaseRecord, now_ms: u64) -> bool {
+        self.waiter_live(r, now_ms)
+            || r.queue
+                .iter()
+                .enumerate()
+                .any(|(i, w)| self.queued_live(i, w, now_ms))
+    }
+}
+
+/// Drops from `r`'s line every waiter whose place has lapsed (judged with `expiry` on `r` as it
+/// was read: call it before anything else changes the queue), and moves the first live queued
+/// waiter up when the registered one is gone.
+pub(crate) fn tidy_line(r: &mut LeaseRecord, expiry: Expiry, now_ms: u64) {
+    let head_live = expiry.waiter_live(r, now_ms);
+    let queue: Vec<QueuedWaiter> = std::mem::take(&mut r.queue)
+        .into_iter()
+        .enumerate()
+        .filter(|(i, w)| expiry.queued_live(*i, w, now_ms))
+        .map(|(_, w)| w)
+        .collect();
+    r.queue = queue;
+    if !head_live {
+        clear_waiter(r);
+        promote(r);
+    }
+    // A token stands in line once.
+    if let Some(t) = r.waiter_token.clone() {
+        r.queue.retain(|w| w.token != t);
+    }
+}
+
+/// Where `token` stands in `r`'s line: 0 for the registered waiter, 1 for the first queued one, …
+pub(crate) fn position(r: &LeaseRecord, token: &str) -> Option<usize> {
+    if r.waiter_token.as_deref() == Some(token) {
+        return Some(0);
+    }
+    r.queue.iter().position(|w| w.token == token).map(|i| i + 1)
+}
+
+/// Makes the first queued waiter of `r` the registered one, if nobody is registered.
+fn promote(r: &mut LeaseRecord) {
+    if r.waiter_token.is_none() && !r.queue.is_empty() {
+        let w = r.queue.remove(0);
+        r.waiter = Some(w.holder);
+        r.waiter_token = Some(w.token);
+        r.waiter_expires_ms = Some(w.expires_ms);
+        r.waiter_ttl_ms = Some(w.ttl_ms);
+    }
+}
+
+/// Takes `token` out of `r`'s line; whether it stood in it.
+pub(crate) fn leave_line(r: &mut LeaseRecord, token: &str) -> bool {
+    match position(r, token) {
+        Some(0) => {
+            clear_waiter(r);
+            promote(r);
+            true
+        }
+        Some(p) => {
+            r.queue.remove(p - 1);
+            true
+        }
+        None => false,
     }
 }
 
@@ -190,36 +276,58 @@ pub(crate) fn acquire_judged(
     }
     if let Current::Record(r) = current {
         let held = expiry.held(r, now.ms) && !holder_dead;
-        let live_waiter = expiry.waiter_live(r, now.ms);
-        let mine = r.waiter_token.as_deref() == Some(req.token.as_str());
-        let reserved_for_other = !held && live_waiter && !mine;
+        let mut line = r.clone();
+        tidy_line(&mut line, expiry, now.ms);
+        let place = position(&line, &req.token);
+        let reserved_for_other = !held && line.waiter_token.is_some() && place != Some(0);
         if held || reserved_for_other {
             if let Some(wttl) = req.waiter_ttl {
                 let wttl_ms = wttl.as_millis() as u64;
-                // A fresh registration of ours is left alone: rewriting it on every attempt would
-                // wake every watcher (ourselves included) for nothing. Ours was written on this
-                // clock, so its written expiry is judged directly.
-                let fresh = mine
-                    && r.has_live_waiter(now.ms)
-                    && r.waiter_expires_ms.unwrap_or(0) >= now.ms + wttl_ms * 2 / 3;
-                if fresh {
-                    return (AcquireOutcome::Held(r.clone()), None);
-                }
-                if mine || !live_waiter {
-                    let mut w = r.clone();
-                    w.waiter = Some(req.holder.clone());
-                    w.waiter_token = Some(req.token.clone());
-                    w.waiter_expires_ms = Some(now.ms + wttl_ms);
-                    w.waiter_ttl_ms = Some(wttl_ms);
-                    return (AcquireOutcome::Held(w.clone()), Some(w));
+                let renewed = now.ms + wttl_ms;
+                match place {
+                    Some(p) => {
+                        let expires = match p {
+                            0 => line.waiter_expires_ms.unwrap_or(0),
+                            p => line.queue[p - 1].expires_ms,
+                        };
+                        // A fresh place of ours is left alone: rewriting it on every attempt
+                        // would wake every watcher (ourselves included) for nothing. Ours was
+                        // written on this clock, so its written expiry is judged directly.
+                        if expires >= now.ms + wttl_ms * 2 / 3 && expires > now.ms {
+                            return (AcquireOutcome::Held(line), None);
+                        }
+                        if p == 0 {
+                            line.waiter = Some(req.holder.clone());
+                            line.waiter_expires_ms = Some(renewed);
+                            line.waiter_ttl_ms = Some(wttl_ms);
+                        } else {
+                            let w = &mut line.queue[p - 1];
+                            w.expires_ms = renewed;
+                            w.ttl_ms = wttl_ms;
+                        }
+                        return (AcquireOutcome::Held(line.clone()), Some(line));
+                    }
+                    None if line.queue.len() < QUEUE_LIMIT => {
+                        line.queue.push(QueuedWaiter::new(
+                            req.holder.clone(),
+                            req.token.clone(),
+                            renewed,
+                            wttl_ms,
+                        ));
+                        promote(&mut line);
+                        return (AcquireOutcome::Held(line.clone()), Some(line));
+                    }
+                    // The line is full: wait without a place.
+                    None => {}
                 }
             }
-            return (AcquireOutcome::Held(r.clone()), None);
+            return (AcquireOutcome::Held(line), None);
         }
     }
     let mut g = match current {
         Current::Record(r) => {
             let mut g = r.clone();
+            tidy_line(&mut g, expiry, now.ms);
             g.store.clear();
             g
         }
@@ -233,12 +341,9 @@ pub(crate) fn acquire_judged(
         return (AcquireOutcome::Held(r), None);
     };
     let fence = next.max(fence_floor);
-    let keep_waiter =
-        expiry.waiter_live(&g, now.ms) && g.waiter_token.as_deref() != Some(req.token.as_str());
     grant(&mut g, req, fence, now.ms);
-    if !keep_waiter {
-        clear_waiter(&mut g);
-    }
+    // The first in line (or nobody) was granted: the next one moves up.
+    leave_line(&mut g, &req.token);
     (AcquireOutcome::Granted(g.clone()), Some(g))
 }
 
@@ -352,9 +457,7 @@ pub(crate) fn renew_judged(
     n.renewed_ms = now_ms;
     n.ttl_ms = ttl_ms;
     n.expires_ms = now_ms + ttl_ms;
-    if !expiry.waiter_live(r, now_ms) {
-        clear_waiter(&mut n);
-    }
+    tidy_line(&mut n, expiry, now_ms);
     (RenewOutcome::Renewed(n.clone()), Some(n))
 }
 
@@ -402,22 +505,15 @@ pub(crate) fn freed_judged(r: &LeaseRecord, now_ms: u64, expiry: Expiry) -> Leas
     f.expires_ms = 0;
     f.renewed_ms = now_ms;
     f.store.clear();
-    if !expiry.waiter_live(r, now_ms) {
-        clear_waiter(&mut f);
-    }
+    tidy_line(&mut f, expiry, now_ms);
     f
 }
 
-/// Decides a waiter withdrawal: the record to write if `token` was the waiter.
+/// Decides a waiter withdrawal: the record to write if `token` stood in line (registered or
+/// queued).
 pub(crate) fn withdraw_waiter(current: Option<&LeaseRecord>, token: &str) -> Option<LeaseRecord> {
-    match current {
-        Some(r) if r.waiter_token.as_deref() == Some(token) => {
-            let mut n = r.clone();
-            clear_waiter(&mut n);
-            Some(n)
-        }
-        _ => None,
-    }
+    let mut n = current?.clone();
+    leave_line(&mut n, token).then_some(n)
 }
 
 /// Whether `cleanup` may delete this record: free or expired, no live waiter, untouched for
@@ -435,7 +531,7 @@ pub(crate) fn removable_judged(
 ) -> bool {
     let last = r.renewed_ms.max(r.acquired_ms).max(r.expires_ms);
     expiry.lease_over(r, now_ms)
-        && !expiry.waiter_live(r, now_ms)
+        && !expiry.anyone_waiting(r, now_ms)
         && last.saturating_add(older_than_ms) <= now_ms
 }
 
@@ -582,6 +678,7 @@ mod tests {
 
     fn seen(lease_ms: u64, waiter_ms: u64) -> Expiry {
         Expiry::Observed(Observed {
+            queue_lapsed: 0,
             lease_unchanged: Duration::from_millis(lease_ms),
             waiter_unchanged: Duration::from_millis(waiter_ms),
             max_skew: Duration::from_secs(300),
@@ -739,12 +836,12 @@ mod tests {
             .1
             .unwrap();
         assert_eq!(refreshed.waiter_expires_ms, Some(450));
-        // A second waiter does not replace a live one.
+        // A second waiter does not replace a live one: it stands in line behind it.
         let mut x = req("x");
         x.waiter_ttl = Some(Duration::from_millis(300));
-        assert!(acquire(Current::Record(&reg), &x, at(30), false)
-            .1
-            .is_none());
+        let behind = acquire(Current::Record(&reg), &x, at(30), false).1.unwrap();
+        assert_eq!(behind.waiter_token.as_deref(), Some("w"));
+        assert_eq!(position(&behind, "x"), Some(1));
         // Renewal sees the waiter; release keeps it.
         let (RenewOutcome::Renewed(ren), _) = renew(Some(&reg), "a", 1000, 40) else {
             panic!()
@@ -767,6 +864,111 @@ mod tests {
         granted(acquire(Current::Record(&stale), &req("z"), at(90), false));
         assert!(withdraw_waiter(Some(&reg), "w").unwrap().waiter.is_none());
         assert!(withdraw_waiter(Some(&reg), "x").is_none());
+    }
+
+    fn waiting(token: &str) -> AcquireRequest {
+        let mut w = req(token);
+        w.waiter_ttl = Some(Duration::from_millis(300));
+        w
+    }
+
+    /// Writes what `acquire` decides for `r` and returns it (the record unchanged if nothing).
+    fn attempt(r: &LeaseRecord, q: &AcquireRequest, now: u64, expiry: Expiry) -> LeaseRecord {
+        let (_, w) = acquire_judged(Current::Record(r), q, at(now), false, expiry, 0);
+        w.unwrap_or_else(|| r.clone())
+    }
+
+    #[test]
+    fn waiters_are_served_in_arrival_order() {
+        let mut r = granted(acquire(Current::Missing, &req("a"), at(10), false));
+        for t in ["w1", "w2", "w3"] {
+            r = attempt(&r, &waiting(t), 20, Expiry::Clock);
+        }
+        assert_eq!(
+            ["w1", "w2", "w3"].map(|t| position(&r, t)),
+            [Some(0), Some(1), Some(2)]
+        );
+        // Asking again keeps one's place (no second entry).
+        r = attempt(&r, &waiting("w2"), 30, Expiry::Clock);
+        assert_eq!(r.queue.len(), 2);
+        let (_, freed) = release(Some(&r), "a", 40);
+        let mut r = freed.unwrap();
+        for (i, t) in ["w1", "w2", "w3"].into_iter().enumerate() {
+            // Nobody behind the first in line is granted, nor is a newcomer.
+            for other in ["w1", "w2", "w3", "late"].into_iter().filter(|o| *o != t) {
+                let (out, _) = acquire(Current::Record(&r), &req(other), at(50), false);
+                assert!(matches!(out, AcquireOutcome::Held(_)), "{other} before {t}");
+            }
+            let g = granted(acquire(Current::Record(&r), &waiting(t), at(50), false));
+            assert_eq!(position(&g, t), None, "granted, out of line");
+            assert_eq!(g.queue.len(), 1usize.saturating_sub(i), "{i}");
+            r = release(Some(&g), t, 60).1.unwrap();
+        }
+        assert!(r.waiter_token.is_none() && r.queue.is_empty());
+        granted(acquire(Current::Record(&r), &req("late"), at(70), false));
+    }
+
+    #[test]
+    fn lapsed_places_are_dropped_and_withdrawals_leave_the_line() {
+        let mut r = granted(acquire(Current::Missing, &req("a"), at(10), false));
+        for (t, now) in [("w1", 20), ("w2", 25), ("w3", 30)] {
+            r = attempt(&r, &waiting(t), now, Expiry::Clock);
+        }
+        // w2 withdraws from the middle; w1 from the front: w3 moves up.
+        let r2 = withdraw_waiter(Some(&r), "w2").unwrap();
+        assert_eq!(position(&r2, "w3"), Some(1));
+        let r1 = withdraw_waiter(Some(&r2), "w1").unwrap();
+        assert_eq!(position(&r1, "w3"), Some(0));
+        assert_eq!(r1.waiter_ttl_ms, Some(300));
+        assert!(withdraw_waiter(Some(&r1), "w1").is_none());
+        // By the clock: at 326 w1's and w2's places (320, 325) have lapsed, w3's (330) has not.
+        let (RenewOutcome::Renewed(ren), _) = renew(Some(&r), "a", 1000, 326) else {
+            panic!()
+        };
+        assert_eq!((position(&ren, "w3"), ren.queue.len()), (Some(0), 0));
+        // Observed: queued place 1 (w3) seen unchanged for its lifetime; the others not.
+        let mut o = match seen(0, 0) {
+            Expiry::Observed(o) => o,
+            Expiry::Clock => unreachable!(),
+        };
+        o.queue_lapsed = 0b10;
+        let (RenewOutcome::Renewed(ren), _) =
+            renew_judged(Some(&r), "a", 1000, 40, Expiry::Observed(o))
+        else {
+            panic!()
+        };
+        assert_eq!(
+            ["w1", "w2", "w3"].map(|t| position(&ren, t)),
+            [Some(0), Some(1), None]
+        );
+        // A lapsed first place: the next one is served, not the lapsed one.
+        let mut stale = release(Some(&r), "a", 40).1.unwrap();
+        stale.waiter_expires_ms = Some(41);
+        let (out, _) = acquire(Current::Record(&stale), &req("w1"), at(50), false);
+        assert!(matches!(out, AcquireOutcome::Held(_)));
+        let g = granted(acquire(
+            Current::Record(&stale),
+            &waiting("w2"),
+            at(50),
+            false,
+        ));
+        assert_eq!(position(&g, "w3"), Some(0));
+        // Cleanup leaves a record somebody stands in line for.
+        let mut f = LeaseRecord::free("k", 1);
+        f.queue = vec![QueuedWaiter::new("q", "q", 500, 300)];
+        assert!(!removable(&f, 100, 0));
+        assert!(removable(&f, 600, 0));
+    }
+
+    #[test]
+    fn the_line_is_bounded() {
+        let mut r = granted(acquire(Current::Missing, &req("a"), at(10), false));
+        for i in 0..QUEUE_LIMIT + 1 {
+            r = attempt(&r, &waiting(&format!("w{i}")), 20, Expiry::Clock);
+        }
+        assert_eq!(r.queue.len(), QUEUE_LIMIT);
+        let (out, w) = acquire(Current::Record(&r), &waiting("one-too-many"), at(20), false);
+        assert!(matches!(out, AcquireOutcome::Held(_)) && w.is_none());
     }
 
     #[test]

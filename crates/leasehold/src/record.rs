@@ -88,6 +88,12 @@ pub struct LeaseRecord {
     /// for this long, without trusting the waiter's wall clock.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiter_ttl_ms: Option<u64>,
+    /// The waiters in line behind the registered one (`waiter`), in arrival order: when the
+    /// lease is granted to the registered waiter, the first of these becomes the registered
+    /// waiter. At most [`QUEUE_LIMIT`] entries; stores that judge waiters in their own way
+    /// (Redis, PostgreSQL, etcd) leave it empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub queue: Vec<QueuedWaiter>,
     /// The holder's process id.
     #[serde(default)]
     pub pid: Option<u32>,
@@ -124,6 +130,7 @@ impl LeaseRecord {
             waiter_token: None,
             waiter_expires_ms: None,
             waiter_ttl_ms: None,
+            queue: Vec::new(),
             pid: None,
             host: None,
             labels: BTreeMap::new(),
@@ -159,6 +166,53 @@ impl LeaseRecord {
             return Duration::ZERO;
         }
         Duration::from_millis(self.expires_ms.saturating_sub(now_ms))
+    }
+}
+
+/// The most waiters a record keeps in line behind its registered waiter ([`LeaseRecord::queue`]);
+/// a contender that finds the line full waits without a place in it, polling.
+pub const QUEUE_LIMIT: usize = 63;
+
+/// A waiter in line for a lease ([`LeaseRecord::queue`]): who, the token of its acquisition, and
+/// when its place lapses unless the waiter renews it (on the waiter's clock, judged like the
+/// registered waiter's `waiter_expires`).
+///
+/// ```
+/// use leasehold::record::QueuedWaiter;
+/// let w = QueuedWaiter::new("worker-2", "t2", 1_790_000_005_000, 5_000);
+/// let json = serde_json::to_string(&w).unwrap();
+/// assert!(json.contains(r#""expires":"2026-09-21T"#), "{json}");
+/// assert_eq!(serde_json::from_str::<QueuedWaiter>(&json).unwrap(), w);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct QueuedWaiter {
+    /// The waiter's identity.
+    pub holder: String,
+    /// The token of the waiting acquisition.
+    pub token: String,
+    /// When the place lapses unless renewed (the waiter's wall clock).
+    #[serde(rename = "expires", alias = "expires_ms", with = "ms_time")]
+    pub expires_ms: u64,
+    /// The place's lifetime in milliseconds, as the waiter asked for it.
+    pub ttl_ms: u64,
+}
+
+impl QueuedWaiter {
+    /// A place in line for `holder`'s acquisition `token`, lapsing at `expires_ms` unless
+    /// renewed, with a lifetime of `ttl_ms`.
+    pub fn new(
+        holder: impl Into<String>,
+        token: impl Into<String>,
+        expires_ms: u64,
+        ttl_ms: u64,
+    ) -> Self {
+        QueuedWaiter {
+            holder: holder.into(),
+            token: token.into(),
+            expires_ms,
+            ttl_ms,
+        }
     }
 }
 

@@ -116,6 +116,9 @@ async fn run_inner(
     let mut resubscribe_at: Option<Instant> = None;
     let mut attempt = 0u32;
     let mut registered = false;
+    // Our place in the key's line of waiters (0: next to be granted) and what it says of the
+    // pace of handoffs, so that a waiter far back polls rarely and the next one promptly.
+    let mut line = Line::default();
     // Who held the key at the last answer, for the timeout's message.
     let mut last_holder: Option<String> = None;
     // A waiting acquire's store calls end by its wait limit and allowance (not a try: its
@@ -177,11 +180,16 @@ async fn run_inner(
                 return Err(AcquireError::Held(holder_of(&rec, now_ms())));
             }
             Ok(AcquireOutcome::Held(rec)) => {
-                registered |= rec.waiter_token.as_deref() == Some(req.token.as_str());
+                let place = crate::decide::position(&rec, &req.token);
+                registered |= place.is_some();
+                if line.seen(place, rec.token.as_deref(), sent.elapsed()) {
+                    attempt = 0;
+                }
                 let now = now_ms();
                 let who = holder_of(&rec, now);
-                // Wake no later than the holder's expiry (+1 ms) to take over a dead lease.
-                let hint = if rec.is_held(now) {
+                // Wake no later than the holder's expiry (+1 ms) to take over a dead lease
+                // (unless others stand in line before us: the first of them takes it over).
+                let hint = if rec.is_held(now) && place.unwrap_or(0) == 0 {
                     Some(rec.remaining(now) + Duration::from_millis(1))
                 } else {
                     None
@@ -244,6 +252,9 @@ async fn run_inner(
         if watch.is_some() {
             // With notifications the timer is only a safety net.
             pause = opts.backoff.max;
+        } else if let Some(behind) = line.behind_for() {
+            // Nothing to win before the waiters ahead of us were served (see `Line`).
+            pause = pause.max(behind);
         }
         if let Some(h) = wait_hint {
             pause = pause.min(h);
@@ -261,6 +272,7 @@ async fn run_inner(
             // have come already.
             pause = pause.min(RETRY_AFTER_ERROR);
         }
+        tracing::trace!(key = %key, place = ?line.place.map(|p| p.0), per_handoff = ?line.per_handoff, ?pause, attempt, "waiting");
         let mut until = now + pause;
         if let Some(d) = deadline {
             until = until.min(d);
@@ -281,6 +293,73 @@ async fn run_inner(
             resubscribe_at = None;
             subscribed = false;
         }
+    }
+}
+
+/// What a waiting acquisition saw of its place in the key's line of waiters
+/// ([`LeaseRecord::queue`](crate::record::LeaseRecord::queue)), on its monotonic clock.
+///
+/// The first in line looks promptly (by the backoff, started over whenever the lease changes
+/// hands or it moves up): a released lease is reserved for it and idle until it looks. A waiter
+/// further back cannot win before those ahead of it were served, so it sleeps for half the time
+/// they need at the fastest pace the line has shown (or by the backoff, if longer, while the
+/// line does not move): it looks about `log₂(place)` times while it moves up, not at every
+/// handoff.
+#[derive(Debug, Default)]
+struct Line {
+    /// The place last seen (0: next to be granted), and when.
+    place: Option<(usize, Instant)>,
+    /// The holder's token last seen while first in line.
+    holder: Option<String>,
+    /// The fastest time one handoff took as the line moved, let go of slowly.
+    per_handoff: Option<Duration>,
+    /// The least one handoff can take (two of the store's round trips, as last measured).
+    least: Duration,
+}
+
+impl Line {
+    /// Takes note of standing at `place` (`None`: not in line) while `holder` holds the lease,
+    /// after an attempt that took `rtt`; true when the backoff should start over (we moved up,
+    /// or the lease changed hands while we are first in line).
+    fn seen(&mut self, place: Option<usize>, holder: Option<&str>, rtt: Duration) -> bool {
+        let now = Instant::now();
+        // A handoff takes at least a release and a grant: two round trips.
+        self.least = rtt * 2;
+        let moved = match (self.place, place) {
+            (Some((was, at)), Some(p)) if p < was => {
+                let took = now.saturating_duration_since(at) / (was - p) as u32;
+                // The fastest pace seen, let go of slowly: sleeping on a pace too slow leaves
+                // the lease idle once we are first (the line moves in bursts), which would
+                // slow the pace more; the first measurement is bounded by a few round trips
+                // for the same reason.
+                self.per_handoff = Some(match self.per_handoff {
+                    Some(d) => took.min(d + d / 16),
+                    None => took.min(self.least * 4),
+                });
+                self.place = Some((p, now));
+                true
+            }
+            (Some((was, _)), Some(p)) if p == was => false,
+            (_, p) => {
+                self.place = p.map(|p| (p, now));
+                true
+            }
+        };
+        if place != Some(0) {
+            self.holder = None;
+            return moved;
+        }
+        let changed = self.holder.as_deref() != holder;
+        self.holder = holder.map(str::to_owned);
+        moved || changed
+    }
+
+    /// How long to leave the store alone while the waiters ahead of us are served (see the
+    /// type); `None` when first or out of line.
+    fn behind_for(&self) -> Option<Duration> {
+        let (p, _) = self.place?;
+        let per = self.per_handoff.unwrap_or(self.least);
+        (p > 0).then(|| per.mul_f64(p as f64 / 2.0))
     }
 }
 
@@ -390,7 +469,7 @@ impl Drop for Attempt {
                     }
                 }
                 Ok(AcquireOutcome::Held(rec)) => {
-                    let mine = rec.waiter_token.as_deref() == Some(token);
+                    let mine = crate::decide::position(&rec, token).is_some();
                     withdraw(&*store, key, token, registered || mine).await;
                 }
                 Err(_) => withdraw(&*store, key, token, registered).await,
@@ -432,4 +511,41 @@ pub(super) enum AcquireError {
     /// Held elsewhere; by whom.
     Held(String),
     Failed(Error),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    /// A waiter far back sleeps for half the time those ahead of it need at the fastest pace
+    /// seen; the first in line looks again promptly whenever the lease changes hands.
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_far_back_sleeps_by_its_place_and_the_first_looks_promptly() {
+        let mut line = Line::default();
+        // Just arrived at place 11; an attempt takes 5 ms, so a handoff at least 10.
+        assert!(line.seen(Some(11), Some("h1"), 5 * MS));
+        assert_eq!(line.behind_for(), Some(55 * MS));
+        // 300 ms later, 3 places further: 100 ms a handoff, but the first measurement is
+        // bounded by four times the least (40 ms).
+        tokio::time::advance(300 * MS).await;
+        assert!(line.seen(Some(8), Some("h2"), 5 * MS));
+        assert_eq!(line.behind_for(), Some(160 * MS));
+        // The line stands still: no start over, same sleep.
+        assert!(!line.seen(Some(8), Some("h3"), 5 * MS));
+        // A slower pace is followed by a sixteenth at a time.
+        tokio::time::advance(800 * MS).await;
+        assert!(line.seen(Some(4), Some("h4"), 5 * MS));
+        assert_eq!(line.behind_for(), Some(85 * MS));
+        // First in line: no sleep by place, and every change of holder starts the backoff over.
+        assert!(line.seen(Some(0), Some("h5"), 5 * MS));
+        assert_eq!(line.behind_for(), None);
+        assert!(!line.seen(Some(0), Some("h5"), 5 * MS));
+        assert!(line.seen(Some(0), None, 5 * MS));
+        // Out of line (the line was full): the backoff alone.
+        let mut out = Line::default();
+        out.seen(None, Some("h"), 5 * MS);
+        assert_eq!(out.behind_for(), None);
+    }
 }

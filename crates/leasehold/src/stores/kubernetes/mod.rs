@@ -113,7 +113,15 @@ const FOREIGN_TOKEN: &str = "k8s-holder:";
 
 /// The annotations leasehold writes on a Lease that another client holds (its key and fence
 /// floor, and a waiter registration); the spec and every other annotation stay as read.
-const WAITER_ANNOTATIONS: [&str; 5] = ["key", "fence", "waiter", "waiter-token", "waiter-expires"];
+const WAITER_ANNOTATIONS: [&str; 7] = [
+    "key",
+    "fence",
+    "waiter",
+    "waiter-token",
+    "waiter-expires",
+    "waiter-ttl-ms",
+    "queue",
+];
 
 /// A [`RecordStore`] over `coordination.k8s.io/v1` Leases; wrap it in
 /// [`crate::adapter::RecordLockStore`] (as `open_store("k8s://…")` does) for a lock store.
@@ -409,6 +417,9 @@ impl KubernetesStore {
         if let Some(w) = r.waiter_ttl_ms {
             put("waiter-ttl-ms", w.to_string());
         }
+        if !r.queue.is_empty() {
+            put("queue", serde_json::to_string(&r.queue).unwrap_or_default());
+        }
         let micro = |ms: u64| {
             (ms > 0)
                 .then(|| DateTime::<Utc>::from_timestamp_millis(ms as i64).map(MicroTime))
@@ -532,6 +543,10 @@ fn spec_record(name: &str, ann: &Annotations, spec: &LeaseSpec) -> LeaseRecord {
     r.waiter = get("waiter").cloned();
     r.waiter_token = get("waiter-token").cloned();
     r.waiter_expires_ms = get("waiter-expires").and_then(|w| parse_ms(w).ok());
+    r.waiter_ttl_ms = get("waiter-ttl-ms").and_then(|w| w.parse().ok());
+    r.queue = get("queue")
+        .and_then(|q| serde_json::from_str(q).ok())
+        .unwrap_or_default();
     r
 }
 
@@ -598,6 +613,10 @@ fn own_record(
     r.waiter_token = get("waiter-token").cloned();
     r.waiter_expires_ms = time("waiter-expires")?;
     r.waiter_ttl_ms = num("waiter-ttl-ms")?;
+    if let Some(q) = get("queue") {
+        r.queue =
+            serde_json::from_str(q).map_err(|e| format!("annotation leasehold.io/queue: {e}"))?;
+    }
     r.pid = num("pid")?.and_then(|p| u32::try_from(p).ok());
     r.host = get("host").cloned();
     if let Some(l) = get("labels") {
