@@ -136,9 +136,7 @@ impl Expiry {
             }
         }
     }
-}
 
-impl Expiry {
     /// Whether the queued waiter `w`, entry `i` of `r`'s queue, still has its place at `now_ms`.
     pub(crate) fn queued_live(&self, i: usize, w: &QueuedWaiter, now_ms: u64) -> bool {
         match self {
@@ -274,6 +272,8 @@ pub(crate) fn acquire_judged(
             None,
         );
     }
+    // The record with its lapsed waiters dropped: what a grant starts from.
+    let mut tidied = None;
     if let Current::Record(r) = current {
         let held = expiry.held(r, now.ms) && !holder_dead;
         let mut line = r.clone();
@@ -323,15 +323,14 @@ pub(crate) fn acquire_judged(
             }
             return (AcquireOutcome::Held(line), None);
         }
+        tidied = Some(line);
     }
-    let mut g = match current {
-        Current::Record(r) => {
-            let mut g = r.clone();
-            tidy_line(&mut g, expiry, now.ms);
+    let mut g = match tidied {
+        Some(mut g) => {
             g.store.clear();
             g
         }
-        _ => LeaseRecord::free(req.key.as_str(), 0),
+        None => LeaseRecord::free(req.key.as_str(), 0),
     };
     // A fence that would pass u64::MAX is never granted: saturating would hand out the same fence
     // twice. The key reads as held by nobody who can be named, so waiters give up with the reason.
