@@ -672,12 +672,15 @@ impl QueueBackend for SqliteQueue {
     }
 
     async fn cleanup(&self, older_than: Duration) -> Result<u64> {
-        let cutoff = now_i64().saturating_sub(super::ms_i64(older_than));
+        let older = super::ms_i64(older_than);
         let batch = i64::try_from(super::CLEANUP_BATCH).unwrap_or(i64::MAX);
         let mut deleted = 0;
         loop {
             let n = self
                 .tx(move |tx| {
+                    // Judged when the write lock is held, not when the call began: a cleanup that
+                    // waited behind busy writers still deletes what ended while it waited.
+                    let cutoff = now_i64().saturating_sub(older);
                     tx.execute(
                         "DELETE FROM tasks WHERE id IN (SELECT id FROM tasks \
                          WHERE state IN ('succeeded', 'failed', 'cancelled') AND ended_ms <= ?1 \
