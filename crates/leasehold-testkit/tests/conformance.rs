@@ -185,26 +185,6 @@ mod postgres {
     leasehold_testkit::conformance_tests!(store().await);
 }
 
-/// PostgreSQL with session advisory locks (`?mode=advisory`).
-mod postgres_advisory {
-    use super::*;
-    fn url() -> &'static str {
-        static URL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-        URL.get_or_init(|| {
-            format!(
-                "{}?mode=advisory",
-                leasehold_testkit::servers::shared_postgres().fresh_db()
-            )
-        })
-    }
-    async fn store() -> Arc<dyn LockStore> {
-        leasehold::open_store(url())
-            .await
-            .expect("postgres store, advisory mode")
-    }
-    leasehold_testkit::conformance_tests!(store().await);
-}
-
 /// PostgreSQL over TLS (`?sslmode=verify-full`, the test kit's CA), on a server that refuses
 /// plain connections.
 mod postgres_tls {

@@ -3,10 +3,9 @@
 //! Checklist — native TTL: yes in effect (every expiry is judged by the server's clock, `now()`
 //! of the statement, never by a client's; expired rows are kept, free, until `cleanup`, so
 //! [`Capabilities::native_ttl`] is false); watch: yes (`LISTEN/NOTIFY`, see below); liveness: no
-//! (a dead holder's lease lapses at its TTL), yes with `?mode=advisory` (a session advisory lock
-//! per held lease, freed by the server when the holder's connection ends; see `advisory.rs` and
-//! the book's page for its trade-offs); fence: a PostgreSQL sequence per table, which no
-//! deletion lowers: a grant of `n` fences takes `n` values of it and is fenced with the largest,
+//! (a dead holder's lease lapses at its TTL: a session that ends says nothing of whether its
+//! holder still acts); fence: a PostgreSQL sequence per table, which no deletion lowers, taken on
+//! the locked row: a grant of `n` fences takes `n` values of it and is fenced with the largest,
 //! so every grant of a key is above every earlier one, also after `cleanup` deleted the key's row
 //! or the server restarted.
 //!
@@ -49,7 +48,6 @@
 //! # Ok(()) }
 //! ```
 
-mod advisory;
 mod options;
 mod renew;
 mod sql;
@@ -65,7 +63,7 @@ use crate::store::{
     LockStore, LostReason, ReleaseOutcome, RenewOutcome,
 };
 use async_trait::async_trait;
-use options::{Mode, Options};
+use options::Options;
 use sql::Sql;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -117,8 +115,6 @@ struct Inner {
     hub: Arc<watch::Hub>,
     batch: renew::Batch,
     channel: String,
-    /// `?mode=advisory`: the session holding the advisory locks.
-    advisory: Option<advisory::Advisory>,
 }
 
 impl PostgresStore {
@@ -142,10 +138,6 @@ impl PostgresStore {
         let shown = crate::redact_url(url);
         let mut opts = Options::default();
         let target = Target::parse(url, |pair| opts.take(pair, &shown))?;
-        let advisory = (opts.mode == Mode::Advisory).then(|| {
-            let session = Link::new(target.clone(), String::new(), Arc::new(|_| {}), "");
-            advisory::Advisory::new(session)
-        });
         let hub = Arc::new(watch::Hub::default());
         let channel = opts.channel();
         let link = Link::new(target, channel.clone(), hub.listener(), SESSION);
@@ -155,7 +147,6 @@ impl PostgresStore {
             hub,
             batch: renew::Batch::default(),
             channel,
-            advisory,
         };
         inner.migrate().await?;
         Ok(PostgresStore {
@@ -288,14 +279,8 @@ impl Inner {
             .collect())
     }
 
-    /// The acquire statement for `req` with its labels as JSON; `session` is `$10` (see
-    /// `sql.rs`: 0 judges by expiry, 1 the holder's session is gone, 2 it lives).
-    async fn acquire_row(
-        &self,
-        req: &AcquireRequest,
-        labels: &str,
-        session: i32,
-    ) -> Result<AcquireOutcome> {
+    /// The acquire statement for `req` with its labels as JSON.
+    async fn acquire_row(&self, req: &AcquireRequest, labels: &str) -> Result<AcquireOutcome> {
         let (ttl, wttl) = (millis(req.ttl), req.waiter_ttl.map_or(0, millis));
         let fences = i64::try_from(req.fences.max(1)).unwrap_or(1);
         let pid = i32::try_from(crate::decide::pid()).unwrap_or(0);
@@ -316,7 +301,6 @@ impl Inner {
                         &fences,
                         &pid,
                         &host,
-                        &session,
                     ],
                 )
                 .await?;
@@ -332,13 +316,6 @@ impl Inner {
             // Held, and nothing to write: the row as it is now.
             if let Some(r) = self.query(&self.sql.inspect, &[&key]).await?.first() {
                 return Ok(AcquireOutcome::Held(record(r).map_err(|e| self.err(e))?));
-            }
-            if session == 2 {
-                // No row, and another session holds the key's advisory lock (it is taking it,
-                // or another program uses the same lock).
-                let mut r = LeaseRecord::free(key, 0);
-                r.holder = Some("another session (the key's advisory lock)".into());
-                return Ok(AcquireOutcome::Held(r));
             }
         }
         Err(Error::Store {
@@ -440,42 +417,29 @@ impl LockStore for PostgresStore {
         Capabilities {
             native_ttl: false,
             watch: true,
-            liveness: self.inner.advisory.is_some(),
+            liveness: false,
             fence_source: "a PostgreSQL sequence per table, never lowered by cleanup",
         }
     }
 
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome> {
         let labels = check(req)?;
-        match &self.inner.advisory {
-            Some(a) => advisory::acquire(&self.inner, a, req, &labels).await,
-            None => self.inner.acquire_row(req, &labels, 0).await,
-        }
+        self.inner.acquire_row(req, &labels).await
     }
 
     async fn renew(&self, key: &Key, token: &str, ttl: Duration) -> Result<RenewOutcome> {
         let inner = &self.inner;
-        let k = key.as_str();
-        if let Some(a) = &inner.advisory {
-            if a.holds(k, token) == Some(false) {
-                // The session ended: the server freed the advisory lock, and another process
-                // may hold the key now.
-                advisory::forget(inner, a, k, token).await;
-                return Ok(RenewOutcome::Lost(LostReason::Released));
-            }
-        }
-        let out = renew::renew(inner, k.to_owned(), token.to_owned(), millis(ttl)).await?;
-        if let (Some(a), RenewOutcome::Lost(_)) = (&inner.advisory, &out) {
-            advisory::forget(inner, a, k, token).await;
-        }
-        Ok(out)
+        renew::renew(
+            inner,
+            key.as_str().to_owned(),
+            token.to_owned(),
+            millis(ttl),
+        )
+        .await
     }
 
     async fn release(&self, key: &Key, token: &str) -> Result<ReleaseOutcome> {
-        match &self.inner.advisory {
-            Some(a) => advisory::release(&self.inner, a, key.as_str(), token).await,
-            None => self.inner.release_row(key.as_str(), token).await,
-        }
+        self.inner.release_row(key.as_str(), token).await
     }
 
     async fn withdraw_waiter(&self, key: &Key, token: &str) -> Result<()> {
@@ -520,16 +484,26 @@ impl LockStore for PostgresStore {
 
     async fn cleanup(&self, older_than: Duration) -> Result<CleanupReport> {
         let inner = &self.inner;
-        let rows = inner
-            .query(&inner.sql.cleanup, &[&millis(older_than)])
+        let text = inner.sql.cleanup(millis(older_than));
+        let text = text.as_str();
+        let answer = inner
+            .link
+            .call(|l| async move { l.conn.client.simple_query(text).await })
             .await?;
-        let (removed, total) = match rows.first() {
-            Some(r) => {
-                let get = |i| r.try_get::<_, i64>(i).map_err(|e| inner.err(e));
-                (unsigned(get(0)?) as usize, unsigned(get(1)?) as usize)
-            }
-            None => (0, 0),
+        let row = answer.iter().find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => Some(r),
+            _ => None,
+        });
+        let count = |i: usize| -> Result<usize> {
+            let v = row.and_then(|r| r.get(i)).unwrap_or("0");
+            v.parse().map_err(|_| Error::Store {
+                source: None,
+                store: inner.link.shown().to_owned(),
+                detail: format!("cleanup answered {v:?} for a count"),
+                retryable: false,
+            })
         };
+        let (removed, total) = (count(0)?, count(1)?);
         Ok(CleanupReport {
             removed,
             kept: total.saturating_sub(removed),

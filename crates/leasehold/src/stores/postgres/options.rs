@@ -1,5 +1,6 @@
-//! The lock store's own URL parameters: `schema`, `table` and `mode` (the others — `timeout` and
-//! libpq's TLS parameters — are the shared connection's, and the rest go to the driver).
+//! The lock store's own URL parameters: `schema` and `table`, and `mode`, whose only value is
+//! `table` (the others — `timeout` and libpq's TLS parameters — are the shared connection's, and
+//! the rest go to the driver).
 
 use crate::error::{Error, Result};
 
@@ -11,22 +12,11 @@ pub(super) const DEFAULT_TABLE: &str = "leasehold_leases";
 /// PostgreSQL's 63-byte identifiers).
 const MAX_NAME: usize = 30;
 
-/// How leases are held.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(super) enum Mode {
-    /// Rows of the lease table, expiring on the server's clock.
-    #[default]
-    Table,
-    /// Session advisory locks besides the rows (freed when the holder's connection ends).
-    Advisory,
-}
-
 /// The store's parameters.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Options {
     pub(super) schema: String,
     pub(super) table: String,
-    pub(super) mode: Mode,
 }
 
 impl Default for Options {
@@ -34,7 +24,6 @@ impl Default for Options {
         Options {
             schema: DEFAULT_SCHEMA.into(),
             table: DEFAULT_TABLE.into(),
-            mode: Mode::Table,
         }
     }
 }
@@ -62,17 +51,19 @@ impl Options {
                     _ => self.table = value.to_owned(),
                 }
             }
-            "mode" => {
-                self.mode = match value {
-                    "table" => Mode::Table,
-                    "advisory" => Mode::Advisory,
-                    other => {
-                        return Err(bad(format!(
-                            "mode {other:?}: expected table (the default) or advisory"
-                        )))
-                    }
+            "mode" => match value {
+                "table" => {}
+                "advisory" => {
+                    return Err(bad(
+                        "mode \"advisory\" is no longer offered: a session that ended (a restart, \
+                         a cut connection, a timeout) freed its advisory lock while its holder \
+                         still acted, so two holders could act at once; leave mode out (a dead \
+                         holder's lease goes at its TTL)"
+                            .into(),
+                    ))
                 }
-            }
+                other => return Err(bad(format!("mode {other:?}: expected table (the default)"))),
+            },
             _ => return Ok(false),
         }
         Ok(true)
@@ -103,12 +94,11 @@ mod tests {
         let mut o = Options::default();
         assert!(o.take("schema=locks", "u").unwrap_or(false));
         assert!(o.take("table=my_leases2", "u").unwrap_or(false));
-        assert!(o.take("mode=advisory", "u").unwrap_or(false));
+        assert!(o.take("mode=table", "u").unwrap_or(false));
         assert_eq!(
             (o.schema.as_str(), o.table.as_str()),
             ("locks", "my_leases2")
         );
-        assert_eq!(o.mode, Mode::Advisory);
         assert_eq!(o.channel(), "locks.my_leases2");
         for bad in [
             "table=",
@@ -117,6 +107,7 @@ mod tests {
             "table=1x",
             "schema=a;drop",
             "mode=x",
+            "mode=advisory",
         ] {
             assert!(
                 matches!(o.take(bad, "u"), Err(Error::InvalidUrl { .. })),

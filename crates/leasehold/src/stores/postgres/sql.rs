@@ -1,5 +1,6 @@
 //! The SQL text of the PostgreSQL lock store: the table (created on first use), and one
-//! statement per step, every time judged by the server's clock (`now()`, the statement's start).
+//! statement per step, every time judged by the server's clock (`now()`, the statement's start;
+//! a grant's expiry counts from `clock_timestamp()`, the grant itself).
 //!
 //! A step's parameters are always bind parameters; only the table's and sequence's names (checked
 //! identifiers, see [`super::options`]) are written into the text.
@@ -27,7 +28,9 @@ pub(super) struct Sql {
     pub(super) inspect: String,
     pub(super) list: String,
     pub(super) force: String,
-    pub(super) cleanup: String,
+    /// `cleanup`'s two statements for the simple-query protocol, one implicit transaction (see
+    /// [`Sql::cleanup`]), `{older}` where its age in milliseconds goes.
+    cleanup: String,
     /// The sequence's name as a `regclass` literal reads it.
     pub(super) sequence: String,
 }
@@ -65,11 +68,7 @@ impl Sql {
         let seq_name = format!("{table}_fence");
         let sequence = format!("\"{schema}\".\"{seq_name}\"");
         let cols = columns("");
-        // `$10`: 0 judges the lease by its expiry; 1 says its holder's session is gone (advisory
-        // mode: this caller got the key's advisory lock), 2 that it lives (it did not).
-        let held =
-            format!("(CASE $10::integer WHEN 1 THEN false WHEN 2 THEN true ELSE {HELD} END)");
-        let granted = format!("(NOT {held} AND NOT ({LIVE} AND NOT {MINE}))");
+        let granted = format!("(NOT {HELD} AND NOT ({LIVE} AND NOT {MINE}))");
         let fresh = format!(
             "({MINE} AND {LIVE} AND t.waiter_expires >= now() + ($5::bigint * 2 / 3) * interval '1 millisecond')"
         );
@@ -108,11 +107,21 @@ CREATE SEQUENCE IF NOT EXISTS {sequence};"
             "(CASE WHEN $7::bigint = 1 THEN nextval('{seq}'::regclass) \
              ELSE (SELECT max(nextval('{seq}'::regclass)) FROM generate_series(1, $7::bigint)) END)"
         );
+        // The fence and the expiry of a grant are taken on the locked row version, in
+        // `DO UPDATE`: `VALUES` is evaluated before the arbiter check and the row lock, and a
+        // statement that stalls between the two (a lock wait, a descheduled backend) would be
+        // granted a fence below one granted and released meanwhile, and an expiry counted from
+        // before its wait. `VALUES` still takes one for a key with no row: `cleanup` locks the
+        // table against inserts in flight (see `cleanup` below), so no row deleted meanwhile can
+        // be recreated with it. `clock_timestamp()` is the server's time at the grant; the
+        // client counts its lease from its send, earlier still.
+        let expires = "clock_timestamp() + $4::bigint * interval '1 millisecond'";
         let acquire = format!(
             "INSERT INTO {t} AS t (key, holder, token, fence, acquired, renewed, expires, ttl_ms, pid, host, labels)
-VALUES ($1, $2, $3, {block}, now(), now(), now() + $4::bigint * interval '1 millisecond', $4::bigint, $8::integer, $9, $6)
+VALUES ($1, $2, $3, {block}, now(), now(), {expires}, $4::bigint, $8::integer, $9, $6)
 ON CONFLICT (key) DO UPDATE SET
-  {}, {}, {}, {}, {}, {}, {}, {}, {}, {},
+  {}, {}, fence = CASE WHEN {granted} THEN {block} ELSE t.fence END, {},
+  {}, expires = CASE WHEN {granted} THEN {expires} ELSE t.expires END, {}, {}, {}, {},
   waiter = CASE WHEN {granted} THEN NULL ELSE $2 END,
   waiter_token = CASE WHEN {granted} THEN NULL ELSE $3 END,
   waiter_expires = CASE WHEN {granted} THEN NULL ELSE now() + $5::bigint * interval '1 millisecond' END,
@@ -121,10 +130,8 @@ WHERE {granted} OR {registers}
 RETURNING {cols}, (token = $3 AND acquired = now())",
             pick("holder"),
             pick("token"),
-            pick("fence"),
             pick("acquired"),
             pick("renewed"),
-            pick("expires"),
             pick("ttl_ms"),
             pick("pid"),
             pick("host"),
@@ -161,12 +168,16 @@ SELECT pg_notify($3, $4)::text FROM r"
          FROM old WHERE t.key = old.key RETURNING 1)
 SELECT old.*, pg_notify($2, $3)::text FROM old"
         );
-        // Free (or expired), no live waiter, untouched for `$1` milliseconds. Fences come from
-        // the sequence, which no deletion lowers.
+        // Free (or expired), no live waiter, untouched for `{older}` milliseconds. Fences come
+        // from the sequence, which no deletion lowers. The table lock first waits for every
+        // acquire in flight (an `INSERT` holds ROW EXCLUSIVE from its start, before its `VALUES`
+        // take a fence) and holds off new ones until the commit: an insert that took its fence
+        // before the deletion cannot recreate the key with it.
         let cleanup = format!(
-            "WITH d AS (DELETE FROM {t} AS t WHERE NOT {HELD} AND NOT {LIVE}
+            "LOCK TABLE {t} IN SHARE ROW EXCLUSIVE MODE;
+WITH d AS (DELETE FROM {t} AS t WHERE NOT {HELD} AND NOT {LIVE}
   AND greatest(t.renewed, t.acquired, CASE WHEN t.token IS NOT NULL THEN t.expires END)
-      + $1::bigint * interval '1 millisecond' <= now()
+      + {{older}}::bigint * interval '1 millisecond' <= now()
   RETURNING 1)
 SELECT (SELECT count(*) FROM d), (SELECT count(*) FROM {t})"
         );
@@ -188,5 +199,14 @@ SELECT (SELECT count(*) FROM d), (SELECT count(*) FROM {t})"
             cleanup,
             sequence,
         }
+    }
+}
+
+impl Sql {
+    /// `cleanup`'s text for rows untouched for `older_ms` milliseconds: a table lock and the
+    /// delete, sent together by the simple-query protocol, so they run as one implicit
+    /// transaction that no other statement on the shared connection joins.
+    pub(super) fn cleanup(&self, older_ms: i64) -> String {
+        self.cleanup.replace("{older}", &older_ms.to_string())
     }
 }
