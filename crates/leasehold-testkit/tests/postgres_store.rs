@@ -291,6 +291,19 @@ fn stall_slow_inserts(db: &str) {
     assert!(made.is_some(), "the trigger was made");
 }
 
+/// Key `k` with a free row (granted once and released), then `slow`'s inserts stalled.
+async fn free_row_then_stall(s: &Arc<dyn LockStore>, db: &str) -> Key {
+    let key = Key::new("k").unwrap();
+    let first = AcquireRequest::new(key.clone(), "a", Duration::from_secs(5));
+    assert!(matches!(
+        s.acquire(&first).await.unwrap(),
+        AcquireOutcome::Granted(_)
+    ));
+    s.release(&key, &first.token).await.unwrap();
+    stall_slow_inserts(db);
+    key
+}
+
 /// Waits until a statement of database `db` sleeps in the trigger.
 async fn until_stalled(db: &str) {
     let t = Instant::now();
@@ -317,14 +330,7 @@ async fn a_stalled_acquire_is_fenced_above_grants_made_meanwhile() {
         let url = shared_postgres().fresh_db();
         let db = db_of(&url).to_owned();
         let (fast, slow) = (store(&url).await, store(&url).await);
-        let key = Key::new("k").unwrap();
-        let first = AcquireRequest::new(key.clone(), "a", Duration::from_secs(5));
-        assert!(matches!(
-            fast.acquire(&first).await.unwrap(),
-            AcquireOutcome::Granted(_)
-        ));
-        fast.release(&key, &first.token).await.unwrap();
-        stall_slow_inserts(&db);
+        let key = free_row_then_stall(&fast, &db).await;
         let mut req = AcquireRequest::new(key.clone(), "slow", Duration::from_secs(5));
         req.fences = fences;
         let stalled = tokio::spawn(async move { slow.acquire(&req).await });
@@ -395,14 +401,7 @@ async fn a_grant_after_a_stall_runs_its_whole_ttl() {
     let url = shared_postgres().fresh_db();
     let db = db_of(&url).to_owned();
     let s = store(&url).await;
-    let key = Key::new("k").unwrap();
-    let first = AcquireRequest::new(key.clone(), "a", Duration::from_secs(5));
-    assert!(matches!(
-        s.acquire(&first).await.unwrap(),
-        AcquireOutcome::Granted(_)
-    ));
-    s.release(&key, &first.token).await.unwrap();
-    stall_slow_inserts(&db);
+    let key = free_row_then_stall(&s, &db).await;
     let req = AcquireRequest::new(key.clone(), "slow", Duration::from_millis(1500));
     assert!(matches!(
         s.acquire(&req).await.unwrap(),
