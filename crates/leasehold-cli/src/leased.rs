@@ -114,23 +114,27 @@ pub(crate) async fn supervise(
     // Why the command is being stopped for the lease, and when it gets SIGKILL.
     let mut stopped: Option<StopReason> = None;
     let mut kill_at: Option<Instant> = None;
+    // SIGKILL was due at once (no SIGTERM, no grace): already said, and no grace ran out.
+    let mut kill_now = false;
     let mut killed = false;
     let status = loop {
         tokio::select! {
             biased;
             status = child.wait() => break status,
             why = guard.must_stop(), if stopped.is_none() => {
-                kill_at = stop_for_lease(&child, key, &why, loss.kill_at(&why, guard.valid_until()), kill_at);
+                (kill_at, kill_now) = stop_for_lease(&child, key, &why, loss.kill_at(&why, guard.valid_until()), kill_at);
                 stopped = Some(why);
             }
             // Told to stop while renewals failed, then lost: the store may say it is gone.
             reason = guard.lost(), if matches!(stopped, Some(StopReason::RenewalsFailing { .. })) => {
                 let why = StopReason::Lost(reason);
-                kill_at = stop_for_lease(&child, key, &why, loss.kill_at(&why, guard.valid_until()), kill_at);
+                (kill_at, kill_now) = stop_for_lease(&child, key, &why, loss.kill_at(&why, guard.valid_until()), kill_at);
                 stopped = Some(why);
             }
             () = sleep_until(kill_at), if kill_at.is_some() && !killed => {
-                tracing::warn!("the command did not exit in time; sending SIGKILL");
+                if !kill_now {
+                    tracing::warn!("the command did not exit in time; sending SIGKILL");
+                }
                 stop_signal(&child, libc::SIGKILL);
                 killed = true;
             }
@@ -190,14 +194,15 @@ pub(crate) async fn supervise(
 }
 
 /// Tells why the command is stopped for its lease (`why`) and starts stopping it: SIGTERM when
-/// SIGKILL is due later (`at`); the time SIGKILL is due, the earlier of `at` and `kill_at`.
+/// SIGKILL is due later (`at`); the time SIGKILL is due, the earlier of `at` and `kill_at`, and
+/// whether that is now (said so: no SIGTERM, no grace).
 fn stop_for_lease(
     child: &Child,
     key: &Key,
     why: &StopReason,
     at: Instant,
     kill_at: Option<Instant>,
-) -> Option<Instant> {
+) -> (Option<Instant>, bool) {
     let now = Instant::now();
     let at = kill_at.map_or(at, |k| k.min(at));
     let how = if at <= now {
@@ -216,7 +221,7 @@ fn stop_for_lease(
     if at > now {
         stop_signal(child, libc::SIGTERM);
     }
-    Some(at)
+    (Some(at), at <= now)
 }
 
 /// Passes a signal leasehold received on to the child (see [`stop_signal`]) — unless the terminal

@@ -2191,6 +2191,10 @@ fn a_lease_the_store_says_is_gone_kills_the_command_at_once() {
     assert_eq!(out.code, Some(76), "{out:?}");
     assert!(!out.stdout.contains("got-TERM"), "SIGTERM first: {out:?}");
     assert!(out.stderr.contains("SIGKILL now"), "{out:?}");
+    assert!(
+        !out.stderr.contains("did not exit in time"),
+        "no grace was given, none ran out: {out:?}"
+    );
 }
 
 /// A --loss-grace that cannot fit before the lease could expire is a usage error naming the

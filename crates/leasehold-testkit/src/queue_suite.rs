@@ -471,6 +471,29 @@ pub async fn timeouts_are_requested(url: String) {
     assert_eq!(asks, [(id, CancelReason::Timeout)]);
 }
 
+/// A timeout as long as the queue stores (`i64::MAX` ms) never runs out, and a running task with
+/// one does not stop the sweep from asking for the timeouts of the others.
+pub async fn a_huge_timeout_never_runs_out(url: String) {
+    let q = open(&url).await;
+    let mut forever = task("a", "forever");
+    forever.timeout = Some(Duration::from_millis(u64::MAX));
+    let long = q.enqueue(&forever).await.unwrap().id;
+    let mut t = task("b", "slow");
+    t.timeout = Some(Duration::from_millis(50));
+    let short = q.enqueue(&t).await.unwrap().id;
+    q.claim(&claim_req("w", 4)).await.unwrap().unwrap();
+    q.claim(&claim_req("w", 4)).await.unwrap().unwrap();
+    let r = eventually("the short timeout", || {
+        let q = q.clone();
+        async move {
+            let r = q.recover(Duration::from_secs(60)).await.unwrap();
+            (!r.timed_out.is_empty()).then_some(r)
+        }
+    })
+    .await;
+    assert_eq!(r.timed_out, [short], "the task of timeout {long} ran out");
+}
+
 /// Aging: a low task waiting long enough overtakes newer normal ones; it never starves.
 pub async fn aging_prevents_starvation(url: String) {
     let q = open(&url).await;
@@ -601,7 +624,7 @@ macro_rules! queue_tests {
             priority_then_arrival_within_a_key, one_per_key_and_global_slots, fair_across_keys,
             group_limit, dead_worker_by_policy, heartbeat_keeps_claims,
             claims_are_the_workers_running_tasks, unnamed_claims_lapse, cancel_and_unknown_ids,
-            timeouts_are_requested, aging_prevents_starvation, bad_input_is_refused,
+            timeouts_are_requested, a_huge_timeout_never_runs_out, aging_prevents_starvation, bad_input_is_refused,
             racing_claimers, cleanup_deletes_only_ended_tasks,
             cleanup_beside_enqueuers_loses_nothing);
     };

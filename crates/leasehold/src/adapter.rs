@@ -534,7 +534,7 @@ impl<R: RecordStore> LockStore for RecordLockStore<R> {
     }
 
     async fn renew(&self, key: &Key, token: &str, ttl: Duration) -> Result<RenewOutcome> {
-        let ttl_ms = ttl.as_millis() as u64;
+        let ttl_ms = crate::record::ms(ttl);
         let (out, _) = self
             .cas(key, false, None, |cur| {
                 let expiry = self.judge(key, cur);
@@ -605,7 +605,7 @@ impl<R: RecordStore> LockStore for RecordLockStore<R> {
                 let key = Key::new(&record.key)?;
                 // A one-shot look: only a record free, or expired beyond any assumed skew, goes.
                 let expiry = Expiry::Observed(self.first_sight());
-                if decide::removable_judged(&record, now, older_than.as_millis() as u64, expiry)
+                if decide::removable_judged(&record, now, crate::record::ms(older_than), expiry)
                     && self.inner.delete(&key, &version).await?
                 {
                     self.forget(&key);
@@ -849,7 +849,7 @@ mod tests {
             }
         }
         // The holder crashes now (it renewed `since_renewal` ago); the contenders keep polling.
-        let needed = decide::observation_needed(ttl.as_millis() as u64);
+        let needed = decide::observation_needed(crate::record::ms(ttl));
         let crashed = Instant::now();
         let mut elapsed = since_renewal;
         let granted = loop {

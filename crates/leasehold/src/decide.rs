@@ -225,7 +225,7 @@ pub(crate) fn observation_needed(ttl_ms: u64) -> Duration {
 /// Whether a time `written_ms` on some machine's wall clock has passed at `now_ms` on ours even if
 /// the two clocks differ by `max_skew`.
 fn passed_beyond_skew(written_ms: u64, max_skew: Duration, now_ms: u64) -> bool {
-    written_ms.saturating_add(max_skew.as_millis() as u64) <= now_ms
+    written_ms.saturating_add(crate::record::ms(max_skew)) <= now_ms
 }
 
 /// This process's id, read once (a syscall saved per grant).
@@ -282,7 +282,7 @@ pub(crate) fn acquire_judged(
         let reserved_for_other = !held && line.waiter_token.is_some() && place != Some(0);
         if held || reserved_for_other {
             if let Some(wttl) = req.waiter_ttl {
-                let wttl_ms = wttl.as_millis() as u64;
+                let wttl_ms = crate::record::ms(wttl);
                 let renewed = now.ms + wttl_ms;
                 match place {
                     Some(p) => {
@@ -376,7 +376,7 @@ fn corrupt_placeholder(key: &str, fence: u64, now_ms: u64) -> LeaseRecord {
 /// assumed to last longer than the skew bound or the contender's own TTL, and a holder that finds
 /// its record damaged loses it at its next renewal; plus the drift margin.
 pub(crate) fn corrupt_observation(ttl: Duration, max_skew: Duration) -> Duration {
-    observation_needed(ttl.max(max_skew).as_millis() as u64)
+    observation_needed(crate::record::ms(ttl.max(max_skew)))
 }
 
 /// Removes the waiter registration from `r`.
@@ -395,7 +395,7 @@ pub(crate) fn grant(g: &mut LeaseRecord, req: &AcquireRequest, fence: u64, now_m
     g.fence = fence;
     g.acquired_ms = now_ms;
     g.renewed_ms = now_ms;
-    g.ttl_ms = req.ttl.as_millis() as u64;
+    g.ttl_ms = crate::record::ms(req.ttl);
     g.expires_ms = now_ms + g.ttl_ms;
     g.pid = Some(pid());
     g.host = Some(host().to_owned());
@@ -568,6 +568,15 @@ mod tests {
     use super::*;
     use crate::Key;
     use std::time::Duration;
+
+    /// A skew too long for milliseconds in 64 bits is taken as forever, not cut to its low bits
+    /// (2^64 ms + 384 ms read as 384 ms took a record that expired a second ago).
+    #[test]
+    fn a_huge_skew_never_shortcuts_expiry() {
+        let huge = Duration::from_secs(18_446_744_073_709_552);
+        assert!(!passed_beyond_skew(1_000, huge, 10_000));
+        assert!(!passed_beyond_skew(1_000, Duration::MAX, u64::MAX - 1));
+    }
 
     fn req(token: &str) -> AcquireRequest {
         let mut r = AcquireRequest::new(

@@ -20,8 +20,14 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 pub fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
+        .map(crate::record::ms)
         .unwrap_or(0)
+}
+
+/// `d` in whole milliseconds, `u64::MAX` for longer (a cast would keep only its low 64 bits: a
+/// huge duration would read as a short one).
+pub(crate) fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// Microseconds since the Unix epoch on this machine's wall clock.
@@ -243,7 +249,7 @@ pub(crate) fn parse_ms(s: &str) -> Result<u64, String> {
     }
     let t = humantime::parse_rfc3339_weak(s).map_err(|e| format!("bad time {s:?}: {e}"))?;
     t.duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
+        .map(crate::record::ms)
         .map_err(|e| e.to_string())
 }
 

@@ -119,7 +119,7 @@ impl LockStore for MemoryStore {
 
     async fn renew(&self, key: &Key, token: &str, ttl: Duration) -> Result<RenewOutcome> {
         Ok(self.step(key, |cur| {
-            decide::renew(cur, token, ttl.as_millis() as u64, now_ms())
+            decide::renew(cur, token, crate::record::ms(ttl), now_ms())
         }))
     }
 
@@ -163,7 +163,7 @@ impl LockStore for MemoryStore {
         let mut report = CleanupReport::default();
         self.slots.lock().retain(|_, s| {
             let remove = match &s.record {
-                Some(r) => decide::removable(r, now, older_than.as_millis() as u64),
+                Some(r) => decide::removable(r, now, crate::record::ms(older_than)),
                 None => s.tx.receiver_count() == 0,
             };
             if remove {

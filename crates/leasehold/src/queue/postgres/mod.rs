@@ -665,7 +665,7 @@ impl QueueBackend for PgQueue {
                 .query(
                     &format!(
                         "UPDATE tasks SET cancel = $1 WHERE state = 'running' AND cancel = $2 \
-                         AND timeout_ms IS NOT NULL AND started_ms + timeout_ms < {NOW} RETURNING id"
+                         AND timeout_ms IS NOT NULL AND timeout_ms < {NOW} - started_ms RETURNING id"
                     ),
                     &[&CANCEL_TIMEOUT, &CANCEL_NONE],
                 )

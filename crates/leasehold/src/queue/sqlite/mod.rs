@@ -647,7 +647,7 @@ impl QueueBackend for SqliteQueue {
             {
                 let mut stmt = tx.prepare(
                     "UPDATE tasks SET cancel = ?2 WHERE state = 'running' AND cancel = ?3 \
-                     AND timeout_ms IS NOT NULL AND started_ms + timeout_ms < ?1 RETURNING id",
+                     AND timeout_ms IS NOT NULL AND timeout_ms < ?1 - started_ms RETURNING id",
                 )?;
                 let rows = stmt.query_map(params![now, CANCEL_TIMEOUT, CANCEL_NONE], |r| {
                     r.get::<_, i64>(0)

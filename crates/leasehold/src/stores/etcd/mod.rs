@@ -276,7 +276,7 @@ impl EtcdStore {
         let value = serde_json::to_vec(&Waiter {
             waiter: req.holder.clone(),
             waiter_token: req.token.clone(),
-            waiter_ttl_ms: wttl.as_millis() as u64,
+            waiter_ttl_ms: crate::record::ms(wttl),
         })
         .unwrap_or_default();
         let sent = Instant::now();
@@ -483,7 +483,7 @@ impl LockStore for EtcdStore {
                         // An unreadable registration: held by it until its session ends.
                         let mut free = LeaseRecord::free(req.key.as_str(), 0);
                         free.holder = Some("unknown (an unreadable waiter registration)".into());
-                        free.expires_ms = now_ms() + req.ttl.as_millis() as u64;
+                        free.expires_ms = now_ms() + crate::record::ms(req.ttl);
                         free.token = Some(String::new());
                         return Ok(AcquireOutcome::Held(free));
                     }
@@ -502,7 +502,7 @@ impl LockStore for EtcdStore {
                     let mut r = LeaseRecord::free(req.key.as_str(), 0);
                     r.holder = Some("unknown (a value that is not a leasehold record)".into());
                     r.token = Some(String::new());
-                    r.expires_ms = now_ms() + req.ttl.as_millis() as u64;
+                    r.expires_ms = now_ms() + crate::record::ms(req.ttl);
                     r
                 }
             };
@@ -514,7 +514,7 @@ impl LockStore for EtcdStore {
                             Some(&Waiter {
                                 waiter: req.holder.clone(),
                                 waiter_token: req.token.clone(),
-                                waiter_ttl_ms: wttl.as_millis() as u64,
+                                waiter_ttl_ms: crate::record::ms(wttl),
                             }),
                         );
                         return Ok(AcquireOutcome::Held(held));
@@ -610,7 +610,7 @@ impl LockStore for EtcdStore {
         }
         let now = now_ms();
         rec.renewed_ms = now;
-        rec.ttl_ms = ttl.as_millis() as u64;
+        rec.ttl_ms = crate::record::ms(ttl);
         rec.expires_ms = now + rec.ttl_ms;
         Self::with_waiter(&mut rec, parse_waiter(waiter_kv.as_ref()).as_ref());
         Ok(RenewOutcome::Renewed(rec))

@@ -342,7 +342,7 @@ impl Inner {
         let mut upgraded = false;
         let step = self.mutate(&path, &file, wait, |found| {
             let (out, write) =
-                decide::renew(found.record(), token, ttl.as_millis() as u64, now_ms());
+                decide::renew(found.record(), token, crate::record::ms(ttl), now_ms());
             match (out, write) {
                 (RenewOutcome::Renewed(mut r), Some(_)) => {
                     if !kernel
@@ -504,7 +504,7 @@ impl Inner {
             let step = self.mutate(&path, &file, true, |found| {
                 let remove = match found {
                     Found::Missing => true,
-                    Found::Record(r) => decide::removable(r, now, older_than.as_millis() as u64),
+                    Found::Record(r) => decide::removable(r, now, crate::record::ms(older_than)),
                     Found::Corrupt { .. } => false,
                 };
                 // Unlink while the mutation lock is held: anyone who opened the old file before

@@ -461,7 +461,7 @@ impl RedisStore {
         head.extend_from_slice(b",\"token\":");
         json_push(&mut head, &req.token);
         head.extend_from_slice(b",\"fence\":");
-        let ttl_ms = req.ttl.as_millis() as u64;
+        let ttl_ms = crate::record::ms(req.ttl);
         let mut tail = format!(
             ",\"ttl_ms\":{ttl_ms},\"waiter\":null,\"waiter_token\":null,\"waiter_expires\":null,\"pid\":{},\"host\":",
             crate::decide::pid()
@@ -646,7 +646,7 @@ impl LockStore for RedisStore {
             record_key: self.record_key(key),
             key: key.as_str().to_owned(),
             token: token.to_owned(),
-            ttl_ms: ttl.as_millis() as u64,
+            ttl_ms: crate::record::ms(ttl),
             reply,
         };
         let gone = || Error::Unavailable {
