@@ -448,6 +448,18 @@ pub async fn cleanup_beside_enqueuers_loses_nothing(url: String) {
     );
 }
 
+/// The first `recover` that found tasks past their timeout: its report.
+async fn until_timed_out(q: &Arc<dyn QueueBackend>) -> leasehold::queue::Recovered {
+    eventually("a timeout", || {
+        let q = q.clone();
+        async move {
+            let r = q.recover(Duration::from_secs(60)).await.unwrap();
+            (!r.timed_out.is_empty()).then_some(r)
+        }
+    })
+    .await
+}
+
 /// A task past its timeout gets a timeout request for its worker.
 pub async fn timeouts_are_requested(url: String) {
     let q = open(&url).await;
@@ -455,14 +467,7 @@ pub async fn timeouts_are_requested(url: String) {
     t.timeout = Some(Duration::from_millis(50));
     let id = q.enqueue(&t).await.unwrap().id;
     q.claim(&claim_req("w", 4)).await.unwrap().unwrap();
-    let r = eventually("the timeout", || {
-        let q = q.clone();
-        async move {
-            let r = q.recover(Duration::from_secs(60)).await.unwrap();
-            (!r.timed_out.is_empty()).then_some(r)
-        }
-    })
-    .await;
+    let r = until_timed_out(&q).await;
     assert_eq!(r.timed_out, [id]);
     let asks = q
         .heartbeat("w", 4, Duration::from_secs(2), &[id])
@@ -483,14 +488,7 @@ pub async fn a_huge_timeout_never_runs_out(url: String) {
     let short = q.enqueue(&t).await.unwrap().id;
     q.claim(&claim_req("w", 4)).await.unwrap().unwrap();
     q.claim(&claim_req("w", 4)).await.unwrap().unwrap();
-    let r = eventually("the short timeout", || {
-        let q = q.clone();
-        async move {
-            let r = q.recover(Duration::from_secs(60)).await.unwrap();
-            (!r.timed_out.is_empty()).then_some(r)
-        }
-    })
-    .await;
+    let r = until_timed_out(&q).await;
     assert_eq!(r.timed_out, [short], "the task of timeout {long} ran out");
 }
 
