@@ -275,3 +275,176 @@ fn a_waiter_that_stops_polling_is_replaced() {
     assert_eq!(code, Some(0), "{err}");
     assert!(out.trim().parse::<u64>().unwrap() > 0);
 }
+
+/// `leasehold run` beside the single-waiter GCS lock of the service leasehold replaces (its
+/// design's Python client over the official `google-cloud-storage` package): `leasehold run`
+/// processes as `t/NAME`, that client's processes as `agent-N`, one event log of who worked when.
+mod seed_client {
+    use super::*;
+    use leasehold_testkit::foreign::{gcs_seed_lock, EventLog, Proc};
+
+    /// `leasehold run --key agent ARGS -- work.py (logs to `log` as t/NAME)`.
+    fn run(url: &str, name: &str, log: &EventLog, args: &[&str], work: f64) -> Proc {
+        let mut c = leasehold(url, name);
+        c.args(["run", "--key", "agent"])
+            .args(args)
+            .arg("--")
+            .args(log.worker(&format!("t/{name}"), work));
+        Proc::spawn(c, &format!("leasehold run as t/{name}"))
+    }
+
+    fn now_secs() -> f64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64()
+    }
+
+    fn who(log: &EventLog) -> Vec<String> {
+        log.working().into_iter().map(|w| w.who).collect()
+    }
+
+    /// That service holds; `leasehold run` waits as its waiter; the holder's waiter check asks
+    /// for release, it releases (deletes the object) and `leasehold run` gets the lease.
+    #[test]
+    fn a_seed_holder_releases_to_a_waiting_leasehold_run() {
+        let server = shared_gcs();
+        let prefix = leasehold_testkit::prefix("seed-first");
+        let name = format!("{prefix}/agent");
+        let log = EventLog::new();
+        let mut seed = gcs_seed_lock(
+            server,
+            &name,
+            "agent-7",
+            &log,
+            None,
+            &["--lease", "3", "--check-every", "0.5", "--release-on-request"],
+        );
+        seed.wait_line("acquired", Duration::from_secs(20));
+        let url = server.store_url(&prefix);
+        let mut lh = run(&url, "b", &log, &["--ttl", "3s", "--wait", "30s"], 0.3);
+        seed.wait_line("release-requested t/b", Duration::from_secs(10));
+        seed.wait_line("released", Duration::from_secs(5));
+        seed.succeeds(Duration::from_secs(5));
+        lh.succeeds(Duration::from_secs(20));
+        assert_eq!(who(&log), ["agent-7", "t/b"], "{}", log.shown());
+    }
+
+    /// `leasehold run` holds; that service's process waits: it registers as waiter by rewriting
+    /// the object with its four fields only. The lease is still leasehold's: the holder's
+    /// handoff fires (`--on-handoff USR1`), the command ends, leasehold releases, and the waiter
+    /// gets the lock.
+    #[test]
+    fn a_seed_waiter_gets_the_lease_by_handoff_from_leasehold_run() {
+        let server = shared_gcs();
+        let prefix = leasehold_testkit::prefix("seed-waits");
+        let name = format!("{prefix}/agent");
+        let log = EventLog::new();
+        let url = server.store_url(&prefix);
+        let mut lh = run(
+            &url,
+            "a",
+            &log,
+            &["--ttl", "3s", "--on-handoff", "USR1"],
+            30.0,
+        );
+        lh.wait_line("working", Duration::from_secs(20));
+        let mut seed = gcs_seed_lock(
+            server,
+            &name,
+            "agent-9",
+            &log,
+            None,
+            &["--lease", "3", "--poll", "0.2", "--timeout", "30", "--work", "0.3"],
+        );
+        seed.wait_line("waiting", Duration::from_secs(20));
+        lh.wait_line("handoff", Duration::from_secs(5));
+        lh.succeeds(Duration::from_secs(10));
+        seed.wait_line("acquired", Duration::from_secs(10));
+        seed.wait_line("released", Duration::from_secs(5));
+        seed.succeeds(Duration::from_secs(5));
+        assert_eq!(who(&log), ["t/a", "agent-9"], "{}", log.shown());
+    }
+
+    /// That service judges leasehold's `expiresAt` on its own wall clock, with no margin: a
+    /// process of it whose clock runs 60 s ahead, beside a leasehold holder assuming clocks
+    /// within 90 s, finds the lease held (it registers as waiter) instead of taking it.
+    #[test]
+    fn a_seed_client_whose_clock_runs_ahead_does_not_take_a_held_lease() {
+        let server = shared_gcs();
+        let prefix = leasehold_testkit::prefix("seed-skew");
+        let name = format!("{prefix}/agent");
+        let log = EventLog::new();
+        let url = format!("{}&max_clock_skew=90s", server.store_url(&prefix));
+        let mut lh = run(&url, "a", &log, &["--ttl", "3s"], 4.0);
+        lh.wait_line("working", Duration::from_secs(20));
+        let o: Value = serde_json::from_str(&server.get_raw(&name).unwrap()).unwrap();
+        let ahead = o["expiresAt"].as_f64().unwrap() - now_secs();
+        assert!(ahead > 90.0 && ahead <= 93.5, "expiresAt {ahead:.3} s ahead: {o}");
+        let mut seed = gcs_seed_lock(
+            server,
+            &name,
+            "agent-9",
+            &log,
+            Some(Duration::from_secs(60)),
+            &["--lease", "3", "--once", "--work", "0.3"],
+        );
+        seed.wait_line("waiting", Duration::from_secs(20));
+        seed.succeeds(Duration::from_secs(5));
+        lh.succeeds(Duration::from_secs(15));
+        assert_eq!(who(&log), ["t/a"], "{}", log.shown());
+    }
+
+    /// That service's holder is SIGKILLed: its object carries no TTL; leasehold takes it once
+    /// it has seen it unchanged for `?foreign_ttl=` (2 s here; 60 s by default), not before the
+    /// holder's own `expiresAt`, and without waiting for `max_clock_skew` (5 minutes) past it.
+    #[test]
+    fn a_killed_seed_holders_lease_goes_to_leasehold_after_the_foreign_ttl() {
+        let server = shared_gcs();
+        let prefix = leasehold_testkit::prefix("seed-killed");
+        let name = format!("{prefix}/agent");
+        let log = EventLog::new();
+        let mut seed = gcs_seed_lock(
+            server,
+            &name,
+            "agent-7",
+            &log,
+            None,
+            &["--lease", "2", "--check-every", "0.5"],
+        );
+        seed.wait_line("acquired", Duration::from_secs(20));
+        let url = format!("{}&foreign_ttl=2s", server.store_url(&prefix));
+        let mut lh = run(&url, "b", &log, &["--ttl", "3s", "--wait", "20s"], 0.2);
+        seed.wait_line("release-requested t/b", Duration::from_secs(10));
+        seed.kill();
+        let (killed_ns, killed_wall) = (leasehold_testkit::mono_ns(), now_secs());
+        // Its work ended with it.
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(log.path())
+            .unwrap();
+        writeln!(f, "{killed_ns} agent-7 end").unwrap();
+        let o: Value = serde_json::from_str(&server.get_raw(&name).unwrap()).unwrap();
+        assert_eq!(o["ownerId"], "agent-7", "{o}");
+        let last_expiry = o["expiresAt"].as_f64().unwrap();
+        lh.succeeds(Duration::from_secs(25));
+        let w = log.working();
+        assert_eq!(
+            w.iter().map(|w| w.who.as_str()).collect::<Vec<_>>(),
+            ["agent-7", "t/b"],
+            "{}",
+            log.shown()
+        );
+        let start_wall = killed_wall + (w[1].start as f64 - killed_ns as f64) / 1e9;
+        assert!(
+            start_wall >= last_expiry,
+            "taken {:.3} s before the killed holder's expiresAt",
+            last_expiry - start_wall
+        );
+        assert!(
+            start_wall - killed_wall < 6.0,
+            "taken {:.3} s after the kill",
+            start_wall - killed_wall
+        );
+    }
+}

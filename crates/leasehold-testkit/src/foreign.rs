@@ -1,6 +1,7 @@
 //! Other clients of the same stores, run as the seeds' services run them: the official Kubernetes
-//! Python client's leader election (`kubernetes.leaderelection` with a `LeaseLock`) and redis-py's
-//! `Lock`, started as real processes from the scripts in this crate's `py/` directory, and the
+//! Python client's leader election (`kubernetes.leaderelection` with a `LeaseLock`), redis-py's
+//! `Lock` and the single-waiter Cloud Storage lock over the official `google-cloud-storage` client,
+//! started as real processes from the scripts in this crate's `py/` directory, and the
 //! event log they share with the commands leasehold runs.
 //!
 //! Every process appends `<CLOCK_MONOTONIC ns> <who> <event>` lines to one [`EventLog`] (one
@@ -129,6 +130,20 @@ impl Proc {
                 ),
             }
         }
+    }
+
+    /// Kills the process (SIGKILL by its PID), as a machine that dies, and reaps it.
+    ///
+    /// # Panics
+    /// When it is not gone within 10 s.
+    pub fn kill(&mut self) {
+        if self.status.is_none() {
+            // SAFETY: kill(2) on our own child, not reaped yet (the waiting thread reaps it).
+            unsafe {
+                libc::kill(self.pid, libc::SIGKILL);
+            }
+        }
+        self.wait(Duration::from_secs(10));
     }
 
     /// Waits up to `limit` for the process to exit.
@@ -392,4 +407,64 @@ pub fn redis_lock(
         .args(["--work", &work.to_string()])
         .args(["--ttl-ms", &ttl_ms.to_string()]);
     Proc::spawn(cmd, &format!("redis-py Lock as {identity}"))
+}
+
+/// The Python of [`python`], checked to have the official `google-cloud-storage` package.
+///
+/// # Panics
+/// When it lacks it, saying how to get it.
+pub fn gcs_python() -> PathBuf {
+    static CHECKED: OnceLock<PathBuf> = OnceLock::new();
+    CHECKED
+        .get_or_init(|| {
+            let python = python();
+            let out = Command::new(&python)
+                .args(["-c", "import google.cloud.storage"])
+                .output()
+                .unwrap_or_else(|e| panic!("cannot run {} (LEASEHOLD_PYTHON): {e}", python.display()));
+            assert!(
+                out.status.success(),
+                "{} lacks the `google-cloud-storage` package (./scripts/test installs it from scripts/python/pyenv.lock): {}",
+                python.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            python
+        })
+        .clone()
+}
+
+/// The single-waiter Cloud Storage lock of the service the GCS store replaces (seed 001), over the
+/// official `google-cloud-storage` client against `server`, on object `name` of
+/// [`crate::gcs_server::BUCKET`] as `owner`: logs `start`, `end` and `lost` to `log`, prints
+/// `waiting`, `acquired`, `release-requested WAITER`, `released`, `lost …` (see
+/// `py/gcs_seed_lock.py`, whose flags `args` adds: `--lease`, `--check-every`, `--poll`,
+/// `--timeout`, `--work`, `--release-on-request`, `--once`). With `clock_ahead`, its wall clock
+/// reads that far ahead (`faketime`, the monotonic clock left alone), as on a machine whose clock
+/// is wrong.
+pub fn gcs_seed_lock(
+    server: &crate::gcs_server::GcsServer,
+    name: &str,
+    owner: &str,
+    log: &EventLog,
+    clock_ahead: Option<Duration>,
+    args: &[&str],
+) -> Proc {
+    let mut cmd = match clock_ahead {
+        None => Command::new(gcs_python()),
+        Some(ahead) => {
+            let mut c = Command::new("faketime");
+            c.env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+                .args(["-f", &format!("+{}s", ahead.as_secs())])
+                .arg(gcs_python());
+            c
+        }
+    };
+    cmd.arg(script("gcs_seed_lock.py"))
+        .args(["--emulator", &server.url()])
+        .args(["--bucket", crate::gcs_server::BUCKET, "--name", name])
+        .args(["--owner", owner])
+        .arg("--log")
+        .arg(log.path())
+        .args(args);
+    Proc::spawn(cmd, &format!("the seed's GCS lock as {owner}"))
 }

@@ -265,7 +265,7 @@ pub fn gcs_object(data: &[u8]) {
     use crate::stores::gcs::object::{decode, encode, parse};
     use serde_json::Value;
     let Ok(map) = parse(data) else { return };
-    let Ok(r) = decode(&map, "k") else { return };
+    let Ok(r) = decode(&map, "k", 60_000) else { return };
     match map.get("ownerId") {
         Some(Value::String(h)) if !h.is_empty() => {
             assert_eq!(r.holder.as_deref(), Some(h.as_str()));
@@ -273,8 +273,8 @@ pub fn gcs_object(data: &[u8]) {
         }
         _ => assert!(r.token.is_none() && r.holder.is_none(), "{r:?}"),
     }
-    let written = encode(&r, Some(map));
-    match decode(&written, "k") {
+    let written = encode(&r, Some(map), 0);
+    match decode(&written, "k", 60_000) {
         Ok(back) => {
             assert_eq!(back.holder, r.holder, "{written:?}");
             assert_eq!(back.token.is_some(), r.token.is_some(), "{written:?}");

@@ -430,8 +430,9 @@ fn open_kubernetes(url: &str) -> Opening<'_> {
 #[cfg(feature = "gcs")]
 fn open_gcs(url: &str) -> Opening<'_> {
     Box::pin(async move {
-        let (rest, skew) = take_max_clock_skew(url)?;
-        let store = gcs::GcsStore::from_url(&parse(&rest)?).await?;
+        // The store reads `max_clock_skew` too: it is the margin of the `expiresAt` it writes.
+        let (_, skew) = take_max_clock_skew(url)?;
+        let store = gcs::GcsStore::from_url(&parse(url)?).await?;
         let store = crate::adapter::RecordLockStore::new(store).with_max_clock_skew(skew);
         Ok(Arc::new(store) as Arc<dyn LockStore>)
     })

@@ -64,6 +64,10 @@ pub const MAX_OBJECT_BYTES: usize = 1 << 20;
 /// seed's fields, far within [`MAX_OBJECT_BYTES`].
 pub const LABEL_LIMIT: usize = MAX_OBJECT_BYTES / 4;
 
+/// The lease length leasehold assumes for a lease another client of the object holds (the seed
+/// lock service's own: 60 s) unless `?foreign_ttl=` says otherwise.
+pub const DEFAULT_FOREIGN_TTL: Duration = Duration::from_secs(60);
+
 /// The endpoint of Google Cloud Storage's JSON API.
 pub const GOOGLE_ENDPOINT: &str = "https://storage.googleapis.com";
 
@@ -90,6 +94,17 @@ pub struct GcsOptions {
     pub endpoint: Option<String>,
     /// Per-request timeout. Default 10 s.
     pub timeout: Duration,
+    /// How long a lease or waiter registration written by another client (an object without
+    /// leasehold's field, or whose field describes another lease) lasts: it is over once a
+    /// contender has seen it unchanged for this long. It must be at least that client's lease
+    /// length (the seed service renews well within it). Default [`DEFAULT_FOREIGN_TTL`].
+    pub foreign_ttl: Duration,
+    /// The largest difference between machines' wall clocks assumed; give the adapter's
+    /// ([`crate::adapter::RecordLockStore::with_max_clock_skew`]) the same. The `expiresAt`
+    /// written for the other client is the lease's expiry plus this margin, because that client
+    /// judges it on its own wall clock with none. Default
+    /// [`crate::adapter::DEFAULT_MAX_CLOCK_SKEW`].
+    pub max_clock_skew: Duration,
 }
 
 impl GcsOptions {
@@ -105,6 +120,8 @@ impl GcsOptions {
             prefix: String::new(),
             endpoint: None,
             timeout: Duration::from_secs(10),
+            foreign_ttl: DEFAULT_FOREIGN_TTL,
+            max_clock_skew: crate::adapter::DEFAULT_MAX_CLOCK_SKEW,
         }
     }
 }
@@ -123,6 +140,10 @@ pub struct GcsStore {
     /// Object name → (generation, object) as last read or written, so that a replace of that
     /// generation keeps the fields leasehold does not own, and another client's lease exactly.
     seen: Mutex<HashMap<String, Seen>>,
+    /// [`GcsOptions::foreign_ttl`] in milliseconds.
+    foreign_ttl_ms: u64,
+    /// [`GcsOptions::max_clock_skew`] in milliseconds: the `expiresAt` margin.
+    margin_ms: u64,
 }
 
 impl fmt::Debug for GcsStore {
@@ -143,7 +164,7 @@ fn valid_bucket(b: &str) -> bool {
 
 impl GcsStore {
     /// Opens the store a `gs://BUCKET/PREFIX` or `gcs://…` URL names (`?endpoint=`,
-    /// `?timeout=`).
+    /// `?timeout=`, `?foreign_ttl=`, `?max_clock_skew=`).
     ///
     /// # Errors
     /// [`Error::InvalidUrl`] for a bad bucket, prefix, endpoint, timeout or unknown parameter;
@@ -177,13 +198,18 @@ impl GcsStore {
         for (k, v) in url.query_pairs() {
             match k.as_ref() {
                 "endpoint" => o.endpoint = Some(v.into_owned()),
-                "timeout" => {
-                    o.timeout = crate::stores::url_duration(&v)
-                        .map_err(|e| bad(format!("timeout={v}: {e}")))?;
+                "timeout" | "foreign_ttl" | "max_clock_skew" => {
+                    let d = crate::stores::url_duration(&v)
+                        .map_err(|e| bad(format!("{k}={v}: {e}")))?;
+                    match k.as_ref() {
+                        "timeout" => o.timeout = d,
+                        "foreign_ttl" => o.foreign_ttl = d,
+                        _ => o.max_clock_skew = d,
+                    }
                 }
                 other => {
                     return Err(bad(format!(
-                        "unknown parameter {other:?} (known: endpoint, timeout, max_clock_skew)"
+                        "unknown parameter {other:?} (known: endpoint, timeout, foreign_ttl, max_clock_skew)"
                     )))
                 }
             }
@@ -220,6 +246,9 @@ impl GcsStore {
         };
         if options.timeout.is_zero() {
             return Err(Error::option("timeout", "must be more than zero"));
+        }
+        if options.foreign_ttl.is_zero() {
+            return Err(Error::option("foreign_ttl", "must be more than zero"));
         }
         let emulator = std::env::var(EMULATOR_ENV).ok().filter(|h| !h.is_empty());
         // An endpoint named by the option or the variable is an emulator: no credentials.
@@ -278,6 +307,8 @@ impl GcsStore {
             prefix,
             describe,
             seen: Mutex::new(HashMap::new()),
+            foreign_ttl_ms: u64::try_from(options.foreign_ttl.as_millis()).unwrap_or(u64::MAX),
+            margin_ms: u64::try_from(options.max_clock_skew.as_millis()).unwrap_or(u64::MAX),
         })
     }
 
@@ -336,7 +367,7 @@ impl GcsStore {
                 .filter(|(g, _)| g == v)
                 .map(|(_, m)| m.clone())
         });
-        let map = object::encode(record, base);
+        let map = object::encode(record, base, self.margin_ms);
         let bytes = serde_json::to_vec_pretty(&map).unwrap_or_default();
         if bytes.len() > MAX_OBJECT_BYTES {
             return Err(Error::option(
@@ -363,8 +394,14 @@ impl GcsStore {
                 salvaged_fence: None,
             }),
             Read::Found(bytes, version) => {
-                let decoded = object::parse(&bytes)
-                    .and_then(|map| object::decode(&map, key).map(|r| (map, r)));
+                let decoded = object::parse(&bytes).and_then(|mut map| {
+                    // The other service rewrites the object with its four fields only: what our
+                    // field said of the lease and waiter it copied as they were still holds.
+                    if let Some((_, previous)) = self.seen.lock().get(name) {
+                        object::adopt(&mut map, previous);
+                    }
+                    object::decode(&map, key, self.foreign_ttl_ms).map(|r| (map, r))
+                });
                 match decoded {
                     Ok((map, record)) => {
                         self.remember(name, &version, map);

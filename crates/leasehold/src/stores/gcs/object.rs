@@ -4,18 +4,22 @@
 //! ```json
 //! {
 //!   "ownerId": "web-1",            // the holder; null when free
-//!   "expiresAt": 1790000030.5,      // Unix seconds (float); 0 when free
+//!   "expiresAt": 1790000330.5,      // Unix seconds (float); 0 when free
 //!   "waitingOwnerId": "web-2",      // the one waiter; null when none
 //!   "waiterExpiresAt": 1790000035.0,// Unix seconds (float); 0 when none
-//!   "leasehold": { "key": "job", "fence": 42, "token": "…", … }
+//!   "leasehold": { "key": "job", "fence": 42, "token": "…", "expires_at_margin_ms": 300000, … }
 //! }
 //! ```
 //!
 //! The seed's four fields are the truth. `leasehold` adds the owner token, fence, times and
-//! labels of the lease **only when it describes that very lease** (same holder, same expiry, to
-//! the millisecond): an object another client wrote, or rewrote keeping our field, reads as held
-//! by its `ownerId` until its `expiresAt` ([`FOREIGN_TOKEN`]), never as corrupt and never as free.
-//! Fields leasehold does not know are kept as read when it replaces the object.
+//! labels of the lease **only when it describes that very lease** (same holder, and an
+//! `expiresAt` equal, to the millisecond, to its `expires` plus the margin it was written with,
+//! `expires_at_margin_ms`): an object another client wrote, or rewrote keeping our field, reads as
+//! held by its `ownerId` ([`FOREIGN_TOKEN`]) for the foreign TTL, never as corrupt and never as
+//! free. Fields leasehold does not know are kept as read when it replaces the object.
+//!
+//! `expiresAt` is written later than leasehold's own expiry by the margin (the assumed clock
+//! skew): that service judges it by its own wall clock, with no margin of its own.
 
 use crate::record::LeaseRecord;
 use serde_json::{Map, Value};
@@ -28,16 +32,13 @@ pub(super) const FOREIGN_TOKEN: &str = "gcs-owner:";
 /// `waitingOwnerId`. Never written.
 pub(super) const FOREIGN_WAITER: &str = "gcs-waiter:";
 
-/// The TTL leasehold reads for a lease another client holds (its objects carry none): so long
-/// that the adapter never judges that lease over by observation, only once its `expiresAt` has
-/// passed by more than the assumed clock skew.
-pub(super) const FOREIGN_TTL_MS: u64 = 365 * 24 * 3600 * 1000;
-
 const OWNER: &str = "ownerId";
 const EXPIRES: &str = "expiresAt";
 const WAITER: &str = "waitingOwnerId";
 const WAITER_EXPIRES: &str = "waiterExpiresAt";
 const OURS: &str = "leasehold";
+/// In our field: how much later than the lease's `expires` the `expiresAt` beside it was written.
+const MARGIN: &str = "expires_at_margin_ms";
 
 /// Unix seconds (float) as milliseconds.
 fn secs_to_ms(v: &Value) -> Option<u64> {
@@ -101,8 +102,28 @@ fn truncate(s: &str) -> String {
     }
 }
 
+/// Gives `map`, an object without leasehold's field (the other service rewrote it with its four
+/// fields only), the field of `previous`, the same object as this process last read or wrote it.
+/// [`decode`] then takes from it only what still describes the seed's fields (the same holder and
+/// expiry, the same waiter and waiter expiry): a lease or waiter registration of ours that the
+/// other service copied as it was stays ours; anything else it wrote reads as its own.
+pub(crate) fn adopt(map: &mut Map<String, Value>, previous: &Map<String, Value>) {
+    if map.contains_key(OURS) {
+        return;
+    }
+    if let Some(ours) = previous.get(OURS) {
+        map.insert(OURS.into(), ours.clone());
+    }
+}
+
 /// The record an object holds; `key` names it when the object does not (another client wrote it).
-pub(crate) fn decode(map: &Map<String, Value>, key: &str) -> Result<LeaseRecord, Damaged> {
+/// A lease or a waiter registration of another client (which carries no TTL) is given
+/// `foreign_ttl_ms`: it is over once seen unchanged for that long.
+pub(crate) fn decode(
+    map: &Map<String, Value>,
+    key: &str,
+    foreign_ttl_ms: u64,
+) -> Result<LeaseRecord, Damaged> {
     let ours = map
         .get(OURS)
         .map(|v| serde_json::from_value::<LeaseRecord>(v.clone()));
@@ -110,6 +131,11 @@ pub(crate) fn decode(map: &Map<String, Value>, key: &str) -> Result<LeaseRecord,
         .get(OURS)
         .and_then(|v| v.get("fence"))
         .and_then(Value::as_u64);
+    let margin = map
+        .get(OURS)
+        .and_then(|v| v.get(MARGIN))
+        .and_then(Value::as_u64)
+        .unwrap_or(0);
     let damaged = |detail: String| Damaged {
         detail,
         fence: salvaged,
@@ -128,14 +154,14 @@ pub(crate) fn decode(map: &Map<String, Value>, key: &str) -> Result<LeaseRecord,
             let expires_ms = expires.ok().flatten().unwrap_or(u64::MAX);
             let describes = r.token.is_some()
                 && r.holder.as_deref() == Some(h.as_str())
-                && r.expires_ms.abs_diff(expires_ms) <= 1;
+                && r.expires_ms.saturating_add(margin).abs_diff(expires_ms) <= 1;
             if !describes {
                 r.token = Some(format!("{FOREIGN_TOKEN}{h}"));
                 r.holder = Some(h);
                 r.expires_ms = expires_ms;
                 r.acquired_ms = 0;
                 r.renewed_ms = 0;
-                r.ttl_ms = FOREIGN_TTL_MS;
+                r.ttl_ms = foreign_ttl_ms;
                 r.pid = None;
                 r.host = None;
                 r.labels.clear();
@@ -159,7 +185,7 @@ pub(crate) fn decode(map: &Map<String, Value>, key: &str) -> Result<LeaseRecord,
                 r.waiter_token = Some(format!("{FOREIGN_WAITER}{w}"));
                 r.waiter = Some(w);
                 r.waiter_expires_ms = Some(we);
-                r.waiter_ttl_ms = None;
+                r.waiter_ttl_ms = Some(foreign_ttl_ms);
             }
         }
         _ => {
@@ -175,7 +201,12 @@ pub(crate) fn decode(map: &Map<String, Value>, key: &str) -> Result<LeaseRecord,
 /// The object that stores `r`, built on `base` (the object as read at the version replaced, if
 /// known): fields leasehold does not own stay as read, and a lease or waiter registration of
 /// another client ([`FOREIGN_TOKEN`], [`FOREIGN_WAITER`]) keeps its seed fields exactly as read.
-pub(crate) fn encode(r: &LeaseRecord, base: Option<Map<String, Value>>) -> Map<String, Value> {
+/// A lease of ours gets `expiresAt` = its `expires` + `margin_ms`, and our field says so.
+pub(crate) fn encode(
+    r: &LeaseRecord,
+    base: Option<Map<String, Value>>,
+    margin_ms: u64,
+) -> Map<String, Value> {
     let mut map = base.unwrap_or_default();
     let foreign_owner = r
         .token
@@ -186,11 +217,19 @@ pub(crate) fn encode(r: &LeaseRecord, base: Option<Map<String, Value>>) -> Map<S
         .as_deref()
         .is_some_and(|t| t.starts_with(FOREIGN_WAITER));
     let mut ours = r.clone();
+    let mut margin = None;
     if !(foreign_owner && map.contains_key(OWNER)) {
         let held = r.token.is_some();
         let owner = r.holder.clone().filter(|_| held);
         map.insert(OWNER.into(), owner.map_or(Value::Null, Value::String));
-        let expires = if held { r.expires_ms } else { 0 };
+        let expires = if !held {
+            0
+        } else if foreign_owner || r.expires_ms == u64::MAX {
+            r.expires_ms
+        } else {
+            margin = Some(margin_ms);
+            r.expires_ms.saturating_add(margin_ms)
+        };
         map.insert(
             EXPIRES.into(),
             if expires == u64::MAX {
@@ -219,9 +258,10 @@ pub(crate) fn encode(r: &LeaseRecord, base: Option<Map<String, Value>>) -> Map<S
         ours.waiter_expires_ms = None;
         ours.waiter_ttl_ms = None;
     }
-    map.insert(
-        OURS.into(),
-        serde_json::to_value(&ours).unwrap_or(Value::Null),
-    );
+    let mut ours = serde_json::to_value(&ours).unwrap_or(Value::Null);
+    if let (Some(m), Value::Object(o)) = (margin, &mut ours) {
+        o.insert(MARGIN.into(), m.into());
+    }
+    map.insert(OURS.into(), ours);
     map
 }

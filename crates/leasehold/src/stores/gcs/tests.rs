@@ -1,4 +1,11 @@
-use super::object::{decode, encode, parse, FOREIGN_TOKEN, FOREIGN_TTL_MS, FOREIGN_WAITER};
+use super::object::{adopt, encode, parse, FOREIGN_TOKEN, FOREIGN_WAITER};
+
+/// The foreign TTL of these tests.
+const FOREIGN_TTL_MS: u64 = 60_000;
+
+fn decode(map: &Map<String, Value>, key: &str) -> Result<LeaseRecord, object::Damaged> {
+    object::decode(map, key, FOREIGN_TTL_MS)
+}
 use super::*;
 
 fn map(json: &str) -> Map<String, Value> {
@@ -20,7 +27,7 @@ fn held(key: &str) -> LeaseRecord {
 #[test]
 fn a_record_round_trips_through_the_seed_schema() {
     let r = held("job");
-    let m = encode(&r, None);
+    let m = encode(&r, None, 0);
     assert_eq!(m["ownerId"], "web-1");
     assert_eq!(m["expiresAt"].as_f64(), Some(1_790_000_030.123));
     assert_eq!(m["waitingOwnerId"], Value::Null);
@@ -30,11 +37,11 @@ fn a_record_round_trips_through_the_seed_schema() {
     w.waiter_token = Some("t2".into());
     w.waiter_expires_ms = Some(r.acquired_ms + 5_000);
     w.waiter_ttl_ms = Some(5_000);
-    let m = encode(&w, None);
+    let m = encode(&w, None, 0);
     assert_eq!(m["waitingOwnerId"], "web-2");
     assert_eq!(decode(&m, "job").unwrap(), w);
     let free = LeaseRecord::free("job", 9);
-    let m = encode(&free, None);
+    let m = encode(&free, None, 0);
     assert_eq!(
         (&m["ownerId"], m["expiresAt"].as_f64()),
         (&Value::Null, Some(0.0))
@@ -72,7 +79,7 @@ fn an_object_of_the_seed_service_is_held_by_its_owner_until_its_expiry() {
 #[test]
 fn our_field_describes_only_the_lease_it_was_written_with() {
     let r = held("job");
-    let mut m = encode(&r, None);
+    let mut m = encode(&r, None, 0);
     // The seed service takes the lease over, keeping the fields it does not know.
     m.insert("ownerId".into(), "agent-7".into());
     m.insert("expiresAt".into(), serde_json::json!(1_790_000_100.0));
@@ -96,7 +103,7 @@ fn a_waiter_registration_on_a_foreign_lease_keeps_its_fields_as_read() {
     r.waiter_token = Some("t2".into());
     r.waiter_expires_ms = Some(1_790_000_035_000);
     r.waiter_ttl_ms = Some(5_000);
-    let m = encode(&r, Some(base.clone()));
+    let m = encode(&r, Some(base.clone()), 0);
     assert_eq!(m["ownerId"], base["ownerId"]);
     assert_eq!(m["expiresAt"], base["expiresAt"], "not rounded");
     assert_eq!(m["color"], "blue");
@@ -114,7 +121,7 @@ fn a_waiter_registration_on_a_foreign_lease_keeps_its_fields_as_read() {
     ours.waiter_token = Some(format!("{FOREIGN_WAITER}agent-9"));
     ours.waiter_expires_ms = Some(1_790_000_040_000);
     let base = map(r#"{"waitingOwnerId":"agent-9","waiterExpiresAt":1790000040.0004}"#);
-    let m = encode(&ours, Some(base.clone()));
+    let m = encode(&ours, Some(base.clone()), 0);
     assert_eq!(m["waiterExpiresAt"], base["waiterExpiresAt"]);
     assert!(m["leasehold"]["waiter_token"].is_null());
 }
@@ -191,6 +198,19 @@ async fn options_are_checked() {
     let url = url::Url::parse("gs://bucket/p?endpoint=http://127.0.0.1:9&timeout=3s").unwrap();
     let s = GcsStore::from_url(&url).await.unwrap();
     assert_eq!(s.describe(), "gs://bucket/p/?endpoint=http://127.0.0.1:9");
+    let o = GcsStore::options_from_url(
+        &url::Url::parse("gs://bucket/p?foreign_ttl=3s&max_clock_skew=30s").unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        (o.foreign_ttl, o.max_clock_skew),
+        (Duration::from_secs(3), Duration::from_secs(30))
+    );
+    let o = GcsStore::options_from_url(&url::Url::parse("gs://bucket/p").unwrap()).unwrap();
+    assert_eq!(o.foreign_ttl, DEFAULT_FOREIGN_TTL);
+    let url = url::Url::parse("gs://bucket/p?endpoint=http://127.0.0.1:9&foreign_ttl=0s").unwrap();
+    let e = GcsStore::from_url(&url).await.unwrap_err().to_string();
+    assert!(e.contains("foreign_ttl"), "{e}");
 }
 
 #[tokio::test]
@@ -217,9 +237,80 @@ fn a_foreign_expiry_is_written_back_digit_for_digit() {
     r.waiter_token = Some("t2".into());
     r.waiter_expires_ms = Some(1_795_680_245_000);
     r.waiter_ttl_ms = Some(3_000);
-    let written = serde_json::to_string(&encode(&r, Some(base))).unwrap();
+    let written = serde_json::to_string(&encode(&r, Some(base), 0)).unwrap();
     assert!(
         written.contains(r#""expiresAt":1795680243.7358553"#),
         "{written}"
     );
+}
+
+#[test]
+fn expires_at_is_written_with_the_skew_margin_and_still_describes_our_lease() {
+    let r = held("job");
+    let m = encode(&r, None, 300_000);
+    assert_eq!(m["expiresAt"].as_f64(), Some(1_790_000_330.123));
+    assert_eq!(m["leasehold"]["expires_at_margin_ms"], 300_000);
+    assert_eq!(decode(&m, "job").unwrap(), r, "the margin is ours, not a new lease");
+    // The same holder at another expiry is not our lease.
+    let mut other = m.clone();
+    other.insert("expiresAt".into(), serde_json::json!(1_790_000_030.123));
+    let seen = decode(&other, "job").unwrap();
+    assert_eq!(seen.token.as_deref(), Some("gcs-owner:web-1"));
+    // A free object carries no margin.
+    let free = encode(&LeaseRecord::free("job", 9), None, 300_000);
+    assert_eq!(free["expiresAt"].as_f64(), Some(0.0));
+    assert!(free["leasehold"].get("expires_at_margin_ms").is_none());
+}
+
+#[test]
+fn the_other_services_leases_and_waiters_last_the_foreign_ttl() {
+    let m = map(
+        r#"{"ownerId":"agent-7","expiresAt":1790000030.5,"waitingOwnerId":"agent-9","waiterExpiresAt":1790000090}"#,
+    );
+    let r = object::decode(&m, "k", 2_000).unwrap();
+    assert_eq!((r.ttl_ms, r.waiter_ttl_ms), (2_000, Some(2_000)));
+}
+
+#[test]
+fn a_rewrite_of_our_lease_with_the_four_fields_only_is_still_our_lease() {
+    let r = held("job");
+    let ours = encode(&r, None, 300_000);
+    // The other service registers as waiter: its four fields, holder's as read, ours dropped.
+    let mut rewritten = map(&format!(
+        r#"{{"ownerId":"web-1","expiresAt":{},"waitingOwnerId":"agent-9","waiterExpiresAt":1790000090.25}}"#,
+        ours["expiresAt"]
+    ));
+    assert_eq!(
+        decode(&rewritten, "job").unwrap().token.as_deref(),
+        Some("gcs-owner:web-1"),
+        "without what we wrote before, it is somebody's lease"
+    );
+    adopt(&mut rewritten, &ours);
+    let seen = decode(&rewritten, "job").unwrap();
+    assert_eq!(seen.token.as_deref(), Some("t1"), "still ours");
+    assert_eq!((seen.fence, seen.labels.len()), (7, 1));
+    assert_eq!(seen.waiter_token.as_deref(), Some("gcs-waiter:agent-9"));
+    assert_eq!(seen.waiter_expires_ms, Some(1_790_000_090_250));
+    // Renewed, the object keeps its waiter fields as read and our field again.
+    let again = encode(&seen, Some(rewritten.clone()), 300_000);
+    assert_eq!(again["waiterExpiresAt"], rewritten["waiterExpiresAt"]);
+    assert_eq!(again["leasehold"]["token"], "t1");
+    // Another owner, or our holder at another expiry, is not adopted.
+    for (owner, expires) in [
+        ("agent-7", ours["expiresAt"].clone()),
+        ("web-1", serde_json::json!(1_790_000_400.0)),
+    ] {
+        let mut m = map(&format!(r#"{{"ownerId":"{owner}","expiresAt":{expires}}}"#));
+        adopt(&mut m, &ours);
+        let seen = decode(&m, "job").unwrap();
+        assert!(
+            seen.token.as_deref().is_some_and(|t| t.starts_with(FOREIGN_TOKEN)),
+            "{owner} {expires}: {seen:?}"
+        );
+        assert_eq!(seen.fence, 7, "the fence floor stays");
+    }
+    // An object that carries a field of ours is read as it is.
+    let mut m = encode(&LeaseRecord::free("job", 3), None, 0);
+    adopt(&mut m, &ours);
+    assert_eq!(m["leasehold"]["fence"], 3);
 }
