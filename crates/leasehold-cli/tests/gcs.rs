@@ -283,14 +283,51 @@ mod seed_client {
     use super::*;
     use leasehold_testkit::foreign::{gcs_seed_lock, EventLog, Proc};
 
-    /// `leasehold run --key agent ARGS -- work.py (logs to `log` as t/NAME)`.
-    fn run(url: &str, name: &str, log: &EventLog, args: &[&str], work: f64) -> Proc {
-        let mut c = leasehold(url, name);
-        c.args(["run", "--key", "agent"])
-            .args(args)
-            .arg("--")
-            .args(log.worker(&format!("t/{name}"), work));
-        Proc::spawn(c, &format!("leasehold run as t/{name}"))
+    /// One key (`agent`) on the shared emulator, and the event log of who worked under it.
+    struct Scene {
+        server: &'static GcsServer,
+        prefix: String,
+        /// The object's name.
+        name: String,
+        log: EventLog,
+    }
+
+    impl Scene {
+        fn new(tag: &str) -> Self {
+            let prefix = leasehold_testkit::prefix(tag);
+            Scene {
+                server: shared_gcs(),
+                name: format!("{prefix}/agent"),
+                prefix,
+                log: EventLog::new(),
+            }
+        }
+
+        /// That service's process as `owner` (flags of `gcs_seed_lock.py`).
+        fn seed(&self, owner: &str, ahead: Option<Duration>, args: &[&str]) -> Proc {
+            gcs_seed_lock(self.server, &self.name, owner, &self.log, ahead, args)
+        }
+
+        /// `leasehold --store URL&PARAMS run --key agent ARGS -- work.py` (logging as t/NAME).
+        fn run(&self, params: &str, name: &str, args: &[&str], work: f64) -> Proc {
+            let url = format!("{}{params}", self.server.store_url(&self.prefix));
+            let mut c = leasehold(&url, name);
+            c.args(["run", "--key", "agent"])
+                .args(args)
+                .arg("--")
+                .args(self.log.worker(&format!("t/{name}"), work));
+            Proc::spawn(c, &format!("leasehold run as t/{name}"))
+        }
+
+        /// The object as JSON.
+        fn object(&self) -> Value {
+            serde_json::from_str(&self.server.get_raw(&self.name).unwrap()).unwrap()
+        }
+
+        /// Who worked, in order (checking that nobody worked while another did).
+        fn workers(&self) -> Vec<String> {
+            self.log.working().into_iter().map(|w| w.who).collect()
+        }
     }
 
     fn now_secs() -> f64 {
@@ -300,34 +337,31 @@ mod seed_client {
             .as_secs_f64()
     }
 
-    fn who(log: &EventLog) -> Vec<String> {
-        log.working().into_iter().map(|w| w.who).collect()
-    }
+    const S: fn(u64) -> Duration = Duration::from_secs;
 
     /// That service holds; `leasehold run` waits as its waiter; the holder's waiter check asks
     /// for release, it releases (deletes the object) and `leasehold run` gets the lease.
     #[test]
     fn a_seed_holder_releases_to_a_waiting_leasehold_run() {
-        let server = shared_gcs();
-        let prefix = leasehold_testkit::prefix("seed-first");
-        let name = format!("{prefix}/agent");
-        let log = EventLog::new();
-        let mut seed = gcs_seed_lock(
-            server,
-            &name,
+        let t = Scene::new("seed-first");
+        let mut seed = t.seed(
             "agent-7",
-            &log,
             None,
-            &["--lease", "3", "--check-every", "0.5", "--release-on-request"],
+            &[
+                "--lease",
+                "3",
+                "--check-every",
+                "0.5",
+                "--release-on-request",
+            ],
         );
-        seed.wait_line("acquired", Duration::from_secs(20));
-        let url = server.store_url(&prefix);
-        let mut lh = run(&url, "b", &log, &["--ttl", "3s", "--wait", "30s"], 0.3);
-        seed.wait_line("release-requested t/b", Duration::from_secs(10));
-        seed.wait_line("released", Duration::from_secs(5));
-        seed.succeeds(Duration::from_secs(5));
-        lh.succeeds(Duration::from_secs(20));
-        assert_eq!(who(&log), ["agent-7", "t/b"], "{}", log.shown());
+        seed.wait_line("acquired", S(20));
+        let mut lh = t.run("", "b", &["--ttl", "3s", "--wait", "30s"], 0.3);
+        seed.wait_line("release-requested t/b", S(10));
+        seed.wait_line("released", S(5));
+        seed.succeeds(S(5));
+        lh.succeeds(S(20));
+        assert_eq!(t.workers(), ["agent-7", "t/b"], "{}", t.log.shown());
     }
 
     /// `leasehold run` holds; that service's process waits: it registers as waiter by rewriting
@@ -336,34 +370,30 @@ mod seed_client {
     /// gets the lock.
     #[test]
     fn a_seed_waiter_gets_the_lease_by_handoff_from_leasehold_run() {
-        let server = shared_gcs();
-        let prefix = leasehold_testkit::prefix("seed-waits");
-        let name = format!("{prefix}/agent");
-        let log = EventLog::new();
-        let url = server.store_url(&prefix);
-        let mut lh = run(
-            &url,
-            "a",
-            &log,
-            &["--ttl", "3s", "--on-handoff", "USR1"],
-            30.0,
-        );
-        lh.wait_line("working", Duration::from_secs(20));
-        let mut seed = gcs_seed_lock(
-            server,
-            &name,
+        let t = Scene::new("seed-waits");
+        let mut lh = t.run("", "a", &["--ttl", "3s", "--on-handoff", "USR1"], 30.0);
+        lh.wait_line("working", S(20));
+        let mut seed = t.seed(
             "agent-9",
-            &log,
             None,
-            &["--lease", "3", "--poll", "0.2", "--timeout", "30", "--work", "0.3"],
+            &[
+                "--lease",
+                "3",
+                "--poll",
+                "0.2",
+                "--timeout",
+                "30",
+                "--work",
+                "0.3",
+            ],
         );
-        seed.wait_line("waiting", Duration::from_secs(20));
-        lh.wait_line("handoff", Duration::from_secs(5));
-        lh.succeeds(Duration::from_secs(10));
-        seed.wait_line("acquired", Duration::from_secs(10));
-        seed.wait_line("released", Duration::from_secs(5));
-        seed.succeeds(Duration::from_secs(5));
-        assert_eq!(who(&log), ["t/a", "agent-9"], "{}", log.shown());
+        seed.wait_line("waiting", S(20));
+        lh.wait_line("handoff", S(5));
+        lh.succeeds(S(10));
+        seed.wait_line("acquired", S(10));
+        seed.wait_line("released", S(5));
+        seed.succeeds(S(5));
+        assert_eq!(t.workers(), ["t/a", "agent-9"], "{}", t.log.shown());
     }
 
     /// That service judges leasehold's `expiresAt` on its own wall clock, with no margin: a
@@ -371,28 +401,21 @@ mod seed_client {
     /// within 90 s, finds the lease held (it registers as waiter) instead of taking it.
     #[test]
     fn a_seed_client_whose_clock_runs_ahead_does_not_take_a_held_lease() {
-        let server = shared_gcs();
-        let prefix = leasehold_testkit::prefix("seed-skew");
-        let name = format!("{prefix}/agent");
-        let log = EventLog::new();
-        let url = format!("{}&max_clock_skew=90s", server.store_url(&prefix));
-        let mut lh = run(&url, "a", &log, &["--ttl", "3s"], 4.0);
-        lh.wait_line("working", Duration::from_secs(20));
-        let o: Value = serde_json::from_str(&server.get_raw(&name).unwrap()).unwrap();
+        let t = Scene::new("seed-skew");
+        let mut lh = t.run("&max_clock_skew=90s", "a", &["--ttl", "3s"], 4.0);
+        lh.wait_line("working", S(20));
+        let o = t.object();
         let ahead = o["expiresAt"].as_f64().unwrap() - now_secs();
-        assert!(ahead > 90.0 && ahead <= 93.5, "expiresAt {ahead:.3} s ahead: {o}");
-        let mut seed = gcs_seed_lock(
-            server,
-            &name,
-            "agent-9",
-            &log,
-            Some(Duration::from_secs(60)),
-            &["--lease", "3", "--once", "--work", "0.3"],
+        assert!(
+            ahead > 90.0 && ahead <= 93.5,
+            "expiresAt {ahead:.3} s ahead: {o}"
         );
-        seed.wait_line("waiting", Duration::from_secs(20));
-        seed.succeeds(Duration::from_secs(5));
-        lh.succeeds(Duration::from_secs(15));
-        assert_eq!(who(&log), ["t/a"], "{}", log.shown());
+        let once = ["--lease", "3", "--once", "--work", "0.3"];
+        let mut seed = t.seed("agent-9", Some(S(60)), &once);
+        seed.wait_line("waiting", S(20));
+        seed.succeeds(S(5));
+        lh.succeeds(S(15));
+        assert_eq!(t.workers(), ["t/a"], "{}", t.log.shown());
     }
 
     /// That service's holder is SIGKILLed: its object carries no TTL; leasehold takes it once
@@ -400,42 +423,31 @@ mod seed_client {
     /// holder's own `expiresAt`, and without waiting for `max_clock_skew` (5 minutes) past it.
     #[test]
     fn a_killed_seed_holders_lease_goes_to_leasehold_after_the_foreign_ttl() {
-        let server = shared_gcs();
-        let prefix = leasehold_testkit::prefix("seed-killed");
-        let name = format!("{prefix}/agent");
-        let log = EventLog::new();
-        let mut seed = gcs_seed_lock(
-            server,
-            &name,
-            "agent-7",
-            &log,
-            None,
-            &["--lease", "2", "--check-every", "0.5"],
+        let t = Scene::new("seed-killed");
+        let mut seed = t.seed("agent-7", None, &["--lease", "2", "--check-every", "0.5"]);
+        seed.wait_line("acquired", S(20));
+        let mut lh = t.run(
+            "&foreign_ttl=2s",
+            "b",
+            &["--ttl", "3s", "--wait", "20s"],
+            0.2,
         );
-        seed.wait_line("acquired", Duration::from_secs(20));
-        let url = format!("{}&foreign_ttl=2s", server.store_url(&prefix));
-        let mut lh = run(&url, "b", &log, &["--ttl", "3s", "--wait", "20s"], 0.2);
-        seed.wait_line("release-requested t/b", Duration::from_secs(10));
+        seed.wait_line("release-requested t/b", S(10));
         seed.kill();
         let (killed_ns, killed_wall) = (leasehold_testkit::mono_ns(), now_secs());
         // Its work ended with it.
         let mut f = std::fs::OpenOptions::new()
             .append(true)
-            .open(log.path())
+            .open(t.log.path())
             .unwrap();
         writeln!(f, "{killed_ns} agent-7 end").unwrap();
-        let o: Value = serde_json::from_str(&server.get_raw(&name).unwrap()).unwrap();
+        let o = t.object();
         assert_eq!(o["ownerId"], "agent-7", "{o}");
         let last_expiry = o["expiresAt"].as_f64().unwrap();
-        lh.succeeds(Duration::from_secs(25));
-        let w = log.working();
-        assert_eq!(
-            w.iter().map(|w| w.who.as_str()).collect::<Vec<_>>(),
-            ["agent-7", "t/b"],
-            "{}",
-            log.shown()
-        );
-        let start_wall = killed_wall + (w[1].start as f64 - killed_ns as f64) / 1e9;
+        lh.succeeds(S(25));
+        assert_eq!(t.workers(), ["agent-7", "t/b"], "{}", t.log.shown());
+        let start = t.log.last("t/b", "start").unwrap();
+        let start_wall = killed_wall + (start as f64 - killed_ns as f64) / 1e9;
         assert!(
             start_wall >= last_expiry,
             "taken {:.3} s before the killed holder's expiresAt",

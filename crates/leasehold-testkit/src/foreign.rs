@@ -39,19 +39,31 @@ pub fn python() -> PathBuf {
                     venv.display()
                 ),
             };
-            let out = Command::new(&python)
-                .args(["-c", "import kubernetes.leaderelection.leaderelection, redis"])
-                .output()
-                .unwrap_or_else(|e| panic!("cannot run {} (LEASEHOLD_PYTHON): {e}", python.display()));
-            assert!(
-                out.status.success(),
-                "{} lacks the `kubernetes` or `redis` package (pip install kubernetes redis; ./scripts/test installs them): {}",
-                python.display(),
-                String::from_utf8_lossy(&out.stderr)
+            imports(
+                &python,
+                "kubernetes.leaderelection.leaderelection, redis",
+                "the `kubernetes` or `redis` package (pip install kubernetes redis; ./scripts/test installs them)",
             );
             python
         })
         .clone()
+}
+
+/// Checks that `python` can `import MODULES`.
+///
+/// # Panics
+/// When it cannot, saying it lacks `what`.
+fn imports(python: &Path, modules: &str, what: &str) {
+    let out = Command::new(python)
+        .args(["-c", &format!("import {modules}")])
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {} (LEASEHOLD_PYTHON): {e}", python.display()));
+    assert!(
+        out.status.success(),
+        "{} lacks {what}: {}",
+        python.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// The path of the script `name` in this crate's `py/` directory.
@@ -418,15 +430,10 @@ pub fn gcs_python() -> PathBuf {
     CHECKED
         .get_or_init(|| {
             let python = python();
-            let out = Command::new(&python)
-                .args(["-c", "import google.cloud.storage"])
-                .output()
-                .unwrap_or_else(|e| panic!("cannot run {} (LEASEHOLD_PYTHON): {e}", python.display()));
-            assert!(
-                out.status.success(),
-                "{} lacks the `google-cloud-storage` package (./scripts/test installs it from scripts/python/pyenv.lock): {}",
-                python.display(),
-                String::from_utf8_lossy(&out.stderr)
+            imports(
+                &python,
+                "google.cloud.storage",
+                "the `google-cloud-storage` package (./scripts/test installs it from scripts/python/pyenv.lock)",
             );
             python
         })

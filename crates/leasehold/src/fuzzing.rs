@@ -265,7 +265,9 @@ pub fn gcs_object(data: &[u8]) {
     use crate::stores::gcs::object::{decode, encode, parse};
     use serde_json::Value;
     let Ok(map) = parse(data) else { return };
-    let Ok(r) = decode(&map, "k", 60_000) else { return };
+    let Ok(r) = decode(&map, "k", 60_000) else {
+        return;
+    };
     match map.get("ownerId") {
         Some(Value::String(h)) if !h.is_empty() => {
             assert_eq!(r.holder.as_deref(), Some(h.as_str()));

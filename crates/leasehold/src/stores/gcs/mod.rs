@@ -14,14 +14,22 @@
 //!
 //! The object is JSON **in the seed lock service's schema** (`ownerId`, `expiresAt` in Unix
 //! seconds, `waitingOwnerId`, `waiterExpiresAt`) with leasehold's record beside it under
-//! `leasehold`; a process of that service and a leasehold process exclude each other. An object
-//! that service wrote reads as held by its `ownerId` until its `expiresAt` has passed by more than
-//! the adapter's `max_clock_skew` (such an object carries no TTL to observe); its waiter
-//! registration is honoured as a reservation.
+//! `leasehold`; a process of that service and a leasehold process exclude each other:
+//! * an object that service wrote carries no TTL: it reads as held by its `ownerId` until it has
+//!   been seen unchanged for `foreign_ttl` (that service's lease length, default 60 s), or its
+//!   `expiresAt` has passed by more than `max_clock_skew`; its waiter registration is honoured as
+//!   a reservation, and lapses the same way;
+//! * the `expiresAt` leasehold writes is its lease's expiry plus `max_clock_skew`: that service
+//!   judges it on its own wall clock with no margin, so a clock of that service's up to
+//!   `max_clock_skew` ahead still sees the lease held until leasehold's holder has stopped;
+//! * that service rewrites the object with its four fields only (its waiter registration, its
+//!   renewals): a lease or waiter registration of leasehold's it copied as it was (same
+//!   `ownerId` and `expiresAt`, same waiter and waiter expiry) is still leasehold's, as this
+//!   process last read or wrote it, so its holder sees the waiter and hands off.
 //!
-//! URL: `gs://BUCKET/PREFIX[?endpoint=…&timeout=…&max_clock_skew=…]` (also `gcs://`). The object
-//! of key `K` is `PREFIX/K` (a key longer than the name limit, `.`, `..`, or one that looks like a
-//! hashed name is shortened and given 128 bits of its SHA-256). Credentials come from Google's
+//! URL: `gs://BUCKET/PREFIX[?endpoint=…&timeout=…&foreign_ttl=…&max_clock_skew=…]` (also
+//! `gcs://`). The object of key `K` is `PREFIX/K` (a key longer than the name limit, `.`, `..`,
+//! or one that looks like a hashed name is shortened and given 128 bits of its SHA-256). Credentials come from Google's
 //! chain (`GOOGLE_APPLICATION_CREDENTIALS`, gcloud's application default credentials, the metadata
 //! server, `gcloud auth print-access-token`), through the `gcp_auth` crate. With
 //! `STORAGE_EMULATOR_HOST=host:port` (as Google's client libraries read it) or `?endpoint=URL`

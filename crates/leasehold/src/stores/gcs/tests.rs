@@ -250,7 +250,11 @@ fn expires_at_is_written_with_the_skew_margin_and_still_describes_our_lease() {
     let m = encode(&r, None, 300_000);
     assert_eq!(m["expiresAt"].as_f64(), Some(1_790_000_330.123));
     assert_eq!(m["leasehold"]["expires_at_margin_ms"], 300_000);
-    assert_eq!(decode(&m, "job").unwrap(), r, "the margin is ours, not a new lease");
+    assert_eq!(
+        decode(&m, "job").unwrap(),
+        r,
+        "the margin is ours, not a new lease"
+    );
     // The same holder at another expiry is not our lease.
     let mut other = m.clone();
     other.insert("expiresAt".into(), serde_json::json!(1_790_000_030.123));
@@ -304,7 +308,9 @@ fn a_rewrite_of_our_lease_with_the_four_fields_only_is_still_our_lease() {
         adopt(&mut m, &ours);
         let seen = decode(&m, "job").unwrap();
         assert!(
-            seen.token.as_deref().is_some_and(|t| t.starts_with(FOREIGN_TOKEN)),
+            seen.token
+                .as_deref()
+                .is_some_and(|t| t.starts_with(FOREIGN_TOKEN)),
             "{owner} {expires}: {seen:?}"
         );
         assert_eq!(seen.fence, 7, "the fence floor stays");
