@@ -315,8 +315,8 @@ impl GcsStore {
             prefix,
             describe,
             seen: Mutex::new(HashMap::new()),
-            foreign_ttl_ms: u64::try_from(options.foreign_ttl.as_millis()).unwrap_or(u64::MAX),
-            margin_ms: u64::try_from(options.max_clock_skew.as_millis()).unwrap_or(u64::MAX),
+            foreign_ttl_ms: crate::record::ms(options.foreign_ttl),
+            margin_ms: crate::record::ms(options.max_clock_skew),
         })
     }
 
