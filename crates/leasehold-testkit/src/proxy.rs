@@ -3,15 +3,37 @@
 //!
 //! Moving the target affects new connections only: connections already made keep forwarding to
 //! the old target, as they do when a DNS name is repointed during a failover. Bytes pass through
-//! unchanged; the proxy knows nothing of the protocol.
+//! unchanged; the proxy knows nothing of the protocol. Forwarding can be held in both directions
+//! (a partition) or in the server's direction to the client only (answers lost in a leader change:
+//! the server did the work, the client hears nothing); what is held is kept, in the pieces it was
+//! read in, and delivered on resume.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
+use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
 
-/// Whether forwarding is paused, and a wake-up for when it resumes.
-type Gate = Arc<(Mutex<bool>, Condvar)>;
+/// What is held, and a wake-up for when it changes.
+type Gate = Arc<(Mutex<Held>, Condvar)>;
+
+/// What the proxy holds.
+#[derive(Debug, Default)]
+struct Held {
+    /// Both directions ([`TcpProxy::pause`]).
+    all: bool,
+    /// The server's bytes to the client ([`TcpProxy::hold_answers`]).
+    answers: bool,
+    /// Between two pieces held and then delivered ([`TcpProxy::release_answers`]).
+    pace: Duration,
+}
+
+impl Held {
+    fn holds(&self, answers: bool) -> bool {
+        self.all || (answers && self.answers)
+    }
+}
 
 /// A forwarder listening on a free loopback port; stops accepting on drop (connections already
 /// forwarded run on until either side closes).
@@ -38,7 +60,7 @@ impl TcpProxy {
             .port();
         let target = Arc::new(AtomicU16::new(target));
         let stop = Arc::new(AtomicBool::new(false));
-        let gate: Gate = Arc::new((Mutex::new(false), Condvar::new()));
+        let gate: Gate = Arc::default();
         let (to, stopped, pumps) = (target.clone(), stop.clone(), gate.clone());
         std::thread::spawn(move || {
             for client in listener.incoming() {
@@ -53,8 +75,8 @@ impl TcpProxy {
                 };
                 let _ = client.set_nodelay(true);
                 let _ = server.set_nodelay(true);
-                pump(&client, &server, pumps.clone());
-                pump(&server, &client, pumps.clone());
+                pump(&client, &server, pumps.clone(), false);
+                pump(&server, &client, pumps.clone(), true);
             }
         });
         TcpProxy {
@@ -65,21 +87,42 @@ impl TcpProxy {
         }
     }
 
+    fn set(&self, f: impl FnOnce(&mut Held)) {
+        if let Ok(mut held) = self.gate.0.lock() {
+            f(&mut held);
+        }
+        self.gate.1.notify_all();
+    }
+
     /// Holds every byte in both directions, on every connection, until [`resume`](Self::resume):
     /// the server unreachable from this proxy's clients only (a partition, a hung load
     /// balancer). Connections stay open; nothing is lost.
     pub fn pause(&self) {
-        if let Ok(mut paused) = self.gate.0.lock() {
-            *paused = true;
-        }
+        self.set(|h| h.all = true);
     }
 
     /// Forwards again, the bytes held first.
     pub fn resume(&self) {
-        if let Ok(mut paused) = self.gate.0.lock() {
-            *paused = false;
-        }
-        self.gate.1.notify_all();
+        self.set(|h| h.all = false);
+    }
+
+    /// Holds what the server sends, on every connection, until
+    /// [`release_answers`](Self::release_answers); requests still reach it. The server does
+    /// what it is asked and its client hears nothing — an answer lost or late in a leader change.
+    pub fn hold_answers(&self) {
+        self.set(|h| {
+            h.answers = true;
+            h.pace = Duration::ZERO;
+        });
+    }
+
+    /// Forwards what the server sends again: what was held first, in the pieces it was read in,
+    /// `pace` apart (so that the client handles one answer before it reads the next).
+    pub fn release_answers(&self, pace: Duration) {
+        self.set(|h| {
+            h.answers = false;
+            h.pace = pace;
+        });
     }
 
     /// Sends new connections to `127.0.0.1:target` from now on.
@@ -88,32 +131,47 @@ impl TcpProxy {
     }
 }
 
-/// Copies `from` to `to` on a thread of its own until `from` ends, then ends `to`'s writing side;
-/// what it reads while `gate` is closed it holds until the gate opens.
-fn pump(from: &TcpStream, to: &TcpStream, gate: Gate) {
+/// Copies `from` to `to` until `from` ends, then ends `to`'s writing side: one thread reads (so
+/// that what arrives while held keeps its pieces), one writes what `gate` lets through.
+/// `answers`: this is the server's direction.
+fn pump(from: &TcpStream, to: &TcpStream, gate: Gate, answers: bool) {
     let (Ok(mut from), Ok(mut to)) = (from.try_clone(), to.try_clone()) else {
         return;
     };
+    // Each piece read, and whether it was read while held.
+    let (tx, rx) = mpsc::channel::<(Vec<u8>, bool)>();
+    let reading = gate.clone();
     std::thread::spawn(move || {
         let mut buf = [0u8; 16 * 1024];
         loop {
             match from.read(&mut buf) {
                 Ok(0) | Err(_) => break,
                 Ok(n) => {
-                    let (paused, resumed) = &*gate;
-                    let Ok(held) = paused.lock() else { break };
-                    match resumed.wait_while(held, |p| *p) {
-                        Ok(open) => drop(open),
-                        Err(_) => break,
-                    }
-                    if to.write_all(&buf[..n]).is_err() {
+                    let held = reading.0.lock().map(|h| h.holds(answers)).unwrap_or(false);
+                    if tx.send((buf[..n].to_vec(), held)).is_err() {
                         break;
                     }
                 }
             }
         }
-        let _ = to.shutdown(Shutdown::Write);
         let _ = from.shutdown(Shutdown::Read);
+    });
+    std::thread::spawn(move || {
+        for (piece, was_held) in rx {
+            let (state, changed) = &*gate;
+            let Ok(held) = state.lock() else { break };
+            let pace = match changed.wait_while(held, |h| h.holds(answers)) {
+                Ok(open) => open.pace,
+                Err(_) => break,
+            };
+            if to.write_all(&piece).is_err() {
+                break;
+            }
+            if was_held && !pace.is_zero() {
+                std::thread::sleep(pace);
+            }
+        }
+        let _ = to.shutdown(Shutdown::Write);
     });
 }
 

@@ -267,3 +267,205 @@ async fn a_holder_killed_with_sigkill_frees_its_key_with_its_session() {
     assert!(g.fence() > fence);
     g.release().await.unwrap();
 }
+
+/// A store that lets each `acquire` call through only when the test says so, counting the calls
+/// that reached it; everything else goes straight to the store it wraps. It changes no answer: it
+/// only decides when the client's next attempt is sent.
+#[derive(Debug, Clone)]
+struct Paced {
+    inner: Arc<dyn leasehold::LockStore>,
+    /// Acquire calls that reached it.
+    arrived: Arc<tokio::sync::watch::Sender<usize>>,
+    /// Acquire calls it lets through (counted as `arrived` is).
+    allowed: Arc<tokio::sync::watch::Sender<usize>>,
+}
+
+impl Paced {
+    fn new(inner: Arc<dyn leasehold::LockStore>) -> Self {
+        Paced {
+            inner,
+            arrived: Arc::new(tokio::sync::watch::channel(0).0),
+            allowed: Arc::new(tokio::sync::watch::channel(0).0),
+        }
+    }
+
+    /// Waits until the `n`th acquire call reached it.
+    async fn arrived(&self, n: usize) {
+        let mut seen = self.arrived.subscribe();
+        let reached = tokio::time::timeout(Duration::from_secs(10), seen.wait_for(|c| *c >= n));
+        assert!(
+            matches!(reached.await, Ok(Ok(_))),
+            "acquire call {n} never came"
+        );
+    }
+
+    /// Lets acquire calls through up to the `n`th.
+    fn allow(&self, n: usize) {
+        self.allowed.send_replace(n);
+    }
+}
+
+#[async_trait::async_trait]
+impl leasehold::LockStore for Paced {
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+    fn capabilities(&self) -> leasehold::Capabilities {
+        self.inner.capabilities()
+    }
+    async fn acquire(
+        &self,
+        req: &leasehold::AcquireRequest,
+    ) -> leasehold::Result<leasehold::AcquireOutcome> {
+        let mut n = 0;
+        self.arrived.send_modify(|c| {
+            *c += 1;
+            n = *c;
+        });
+        let mut allowed = self.allowed.subscribe();
+        allowed.wait_for(|a| *a >= n).await.unwrap();
+        self.inner.acquire(req).await
+    }
+    async fn renew(
+        &self,
+        key: &leasehold::Key,
+        token: &str,
+        ttl: Duration,
+    ) -> leasehold::Result<leasehold::RenewOutcome> {
+        self.inner.renew(key, token, ttl).await
+    }
+    async fn release(
+        &self,
+        key: &leasehold::Key,
+        token: &str,
+    ) -> leasehold::Result<leasehold::ReleaseOutcome> {
+        self.inner.release(key, token).await
+    }
+    async fn withdraw_waiter(&self, key: &leasehold::Key, token: &str) -> leasehold::Result<()> {
+        self.inner.withdraw_waiter(key, token).await
+    }
+    async fn inspect(
+        &self,
+        key: &leasehold::Key,
+    ) -> leasehold::Result<Option<leasehold::Inspection>> {
+        self.inner.inspect(key).await
+    }
+    async fn list(&self, prefix: &str) -> leasehold::Result<Vec<leasehold::Inspection>> {
+        self.inner.list(prefix).await
+    }
+    async fn force_release(
+        &self,
+        key: &leasehold::Key,
+    ) -> leasehold::Result<Option<leasehold::LeaseRecord>> {
+        self.inner.force_release(key).await
+    }
+    async fn cleanup(&self, older_than: Duration) -> leasehold::Result<leasehold::CleanupReport> {
+        self.inner.cleanup(older_than).await
+    }
+    async fn subscribe(
+        &self,
+        key: &leasehold::Key,
+    ) -> leasehold::Result<Option<Box<dyn leasehold::ChangeWatch>>> {
+        self.inner.subscribe(key).await
+    }
+    async fn notify_release(
+        &self,
+        key: &leasehold::Key,
+        fence: Option<u64>,
+    ) -> leasehold::Result<bool> {
+        self.inner.notify_release(key, fence).await
+    }
+}
+
+/// An acquire whose answer is lost (held in the proxy past the store's `?timeout=`, which is
+/// longer than the TTL, as in a slow leader change): the write was done, so the store cleans it
+/// up in the background — while the acquisition's retry, with the same owner token, finds that
+/// same write. The clean-up's request goes out first (by 0 to 40 ms; 0 lets them race) and its
+/// answer comes first (the proxy hands the held answers over one at a time), the retry's answer
+/// right after. Fifty times, on a key another holder has just released (every other time the
+/// first is a registered waiter): the first process's guard, once granted, is current and its
+/// record is there, and a second process trying the key at that moment is never granted it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lost_acquire_answer_is_never_both_cleaned_up_and_adopted() {
+    use std::io::{BufRead, Write};
+    const TTL: Duration = Duration::from_millis(400);
+    let server = shared_etcd();
+    let direct = store_url(server);
+    let proxy = TcpProxy::start(server.port);
+    let url = format!("etcd://127.0.0.1:{}?timeout=600ms", proxy.port);
+    let paced = Paced::new(leasehold::open_store(&url).await.unwrap());
+    let first = Locks::new(paced.clone())
+        .with_holder(leasehold::HolderId::new("first"))
+        .with_local_layer(false);
+    let other = leasehold_testkit::connect_as(&direct, "other").await;
+    let stem = leasehold_testkit::prefix("unanswered");
+    let mut probe = std::process::Command::new(WORKER)
+        .args(["probe", &direct, &stem, &TTL.as_millis().to_string()])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut ask = probe.stdin.take().unwrap();
+    let mut answers = std::io::BufReader::new(probe.stdout.take().unwrap()).lines();
+    for i in 0..50u64 {
+        let key = format!("{stem}/{i}");
+        let held = leasehold_testkit::take(&other, &key, Duration::from_secs(30)).await;
+        let calls = *paced.arrived.borrow();
+        let waiting = first
+            .lock(&key)
+            .unwrap()
+            .ttl(TTL)
+            .register_waiter(i % 2 == 1)
+            .wait(Duration::from_secs(10))
+            .acquire();
+        let waiting = tokio::spawn(waiting);
+        // Its first attempt finds the key held; it subscribes and comes back.
+        paced.allow(calls + 1);
+        paced.arrived(calls + 2).await;
+        held.release().await.unwrap();
+        // The attempt that creates the record: its answer is held.
+        proxy.hold_answers();
+        paced.allow(calls + 2);
+        // It failed (no answer within 600 ms) and is tried again; the clean-up of what it may
+        // have written started as it failed. A moment for the clean-up's request to go out first.
+        paced.arrived(calls + 3).await;
+        tokio::time::sleep(Duration::from_millis(10 * (i % 5))).await;
+        // The retry, and any attempt after it.
+        paced.allow(usize::MAX);
+        // The retry's request reaches etcd; then the answers go, 5 ms apart.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        proxy.release_answers(Duration::from_millis(5));
+        let g = match waiting.await.unwrap() {
+            Ok(g) => g,
+            Err(e) => panic!("iteration {i}: the first process got no lease: {e}"),
+        };
+        paced.allow(0);
+        writeln!(ask, "{i}").unwrap();
+        let said = answers.next().unwrap().unwrap();
+        assert!(
+            said.starts_with("busy"),
+            "iteration {i}: a second process was granted {key} ({said}) while the first \
+             process's guard (fence {}) is current: {}",
+            g.fence(),
+            g.is_current()
+        );
+        if !g.is_current() {
+            panic!(
+                "iteration {i}: the first guard lost its lease at once: {}",
+                g.lost().await
+            );
+        }
+        let record = other
+            .store()
+            .inspect(&leasehold::Key::new(&key).unwrap())
+            .await
+            .unwrap();
+        assert!(
+            matches!(&record, Some(leasehold::Inspection::Record(r)) if r.holder.as_deref() == Some("first")),
+            "iteration {i}: the record is not the first process's: {record:?}"
+        );
+        g.release().await.unwrap();
+    }
+    drop(ask);
+    probe.wait().unwrap();
+}

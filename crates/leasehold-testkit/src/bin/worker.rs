@@ -21,6 +21,9 @@
 //!
 //! `leasehold-worker try STORE KEY TTL_MS`: try to acquire KEY once, without waiting: print
 //! `granted FENCE` and release, or `busy HOLDER`.
+//!
+//! `leasehold-worker probe STORE STEM TTL_MS`: for each line `N` read from stdin, try to acquire
+//! `STEM/N` once as `try` does, printing one line per try.
 
 use std::io::Write;
 use std::time::Duration;
@@ -103,6 +106,33 @@ fn fenced_write(dir: &std::path::Path, fence: u64, step: u32) {
         .open(dir.join(file))
         .and_then(|mut f| f.write_all(line.as_bytes()))
         .unwrap_or_else(|e| fail(e.to_string()));
+}
+
+/// Tries to acquire `key` once, without waiting: `granted FENCE` (released again), or
+/// `busy HOLDER`.
+async fn try_once(locks: &leasehold::Locks, key: leasehold::Key, ttl: u64) -> String {
+    match locks
+        .lock_key(key.clone())
+        .ttl(Duration::from_millis(ttl))
+        .try_acquire()
+        .await
+    {
+        Ok(Some(g)) => {
+            let fence = g.fence();
+            if let Err(e) = g.release().await {
+                fail(e.to_string());
+            }
+            format!("granted {fence}")
+        }
+        Ok(None) => {
+            let holder = match locks.store().inspect(&key).await {
+                Ok(Some(leasehold::Inspection::Record(r))) => r.holder.unwrap_or_default(),
+                _ => String::new(),
+            };
+            format!("busy {holder}")
+        }
+        Err(e) => fail(e.to_string()),
+    }
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -245,26 +275,16 @@ async fn main() {
         }
         "try" => {
             let ttl: u64 = arg(4).parse().unwrap_or_else(|_| fail("bad ttl".into()));
-            match locks
-                .lock_key(key.clone())
-                .ttl(Duration::from_millis(ttl))
-                .try_acquire()
-                .await
-            {
-                Ok(Some(g)) => {
-                    println!("granted {}", g.fence());
-                    if let Err(e) = g.release().await {
-                        fail(e.to_string());
-                    }
-                }
-                Ok(None) => {
-                    let holder = match locks.store().inspect(&key).await {
-                        Ok(Some(leasehold::Inspection::Record(r))) => r.holder.unwrap_or_default(),
-                        _ => String::new(),
-                    };
-                    println!("busy {holder}");
-                }
-                Err(e) => fail(e.to_string()),
+            println!("{}", try_once(&locks, key, ttl).await);
+        }
+        "probe" => {
+            let ttl: u64 = arg(4).parse().unwrap_or_else(|_| fail("bad ttl".into()));
+            let mut lines = std::io::stdin().lines();
+            while let Some(Ok(line)) = lines.next() {
+                let name = format!("{}/{}", key.as_str(), line.trim());
+                let key = leasehold::Key::new(name).unwrap_or_else(|e| fail(e.to_string()));
+                println!("{}", try_once(&locks, key, ttl).await);
+                let _ = std::io::stdout().flush();
             }
         }
         other => fail(format!("unknown mode {other}")),

@@ -5,15 +5,38 @@
 //! guard renews no more, a raw acquisition is never renewed) is deleted here at its deadline —
 //! `sent + ttl` of its last grant or renewal, never before the holder's own stop-by time — with a
 //! delete conditioned on its create revision, so that only that lease goes.
+//!
+//! A write sent without an answer (a timeout: done or not, nobody knows) is kept here too, by its
+//! exact value (each write's value is unique, see [`next_write`]). Two parties may act on it: a
+//! retry of the same acquisition that finds it may *adopt* it as its grant, and its clean-up
+//! deletes it a TTL after it was sent. They are exclusive, decided under the one lock of this
+//! map: a write is adoptable only until its clean-up claims it, and a clean-up claims only a
+//! write not adopted. A claimed write stays claimed (its delete may still land late), so no
+//! retry ever adopts a key that a clean-up might delete.
 
 use super::error::retried;
 use super::session::Session;
 use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 use parking_lot::Mutex;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 use tokio::time::Instant;
+
+/// A number no other write of this process carries: written into each value this store writes
+/// (beside its owner token, unique per acquisition), so that a value names one write.
+pub(crate) fn next_write() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// A clean-up that did not find its write looks again (the write may still land: a request
+/// whose answer was lost can be applied late, after a leader change) after this, then at
+/// doubling pauses until [`RECHECK_UNTIL`] has passed.
+const RECHECK_FIRST: Duration = Duration::from_secs(1);
+/// How long a clean-up looks for a write it did not find.
+const RECHECK_UNTIL: Duration = Duration::from_secs(60);
 
 /// One held key.
 #[derive(Debug, Clone)]
@@ -28,9 +51,31 @@ pub(crate) struct Entry {
     deadline: Instant,
 }
 
+/// A write sent without an answer.
+#[derive(Debug)]
+struct Unanswered {
+    name: String,
+    token: String,
+    /// Its exact value.
+    value: Vec<u8>,
+    /// The session it was attached to.
+    session: Arc<Session>,
+    /// Its clean-up has begun: it can no longer be adopted.
+    claimed: bool,
+}
+
+/// What one store holds, under one lock.
+#[derive(Default)]
+struct State {
+    /// The held keys, by etcd key.
+    keys: HashMap<String, Entry>,
+    /// Writes without an answer, by a number of their own.
+    unanswered: HashMap<u64, Unanswered>,
+}
+
 /// The held keys of one store, by etcd key.
 pub(crate) struct Held {
-    map: Mutex<HashMap<String, Entry>>,
+    map: Mutex<State>,
     client: etcd_client::Client,
     described: String,
     timeout: Duration,
@@ -39,7 +84,7 @@ pub(crate) struct Held {
 impl std::fmt::Debug for Held {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Held")
-            .field("keys", &self.map.lock().len())
+            .field("keys", &self.map.lock().keys.len())
             .finish()
     }
 }
@@ -64,13 +109,35 @@ impl Held {
         session: Arc<Session>,
         deadline: Instant,
     ) {
+        Self::insert_in(
+            &mut self.map.lock(),
+            name,
+            token,
+            create_rev,
+            session,
+            deadline,
+        );
+        self.sweep_at_deadline(name, token);
+    }
+
+    fn insert_in(
+        state: &mut State,
+        name: &str,
+        token: &str,
+        create_rev: i64,
+        session: Arc<Session>,
+        deadline: Instant,
+    ) {
         let entry = Entry {
             token: token.to_owned(),
             create_rev,
             session,
             deadline,
         };
-        self.map.lock().insert(name.to_owned(), entry);
+        state.keys.insert(name.to_owned(), entry);
+    }
+
+    fn sweep_at_deadline(self: &Arc<Self>, name: &str, token: &str) {
         tokio::spawn(sweep(
             Arc::downgrade(self),
             name.to_owned(),
@@ -78,10 +145,40 @@ impl Held {
         ));
     }
 
+    /// Takes the write of `name` with `value` (created at `create_rev`, on `session`) as held
+    /// under `token` until `deadline`, if it is a write of ours that got no answer and whose
+    /// clean-up has not begun; whether it did. (Then its clean-up does nothing.)
+    pub(crate) fn adopt(
+        self: &Arc<Self>,
+        name: &str,
+        token: &str,
+        value: &[u8],
+        create_rev: i64,
+        session: Arc<Session>,
+        deadline: Instant,
+    ) -> bool {
+        {
+            let mut state = self.map.lock();
+            let Some(id) = state
+                .unanswered
+                .iter()
+                .find(|(_, u)| !u.claimed && u.name == name && u.token == token && u.value == value)
+                .map(|(id, _)| *id)
+            else {
+                return false;
+            };
+            state.unanswered.remove(&id);
+            Self::insert_in(&mut state, name, token, create_rev, session, deadline);
+        }
+        self.sweep_at_deadline(name, token);
+        true
+    }
+
     /// The entry of `name` if it is held under `token`.
     pub(crate) fn get(&self, name: &str, token: &str) -> Option<Entry> {
         self.map
             .lock()
+            .keys
             .get(name)
             .filter(|e| e.token == token)
             .cloned()
@@ -96,8 +193,8 @@ impl Held {
         deadline: Instant,
         session: Option<Arc<Session>>,
     ) -> bool {
-        let mut map = self.map.lock();
-        match map.get_mut(name) {
+        let mut state = self.map.lock();
+        match state.keys.get_mut(name) {
             Some(e) if e.token == token => {
                 e.deadline = e.deadline.max(deadline);
                 if let Some(s) = session {
@@ -111,9 +208,9 @@ impl Held {
 
     /// Forgets `name` if it is held under `token`; its entry, if it was.
     pub(crate) fn remove(&self, name: &str, token: &str) -> Option<Entry> {
-        let mut map = self.map.lock();
-        match map.get(name) {
-            Some(e) if e.token == token => map.remove(name),
+        let mut state = self.map.lock();
+        match state.keys.get(name) {
+            Some(e) if e.token == token => state.keys.remove(name),
             _ => None,
         }
     }
@@ -129,28 +226,41 @@ impl Held {
         }
     }
 
-    /// Checks, at `at`, on a write of `name` under `token` that got no answer (see
-    /// [`unanswered`]).
+    /// Records a write of `value` to `name` under `token`, on `session`, that got no answer: a
+    /// retry may [`adopt`](Self::adopt) it until `at`, when its clean-up claims it and deletes
+    /// it if it is there (see [`clean_up`]).
     pub(crate) fn unanswered(
         self: &Arc<Self>,
         name: &str,
         token: &str,
+        value: Vec<u8>,
         at: Instant,
         session: Arc<Session>,
     ) {
-        tokio::spawn(unanswered(
-            Arc::downgrade(self),
-            name.to_owned(),
-            token.to_owned(),
-            at,
-            session,
-        ));
+        let id = next_write();
+        self.map.lock().unanswered.insert(
+            id,
+            Unanswered {
+                name: name.to_owned(),
+                token: token.to_owned(),
+                value,
+                session,
+                claimed: false,
+            },
+        );
+        tokio::spawn(clean_up(Arc::downgrade(self), id, at));
     }
 
     /// Deletes `name` if its create revision is still `create_rev`; whether it did.
     pub(crate) async fn delete_if(&self, name: &str, create_rev: i64) -> crate::Result<bool> {
+        let compare = Compare::create_revision(name, CompareOp::Equal, create_rev);
+        self.delete_when(name, compare).await
+    }
+
+    /// Deletes `name` if `compare` holds; whether it did.
+    async fn delete_when(&self, name: &str, compare: Compare) -> crate::Result<bool> {
         let txn = Txn::new()
-            .when([Compare::create_revision(name, CompareOp::Equal, create_rev)])
+            .when([compare])
             .and_then([TxnOp::delete(name, None)]);
         let r = retried(&self.described, self.timeout, || {
             let (mut client, txn) = (self.client.clone(), txn.clone());
@@ -167,8 +277,8 @@ async fn sweep(held: Weak<Held>, name: String, token: String) {
     loop {
         let deadline = {
             let Some(h) = held.upgrade() else { return };
-            let map = h.map.lock();
-            match map.get(&name) {
+            let state = h.map.lock();
+            match state.keys.get(&name) {
                 Some(e) if e.token == token => e.deadline,
                 _ => return,
             }
@@ -176,9 +286,11 @@ async fn sweep(held: Weak<Held>, name: String, token: String) {
         tokio::time::sleep_until(deadline).await;
         let Some(h) = held.upgrade() else { return };
         let entry = {
-            let mut map = h.map.lock();
-            match map.get(&name) {
-                Some(e) if e.token == token && e.deadline <= Instant::now() => map.remove(&name),
+            let mut state = h.map.lock();
+            match state.keys.get(&name) {
+                Some(e) if e.token == token && e.deadline <= Instant::now() => {
+                    state.keys.remove(&name)
+                }
                 Some(e) if e.token == token => continue,
                 _ => return,
             }
@@ -216,53 +328,54 @@ async fn delete_until_done(held: Weak<Held>, name: &str, create_rev: i64, sessio
     }
 }
 
-/// After a write of `name` under `token` that got no answer (it may have been done): at `at`,
-/// unless the key is held here by then (a later attempt found it granted), deletes it if it
-/// holds `token`, retrying while `session` lives.
-async fn unanswered(
-    held: Weak<Held>,
-    name: String,
-    token: String,
-    at: Instant,
-    session: Arc<Session>,
-) {
+/// The clean-up of unanswered write `id`: at `at`, unless a retry adopted it by then, claims it
+/// (no retry adopts it from then on) and deletes its key if it still holds exactly that write,
+/// retrying while its session lives. A write not found is looked for again for a while (it may
+/// land late); then it is forgotten, still unadoptable.
+async fn clean_up(held: Weak<Held>, id: u64, at: Instant) {
     tokio::time::sleep_until(at).await;
-    let mut pause = Duration::from_millis(100);
+    let (name, value, session) = {
+        let Some(h) = held.upgrade() else { return };
+        let mut state = h.map.lock();
+        let Some(u) = state.unanswered.get_mut(&id) else {
+            return; // adopted
+        };
+        u.claimed = true;
+        (u.name.clone(), u.value.clone(), u.session.clone())
+    };
+    let forget = || {
+        if let Some(h) = held.upgrade() {
+            h.map.lock().unanswered.remove(&id);
+        }
+    };
+    let started = Instant::now();
+    let (mut backoff, mut recheck) = (Duration::from_millis(100), RECHECK_FIRST);
     loop {
         let Some(h) = held.upgrade() else { return };
-        if h.get(&name, &token).is_some() {
-            return;
-        }
-        let read = retried(&h.described, h.timeout, || {
-            let (mut client, name) = (h.client.clone(), name.clone());
-            async move { client.get(name, None).await }
-        })
-        .await;
-        match read {
-            Ok(mut r) => {
-                let Some(kv) = r.take_kvs().into_iter().next() else {
-                    return;
-                };
-                let ours = std::str::from_utf8(kv.value())
-                    .is_ok_and(|v| v.contains(&format!("\"{token}\"")));
-                if !ours || h.get(&name, &token).is_some() {
-                    return;
-                }
-                drop(h);
-                return delete_until_done(held, &name, kv.create_revision(), &session).await;
+        let compare = Compare::value(name.as_str(), CompareOp::Equal, value.clone());
+        let pause = match h.delete_when(&name, compare).await {
+            Ok(true) => return forget(),
+            Ok(false) if started.elapsed() >= RECHECK_UNTIL => return forget(),
+            Ok(false) => {
+                let wait = recheck;
+                recheck *= 2;
+                wait
             }
             Err(e) => {
-                if matches!(
-                    session.vouch(Instant::now()),
-                    super::session::Vouch::Dead(_)
-                ) {
-                    return;
-                }
-                tracing::debug!(key = %name, error = %e, "could not read a key written without answer; retrying");
+                tracing::debug!(key = %name, error = %e, "could not delete a key written without answer; retrying");
+                let wait = backoff;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+                wait
             }
-        }
+        };
         drop(h);
+        if matches!(
+            session.vouch(Instant::now()),
+            super::session::Vouch::Dead(_)
+        ) {
+            // Its keys went with it.
+            return forget();
+        }
         tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(Duration::from_secs(1));
     }
 }

@@ -37,7 +37,7 @@
 //! | --- | --- | --- |
 //! | `mod.rs` | [`EtcdStore`], the [`LockStore`] impl | all below |
 //! | `watch.rs` | the change notification of a key | error |
-//! | `held.rs` | the keys held, each deleted at its own deadline | session, error |
+//! | `held.rs` | the keys held, each deleted at its own deadline; writes without answer | session, error |
 //! | `session.rs` | session leases and their keep-alive | error |
 //! | `options.rs` | [`EtcdOptions`] and the URL | — |
 //! | `error.rs` | etcd errors as [`Error`]s | — |
@@ -75,6 +75,10 @@ pub const FENCE_STRIDE: u64 = 1 << 16;
 /// create revision when read).
 const FENCES: &str = "fences";
 
+/// The `store` entry of a written record that makes its value name one write
+/// ([`held::next_write`]).
+const WRITE: &str = "write";
+
 /// The etcd store; see the [module docs](self).
 #[derive(Clone)]
 pub struct EtcdStore {
@@ -106,6 +110,9 @@ struct Waiter {
     waiter: String,
     waiter_token: String,
     waiter_ttl_ms: u64,
+    /// Makes the value name one write ([`held::next_write`]).
+    #[serde(default)]
+    write: u64,
 }
 
 impl EtcdStore {
@@ -251,6 +258,8 @@ impl EtcdStore {
         crate::decide::grant(&mut rec, req, 0, now_ms());
         rec.store
             .insert(FENCES.into(), req.fences.max(1).to_string());
+        rec.store
+            .insert(WRITE.into(), held::next_write().to_string());
         let value = serde_json::to_vec(&rec).map_err(|e| Error::InvalidOption {
             name: "labels",
             reason: format!("cannot be written as JSON: {e}"),
@@ -277,6 +286,7 @@ impl EtcdStore {
             waiter: req.holder.clone(),
             waiter_token: req.token.clone(),
             waiter_ttl_ms: crate::record::ms(wttl),
+            write: held::next_write(),
         })
         .unwrap_or_default();
         let sent = Instant::now();
@@ -289,7 +299,7 @@ impl EtcdStore {
                     ])
                     .and_then([TxnOp::put(
                         w.clone(),
-                        value,
+                        value.clone(),
                         Some(PutOptions::new().with_lease(session.id)),
                     )]),
             )
@@ -298,7 +308,9 @@ impl EtcdStore {
             Ok(r) => r,
             Err(e) => {
                 let at = sent + wttl;
-                self.inner.held.unanswered(&w, &req.token, at, session);
+                self.inner
+                    .held
+                    .unanswered(&w, &req.token, value, at, session);
                 return Err(e);
             }
         };
@@ -314,7 +326,9 @@ impl EtcdStore {
 
 impl EtcdStore {
     /// The grant `lock` is when an earlier attempt of `req` (same owner token) created it on
-    /// `session` but its answer was lost: recorded as held from now.
+    /// `session` but its answer was lost, and its clean-up has not begun: recorded as held from
+    /// now (and then never cleaned up). A write whose clean-up began is not a grant: the key
+    /// shows as held (by us) until it is deleted.
     fn own_unanswered(
         &self,
         req: &AcquireRequest,
@@ -329,14 +343,15 @@ impl EtcdStore {
             return None;
         }
         let l = self.lock_name(&req.key);
-        self.inner.held.insert(
+        let adopted = self.inner.held.adopt(
             &l,
             &req.token,
+            lock.value(),
             lock.create_revision(),
             session.clone(),
             Instant::now() + req.ttl,
         );
-        Some(rec)
+        adopted.then_some(rec)
     }
 }
 
@@ -417,7 +432,7 @@ impl LockStore for EtcdStore {
         let session = self.inner.sessions.for_ttl(req.ttl).await?;
         let put = TxnOp::put(
             l.clone(),
-            value,
+            value.clone(),
             Some(PutOptions::new().with_lease(session.id)),
         );
         let mut mine = self.inner.held.get(&w, &req.token).map(|e| e.create_rev);
@@ -448,10 +463,12 @@ impl LockStore for EtcdStore {
             let r = match answer {
                 Ok(r) => r,
                 Err(e) => {
-                    // It may have been granted: a retry of this acquisition finds it its own
-                    // (below); else it is deleted once its TTL passes.
+                    // It may have been granted: a retry of this acquisition may adopt it
+                    // (below) until its TTL passes; then it is deleted, and never adopted.
                     let at = sent + req.ttl;
-                    self.inner.held.unanswered(&l, &req.token, at, session);
+                    self.inner
+                        .held
+                        .unanswered(&l, &req.token, value, at, session);
                     return Err(e);
                 }
             };
@@ -515,6 +532,7 @@ impl LockStore for EtcdStore {
                                 waiter: req.holder.clone(),
                                 waiter_token: req.token.clone(),
                                 waiter_ttl_ms: crate::record::ms(wttl),
+                                write: 0,
                             }),
                         );
                         return Ok(AcquireOutcome::Held(held));
