@@ -303,3 +303,89 @@ fn file_store_a_stopped_holders_lease_goes_to_a_lagging_waiter_by_the_ttl() {
         stopped.elapsed()
     );
 }
+
+/// The URLs of a fresh prefix on each object store the test kit starts (moto, Azurite,
+/// fake-gcs-server), the processes' credentials set in this process's environment (children
+/// inherit it).
+fn object_store_urls(prefix: &str) -> Vec<(&'static str, String)> {
+    static ENV: std::sync::Once = std::sync::Once::new();
+    let moto = leasehold_testkit::s3_server::shared_moto();
+    let azurite = leasehold_testkit::azure_server::shared_azurite();
+    ENV.call_once(|| {
+        for (k, v) in moto.env().into_iter().chain(azurite.env()) {
+            std::env::set_var(k, v);
+        }
+    });
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    vec![
+        ("s3", moto.url("clock-skew", prefix)),
+        ("azure", runtime.block_on(azurite.url("clock-skew", prefix))),
+        (
+            "gcs",
+            leasehold_testkit::gcs_server::shared_gcs().store_url(prefix),
+        ),
+    ]
+}
+
+/// On the object stores no client's wall clock decides: one-shot contenders an hour ahead and an
+/// hour behind, started one after another for two TTLs while a holder renews, are every one told
+/// the lease is held.
+#[test]
+fn object_stores_a_renewed_lease_is_never_granted_to_a_contender_an_hour_off() {
+    for (store, url) in object_store_urls("held") {
+        let key = "skew/object-held";
+        let holder = Worker::start(None, &["hold", &url, key, &TTL_MS.to_string()]);
+        let first = held_fence(&holder.line(Duration::from_secs(20)).expect("holder"));
+        let until = Instant::now() + Duration::from_millis(2 * TTL_MS);
+        let mut attempts = 0;
+        while Instant::now() < until {
+            for offset in ["+1h", "-1h"] {
+                attempts += 1;
+                if let Some(fence) = try_once(&url, key, Some(offset)) {
+                    panic!(
+                        "{store}: a contender whose clock is {offset} was granted the lease \
+                         (fence {fence}) while its holder (fence {first}) renews it"
+                    );
+                }
+            }
+        }
+        assert!(
+            attempts >= 2,
+            "{store}: only {attempts} attempts in two TTLs"
+        );
+        assert_eq!(holder.printed(), None, "{store}: the holder lost its lease");
+    }
+}
+
+/// A holder killed with SIGKILL: a newcomer an hour behind, which has never seen the record,
+/// takes the lease by the server's clock (the object's age by its `Date` and `Last-Modified`,
+/// whole seconds) within the TTL and 3 s (and a second for the newcomers' processes to start),
+/// not once its own clock passes the written expiry.
+#[test]
+fn object_stores_a_crashed_holders_lease_goes_to_a_lagging_newcomer_by_the_servers_clock() {
+    for (store, url) in object_store_urls("crashed") {
+        let key = "skew/object-crashed";
+        let ttl = TTL_MS.to_string();
+        let mut holder = Worker::start(None, &["hold", &url, key, &ttl]);
+        let first = held_fence(&holder.line(Duration::from_secs(20)).expect("holder"));
+        kill(&mut holder.child);
+        let killed = Instant::now();
+        let limit = Duration::from_millis(TTL_MS + 3000 + 1000);
+        let fence = loop {
+            if let Some(fence) = try_once(&url, key, Some("-1h")) {
+                break fence;
+            }
+            assert!(
+                killed.elapsed() < limit,
+                "{store}: a newcomer an hour behind did not take a killed holder's lease within {limit:?}"
+            );
+        };
+        let took = killed.elapsed();
+        assert!(fence > first, "{store}: fence {fence} after {first}");
+        assert!(
+            took >= Duration::from_millis(TTL_MS / 2),
+            "{store}: taken {took:?} after the kill: before its last renewal could have run out"
+        );
+        eprintln!("{store}: taken {took:?} after the holder was killed (TTL {TTL_MS} ms)");
+    }
+}

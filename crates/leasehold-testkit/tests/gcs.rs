@@ -55,14 +55,19 @@ fn the_server_refuses_stale_conditional_writes() {
 
 /// A lease the seed service holds (its JSON as it writes it, without leasehold's fields): held by
 /// its `ownerId` for leasehold, which registers as its waiter without touching the holder's
-/// fields, and takes it once `expiresAt` has passed by the assumed skew. leasehold's own object
+/// fields, and takes it once the object has gone unchanged for that service's lease length
+/// (`foreign_ttl`, 2 s here), by the server's clock and its own observation, not by `expiresAt`
+/// on its own clock. leasehold's own object
 /// then reads, in the seed's fields, as held by leasehold until its `expiresAt` (written with the
 /// skew margin).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leasehold_and_the_seed_service_exclude_each_other() {
     let server = shared_gcs();
     let prefix = leasehold_testkit::prefix("seed");
-    let url = format!("{}&max_clock_skew=500ms", server.store_url(&prefix));
+    let url = format!(
+        "{}&max_clock_skew=500ms&foreign_ttl=2s",
+        server.store_url(&prefix)
+    );
     let name = format!("{prefix}/agent-lock");
     let expires = now_secs() + 1.5;
     let seed = json!({"ownerId": "agent-7", "expiresAt": expires, "waitingOwnerId": null, "waiterExpiresAt": 0});
@@ -107,9 +112,10 @@ async fn leasehold_and_the_seed_service_exclude_each_other() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let (guard, got_at) = waiting.await.unwrap();
+    // Written 1.5 s before its expiresAt: 2 s unchanged is 0.5 s after it.
     assert!(
         got_at >= expires + 0.5,
-        "taken {:.3} s after expiresAt",
+        "taken {:.3} s after expiresAt, before 2 s unchanged",
         got_at - expires
     );
     // For the seed service, leasehold holds it now.

@@ -17,8 +17,19 @@
 //! registrations (which only add to a record, and do not reset the holder's part) lapse the same
 //! way, after their recorded lifetime. A released record is free at once.
 //!
-//! A contender that arrives long after a crash has seen nothing yet. It either observes for one
-//! TTL (a waiting `acquire` does), or takes the **skew shortcut**: a written expiry older than
+//! # Server clocks
+//!
+//! Where the store reads the server's clock ([`RecordStore::server_clock`]: the object stores'
+//! `Date` and `Last-Modified`), a record read for the first time, or read with a server age
+//! longer than what was seen, is observed as if since that age ago
+//! ([`RecordStore::get_dated`]): every part of the record was written no later than its last
+//! write. No client's wall clock is then read for expiry: there is no skew shortcut, and
+//! `cleanup` judges a record's age by the server's clock too.
+//!
+//! # The skew shortcut
+//!
+//! On the other stores, a contender that arrives long after a crash has seen nothing yet. It
+//! either observes for one TTL (a waiting `acquire` does), or takes the **skew shortcut**: a written expiry older than
 //! now − [`max_clock_skew`](RecordLockStore::with_max_clock_skew) on this machine's wall clock
 //! has passed whatever the writer's clock said, as long as no two machines' clocks differ by more
 //! than that bound (default [`DEFAULT_MAX_CLOCK_SKEW`], five minutes: NTP keeps clocks within
@@ -249,7 +260,21 @@ impl<R: RecordStore> RecordLockStore<R> {
 
     /// Records having seen `record` at `version` now; what has been seen of it, and for how long.
     fn observe(&self, key: &Key, version: &str, record: &LeaseRecord) -> Observed {
+        self.observe_aged(key, version, record, None)
+    }
+
+    /// [`Self::observe`], the record having gone unwritten for at least `age` by the server's
+    /// clock ([`RecordStore::get_dated`]): everything in it has then been unchanged since at least
+    /// `age` ago, and its observation starts no later than that.
+    fn observe_aged(
+        &self,
+        key: &Key,
+        version: &str,
+        record: &LeaseRecord,
+        age: Option<Duration>,
+    ) -> Observed {
         let now = Instant::now();
+        let floor = age.and_then(|a| now.checked_sub(a));
         let lease = lease_part(record);
         let waiter = waiter_part(record);
         let mut all = self.observed.lock();
@@ -288,6 +313,10 @@ impl<R: RecordStore> RecordLockStore<R> {
             o.lease = lease;
             o.waiter = waiter;
         }
+        if let Some(f) = floor {
+            o.lease_since = o.lease_since.min(f);
+            o.waiter_since = o.waiter_since.min(f);
+        }
         // A queued place lapses once seen unchanged (its token and written expiry) for its
         // lifetime plus the drift margin; a place renewed or new is observed afresh.
         let queue: Vec<(String, u64, Instant)> = record
@@ -299,6 +328,7 @@ impl<R: RecordStore> RecordLockStore<R> {
                     .iter()
                     .find(|(t, e, _)| *t == w.token && *e == w.expires_ms)
                     .map_or(now, |(_, _, since)| *since);
+                let since = floor.map_or(since, |f| since.min(f));
                 (w.token.clone(), w.expires_ms, since)
             })
             .collect();
@@ -312,7 +342,7 @@ impl<R: RecordStore> RecordLockStore<R> {
         Observed {
             lease_unchanged: now.saturating_duration_since(o.lease_since),
             waiter_unchanged: now.saturating_duration_since(o.waiter_since),
-            max_skew: self.max_skew,
+            max_skew: self.skew_shortcut(),
             queue_lapsed,
         }
     }
@@ -323,16 +353,21 @@ impl<R: RecordStore> RecordLockStore<R> {
 
     /// The expiry rule for what `cur` holds, observing it.
     fn judge(&self, key: &Key, cur: Option<&Stored>) -> Expiry {
+        self.judge_aged(key, cur, None)
+    }
+
+    /// [`Self::judge`] of a record read with its server age.
+    fn judge_aged(&self, key: &Key, cur: Option<&Stored>, age: Option<Duration>) -> Expiry {
         match cur {
             Some(Stored::Record { record, version }) => {
-                Expiry::Observed(self.observe(key, version, record))
+                Expiry::Observed(self.observe_aged(key, version, record, age))
             }
             // A record that does not parse is observed by its version: a write of any kind
             // starts its observation over.
             Some(Stored::Corrupt { version, .. }) => {
                 let mut marker = LeaseRecord::free(key.as_str(), 0);
                 marker.token = Some(format!("corrupt at version {version}"));
-                Expiry::Observed(self.observe(key, version, &marker))
+                Expiry::Observed(self.observe_aged(key, version, &marker, age))
             }
             // No record (or a guess that there is none: a create tried before reading): nothing
             // to observe. What was seen of an earlier record stays until a record is seen again:
@@ -346,8 +381,18 @@ impl<R: RecordStore> RecordLockStore<R> {
         Observed {
             lease_unchanged: Duration::ZERO,
             waiter_unchanged: Duration::ZERO,
-            max_skew: self.max_skew,
+            max_skew: self.skew_shortcut(),
             queue_lapsed: 0,
+        }
+    }
+
+    /// The skew the shortcut assumes: none is taken (an unbounded skew) on a store that reads the
+    /// server's clock, where no client's wall clock decides anything.
+    fn skew_shortcut(&self) -> Duration {
+        if self.inner.server_clock() {
+            Duration::MAX
+        } else {
+            self.max_skew
         }
     }
 
@@ -415,7 +460,14 @@ impl<R: RecordStore> RecordLockStore<R> {
                 return Err(e);
             }
             let round = Instant::now();
-            let cur = self.inner.get(key).await?.map(|s| self.resolve(s));
+            let (cur, age) = match self.inner.get_dated(key).await? {
+                Some((s, age)) => (Some(self.resolve(s)), age),
+                None => (None, None),
+            };
+            if age.is_some() {
+                // Observed with its server age before `f` judges it (which observes it again).
+                self.judge_aged(key, cur.as_ref(), age);
+            }
             let (out, write) = f(cur.as_ref());
             let Some(write) = write else {
                 return Ok((out, None));
@@ -600,14 +652,36 @@ impl<R: RecordStore> LockStore for RecordLockStore<R> {
     async fn cleanup(&self, older_than: Duration) -> Result<CleanupReport> {
         let mut report = CleanupReport::default();
         let now = self.now().ms;
+        let server_clock = self.inner.server_clock();
         for (_, stored) in self.inner.list("").await? {
             if let Stored::Record { record, version } = self.resolve(stored) {
                 let key = Key::new(&record.key)?;
-                // A one-shot look: only a record free, or expired beyond any assumed skew, goes.
-                let expiry = Expiry::Observed(self.first_sight());
-                if decide::removable_judged(&record, now, crate::record::ms(older_than), expiry)
-                    && self.inner.delete(&key, &version).await?
-                {
+                let removable = if server_clock {
+                    // Judged on the server's clock: read again with its age. Gone meanwhile:
+                    // nothing to delete.
+                    let Some((again, age)) = self.inner.get_dated(&key).await? else {
+                        continue;
+                    };
+                    match (self.resolve(again), age) {
+                        (Stored::Record { record, version }, Some(age)) => {
+                            let seen = self.observe_aged(&key, &version, &record, Some(age));
+                            decide::removable_aged(&record, age, older_than, seen)
+                                .then_some(version)
+                        }
+                        _ => None,
+                    }
+                } else {
+                    // A one-shot look: only a record free, or expired beyond any assumed skew,
+                    // goes.
+                    let expiry = Expiry::Observed(self.first_sight());
+                    decide::removable_judged(&record, now, crate::record::ms(older_than), expiry)
+                        .then_some(version)
+                };
+                if let Some(version) = removable {
+                    if !self.inner.delete(&key, &version).await? {
+                        report.kept += 1;
+                        continue;
+                    }
                     self.forget(&key);
                     self.unobserve(&key);
                     report.removed += 1;

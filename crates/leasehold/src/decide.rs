@@ -534,6 +534,20 @@ pub(crate) fn removable_judged(
         && last.saturating_add(older_than_ms) <= now_ms
 }
 
+/// Whether `cleanup` may delete this record on a store that reads the server's clock: its lease
+/// over and no live waiter by what was `seen` of it (observation started at its server age), and
+/// unwritten for `older_than` by the server's clock (`age`). No wall clock is read.
+pub(crate) fn removable_aged(
+    r: &LeaseRecord,
+    age: Duration,
+    older_than: Duration,
+    seen: Observed,
+) -> bool {
+    let expiry = Expiry::Observed(seen);
+    // `now` only feeds the skew shortcut, which a store with a server clock does not take.
+    expiry.lease_over(r, 0) && !expiry.anyone_waiting(r, 0) && age >= older_than
+}
+
 /// Finds the largest `"fence": N` in damaged bytes.
 pub(crate) fn salvage_fence(bytes: &[u8]) -> Option<u64> {
     let pat = b"\"fence\"";

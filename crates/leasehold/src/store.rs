@@ -542,6 +542,25 @@ pub trait RecordStore: Send + Sync + fmt::Debug + 'static {
     /// Reads the record of `key`.
     async fn get(&self, key: &Key) -> Result<Option<Stored>>;
 
+    /// Reads the record of `key` with its **server age**: how long, at least, the record had gone
+    /// unwritten when the server answered, by the server's own clock (an object store's `Date`
+    /// header less the object's `Last-Modified`, less their resolution). `None` where the store
+    /// has no such clock to read. The adapter starts its observation of a record it sees for the
+    /// first time that long ago (see [`crate::adapter`]), so that a newcomer judges a crashed
+    /// holder's lease by the server's clock and never by its own wall clock. Default:
+    /// [`get`](Self::get), without an age.
+    async fn get_dated(&self, key: &Key) -> Result<Option<(Stored, Option<Duration>)>> {
+        Ok(self.get(key).await?.map(|s| (s, None)))
+    }
+
+    /// Whether [`get_dated`](Self::get_dated) reads the server's clock. The adapter then takes no
+    /// decision on any client's wall clock: no record's written expiry is compared with it
+    /// (the skew shortcut is off), only observation on the monotonic clock started at the
+    /// server age. Default: false.
+    fn server_clock(&self) -> bool {
+        false
+    }
+
     /// Creates the record if there is none; `Ok(None)` if one exists already.
     async fn create(&self, key: &Key, record: &LeaseRecord) -> Result<Option<String>>;
 
@@ -623,6 +642,12 @@ impl<R: RecordStore + ?Sized> RecordStore for Arc<R> {
     }
     async fn get(&self, key: &Key) -> Result<Option<Stored>> {
         (**self).get(key).await
+    }
+    async fn get_dated(&self, key: &Key) -> Result<Option<(Stored, Option<Duration>)>> {
+        (**self).get_dated(key).await
+    }
+    fn server_clock(&self) -> bool {
+        (**self).server_clock()
     }
     async fn create(&self, key: &Key, record: &LeaseRecord) -> Result<Option<String>> {
         (**self).create(key, record).await

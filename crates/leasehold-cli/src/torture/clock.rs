@@ -19,6 +19,20 @@ use tokio::process::Command;
 /// clock is ahead take a lease still held, as that bound's documentation says.
 pub(crate) const SKEWS: [&str; 2] = ["+2m", "-2m"];
 
+/// The skews on the object stores (S3, Azure Blob, Cloud Storage), whose expiry reads no client's
+/// wall clock (only the server's `Date` and `Last-Modified`, and observation): an hour ahead and
+/// an hour behind, far past any assumed bound.
+pub(crate) const SERVER_CLOCK_SKEWS: [&str; 2] = ["+1h", "-1h"];
+
+/// The skews the clock fault gives the clients of the store at `url`.
+pub(crate) fn skews(url: &str) -> [&'static str; 2] {
+    let scheme = url.split_once("://").map_or("", |(s, _)| s);
+    match scheme {
+        "s3" | "az" | "azure" | "gs" | "gcs" => SERVER_CLOCK_SKEWS,
+        _ => SKEWS,
+    }
+}
+
 /// The hidden `__torture` subcommand that prints this process's clocks.
 pub(crate) const CLOCKS: &str = "clocks";
 
@@ -152,6 +166,15 @@ pub(crate) async fn check(skew: &str) -> Result<(), Failure> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_object_stores_get_an_hour() {
+        assert_eq!(skews("s3://b/p?endpoint=x"), SERVER_CLOCK_SKEWS);
+        assert_eq!(skews("gs://b/p"), SERVER_CLOCK_SKEWS);
+        assert_eq!(skews("az://c/p"), SERVER_CLOCK_SKEWS);
+        assert_eq!(skews("k8s://ns"), SKEWS);
+        assert_eq!(skews("file:///tmp/x"), SKEWS);
+    }
 
     #[test]
     fn skews_read_as_seconds() {

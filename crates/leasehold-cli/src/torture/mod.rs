@@ -11,7 +11,7 @@
 //!   holds);
 //! * `partition` — one client, or all of them, cut off from the store by the harness's TCP
 //!   proxies: latency, a black hole or resets ([`network`]);
-//! * `clock` — clients whose wall clock is minutes ahead or behind ([`clock`]).
+//! * `clock` — clients whose wall clock is minutes ahead or behind (an hour on the object stores) ([`clock`]).
 //! * `restart` — a store restart or failover, per kind ([`servers`]; only for servers started
 //!   here).
 //!
@@ -230,14 +230,15 @@ async fn phase(
     // clock: a seeded half of the clients starts with a skewed wall clock, and each injection
     // replaces a client with a skewed one, ahead and behind in turn.
     let mut skews = 0;
+    let given = clock::skews(store);
     let mut skew = |rng: &mut fastrand::Rng, always: bool| {
         (fault == "clock" && (always || rng.bool())).then(|| {
             skews += 1;
-            clock::SKEWS[skews % 2]
+            given[skews % 2]
         })
     };
     if fault == "clock" {
-        for s in clock::SKEWS {
+        for s in given {
             clock::check(s).await?;
         }
     }

@@ -266,6 +266,47 @@ pub fn markdown_table(links: Links<'_>) -> String {
 pub(crate) const LONGEST_URL_DURATION: std::time::Duration =
     std::time::Duration::from_secs(100 * 31_557_600); // `100y`: humantime's years are 365.25 days
 
+/// How long, at least, an object had gone unwritten when the server answered, by the server's
+/// clock: its `Date` header less its `Last-Modified` one, less one second for each header's
+/// resolution (both are whole seconds: the answer came at or after `Date`, the write before
+/// `Last-Modified` + 1 s). `None` when either is missing or unreadable.
+///
+/// Both times are the server's (the same service, in practice the same fleet of clocks); no
+/// client's clock enters.
+#[cfg(any(feature = "object-http", feature = "gcs"))]
+pub(crate) fn server_age(
+    date: Option<&str>,
+    modified: Option<&str>,
+) -> Option<std::time::Duration> {
+    let date = httpdate::parse_http_date(date?.trim()).ok()?;
+    let modified = httpdate::parse_http_date(modified?.trim()).ok()?;
+    let age = date.duration_since(modified).ok()?;
+    Some(age.saturating_sub(std::time::Duration::from_secs(1)))
+}
+
+#[cfg(all(test, any(feature = "object-http", feature = "gcs")))]
+mod server_age_tests {
+    use super::server_age;
+    use std::time::Duration;
+
+    #[test]
+    fn the_age_is_a_lower_bound_in_whole_seconds() {
+        let at = |t: &str| format!("Thu, 26 Nov 2026 17:{t} GMT");
+        assert_eq!(
+            server_age(Some(&at("10:49")), Some(&at("10:47"))),
+            Some(Duration::from_secs(1))
+        );
+        assert_eq!(
+            server_age(Some(&at("10:47")), Some(&at("10:47"))),
+            Some(Duration::ZERO)
+        );
+        // A Last-Modified after the Date (another front end's clock): no age to trust.
+        assert_eq!(server_age(Some(&at("10:47")), Some(&at("10:49"))), None);
+        assert_eq!(server_age(None, Some(&at("10:47"))), None);
+        assert_eq!(server_age(Some("yesterday"), Some(&at("10:47"))), None);
+    }
+}
+
 /// A duration as a URL parameter gives it (`500ms`, `2s`, `1h 30m`), at most
 /// [`LONGEST_URL_DURATION`]; the error says why not.
 pub(crate) fn url_duration(v: &str) -> std::result::Result<std::time::Duration, String> {

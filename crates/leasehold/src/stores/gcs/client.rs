@@ -172,16 +172,22 @@ impl Client {
         }
     }
 
-    /// Reads object `name` (its bytes, up to the read limit) and its generation.
-    pub(super) async fn get(&self, name: &str) -> Result<Read> {
+    /// Reads object `name` (its bytes, up to the read limit) and its generation, with its server
+    /// age ([`crate::stores::server_age`]: the answer's `Date` less the object's `Last-Modified`).
+    pub(super) async fn get(&self, name: &str) -> Result<(Read, Option<std::time::Duration>)> {
         let what = format!("read gs://{}/{name}", self.bucket);
         let req = self
             .http
             .get(self.object_url(name))
             .query(&[("alt", "media")]);
         let mut resp = self.send(&what, req).await?;
+        let header = |h| resp.headers().get(h).and_then(|v| v.to_str().ok());
+        let age = crate::stores::server_age(
+            header(reqwest::header::DATE),
+            header(reqwest::header::LAST_MODIFIED),
+        );
         if resp.status() == reqwest::StatusCode::NOT_FOUND {
-            return Ok(Read::Missing);
+            return Ok((Read::Missing, None));
         }
         if !resp.status().is_success() {
             return Err(self.failed(&what, resp).await);
@@ -198,7 +204,7 @@ impl Client {
                 source: None,
             })?;
         if let Some(n) = resp.content_length().filter(|n| *n > self.read_limit) {
-            return Ok(Read::TooLarge(generation, n));
+            return Ok((Read::TooLarge(generation, n), age));
         }
         let mut body = Vec::new();
         while let Some(chunk) = resp.chunk().await.map_err(|e| Error::Unavailable {
@@ -208,10 +214,10 @@ impl Client {
         })? {
             body.extend_from_slice(&chunk);
             if body.len() as u64 > self.read_limit {
-                return Ok(Read::TooLarge(generation, body.len() as u64));
+                return Ok((Read::TooLarge(generation, body.len() as u64), age));
             }
         }
-        Ok(Read::Found(body, generation))
+        Ok((Read::Found(body, generation), age))
     }
 
     /// Writes object `name` if its generation is still `generation` (`"0"`: if there is no such

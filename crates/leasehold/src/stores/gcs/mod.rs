@@ -391,7 +391,17 @@ impl GcsStore {
     }
 
     async fn read(&self, name: &str, key: &str) -> Result<Option<Stored>> {
-        Ok(match self.client.get(name).await? {
+        Ok(self.read_dated(name, key).await?.map(|(s, _)| s))
+    }
+
+    /// [`Self::read`] with the object's server age.
+    async fn read_dated(
+        &self,
+        name: &str,
+        key: &str,
+    ) -> Result<Option<(Stored, Option<Duration>)>> {
+        let (read, age) = self.client.get(name).await?;
+        Ok(match read {
             Read::Missing => None,
             Read::TooLarge(version, n) => Some(Stored::Corrupt {
                 version,
@@ -422,7 +432,8 @@ impl GcsStore {
                     }),
                 }
             }
-        })
+        }
+        .map(|stored| (stored, age)))
     }
 }
 
@@ -481,6 +492,14 @@ impl RecordStore for GcsStore {
 
     async fn get(&self, key: &Key) -> Result<Option<Stored>> {
         self.read(&self.object_name(key), key.as_str()).await
+    }
+
+    async fn get_dated(&self, key: &Key) -> Result<Option<(Stored, Option<Duration>)>> {
+        self.read_dated(&self.object_name(key), key.as_str()).await
+    }
+
+    fn server_clock(&self) -> bool {
+        true
     }
 
     async fn create(&self, key: &Key, record: &LeaseRecord) -> Result<Option<String>> {

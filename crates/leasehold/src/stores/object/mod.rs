@@ -307,11 +307,14 @@ impl<B: Backend> Objects<B> {
     }
 
     /// Object `name`'s bytes and ETag, `None` if there is no such object; `Ok(Err(etag))` when it
-    /// is larger than [`MAX_RECORD_BYTES`].
+    /// is larger than [`MAX_RECORD_BYTES`]. With its server age ([`crate::stores::server_age`]).
     async fn get_raw(
         &self,
         name: &str,
-    ) -> Result<Option<std::result::Result<(Bytes, String), String>>> {
+    ) -> Result<(
+        Option<std::result::Result<(Bytes, String), String>>,
+        Option<Duration>,
+    )> {
         let call = Call {
             method: Method::GET,
             object: Some(name.to_owned()),
@@ -321,6 +324,11 @@ impl<B: Backend> Objects<B> {
         };
         let what = format!("read {name}");
         let a = self.send(&what, call, MAX_RECORD_BYTES).await?;
+        let header = |h: hyper::header::HeaderName| a.headers.get(h).and_then(|v| v.to_str().ok());
+        let age = crate::stores::server_age(
+            header(hyper::header::DATE),
+            header(hyper::header::LAST_MODIFIED),
+        );
         match a.status {
             200 => {
                 let etag = a.etag().ok_or_else(|| Error::Store {
@@ -329,16 +337,17 @@ impl<B: Backend> Objects<B> {
                     retryable: false,
                     source: None,
                 })?;
-                Ok(Some(if a.too_long {
+                let got = if a.too_long {
                     Err(etag)
                 } else {
                     Ok((a.body, etag))
-                }))
+                };
+                Ok((Some(got), age))
             }
             404 if !a.excerpt().contains("NoSuchBucket")
                 && !a.excerpt().contains("ContainerNotFound") =>
             {
-                Ok(None)
+                Ok((None, None))
             }
             _ => Err(self.refused(&what, &a)),
         }
@@ -369,15 +378,19 @@ impl<B: Backend> Objects<B> {
         }
     }
 
-    /// The record of `name` as stored.
-    async fn read(&self, name: &str) -> Result<Option<Stored>> {
-        Ok(self.get_raw(name).await?.map(|got| match got {
-            Ok((bytes, etag)) => decode(&bytes, etag),
-            Err(version) => Stored::Corrupt {
-                version,
-                detail: format!("the object is larger than {MAX_RECORD_BYTES} bytes"),
-                salvaged_fence: None,
-            },
+    /// The record of `name` as stored, and its server age.
+    async fn read(&self, name: &str) -> Result<Option<(Stored, Option<Duration>)>> {
+        let (got, age) = self.get_raw(name).await?;
+        Ok(got.map(|got| {
+            let stored = match got {
+                Ok((bytes, etag)) => decode(&bytes, etag),
+                Err(version) => Stored::Corrupt {
+                    version,
+                    detail: format!("the object is larger than {MAX_RECORD_BYTES} bytes"),
+                    salvaged_fence: None,
+                },
+            };
+            (stored, age)
         }))
     }
 
@@ -390,7 +403,7 @@ impl<B: Backend> Objects<B> {
         }
     }
 
-    pub(crate) async fn get(&self, key: &Key) -> Result<Option<Stored>> {
+    pub(crate) async fn get(&self, key: &Key) -> Result<Option<(Stored, Option<Duration>)>> {
         self.read(&self.object_name(key)).await
     }
 
@@ -427,7 +440,7 @@ impl<B: Backend> Objects<B> {
                 continue;
             }
             // Gone between the listing and the read: not there any more.
-            let Some(stored) = self.read(&name).await? else {
+            let Some((stored, _)) = self.read(&name).await? else {
                 continue;
             };
             let matches = match &stored {
@@ -459,7 +472,16 @@ macro_rules! object_record_store {
                 $crate::stores::object::LABEL_LIMIT
             }
             async fn get(&self, key: &$crate::Key) -> $crate::Result<Option<$crate::Stored>> {
+                Ok(self.objects.get(key).await?.map(|(s, _)| s))
+            }
+            async fn get_dated(
+                &self,
+                key: &$crate::Key,
+            ) -> $crate::Result<Option<($crate::Stored, Option<std::time::Duration>)>> {
                 self.objects.get(key).await
+            }
+            fn server_clock(&self) -> bool {
+                true
             }
             async fn create(
                 &self,
