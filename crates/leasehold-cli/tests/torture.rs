@@ -63,20 +63,32 @@ fn the_checker_catches_commands_under_leasehold_run_that_nothing_excludes() {
     assert!(n(&rows[0], "overlaps") > 0, "{rows:?}");
 }
 
+/// A store the command cannot open is said once, with exit status 2, before any client starts
+/// (not one error per client and a table of empty phases).
 #[test]
-fn a_run_in_which_no_client_could_enter_checked_nothing_and_fails() {
-    // Every client fails to open this store: no section, so no evidence either way.
-    let (code, rows) = torture(&[
-        "unusable",
-        "--store",
-        "nosuch://x",
-        "--duration",
-        "1s",
-        "--faults",
-        "none",
-    ]);
-    assert_eq!(code, 1, "{rows:?}");
-    assert_eq!(n(&rows[0], "sections"), 0, "{rows:?}");
+fn a_store_that_cannot_be_opened_is_said_once_before_any_client_starts() {
+    let out = Command::new(BIN)
+        .args([
+            "torture",
+            "unusable",
+            "--store",
+            "nosuch://x",
+            "--duration",
+            "1s",
+        ])
+        .args(["--faults", "none,kill", "--clients", "4"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(err.matches("nosuch").count(), 1, "said once: {err}");
+    assert!(err.contains("cannot open"), "{err}");
+    assert!(!err.contains("client"), "no client started: {err}");
+    assert!(
+        out.stdout.is_empty(),
+        "no table: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
 }
 
 #[test]
@@ -346,4 +358,28 @@ fn a_server_that_cannot_start_is_an_error_naming_it_and_a_restart_needs_one() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("restart fault needs a server"), "{err}");
+}
+
+/// On a terminal a run shows how each phase goes (fault, time, sections, faults, violations);
+/// piped, it prints only its table.
+#[test]
+fn a_run_shows_its_progress_on_a_terminal_only() {
+    let args = "torture file --duration 3s --faults none";
+    let piped = Command::new(BIN).args(args.split(' ')).output().unwrap();
+    let err = String::from_utf8_lossy(&piped.stderr);
+    assert_eq!(piped.status.code(), Some(0), "{err}");
+    assert!(!err.contains(" sections,"), "piped: {err}");
+    // `script` (util-linux) gives the command a terminal.
+    let tty = Command::new("script")
+        .args(["-qec", &format!("{BIN} {args}"), "/dev/null"])
+        .output()
+        .unwrap();
+    let shown = String::from_utf8_lossy(&tty.stdout);
+    assert_eq!(tty.status.code(), Some(0), "{shown}");
+    assert!(
+        shown.contains("none: ")
+            && shown.contains("s of 3s, ")
+            && shown.contains(" fence violations"),
+        "{shown}"
+    );
 }

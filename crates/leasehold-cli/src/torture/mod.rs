@@ -54,6 +54,13 @@ pub(crate) fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(2).collect();
     let result = match args.as_slice() {
         [what] if what == clock::CLOCKS => clock::print(),
+        [what, url] if what == "open" => match crate::setup::runtime() {
+            Some(rt) => rt
+                .block_on(leasehold::open_store(url))
+                .map(drop)
+                .map_err(|e| e.to_string()),
+            None => Err("no runtime".into()),
+        },
         [what, socket, history @ ..] if what == "resource" && history.len() <= 1 => {
             resource::serve(Path::new(socket), history.first().map(Path::new))
                 .map_err(|e| format!("resource: {e}"))
@@ -79,7 +86,7 @@ pub(crate) fn main() -> ExitCode {
             }
         }
         _ => Err(
-            "usage: leasehold __torture resource SOCKET [HISTORY] | client URL SOCKET ID KEYS TTL_MS SEED VIA | section SOCKET KEY ID"
+            "usage: leasehold __torture resource SOCKET [HISTORY] | client URL SOCKET ID KEYS TTL_MS SEED VIA | section SOCKET KEY ID | open URL"
                 .into(),
         ),
     };
@@ -164,6 +171,24 @@ async fn harness(
         ));
     }
     let store = stores.url().to_owned();
+    // Opened once, as a client would (its environment), before any client starts: a store that
+    // cannot be opened is said once.
+    let opened =
+        Command::new(std::env::current_exe().map_err(|e| {
+            Failure::new(ERROR, format!("cannot find the leasehold executable: {e}"))
+        })?)
+        .args([ARG, "open", &store])
+        .envs(stores.env().iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .map_err(|e| Failure::new(ERROR, format!("cannot start a torture process: {e}")))?;
+    if !opened.status.success() {
+        let why = String::from_utf8_lossy(&opened.stderr);
+        let why = why.trim().trim_start_matches("leasehold: torture: ");
+        stores.stop();
+        return Err(Failure::new(USAGE, format!("cannot open the store: {why}")));
+    }
     let mut servers: Vec<Child> = vec![];
     let socket = dir.join("resource.sock");
     let mut resource_args = vec!["resource".to_owned(), socket.display().to_string()];
@@ -275,8 +300,16 @@ async fn phase(
         clients.push(spawn(i, 0, skewed)?);
     }
     let mut generation = 1;
-    let end = Instant::now() + duration;
+    let start = Instant::now();
+    let end = start + duration;
+    // On a terminal (and not with --json), a line that tells how the phase goes.
+    let progress = !args.json && std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let mut shown = start;
     while Instant::now() < end {
+        if progress && shown.elapsed() >= Duration::from_secs(1) {
+            shown = Instant::now();
+            show_progress(resource, fault, start.elapsed(), duration, injected)?;
+        }
         // Between half a TTL and one and a half.
         let next = Instant::now() + args.ttl.mul_f64(0.5 + rng.f64());
         tokio::time::sleep_until(next.min(end)).await;
@@ -320,6 +353,9 @@ async fn phase(
             _ => {}
         }
     }
+    if progress {
+        eprint!("\r\x1b[K");
+    }
     for (id, mut child) in clients {
         kill_client(resource, &id, &mut child).await?;
     }
@@ -347,6 +383,32 @@ async fn phase(
         unpromised_overlaps,
         unpromised_fence_violations,
     })
+}
+
+/// Rewrites the terminal's last line with the phase so far: its fault, time, sections, faults
+/// injected and violations (the resource's counts, read without resetting them).
+fn show_progress(
+    resource: &mut Resource,
+    fault: &str,
+    elapsed: Duration,
+    duration: Duration,
+    injected: u64,
+) -> Result<(), Failure> {
+    let answer = ask(resource, "P")?;
+    if let Some(c) = serde_json::from_str(&answer)
+        .ok()
+        .and_then(|v| Counts::from_json(&v))
+    {
+        eprint!(
+            "\r{fault}: {}s of {}s, {} sections, {injected} faults, {} overlaps, {} fence violations\x1b[K",
+            elapsed.as_secs(),
+            duration.as_secs(),
+            c.sections,
+            c.overlaps,
+            c.fence_violations
+        );
+    }
+    Ok(())
 }
 
 /// Sends the resource one request; its answer.

@@ -137,6 +137,8 @@ impl State {
         let parts: Vec<&str> = line.split_whitespace().collect();
         match parts.as_slice() {
             ["Q"] => std::mem::take(&mut self.counts).json().to_string(),
+            // The counts so far, kept (a progress line).
+            ["P"] => self.counts.json().to_string(),
             ["K", client] => {
                 for k in self.keys.values_mut() {
                     if k.inside.as_ref().is_some_and(|i| i.client == *client) {
@@ -284,7 +286,8 @@ fn connection(stream: UnixStream, state: &Mutex<State>, conn: u64) {
         let answer = match state.lock() {
             Ok(mut s) => {
                 let answer = s.answer(&line, conn);
-                if let Some(h) = s.history.as_mut() {
+                // A progress read is nothing that happened.
+                if let Some(h) = s.history.as_mut().filter(|_| line != "P") {
                     let now = crate::guard::monotonic_ns();
                     // The history is a record for people; a failed write must not stop the run.
                     let _ = writeln!(h, "{now} c{conn} {line} -> {answer}");
