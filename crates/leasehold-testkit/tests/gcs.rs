@@ -317,3 +317,80 @@ async fn labels_larger_than_the_read_limit_are_refused_at_acquire() {
     assert!(err.to_string().contains(&limit), "{err}");
     assert!(server.get_raw(&format!("{prefix}/job")).is_none());
 }
+
+/// fake-gcs-server itself carries out a DELETE whose `ifGenerationMatch` names a stale
+/// generation: a lease renewed since is deleted. On such a server `cleanup` refuses to delete
+/// anything, naming the store and why, and every record stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cleanup_refuses_a_server_that_ignores_the_delete_precondition() {
+    use leasehold::stores::gcs::{GcsOptions, GcsStore};
+    use leasehold::{Inspection, LeaseRecord, RecordStore};
+    let server = shared_gcs();
+    let prefix = leasehold_testkit::prefix("stale-delete");
+
+    // The emulator's own behaviour, through the store's client: a held lease, renewed, then a
+    // delete conditioned on the generation before the renewal.
+    let mut o = GcsOptions::new(leasehold_testkit::gcs_server::BUCKET);
+    o.prefix = format!("{prefix}/raw/");
+    o.endpoint = Some(server.url());
+    let raw = GcsStore::connect(o).await.unwrap();
+    let key = Key::new("live").unwrap();
+    let mut record = LeaseRecord::free("live", 0);
+    record.holder = Some("web-1".into());
+    record.token = Some("t1".into());
+    record.expires_ms = leasehold::record::now_ms() + 60_000;
+    record.ttl_ms = 60_000;
+    let g1 = raw.create(&key, &record).await.unwrap().expect("created");
+    record.renewed_ms = leasehold::record::now_ms();
+    record.expires_ms = record.renewed_ms + 60_000;
+    let g2 = raw
+        .replace(&key, &record, &g1)
+        .await
+        .unwrap()
+        .expect("renewed");
+    assert_ne!(g1, g2);
+    let deleted = raw.delete(&key, &g1).await.unwrap();
+    eprintln!(
+        "stale ifGenerationMatch={g1} DELETE of the lease at generation {g2}: deleted = {deleted}, object now {:?}",
+        raw.get(&key).await.unwrap().map(|_| "present")
+    );
+    assert!(
+        deleted && raw.get(&key).await.unwrap().is_none(),
+        "fake-gcs-server refuses a stale conditional DELETE now: the test kit's proxy may go"
+    );
+
+    // cleanup over that server: refused, nothing deleted.
+    let url = server.store_url(&prefix);
+    let l = leasehold_testkit::connect_as(&url, "web-1").await;
+    let held = leasehold_testkit::take(&l, "held", Duration::from_secs(30)).await;
+    leasehold_testkit::take(&l, "freed", Duration::from_secs(30))
+        .await
+        .release()
+        .await
+        .unwrap();
+    let store = l.store();
+    let res = store.cleanup(Duration::ZERO).await;
+    eprintln!("cleanup: {res:?}");
+    let err = res.expect_err("cleanup refuses");
+    assert!(
+        matches!(
+            err,
+            leasehold::Error::Store {
+                retryable: false,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let text = err.to_string();
+    assert!(
+        text.contains(&store.describe()) && text.contains("ignores the precondition on DELETE"),
+        "{text}"
+    );
+    for k in ["held", "freed"] {
+        let seen = store.inspect(&Key::new(k).unwrap()).await.unwrap();
+        assert!(matches!(seen, Some(Inspection::Record(_))), "{k}: {seen:?}");
+    }
+    assert!(held.is_current());
+    held.release().await.unwrap();
+}

@@ -158,6 +158,9 @@ pub struct RecordLockStore<R> {
     max_skew: Duration,
     /// Added to this machine's wall clock (tests simulating a skewed machine).
     wall_offset_ms: i64,
+    /// Set once the store was seen to refuse a stale conditional delete
+    /// ([`check_conditional_delete`](Self::check_conditional_delete)).
+    delete_checked: tokio::sync::OnceCell<()>,
 }
 
 impl<R: RecordStore> RecordLockStore<R> {
@@ -169,6 +172,7 @@ impl<R: RecordStore> RecordLockStore<R> {
             observed: Mutex::new(HashMap::new()),
             max_skew: DEFAULT_MAX_CLOCK_SKEW,
             wall_offset_ms: 0,
+            delete_checked: tokio::sync::OnceCell::new(),
         }
     }
 
@@ -650,6 +654,7 @@ impl<R: RecordStore> LockStore for RecordLockStore<R> {
     }
 
     async fn cleanup(&self, older_than: Duration) -> Result<CleanupReport> {
+        self.check_conditional_delete().await?;
         let mut report = CleanupReport::default();
         let now = self.now().ms;
         let server_clock = self.inner.server_clock();
@@ -695,6 +700,83 @@ impl<R: RecordStore> LockStore for RecordLockStore<R> {
 
     async fn subscribe(&self, key: &Key) -> Result<Option<Box<dyn ChangeWatch>>> {
         self.inner.subscribe(key).await
+    }
+}
+
+/// The keys of the scratch records [`RecordLockStore::check_conditional_delete`] writes start
+/// with this.
+pub const PROBE_PREFIX: &str = ".leasehold-probe/";
+
+/// How many scratch records the delete check tries before it gives up on a store where each one
+/// changed or vanished under it (other cleanups removing them).
+const PROBE_ATTEMPTS: usize = 3;
+
+impl<R: RecordStore> RecordLockStore<R> {
+    /// Checks, once per adapter and before its first delete, that the store refuses a delete
+    /// conditioned on a stale version: `cleanup` rests on it, since a record it judged removable
+    /// may be granted again before its delete arrives. A server that ignores the precondition
+    /// (some emulators, older S3-compatible servers) would delete the live lease.
+    ///
+    /// A success is kept; a failure is checked again at the next call.
+    ///
+    /// # Errors
+    /// A non-retryable [`Error::Store`] naming the store when it carried out the stale delete;
+    /// the store's errors; a retryable [`Error::Store`] when every scratch record changed or
+    /// vanished before the check could conclude.
+    async fn check_conditional_delete(&self) -> Result<()> {
+        self.delete_checked
+            .get_or_try_init(|| self.probe_conditional_delete())
+            .await
+            .map(|_| ())
+    }
+
+    /// Creates a scratch record under [`PROBE_PREFIX`], replaces it (new bytes, so a new version
+    /// on every store, ETags as MD5s included), then deletes it conditioned on the first
+    /// version: the store must refuse, and the record must still be there as replaced. The
+    /// scratch record is then deleted (best effort: a free record, which any later cleanup
+    /// removes).
+    async fn probe_conditional_delete(&self) -> Result<()> {
+        for _ in 0..PROBE_ATTEMPTS {
+            let key = Key::new(format!("{PROBE_PREFIX}{:016x}", fastrand::u64(..)))?;
+            let mut record = LeaseRecord::free(key.as_str(), 0);
+            record.renewed_ms = self.now().ms;
+            let Some(stale) = self.inner.create(&key, &record).await? else {
+                continue; // the name is taken: draw another
+            };
+            record.renewed_ms = record.renewed_ms.saturating_add(1);
+            let Some(current) = self.inner.replace(&key, &record, &stale).await? else {
+                continue; // changed under us (another cleanup removed it)
+            };
+            if self.inner.delete(&key, &stale).await? {
+                return Err(Error::Store {
+                    store: self.inner.describe(),
+                    detail: format!(
+                        "the server ignores the precondition on DELETE: a delete conditioned on a stale version of the scratch record {key} was carried out, so cleanup deletes nothing on this store (a cleanup racing a grant could delete a live lease)"
+                    ),
+                    retryable: false,
+                    source: None,
+                });
+            }
+            // A refusal proves something only if the record is still there as replaced: a
+            // "not found" because another cleanup removed it meanwhile does not.
+            let kept = matches!(
+                self.inner.get(&key).await?,
+                Some(Stored::Record { version, .. }) if version == current
+            );
+            // A leftover scratch record is free; any later cleanup removes it.
+            let _ = self.inner.delete(&key, &current).await;
+            if kept {
+                return Ok(());
+            }
+        }
+        Err(Error::Store {
+            store: self.inner.describe(),
+            detail: format!(
+                "cannot check that the server refuses a stale conditional delete: {PROBE_ATTEMPTS} scratch records changed or vanished under the check, so cleanup deletes nothing this time"
+            ),
+            retryable: true,
+            source: None,
+        })
     }
 }
 
@@ -1136,5 +1218,142 @@ mod tests {
             late.acquire(&request(&key, "late", ttl)).await.unwrap(),
             AcquireOutcome::Granted(_)
         ));
+    }
+
+    /// A record store whose delete, while `ignore` is set, ignores the version it is given (as
+    /// fake-gcs-server does); it counts its creates.
+    #[derive(Debug, Default)]
+    struct IgnoresDeleteVersion {
+        inner: RecordMemoryStore,
+        ignore: std::sync::atomic::AtomicBool,
+        creates: AtomicUsize,
+    }
+
+    #[async_trait]
+    impl RecordStore for IgnoresDeleteVersion {
+        fn describe(&self) -> String {
+            "ignores-delete-version://".into()
+        }
+        fn capabilities(&self) -> Capabilities {
+            self.inner.capabilities()
+        }
+        async fn get(&self, key: &Key) -> Result<Option<Stored>> {
+            self.inner.get(key).await
+        }
+        async fn create(&self, key: &Key, record: &LeaseRecord) -> Result<Option<String>> {
+            self.creates.fetch_add(1, Ordering::SeqCst);
+            self.inner.create(key, record).await
+        }
+        async fn replace(&self, k: &Key, r: &LeaseRecord, v: &str) -> Result<Option<String>> {
+            self.inner.replace(k, r, v).await
+        }
+        async fn delete(&self, key: &Key, version: &str) -> Result<bool> {
+            if !self.ignore.load(Ordering::SeqCst) {
+                return self.inner.delete(key, version).await;
+            }
+            match self.inner.get(key).await? {
+                Some(Stored::Record { version, .. } | Stored::Corrupt { version, .. }) => {
+                    self.inner.delete(key, &version).await
+                }
+                None => Ok(false),
+            }
+        }
+        async fn list(&self, prefix: &str) -> Result<Vec<(String, Stored)>> {
+            self.inner.list(prefix).await
+        }
+    }
+
+    /// The keys of every record of `store`.
+    async fn keys<R: RecordStore>(store: &RecordLockStore<R>) -> Vec<String> {
+        let mut keys: Vec<String> = (store.list("").await.unwrap().into_iter())
+            .map(|i| match i {
+                Inspection::Record(r) => r.key,
+                Inspection::Corrupt { name, .. } => name,
+            })
+            .collect();
+        keys.sort();
+        keys
+    }
+
+    /// A store that carries out a delete conditioned on a stale version: cleanup deletes
+    /// nothing, naming the store and why; once the store refuses such deletes, cleanup works,
+    /// leaves no scratch record, and does not check again.
+    #[tokio::test]
+    async fn cleanup_deletes_nothing_where_a_stale_conditional_delete_is_carried_out() {
+        let store = RecordLockStore::new(IgnoresDeleteVersion::default());
+        store.inner().ignore.store(true, Ordering::SeqCst);
+        let ttl = Duration::from_secs(30);
+        let held = Key::new("held").unwrap();
+        let freed = Key::new("freed").unwrap();
+        store.acquire(&request(&held, "a", ttl)).await.unwrap();
+        let AcquireOutcome::Granted(r) = store.acquire(&request(&freed, "a", ttl)).await.unwrap()
+        else {
+            panic!("not granted")
+        };
+        let token = r.token.unwrap_or_default();
+        store.release(&freed, &token).await.unwrap();
+        let before = keys(&store).await;
+        assert_eq!(before, ["freed", "held"]);
+
+        for _ in 0..2 {
+            let err = store.cleanup(Duration::ZERO).await.unwrap_err();
+            assert!(
+                matches!(
+                    &err,
+                    Error::Store {
+                        retryable: false,
+                        ..
+                    }
+                ),
+                "{err:?}"
+            );
+            let text = err.to_string();
+            assert!(
+                text.contains("ignores-delete-version://")
+                    && text.contains("ignores the precondition on DELETE")
+                    && text.contains("deletes nothing"),
+                "{text}"
+            );
+            assert_eq!(keys(&store).await, before, "nothing deleted");
+        }
+        assert_eq!(
+            store.inner().creates.load(Ordering::SeqCst),
+            2 + 2,
+            "checked each time"
+        );
+
+        // The store refuses stale deletes now: cleanup removes the free record only.
+        store.inner().ignore.store(false, Ordering::SeqCst);
+        let report = store.cleanup(Duration::ZERO).await.unwrap();
+        assert_eq!((report.removed, report.kept), (1, 1), "{report:?}");
+        assert_eq!(keys(&store).await, ["held"], "no scratch record left");
+        store.cleanup(Duration::ZERO).await.unwrap();
+        assert_eq!(
+            store.inner().creates.load(Ordering::SeqCst),
+            2 + 3,
+            "a success is kept"
+        );
+    }
+
+    /// Over the plain in-memory record store, cleanup passes the check and leaves no scratch
+    /// record behind.
+    #[tokio::test]
+    async fn cleanup_checks_the_memory_store_and_leaves_no_scratch_record() {
+        let store = RecordLockStore::new(RecordMemoryStore::new());
+        let key = Key::new("k").unwrap();
+        let AcquireOutcome::Granted(r) = store
+            .acquire(&request(&key, "a", Duration::from_secs(1)))
+            .await
+            .unwrap()
+        else {
+            panic!("not granted")
+        };
+        store
+            .release(&key, &r.token.unwrap_or_default())
+            .await
+            .unwrap();
+        let report = store.cleanup(Duration::ZERO).await.unwrap();
+        assert_eq!((report.removed, report.kept), (1, 0), "{report:?}");
+        assert!(keys(&store).await.is_empty());
     }
 }
