@@ -102,10 +102,7 @@ fn run_works_on_gcs_objects_through_the_emulator_variable() {
     let url = format!("gs://{}/{prefix}", leasehold_testkit::gcs_server::BUCKET);
     let run = |args: &[&str]| {
         leasehold(&url, "a")
-            .env(
-                "STORAGE_EMULATOR_HOST",
-                format!("127.0.0.1:{}", server.port),
-            )
+            .env("STORAGE_EMULATOR_HOST", server.host())
             .args(args)
             .output()
             .unwrap()

@@ -5,8 +5,16 @@
 //! test venv (`LEASEHOLD_PYTHON`, else `target/pyenv`; `./scripts/test` makes it). The emulator
 //! honours `ifGenerationMatch` on multipart uploads to the JSON API (what the store sends); it
 //! ignores it on a DELETE.
+//!
+//! So the tests reach it through a small proxy of the test kit's own
+//! (`py/gcs_delete_precondition_proxy.py`, run with the same Python), the most faithful fix of
+//! that one gap: it serialises requests (one in flight to the emulator) and enforces
+//! `ifGenerationMatch` on a DELETE as Cloud Storage does (missing object: 404; another
+//! generation: 412). [`GcsServer::url`] and [`GcsServer::store_url`] go through it;
+//! [`GcsServer::raw_url`] and [`GcsServer::raw_store_url`] reach the emulator itself.
 
 use crate::servers::{free_port, http_request, in_three_starts, server_dir, spawn, wait_up};
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
@@ -56,14 +64,56 @@ pub fn gcs_bin() -> PathBuf {
     .clone()
 }
 
-/// A `fake-gcs-server` (in-memory backend) on a free port with the bucket [`BUCKET`], stopped
-/// (SIGKILL by PID) on drop.
+/// A `fake-gcs-server` (in-memory backend) on a free port with the bucket [`BUCKET`], behind
+/// the test kit's proxy that enforces `ifGenerationMatch` on DELETE (see the module
+/// documentation); both stopped (SIGKILL by PID) on drop.
 #[derive(Debug)]
 pub struct GcsServer {
-    /// Its port.
+    /// The emulator's own port (the raw helpers use it; clients go through [`Self::url`]).
     pub port: u16,
+    /// The proxy's port.
+    proxy_port: u16,
     child: Option<Child>,
+    proxy: Option<Child>,
     _dir: tempfile::TempDir,
+}
+
+/// Starts the proxy in front of the emulator on `upstream`: the process and its port.
+///
+/// # Panics
+/// When it does not start or does not say its port.
+fn start_proxy(upstream: u16) -> (Child, u16) {
+    let python = python();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("py")
+        .join("gcs_delete_precondition_proxy.py");
+    let mut cmd = Command::new(&python);
+    cmd.arg(&script)
+        .args(["--upstream", &upstream.to_string()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    let mut child = spawn(cmd).unwrap_or_else(|e| {
+        panic!(
+            "cannot start {} with {} ({e})",
+            script.display(),
+            python.display()
+        )
+    });
+    let mut line = String::new();
+    if let Some(out) = child.stdout.take() {
+        let _ = BufReader::new(out).read_line(&mut line);
+    }
+    match line.trim().parse() {
+        Ok(port) => (child, port),
+        Err(_) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "the GCS proxy {} did not say its port (it printed {line:?})",
+                script.display()
+            )
+        }
+    }
 }
 
 impl GcsServer {
@@ -97,24 +147,44 @@ impl GcsServer {
             )
             .map(|()| (port, child))
         });
+        let (proxy, proxy_port) = start_proxy(port);
         let server = GcsServer {
             port,
+            proxy_port,
             child: Some(child),
+            proxy: Some(proxy),
             _dir: dir,
         };
         server.create_bucket(BUCKET);
         server
     }
 
-    /// `http://127.0.0.1:PORT`.
+    /// `http://127.0.0.1:PORT` of the proxy in front of the emulator.
     pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        format!("http://{}", self.host())
     }
 
-    /// A store URL for objects under `prefix` in [`BUCKET`]:
+    /// `127.0.0.1:PORT` of the proxy, as `STORAGE_EMULATOR_HOST` takes it.
+    pub fn host(&self) -> String {
+        format!("127.0.0.1:{}", self.proxy_port)
+    }
+
+    /// A store URL for objects under `prefix` in [`BUCKET`], through the proxy:
     /// `gs://leasehold-test/PREFIX?endpoint=http://127.0.0.1:PORT`.
     pub fn store_url(&self, prefix: &str) -> String {
         format!("gs://{BUCKET}/{prefix}?endpoint={}", self.url())
+    }
+
+    /// `http://127.0.0.1:PORT` of the emulator itself, which ignores `ifGenerationMatch` on a
+    /// DELETE.
+    pub fn raw_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// A store URL for objects under `prefix` in [`BUCKET`] on the emulator itself (see
+    /// [`Self::raw_url`]).
+    pub fn raw_store_url(&self, prefix: &str) -> String {
+        format!("gs://{BUCKET}/{prefix}?endpoint={}", self.raw_url())
     }
 
     /// Creates bucket `name`.
@@ -176,7 +246,8 @@ impl GcsServer {
         }
     }
 
-    /// Sends `sig` to the server process (SIGSTOP: it hangs with its connections open).
+    /// Sends `sig` to the emulator process (SIGSTOP: it hangs with its connections open, and the
+    /// proxy waits for it).
     pub fn signal(&self, sig: i32) {
         if let Some(c) = &self.child {
             // SAFETY: kill(2) on our own child's pid.
@@ -189,7 +260,7 @@ impl GcsServer {
 
 impl Drop for GcsServer {
     fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
+        for mut c in [self.proxy.take(), self.child.take()].into_iter().flatten() {
             let _ = c.kill();
             let _ = c.wait();
         }

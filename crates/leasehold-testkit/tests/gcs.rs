@@ -320,7 +320,9 @@ async fn labels_larger_than_the_read_limit_are_refused_at_acquire() {
 
 /// fake-gcs-server itself carries out a DELETE whose `ifGenerationMatch` names a stale
 /// generation: a lease renewed since is deleted. On such a server `cleanup` refuses to delete
-/// anything, naming the store and why, and every record stays.
+/// anything, naming the store and why, and every record stays. Through the test kit's proxy,
+/// which refuses such a DELETE as Cloud Storage does, cleanup removes the free record only and
+/// leaves no scratch record behind.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cleanup_refuses_a_server_that_ignores_the_delete_precondition() {
     use leasehold::stores::gcs::{GcsOptions, GcsStore};
@@ -332,7 +334,7 @@ async fn cleanup_refuses_a_server_that_ignores_the_delete_precondition() {
     // delete conditioned on the generation before the renewal.
     let mut o = GcsOptions::new(leasehold_testkit::gcs_server::BUCKET);
     o.prefix = format!("{prefix}/raw/");
-    o.endpoint = Some(server.url());
+    o.endpoint = Some(server.raw_url());
     let raw = GcsStore::connect(o).await.unwrap();
     let key = Key::new("live").unwrap();
     let mut record = LeaseRecord::free("live", 0);
@@ -360,7 +362,7 @@ async fn cleanup_refuses_a_server_that_ignores_the_delete_precondition() {
     );
 
     // cleanup over that server: refused, nothing deleted.
-    let url = server.store_url(&prefix);
+    let url = server.raw_store_url(&prefix);
     let l = leasehold_testkit::connect_as(&url, "web-1").await;
     let held = leasehold_testkit::take(&l, "held", Duration::from_secs(30)).await;
     leasehold_testkit::take(&l, "freed", Duration::from_secs(30))
@@ -391,6 +393,21 @@ async fn cleanup_refuses_a_server_that_ignores_the_delete_precondition() {
         let seen = store.inspect(&Key::new(k).unwrap()).await.unwrap();
         assert!(matches!(seen, Some(Inspection::Record(_))), "{k}: {seen:?}");
     }
+    assert!(held.is_current());
+
+    // Through the proxy: the check passes, the free record goes, the held one stays.
+    let store = leasehold::open_store(&server.store_url(&prefix))
+        .await
+        .unwrap();
+    let report = store.cleanup(Duration::ZERO).await.unwrap();
+    assert_eq!((report.removed, report.kept), (1, 1), "{report:?}");
+    let left: Vec<String> = (store.list("").await.unwrap().into_iter())
+        .map(|i| match i {
+            Inspection::Record(r) => r.key,
+            Inspection::Corrupt { name, .. } => name,
+        })
+        .collect();
+    assert_eq!(left, ["held"], "no scratch record left");
     assert!(held.is_current());
     held.release().await.unwrap();
 }
