@@ -85,6 +85,9 @@ class Upstream:
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # Headers and body go out in two writes: without this, Nagle's algorithm holds the second
+    # until the client's delayed ACK of the first (tens of milliseconds per request).
+    disable_nagle_algorithm = True
     upstream = None  # set in main
 
     def log_message(self, *_args):

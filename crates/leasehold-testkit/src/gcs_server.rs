@@ -164,6 +164,11 @@ impl GcsServer {
         format!("http://{}", self.host())
     }
 
+    /// The proxy's port.
+    pub fn proxy_port(&self) -> u16 {
+        self.proxy_port
+    }
+
     /// `127.0.0.1:PORT` of the proxy, as `STORAGE_EMULATOR_HOST` takes it.
     pub fn host(&self) -> String {
         format!("127.0.0.1:{}", self.proxy_port)

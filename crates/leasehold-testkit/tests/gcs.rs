@@ -53,6 +53,44 @@ fn the_server_refuses_stale_conditional_writes() {
     assert_eq!(object(server, &name)["n"], 2);
 }
 
+/// The test kit's proxy in front of the emulator refuses a DELETE whose `ifGenerationMatch` is
+/// stale (412) or whose object is gone (404), with Cloud Storage's JSON error, and carries out one
+/// on the current generation; the emulator alone carries out the stale one.
+#[test]
+fn the_proxy_enforces_the_delete_precondition() {
+    let server = shared_gcs();
+    let name = format!("{}/del", leasehold_testkit::prefix("raw"));
+    let delete = |port: u16, generation: &str| {
+        let path = format!(
+            "/storage/v1/b/{}/o/{}?ifGenerationMatch={generation}",
+            leasehold_testkit::gcs_server::BUCKET,
+            name.replace('/', "%2F")
+        );
+        leasehold_testkit::servers::http_request(port, "DELETE", &path, &[], "").unwrap()
+    };
+    let (_, g1) = server.put_raw(&name, r#"{"n":1}"#, Some("0"));
+    let (_, g2) = server.put_raw(&name, r#"{"n":2}"#, Some(&g1));
+    let (code, body) = delete(server.proxy_port(), &g1);
+    assert_eq!(code, 412, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        v["error"]["errors"][0]["reason"], "conditionNotMet",
+        "{body}"
+    );
+    assert_eq!(object(server, &name)["n"], 2);
+    let (code, _) = delete(server.proxy_port(), &g2);
+    assert!((200..300).contains(&code), "{code}");
+    assert!(server.get_raw(&name).is_none());
+    let (code, body) = delete(server.proxy_port(), &g2);
+    assert_eq!(code, 404, "{body}");
+    // The emulator itself: the stale delete goes through.
+    let (_, g1) = server.put_raw(&name, r#"{"n":1}"#, Some("0"));
+    server.put_raw(&name, r#"{"n":2}"#, Some(&g1));
+    let (code, _) = delete(server.port, &g1);
+    assert!((200..300).contains(&code), "{code}");
+    assert!(server.get_raw(&name).is_none());
+}
+
 /// A lease the seed service holds (its JSON as it writes it, without leasehold's fields): held by
 /// its `ownerId` for leasehold, which registers as its waiter without touching the holder's
 /// fields, and takes it once the object has gone unchanged for that service's lease length
