@@ -703,8 +703,10 @@ impl<R: RecordStore> LockStore for RecordLockStore<R> {
     }
 }
 
-/// The keys of the scratch records [`RecordLockStore::check_conditional_delete`] writes start
-/// with this.
+/// The keys of the scratch records start with this: before its first delete, `cleanup` checks
+/// on one that the store refuses a delete conditioned on a stale version, and deletes nothing
+/// on a store that carries it out. A scratch record is free and deleted again at once; one left
+/// behind (the process died meanwhile) is removed by a later `cleanup` like any free record.
 pub const PROBE_PREFIX: &str = ".leasehold-probe/";
 
 /// How many scratch records the delete check tries before it gives up on a store where each one
