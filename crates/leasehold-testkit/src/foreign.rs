@@ -459,6 +459,7 @@ pub fn gcs_seed_lock(
     let mut cmd = match clock_ahead {
         None => Command::new(gcs_python()),
         Some(ahead) => {
+            crate::sweep_faketime_leftovers();
             let mut c = Command::new("faketime");
             c.env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
                 .args(["-f", &format!("+{}s", ahead.as_secs())])

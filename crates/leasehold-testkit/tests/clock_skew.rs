@@ -48,6 +48,7 @@ impl Worker {
             // pid, which a wrapper killed by SIGKILL leaves behind, and a later wrapper given the
             // same pid then fails to start ("sem_open: File exists").
             Some(o) => {
+                leasehold_testkit::sweep_faketime_leftovers();
                 let mut c = Command::new(&worker);
                 c.env("LD_PRELOAD", libfaketime())
                     .env("FAKETIME", o)
