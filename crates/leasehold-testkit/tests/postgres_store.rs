@@ -321,6 +321,22 @@ async fn until_stalled(db: &str) {
     }
 }
 
+/// Once an acquire of database `db` sleeps in the trigger: `key` granted to `fast` (holder
+/// "fast") and released; the grant's record.
+async fn granted_and_released_meanwhile(
+    fast: &Arc<dyn LockStore>,
+    key: &Key,
+    db: &str,
+) -> leasehold::LeaseRecord {
+    until_stalled(db).await;
+    let meanwhile = AcquireRequest::new(key.clone(), "fast", Duration::from_secs(5));
+    let AcquireOutcome::Granted(f) = fast.acquire(&meanwhile).await.unwrap() else {
+        panic!("free")
+    };
+    fast.release(key, &meanwhile.token).await.unwrap();
+    f
+}
+
 /// An acquire that stalls between evaluating its statement and locking the row is granted a
 /// fence above every grant made meanwhile (one fence, and a block of them): the fence is taken
 /// on the locked row, not before.
@@ -334,12 +350,7 @@ async fn a_stalled_acquire_is_fenced_above_grants_made_meanwhile() {
         let mut req = AcquireRequest::new(key.clone(), "slow", Duration::from_secs(5));
         req.fences = fences;
         let stalled = tokio::spawn(async move { slow.acquire(&req).await });
-        until_stalled(&db).await;
-        let meanwhile = AcquireRequest::new(key.clone(), "fast", Duration::from_secs(5));
-        let AcquireOutcome::Granted(f) = fast.acquire(&meanwhile).await.unwrap() else {
-            panic!("free")
-        };
-        fast.release(&key, &meanwhile.token).await.unwrap();
+        let f = granted_and_released_meanwhile(&fast, &key, &db).await;
         let AcquireOutcome::Granted(s) = stalled.await.unwrap().unwrap() else {
             panic!("released before the stalled acquire locked the row")
         };
@@ -368,12 +379,7 @@ async fn a_stalled_acquire_cannot_recreate_a_cleaned_key_with_an_old_fence() {
     let key = Key::new("k").unwrap();
     let req = AcquireRequest::new(key.clone(), "slow", Duration::from_secs(5));
     let stalled = tokio::spawn(async move { slow.acquire(&req).await });
-    until_stalled(&db).await;
-    let meanwhile = AcquireRequest::new(key.clone(), "fast", Duration::from_secs(5));
-    let AcquireOutcome::Granted(f) = fast.acquire(&meanwhile).await.unwrap() else {
-        panic!("free")
-    };
-    fast.release(&key, &meanwhile.token).await.unwrap();
+    let f = granted_and_released_meanwhile(&fast, &key, &db).await;
     let cleaner = {
         let fast = fast.clone();
         tokio::spawn(async move { fast.cleanup(Duration::ZERO).await })

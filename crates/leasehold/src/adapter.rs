@@ -658,23 +658,16 @@ impl<R: RecordStore> LockStore for RecordLockStore<R> {
         let mut report = CleanupReport::default();
         let now = self.now().ms;
         let server_clock = self.inner.server_clock();
-        for (_, stored) in self.inner.list("").await? {
+        for (_, stored, age) in self.inner.list_dated("").await? {
             if let Stored::Record { record, version } = self.resolve(stored) {
                 let key = Key::new(&record.key)?;
                 let removable = if server_clock {
-                    // Judged on the server's clock: read again with its age. Gone meanwhile:
-                    // nothing to delete.
-                    let Some((again, age)) = self.inner.get_dated(&key).await? else {
-                        continue;
-                    };
-                    match (self.resolve(again), age) {
-                        (Stored::Record { record, version }, Some(age)) => {
-                            let seen = self.observe_aged(&key, &version, &record, Some(age));
-                            decide::removable_aged(&record, age, older_than, seen)
-                                .then_some(version)
-                        }
-                        _ => None,
-                    }
+                    // Judged on the server's clock, by the age the listing read (the delete is
+                    // conditioned on that version). Without an age, nothing is judged removable.
+                    age.and_then(|age| {
+                        let seen = self.observe_aged(&key, &version, &record, Some(age));
+                        decide::removable_aged(&record, age, older_than, seen).then_some(version)
+                    })
                 } else {
                     // A one-shot look: only a record free, or expired beyond any assumed skew,
                     // goes.

@@ -185,7 +185,7 @@ impl LockOptions {
             .saturating_sub(self.renew_period())
             .saturating_sub(self.drift())
             .saturating_sub(Duration::from_millis(1));
-        Duration::from_millis(u64::try_from(left.as_millis()).unwrap_or(u64::MAX))
+        Duration::from_millis(crate::record::ms(left))
     }
 
     /// Checks that the options can work: a TTL from 10 ms to one year, a renewal period above

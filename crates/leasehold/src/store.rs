@@ -578,6 +578,17 @@ pub trait RecordStore: Send + Sync + fmt::Debug + 'static {
     /// All records whose key starts with `prefix`, with their store names.
     async fn list(&self, prefix: &str) -> Result<Vec<(String, Stored)>>;
 
+    /// [`list`](Self::list), each record with its server age as [`get_dated`](Self::get_dated)
+    /// reads it. Default: [`list`](Self::list), without ages.
+    async fn list_dated(&self, prefix: &str) -> Result<Vec<(String, Stored, Option<Duration>)>> {
+        Ok(self
+            .list(prefix)
+            .await?
+            .into_iter()
+            .map(|(n, s)| (n, s, None))
+            .collect())
+    }
+
     /// Change notification, if the store has one.
     async fn subscribe(&self, _key: &Key) -> Result<Option<Box<dyn ChangeWatch>>> {
         Ok(None)
@@ -665,6 +676,9 @@ impl<R: RecordStore + ?Sized> RecordStore for Arc<R> {
     }
     async fn list(&self, prefix: &str) -> Result<Vec<(String, Stored)>> {
         (**self).list(prefix).await
+    }
+    async fn list_dated(&self, prefix: &str) -> Result<Vec<(String, Stored, Option<Duration>)>> {
+        (**self).list_dated(prefix).await
     }
     async fn subscribe(&self, key: &Key) -> Result<Option<Box<dyn ChangeWatch>>> {
         (**self).subscribe(key).await

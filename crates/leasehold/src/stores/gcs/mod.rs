@@ -537,6 +537,11 @@ impl RecordStore for GcsStore {
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<(String, Stored)>> {
+        let all = self.list_dated(prefix).await?;
+        Ok(all.into_iter().map(|(n, s, _)| (n, s)).collect())
+    }
+
+    async fn list_dated(&self, prefix: &str) -> Result<Vec<(String, Stored, Option<Duration>)>> {
         // A shortened name starts with the key's first bytes, up to its readable part's length.
         let room = MAX_NAME - self.prefix.len() - 2 - HASH_HEX;
         let mut cut = prefix.len().min(room);
@@ -550,7 +555,7 @@ impl RecordStore for GcsStore {
         let mut out = Vec::new();
         for name in names {
             let key = self.key_of(&name);
-            let Some(s) = self.read(&name, &key).await? else {
+            let Some((s, age)) = self.read_dated(&name, &key).await? else {
                 continue; // deleted since it was listed
             };
             let matches = match &s {
@@ -558,7 +563,7 @@ impl RecordStore for GcsStore {
                 Stored::Corrupt { .. } => key.starts_with(prefix),
             };
             if matches {
-                out.push((name, s));
+                out.push((name, s, age));
             }
         }
         out.sort_by(|a, b| a.0.cmp(&b.0));

@@ -433,14 +433,18 @@ impl<B: Backend> Objects<B> {
         Ok(matches!(a.status, 200 | 202 | 204))
     }
 
-    pub(crate) async fn list(&self, prefix: &str) -> Result<Vec<(String, Stored)>> {
+    /// Every record under the prefix whose key starts with `prefix`, with its server age.
+    pub(crate) async fn list(
+        &self,
+        prefix: &str,
+    ) -> Result<Vec<(String, Stored, Option<Duration>)>> {
         let mut out = Vec::new();
         for name in self.list_names().await? {
             if !name.ends_with(".json") {
                 continue;
             }
             // Gone between the listing and the read: not there any more.
-            let Some((stored, _)) = self.read(&name).await? else {
+            let Some((stored, age)) = self.read(&name).await? else {
                 continue;
             };
             let matches = match &stored {
@@ -449,7 +453,7 @@ impl<B: Backend> Objects<B> {
             };
             if matches {
                 let short = name.strip_prefix(&self.prefix).unwrap_or(&name).to_owned();
-                out.push((short, stored));
+                out.push((short, stored, age));
             }
         }
         Ok(out)
@@ -502,6 +506,13 @@ macro_rules! object_record_store {
                 self.objects.delete(key, version).await
             }
             async fn list(&self, prefix: &str) -> $crate::Result<Vec<(String, $crate::Stored)>> {
+                let all = self.objects.list(prefix).await?;
+                Ok(all.into_iter().map(|(n, s, _)| (n, s)).collect())
+            }
+            async fn list_dated(
+                &self,
+                prefix: &str,
+            ) -> $crate::Result<Vec<(String, $crate::Stored, Option<std::time::Duration>)>> {
                 self.objects.list(prefix).await
             }
         }
