@@ -390,3 +390,30 @@ fn object_stores_a_crashed_holders_lease_goes_to_a_lagging_newcomer_by_the_serve
         eprintln!("{store}: taken {took:?} after the holder was killed (TTL {TTL_MS} ms)");
     }
 }
+
+/// On the object stores, fences come from no client's clock once a record is deleted: processes
+/// an hour ahead and an hour behind take and release a key in turn, and `cleanup` deletes its
+/// record after each; every fence is above every earlier one (`cleanup` raised the store's fence
+/// high-water mark first, and a record created again is fenced above it).
+#[test]
+fn object_stores_fences_never_go_backwards_after_cleanup_when_the_next_clock_lags() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    for (store, url) in object_store_urls("cleaned") {
+        let key = "skew/object-cleaned";
+        let locks = runtime.block_on(leasehold::open_store(&url)).unwrap();
+        let mut last = 0;
+        for offset in [Some("+1h"), Some("-1h"), None, Some("-1h")] {
+            let fence =
+                try_once(&url, key, offset).unwrap_or_else(|| panic!("{store}: {key} busy"));
+            assert!(
+                fence > last,
+                "{store}: a process whose clock is {offset:?} got fence {fence} after {last} (cleanup deleted the record in between)"
+            );
+            last = fence;
+            let report = runtime
+                .block_on(locks.cleanup(Duration::ZERO))
+                .unwrap_or_else(|e| panic!("{store}: cleanup: {e}"));
+            assert!(report.removed >= 1, "{store}: {report:?}");
+        }
+    }
+}

@@ -187,10 +187,14 @@ async fn fences_survive_restarts_and_cleanup() {
     }
     let store = FileStore::open(dir.path(), FileOptions::default()).expect("open");
     store.cleanup(Duration::ZERO).await.expect("cleanup");
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .expect("ls")
+        .map(|e| e.expect("entry").file_name())
+        .collect();
     assert_eq!(
-        std::fs::read_dir(dir.path()).expect("ls").count(),
-        0,
-        "cleanup left the free record"
+        left,
+        [".leasehold-fences"],
+        "cleanup left the free record, or no high-water mark"
     );
     let (mut child, fence, _out) = hold(dir.path(), "job", 30_000);
     assert!(
@@ -199,6 +203,65 @@ async fn fences_survive_restarts_and_cleanup() {
     );
     signal(&child, libc::SIGKILL);
     child.wait().expect("wait");
+}
+
+/// A record whose fence is an hour of microseconds ahead of this clock (written by a host whose
+/// clock ran an hour ahead) is deleted by `cleanup`: the key created again is fenced above it,
+/// by the high-water mark, not by the clock. A mark that holds no fence stops grants on new
+/// records (a typed error naming it) and leaves existing records alone.
+#[tokio::test]
+async fn a_record_cleaned_up_is_created_again_above_its_fence_whatever_the_clock() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = FileStore::open(dir.path(), FileOptions::default()).expect("open");
+    let locks = Locks::new(store);
+    let g = locks
+        .lock("ahead")
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .unwrap();
+    g.release().await.unwrap();
+    let file = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "lease"))
+        .expect("record file");
+    let mut record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    let ahead = record["fence"].as_u64().unwrap() + 3_600_000_000;
+    record["fence"] = ahead.into();
+    std::fs::write(&file, serde_json::to_vec_pretty(&record).unwrap()).unwrap();
+    let store = FileStore::open(dir.path(), FileOptions::default()).expect("open");
+    assert_eq!(store.cleanup(Duration::ZERO).await.unwrap().removed, 1);
+    let g = locks
+        .lock("ahead")
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        g.fence() > ahead,
+        "fence {} after cleanup deleted a record at {ahead}",
+        g.fence()
+    );
+    g.release().await.unwrap();
+
+    std::fs::write(dir.path().join(".leasehold-fences"), "garbage").unwrap();
+    let err = locks
+        .lock("new")
+        .unwrap()
+        .try_acquire()
+        .await
+        .expect_err("granted above an unreadable mark");
+    assert!(
+        matches!(err, leasehold::Error::Corrupt { .. })
+            && err.to_string().contains(".leasehold-fences"),
+        "{err}"
+    );
+    let g = locks.lock("ahead").unwrap().try_acquire().await.unwrap();
+    assert!(g.is_some(), "an existing record needs no mark");
 }
 
 #[tokio::test]

@@ -52,8 +52,24 @@
 //! `2⁵³ + (R + 1) × 2²⁴` (blocks are below 2²⁴ fences), and a later create's revision is above
 //! every earlier write's, deletion included: fences never go backwards, whatever the clocks say
 //! and whoever deletes the record. Fences written before this scheme (microsecond clock values)
-//! are below 2⁵³. Other stores floor each grant's fence at this machine's wall clock in
-//! microseconds.
+//! are below 2⁵³.
+//!
+//! # Fences above a deleted record's
+//!
+//! Other stores floor each grant's fence at this machine's wall clock in microseconds, and
+//! carry it in the record from grant to grant, so it only grows while the record exists. A
+//! record deleted by `cleanup` takes that memory with it, and the next creator's clock may lag
+//! behind the fences it issued. So `cleanup` first raises the store's **fence high-water mark**,
+//! a record of its own under [`HIGH_WATER_KEY`], to the highest fence of the records it is about
+//! to delete, and a grant that creates a record (or is made on one whose fence was never floored
+//! so) is written with a marker, then floored at that mark read **after** the write, and written
+//! again without the marker before it is granted. A create succeeds only once the record is
+//! gone, so a mark read after it sees every fence the deleted record issued, however long the
+//! creator was paused before writing; a grant written meanwhile on top of a marked record does
+//! the same, and the marked grant, whose confirming write then fails, is never handed out. Creates
+//! cost two requests more (a read of the mark, the confirming write); every other step is as
+//! before. Only deletions by `cleanup` are covered: a record deleted with the store's own tools
+//! leaves the next fence to the creator's wall clock.
 //!
 //! # Remembered writes
 //!
@@ -98,6 +114,32 @@ const FENCES_PER_REVISION: u64 = 1 << 24;
 
 /// The `store` entry marking a created record whose fence is `revision floor + fence − 1`.
 const FENCE_FROM: (&str, &str) = ("fence-from", "create-revision");
+
+/// The `store` entry marking a grant whose fence is still to be floored at the fence
+/// high-water mark (see the module documentation), and so not yet handed out.
+const UNCONFIRMED: (&str, &str) = ("fence-from", "high-water");
+
+/// The key of the record that holds the store's fence high-water mark, on stores whose fences
+/// do not come from revisions: a free record whose fence is at least every fence of every
+/// record `cleanup` deleted. Never listed, never deleted.
+pub const HIGH_WATER_KEY: &str = ".leasehold-fences";
+
+/// Whether `record` carries a grant not yet floored at the high-water mark.
+fn unconfirmed(record: &LeaseRecord) -> bool {
+    record.store.get(UNCONFIRMED.0).map(String::as_str) == Some(UNCONFIRMED.1)
+}
+
+/// `write` with the unconfirmed marker of `cur` kept: a release (or a renewal) of a grant never
+/// confirmed leaves its fence as unfloored as it was.
+fn keep_unconfirmed(cur: Option<&Stored>, write: Option<LeaseRecord>) -> Option<LeaseRecord> {
+    let mut write = write?;
+    if record(cur).is_some_and(unconfirmed) {
+        write
+            .store
+            .insert(UNCONFIRMED.0.into(), UNCONFIRMED.1.into());
+    }
+    Some(write)
+}
 
 /// The lowest fence a create at revision `r` issues.
 fn revision_fence(r: u64) -> u64 {
@@ -551,9 +593,17 @@ impl<R: RecordStore> LockStore for RecordLockStore<R> {
         let revisions = self.inner.revisions();
         // Whether the last decision (the one written, if any) creates the record.
         let created = std::sync::atomic::AtomicBool::new(false);
+        // Whether its grant is still to be floored at the fence high-water mark.
+        let to_confirm = std::sync::atomic::AtomicBool::new(false);
         let (out, written) = self
             .cas(&req.key, true, Some(&req.given_up), |cur| {
                 created.store(cur.is_none(), std::sync::atomic::Ordering::Relaxed);
+                let confirm = !revisions
+                    && match cur {
+                        None | Some(Stored::Corrupt { .. }) => true,
+                        Some(Stored::Record { record, .. }) => unconfirmed(record),
+                    };
+                to_confirm.store(confirm, std::sync::atomic::Ordering::Relaxed);
                 let now = self.now();
                 let expiry = self.judge(&req.key, cur);
                 let current = match cur {
@@ -575,10 +625,19 @@ impl<R: RecordStore> LockStore for RecordLockStore<R> {
                     // A create: its fence comes from the revision the create gets.
                     w.store.insert(FENCE_FROM.0.into(), FENCE_FROM.1.into());
                 }
+                if let (true, Some(w)) = (confirm, write.as_mut()) {
+                    // Floored at the high-water mark once written, before it is handed out.
+                    w.store.insert(UNCONFIRMED.0.into(), UNCONFIRMED.1.into());
+                }
                 (out, write)
             })
             .await?;
         Ok(match (out, written) {
+            (AcquireOutcome::Granted(_), Some(_))
+                if to_confirm.load(std::sync::atomic::Ordering::Relaxed) =>
+            {
+                self.confirm_fence(req).await?
+            }
             (AcquireOutcome::Granted(_), Some(w)) => {
                 if revisions && created.load(std::sync::atomic::Ordering::Relaxed) {
                     self.write_resolved_fence(&req.key).await;
@@ -594,7 +653,9 @@ impl<R: RecordStore> LockStore for RecordLockStore<R> {
         let (out, _) = self
             .cas(key, false, None, |cur| {
                 let expiry = self.judge(key, cur);
-                decide::renew_judged(record(cur), token, ttl_ms, self.now().ms, expiry)
+                let (out, write) =
+                    decide::renew_judged(record(cur), token, ttl_ms, self.now().ms, expiry);
+                (out, keep_unconfirmed(cur, write))
             })
             .await?;
         Ok(out)
@@ -604,7 +665,9 @@ impl<R: RecordStore> LockStore for RecordLockStore<R> {
         let (out, _) = self
             .cas(key, false, None, |cur| {
                 let expiry = self.judge(key, cur);
-                decide::release_judged(record(cur), token, self.now().ms, expiry)
+                let (out, write) =
+                    decide::release_judged(record(cur), token, self.now().ms, expiry);
+                (out, keep_unconfirmed(cur, write))
             })
             .await?;
         Ok(out)
@@ -632,6 +695,7 @@ impl<R: RecordStore> LockStore for RecordLockStore<R> {
             .list(prefix)
             .await?
             .into_iter()
+            .filter(|(_, s)| !is_high_water(s))
             .map(|(n, s)| to_inspection(n, self.resolve(s)))
             .collect())
     }
@@ -641,10 +705,8 @@ impl<R: RecordStore> LockStore for RecordLockStore<R> {
             .cas(key, false, None, |cur| match record(cur) {
                 Some(r) if r.token.is_some() => {
                     let expiry = self.judge(key, cur);
-                    (
-                        Some(r.clone()),
-                        Some(decide::freed_judged(r, self.now().ms, expiry)),
-                    )
+                    let freed = decide::freed_judged(r, self.now().ms, expiry);
+                    (Some(r.clone()), keep_unconfirmed(cur, Some(freed)))
                 }
                 Some(r) => (Some(r.clone()), None),
                 None => (None, None),
@@ -658,9 +720,14 @@ impl<R: RecordStore> LockStore for RecordLockStore<R> {
         let mut report = CleanupReport::default();
         let now = self.now().ms;
         let server_clock = self.inner.server_clock();
+        // Judged first, deleted after the high-water mark is raised above their fences.
+        let mut doomed = Vec::new();
         for (_, stored, age) in self.inner.list_dated("").await? {
+            if is_high_water(&stored) {
+                continue;
+            }
             if let Stored::Record { record, version } = self.resolve(stored) {
-                let key = Key::new(&record.key)?;
+                let key = Key::internal(&record.key)?;
                 let removable = if server_clock {
                     // Judged on the server's clock, by the age the listing read (the delete is
                     // conditioned on that version). Without an age, nothing is judged removable.
@@ -676,17 +743,24 @@ impl<R: RecordStore> LockStore for RecordLockStore<R> {
                         .then_some(version)
                 };
                 if let Some(version) = removable {
-                    if !self.inner.delete(&key, &version).await? {
-                        report.kept += 1;
-                        continue;
-                    }
-                    self.forget(&key);
-                    self.unobserve(&key);
-                    report.removed += 1;
+                    doomed.push((key, version, record.fence));
                     continue;
                 }
             }
             report.kept += 1;
+        }
+        let top = doomed.iter().map(|(_, _, fence)| *fence).max();
+        if let (Some(top), false) = (top, self.inner.revisions()) {
+            self.raise_high_water(top).await?;
+        }
+        for (key, version, _) in doomed {
+            if self.inner.delete(&key, &version).await? {
+                self.forget(&key);
+                self.unobserve(&key);
+                report.removed += 1;
+            } else {
+                report.kept += 1;
+            }
         }
         Ok(report)
     }
@@ -732,7 +806,7 @@ impl<R: RecordStore> RecordLockStore<R> {
     /// removes).
     async fn probe_conditional_delete(&self) -> Result<()> {
         for _ in 0..PROBE_ATTEMPTS {
-            let key = Key::new(format!("{PROBE_PREFIX}{:016x}", fastrand::u64(..)))?;
+            let key = Key::internal(format!("{PROBE_PREFIX}{:016x}", fastrand::u64(..)))?;
             let mut record = LeaseRecord::free(key.as_str(), 0);
             record.renewed_ms = self.now().ms;
             let Some(stale) = self.inner.create(&key, &record).await? else {
@@ -771,6 +845,142 @@ impl<R: RecordStore> RecordLockStore<R> {
             ),
             retryable: true,
             source: None,
+        })
+    }
+}
+
+/// Whether `s` is the fence high-water record.
+fn is_high_water(s: &Stored) -> bool {
+    matches!(s, Stored::Record { record, .. } if record.key == HIGH_WATER_KEY)
+}
+
+impl<R: RecordStore> RecordLockStore<R> {
+    fn high_water_key() -> Result<Key> {
+        Key::internal(HIGH_WATER_KEY)
+    }
+
+    /// The store's fence high-water mark: 0 when there is none.
+    ///
+    /// # Errors
+    /// The store's errors; a non-retryable [`Error::Store`] when the record cannot be read and
+    /// no fence can be salvaged from its bytes (no grant that needs it is made until it is
+    /// repaired or deleted by hand).
+    async fn high_water(&self) -> Result<u64> {
+        match self.inner.get(&Self::high_water_key()?).await? {
+            None => Ok(0),
+            Some(Stored::Record { record, .. }) => Ok(record.fence),
+            Some(Stored::Corrupt {
+                salvaged_fence: Some(f),
+                ..
+            }) => Ok(f),
+            Some(Stored::Corrupt { detail, .. }) => Err(Error::Store {
+                source: None,
+                store: self.inner.describe(),
+                detail: format!(
+                    "the fence high-water record {HIGH_WATER_KEY} cannot be read ({detail}): no lease on a new record is granted until it is repaired"
+                ),
+                retryable: false,
+            }),
+        }
+    }
+
+    /// Raises the store's fence high-water mark to at least `fence`.
+    async fn raise_high_water(&self, fence: u64) -> Result<()> {
+        let key = Self::high_water_key()?;
+        for _ in 0..MAX_RACES {
+            let done = match self.inner.get(&key).await? {
+                None => {
+                    let mark = LeaseRecord::free(HIGH_WATER_KEY, fence);
+                    self.inner.create(&key, &mark).await?.is_some()
+                }
+                Some(Stored::Record { record, .. }) if record.fence >= fence => true,
+                Some(Stored::Record {
+                    mut record,
+                    version,
+                }) => {
+                    record.fence = fence;
+                    record.renewed_ms = self.now().ms;
+                    self.inner.replace(&key, &record, &version).await?.is_some()
+                }
+                Some(Stored::Corrupt {
+                    version,
+                    salvaged_fence,
+                    ..
+                }) => {
+                    let mark =
+                        LeaseRecord::free(HIGH_WATER_KEY, fence.max(salvaged_fence.unwrap_or(0)));
+                    self.inner.replace(&key, &mark, &version).await?.is_some()
+                }
+            };
+            if done {
+                return Ok(());
+            }
+        }
+        Err(Error::Store {
+            source: None,
+            store: self.inner.describe(),
+            detail: format!(
+                "{MAX_RACES} writes of the fence high-water record in a row lost their race"
+            ),
+            retryable: true,
+        })
+    }
+
+    /// Floors the grant `req` just wrote (with the unconfirmed marker) at the fence high-water
+    /// mark read now, and writes it again without the marker: the grant, or, when somebody
+    /// else's write took the record meanwhile, what the record holds now (the marked grant was
+    /// never handed out).
+    async fn confirm_fence(&self, req: &AcquireRequest) -> Result<AcquireOutcome> {
+        let key = &req.key;
+        let mut state = self.written.lock().get(key.as_str()).cloned();
+        for _ in 0..MAX_RACES {
+            let (version, record) = match state.take() {
+                Some(s) => s,
+                None => match self.inner.get(key).await?.map(|s| self.resolve(s)) {
+                    Some(Stored::Record { record, version }) => (version, record),
+                    Some(Stored::Corrupt { salvaged_fence, .. }) => {
+                        let placeholder = decide::corrupt_placeholder(
+                            key.as_str(),
+                            salvaged_fence.unwrap_or(0),
+                            self.now().ms,
+                        );
+                        return Ok(AcquireOutcome::Held(placeholder));
+                    }
+                    None => return Ok(AcquireOutcome::Held(LeaseRecord::free(key.as_str(), 0))),
+                },
+            };
+            if record.token.as_deref() != Some(req.token.as_str()) {
+                return Ok(AcquireOutcome::Held(record));
+            }
+            if !unconfirmed(&record) {
+                return Ok(AcquireOutcome::Granted(record));
+            }
+            let floor = self.high_water().await?.checked_add(req.fences.max(1));
+            let Some(floor) = floor else {
+                return Err(Error::Store {
+                    source: None,
+                    store: self.inner.describe(),
+                    detail: format!("the fence high-water record {HIGH_WATER_KEY} is at the largest fence: no fence above it can be granted"),
+                    retryable: false,
+                });
+            };
+            let mut confirmed = record;
+            confirmed.store.remove(UNCONFIRMED.0);
+            confirmed.fence = confirmed.fence.max(floor);
+            match self.inner.replace(key, &confirmed, &version).await? {
+                Some(v) => {
+                    let written = self.written(key, v, confirmed);
+                    return Ok(AcquireOutcome::Granted(written));
+                }
+                // Somebody wrote (a waiter joined, or the grant was taken over): read again.
+                None => self.forget(key),
+            }
+        }
+        Err(Error::Store {
+            source: None,
+            store: self.inner.describe(),
+            detail: format!("{MAX_RACES} conditional writes in a row lost their race on {key}"),
+            retryable: true,
         })
     }
 }
@@ -1325,8 +1535,8 @@ mod tests {
         store.cleanup(Duration::ZERO).await.unwrap();
         assert_eq!(
             store.inner().creates.load(Ordering::SeqCst),
-            2 + 3,
-            "a success is kept"
+            2 + 3 + 1,
+            "a success is kept (the other create: the fence high-water mark's)"
         );
     }
 
@@ -1350,5 +1560,213 @@ mod tests {
         let report = store.cleanup(Duration::ZERO).await.unwrap();
         assert_eq!((report.removed, report.kept), (1, 0), "{report:?}");
         assert!(keys(&store).await.is_empty());
+    }
+
+    /// A record store without revisions (fences floored at the clock and the high-water mark),
+    /// over a shared memory store, that can hold one request of a kind until the test lets it
+    /// go: `create` of any key, or the read of the high-water record.
+    #[derive(Debug)]
+    struct Gated {
+        inner: Arc<RecordMemoryStore>,
+        create_gate: parking_lot::Mutex<Option<Gate>>,
+        mark_gate: parking_lot::Mutex<Option<Gate>>,
+    }
+
+    /// Says it was reached, then waits to be let go.
+    #[derive(Debug)]
+    struct Gate {
+        reached: tokio::sync::oneshot::Sender<()>,
+        go: tokio::sync::oneshot::Receiver<()>,
+    }
+
+    /// A gate, the receiver of its "reached", and the sender that lets it go.
+    fn gate() -> (
+        Gate,
+        tokio::sync::oneshot::Receiver<()>,
+        tokio::sync::oneshot::Sender<()>,
+    ) {
+        let (reached, reached_rx) = tokio::sync::oneshot::channel();
+        let (go_tx, go) = tokio::sync::oneshot::channel();
+        (Gate { reached, go }, reached_rx, go_tx)
+    }
+
+    impl Gated {
+        fn new(inner: Arc<RecordMemoryStore>) -> Self {
+            Gated {
+                inner,
+                create_gate: parking_lot::Mutex::new(None),
+                mark_gate: parking_lot::Mutex::new(None),
+            }
+        }
+
+        async fn pass(gate: &parking_lot::Mutex<Option<Gate>>) {
+            let taken = gate.lock().take();
+            if let Some(g) = taken {
+                let _ = g.reached.send(());
+                let _ = g.go.await;
+            }
+        }
+    }
+
+    #[async_trait]
+    impl RecordStore for Gated {
+        fn describe(&self) -> String {
+            "gated memory".into()
+        }
+        fn capabilities(&self) -> Capabilities {
+            self.inner.capabilities()
+        }
+        async fn get(&self, key: &Key) -> Result<Option<Stored>> {
+            if key.as_str() == HIGH_WATER_KEY {
+                Self::pass(&self.mark_gate).await;
+            }
+            self.inner.get(key).await
+        }
+        async fn create(&self, key: &Key, r: &LeaseRecord) -> Result<Option<String>> {
+            Self::pass(&self.create_gate).await;
+            self.inner.create(key, r).await
+        }
+        async fn replace(&self, key: &Key, r: &LeaseRecord, v: &str) -> Result<Option<String>> {
+            self.inner.replace(key, r, v).await
+        }
+        async fn delete(&self, key: &Key, version: &str) -> Result<bool> {
+            self.inner.delete(key, version).await
+        }
+        async fn list(&self, prefix: &str) -> Result<Vec<(String, Stored)>> {
+            self.inner.list(prefix).await
+        }
+    }
+
+    /// Machines without revisions on one shared store, each with its wall clock off by the
+    /// given offset.
+    fn clocked_machines(
+        offsets_ms: &[i64],
+    ) -> (Arc<RecordMemoryStore>, Vec<Arc<RecordLockStore<Gated>>>) {
+        let shared = Arc::new(RecordMemoryStore::new());
+        let all = offsets_ms
+            .iter()
+            .map(|o| {
+                Arc::new(
+                    RecordLockStore::new(Gated::new(shared.clone())).with_wall_clock_offset(*o),
+                )
+            })
+            .collect();
+        (shared, all)
+    }
+
+    /// A grant and release of `key` by `who`: the fence.
+    async fn take_and_release(who: &RecordLockStore<Gated>, key: &Key, name: &str) -> u64 {
+        let r = request(key, name, Duration::from_secs(30));
+        let AcquireOutcome::Granted(g) = who.acquire(&r).await.unwrap() else {
+            panic!("{name} was refused a free key")
+        };
+        assert_eq!(
+            who.release(key, &r.token).await.unwrap(),
+            ReleaseOutcome::Released
+        );
+        g.fence
+    }
+
+    /// Without revisions, fences are floored at the clock: a record deleted by `cleanup` after
+    /// a machine an hour ahead held it is created again by a machine an hour behind, whose
+    /// fence is still above every earlier one (the high-water mark `cleanup` raised).
+    #[tokio::test]
+    async fn without_revisions_fences_stay_above_what_cleanup_deleted_when_the_next_clock_lags() {
+        const HOUR: i64 = 3_600_000;
+        let (_, m) = clocked_machines(&[HOUR, -HOUR]);
+        let key = Key::new("cleaned").unwrap();
+        let mut last = 0;
+        for round in 0..3 {
+            for (i, who) in m.iter().enumerate() {
+                let fence = take_and_release(who, &key, &format!("m{i}")).await;
+                assert!(
+                    fence > last,
+                    "round {round}: machine {i} got fence {fence} after {last}, the record having been deleted by cleanup"
+                );
+                last = fence;
+                let report = who.cleanup(Duration::ZERO).await.unwrap();
+                assert_eq!(report.removed, 1, "round {round}: {report:?}");
+                let listed = who.list("").await.unwrap();
+                assert!(listed.is_empty(), "the mark is never listed: {listed:?}");
+            }
+        }
+        assert!(
+            Key::new(HIGH_WATER_KEY).is_err(),
+            "no user key can name the mark"
+        );
+    }
+
+    /// A create held up (a paused process) while the key is created, granted, released and
+    /// cleaned up by a machine an hour ahead: the held-up grant, an hour behind, is floored at
+    /// the mark read after its create went through, above every fence the deleted record
+    /// issued. (A mark read before the create would have missed that cleanup.)
+    #[tokio::test]
+    async fn a_create_held_up_across_a_cleanup_is_fenced_above_what_it_deleted() {
+        const HOUR: i64 = 3_600_000;
+        let (_, m) = clocked_machines(&[HOUR, -HOUR]);
+        let (ahead, behind) = (m[0].clone(), m[1].clone());
+        let key = Key::new("held-up").unwrap();
+        let (g, reached, go) = gate();
+        *behind.inner().create_gate.lock() = Some(g);
+        let slow = tokio::spawn({
+            let (behind, key) = (behind.clone(), key.clone());
+            async move {
+                let r = request(&key, "behind", Duration::from_secs(30));
+                behind.acquire(&r).await.unwrap()
+            }
+        });
+        reached.await.unwrap();
+        let deleted = take_and_release(&ahead, &key, "ahead").await;
+        assert_eq!(ahead.cleanup(Duration::ZERO).await.unwrap().removed, 1);
+        go.send(()).unwrap();
+        let AcquireOutcome::Granted(g) = slow.await.unwrap() else {
+            panic!("the held-up create was refused a free key")
+        };
+        assert!(
+            g.fence > deleted,
+            "the held-up create got fence {} after {deleted} was granted and cleaned up",
+            g.fence
+        );
+        assert!(!unconfirmed(&g), "handed out unconfirmed: {g:?}");
+    }
+
+    /// A grant written but not yet floored at the mark (its process paused before reading it)
+    /// is taken over once it expires: the taker floors its own grant at the mark, above what
+    /// cleanup deleted, and the paused grant, whose confirming write then fails, is never handed
+    /// out.
+    #[tokio::test(start_paused = true)]
+    async fn a_grant_never_confirmed_is_taken_over_above_the_mark_and_never_handed_out() {
+        const HOUR: i64 = 3_600_000;
+        let (_, m) = clocked_machines(&[HOUR, -HOUR, -HOUR]);
+        let (ahead, paused, taker) = (m[0].clone(), m[1].clone(), m[2].clone());
+        let key = Key::new("unconfirmed").unwrap();
+        let deleted = take_and_release(&ahead, &key, "ahead").await;
+        assert_eq!(ahead.cleanup(Duration::ZERO).await.unwrap().removed, 1);
+        let ttl = Duration::from_secs(1);
+        let (g, reached, go) = gate();
+        *paused.inner().mark_gate.lock() = Some(g);
+        let stuck = tokio::spawn({
+            let (paused, key) = (paused.clone(), key.clone());
+            async move { paused.acquire(&request(&key, "paused", ttl)).await.unwrap() }
+        });
+        reached.await.unwrap();
+        let t = request(&key, "taker", ttl);
+        let taken = loop {
+            if let AcquireOutcome::Granted(g) = taker.acquire(&t).await.unwrap() {
+                break g;
+            }
+            tokio::time::advance(Duration::from_millis(100)).await;
+        };
+        assert!(
+            taken.fence > deleted,
+            "the taker got fence {} after {deleted} was granted and cleaned up",
+            taken.fence
+        );
+        go.send(()).unwrap();
+        let out = stuck.await.unwrap();
+        assert!(
+            matches!(&out, AcquireOutcome::Held(r) if r.token == taken.token),
+            "the paused grant was handed out after it was taken over: {out:?}"
+        );
     }
 }

@@ -360,7 +360,7 @@ const CORRUPT_RECHECK_MS: u64 = 1_000;
 
 /// What an acquirer sees of a key whose record cannot be read: held by [`CORRUPT_HOLDER`] under
 /// the salvaged fence, for a short while (then it looks again).
-fn corrupt_placeholder(key: &str, fence: u64, now_ms: u64) -> LeaseRecord {
+pub(crate) fn corrupt_placeholder(key: &str, fence: u64, now_ms: u64) -> LeaseRecord {
     let mut r = LeaseRecord::free(key, fence);
     r.holder = Some(CORRUPT_HOLDER.to_owned());
     r.token = Some(String::new());

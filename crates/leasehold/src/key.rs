@@ -80,7 +80,34 @@ impl Key {
         if key.chars().any(char::is_control) {
             return Err(bad("contains a control character"));
         }
+        if key.starts_with(Self::RESERVED_PREFIX) {
+            return Err(bad(&format!(
+                "keys starting with {:?} are the library's own records",
+                Self::RESERVED_PREFIX
+            )));
+        }
         Ok(Key(key.to_owned()))
+    }
+
+    /// Keys starting with this are refused by [`Key::new`]: the library keeps records of its own
+    /// under them (the fence high-water mark, `cleanup`'s scratch records).
+    ///
+    /// ```
+    /// use leasehold::Key;
+    /// let err = Key::new(".leasehold-fences").unwrap_err();
+    /// assert!(err.to_string().contains("the library's own"), "{err}");
+    /// assert!(Key::new(".leasehold").is_ok() && Key::new("x.leasehold-fences").is_ok());
+    /// ```
+    pub const RESERVED_PREFIX: &'static str = ".leasehold-";
+
+    /// A key of the library's own records (under [`Key::RESERVED_PREFIX`]), or any valid key:
+    /// what a listing of a store's records may hold.
+    pub(crate) fn internal(key: impl AsRef<str>) -> Result<Self> {
+        let key = key.as_ref();
+        match key.strip_prefix(Self::RESERVED_PREFIX) {
+            Some(rest) => Self::new(rest).map(|_| Key(key.to_owned())),
+            None => Self::new(key),
+        }
     }
 
     /// Validates raw bytes (they must be UTF-8).

@@ -19,7 +19,8 @@
 //!   monotonic clock, which needs no synchronised clocks either;
 //! - **expiry**: by observation (see [`crate::adapter`]); the skew shortcut takes a record whose
 //!   written expiry is older than now − `max_clock_skew`;
-//! - **fence**: floored at the writer's wall clock in microseconds, above the previous fence;
+//! - **fence**: floored at the writer's wall clock in microseconds, above the previous fence,
+//!   and, for an object created again after `cleanup`, at the fence high-water mark;
 //! - **watch**: none; waiters poll with capped, jittered backoff;
 //! - **credentials**: `AZURE_STORAGE_CONNECTION_STRING` (`AccountName` + `AccountKey`, with
 //!   `BlobEndpoint` or `EndpointSuffix`; `UseDevelopmentStorage=true` for the emulator at

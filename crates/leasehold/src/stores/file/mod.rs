@@ -5,8 +5,9 @@
 //! another boot, or one written without boot-time stamps, on the wall clock); watch: yes (inotify
 //! on the record file); liveness: yes (a kernel lock); fence:
 //! `max(previous + 1, now in µs)` kept in the record, so it survives release, expiry and restarts;
-//! after `cleanup` deleted a record or a record was damaged beyond repair, the µs clock floor keeps it
-//! increasing unless the wall clock was set back past the last grant.
+//! before `cleanup` deletes a record it raises the directory's fence high-water mark (the file
+//! `.leasehold-fences`) to the record's fence, and a record created again, or recovered from
+//! damage, is granted a fence above that mark: no clock decides it.
 //!
 //! # How it works
 //! Each key has a file `<name>.lease` (see [`crate::Naming::file`]) holding the record as pretty JSON.
@@ -280,21 +281,45 @@ impl Inner {
                         r.token.is_some()
                             && r.store.get(KERNEL_LOCK).map(String::as_str) == Some("held")
                     });
-                let (out, write) = decide::acquire(found.current(kernel), req, Now::wall(), dead);
+                // A record with no fence of its own (new, or damaged) is fenced above every
+                // record cleanup deleted: the high-water mark, read under this file's lock, after
+                // any deletion of an earlier file of this key.
+                let floor = match found {
+                    Found::Record(_) => 0,
+                    Found::Missing | Found::Corrupt { .. } => match self.high_water() {
+                        Ok(mark) => mark.saturating_add(req.fences.max(1)),
+                        Err(e) => {
+                            if kernel {
+                                let _ = ofd_lock(fd, HOLD, libc::F_UNLCK as libc::c_int, false);
+                                kernel = false;
+                            }
+                            return (Err(e), None);
+                        }
+                    },
+                };
+                let now = Now::wall();
+                let (out, write) = decide::acquire_judged(
+                    found.current(kernel),
+                    req,
+                    now,
+                    dead,
+                    decide::Expiry::Clock,
+                    now.us.max(floor),
+                );
                 match (out, write) {
                     (AcquireOutcome::Granted(mut r), Some(_)) => {
                         r.store.insert(
                             KERNEL_LOCK.into(),
                             if kernel { "held" } else { "none" }.into(),
                         );
-                        (AcquireOutcome::Granted(r.clone()), Some(r))
+                        (Ok(AcquireOutcome::Granted(r.clone())), Some(r))
                     }
-                    other => {
+                    (out, write) => {
                         if kernel {
                             let _ = ofd_lock(fd, HOLD, libc::F_UNLCK as libc::c_int, false);
                             kernel = false;
                         }
-                        other
+                        (Ok(out), write)
                     }
                 }
             })?;
@@ -302,6 +327,7 @@ impl Inner {
                 None => return Ok(None),
                 Some(Step::Unlinked) => continue,
                 Some(Step::Done(out)) => {
+                    let out = out?;
                     if let AcquireOutcome::Granted(_) = &out {
                         self.held.lock().insert(
                             req.token.clone(),
@@ -507,20 +533,109 @@ impl Inner {
                     Found::Record(r) => decide::removable(r, now, crate::record::ms(older_than)),
                     Found::Corrupt { .. } => false,
                 };
+                if !remove {
+                    return (Ok(false), None);
+                }
+                // The record's fences stay below every later grant of the key: the mark first.
+                if let Some(r) = found.record() {
+                    if let Err(e) = self.raise_high_water(r.fence) {
+                        return (Err(e), None);
+                    }
+                }
                 // Unlink while the mutation lock is held: anyone who opened the old file before
                 // (an acquirer between its kernel-lock try and its mutation, a stale holder that
                 // was taken over) sees nlink == 0 under the lock and reopens or learns it lost.
                 // Held records are never removable, so the holder lock need not be consulted.
-                let removed = remove && std::fs::remove_file(&path).is_ok();
-                (removed, None)
+                (Ok(std::fs::remove_file(&path).is_ok()), None)
             })?;
-            match step {
-                Some(Step::Done(true)) => report.removed += 1,
-                _ => report.kept += 1,
+            let removed = match step {
+                Some(Step::Done(removed)) => removed?,
+                _ => false,
+            };
+            if removed {
+                report.removed += 1;
+            } else {
+                report.kept += 1;
             }
         }
         Ok(report)
     }
+}
+
+/// The file of a directory's fence high-water mark: `{"fence": N}`, at least every fence of
+/// every record `cleanup` deleted from it. Its name starts with a dot, which no record's does.
+const HIGH_WATER_FILE: &str = ".leasehold-fences";
+
+impl Inner {
+    /// The directory's fence high-water mark (0 without one), read under its mutation lock.
+    ///
+    /// # Errors
+    /// An I/O error; [`Error::Corrupt`] when the file holds no fence that can be read, since no
+    /// fence on a new record could then be known to be above every deleted one.
+    fn high_water(&self) -> Result<u64> {
+        let path = self.dir.join(HIGH_WATER_FILE);
+        let Some(file) = self.open(&path, false)? else {
+            return Ok(0);
+        };
+        self.with_mark(&path, &file, |bytes| Ok((read_mark(bytes), None)))?
+            .ok_or_else(|| Error::Corrupt {
+                key: path.display().to_string(),
+                detail: "holds no fence: no lease on a new record is granted until it is repaired or removed".into(),
+            })
+    }
+
+    /// Raises the directory's fence high-water mark to at least `fence`.
+    fn raise_high_water(&self, fence: u64) -> Result<()> {
+        let path = self.dir.join(HIGH_WATER_FILE);
+        let file = self
+            .open(&path, true)?
+            .ok_or_else(|| self.io_err("open", &path, io::ErrorKind::NotFound.into()))?;
+        self.with_mark(&path, &file, |bytes| {
+            let mark = read_mark(bytes).unwrap_or(0);
+            Ok(((), (mark < fence).then_some(fence)))
+        })
+    }
+
+    /// Runs `f` on the mark file's bytes under its mutation lock, and writes the mark it returns.
+    fn with_mark<T>(
+        &self,
+        path: &Path,
+        file: &File,
+        f: impl FnOnce(&[u8]) -> Result<(T, Option<u64>)>,
+    ) -> Result<T> {
+        let fd = file.as_raw_fd();
+        ofd_lock(fd, MUTATE, libc::F_WRLCK as libc::c_int, true)
+            .map_err(|e| self.io_err("lock", path, e))?;
+        let res = (|| {
+            let mut bytes = Vec::new();
+            io::Read::read_to_end(&mut io::Read::take(file, READ_LIMIT as u64), &mut bytes)
+                .map_err(|e| self.io_err("read", path, e))?;
+            let (out, write) = f(&bytes)?;
+            if let Some(mark) = write {
+                let mut text = format!("{{\"fence\": {mark}}}\n").into_bytes();
+                if text.len() < bytes.len() {
+                    text.resize(bytes.len(), b' ');
+                }
+                file.write_all_at(&text, 0)
+                    .map_err(|e| self.io_err("write", path, e))?;
+                if self.opts.fsync {
+                    file.sync_data()
+                        .map_err(|e| self.io_err("fdatasync", path, e))?;
+                }
+            }
+            Ok(out)
+        })();
+        let _ = ofd_lock(fd, MUTATE, libc::F_UNLCK as libc::c_int, false);
+        res
+    }
+}
+
+/// The fence a mark file's bytes hold: `None` when there is none.
+fn read_mark(bytes: &[u8]) -> Option<u64> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Some(0);
+    }
+    decide::salvage_fence(bytes)
 }
 
 enum Step<T> {

@@ -3,7 +3,8 @@
 //!
 //! Checklist: native TTL no (expiry is judged by [`crate::adapter`]'s observation rule); watch no
 //! (waiters poll with capped backoff and jitter); liveness no; fences: a counter in the object,
-//! each grant's floored at the acquirer's wall clock in microseconds (GCS generations are not
+//! each grant's floored at the acquirer's wall clock in microseconds, and at the fence
+//! high-water mark for an object created again after `cleanup` (GCS generations are not
 //! promised to grow across a deletion, so they are not used as revisions).
 //!
 //! A [`RecordStore`]: [`crate::adapter::RecordLockStore`] over it (as `open_store("gs://…")`
@@ -486,7 +487,7 @@ impl RecordStore for GcsStore {
             watch: false,
             liveness: false,
             fence_source:
-                "a counter in the object, floored at the acquirer's wall clock in microseconds",
+                "a counter in the object, floored at the acquirer's wall clock in microseconds and, after cleanup, at the fence high-water mark",
         }
     }
 

@@ -19,8 +19,8 @@
 //!   that can grow) is refused before anything is sent ([`Error::InvalidOption`] naming the
 //!   limit); an object above it reads as corrupt;
 //! - **fences**: an ETag is a hash, not a counter, so fences are floored at the writer's wall
-//!   clock in microseconds, above the previous fence (the adapter's rule for stores without
-//!   revisions).
+//!   clock in microseconds, above the previous fence, and above the fence high-water mark once
+//!   `cleanup` deleted an object (the adapter's rule for stores without revisions).
 
 pub(crate) mod sign;
 pub(crate) mod transport;
@@ -399,7 +399,7 @@ impl<B: Backend> Objects<B> {
             native_ttl: false,
             watch: false,
             liveness: false,
-            fence_source: "the writer's wall clock in microseconds, above the previous fence (ETags are hashes, not counters)",
+            fence_source: "the writer's wall clock in microseconds, above the previous fence and, after cleanup, the fence high-water mark (ETags are hashes, not counters)",
         }
     }
 

@@ -15,7 +15,8 @@
 //! - **expiry**: judged by observation ([`crate::adapter`]): a held record is taken once seen
 //!   unchanged for its TTL plus 1 % + 2 ms on this machine's monotonic clock, or once its
 //!   written expiry is older than now − `max_clock_skew`;
-//! - **fence**: floored at the writer's wall clock in microseconds, above the previous fence
+//! - **fence**: floored at the writer's wall clock in microseconds, above the previous fence,
+//!   and, for an object created again after `cleanup`, at the fence high-water mark
 //!   (ETags are hashes, not counters);
 //! - **watch**: none; waiters poll with capped, jittered backoff (see the book's S3 page for the
 //!   requests this costs);
