@@ -1,10 +1,16 @@
 //! etcd for tests: a shared single member (the [`EtcdServer`] of [`crate::servers`]) and a
 //! cluster of several members ([`EtcdCluster`]) on free loopback ports, in temp dirs, members
 //! stopped by PID (SIGKILL) on drop and killed with the test process (`PR_SET_PDEATHSIG`).
+//!
+//! A cluster's peer traffic can go through proxies of the caller
+//! ([`EtcdCluster::start_with_peer_proxies`]): each member listens for its peers on a port of its
+//! own and advertises its proxy's port instead, so that a member can be partitioned from its
+//! peers. The kit only chooses the ports and advertises them; the caller forwards.
 
 use crate::servers::{free_port, http_ok, in_three_starts, server_dir, spawn, wait_up, EtcdServer};
 use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 /// One etcd member shared by all tests of this process (each test uses its own key prefix).
@@ -23,10 +29,50 @@ pub fn store_url(server: &EtcdServer) -> String {
 pub struct EtcdCluster {
     /// The members' client ports.
     pub ports: Vec<u16>,
-    /// The members' peer ports.
+    /// The members' peer ports, where each listens.
     peers: Vec<u16>,
+    /// The peer ports the members advertise (in `--initial-cluster` too): `peers`, or the ports
+    /// of the caller's proxies.
+    advertised: Vec<u16>,
     children: Vec<Option<Child>>,
+    pids: MemberPids,
     _dir: tempfile::TempDir,
+}
+
+/// The PIDs of a cluster's running members, by member, shared with the caller: kept up to date
+/// as members are killed and started again, so that a clone taken before the start follows them.
+#[derive(Debug, Clone)]
+pub struct MemberPids(Arc<[AtomicU32]>);
+
+impl MemberPids {
+    /// A table for `n` members, none running yet.
+    pub fn new(n: usize) -> Self {
+        MemberPids((0..n).map(|_| AtomicU32::new(0)).collect())
+    }
+
+    /// The PID of member `i`, while it runs.
+    pub fn get(&self, i: usize) -> Option<u32> {
+        self.0
+            .get(i)
+            .map(|p| p.load(Ordering::Acquire))
+            .filter(|p| *p != 0)
+    }
+
+    /// How many members the cluster has.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether the cluster has no member.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    fn set(&self, i: usize, child: Option<&Child>) {
+        if let Some(p) = self.0.get(i) {
+            p.store(child.map_or(0, Child::id), Ordering::Release);
+        }
+    }
 }
 
 impl EtcdCluster {
@@ -36,37 +82,57 @@ impl EtcdCluster {
     /// # Panics
     /// When `etcd` is missing, or no start comes up.
     pub fn start(n: usize) -> Self {
-        in_three_starts("etcd cluster", || Self::start_once(n))
+        let pids = MemberPids::new(n);
+        in_three_starts("etcd cluster", || {
+            Self::start_once(n, None, &mut |_| {}, &pids)
+        })
     }
 
-    fn start_once(n: usize) -> Result<Self, String> {
+    /// Starts a member per port of `proxies` whose peer traffic goes through the caller's proxies
+    /// on those ports: member `i` advertises `http://127.0.0.1:{proxies[i]}` as its peer URL, to
+    /// its peers and in `--initial-cluster` (its member ID derives from it), and listens on a
+    /// peer port of its own. Before any member starts, `aim` is told each member's own peer port,
+    /// by member (each new start attempt calls it again, with new ports): the proxies must
+    /// forward there from then on, without waiting for this call to return, or no member becomes
+    /// healthy. `pids` (as many as `proxies`) is kept up to date with the members' PIDs as they
+    /// start, are [killed](EtcdCluster::kill) and [restarted](EtcdCluster::restart).
+    ///
+    /// # Panics
+    /// When `etcd` is missing, when `pids` is not for as many members, or no start comes up.
+    pub fn start_with_peer_proxies(
+        proxies: &[u16],
+        pids: &MemberPids,
+        mut aim: impl FnMut(&[u16]),
+    ) -> Self {
+        assert_eq!(pids.len(), proxies.len(), "one PID slot per member's proxy");
+        in_three_starts("etcd cluster behind peer proxies", || {
+            Self::start_once(proxies.len(), Some(proxies), &mut aim, pids)
+        })
+    }
+
+    fn start_once(
+        n: usize,
+        proxies: Option<&[u16]>,
+        aim: &mut dyn FnMut(&[u16]),
+        pids: &MemberPids,
+    ) -> Result<Self, String> {
         let dir = server_dir("etcd-cluster");
-        let ports: Vec<(u16, u16)> = (0..n).map(|_| (free_port(), free_port())).collect();
-        let initial: Vec<String> = ports
-            .iter()
-            .enumerate()
-            .map(|(i, (_, peer))| format!("m{i}=http://127.0.0.1:{peer}"))
-            .collect();
-        let initial = initial.join(",");
-        let mut children: Vec<Option<Child>> = vec![];
-        for (i, ports) in ports.iter().enumerate() {
-            match member(dir.path(), i, *ports, &initial) {
-                Ok(child) => children.push(Some(child)),
-                Err(why) => {
-                    for mut c in children.into_iter().flatten() {
-                        let _ = c.kill();
-                        let _ = c.wait();
-                    }
-                    return Err(why);
-                }
-            }
-        }
+        let ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
+        let peers: Vec<u16> = (0..n).map(|_| free_port()).collect();
+        aim(&peers);
+        let advertised = proxies.map_or_else(|| peers.clone(), <[u16]>::to_vec);
         let mut cluster = EtcdCluster {
-            ports: ports.iter().map(|p| p.0).collect(),
-            peers: ports.iter().map(|p| p.1).collect(),
-            children,
+            ports,
+            peers,
+            advertised,
+            children: (0..n).map(|_| None).collect(),
+            pids: pids.clone(),
             _dir: dir,
         };
+        for i in 0..n {
+            // On an error the cluster's drop stops the members already started.
+            cluster.launch(i)?;
+        }
         for i in 0..n {
             let port = cluster.ports[i];
             let Some(child) = cluster.children[i].as_mut() else {
@@ -88,6 +154,22 @@ impl EtcdCluster {
             }
         }
         Ok(cluster)
+    }
+
+    /// The members' PIDs, following kills and restarts.
+    pub fn pids(&self) -> MemberPids {
+        self.pids.clone()
+    }
+
+    /// The peer port each member listens on.
+    pub fn peer_ports(&self) -> &[u16] {
+        &self.peers
+    }
+
+    /// The peer port each member advertises: its own, or its proxy's
+    /// ([`start_with_peer_proxies`](EtcdCluster::start_with_peer_proxies)).
+    pub fn advertised_peer_ports(&self) -> &[u16] {
+        &self.advertised
     }
 
     /// `etcd://127.0.0.1:P1,127.0.0.1:P2,…` (every member, dead ones included).
@@ -149,36 +231,77 @@ impl EtcdCluster {
         if self.children[i].is_some() {
             return Ok(());
         }
-        let initial: Vec<String> = self
-            .peers
-            .iter()
-            .enumerate()
-            .map(|(m, peer)| format!("m{m}=http://127.0.0.1:{peer}"))
-            .collect();
+        self.launch(i)?;
         let port = self.ports[i];
-        let mut child = member(
-            self._dir.path(),
-            i,
-            (port, self.peers[i]),
-            &initial.join(","),
-        )?;
-        wait_up(
-            &mut child,
+        let Some(child) = self.children[i].as_mut() else {
+            return Ok(());
+        };
+        let up = wait_up(
+            child,
             &format!("etcd member m{i} on port {port}"),
             Duration::from_secs(20),
             Duration::from_millis(20),
             || http_ok(port, "/health", "\"health\":\"true\""),
-        )?;
-        self.children[i] = Some(child);
-        Ok(())
+        );
+        if up.is_err() {
+            // wait_up killed and reaped it.
+            self.children[i] = None;
+            self.pids.set(i, None);
+        }
+        up
     }
 
     /// Kills member `i` with SIGKILL (no leadership transfer) and waits for it.
     pub fn kill(&mut self, i: usize) {
         if let Some(mut c) = self.children[i].take() {
+            self.pids.set(i, None);
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+
+    /// Starts member `i` (its data in `dir/m{i}`, its log `dir/m{i}.log`, appended to) on its
+    /// ports, advertising its advertised peer URL, `--initial-cluster` naming every member's,
+    /// without waiting for it.
+    fn launch(&mut self, i: usize) -> Result<(), String> {
+        let initial: Vec<String> = self
+            .advertised
+            .iter()
+            .enumerate()
+            .map(|(m, peer)| format!("m{m}=http://127.0.0.1:{peer}"))
+            .collect();
+        let dir = self._dir.path();
+        let client_url = format!("http://127.0.0.1:{}", self.ports[i]);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join(format!("m{i}.log")))
+            .map_err(|e| format!("etcd log: {e}"))?;
+        let mut cmd = Command::new("etcd");
+        cmd.args(["--name", &format!("m{i}"), "--data-dir"])
+            .arg(dir.join(format!("m{i}")))
+            .args(["--listen-client-urls", &client_url])
+            .args(["--advertise-client-urls", &client_url])
+            .args([
+                "--listen-peer-urls",
+                &format!("http://127.0.0.1:{}", self.peers[i]),
+            ])
+            .args([
+                "--initial-advertise-peer-urls",
+                &format!("http://127.0.0.1:{}", self.advertised[i]),
+            ])
+            .args(["--initial-cluster", &initial.join(",")])
+            .args(["--initial-cluster-token", "leasehold-test"])
+            .args(["--initial-cluster-state", "new", "--unsafe-no-fsync"])
+            .args(["--log-level", "warn"])
+            .stdout(Stdio::null())
+            .stderr(log);
+        let child = spawn(cmd).map_err(|e| {
+            format!("cannot start etcd ({e}): install it with `apt-get install etcd-server etcd-client`, or run ./scripts/test which does")
+        })?;
+        self.pids.set(i, Some(&child));
+        self.children[i] = Some(child);
+        Ok(())
     }
 }
 
@@ -188,39 +311,6 @@ impl Drop for EtcdCluster {
             self.kill(i);
         }
     }
-}
-
-/// Starts member `i` of a cluster in `dir` on `(client, peer)` ports (its data in `dir/m{i}`, its
-/// log `dir/m{i}.log`, appended to), `initial` naming every member's peer URL.
-fn member(
-    dir: &std::path::Path,
-    i: usize,
-    (port, peer): (u16, u16),
-    initial: &str,
-) -> Result<Child, String> {
-    let client_url = format!("http://127.0.0.1:{port}");
-    let peer_url = format!("http://127.0.0.1:{peer}");
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(dir.join(format!("m{i}.log")))
-        .map_err(|e| format!("etcd log: {e}"))?;
-    let mut cmd = Command::new("etcd");
-    cmd.args(["--name", &format!("m{i}"), "--data-dir"])
-        .arg(dir.join(format!("m{i}")))
-        .args(["--listen-client-urls", &client_url])
-        .args(["--advertise-client-urls", &client_url])
-        .args(["--listen-peer-urls", &peer_url])
-        .args(["--initial-advertise-peer-urls", &peer_url])
-        .args(["--initial-cluster", initial])
-        .args(["--initial-cluster-token", "leasehold-test"])
-        .args(["--initial-cluster-state", "new", "--unsafe-no-fsync"])
-        .args(["--log-level", "warn"])
-        .stdout(Stdio::null())
-        .stderr(log);
-    spawn(cmd).map_err(|e| {
-        format!("cannot start etcd ({e}): install it with `apt-get install etcd-server etcd-client`, or run ./scripts/test which does")
-    })
 }
 
 /// One 3-member cluster shared by the tests of this process that leave it whole.
