@@ -10,7 +10,8 @@
 //! * `stop` — SIGSTOP of a client for 1.5 TTLs, then SIGCONT (a GC pause: it wakes believing it
 //!   holds);
 //! * `partition` — one client, or all of them, cut off from the store by the harness's TCP
-//!   proxies: latency, a black hole or resets ([`network`]);
+//!   proxies: latency, a black hole or resets ([`network`]); on an etcd cluster started here,
+//!   one time in three a member cut from its peers instead;
 //! * `clock` — clients whose wall clock is minutes ahead or behind (an hour on the object stores) ([`clock`]).
 //! * `restart` — a store restart or failover, per kind ([`servers`]; only for servers started
 //!   here).
@@ -160,7 +161,8 @@ async fn harness(
     seed: u64,
     dir: &Path,
 ) -> Result<Vec<Row>, Failure> {
-    let mut stores = Stores::start(&args.kind, url, dir).await?;
+    let partition = args.faults.iter().any(|f| f == "partition");
+    let mut stores = Stores::start(&args.kind, url, dir, partition).await?;
     if args.faults.iter().any(|f| f == "restart") && !stores.restartable() {
         return Err(Failure::new(
             USAGE,
@@ -300,6 +302,8 @@ async fn phase(
         clients.push(spawn(i, 0, skewed)?);
     }
     let mut generation = 1;
+    // partition: the cuts of each member of a cluster started here from its peers.
+    let mut member_cuts = vec![0u64; stores.peers().map_or(0, |p| p.ports.len())];
     let start = Instant::now();
     let end = start + duration;
     // On a terminal (and not with --json), a line that tells how the phase goes.
@@ -327,9 +331,15 @@ async fn phase(
                 injected += 1;
             }
             ("partition", _) => {
-                network::Cut::pick(&mut rng, routes.len(), args.ttl)
-                    .apply(&routes)
-                    .await;
+                let peers = stores.peers();
+                let members = peers.map_or(0, |p| p.ports.len());
+                let cut = network::Cut::pick(&mut rng, routes.len(), members, args.ttl);
+                if let network::Whom::Member(m) = cut.whom {
+                    if let Some(n) = member_cuts.get_mut(m) {
+                        *n += 1;
+                    }
+                }
+                cut.apply(&routes, peers).await;
                 injected += 1;
             }
             ("clock", Some(_)) => {
@@ -355,6 +365,19 @@ async fn phase(
     }
     if progress {
         eprint!("\r\x1b[K");
+    }
+    if fault == "partition" && !member_cuts.is_empty() {
+        let of_members: u64 = member_cuts.iter().sum();
+        let each: Vec<String> = member_cuts
+            .iter()
+            .enumerate()
+            .map(|(m, n)| format!("m{m} {n}"))
+            .collect();
+        eprintln!(
+            "leasehold torture: partition: {of_members} of {injected} cuts were a member cut from its peers ({}), {} cut clients off",
+            each.join(", "),
+            injected - of_members
+        );
     }
     for (id, mut child) in clients {
         kill_client(resource, &id, &mut child).await?;

@@ -1,6 +1,8 @@
 //! The `partition` fault of `leasehold torture`: each client reaches the store through TCP
 //! proxies of the harness, one set per client, so that one client (or every client at once) can
-//! be cut off from the store while the others go on.
+//! be cut off from the store while the others go on; and on an etcd cluster the run starts, each
+//! member's peers reach it through a proxy of the harness ([`Peers`]), so that a member can be
+//! partitioned from its peers.
 //!
 //! Every loopback address with a port in the store URL (`127.0.0.1:PORT`, `localhost:PORT`,
 //! `[::1]:PORT`, in the host part or in a query parameter such as `endpoint=`) is rewritten to a
@@ -8,7 +10,21 @@
 //! otherwise as its [`Link`] says: slowed, black-holed, or reset. A URL with no loopback address
 //! (the file and memory stores, a remote server) cannot be partitioned, and nor can Redis Sentinel
 //! and Redis Cluster URLs, whose clients learn other nodes' addresses from the servers.
+//!
+//! etcd's members talk over connections dialed by both sides: a member reads its peer's messages
+//! from a stream it dialed to that peer, and sends its own over streams the peer dialed to it (and
+//! over requests it posts to the peer). Cutting the connections into one member's proxy therefore
+//! cuts only half of its traffic. Each connection a peer proxy accepts answers to two links: its
+//! member's, and that of the member which dialed it, found once per connection from the
+//! accepted socket's remote port (the dialer's local port): the socket with that local port in
+//! `/proc/net/tcp` (and `tcp6`), and the member process that holds its inode among its file
+//! descriptors. Cutting a member sets its link: the connections into its proxy and those it
+//! dialed into its peers' proxies.
 
+use leasehold_testkit::etcd_cluster::MemberPids;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -29,13 +45,61 @@ pub(crate) enum Link {
     Reset,
 }
 
+impl Link {
+    /// How much it cuts: a connection under two links goes as the more cutting.
+    fn severity(self) -> u8 {
+        match self {
+            Link::Up => 0,
+            Link::Slow(_) => 1,
+            Link::Hole => 2,
+            Link::Reset => 3,
+        }
+    }
+}
+
+/// The links of a set of proxies, one per party (a route's single client, or each member of a
+/// cluster), as a connection sees them: it answers to the links of its `parties`.
+struct Watch {
+    links: watch::Receiver<Vec<Link>>,
+    parties: Vec<usize>,
+}
+
+impl Watch {
+    /// The connection's link now: the most cutting of its parties'.
+    fn now(&mut self) -> Link {
+        let links = self.links.borrow_and_update();
+        self.parties
+            .iter()
+            .filter_map(|p| links.get(*p).copied())
+            .max_by_key(|l| l.severity())
+            .unwrap_or(Link::Up)
+    }
+
+    /// Waits until a link changes: false when the proxies are gone.
+    async fn changed(&mut self) -> bool {
+        self.links.changed().await.is_ok()
+    }
+}
+
+/// Where one proxy forwards, and whose links its connections answer to.
+#[derive(Clone)]
+struct Aim {
+    /// The host to connect to, and the port (set later for a peer proxy: see [`Peers::aimer`]).
+    host: String,
+    port: Arc<AtomicU16>,
+    /// The party whose link every connection of this proxy answers to.
+    party: usize,
+    /// For a peer proxy: the members, so that a connection also answers to its dialer's link.
+    dialers: Option<MemberPids>,
+}
+
 /// One client's way to the store: a proxy for each loopback address of its URL, all switched
 /// together. Dropping it stops the proxies and ends their connections.
 #[derive(Debug)]
 pub(crate) struct Route {
     /// The store URL with each loopback address replaced by its proxy's.
     pub(crate) url: String,
-    link: watch::Sender<Link>,
+    link: watch::Sender<Vec<Link>>,
     accepting: Vec<JoinHandle<()>>,
 }
 
@@ -56,7 +120,7 @@ impl Route {
                     .into(),
             );
         }
-        let (link, _) = watch::channel(Link::Up);
+        let (link, _) = watch::channel(vec![Link::Up]);
         let mut proxies: Vec<((String, u16), u16)> = vec![];
         let mut accepting = vec![];
         let mut rewritten = String::with_capacity(url.len());
@@ -66,7 +130,14 @@ impl Route {
             let port = match proxies.iter().find(|(t, _)| *t == target) {
                 Some((_, p)) => *p,
                 None => {
-                    let (port, task) = proxy(&a.host, a.port, link.subscribe()).await?;
+                    let listener = bind(&a.host).await?;
+                    let aim = Aim {
+                        host: a.host.clone(),
+                        port: Arc::new(AtomicU16::new(a.port)),
+                        party: 0,
+                        dialers: None,
+                    };
+                    let (port, task) = proxy(listener, aim, link.subscribe())?;
                     proxies.push((target, port));
                     accepting.push(task);
                     port
@@ -86,16 +157,91 @@ impl Route {
 
     /// Switches every proxy of this route to `link` (connections already open included).
     pub(crate) fn set(&self, link: Link) {
-        self.link.send_replace(link);
+        self.link.send_replace(vec![link]);
     }
 }
 
 impl Drop for Route {
     fn drop(&mut self) {
-        for task in &self.accepting {
-            task.abort();
+        stop(&self.accepting);
+    }
+}
+
+/// Stops a set of proxies' accepting tasks; their connections' tasks end when the links' sender
+/// goes with the set.
+fn stop(accepting: &[JoinHandle<()>]) {
+    for task in accepting {
+        task.abort();
+    }
+}
+
+/// The peer traffic of a cluster started here: a proxy in front of each member's peer port, which
+/// the member advertises to its peers instead of its own (see the module documentation). Dropping
+/// it stops the proxies and ends their connections.
+#[derive(Debug)]
+pub(crate) struct Peers {
+    /// Each member's proxy port: the peer port it advertises.
+    pub(crate) ports: Vec<u16>,
+    /// The members' PIDs, kept up to date by the cluster.
+    pub(crate) pids: MemberPids,
+    targets: Vec<Arc<AtomicU16>>,
+    links: watch::Sender<Vec<Link>>,
+    accepting: Vec<JoinHandle<()>>,
+}
+
+impl Peers {
+    /// Starts a proxy for each of `members` members on a free loopback port, forwarding nowhere
+    /// until [aimed](Peers::aimer).
+    pub(crate) async fn new(members: usize) -> Result<Peers, String> {
+        let (links, _) = watch::channel(vec![Link::Up; members]);
+        let pids = MemberPids::new(members);
+        let mut peers = Peers {
+            ports: vec![],
+            pids: pids.clone(),
+            targets: vec![],
+            links,
+            accepting: vec![],
+        };
+        for m in 0..members {
+            let target = Arc::new(AtomicU16::new(0));
+            let aim = Aim {
+                host: "127.0.0.1".into(),
+                port: target.clone(),
+                party: m,
+                dialers: Some(pids.clone()),
+            };
+            let (port, task) = proxy(bind("127.0.0.1").await?, aim, peers.links.subscribe())?;
+            peers.ports.push(port);
+            peers.targets.push(target);
+            peers.accepting.push(task);
         }
-        // The connections' tasks end when the sender goes with this route.
+        Ok(peers)
+    }
+
+    /// What points the proxies at the members' own peer ports (by member), from any thread.
+    pub(crate) fn aimer(&self) -> impl FnMut(&[u16]) + Send + 'static {
+        let targets = self.targets.clone();
+        move |ports: &[u16]| {
+            for (t, p) in targets.iter().zip(ports) {
+                t.store(*p, Ordering::Release);
+            }
+        }
+    }
+
+    /// Switches member `m`'s link: the connections into its proxy and those it dialed into its
+    /// peers' (connections already open included).
+    pub(crate) fn set(&self, m: usize, link: Link) {
+        self.links.send_modify(|links| {
+            if let Some(l) = links.get_mut(m) {
+                *l = link;
+            }
+        });
+    }
+}
+
+impl Drop for Peers {
+    fn drop(&mut self) {
+        stop(&self.accepting);
     }
 }
 
@@ -162,50 +308,104 @@ fn loopback_addresses(url: &str) -> Vec<Address> {
     found
 }
 
-/// Starts a proxy to `host:port` on a free port of the same loopback host: that port, and the
-/// task accepting its connections.
-async fn proxy(
-    host: &str,
-    port: u16,
-    link: watch::Receiver<Link>,
-) -> Result<(u16, JoinHandle<()>), String> {
+/// A listener on a free port of the loopback `host` (`::1`, else `127.0.0.1`).
+async fn bind(host: &str) -> Result<TcpListener, String> {
     let listen = if host == "::1" {
         "[::1]:0"
     } else {
         "127.0.0.1:0"
     };
-    let listener = TcpListener::bind(listen)
+    TcpListener::bind(listen)
         .await
-        .map_err(|e| format!("partition: cannot listen on {listen}: {e}"))?;
+        .map_err(|e| format!("partition: cannot listen on {listen}: {e}"))
+}
+
+/// Starts a proxy on `listener` forwarding as `aim` says under `links`: its port, and the task
+/// accepting its connections.
+fn proxy(
+    listener: TcpListener,
+    aim: Aim,
+    links: watch::Receiver<Vec<Link>>,
+) -> Result<(u16, JoinHandle<()>), String> {
     let mine = listener
         .local_addr()
         .map_err(|e| format!("partition: {e}"))?
         .port();
-    let host = host.to_owned();
     let task = tokio::spawn(async move {
         loop {
-            let client = match listener.accept().await {
-                Ok((c, _)) => c,
+            let (client, from) = match listener.accept().await {
+                Ok(c) => c,
                 Err(_) => {
                     // Out of descriptors, most likely: try again shortly.
                     tokio::time::sleep(Duration::from_millis(10)).await;
                     continue;
                 }
             };
-            if *link.borrow() == Link::Reset {
-                reset(client);
-                continue;
-            }
-            let (host, link) = (host.clone(), link.clone());
+            let (aim, links) = (aim.clone(), links.clone());
             tokio::spawn(async move {
-                match TcpStream::connect((host.as_str(), port)).await {
-                    Ok(server) => forward(client, server, link).await,
-                    Err(_) => reset(client),
+                let mut parties = vec![aim.party];
+                if let Some(pids) = aim.dialers {
+                    let found =
+                        tokio::task::spawn_blocking(move || dialer(from, mine, &pids)).await;
+                    parties.extend(found.ok().flatten());
+                }
+                let mut link = Watch { links, parties };
+                if link.now() == Link::Reset {
+                    reset(client);
+                    return;
+                }
+                // A peer proxy not aimed yet has port 0: nowhere to forward.
+                let server = match aim.port.load(Ordering::Acquire) {
+                    0 => None,
+                    port => TcpStream::connect((aim.host.as_str(), port)).await.ok(),
+                };
+                match server {
+                    Some(server) => forward(client, server, link).await,
+                    None => reset(client),
                 }
             });
         }
     });
     Ok((mine, task))
+}
+
+/// The member (an index into `pids`) whose process dialed the connection from `from` to the
+/// loopback port `to` that this process accepted, if it still has it open.
+fn dialer(from: SocketAddr, to: u16, pids: &MemberPids) -> Option<usize> {
+    let inode = ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|t| std::fs::read_to_string(t).ok())
+        .find_map(|table| socket_inode(&table, from.port(), to))?;
+    let holds = format!("socket:[{inode}]");
+    (0..pids.len()).find(|m| {
+        pids.get(*m).is_some_and(|pid| {
+            std::fs::read_dir(format!("/proc/{pid}/fd"))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .any(|fd| {
+                    std::fs::read_link(fd.path()).is_ok_and(|l| l.as_os_str() == holds.as_str())
+                })
+        })
+    })
+}
+
+/// The inode of the socket in a `/proc/net/tcp` (or `tcp6`) table whose local port is `local`
+/// and remote port is `remote`.
+fn socket_inode(table: &str, local: u16, remote: u16) -> Option<u64> {
+    let port = |address: &str| {
+        address
+            .rsplit_once(':')
+            .and_then(|(_, p)| u16::from_str_radix(p, 16).ok())
+    };
+    table.lines().skip(1).find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let (l, r, inode) = (fields.get(1)?, fields.get(2)?, fields.get(9)?);
+        if port(l)? != local || port(r)? != remote {
+            return None;
+        }
+        inode.parse::<u64>().ok().filter(|i| *i != 0)
+    })
 }
 
 /// Closes `stream` with a reset (RST) rather than a FIN.
@@ -215,14 +415,14 @@ fn reset(stream: TcpStream) {
 }
 
 /// Passes bytes between `a` and `b` as `link` says, until either closes, the link resets, or the
-/// route is dropped.
-async fn forward(mut a: TcpStream, mut b: TcpStream, mut link: watch::Receiver<Link>) {
+/// proxies are dropped.
+async fn forward(mut a: TcpStream, mut b: TcpStream, mut link: Watch) {
     let _ = a.set_nodelay(true);
     let _ = b.set_nodelay(true);
     let mut from_a = vec![0u8; 16 * 1024];
     let mut from_b = vec![0u8; 16 * 1024];
     loop {
-        let now = *link.borrow_and_update();
+        let now = link.now();
         match now {
             Link::Reset => {
                 reset(a);
@@ -231,7 +431,7 @@ async fn forward(mut a: TcpStream, mut b: TcpStream, mut link: watch::Receiver<L
             }
             Link::Hole => {
                 // Nothing is read: the kernel's buffers fill, the peers wait.
-                if link.changed().await.is_err() {
+                if !link.changed().await {
                     return;
                 }
                 continue;
@@ -240,7 +440,7 @@ async fn forward(mut a: TcpStream, mut b: TcpStream, mut link: watch::Receiver<L
         }
         let (n, a_to_b) = tokio::select! {
             changed = link.changed() => {
-                if changed.is_err() {
+                if !changed {
                     return;
                 }
                 continue;
@@ -256,7 +456,7 @@ async fn forward(mut a: TcpStream, mut b: TcpStream, mut link: watch::Receiver<L
         };
         // The chunk goes as the link is now: held through a black hole, dropped with a reset.
         loop {
-            let now = *link.borrow_and_update();
+            let now = link.now();
             match now {
                 Link::Up => break,
                 Link::Slow(d) => {
@@ -264,7 +464,7 @@ async fn forward(mut a: TcpStream, mut b: TcpStream, mut link: watch::Receiver<L
                     break;
                 }
                 Link::Hole => {
-                    if link.changed().await.is_err() {
+                    if !link.changed().await {
                         return;
                     }
                 }
@@ -286,24 +486,52 @@ async fn forward(mut a: TcpStream, mut b: TcpStream, mut link: watch::Receiver<L
     }
 }
 
-/// One injection of the fault: whom it cuts off (`None`: every client, as if the store were cut
-/// off from everyone), how, and for how long.
+/// Whom one injection of the fault cuts off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Whom {
+    /// One client, from the store.
+    Client(usize),
+    /// Every client, as if the store were cut off from everyone.
+    Clients,
+    /// A member of a cluster started here, from its peers (its clients still reach it).
+    Member(usize),
+}
+
+impl std::fmt::Display for Whom {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Whom::Client(c) => write!(f, "client {c} cut off from the store"),
+            Whom::Clients => write!(f, "every client cut off from the store"),
+            Whom::Member(m) => write!(f, "member m{m} cut from its peers"),
+        }
+    }
+}
+
+/// One injection of the fault: whom it cuts off, how, and for how long.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Cut {
-    pub(crate) whom: Option<usize>,
+    pub(crate) whom: Whom,
     pub(crate) link: Link,
     pub(crate) lasts: Duration,
 }
 
 impl Cut {
-    /// A seeded choice among `clients` clients for leases of `ttl`: one client three times in
-    /// four, else all; then added latency of TTL/3 for 1.5 TTL, a black hole for 1.5 TTL, or
-    /// resets for TTL/2, each as likely.
-    pub(crate) fn pick(rng: &mut fastrand::Rng, clients: usize, ttl: Duration) -> Cut {
-        let whom = if rng.u8(..4) == 0 {
-            None
+    /// A seeded choice for leases of `ttl`: with `members` members behind [`Peers`], a member
+    /// one time in three; else (and always without) one of `clients` clients three times in four,
+    /// else all; then added latency of TTL/3 for 1.5 TTL, a black hole for 1.5 TTL, or resets for
+    /// TTL/2, each as likely.
+    pub(crate) fn pick(
+        rng: &mut fastrand::Rng,
+        clients: usize,
+        members: usize,
+        ttl: Duration,
+    ) -> Cut {
+        let whom = if members > 0 && rng.u8(..3) == 0 {
+            Whom::Member(rng.usize(..members))
+        } else if rng.u8(..4) == 0 {
+            Whom::Clients
         } else {
-            Some(rng.usize(..clients.max(1)))
+            Whom::Client(rng.usize(..clients.max(1)))
         };
         let (link, lasts) = match rng.u8(..3) {
             0 => (Link::Slow(ttl / 3), ttl * 3 / 2),
@@ -313,18 +541,25 @@ impl Cut {
         Cut { whom, link, lasts }
     }
 
-    /// Cuts `routes` as chosen, waits until it is over, and lets them up again.
-    pub(crate) async fn apply(&self, routes: &[Route]) {
-        let chosen = || {
-            routes
-                .iter()
-                .enumerate()
-                .filter(|(i, _)| self.whom.map_or(true, |w| w == *i))
-                .map(|(_, r)| r)
+    /// Cuts `routes` or a member of `peers` as chosen, waits until it is over, and lets them up
+    /// again.
+    pub(crate) async fn apply(&self, routes: &[Route], peers: Option<&Peers>) {
+        let set = |link: Link| match self.whom {
+            Whom::Member(m) => {
+                if let Some(p) = peers {
+                    p.set(m, link);
+                }
+            }
+            Whom::Client(c) => {
+                if let Some(r) = routes.get(c) {
+                    r.set(link);
+                }
+            }
+            Whom::Clients => routes.iter().for_each(|r| r.set(link)),
         };
-        chosen().for_each(|r| r.set(self.link));
+        set(self.link);
         tokio::time::sleep(self.lasts).await;
-        chosen().for_each(|r| r.set(Link::Up));
+        set(Link::Up);
     }
 }
 
@@ -452,5 +687,186 @@ mod tests {
         let mut e = TcpStream::connect(("127.0.0.1", proxied)).await.unwrap();
         assert_eq!(&round_trip(&mut e).await.unwrap(), b"ping");
         echo.abort();
+    }
+
+    #[test]
+    fn the_dialer_of_an_accepted_connection_is_found_by_its_socket() {
+        use std::os::fd::AsRawFd;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let to = listener.local_addr().unwrap().port();
+        let dialed = std::net::TcpStream::connect(("127.0.0.1", to)).unwrap();
+        let (_accepted, from) = listener.accept().unwrap();
+        let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+        let inode = socket_inode(&table, from.port(), to).unwrap();
+        let held = std::fs::read_link(format!("/proc/self/fd/{}", dialed.as_raw_fd())).unwrap();
+        assert_eq!(held.to_str(), Some(format!("socket:[{inode}]").as_str()));
+        // The accepted end (local port `to`) is not taken for the dialer's.
+        assert_ne!(socket_inode(&table, to, from.port()), Some(inode));
+        assert_eq!(socket_inode("header\n", from.port(), to), None);
+    }
+
+    /// `POST path` with a JSON body to the etcd member with client port `port` (the JSON
+    /// gateway), from a blocking thread: its status and JSON answer, if it answers in 10 s.
+    async fn etcd(port: u16, path: &'static str, body: &'static str) -> Option<(u16, Value)> {
+        tokio::task::spawn_blocking(move || {
+            let (code, body) = leasehold_testkit::servers::http_request(
+                port,
+                "POST",
+                path,
+                &[("Content-Type", "application/json")],
+                body,
+            )?;
+            Some((code, serde_json::from_str(&body).unwrap_or_default()))
+        })
+        .await
+        .unwrap()
+    }
+
+    use serde_json::Value;
+
+    /// A member's view: (its ID, the leader it follows (0: none), the Raft term).
+    async fn status(port: u16) -> Option<(u64, u64, u64)> {
+        let n = |v: &Value| v.as_u64().or_else(|| v.as_str()?.parse().ok());
+        let (code, s) = etcd(port, "/v3/maintenance/status", "{}").await?;
+        (code == 200).then_some(())?;
+        Some((
+            n(&s["header"]["member_id"])?,
+            n(&s["leader"]).unwrap_or(0),
+            n(&s["raftTerm"])?,
+        ))
+    }
+
+    /// Polls `check` every 50 ms until it gives a value, for at most `limit`.
+    async fn until<T, F: std::future::Future<Output = Option<T>>>(
+        what: &str,
+        limit: Duration,
+        mut check: impl FnMut() -> F,
+    ) -> T {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            if let Some(v) = check().await {
+                return v;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{what}: not within {limit:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The members' views, if every one answers.
+    async fn views(ports: &[u16]) -> Option<Vec<(u64, u64, u64)>> {
+        let mut all = vec![];
+        for p in ports {
+            all.push(status(*p).await?);
+        }
+        Some(all)
+    }
+
+    #[tokio::test]
+    async fn a_member_cut_from_its_peers_is_isolated_until_the_cut_lifts() {
+        use leasehold_testkit::etcd_cluster::EtcdCluster;
+        let peers = Peers::new(3).await.unwrap();
+        let (proxies, pids, aim) = (peers.ports.clone(), peers.pids.clone(), peers.aimer());
+        let cluster = tokio::task::spawn_blocking(move || {
+            EtcdCluster::start_with_peer_proxies(&proxies, &pids, aim)
+        })
+        .await
+        .unwrap();
+        let ports = cluster.ports.clone();
+        assert_eq!(cluster.advertised_peer_ports(), peers.ports);
+        // Every member knows the others by their proxies' URLs.
+        let (_, members) = etcd(ports[0], "/v3/cluster/member/list", "{}")
+            .await
+            .unwrap();
+        let urls = members.to_string();
+        for (proxy, own) in peers.ports.iter().zip(cluster.peer_ports()) {
+            assert!(urls.contains(&format!("127.0.0.1:{proxy}")), "{urls}");
+            assert!(!urls.contains(&format!("127.0.0.1:{own}\"")), "{urls}");
+        }
+        // All three agree on a leader.
+        let before = until("a leader all agree on", Duration::from_secs(20), || async {
+            let v = views(&ports).await?;
+            (v[0].1 != 0 && v.iter().all(|s| s.1 == v[0].1)).then_some(v)
+        })
+        .await;
+        let (old_id, old_term) = (before[0].1, before[0].2);
+        let old = before.iter().position(|s| s.0 == old_id).unwrap();
+        let others: Vec<u16> = (0..3).filter(|i| *i != old).map(|i| ports[i]).collect();
+
+        // Cut the leader from its peers: the other two elect one of themselves.
+        let cut = tokio::time::Instant::now();
+        peers.set(old, Link::Hole);
+        let new_id = until(
+            "a new leader of the majority",
+            Duration::from_secs(20),
+            || async {
+                let v = views(&others).await?;
+                (v[0].1 != 0
+                    && v[0].1 != old_id
+                    && v.iter().all(|s| s.1 == v[0].1 && s.2 > old_term))
+                .then_some(v[0].1)
+            },
+        )
+        .await;
+        eprintln!(
+            "leader {old_id:x} (m{old}, term {old_term}) cut; new leader {new_id:x} after {:?}",
+            cut.elapsed()
+        );
+        let (_, alone, _) = status(ports[old]).await.unwrap();
+        eprintln!("the cut member follows {alone:x}");
+        assert_ne!(alone, new_id, "the cut member heard of the new leader");
+        // A write through the majority succeeds; one through the cut member does not.
+        // key "partition", values "majority" and "isolated", in base64.
+        let put_majority = r#"{"key":"cGFydGl0aW9u","value":"bWFqb3JpdHk="}"#;
+        until(
+            "a write through the majority",
+            Duration::from_secs(20),
+            || async {
+                let (code, _) = etcd(others[0], "/v3/kv/put", put_majority).await?;
+                (code == 200).then_some(())
+            },
+        )
+        .await;
+        let put_isolated = r#"{"key":"cGFydGl0aW9u","value":"aXNvbGF0ZWQ="}"#;
+        let t = tokio::time::Instant::now();
+        let isolated = etcd(ports[old], "/v3/kv/put", put_isolated).await;
+        eprintln!(
+            "the write through the cut member: {isolated:?} after {:?}",
+            t.elapsed()
+        );
+        assert!(
+            isolated.as_ref().is_none_or(|(code, _)| *code != 200),
+            "a write through the cut member succeeded: {isolated:?}"
+        );
+
+        // Lift the cut: the old leader follows the new one, at its term, and reads the write.
+        let healed = tokio::time::Instant::now();
+        peers.set(old, Link::Up);
+        until(
+            "the old leader following the new",
+            Duration::from_secs(20),
+            || async {
+                let v = views(&ports).await?;
+                v.iter()
+                    .all(|s| s.1 == new_id && s.2 == v[0].2)
+                    .then_some(())
+            },
+        )
+        .await;
+        eprintln!("rejoined as a follower after {:?}", healed.elapsed());
+        let read = until(
+            "a read through the old leader",
+            Duration::from_secs(20),
+            || async {
+                let (code, body) =
+                    etcd(ports[old], "/v3/kv/range", r#"{"key":"cGFydGl0aW9u"}"#).await?;
+                (code == 200).then_some(body)
+            },
+        )
+        .await;
+        assert_eq!(read["kvs"][0]["value"], "bWFqb3JpdHk=", "{read}");
+        drop(cluster);
     }
 }

@@ -9,14 +9,18 @@
 //!   waits until the replica has everything the primary had);
 //! * `redlock` — one node of three (always the same) killed and started again empty;
 //! * `etcd` — the Raft leader of a 3-member cluster killed (SIGKILL), then started again over its
-//!   data;
+//!   data, advertising the same peer URL (its proxy's when the run partitions: see below);
 //! * `postgres` — a fast shutdown (SIGINT) and a start over the same data;
 //! * `k8s` — the API server (`leasehold-apiserver`) killed and started again over its etcd;
 //! * `gcs`, `s3`, `azure` — the emulator (in memory: a real restart would lose every object)
 //!   stopped (SIGSTOP) for 1.5 TTL, then continued: a hung server.
 //!
 //! A server is down (or hung) for up to one TTL; failovers have no down time of their own.
+//!
+//! For a run with the `partition` fault, the etcd cluster's members reach each other through the
+//! harness's peer proxies ([`Peers`]), so that the fault can cut a member from its peers too.
 
+use super::network::Peers;
 use crate::exit::{Failure, ERROR, USAGE};
 use leasehold_testkit::azure_server::AzuriteServer;
 use leasehold_testkit::etcd_cluster::EtcdCluster;
@@ -26,6 +30,7 @@ use leasehold_testkit::servers::{
     redlock_url, ApiServer, PostgresServer, RedisCluster, RedisServer, SentinelSet, SENTINEL_MASTER,
 };
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// The kinds `leasehold torture` starts the servers of (file and memory need none).
@@ -73,7 +78,12 @@ enum Running {
     Sentinel(SentinelSet),
     Cluster(RedisCluster),
     Redlock(Vec<RedisServer>),
-    Etcd(EtcdCluster),
+    /// Its members driven from a blocking thread (each waits for its peers, whose traffic may go
+    /// through `peers`, proxies served by this process's runtime).
+    Etcd {
+        cluster: Arc<Mutex<EtcdCluster>>,
+        peers: Option<Peers>,
+    },
     Postgres(PostgresServer),
     K8s(ApiServer),
     Gcs(GcsServer),
@@ -91,7 +101,8 @@ pub(crate) struct Stores {
 
 impl Stores {
     /// The store for `kind`: `url` when given (a server the user runs), else servers started
-    /// here, in `dir` for the file store.
+    /// here, in `dir` for the file store; an etcd cluster's members behind [`Peers`] when
+    /// `partition` (the run will partition them).
     ///
     /// # Errors
     /// A usage error for an unknown kind; an error naming the server and what to install (or to
@@ -100,6 +111,7 @@ impl Stores {
         kind: &str,
         url: Option<&str>,
         dir: &Path,
+        partition: bool,
     ) -> Result<Stores, Failure> {
         let plain = |url: String, running| Stores {
             url,
@@ -140,8 +152,32 @@ impl Stores {
                 plain(redlock_url(&nodes), Running::Redlock(nodes))
             }
             "etcd" => {
-                let s = quietly("an etcd cluster", || EtcdCluster::start(3))?;
-                plain(s.url(), Running::Etcd(s))
+                let peers = if partition {
+                    Some(Peers::new(3).await.map_err(|e| Failure::new(ERROR, e))?)
+                } else {
+                    None
+                };
+                let behind = peers
+                    .as_ref()
+                    .map(|p| (p.ports.clone(), p.pids.clone(), p.aimer()));
+                // Off this thread: the members come up only if the peer proxies forward.
+                let s = tokio::task::spawn_blocking(move || {
+                    quietly("an etcd cluster", || match behind {
+                        Some((ports, pids, aim)) => {
+                            EtcdCluster::start_with_peer_proxies(&ports, &pids, aim)
+                        }
+                        None => EtcdCluster::start(3),
+                    })
+                })
+                .await
+                .map_err(|e| Failure::new(ERROR, format!("starting etcd: {e}")))??;
+                plain(
+                    s.url(),
+                    Running::Etcd {
+                        cluster: Arc::new(Mutex::new(s)),
+                        peers,
+                    },
+                )
             }
             "postgres" => {
                 let (s, url) = quietly("PostgreSQL", || {
@@ -213,6 +249,14 @@ impl Stores {
     /// The environment the clients need besides this process's (credentials of an emulator).
     pub(crate) fn env(&self) -> &[(String, String)] {
         &self.env
+    }
+
+    /// The proxies between the members of a cluster started here, when it has them.
+    pub(crate) fn peers(&self) -> Option<&Peers> {
+        match &self.running {
+            Running::Etcd { peers, .. } => peers.as_ref(),
+            _ => None,
+        }
     }
 
     /// Whether `restart` can be injected: the servers were started here.
@@ -299,15 +343,20 @@ impl Stores {
                     }
                 }
             }
-            Running::Etcd(cluster) => {
-                let live: Vec<usize> = cluster.live().collect();
-                let i = cluster
-                    .leader()
-                    .unwrap_or_else(|| live[rng.usize(..live.len())]);
-                cluster.kill(i);
+            Running::Etcd { cluster, .. } => {
+                let (leader, live) =
+                    on_etcd(cluster, |c| (c.leader(), c.live().collect::<Vec<_>>())).await?;
+                let i = match leader {
+                    Some(i) => i,
+                    None if live.is_empty() => {
+                        return Err(Failure::new(ERROR, "etcd has no member running"))
+                    }
+                    None => live[rng.usize(..live.len())],
+                };
+                on_etcd(cluster, move |c| c.kill(i)).await?;
                 tokio::time::sleep(down).await;
-                cluster
-                    .restart(i)
+                on_etcd(cluster, move |c| c.restart(i))
+                    .await?
                     .map_err(|e| Failure::new(ERROR, format!("etcd did not restart: {e}")))?;
             }
             Running::Postgres(s) => {
@@ -335,6 +384,18 @@ impl Stores {
         // Each launcher's value stops its processes (SIGKILL by PID) when dropped.
         drop(self.running);
     }
+}
+
+/// Runs `f` on the etcd cluster from a blocking thread, leaving this one to serve the peer
+/// proxies meanwhile.
+async fn on_etcd<T: Send + 'static>(
+    cluster: &Arc<Mutex<EtcdCluster>>,
+    f: impl FnOnce(&mut EtcdCluster) -> T + Send + 'static,
+) -> Result<T, Failure> {
+    let cluster = Arc::clone(cluster);
+    tokio::task::spawn_blocking(move || f(&mut cluster.lock().unwrap_or_else(|e| e.into_inner())))
+        .await
+        .map_err(|e| Failure::new(ERROR, format!("etcd: {e}")))
 }
 
 /// Stops a server (SIGSTOP) for 1.5 `ttl`, then continues it (SIGCONT).
