@@ -319,7 +319,7 @@ pub(crate) struct TortureArgs {
 
     /// The faults, one phase each: none, kill, stop, restart (of the store's servers started
     /// here), partition (the store cut off from a client or from all by TCP proxies: latency,
-    /// black hole, resets), clock (clients whose wall clock is minutes off, an hour on the object stores) (comma-separated).
+    /// black hole, resets; on etcd started here also a member from its peers), clock (clients whose wall clock is minutes off, an hour on the object stores) (comma-separated).
     #[arg(
         long,
         value_name = "FAULT,…",

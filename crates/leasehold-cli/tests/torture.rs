@@ -4,8 +4,8 @@
 //! from it by the `partition` fault's proxies), none with clients' wall clocks two minutes off
 //! (`clock`) on the file store and on Cloud Storage (fake-gcs-server, a record-adapter store, also
 //! partitioned); every other store, its servers started by the command, keeps what it promises
-//! under kills and restarts, and what it does not promise (Redis restarted empty, an asynchronous
-//! Sentinel failover) is counted apart.
+//! under kills and restarts (etcd also with a member partitioned from its peers), and what it does
+//! not promise (Redis restarted empty, an asynchronous Sentinel failover) is counted apart.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
