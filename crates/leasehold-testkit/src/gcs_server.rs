@@ -6,15 +6,15 @@
 //! honours `ifGenerationMatch` on multipart uploads to the JSON API (what the store sends); it
 //! ignores it on a DELETE.
 //!
-//! So the tests reach it through a small proxy of the test kit's own
-//! (`py/gcs_delete_precondition_proxy.py`, run with the same Python), the most faithful fix of
-//! that one gap: it serialises requests (one in flight to the emulator) and enforces
-//! `ifGenerationMatch` on a DELETE as Cloud Storage does (missing object: 404; another
-//! generation: 412). [`GcsServer::url`] and [`GcsServer::store_url`] go through it;
+//! So the tests reach it through the test kit's serialising proxy
+//! ([`crate::serialising_proxy`], `py/serialising_proxy.py`, run with the same Python) with its
+//! `--gcs-delete-precondition` check, the most faithful fix of that one gap: it serialises
+//! requests (one in flight to the emulator) and enforces `ifGenerationMatch` on a DELETE as Cloud
+//! Storage does (missing object: 404; another generation: 412). [`GcsServer::url`] and [`GcsServer::store_url`] go through it;
 //! [`GcsServer::raw_url`] and [`GcsServer::raw_store_url`] reach the emulator itself.
 
+use crate::serialising_proxy::SerialisingProxy;
 use crate::servers::{free_port, http_request, in_three_starts, server_dir, spawn, wait_up};
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
@@ -65,55 +65,15 @@ pub fn gcs_bin() -> PathBuf {
 }
 
 /// A `fake-gcs-server` (in-memory backend) on a free port with the bucket [`BUCKET`], behind
-/// the test kit's proxy that enforces `ifGenerationMatch` on DELETE (see the module
+/// the test kit's serialising proxy that enforces `ifGenerationMatch` on DELETE (see the module
 /// documentation); both stopped (SIGKILL by PID) on drop.
 #[derive(Debug)]
 pub struct GcsServer {
     /// The emulator's own port (the raw helpers use it; clients go through [`Self::url`]).
     pub port: u16,
-    /// The proxy's port.
-    proxy_port: u16,
     child: Option<Child>,
-    proxy: Option<Child>,
+    proxy: SerialisingProxy,
     _dir: tempfile::TempDir,
-}
-
-/// Starts the proxy in front of the emulator on `upstream`: the process and its port.
-///
-/// # Panics
-/// When it does not start or does not say its port.
-fn start_proxy(upstream: u16) -> (Child, u16) {
-    let python = python();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("py")
-        .join("gcs_delete_precondition_proxy.py");
-    let mut cmd = Command::new(&python);
-    cmd.arg(&script)
-        .args(["--upstream", &upstream.to_string()])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
-    let mut child = spawn(cmd).unwrap_or_else(|e| {
-        panic!(
-            "cannot start {} with {} ({e})",
-            script.display(),
-            python.display()
-        )
-    });
-    let mut line = String::new();
-    if let Some(out) = child.stdout.take() {
-        let _ = BufReader::new(out).read_line(&mut line);
-    }
-    match line.trim().parse() {
-        Ok(port) => (child, port),
-        Err(_) => {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "the GCS proxy {} did not say its port (it printed {line:?})",
-                script.display()
-            )
-        }
-    }
 }
 
 impl GcsServer {
@@ -147,12 +107,11 @@ impl GcsServer {
             )
             .map(|()| (port, child))
         });
-        let (proxy, proxy_port) = start_proxy(port);
+        let proxy = SerialisingProxy::start(&python(), port, true);
         let server = GcsServer {
             port,
-            proxy_port,
             child: Some(child),
-            proxy: Some(proxy),
+            proxy,
             _dir: dir,
         };
         server.create_bucket(BUCKET);
@@ -166,12 +125,12 @@ impl GcsServer {
 
     /// The proxy's port.
     pub fn proxy_port(&self) -> u16 {
-        self.proxy_port
+        self.proxy.port()
     }
 
     /// `127.0.0.1:PORT` of the proxy, as `STORAGE_EMULATOR_HOST` takes it.
     pub fn host(&self) -> String {
-        format!("127.0.0.1:{}", self.proxy_port)
+        format!("127.0.0.1:{}", self.proxy.port())
     }
 
     /// A store URL for objects under `prefix` in [`BUCKET`], through the proxy:
@@ -265,7 +224,8 @@ impl GcsServer {
 
 impl Drop for GcsServer {
     fn drop(&mut self) {
-        for mut c in [self.proxy.take(), self.child.take()].into_iter().flatten() {
+        // The proxy stops with its own value, after this.
+        if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
         }

@@ -14,6 +14,7 @@ pub mod gcs_server;
 pub mod proxy;
 pub mod queue_suite;
 pub mod s3_server;
+pub mod serialising_proxy;
 pub mod servers;
 pub mod suite;
 

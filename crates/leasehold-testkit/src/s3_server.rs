@@ -2,8 +2,13 @@
 //! from the Python venv `./scripts/test` makes (`target/pyenv-moto`), stopped by PID.
 //!
 //! moto answers 412 to a failed `If-None-Match: *` or `If-Match` on signed requests (PUT and
-//! DELETE), and takes any access key: the tests use `test` / `test`.
+//! DELETE), and takes any access key: the tests use `test` / `test`. Its conditional writes race:
+//! it accepts two PUTs with `If-Match` the same ETag when they arrive together, which S3 refuses.
+//! [`MotoServer::start_serialised`] puts the test kit's serialising proxy
+//! ([`crate::serialising_proxy`]) in front of it, one request in flight to moto at a time, so
+//! that each conditional write is checked against the state the previous one left.
 
+use crate::serialising_proxy::SerialisingProxy;
 use crate::servers::{
     free_port, http_get, http_request, in_three_starts, server_dir, spawn, wait_up,
 };
@@ -35,12 +40,15 @@ pub fn moto_python() -> PathBuf {
 
 const INSTALL_HINT: &str = "run ./scripts/test (it makes target/pyenv-moto with `moto[server]`), or set LEASEHOLD_MOTO_PYTHON to a Python that has `moto[server]`";
 
-/// A moto S3 server on a free port, killed (SIGKILL by PID) on drop.
+/// A moto S3 server on a free port, perhaps behind the serialising proxy; both killed (SIGKILL by
+/// PID) on drop.
 #[derive(Debug)]
 pub struct MotoServer {
-    /// Its port.
+    /// moto's own port.
     pub port: u16,
     child: Option<Child>,
+    /// The serialising proxy clients go through, if started with it.
+    proxy: Option<SerialisingProxy>,
     _dir: tempfile::TempDir,
 }
 
@@ -53,25 +61,65 @@ impl MotoServer {
     /// # Panics
     /// When moto is missing or does not come up in three starts.
     pub fn start() -> Self {
-        in_three_starts("moto", Self::start_once)
+        in_three_starts("moto", || Self::start_once(None))
     }
 
-    fn start_once() -> Result<Self, String> {
+    /// Starts moto behind the test kit's serialising proxy (see the module documentation).
+    ///
+    /// # Panics
+    /// When moto or the proxy does not start.
+    pub fn start_serialised() -> Self {
+        Self::start().serialised()
+    }
+
+    /// Starts moto patched to wait `delay` between its check of a PUT's `If-Match` or
+    /// `If-None-Match` and its write, so that concurrent conditional writes on one object race
+    /// nearly every time: a test of what serialises them (not a server to test a store on).
+    ///
+    /// # Panics
+    /// When moto does not start.
+    pub fn start_with_racing_writes(delay: Duration) -> Self {
+        in_three_starts("moto", || Self::start_once(Some(delay)))
+    }
+
+    /// This server behind a serialising proxy started now: [`endpoint`](Self::endpoint),
+    /// [`url`](Self::url) and [`store`](Self::store) go through the proxy,
+    /// [`raw_endpoint`](Self::raw_endpoint), [`raw_store`](Self::raw_store) and
+    /// [`pid`](Self::pid) are moto's own.
+    ///
+    /// # Panics
+    /// When the proxy does not start.
+    pub fn serialised(mut self) -> Self {
+        self.proxy = Some(SerialisingProxy::start(&moto_python(), self.port, false));
+        self
+    }
+
+    fn start_once(racing_writes: Option<Duration>) -> Result<Self, String> {
         let dir = server_dir("moto");
         let port = free_port();
         let python = moto_python();
         let log = std::fs::File::create(dir.path().join("log")).map_err(|e| e.to_string())?;
         let mut cmd = Command::new(&python);
-        cmd.args([
-            "-m",
-            "moto.server",
-            "-H",
-            "127.0.0.1",
-            "-p",
-            &port.to_string(),
-        ])
-        .stdout(Stdio::null())
-        .stderr(log);
+        match racing_writes {
+            None => cmd.args(["-m", "moto.server"]),
+            // `_get_checksum` runs between PutObject's precondition check and its write.
+            Some(delay) => cmd.args([
+                "-c",
+                &format!(
+                    "import sys, time\n\
+                     from moto.s3.responses import S3Response\n\
+                     checksum = S3Response._get_checksum\n\
+                     def slow(self, headers):\n    time.sleep({})\n    return checksum(self, headers)\n\
+                     S3Response._get_checksum = slow\n\
+                     from moto.server import main\n\
+                     main(sys.argv[1:])",
+                    delay.as_secs_f64()
+                ),
+            ]),
+        };
+        cmd.args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(log);
         let mut child = spawn(cmd).unwrap_or_else(|e| {
             panic!(
                 "cannot start moto with {} ({e}): {INSTALL_HINT}",
@@ -98,12 +146,23 @@ impl MotoServer {
         Ok(MotoServer {
             port,
             child: Some(child),
+            proxy: None,
             _dir: dir,
         })
     }
 
-    /// `http://127.0.0.1:PORT`.
+    /// `http://127.0.0.1:PORT` of what clients talk to: the serialising proxy if there is one,
+    /// else moto.
     pub fn endpoint(&self) -> String {
+        let port = self
+            .proxy
+            .as_ref()
+            .map_or(self.port, SerialisingProxy::port);
+        format!("http://127.0.0.1:{port}")
+    }
+
+    /// `http://127.0.0.1:PORT` of moto itself.
+    pub fn raw_endpoint(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
     }
 
@@ -131,6 +190,11 @@ impl MotoServer {
         format!("s3://{bucket}/{prefix}?endpoint={}", self.endpoint())
     }
 
+    /// The store on `bucket` (created) under `prefix` on moto itself, never through the proxy.
+    pub fn raw_store(&self, bucket: &str, prefix: &str) -> leasehold::stores::s3::S3Store {
+        self.store_at(self.raw_endpoint(), bucket, prefix)
+    }
+
     /// The environment a process opening [`url`](Self::url) needs: the access key and region.
     pub fn env(&self) -> Vec<(&'static str, String)> {
         vec![
@@ -143,10 +207,19 @@ impl MotoServer {
     /// The store on `bucket` (created) under `prefix`, opened in this process with the test
     /// access key.
     pub fn store(&self, bucket: &str, prefix: &str) -> leasehold::stores::s3::S3Store {
+        self.store_at(self.endpoint(), bucket, prefix)
+    }
+
+    fn store_at(
+        &self,
+        endpoint: String,
+        bucket: &str,
+        prefix: &str,
+    ) -> leasehold::stores::s3::S3Store {
         self.create_bucket(bucket);
         let mut o = leasehold::stores::s3::S3Options::new(bucket);
         o.prefix = prefix.into();
-        o.endpoint = Some(self.endpoint());
+        o.endpoint = Some(endpoint);
         o.region = Some("us-east-1".into());
         o.credentials = Some(leasehold::stores::s3::AwsCredentials::new(
             ACCESS_KEY.0,
@@ -156,7 +229,7 @@ impl MotoServer {
         leasehold::stores::s3::S3Store::connect(o).expect("S3 store")
     }
 
-    /// The server's PID.
+    /// moto's PID (not the proxy's).
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
     }
@@ -164,6 +237,7 @@ impl MotoServer {
 
 impl Drop for MotoServer {
     fn drop(&mut self) {
+        // The proxy stops with its own value, after this.
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();

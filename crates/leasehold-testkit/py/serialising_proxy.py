@@ -1,16 +1,24 @@
-"""A test-kit proxy in front of fake-gcs-server that adds what the emulator lacks and real Cloud
-Storage does: `ifGenerationMatch` on a DELETE of an object.
+"""A test-kit HTTP proxy that serialises the requests to an emulator: one in flight to it at a
+time, over one keep-alive connection.
 
-fake-gcs-server carries out `DELETE /storage/v1/b/B/o/NAME?ifGenerationMatch=G` whatever the
-object's generation. This proxy serialises every request (one in flight to the emulator at a
-time), and for such a DELETE first reads the object's metadata: missing → 404, another generation
-→ 412, each with a JSON error body as Cloud Storage writes it; the same generation → the DELETE is
-forwarded. Because nothing else reaches the emulator through the proxy between the read and the
-DELETE, the check and the delete are one step, as on the real service. Everything else passes
-through unchanged (bodies re-framed with a Content-Length).
+Emulators written as threaded servers may carry out two concurrent conditional writes as one
+check and two writes: moto accepts two PUTs with `If-Match` the same ETag when they arrive
+together, which S3 refuses. Behind this proxy each request reaches the emulator after the one
+before it was answered, so a conditional write is checked against the state the previous write
+left, as on the real service. Requests and answers pass through unchanged: method, target,
+headers (Host included; not the hop-by-hop ones) and status; bodies are re-framed with a
+Content-Length (a chunked request body is read whole first).
 
-Usage: python gcs_delete_precondition_proxy.py --upstream PORT. Listens on a free loopback port
-and prints it on stdout. Standard library only.
+With `--gcs-delete-precondition` it also adds what fake-gcs-server lacks and real Cloud Storage
+does: `ifGenerationMatch` on a DELETE of an object. fake-gcs-server carries out
+`DELETE /storage/v1/b/B/o/NAME?ifGenerationMatch=G` whatever the object's generation; the proxy
+first reads the object's metadata: missing → 404, another generation → 412, each with a JSON
+error body as Cloud Storage writes it; the same generation → the DELETE is forwarded. Because
+nothing else reaches the emulator through the proxy between the read and the DELETE, the check
+and the delete are one step, as on the real service.
+
+Usage: python serialising_proxy.py --upstream PORT [--gcs-delete-precondition]. Listens on a free
+loopback port and prints it on stdout. Standard library only.
 """
 
 import argparse
@@ -89,6 +97,7 @@ class Handler(BaseHTTPRequestHandler):
     # until the client's delayed ACK of the first (tens of milliseconds per request).
     disable_nagle_algorithm = True
     upstream = None  # set in main
+    gcs_delete_precondition = False  # set in main
 
     def log_message(self, *_args):
         pass
@@ -122,9 +131,10 @@ class Handler(BaseHTTPRequestHandler):
         self._reply(*answer)
 
     def _precondition(self, up, headers):
-        """For a DELETE of an object with `ifGenerationMatch`: the answer Cloud Storage gives when
-        the object is missing or has another generation; None when the DELETE may go on."""
-        if self.command != "DELETE":
+        """With --gcs-delete-precondition, for a DELETE of an object with `ifGenerationMatch`: the
+        answer Cloud Storage gives when the object is missing or has another generation; None when
+        the DELETE may go on (and for every other request)."""
+        if not self.gcs_delete_precondition or self.command != "DELETE":
             return None
         parts = urlsplit(self.path)
         m = OBJECT.match(parts.path)
@@ -151,7 +161,9 @@ class Handler(BaseHTTPRequestHandler):
 
     def _reply(self, status, reason, headers, data):
         try:
-            self.send_response(status, reason)
+            # Not send_response: it adds the proxy's own Server and Date headers, and the answer
+            # would carry two of each (a client reads the first Date: the proxy's).
+            self.send_response_only(status, reason)
             length = None
             for k, v in headers:
                 if k.lower() == "content-length":
@@ -178,8 +190,14 @@ class Handler(BaseHTTPRequestHandler):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--upstream", type=int, required=True)
+    p.add_argument(
+        "--gcs-delete-precondition",
+        action="store_true",
+        help="enforce ifGenerationMatch on a DELETE of a Cloud Storage object",
+    )
     args = p.parse_args()
     Handler.upstream = Upstream(args.upstream)
+    Handler.gcs_delete_precondition = args.gcs_delete_precondition
     ThreadingHTTPServer.request_queue_size = 256
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
