@@ -137,6 +137,10 @@ pub(crate) async fn torture(url: Option<&str>, args: TortureArgs) -> Result<u8, 
         ));
     }
     eprintln!("leasehold torture: seed {seed} (--seed {seed} replays this fault schedule)");
+    let note = servers::note(&args.kind, url);
+    if let Some(n) = note {
+        eprintln!("leasehold torture: {n}");
+    }
     let dir = std::env::temp_dir().join(format!("leasehold-torture-{}-{seed}", std::process::id()));
     std::fs::create_dir_all(&dir)
         .map_err(|e| Failure::new(ERROR, format!("{}: {e}", dir.display())))?;
@@ -146,7 +150,7 @@ pub(crate) async fn torture(url: Option<&str>, args: TortureArgs) -> Result<u8, 
     let broken = rows
         .iter()
         .any(|r| r.counts.overlaps > 0 || r.counts.fence_violations > 0);
-    print_rows(&args, seed, &rows);
+    print_rows(&args, seed, &rows, note);
     // A run in which no client ever entered checked nothing (a store it cannot use, say).
     let idle = rows.iter().all(|r| r.counts.sections == 0);
     if idle {
@@ -501,7 +505,7 @@ async fn connect_resource(socket: &Path) -> Result<Resource, Failure> {
     }
 }
 
-fn print_rows(args: &TortureArgs, seed: u64, rows: &[Row]) {
+fn print_rows(args: &TortureArgs, seed: u64, rows: &[Row], note: Option<&str>) {
     if args.json {
         let rows: Vec<_> = rows
             .iter()
@@ -564,6 +568,9 @@ fn print_rows(args: &TortureArgs, seed: u64, rows: &[Row]) {
         .any(|r| !(r.promise.exclusion && r.promise.fences))
     {
         println!("UNPROMISED: overlaps/fence violations where the store promises no exclusion/fences under that fault (the fence caught their writes)");
+    }
+    if let Some(n) = note {
+        println!("{n}");
     }
     println!("seed {seed}");
 }

@@ -19,6 +19,12 @@
 //!
 //! For a run with the `partition` fault, the etcd cluster's members reach each other through the
 //! harness's peer proxies ([`Peers`]), so that the fault can cut a member from its peers too.
+//!
+//! `s3` runs moto behind the test kit's serialising proxy (one request in flight to moto at a
+//! time): moto checks a conditional PUT and writes it in two steps, so two concurrent PUTs on one
+//! ETag can both be accepted, which S3 refuses. `restart` stops moto itself, not the proxy.
+//! `azure` puts Azurite's endpoint in the store URL (`?endpoint=`, credentials from the
+//! environment), so that `partition` can proxy it.
 
 use super::network::Peers;
 use crate::exit::{Failure, ERROR, USAGE};
@@ -197,7 +203,7 @@ impl Stores {
             }
             "s3" => {
                 let (s, url) = quietly("moto (S3)", || {
-                    let s = MotoServer::start();
+                    let s = MotoServer::start_serialised();
                     let url = s.url("torture", "torture/");
                     (s, url)
                 })?;
@@ -224,7 +230,7 @@ impl Stores {
                     .await
                     .map_err(|e| Failure::new(ERROR, format!("Azurite: {e}")))?;
                 Stores {
-                    url: "az://torture/torture/".to_owned(),
+                    url: format!("az://torture/torture/?endpoint={}", s.endpoint()),
                     env: env(s.env()),
                     running: Running::Azure(s),
                 }
@@ -396,6 +402,14 @@ async fn on_etcd<T: Send + 'static>(
     tokio::task::spawn_blocking(move || f(&mut cluster.lock().unwrap_or_else(|e| e.into_inner())))
         .await
         .map_err(|e| Failure::new(ERROR, format!("etcd: {e}")))
+}
+
+/// What the server `kind` started here is, where the kind does not say it (`url`: `--store`,
+/// none started here), for the run's output.
+pub(crate) fn note(kind: &str, url: Option<&str>) -> Option<&'static str> {
+    (url.is_none() && kind == "s3").then_some(
+        "s3: moto behind the harness's serialising proxy (one request in flight to moto at a time: moto alone can accept two concurrent writes on one ETag)",
+    )
 }
 
 /// Stops a server (SIGSTOP) for 1.5 `ttl`, then continues it (SIGCONT).
