@@ -187,6 +187,18 @@ class Handler(BaseHTTPRequestHandler):
     do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = _handle
 
 
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 256
+
+    def handle_error(self, request, client_address):
+        # A client that reset or closed its connection (a partition of the fault harness, a
+        # client's own timeout) is no error of the proxy's: no traceback on stderr for it.
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--upstream", type=int, required=True)
@@ -198,9 +210,7 @@ def main():
     args = p.parse_args()
     Handler.upstream = Upstream(args.upstream)
     Handler.gcs_delete_precondition = args.gcs_delete_precondition
-    ThreadingHTTPServer.request_queue_size = 256
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
+    server = Server(("127.0.0.1", 0), Handler)
     print(server.server_address[1], flush=True)
     sys.stdout.close()
     server.serve_forever()
