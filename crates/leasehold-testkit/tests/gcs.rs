@@ -231,13 +231,14 @@ fn current_generation(server: &GcsServer, name: &str) -> Option<String> {
 }
 
 /// The seed service takes the object over (its write conditioned on the generation it read):
-/// leasehold's holder loses the lease at its next renewal, naming the new owner.
+/// leasehold's holder loses the lease at its next renewal, naming the new owner. (A 3 s TTL: a
+/// renewal late on a loaded machine must not end the lease by its own clock first.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_the_seed_service_overwrites_is_lost() {
     let server = shared_gcs();
     let prefix = leasehold_testkit::prefix("stolen");
     let l = leasehold_testkit::connect_as(&server.store_url(&prefix), "web-1").await;
-    let guard = leasehold_testkit::take(&l, "job", Duration::from_millis(900)).await;
+    let guard = leasehold_testkit::take(&l, "job", Duration::from_secs(3)).await;
     let name = format!("{prefix}/job");
     let stolen = json!({"ownerId": "agent-7", "expiresAt": now_secs() + 60.0});
     let generation = current_generation(server, &name).unwrap();
@@ -246,7 +247,7 @@ async fn a_lease_the_seed_service_overwrites_is_lost() {
         // Renewed in between: steal it unconditionally, as a broken client would.
         rewrite(server, &name, &stolen);
     }
-    let reason = tokio::time::timeout(Duration::from_secs(3), guard.lost())
+    let reason = tokio::time::timeout(Duration::from_secs(10), guard.lost())
         .await
         .expect("lost fires");
     assert_eq!(
@@ -259,7 +260,7 @@ async fn a_lease_the_seed_service_overwrites_is_lost() {
     let guard = {
         let o = json!({"ownerId": null, "expiresAt": 0});
         rewrite(server, &name, &o);
-        leasehold_testkit::take(&l, "job", Duration::from_millis(900)).await
+        leasehold_testkit::take(&l, "job", Duration::from_secs(3)).await
     };
     assert!(guard.fence() > 0);
     let (code, _) = leasehold_testkit::servers::http_request(
@@ -275,7 +276,7 @@ async fn a_lease_the_seed_service_overwrites_is_lost() {
     )
     .unwrap();
     assert!((200..300).contains(&code), "delete: {code}");
-    let reason = tokio::time::timeout(Duration::from_secs(3), guard.lost())
+    let reason = tokio::time::timeout(Duration::from_secs(10), guard.lost())
         .await
         .expect("lost fires");
     assert_eq!(reason, LostReason::Released);
