@@ -271,6 +271,16 @@ impl<R: RecordStore> RecordLockStore<R> {
         self.written.lock().remove(key.as_str());
     }
 
+    /// The retryable error of a step whose `what` lost [`MAX_RACES`] races in a row.
+    fn lost_races(&self, what: &str) -> Error {
+        Error::Store {
+            source: None,
+            store: self.inner.describe(),
+            detail: format!("{MAX_RACES} {what} in a row lost their race"),
+            retryable: true,
+        }
+    }
+
     /// The wrapped record store.
     pub fn inner(&self) -> &R {
         &self.inner
@@ -534,12 +544,7 @@ impl<R: RecordStore> RecordLockStore<R> {
             let took = round.elapsed().as_micros() as u64;
             tokio::time::sleep(Duration::from_micros(fastrand::u64(0..=took))).await;
         }
-        Err(Error::Store {
-            source: None,
-            store: self.inner.describe(),
-            detail: format!("{MAX_RACES} conditional writes in a row lost their race on {key}"),
-            retryable: true,
-        })
+        Err(self.lost_races(&format!("conditional writes on {key}")))
     }
 
     /// Writes the fence of a record this adapter just created (its create revision resolved) as a
@@ -916,14 +921,7 @@ impl<R: RecordStore> RecordLockStore<R> {
                 return Ok(());
             }
         }
-        Err(Error::Store {
-            source: None,
-            store: self.inner.describe(),
-            detail: format!(
-                "{MAX_RACES} writes of the fence high-water record in a row lost their race"
-            ),
-            retryable: true,
-        })
+        Err(self.lost_races("writes of the fence high-water record"))
     }
 
     /// Floors the grant `req` just wrote (with the unconfirmed marker) at the fence high-water
@@ -976,12 +974,7 @@ impl<R: RecordStore> RecordLockStore<R> {
                 None => self.forget(key),
             }
         }
-        Err(Error::Store {
-            source: None,
-            store: self.inner.describe(),
-            detail: format!("{MAX_RACES} conditional writes in a row lost their race on {key}"),
-            retryable: true,
-        })
+        Err(self.lost_races(&format!("conditional writes on {key}")))
     }
 }
 

@@ -58,37 +58,14 @@ fn libfaketime() -> Result<PathBuf, Failure> {
 /// syntax, e.g. `+5m`).
 pub(crate) fn env(skew: &str) -> Result<Vec<(&'static str, String)>, Failure> {
     let lib = libfaketime()?;
-    sweep_leftovers();
+    // libfaketime's leftovers of dead processes would make some new ones fail to start.
+    leasehold_testkit::sweep_faketime_leftovers();
     Ok(vec![
         ("LD_PRELOAD", lib.display().to_string()),
         ("FAKETIME", skew.to_owned()),
         ("FAKETIME_DONT_FAKE_MONOTONIC", "1".to_owned()),
         ("FAKETIME_NO_CACHE", "1".to_owned()),
     ])
-}
-
-/// Removes the shared-memory objects libfaketime left behind for processes that are gone
-/// (`/dev/shm/faketime_shm_PID`, `/dev/shm/sem.faketime_sem_PID`). A process under libfaketime
-/// killed with SIGKILL never removes its own, and a later process given the same PID then fails
-/// to start its clock ("shm_open failed: File exists"): on a machine that has run many such
-/// processes, a good part of all PIDs.
-fn sweep_leftovers() {
-    let Ok(dir) = std::fs::read_dir("/dev/shm") else {
-        return;
-    };
-    for e in dir.flatten() {
-        let name = e.file_name();
-        let name = name.to_string_lossy();
-        let pid = name
-            .strip_prefix("faketime_shm_")
-            .or_else(|| name.strip_prefix("sem.faketime_sem_"))
-            .and_then(|p| p.parse::<u32>().ok());
-        if let Some(pid) = pid {
-            if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-                let _ = std::fs::remove_file(e.path());
-            }
-        }
-    }
 }
 
 /// `skew` in seconds (`+5m` → 300, `-5m` → −300).

@@ -248,6 +248,18 @@ impl Inner {
             retryable: false,
         })?;
         bytes.push(b'\n');
+        self.write_in_place(path, file, bytes, old_len)
+    }
+
+    /// Writes `bytes` over the file from its start, padded with spaces to `old_len` (a file is
+    /// never truncated), and fsyncs it with `?fsync=true`.
+    fn write_in_place(
+        &self,
+        path: &Path,
+        file: &File,
+        mut bytes: Vec<u8>,
+        old_len: usize,
+    ) -> Result<()> {
         if bytes.len() < old_len {
             bytes.resize(old_len, b' ');
         }
@@ -273,6 +285,16 @@ impl Inner {
             let fd = file.as_raw_fd();
             let mut kernel = false;
             let step = self.mutate(&path, &file, wait, |found| {
+                // A record with no fence of its own (new, or damaged) is fenced above every
+                // record cleanup deleted: the high-water mark, read under this file's lock, after
+                // any deletion of an earlier file of this key.
+                let floor = match found {
+                    Found::Record(_) => 0,
+                    Found::Missing | Found::Corrupt { .. } => match self.high_water() {
+                        Ok(mark) => mark.saturating_add(req.fences.max(1)),
+                        Err(e) => return (Err(e), None),
+                    },
+                };
                 // The holder lock is tried under the mutation lock, so a losing attempt never
                 // holds it while another process is being granted the lease.
                 kernel = ofd_lock(fd, HOLD, libc::F_WRLCK as libc::c_int, false).unwrap_or(false);
@@ -281,22 +303,6 @@ impl Inner {
                         r.token.is_some()
                             && r.store.get(KERNEL_LOCK).map(String::as_str) == Some("held")
                     });
-                // A record with no fence of its own (new, or damaged) is fenced above every
-                // record cleanup deleted: the high-water mark, read under this file's lock, after
-                // any deletion of an earlier file of this key.
-                let floor = match found {
-                    Found::Record(_) => 0,
-                    Found::Missing | Found::Corrupt { .. } => match self.high_water() {
-                        Ok(mark) => mark.saturating_add(req.fences.max(1)),
-                        Err(e) => {
-                            if kernel {
-                                let _ = ofd_lock(fd, HOLD, libc::F_UNLCK as libc::c_int, false);
-                                kernel = false;
-                            }
-                            return (Err(e), None);
-                        }
-                    },
-                };
                 let now = Now::wall();
                 let (out, write) = decide::acquire_judged(
                     found.current(kernel),
@@ -612,16 +618,8 @@ impl Inner {
                 .map_err(|e| self.io_err("read", path, e))?;
             let (out, write) = f(&bytes)?;
             if let Some(mark) = write {
-                let mut text = format!("{{\"fence\": {mark}}}\n").into_bytes();
-                if text.len() < bytes.len() {
-                    text.resize(bytes.len(), b' ');
-                }
-                file.write_all_at(&text, 0)
-                    .map_err(|e| self.io_err("write", path, e))?;
-                if self.opts.fsync {
-                    file.sync_data()
-                        .map_err(|e| self.io_err("fdatasync", path, e))?;
-                }
+                let text = format!("{{\"fence\": {mark}}}\n").into_bytes();
+                self.write_in_place(path, file, text, bytes.len())?;
             }
             Ok(out)
         })();
