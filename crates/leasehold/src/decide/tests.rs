@@ -1,0 +1,423 @@
+use super::*;
+use crate::Key;
+use std::time::Duration;
+
+/// A skew too long for milliseconds in 64 bits is taken as forever, not cut to its low bits
+/// (2^64 ms + 384 ms read as 384 ms took a record that expired a second ago).
+#[test]
+fn a_huge_skew_never_shortcuts_expiry() {
+    let huge = Duration::from_secs(18_446_744_073_709_552);
+    assert!(!passed_beyond_skew(1_000, huge, 10_000));
+    assert!(!passed_beyond_skew(1_000, Duration::MAX, u64::MAX - 1));
+}
+
+fn req(token: &str) -> AcquireRequest {
+    let mut r = AcquireRequest::new(
+        Key::new("k").unwrap(),
+        format!("h-{token}"),
+        Duration::from_millis(1000),
+    );
+    r.token = token.into();
+    r
+}
+fn at(ms: u64) -> Now {
+    Now { ms, us: ms * 1000 }
+}
+fn granted(o: (AcquireOutcome, Option<LeaseRecord>)) -> LeaseRecord {
+    match o {
+        (AcquireOutcome::Granted(r), Some(w)) => {
+            assert_eq!(r, w);
+            r
+        }
+        other => panic!("expected a grant, got {other:?}"),
+    }
+}
+
+#[test]
+fn exclusion_expiry_and_fences() {
+    let a = granted(acquire(Current::Missing, &req("a"), at(10), false));
+    assert_eq!(a.fence, 10_000);
+    // Held: b is refused while a's lease lives.
+    let (o, w) = acquire(Current::Record(&a), &req("b"), at(500), false);
+    assert!(matches!(o, AcquireOutcome::Held(_)) && w.is_none());
+    // Same holder, other acquisition: refused too (no reentrancy).
+    assert!(matches!(
+        acquire(Current::Record(&a), &req("a2"), at(500), false).0,
+        AcquireOutcome::Held(_)
+    ));
+    // Dead holder: taken at once.
+    let b = granted(acquire(Current::Record(&a), &req("b"), at(500), true));
+    assert!(b.fence > a.fence);
+    // Expired: taken; the fence counts by one when the clock lags.
+    let c = granted(acquire(Current::Record(&b), &req("c"), at(1500), false));
+    assert!(c.fence > b.fence);
+    let d = granted(acquire(Current::Record(&c), &req("d"), at(1), true));
+    assert_eq!(
+        d.fence,
+        c.fence + 1,
+        "a clock set back never makes the fence go backwards"
+    );
+    // Corrupt record: the salvaged fence is respected.
+    let e = granted(acquire(
+        Current::Corrupt {
+            salvaged_fence: Some(u64::MAX - 1),
+            over: true,
+        },
+        &req("e"),
+        at(1),
+        false,
+    ));
+    assert_eq!(e.fence, u64::MAX);
+    // The next grant would repeat u64::MAX: refused, the reason in the holder, nothing written.
+    let mut free = e.clone();
+    free.token = None;
+    let (out, write) = acquire(Current::Record(&free), &req("f"), at(1), false);
+    assert!(write.is_none());
+    match out {
+        AcquireOutcome::Held(r) => assert_eq!(r.holder.as_deref(), Some(FENCE_EXHAUSTED)),
+        other => panic!("granted past u64::MAX: {other:?}"),
+    }
+    let (out, _) = acquire(
+        Current::Corrupt {
+            salvaged_fence: Some(u64::MAX),
+            over: true,
+        },
+        &req("g"),
+        at(1),
+        false,
+    );
+    assert!(matches!(out, AcquireOutcome::Held(_)), "{out:?}");
+}
+
+#[test]
+fn a_record_that_cannot_be_read_is_held_until_the_store_can_tell_it_is_over() {
+    let held = Current::Corrupt {
+        salvaged_fence: Some(41),
+        over: false,
+    };
+    let (out, write) = acquire(held, &req("a"), at(1_000), false);
+    assert!(write.is_none(), "nothing is written over it");
+    match out {
+        AcquireOutcome::Held(r) => {
+            assert_eq!(r.holder.as_deref(), Some(CORRUPT_HOLDER));
+            assert_eq!(r.fence, 41, "the salvaged fence is reported");
+            assert!(r.is_held(1_000), "a waiting acquirer looks again later");
+        }
+        other => panic!("a corrupt record was granted while it may be held: {other:?}"),
+    }
+    let over = Current::Corrupt {
+        salvaged_fence: Some(41),
+        over: true,
+    };
+    assert!(granted(acquire(over, &req("a"), at(1), false)).fence > 41);
+    // No lease is assumed longer than the skew bound or the contender's TTL.
+    let (short, long) = (Duration::from_secs(1), Duration::from_secs(600));
+    let skew = Duration::from_secs(300);
+    assert!(corrupt_observation(short, skew) > skew);
+    assert!(corrupt_observation(long, skew) > long);
+}
+
+fn seen(lease_ms: u64, waiter_ms: u64) -> Expiry {
+    Expiry::Observed(Observed {
+        queue_lapsed: 0,
+        lease_unchanged: Duration::from_millis(lease_ms),
+        waiter_unchanged: Duration::from_millis(waiter_ms),
+        max_skew: Duration::from_secs(300),
+    })
+}
+
+#[test]
+fn observed_expiry_ignores_the_writers_wall_clock_within_the_skew_bound() {
+    // Written by a holder whose clock is 2 minutes behind ours: by wall clocks it expired
+    // long ago; seen unchanged for less than TTL + drift (1012 ms), it is held.
+    let behind = granted(acquire(Current::Missing, &req("a"), at(10), false));
+    let now = at(120_000);
+    let (o, w) = acquire_judged(
+        Current::Record(&behind),
+        &req("b"),
+        now,
+        false,
+        seen(1011, 0),
+        0,
+    );
+    assert!(matches!(o, AcquireOutcome::Held(_)) && w.is_none(), "{o:?}");
+    let got = granted(acquire_judged(
+        Current::Record(&behind),
+        &req("b"),
+        now,
+        false,
+        seen(1012, 0),
+        0,
+    ));
+    assert_eq!(got.fence, behind.fence + 1, "no clock floor: previous + 1");
+    // Written by a holder whose clock is 2 minutes ahead: its expiry is far in our future,
+    // yet unchanged for TTL + drift means it is over.
+    let ahead = granted(acquire(Current::Missing, &req("a"), at(240_000), false));
+    granted(acquire_judged(
+        Current::Record(&ahead),
+        &req("b"),
+        at(120_000),
+        false,
+        seen(1012, 0),
+        0,
+    ));
+    // First sight: only an expiry older than now − the bound (300 s) has passed.
+    let old = granted(acquire(Current::Missing, &req("a"), at(10), false));
+    let (o, _) = acquire_judged(
+        Current::Record(&old),
+        &req("b"),
+        at(300_000),
+        false,
+        seen(0, 0),
+        0,
+    );
+    assert!(matches!(o, AcquireOutcome::Held(_)), "{o:?}");
+    granted(acquire_judged(
+        Current::Record(&old),
+        &req("b"),
+        at(301_010),
+        false,
+        seen(0, 0),
+        0,
+    ));
+    // Released: free at once, whatever was observed.
+    let (_, free) = release(Some(&old), "a", 20);
+    granted(acquire_judged(
+        Current::Record(&free.unwrap()),
+        &req("b"),
+        at(0),
+        false,
+        seen(0, 0),
+        0,
+    ));
+}
+
+#[test]
+fn observed_waiters_lapse_after_their_recorded_lifetime() {
+    let a = granted(acquire(Current::Missing, &req("a"), at(10), false));
+    let mut w = req("w");
+    w.waiter_ttl = Some(Duration::from_millis(300));
+    let (_, reg) = acquire(Current::Record(&a), &w, at(20), false);
+    let mut reg = reg.unwrap();
+    // The waiter's clock was 2 minutes ahead of ours.
+    reg.waiter_expires_ms = Some(120_320);
+    assert_eq!(reg.waiter_ttl_ms, Some(300));
+    let (_, free) = release(Some(&reg), "a", 30);
+    let free = free.unwrap();
+    assert!(
+        free.waiter_token.is_some(),
+        "a live waiter survives the release"
+    );
+    let (o, _) = acquire_judged(
+        Current::Record(&free),
+        &req("z"),
+        at(40),
+        false,
+        seen(0, 304),
+        0,
+    );
+    assert!(matches!(o, AcquireOutcome::Held(_)), "reserved: {o:?}");
+    let got = granted(acquire_judged(
+        Current::Record(&free),
+        &req("z"),
+        at(40),
+        false,
+        seen(0, 305),
+        0,
+    ));
+    assert!(
+        got.waiter_token.is_none(),
+        "the lapsed registration is dropped"
+    );
+}
+
+#[test]
+fn renew_and_release_are_owner_only() {
+    let a = granted(acquire(Current::Missing, &req("a"), at(10), false));
+    assert!(matches!(
+        renew(Some(&a), "b", 1000, 20).0,
+        RenewOutcome::Lost(LostReason::TakenOver { .. })
+    ));
+    assert!(matches!(
+        renew(Some(&a), "a", 1000, 2000).0,
+        RenewOutcome::Lost(LostReason::Expired)
+    ));
+    let (o, w) = renew(Some(&a), "a", 1000, 500);
+    assert!(matches!(o, RenewOutcome::Renewed(_)));
+    assert_eq!(w.unwrap().expires_ms, 1500);
+    assert_eq!(release(Some(&a), "b", 20), (ReleaseOutcome::NotHeld, None));
+    let (o, free) = release(Some(&a), "a", 20);
+    assert_eq!(o, ReleaseOutcome::Released);
+    let free = free.unwrap();
+    assert_eq!(free.fence, a.fence);
+    assert!(!free.is_held(20));
+    assert_eq!(
+        release(Some(&free), "a", 21),
+        (ReleaseOutcome::NotHeld, None)
+    );
+    assert!(matches!(
+        renew(Some(&free), "a", 1000, 21).0,
+        RenewOutcome::Lost(LostReason::Released)
+    ));
+}
+
+#[test]
+fn waiter_gets_the_lease_next() {
+    let a = granted(acquire(Current::Missing, &req("a"), at(10), false));
+    let mut w = req("w");
+    w.waiter_ttl = Some(Duration::from_millis(300));
+    let (_, reg) = acquire(Current::Record(&a), &w, at(20), false);
+    let reg = reg.unwrap();
+    assert_eq!(reg.waiter_token.as_deref(), Some("w"));
+    // Re-attempts do not rewrite a fresh registration, and refresh an aging one.
+    assert!(acquire(Current::Record(&reg), &w, at(100), false)
+        .1
+        .is_none());
+    let refreshed = acquire(Current::Record(&reg), &w, at(150), false)
+        .1
+        .unwrap();
+    assert_eq!(refreshed.waiter_expires_ms, Some(450));
+    // A second waiter does not replace a live one: it stands in line behind it.
+    let mut x = req("x");
+    x.waiter_ttl = Some(Duration::from_millis(300));
+    let behind = acquire(Current::Record(&reg), &x, at(30), false).1.unwrap();
+    assert_eq!(behind.waiter_token.as_deref(), Some("w"));
+    assert_eq!(position(&behind, "x"), Some(1));
+    // Renewal sees the waiter; release keeps it.
+    let (RenewOutcome::Renewed(ren), _) = renew(Some(&reg), "a", 1000, 40) else {
+        panic!()
+    };
+    assert!(ren.has_live_waiter(40));
+    let (_, free) = release(Some(&ren), "a", 50);
+    let free = free.unwrap();
+    // A third party arriving now is refused; the waiter gets it.
+    assert!(matches!(
+        acquire(Current::Record(&free), &req("z"), at(60), false).0,
+        AcquireOutcome::Held(_)
+    ));
+    let got = granted(acquire(Current::Record(&free), &w, at(60), false));
+    assert!(got.waiter_token.is_none());
+    // An expired waiter no longer reserves anything.
+    let (_, free2) = release(Some(&got), "w", 70);
+    let mut stale = free2.unwrap();
+    stale.waiter_token = Some("gone".into());
+    stale.waiter_expires_ms = Some(80);
+    granted(acquire(Current::Record(&stale), &req("z"), at(90), false));
+    assert!(withdraw_waiter(Some(&reg), "w").unwrap().waiter.is_none());
+    assert!(withdraw_waiter(Some(&reg), "x").is_none());
+}
+
+fn waiting(token: &str) -> AcquireRequest {
+    let mut w = req(token);
+    w.waiter_ttl = Some(Duration::from_millis(300));
+    w
+}
+
+/// Writes what `acquire` decides for `r` and returns it (the record unchanged if nothing).
+fn attempt(r: &LeaseRecord, q: &AcquireRequest, now: u64, expiry: Expiry) -> LeaseRecord {
+    let (_, w) = acquire_judged(Current::Record(r), q, at(now), false, expiry, 0);
+    w.unwrap_or_else(|| r.clone())
+}
+
+#[test]
+fn waiters_are_served_in_arrival_order() {
+    let mut r = granted(acquire(Current::Missing, &req("a"), at(10), false));
+    for t in ["w1", "w2", "w3"] {
+        r = attempt(&r, &waiting(t), 20, Expiry::Clock);
+    }
+    assert_eq!(
+        ["w1", "w2", "w3"].map(|t| position(&r, t)),
+        [Some(0), Some(1), Some(2)]
+    );
+    // Asking again keeps one's place (no second entry).
+    r = attempt(&r, &waiting("w2"), 30, Expiry::Clock);
+    assert_eq!(r.queue.len(), 2);
+    let (_, freed) = release(Some(&r), "a", 40);
+    let mut r = freed.unwrap();
+    for (i, t) in ["w1", "w2", "w3"].into_iter().enumerate() {
+        // Nobody behind the first in line is granted, nor is a newcomer.
+        for other in ["w1", "w2", "w3", "late"].into_iter().filter(|o| *o != t) {
+            let (out, _) = acquire(Current::Record(&r), &req(other), at(50), false);
+            assert!(matches!(out, AcquireOutcome::Held(_)), "{other} before {t}");
+        }
+        let g = granted(acquire(Current::Record(&r), &waiting(t), at(50), false));
+        assert_eq!(position(&g, t), None, "granted, out of line");
+        assert_eq!(g.queue.len(), 1usize.saturating_sub(i), "{i}");
+        r = release(Some(&g), t, 60).1.unwrap();
+    }
+    assert!(r.waiter_token.is_none() && r.queue.is_empty());
+    granted(acquire(Current::Record(&r), &req("late"), at(70), false));
+}
+
+#[test]
+fn lapsed_places_are_dropped_and_withdrawals_leave_the_line() {
+    let mut r = granted(acquire(Current::Missing, &req("a"), at(10), false));
+    for (t, now) in [("w1", 20), ("w2", 25), ("w3", 30)] {
+        r = attempt(&r, &waiting(t), now, Expiry::Clock);
+    }
+    // w2 withdraws from the middle; w1 from the front: w3 moves up.
+    let r2 = withdraw_waiter(Some(&r), "w2").unwrap();
+    assert_eq!(position(&r2, "w3"), Some(1));
+    let r1 = withdraw_waiter(Some(&r2), "w1").unwrap();
+    assert_eq!(position(&r1, "w3"), Some(0));
+    assert_eq!(r1.waiter_ttl_ms, Some(300));
+    assert!(withdraw_waiter(Some(&r1), "w1").is_none());
+    // By the clock: at 326 w1's and w2's places (320, 325) have lapsed, w3's (330) has not.
+    let (RenewOutcome::Renewed(ren), _) = renew(Some(&r), "a", 1000, 326) else {
+        panic!()
+    };
+    assert_eq!((position(&ren, "w3"), ren.queue.len()), (Some(0), 0));
+    // Observed: queued place 1 (w3) seen unchanged for its lifetime; the others not.
+    let mut o = match seen(0, 0) {
+        Expiry::Observed(o) => o,
+        Expiry::Clock => unreachable!(),
+    };
+    o.queue_lapsed = 0b10;
+    let (RenewOutcome::Renewed(ren), _) =
+        renew_judged(Some(&r), "a", 1000, 40, Expiry::Observed(o))
+    else {
+        panic!()
+    };
+    assert_eq!(
+        ["w1", "w2", "w3"].map(|t| position(&ren, t)),
+        [Some(0), Some(1), None]
+    );
+    // A lapsed first place: the next one is served, not the lapsed one.
+    let mut stale = release(Some(&r), "a", 40).1.unwrap();
+    stale.waiter_expires_ms = Some(41);
+    let (out, _) = acquire(Current::Record(&stale), &req("w1"), at(50), false);
+    assert!(matches!(out, AcquireOutcome::Held(_)));
+    let g = granted(acquire(
+        Current::Record(&stale),
+        &waiting("w2"),
+        at(50),
+        false,
+    ));
+    assert_eq!(position(&g, "w3"), Some(0));
+    // Cleanup leaves a record somebody stands in line for.
+    let mut f = LeaseRecord::free("k", 1);
+    f.queue = vec![QueuedWaiter::new("q", "q", 500, 300)];
+    assert!(!removable(&f, 100, 0));
+    assert!(removable(&f, 600, 0));
+}
+
+#[test]
+fn the_line_is_bounded() {
+    let mut r = granted(acquire(Current::Missing, &req("a"), at(10), false));
+    for i in 0..QUEUE_LIMIT + 1 {
+        r = attempt(&r, &waiting(&format!("w{i}")), 20, Expiry::Clock);
+    }
+    assert_eq!(r.queue.len(), QUEUE_LIMIT);
+    let (out, w) = acquire(Current::Record(&r), &waiting("one-too-many"), at(20), false);
+    assert!(matches!(out, AcquireOutcome::Held(_)) && w.is_none());
+}
+
+#[test]
+fn salvage_finds_the_largest_fence() {
+    assert_eq!(
+        salvage_fence(b"{\"fence\": 12, \"x\": {\"fence\":99"),
+        Some(99)
+    );
+    assert_eq!(salvage_fence(b"\0\0garbage"), None);
+    assert_eq!(salvage_fence(b"\"fence\": 99999999999999999999999"), None);
+}
