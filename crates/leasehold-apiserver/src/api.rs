@@ -390,7 +390,7 @@ fn human_age(secs: u64) -> String {
     let (m, h, d) = (secs / 60, secs / 3600, secs / 86400);
     match () {
         _ if secs < 120 => format!("{secs}s"),
-        _ if m < 10 && secs % 60 == 0 => format!("{m}m"),
+        _ if m < 10 && secs.is_multiple_of(60) => format!("{m}m"),
         _ if m < 10 => format!("{m}m{}s", secs % 60),
         _ if h < 3 => format!("{m}m"),
         _ if h < 8 && m % 60 == 0 => format!("{h}h"),

@@ -562,7 +562,7 @@ fn stat_fields(stat_file: &Path) -> Option<Vec<String>> {
 /// Whether `pid` has exited (gone, or a zombie waiting for init).
 fn exited(pid: i32) -> bool {
     stat_fields(Path::new(&format!("/proc/{pid}/stat")))
-        .map_or(true, |f| f.first().is_some_and(|state| state == "Z"))
+        .is_none_or(|f| f.first().is_some_and(|state| state == "Z"))
 }
 
 #[test]

@@ -275,7 +275,7 @@ fn relative_links_resolve() {
                     continue;
                 }
                 let Some(anchor) = anchor else { continue };
-                if !path.extension().is_some_and(|e| e == "md") {
+                if path.extension().is_none_or(|e| e != "md") {
                     continue;
                 }
                 let path = path.canonicalize().expect("an existing path");

@@ -530,9 +530,9 @@ impl RedisServer {
             .replication_offset("master_repl_offset")
             .expect("the primary's replication offset");
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while !replica
+        while replica
             .replication_offset("slave_repl_offset")
-            .is_some_and(|o| o >= written)
+            .is_none_or(|o| o < written)
         {
             assert!(
                 std::time::Instant::now() < deadline,

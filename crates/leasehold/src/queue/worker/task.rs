@@ -201,7 +201,7 @@ async fn run_claimed<R: TaskRunner>(
                 }
                 () = async { if let Some(d) = drop_by { tokio::time::sleep_until(d).await } }, if drop_by.is_some() => {
                     let why = stop.borrow().clone().unwrap_or(StopReason::Shutdown);
-                    if lease_stop.is_some_and(|l| drop_at.map_or(true, |d| l <= d)) {
+                    if lease_stop.is_some_and(|l| drop_at.is_none_or(|d| l <= d)) {
                         ctx.report(&format!(
                             "task {}: its runner was still running when the key's lease could expire ({why}); dropped",
                             task.id

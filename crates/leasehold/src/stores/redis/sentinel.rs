@@ -175,7 +175,7 @@ impl Sentinels {
             match answer {
                 Ok(client) => return Ok(client),
                 Err(e) => {
-                    if failure.as_ref().map_or(true, |f| !f.is_retryable()) {
+                    if failure.as_ref().is_none_or(|f| !f.is_retryable()) {
                         failure = Some(e);
                     }
                 }
