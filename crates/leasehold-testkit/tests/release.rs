@@ -35,7 +35,12 @@ fn host() -> String {
 
 /// Every package the workspace's publishable crates build with (normal and build dependencies,
 /// on this host), as (name, version, rust-version), and the crates' own declared rust-versions.
-fn metadata() -> (Vec<(String, String, String)>, Vec<(String, String)>) {
+/// A dependency: name, version, rust-version.
+type Dep = (String, String, String);
+/// A workspace crate: name, rust-version.
+type Member = (String, String);
+
+fn metadata() -> (Vec<Dep>, Vec<Member>) {
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../Cargo.toml");
     let out = Command::new(cargo())
         .args(["metadata", "--format-version", "1", "--locked", "--offline"])
