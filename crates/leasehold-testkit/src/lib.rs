@@ -1,9 +1,7 @@
-//! The leasehold test kit: the conformance suite every store passes, and helpers that start real
-//! processes for multi-process tests.
-//!
-//! Each suite function is a `pub async fn` over `Arc<dyn LockStore>`; it works on its own random key
-//! prefix, so all of them can run against one store in parallel. A store's integration test calls
-//! them all through [`conformance_tests!`].
+//! The leasehold test kit: real servers for the tests, helpers that start real processes for
+//! multi-process tests, the queue suite, and the library's conformance suite
+//! ([`leasehold::conformance`], re-exported as [`suite`]), which every store's integration test
+//! runs through [`conformance_tests!`].
 
 #![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)]
 
@@ -16,14 +14,14 @@ pub mod queue_suite;
 pub mod s3_server;
 pub mod serialising_proxy;
 pub mod servers;
-pub mod suite;
 
 use std::path::PathBuf;
 
-/// A random prefix for a test's keys.
-pub fn prefix(name: &str) -> String {
-    format!("t{:08x}/{name}", fastrand::u32(..))
-}
+/// The conformance suite, which lives in the library (feature `conformance`) so that authors of
+/// their own stores can run it.
+pub use leasehold::conformance as suite;
+pub use leasehold::conformance::prefix;
+pub use leasehold::conformance_tests;
 
 /// Takes `n` leases `{stem}/0` … `{stem}/{n-1}` for `ttl` through `l`, 200 at a time.
 ///
@@ -368,28 +366,4 @@ pub fn run_all(program: &str, args: &[&str], n: usize, overlap: &str) {
             "worker failed ({status}); exit 3 means {overlap} were inside at once"
         );
     }
-}
-
-/// Generates one `#[tokio::test]` per conformance-suite function for a store made by `$make`
-/// (an async expression returning `Arc<dyn LockStore>`).
-#[macro_export]
-macro_rules! conformance_tests {
-    ($make:expr) => {
-        $crate::conformance_tests!(@each $make;
-            exclusion, reentry_is_refused, expiry_takeover, renewal_keeps_alive, lost_on_force_release,
-            lost_on_takeover, fencing_is_monotonic, owner_only, idempotent_release, waiter_handoff,
-            waiter_withdraws_on_timeout, hostile_keys, racing_workers, inspect_list_cleanup,
-            try_acquire_never_waits, drop_releases, waiters_do_not_spin, fence_blocks,
-            local_handoff, abandoned_handoff_is_released, cancelled_acquires_leave_nothing_taken,
-            release_is_notified_when_asked, labels_are_read_back_whole);
-    };
-    (@each $make:expr; $($name:ident),*) => {
-        $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $name() {
-                let store = $make;
-                $crate::suite::$name(store).await;
-            }
-        )*
-    };
 }

@@ -32,6 +32,8 @@
 pub mod adapter;
 mod background;
 mod carry;
+#[cfg(feature = "conformance")]
+pub mod conformance;
 pub(crate) mod decide;
 pub mod error;
 pub mod fence;
