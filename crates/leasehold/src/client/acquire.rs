@@ -2,6 +2,7 @@
 //! time, waking on the store's change notification or a timer; what a caller that leaves early
 //! leaves behind is undone in the background.
 
+use super::line::Line;
 use super::Locks;
 use crate::error::{Error, Result};
 use crate::guard::{Grant, LeaseGuard};
@@ -35,7 +36,7 @@ pub(super) async fn run(
     if let Some(m) = &metrics {
         m.attempts.inc();
     }
-    let result = run_inner(locks, key, opts, started).await;
+    let result = Acquisition::new(locks, key, opts, started).run().await;
     if let Some(m) = &metrics {
         m.acquire_seconds.observe(started.elapsed().as_secs_f64());
         match &result {
@@ -49,220 +50,309 @@ pub(super) async fn run(
     result
 }
 
-async fn run_inner(
+/// One acquisition, from its options to its end: what stays fixed while it waits.
+struct Acquisition {
     locks: Locks,
     key: Key,
     opts: LockOptions,
     started: Instant,
-) -> std::result::Result<LeaseGuard, AcquireError> {
-    let deadline = match opts.wait {
-        Wait::No => Some(started),
-        // A limit too far off for the clock to represent is no limit.
-        Wait::For(d) => started.checked_add(d),
-        Wait::Forever => None,
-    };
-    let waiting = opts.wait != Wait::No;
-    let timeout = |holder: String| {
+    /// When the wait ends: `started` for a try, `None` for no limit.
+    deadline: Option<Instant>,
+    /// When a waiting acquire's store calls end: its wait limit and allowance (a try's one call
+    /// has the store's own timeout).
+    attempt_limit: Option<Instant>,
+    /// Whether it waits at all (not a try).
+    waiting: bool,
+}
+
+/// What a waiting acquisition learns and holds between its attempts.
+struct Waiting {
+    /// The attempts since the backoff last started over.
+    attempt: u32,
+    /// Whether it stands in the key's line of waiters (so must withdraw when it leaves).
+    registered: bool,
+    /// Its place in the key's line of waiters (0: next to be granted) and what it says of the
+    /// pace of handoffs, so that a waiter far back polls rarely and the next one promptly.
+    line: Line,
+    /// Who held the key at the last answer, for the timeout's message.
+    last_holder: Option<String>,
+    /// If the acquisition is dropped while registered as waiter, withdraws in the background.
+    on_cancel: WithdrawOnDrop,
+    /// The change notification it sleeps on.
+    changes: Changes,
+}
+
+/// What one attempt's answer leaves to do.
+enum Answer {
+    /// Granted: the record, and when the request was sent.
+    Granted(crate::record::LeaseRecord),
+    /// Still held (or the store failed, retryably): wake no later than `hint`; `holder` for
+    /// messages; `failed` when the store did not answer.
+    Wait {
+        hint: Option<Duration>,
+        holder: String,
+        failed: bool,
+    },
+}
+
+impl Acquisition {
+    fn new(locks: Locks, key: Key, opts: LockOptions, started: Instant) -> Self {
+        let deadline = match opts.wait {
+            Wait::No => Some(started),
+            // A limit too far off for the clock to represent is no limit.
+            Wait::For(d) => started.checked_add(d),
+            Wait::Forever => None,
+        };
+        let attempt_limit = match opts.wait {
+            Wait::For(_) => deadline.and_then(|d| d.checked_add(WAIT_ALLOWANCE)),
+            Wait::No | Wait::Forever => None,
+        };
+        Acquisition {
+            waiting: opts.wait != Wait::No,
+            locks,
+            key,
+            opts,
+            started,
+            deadline,
+            attempt_limit,
+        }
+    }
+
+    fn timeout(&self, holder: String) -> AcquireError {
         AcquireError::Failed(Error::Timeout {
-            key: key.to_string(),
+            key: self.key.to_string(),
             holder,
-            waited: started.elapsed(),
+            waited: self.started.elapsed(),
         })
-    };
+    }
 
-    // Layer 1: queue behind this process's other tasks on the key.
-    let local = match &locks.local {
-        None => None,
-        Some(l) if !waiting => Some(
-            l.try_lock(key.as_str())
-                .ok_or_else(|| AcquireError::Held("another task of this process".into()))?,
-        ),
-        Some(l) => match deadline {
-            None => Some(l.lock(key.as_str()).await),
-            Some(d) => match tokio::time::timeout_at(d, l.lock(key.as_str())).await {
-                Ok(g) => Some(g),
-                Err(_) => return Err(timeout("another task of this process".into())),
+    /// Layer 1: queues behind this process's other tasks on the key.
+    async fn queue_locally(&self) -> std::result::Result<Option<LocalGuard>, AcquireError> {
+        let key = self.key.as_str();
+        Ok(match &self.locks.local {
+            None => None,
+            Some(l) if !self.waiting => Some(
+                l.try_lock(key)
+                    .ok_or_else(|| AcquireError::Held("another task of this process".into()))?,
+            ),
+            Some(l) => match self.deadline {
+                None => Some(l.lock(key).await),
+                Some(d) => match tokio::time::timeout_at(d, l.lock(key)).await {
+                    Ok(g) => Some(g),
+                    Err(_) => return Err(self.timeout("another task of this process".into())),
+                },
             },
-        },
-    };
+        })
+    }
 
-    // A lease the previous local holder handed on: ours without a store call if it fits.
-    let mut local = local;
-    if let Some(mut carry) = local.as_mut().and_then(LocalGuard::take_carry) {
-        if carry.fits(locks.holder.as_str(), &opts) && carry.confirm().await {
-            tracing::debug!(key = %key, "lease taken over from a task of this process");
+    /// A lease the previous local holder handed on: ours without a store call if it fits;
+    /// otherwise released, and the local slot given back.
+    async fn carried(
+        &self,
+        mut local: Option<LocalGuard>,
+    ) -> std::result::Result<LeaseGuard, Option<LocalGuard>> {
+        let Some(mut carry) = local.as_mut().and_then(LocalGuard::take_carry) else {
+            return Err(local);
+        };
+        if carry.fits(self.locks.holder.as_str(), &self.opts) && carry.confirm().await {
+            tracing::debug!(key = %self.key, "lease taken over from a task of this process");
             return Ok(LeaseGuard::carried(
                 carry,
-                locks.metrics.clone(),
+                self.locks.metrics.clone(),
                 local,
-                locks.live.clone(),
+                self.locks.live.clone(),
             ));
         }
         carry.release().await;
+        Err(local)
     }
 
-    let store = locks.store.clone();
-    let mut req = AcquireRequest::new(key.clone(), locks.holder.as_str(), opts.ttl);
-    req.labels = opts.labels.clone();
-    if waiting && opts.register_waiter {
-        req.waiter_ttl = Some(opts.waiter_lifetime());
+    fn request(&self) -> AcquireRequest {
+        let mut req =
+            AcquireRequest::new(self.key.clone(), self.locks.holder.as_str(), self.opts.ttl);
+        req.labels = self.opts.labels.clone();
+        if self.waiting && self.opts.register_waiter {
+            req.waiter_ttl = Some(self.opts.waiter_lifetime());
+        }
+        req
     }
-    // Subscribed to change notifications only once the key turns out to be held: a free key
-    // costs no subscription (a round trip on Redis). The attempt after subscribing is made at
-    // once, so no change between the first attempt and the subscription is missed.
-    let mut watch: Option<Box<dyn crate::store::ChangeWatch>> = None;
-    let mut subscribed = false;
-    // Subscribing failed: when to try again (polling meanwhile).
-    let mut resubscribe_at: Option<Instant> = None;
-    let mut attempt = 0u32;
-    let mut registered = false;
-    // Our place in the key's line of waiters (0: next to be granted) and what it says of the
-    // pace of handoffs, so that a waiter far back polls rarely and the next one promptly.
-    let mut line = Line::default();
-    // Who held the key at the last answer, for the timeout's message.
-    let mut last_holder: Option<String> = None;
-    // A waiting acquire's store calls end by its wait limit and allowance (not a try: its
-    // one call has the store's own timeout).
-    let attempt_limit = match opts.wait {
-        Wait::For(_) => deadline.and_then(|d| d.checked_add(WAIT_ALLOWANCE)),
-        Wait::No | Wait::Forever => None,
-    };
-    // If this future is dropped while registered as waiter, withdraw in the background.
-    let mut on_cancel = WithdrawOnDrop {
-        store: Some(store.clone()),
-        key: key.clone(),
-        token: req.token.clone(),
-        armed: false,
-    };
-    loop {
-        // One fence for us and one for each task of this process queued behind us: the lease
-        // is handed down that line before it goes back to the store.
-        req.fences = 1 + local
-            .as_ref()
-            .map_or(0, |l| l.waiting().min(MAX_BLOCK - 1) as u64);
-        let sent = Instant::now();
-        // While the call is in flight, a drop of this future leaves it to the attempt, which
-        // finishes it in the background and undoes what it did.
-        on_cancel.armed = false;
-        let call = Attempt::start(&store, req, registered);
-        let (sent_req, res) = match attempt_limit {
-            None => call.answer().await,
-            Some(limit) => match tokio::time::timeout_at(limit, call.answer()).await {
-                Ok(answered) => answered,
-                Err(_) => {
-                    // Dropped unanswered: it finishes in the background, undoing what it did.
-                    return Err(timeout(last_holder.unwrap_or_else(|| {
-                        "unknown (the store did not answer within the wait limit)".into()
-                    })));
-                }
-            },
+
+    async fn run(self) -> std::result::Result<LeaseGuard, AcquireError> {
+        let local = self.queue_locally().await?;
+        let local = match self.carried(local).await {
+            Ok(guard) => return Ok(guard),
+            Err(local) => local,
         };
-        req = sent_req;
-        let failed = res.is_err();
-        let (wait_hint, holder) = match res {
-            Ok(AcquireOutcome::Granted(rec)) => {
-                on_cancel.armed = false;
-                tracing::debug!(key = %key, fence = rec.fence, "lease acquired");
-                return Ok(LeaseGuard::new(Grant {
-                    store,
-                    record: rec,
-                    key,
-                    token: req.token,
-                    opts,
-                    sent_at: sent,
-                    metrics: locks.metrics.clone(),
-                    local,
-                    live: locks.live.clone(),
-                    fences: req.fences,
-                }));
-            }
-            Ok(AcquireOutcome::Held(rec)) if !waiting => {
-                return Err(AcquireError::Held(holder_of(&rec, now_ms())));
-            }
-            Ok(AcquireOutcome::Held(rec)) => {
-                let place = crate::decide::position(&rec, &req.token);
-                registered |= place.is_some();
-                if line.seen(place, rec.token.as_deref(), sent.elapsed()) {
-                    attempt = 0;
+        let store = self.locks.store.clone();
+        let mut req = self.request();
+        let mut waiting = Waiting::new(&store, &req);
+        loop {
+            // One fence for us and one for each task of this process queued behind us: the
+            // lease is handed down that line before it goes back to the store.
+            req.fences = 1 + local
+                .as_ref()
+                .map_or(0, |l| l.waiting().min(MAX_BLOCK - 1) as u64);
+            let sent = Instant::now();
+            let (sent_req, res) = self.call(req, &mut waiting).await?;
+            req = sent_req;
+            let (hint, holder, failed) = match self.answer(res, &req, sent, &mut waiting).await? {
+                Answer::Granted(record) => {
+                    waiting.on_cancel.armed = false;
+                    tracing::debug!(key = %self.key, fence = record.fence, "lease acquired");
+                    return Ok(self.granted(store, record, req, sent, local));
                 }
-                let now = now_ms();
-                let who = holder_of(&rec, now);
-                // Wake no later than the holder's expiry (+1 ms) to take over a dead lease
-                // (unless others stand in line before us: the first of them takes it over).
-                let hint = if rec.is_held(now) && place.unwrap_or(0) == 0 {
-                    Some(rec.remaining(now) + Duration::from_millis(1))
-                } else {
-                    None
-                };
-                (hint, who)
-            }
-            Err(e) if waiting && e.is_retryable() => {
-                tracing::debug!(key = %key, error = %e, "acquire failed; retrying");
-                (None, format!("unknown (store error: {e})"))
-            }
-            Err(e) => {
-                on_cancel.armed = false;
-                let until = attempt_limit.unwrap_or_else(|| Instant::now() + WAIT_ALLOWANCE);
-                withdraw_by(until, &store, &key, &req.token, registered).await;
-                return Err(AcquireError::Failed(e));
-            }
-        };
-        on_cancel.armed = registered;
-        let now = Instant::now();
-        if let Some(d) = deadline.filter(|&d| now >= d) {
-            on_cancel.armed = false;
-            withdraw_by(d + WAIT_ALLOWANCE, &store, &key, &req.token, registered).await;
-            return Err(timeout(holder));
-        }
-        last_holder = Some(holder);
-        if watch.as_ref().is_some_and(|w| w.stale()) {
-            // Its connection ended or its server stopped answering (a failover whose old
-            // server hangs): subscribe again, where the store now is.
-            tracing::debug!(key = %key, "change notification lost; subscribing again");
-            watch = None;
-            subscribed = false;
-            req.watching = false;
-        }
-        if !subscribed {
-            subscribed = true;
-            // Within the wait limit, whatever the store does.
-            let subscribing = store.subscribe(&key);
-            let answer = match deadline {
-                Some(d) => tokio::time::timeout_at(d, subscribing).await.ok(),
-                None => Some(subscribing.await),
+                Answer::Wait {
+                    hint,
+                    holder,
+                    failed,
+                } => (hint, holder, failed),
             };
-            watch = match answer {
-                Some(Ok(w)) => w,
-                Some(Err(e)) => {
-                    tracing::debug!(key = %key, error = %e, "no change notification; polling, and subscribing again in a while");
-                    resubscribe_at = Some(Instant::now() + RESUBSCRIBE_EVERY);
-                    None
-                }
-                None => None,
-            };
-            req.watching = watch.is_some();
-            if watch.is_some() {
+            waiting.on_cancel.armed = waiting.registered;
+            let now = Instant::now();
+            if let Some(d) = self.deadline.filter(|&d| now >= d) {
+                waiting.on_cancel.armed = false;
+                withdraw_by(
+                    d + WAIT_ALLOWANCE,
+                    &store,
+                    &self.key,
+                    &req.token,
+                    waiting.registered,
+                )
+                .await;
+                return Err(self.timeout(holder));
+            }
+            waiting.last_holder = Some(holder);
+            if waiting
+                .changes
+                .subscribe(&store, &self.key, self.deadline)
+                .await
+            {
+                req.watching = true;
                 // Attempt again at once: a release between the last attempt and the
                 // subscription was not heard. Without a subscription there is nothing to
                 // miss, and the next attempt waits for the pause.
                 continue;
             }
+            req.watching = waiting.changes.watch.is_some();
+            let pause = self.pause(&waiting, &req, hint, failed, now);
+            tracing::trace!(key = %self.key, place = ?waiting.line.place.map(|p| p.0), per_handoff = ?waiting.line.per_handoff, ?pause, attempt = waiting.attempt, "waiting");
+            let mut until = now + pause;
+            if let Some(d) = self.deadline {
+                until = until.min(d);
+            }
+            if waiting.changes.sleep_until(until).await {
+                waiting.attempt = waiting.attempt.saturating_add(1);
+            }
         }
-        let mut pause = opts.backoff.delay(attempt);
-        if watch.is_some() {
+    }
+
+    /// One store call, bounded by the attempt limit. While it is in flight, a drop of this
+    /// future leaves it to the attempt, which finishes it in the background and undoes what it
+    /// did.
+    async fn call(
+        &self,
+        req: AcquireRequest,
+        waiting: &mut Waiting,
+    ) -> std::result::Result<(AcquireRequest, Result<AcquireOutcome>), AcquireError> {
+        waiting.on_cancel.armed = false;
+        let call = Attempt::start(&self.locks.store, req, waiting.registered);
+        match self.attempt_limit {
+            None => Ok(call.answer().await),
+            Some(limit) => match tokio::time::timeout_at(limit, call.answer()).await {
+                Ok(answered) => Ok(answered),
+                // Dropped unanswered: it finishes in the background, undoing what it did.
+                Err(_) => Err(self.timeout(waiting.last_holder.take().unwrap_or_else(|| {
+                    "unknown (the store did not answer within the wait limit)".into()
+                }))),
+            },
+        }
+    }
+
+    /// What the store's answer leaves to do: a grant, an end (held for a try, or an error that
+    /// a retry cannot heal, after withdrawing), or a wait.
+    async fn answer(
+        &self,
+        res: Result<AcquireOutcome>,
+        req: &AcquireRequest,
+        sent: Instant,
+        waiting: &mut Waiting,
+    ) -> std::result::Result<Answer, AcquireError> {
+        match res {
+            Ok(AcquireOutcome::Granted(record)) => Ok(Answer::Granted(record)),
+            Ok(AcquireOutcome::Held(rec)) if !self.waiting => {
+                Err(AcquireError::Held(holder_of(&rec, now_ms())))
+            }
+            Ok(AcquireOutcome::Held(rec)) => {
+                let place = crate::decide::position(&rec, &req.token);
+                waiting.registered |= place.is_some();
+                if waiting
+                    .line
+                    .seen(place, rec.token.as_deref(), sent.elapsed())
+                {
+                    waiting.attempt = 0;
+                }
+                let now = now_ms();
+                // Wake no later than the holder's expiry (+1 ms) to take over a dead lease
+                // (unless others stand in line before us: the first of them takes it over).
+                let hint = (rec.is_held(now) && place.unwrap_or(0) == 0)
+                    .then(|| rec.remaining(now) + Duration::from_millis(1));
+                Ok(Answer::Wait {
+                    hint,
+                    holder: holder_of(&rec, now),
+                    failed: false,
+                })
+            }
+            Err(e) if self.waiting && e.is_retryable() => {
+                tracing::debug!(key = %self.key, error = %e, "acquire failed; retrying");
+                Ok(Answer::Wait {
+                    hint: None,
+                    holder: format!("unknown (store error: {e})"),
+                    failed: true,
+                })
+            }
+            Err(e) => {
+                waiting.on_cancel.armed = false;
+                let until = self
+                    .attempt_limit
+                    .unwrap_or_else(|| Instant::now() + WAIT_ALLOWANCE);
+                withdraw_by(
+                    until,
+                    &self.locks.store,
+                    &self.key,
+                    &req.token,
+                    waiting.registered,
+                )
+                .await;
+                Err(AcquireError::Failed(e))
+            }
+        }
+    }
+
+    /// How long to leave the store alone before the next attempt (the deadline aside).
+    fn pause(
+        &self,
+        waiting: &Waiting,
+        req: &AcquireRequest,
+        hint: Option<Duration>,
+        failed: bool,
+        now: Instant,
+    ) -> Duration {
+        let backoff = &self.opts.backoff;
+        let mut pause = backoff.delay(waiting.attempt);
+        if waiting.changes.watch.is_some() {
             // With notifications the timer is only a safety net.
-            pause = opts.backoff.max;
-        } else if let Some(behind) = line.behind_for() {
+            pause = backoff.max;
+        } else if let Some(behind) = waiting.line.behind_for() {
             // Nothing to win before the waiters ahead of us were served (see `Line`).
             pause = pause.max(behind);
         }
-        if let Some(h) = wait_hint {
+        if let Some(h) = hint {
             pause = pause.min(h);
         }
         if req.waiter_ttl.is_some() {
-            pause = pause.min(opts.waiter_lifetime() / 3);
+            pause = pause.min(self.opts.waiter_lifetime() / 3);
         }
-        if let Some(at) = resubscribe_at {
+        if let Some(at) = waiting.changes.resubscribe_at {
             pause = pause.min(at.saturating_duration_since(now));
         }
         if failed {
@@ -272,94 +362,114 @@ async fn run_inner(
             // have come already.
             pause = pause.min(RETRY_AFTER_ERROR);
         }
-        tracing::trace!(key = %key, place = ?line.place.map(|p| p.0), per_handoff = ?line.per_handoff, ?pause, attempt, "waiting");
-        let mut until = now + pause;
-        if let Some(d) = deadline {
-            until = until.min(d);
-        }
-        match watch.as_mut() {
-            Some(w) => {
-                tokio::select! {
-                    _ = w.changed() => {}
-                    _ = tokio::time::sleep_until(until) => { attempt = attempt.saturating_add(1); }
-                }
-            }
-            None => {
-                tokio::time::sleep_until(until).await;
-                attempt = attempt.saturating_add(1);
-            }
-        }
-        if resubscribe_at.is_some_and(|at| Instant::now() >= at) {
-            resubscribe_at = None;
-            subscribed = false;
+        pause
+    }
+
+    fn granted(
+        self,
+        store: Arc<dyn LockStore>,
+        record: crate::record::LeaseRecord,
+        req: AcquireRequest,
+        sent: Instant,
+        local: Option<LocalGuard>,
+    ) -> LeaseGuard {
+        LeaseGuard::new(Grant {
+            store,
+            record,
+            key: self.key,
+            token: req.token,
+            opts: self.opts,
+            sent_at: sent,
+            metrics: self.locks.metrics.clone(),
+            local,
+            live: self.locks.live.clone(),
+            fences: req.fences,
+        })
+    }
+}
+
+impl Waiting {
+    fn new(store: &Arc<dyn LockStore>, req: &AcquireRequest) -> Self {
+        Waiting {
+            attempt: 0,
+            registered: false,
+            line: Line::default(),
+            last_holder: None,
+            on_cancel: WithdrawOnDrop {
+                store: Some(store.clone()),
+                key: req.key.clone(),
+                token: req.token.clone(),
+                armed: false,
+            },
+            changes: Changes::default(),
         }
     }
 }
 
-/// What a waiting acquisition saw of its place in the key's line of waiters
-/// ([`LeaseRecord::queue`](crate::record::LeaseRecord::queue)), on its monotonic clock.
-///
-/// The first in line looks promptly (by the backoff, started over whenever the lease changes
-/// hands or it moves up): a released lease is reserved for it and idle until it looks. A waiter
-/// further back cannot win before those ahead of it were served, so it sleeps for half the time
-/// they need at the fastest pace the line has shown (or by the backoff, if longer, while the
-/// line does not move): it looks about `log₂(place)` times while it moves up, not at every
-/// handoff.
-#[derive(Debug, Default)]
-struct Line {
-    /// The place last seen (0: next to be granted), and when.
-    place: Option<(usize, Instant)>,
-    /// The holder's token last seen while first in line.
-    holder: Option<String>,
-    /// The fastest time one handoff took as the line moved, let go of slowly.
-    per_handoff: Option<Duration>,
-    /// The least one handoff can take (two of the store's round trips, as last measured).
-    least: Duration,
+/// The store's change notification for the key, subscribed only once the key turns out to be
+/// held: a free key costs no subscription (a round trip on Redis).
+#[derive(Default)]
+struct Changes {
+    watch: Option<Box<dyn crate::store::ChangeWatch>>,
+    subscribed: bool,
+    /// Subscribing failed: when to try again (polling meanwhile).
+    resubscribe_at: Option<Instant>,
 }
 
-impl Line {
-    /// Takes note of standing at `place` (`None`: not in line) while `holder` holds the lease,
-    /// after an attempt that took `rtt`; true when the backoff should start over (we moved up,
-    /// or the lease changed hands while we are first in line).
-    fn seen(&mut self, place: Option<usize>, holder: Option<&str>, rtt: Duration) -> bool {
-        let now = Instant::now();
-        // A handoff takes at least a release and a grant: two round trips.
-        self.least = rtt * 2;
-        let moved = match (self.place, place) {
-            (Some((was, at)), Some(p)) if p < was => {
-                let took = now.saturating_duration_since(at) / (was - p) as u32;
-                // The fastest pace seen, let go of slowly: sleeping on a pace too slow leaves
-                // the lease idle once we are first (the line moves in bursts), which would
-                // slow the pace more; the first measurement is bounded by a few round trips
-                // for the same reason.
-                self.per_handoff = Some(match self.per_handoff {
-                    Some(d) => took.min(d + d / 16),
-                    None => took.min(self.least * 4),
-                });
-                self.place = Some((p, now));
-                true
+impl Changes {
+    /// Subscribes when not subscribed (again, when the watch went stale or the time to retry
+    /// came), within the wait limit whatever the store does; true when a new watch was made.
+    async fn subscribe(
+        &mut self,
+        store: &Arc<dyn LockStore>,
+        key: &Key,
+        deadline: Option<Instant>,
+    ) -> bool {
+        if self.watch.as_ref().is_some_and(|w| w.stale()) {
+            // Its connection ended or its server stopped answering (a failover whose old
+            // server hangs): subscribe again, where the store now is.
+            tracing::debug!(key = %key, "change notification lost; subscribing again");
+            self.watch = None;
+            self.subscribed = false;
+        }
+        if self.subscribed {
+            return false;
+        }
+        self.subscribed = true;
+        let subscribing = store.subscribe(key);
+        let answer = match deadline {
+            Some(d) => tokio::time::timeout_at(d, subscribing).await.ok(),
+            None => Some(subscribing.await),
+        };
+        self.watch = match answer {
+            Some(Ok(w)) => w,
+            Some(Err(e)) => {
+                tracing::debug!(key = %key, error = %e, "no change notification; polling, and subscribing again in a while");
+                self.resubscribe_at = Some(Instant::now() + RESUBSCRIBE_EVERY);
+                None
             }
-            (Some((was, _)), Some(p)) if p == was => false,
-            (_, p) => {
-                self.place = p.map(|p| (p, now));
+            None => None,
+        };
+        self.watch.is_some()
+    }
+
+    /// Sleeps until `until` or a change; true when the timer ended the sleep.
+    async fn sleep_until(&mut self, until: Instant) -> bool {
+        let timed_out = match self.watch.as_mut() {
+            Some(w) => tokio::select! {
+                _ = w.changed() => false,
+                _ = tokio::time::sleep_until(until) => true,
+            },
+            None => {
+                tokio::time::sleep_until(until).await;
                 true
             }
         };
-        if place != Some(0) {
-            self.holder = None;
-            return moved;
+        if self.resubscribe_at.is_some_and(|at| Instant::now() >= at) {
+            self.resubscribe_at = None;
+            self.subscribed = false;
         }
-        let changed = self.holder.as_deref() != holder;
-        self.holder = holder.map(str::to_owned);
-        moved || changed
-    }
-
-    /// How long to leave the store alone while the waiters ahead of us are served (see the
-    /// type); `None` when first or out of line.
-    fn behind_for(&self) -> Option<Duration> {
-        let (p, _) = self.place?;
-        let per = self.per_handoff.unwrap_or(self.least);
-        (p > 0).then(|| per.mul_f64(p as f64 / 2.0))
+        timed_out
     }
 }
 
@@ -511,41 +621,4 @@ pub(super) enum AcquireError {
     /// Held elsewhere; by whom.
     Held(String),
     Failed(Error),
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const MS: Duration = Duration::from_millis(1);
-
-    /// A waiter far back sleeps for half the time those ahead of it need at the fastest pace
-    /// seen; the first in line looks again promptly whenever the lease changes hands.
-    #[tokio::test(start_paused = true)]
-    async fn a_waiter_far_back_sleeps_by_its_place_and_the_first_looks_promptly() {
-        let mut line = Line::default();
-        // Just arrived at place 11; an attempt takes 5 ms, so a handoff at least 10.
-        assert!(line.seen(Some(11), Some("h1"), 5 * MS));
-        assert_eq!(line.behind_for(), Some(55 * MS));
-        // 300 ms later, 3 places further: 100 ms a handoff, but the first measurement is
-        // bounded by four times the least (40 ms).
-        tokio::time::advance(300 * MS).await;
-        assert!(line.seen(Some(8), Some("h2"), 5 * MS));
-        assert_eq!(line.behind_for(), Some(160 * MS));
-        // The line stands still: no start over, same sleep.
-        assert!(!line.seen(Some(8), Some("h3"), 5 * MS));
-        // A slower pace is followed by a sixteenth at a time.
-        tokio::time::advance(800 * MS).await;
-        assert!(line.seen(Some(4), Some("h4"), 5 * MS));
-        assert_eq!(line.behind_for(), Some(85 * MS));
-        // First in line: no sleep by place, and every change of holder starts the backoff over.
-        assert!(line.seen(Some(0), Some("h5"), 5 * MS));
-        assert_eq!(line.behind_for(), None);
-        assert!(!line.seen(Some(0), Some("h5"), 5 * MS));
-        assert!(line.seen(Some(0), None, 5 * MS));
-        // Out of line (the line was full): the backoff alone.
-        let mut out = Line::default();
-        out.seen(None, Some("h"), 5 * MS);
-        assert_eq!(out.behind_for(), None);
-    }
 }

@@ -18,6 +18,7 @@ use tokio::time::Instant;
 
 mod acquire;
 mod builder;
+mod line;
 #[cfg(test)]
 mod tests;
 
