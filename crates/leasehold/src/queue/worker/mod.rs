@@ -371,142 +371,47 @@ impl Worker {
     pub async fn run(self, runner: impl TaskRunner) -> Result<()> {
         self.validate()?;
         let worker: Arc<str> = Arc::from(self.name());
-        let ctx = Arc::new(Ctx {
-            queue: self.queue.clone(),
-            locks: self.locks.clone(),
-            worker: worker.clone(),
-            ttl: self.ttl,
-            lease_wait: self.lease_wait_or_default(),
-            stop_grace: self.stop_grace,
-            stops: Mutex::new(HashMap::new()),
-            metrics: self.metrics.clone(),
-            report: self.report.clone(),
-        });
-        let runner = Arc::new(runner);
-        let queue = &self.queue;
-        let slots = self.slots;
-        let req = ClaimRequest {
-            worker: worker.to_string(),
-            max_running: slots,
-            group_limit: self.group_limit,
-            ttl: self.ttl,
-        };
         let mut phase = self.shutdown.phase.subscribe();
-        // The name lease; `None` while it is lost and not yet taken back, since `name_lost`.
-        let mut name_lease = Some(self.take_name(&worker).await?);
-        let mut name_lost = Instant::now();
-        queue.heartbeat(&worker, slots, self.ttl, &[]).await?;
-        tracing::info!(worker = %worker, slots, "worker started");
-
+        let name_lease = Some(self.take_name(&worker).await?);
+        self.queue
+            .heartbeat(&worker, self.slots, self.ttl, &[])
+            .await?;
+        tracing::info!(worker = %worker, slots = self.slots, "worker started");
+        let mut run = Rounds::new(&self, worker, Arc::new(runner), name_lease);
         let cleaner = self
             .cleanup_after
-            .map(|older| AbortOnDrop(tokio::spawn(clean_up(ctx.clone(), older))));
-        let mut runners: JoinSet<()> = JoinSet::new();
+            .map(|older| AbortOnDrop(tokio::spawn(clean_up(run.ctx.clone(), older))));
         let mut beat = tokio::time::interval(self.ttl / 3);
         let mut recover = tokio::time::interval((self.ttl / 2).min(Duration::from_secs(1)));
-        let mut drain = Drain::default();
-        drain.apply(*phase.borrow_and_update(), &ctx, self.drain_timeout, 0);
+        run.drain(*phase.borrow_and_update());
         loop {
-            // Fill free slots.
-            while !drain.started() && runners.len() < slots as usize {
-                match queue.claim(&req).await {
-                    Ok(Some(task)) => {
-                        let (tx, rx) = watch::channel(None);
-                        ctx.stops.lock().insert(task.id, tx);
-                        // Every log line of the task's run names it.
-                        let span =
-                            tracing::info_span!("leasehold.task", id = task.id, key = %task.key);
-                        let run = task::run(ctx.clone(), runner.clone(), task, rx);
-                        runners.spawn(run.instrument(span));
-                    }
-                    Ok(None) => break,
-                    Err(e) => {
-                        ctx.report(&format!("cannot claim a task: {e}"));
-                        break;
-                    }
-                }
+            run.fill_slots().await;
+            if run.runners.is_empty() && run.done().await {
+                break;
             }
-            if runners.is_empty() {
-                if drain.started() {
-                    break;
-                }
-                if self.exit_when_idle {
-                    match queue.status().await {
-                        Ok(s)
-                            if s.running == 0
-                                && s.pending.high + s.pending.normal + s.pending.low == 0 =>
-                        {
-                            break
-                        }
-                        Ok(_) => {}
-                        Err(e) => ctx.report(&format!("cannot read the queue status: {e}")),
-                    }
-                }
-            }
-            let drain_at = drain.deadline();
+            let drain_at = run.drain.deadline();
+            let lease = run.name_lease.as_ref();
             tokio::select! {
                 biased;
                 Ok(()) = phase.changed() => {
                     let now = *phase.borrow_and_update();
-                    drain.apply(now, &ctx, self.drain_timeout, runners.len());
+                    run.drain(now);
                 }
-                Some(_) = runners.join_next() => {}
-                _ = async { match &name_lease { Some(g) => g.lost().await, None => std::future::pending().await } } => {
-                    name_lease = None;
-                    name_lost = Instant::now();
-                    if !self.retake_name(&ctx, &mut name_lease, name_lost).await {
-                        drain.apply(Phase::Draining, &ctx, self.drain_timeout, runners.len());
-                    }
+                Some(_) = run.runners.join_next() => {}
+                _ = async { match lease { Some(g) => g.lost().await, None => std::future::pending().await } } => {
+                    run.name_lost().await;
                 }
                 () = async { if let Some(d) = drain_at { tokio::time::sleep_until(d).await } }, if drain_at.is_some() => {
-                    drain.stop_all(&ctx);
+                    run.drain.stop_all(&run.ctx);
                 }
-                _ = beat.tick() => {
-                    // The tasks this worker runs: claims are made by this loop, so none is in
-                    // flight meanwhile.
-                    let running: Vec<u64> = ctx.stops.lock().keys().copied().collect();
-                    match queue.heartbeat(&worker, slots, self.ttl, &running).await {
-                        Ok(asks) => for (id, why) in asks {
-                            ctx.stop(id, match why {
-                                CancelReason::Timeout => StopReason::Timeout,
-                                _ => StopReason::Cancelled,
-                            });
-                        },
-                        Err(e) => ctx.report(&format!("heartbeat failed: {e}")),
-                    }
-                    if name_lease.is_none() && !drain.started() && !self.retake_name(&ctx, &mut name_lease, name_lost).await {
-                        drain.apply(Phase::Draining, &ctx, self.drain_timeout, runners.len());
-                    }
-                    if name_lease.is_some() {
-                        give_back_unknown_claims(&ctx).await;
-                    }
-                }
-                _ = recover.tick() => match queue.recover(self.aging).await {
-                    Ok(r) => {
-                        if let Some(m) = &ctx.metrics {
-                            m.recovered(&r);
-                        }
-                        for id in &r.requeued { tracing::warn!(task = id, "a dead worker's task was requeued"); }
-                        for id in &r.failed { tracing::warn!(task = id, "a dead worker's task was marked failed"); }
-                    }
-                    Err(e) => ctx.report(&format!("queue recovery failed: {e}")),
-                },
+                _ = beat.tick() => run.beat().await,
+                _ = recover.tick() => run.recover().await,
                 // Only while a task could be taken: a full worker is woken by its tasks' ends.
-                () = queue.changed(IDLE_POLL),
-                    if !drain.started() && runners.len() < slots as usize => {}
+                () = self.queue.changed(IDLE_POLL), if run.can_claim() => {}
             }
         }
         drop(cleaner);
-        if let Err(e) = queue.deregister(&worker).await {
-            tracing::debug!(error = %e, "could not deregister");
-        }
-        if let Some(Err(e)) = match &name_lease {
-            Some(g) => Some(g.release().await),
-            None => None,
-        } {
-            tracing::debug!(error = %e, "could not release the worker's name lease");
-        }
-        tracing::info!(worker = %worker, "worker stopped");
+        run.stopped().await;
         Ok(())
     }
 
@@ -569,6 +474,187 @@ impl Worker {
             )),
             other => other,
         }
+    }
+}
+
+/// A running worker's loop state: its tasks' runners, its name lease, its drain.
+struct Rounds<'a, R> {
+    worker: &'a Worker,
+    ctx: Arc<Ctx>,
+    runner: Arc<R>,
+    req: ClaimRequest,
+    runners: JoinSet<()>,
+    /// The name lease; `None` while it is lost and not yet taken back, since `name_lost`.
+    name_lease: Option<crate::LeaseGuard>,
+    name_lost: Instant,
+    drain: Drain,
+}
+
+impl<'a, R: TaskRunner> Rounds<'a, R> {
+    fn new(
+        worker: &'a Worker,
+        name: Arc<str>,
+        runner: Arc<R>,
+        name_lease: Option<crate::LeaseGuard>,
+    ) -> Self {
+        let ctx = Arc::new(Ctx {
+            queue: worker.queue.clone(),
+            locks: worker.locks.clone(),
+            worker: name.clone(),
+            ttl: worker.ttl,
+            lease_wait: worker.lease_wait_or_default(),
+            stop_grace: worker.stop_grace,
+            stops: Mutex::new(HashMap::new()),
+            metrics: worker.metrics.clone(),
+            report: worker.report.clone(),
+        });
+        Rounds {
+            req: ClaimRequest {
+                worker: name.to_string(),
+                max_running: worker.slots,
+                group_limit: worker.group_limit,
+                ttl: worker.ttl,
+            },
+            worker,
+            ctx,
+            runner,
+            runners: JoinSet::new(),
+            name_lease,
+            name_lost: Instant::now(),
+            drain: Drain::default(),
+        }
+    }
+
+    fn drain(&mut self, phase: Phase) {
+        let running = self.runners.len();
+        self.drain
+            .apply(phase, &self.ctx, self.worker.drain_timeout, running);
+    }
+
+    /// Whether a task could be claimed now.
+    fn can_claim(&self) -> bool {
+        !self.drain.started() && self.runners.len() < self.worker.slots as usize
+    }
+
+    /// Claims tasks into the free slots and starts their runs.
+    async fn fill_slots(&mut self) {
+        while self.can_claim() {
+            match self.worker.queue.claim(&self.req).await {
+                Ok(Some(task)) => {
+                    let (tx, rx) = watch::channel(None);
+                    self.ctx.stops.lock().insert(task.id, tx);
+                    // Every log line of the task's run names it.
+                    let span = tracing::info_span!("leasehold.task", id = task.id, key = %task.key);
+                    let run = task::run(self.ctx.clone(), self.runner.clone(), task, rx);
+                    self.runners.spawn(run.instrument(span));
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    self.ctx.report(&format!("cannot claim a task: {e}"));
+                    break;
+                }
+            }
+        }
+    }
+
+    /// With no task running: whether the worker is done (drained, or idle with
+    /// [`Worker::exit_when_idle`] and nothing left in the queue).
+    async fn done(&self) -> bool {
+        if self.drain.started() {
+            return true;
+        }
+        if !self.worker.exit_when_idle {
+            return false;
+        }
+        match self.worker.queue.status().await {
+            Ok(s) => s.running == 0 && s.pending.high + s.pending.normal + s.pending.low == 0,
+            Err(e) => {
+                self.ctx
+                    .report(&format!("cannot read the queue status: {e}"));
+                false
+            }
+        }
+    }
+
+    /// The name lease was lost: take it back, or drain.
+    async fn name_lost(&mut self) {
+        self.name_lease = None;
+        self.name_lost = Instant::now();
+        if !self
+            .worker
+            .retake_name(&self.ctx, &mut self.name_lease, self.name_lost)
+            .await
+        {
+            self.drain(Phase::Draining);
+        }
+    }
+
+    /// The heartbeat: the tasks this worker runs (claims are made by the loop, so none is in
+    /// flight meanwhile), the queue's asks to stop some, the name lease taken back, unknown
+    /// claims given back.
+    async fn beat(&mut self) {
+        let ctx = &self.ctx;
+        let w = self.worker;
+        let running: Vec<u64> = ctx.stops.lock().keys().copied().collect();
+        match w
+            .queue
+            .heartbeat(&ctx.worker, w.slots, w.ttl, &running)
+            .await
+        {
+            Ok(asks) => {
+                for (id, why) in asks {
+                    let why = match why {
+                        CancelReason::Timeout => StopReason::Timeout,
+                        _ => StopReason::Cancelled,
+                    };
+                    ctx.stop(id, why);
+                }
+            }
+            Err(e) => ctx.report(&format!("heartbeat failed: {e}")),
+        }
+        if self.name_lease.is_none()
+            && !self.drain.started()
+            && !w
+                .retake_name(&self.ctx, &mut self.name_lease, self.name_lost)
+                .await
+        {
+            self.drain(Phase::Draining);
+        }
+        if self.name_lease.is_some() {
+            give_back_unknown_claims(&self.ctx).await;
+        }
+    }
+
+    /// The queue's recovery of dead workers' tasks.
+    async fn recover(&self) {
+        match self.worker.queue.recover(self.worker.aging).await {
+            Ok(r) => {
+                if let Some(m) = &self.ctx.metrics {
+                    m.recovered(&r);
+                }
+                for id in &r.requeued {
+                    tracing::warn!(task = id, "a dead worker's task was requeued");
+                }
+                for id in &r.failed {
+                    tracing::warn!(task = id, "a dead worker's task was marked failed");
+                }
+            }
+            Err(e) => self.ctx.report(&format!("queue recovery failed: {e}")),
+        }
+    }
+
+    /// The worker's end: deregistered, its name lease released.
+    async fn stopped(self) {
+        let worker = &self.ctx.worker;
+        if let Err(e) = self.worker.queue.deregister(worker).await {
+            tracing::debug!(error = %e, "could not deregister");
+        }
+        if let Some(g) = &self.name_lease {
+            if let Err(e) = g.release().await {
+                tracing::debug!(error = %e, "could not release the worker's name lease");
+            }
+        }
+        tracing::info!(worker = %worker, "worker stopped");
     }
 }
 
