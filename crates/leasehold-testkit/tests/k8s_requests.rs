@@ -1,6 +1,6 @@
 //! API requests per acquisition on Kubernetes Leases, counted by leasehold-apiserver
 //! (`/debug/requests`), and the dual layer: many tasks of one process contending on one key make
-//! at most one API request in flight for that key at a time. Metrics use the seed ADR-052 names.
+//! at most one API request in flight for that key at a time. Metrics use the `lock_…` names of the Kubernetes Lease pattern (`register_lock_names`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -21,7 +21,7 @@ fn metric(text: &str, name: &str) -> f64 {
 async fn one_request_in_flight_per_key_and_requests_per_acquisition() {
     let server = ApiServer::start();
     let registry = prometheus::Registry::new();
-    let metrics = leasehold::Metrics::register_adr052("llm", &registry).unwrap();
+    let metrics = leasehold::Metrics::register_lock_names("llm", &registry).unwrap();
     let locks = leasehold::connect(&server.store_url("requests"))
         .await
         .unwrap()

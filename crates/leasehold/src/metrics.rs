@@ -16,7 +16,8 @@
 //! | `handoffs_requested_total` | counter | handoff signals raised by a waiter |
 //! | `local_handoffs_total` | counter | leases handed to the next task of the process without a store call |
 //!
-//! [`Metrics::register_adr052`] registers the same metrics under the names of the seed ADR-052
+//! [`Metrics::register_lock_names`] registers the same metrics under the `lock_…` names that
+//! services of the Kubernetes Lease locking pattern record, so that their dashboards keep working
 //! (`<prefix>_lock_acquisition_attempts_total`, `_lock_acquisition_successes_total`,
 //! `_lock_acquisition_failures_total{reason}`, `_lock_acquisition_duration_seconds`,
 //! `_lock_hold_duration_seconds`, `_lock_releases_total`, plus `_lock_renewals_total`,
@@ -42,7 +43,7 @@ const NAMES: Names = [
     "local_handoffs_total",
 ];
 
-const ADR052_NAMES: Names = [
+const LOCK_NAMES: Names = [
     "lock_acquisition_attempts_total",
     "lock_acquisition_successes_total",
     "lock_acquisition_failures_total",
@@ -92,20 +93,21 @@ impl Metrics {
         Self::register_names(prefix, registry, &NAMES)
     }
 
-    /// Creates the metrics under the seed ADR-052 names (`<prefix>_lock_acquisition_attempts_total`
-    /// …, see the module docs) and registers them in `registry`.
+    /// Creates the metrics under the `lock_…` names of the Kubernetes Lease locking pattern's
+    /// services (`<prefix>_lock_acquisition_attempts_total` …, see the module docs) and registers
+    /// them in `registry`.
     ///
     /// # Errors
     /// As [`Metrics::register`].
     ///
     /// ```
     /// let registry = prometheus::Registry::new();
-    /// let m = leasehold::Metrics::register_adr052("llm", &registry).unwrap();
+    /// let m = leasehold::Metrics::register_lock_names("llm", &registry).unwrap();
     /// m.clone(); // hand it to Locks::with_metrics
     /// # let _ = m;
     /// ```
-    pub fn register_adr052(prefix: &str, registry: &Registry) -> Result<Self> {
-        Self::register_names(prefix, registry, &ADR052_NAMES)
+    pub fn register_lock_names(prefix: &str, registry: &Registry) -> Result<Self> {
+        Self::register_names(prefix, registry, &LOCK_NAMES)
     }
 
     fn register_names(prefix: &str, registry: &Registry, n: &Names) -> Result<Self> {
@@ -176,7 +178,7 @@ impl Metrics {
     /// ```
     /// use leasehold::Metrics;
     /// let registry = prometheus::Registry::new();
-    /// let _m = Metrics::register_adr052("llm", &registry)?;
+    /// let _m = Metrics::register_lock_names("llm", &registry)?;
     /// let text = Metrics::render(&registry);
     /// assert!(text.contains("# TYPE llm_lock_acquisition_attempts_total counter"), "{text}");
     /// assert!(text.contains("\nllm_lock_acquisition_attempts_total 0\n"), "{text}");
