@@ -552,8 +552,11 @@ fn files(rt: &Runtime, cfg: &Config, report: &mut Report, dir: &Path) {
     );
 
     let open = |name: &str, fsync: bool| {
-        FileStore::open(dir.join(name), FileOptions { mode: 0o600, fsync })
-            .unwrap_or_else(|e| die(format!("cannot open a file store: {e}")))
+        FileStore::open(
+            dir.join(name),
+            FileOptions::default().with_mode(0o600).with_fsync(fsync),
+        )
+        .unwrap_or_else(|e| die(format!("cannot open a file store: {e}")))
     };
 
     let store: Arc<dyn LockStore> = Arc::new(open("raw", false));

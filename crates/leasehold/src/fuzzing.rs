@@ -12,7 +12,7 @@
 use crate::error::Error;
 use crate::key::{Key, Naming};
 use crate::record::LeaseRecord;
-use crate::stores::LONGEST_URL_DURATION;
+use crate::url::LONGEST_DURATION as LONGEST_URL_DURATION;
 
 /// Reads typed values off the front of fuzz input; past its end, zeros and empty strings.
 #[cfg(any(feature = "kubernetes", feature = "queue"))]
@@ -304,26 +304,22 @@ pub fn url(data: &[u8]) {
             }
         }
     }
-    let Some(scheme) = crate::stores::scheme_of(url) else {
+    let Some(scheme) = crate::url::scheme_of(url) else {
         return;
     };
     let long = |d: std::time::Duration| assert!(d <= LONGEST_URL_DURATION, "{url:?}: {d:?}");
-    let rest = match crate::stores::take_max_clock_skew(url) {
-        Ok((rest, skew)) => {
-            long(skew);
-            rest
-        }
-        Err(e) => return typed(&e, url),
-    };
-    let parsed = crate::stores::parse(&rest);
+    use crate::stores::StoreOptions;
     let result: crate::Result<()> = match scheme.as_str() {
-        "file" => parsed
-            .and_then(|u| crate::stores::file::FileStore::parse_url(&u))
-            .map(drop),
+        "file" => crate::stores::file::FileUrl::from_url(url).map(drop),
+        "memory" => crate::stores::memory::MemoryUrl::from_url(url).map(drop),
+        "record-memory" => {
+            crate::stores::memory::RecordMemoryUrl::from_url(url).map(|o| long(o.max_clock_skew))
+        }
         #[cfg(feature = "redis")]
         "redis" | "rediss" | "redis+unix" | "redis+sentinel" | "rediss+sentinel"
-        | "redis+cluster" | "rediss+cluster" => crate::stores::redis::RedisStore::parse_url(url)
-            .map(|o| {
+        | "redis+cluster" | "rediss+cluster" => crate::stores::redis::RedisOptions::from_url(url)
+            .and_then(|o| {
+                crate::stores::redis::RedisStore::check_options(&o)?;
                 long(o.timeout);
                 o.replicas_timeout.map(long);
                 let fence = o.fence_prefix();
@@ -334,33 +330,40 @@ pub fn url(data: &[u8]) {
                     "{url:?}: prefixes {:?} / {fence:?}",
                     o.prefix
                 );
+                Ok(())
             }),
         #[cfg(feature = "redlock")]
-        "redlock" => crate::stores::redlock::RedlockStore::parse_url(url).map(|(_, o)| {
-            long(o.timeout);
+        "redlock" => crate::stores::redlock::RedlockOptions::from_url(url).map(|o| {
+            long(o.node.timeout);
         }),
         #[cfg(feature = "kubernetes")]
-        "k8s" | "kubernetes" => parsed
-            .and_then(|u| crate::stores::kubernetes::KubernetesStore::options_from_url(&u))
-            .map(|o| long(o.timeout)),
-        #[cfg(feature = "gcs")]
-        "gs" | "gcs" => parsed
-            .and_then(|u| crate::stores::gcs::GcsStore::options_from_url(&u))
-            .map(|o| long(o.timeout)),
-        #[cfg(feature = "s3")]
-        "s3" => parsed
-            .and_then(|u| crate::stores::s3::S3Store::from_url(&u))
-            .map(drop),
-        #[cfg(feature = "azure")]
-        "az" | "azure" => parsed
-            .and_then(|u| crate::stores::azure::AzureStore::from_url(&u))
-            .map(drop),
-        #[cfg(feature = "postgres")]
-        "postgres" | "postgresql" => {
-            crate::stores::postgres::PostgresStore::parse_url(url).map(long)
+        "k8s" | "kubernetes" => {
+            crate::stores::kubernetes::KubernetesOptions::from_url(url).map(|o| {
+                long(o.timeout);
+                long(o.max_clock_skew);
+            })
         }
+        #[cfg(feature = "gcs")]
+        "gs" | "gcs" => crate::stores::gcs::GcsOptions::from_url(url).map(|o| {
+            long(o.timeout);
+            long(o.max_clock_skew);
+        }),
+        #[cfg(feature = "s3")]
+        "s3" => crate::stores::s3::S3Options::from_url(url).and_then(|o| {
+            long(o.max_clock_skew);
+            crate::stores::s3::S3Store::connect(o).map(drop)
+        }),
+        #[cfg(feature = "azure")]
+        "az" | "azure" => crate::stores::azure::AzureOptions::from_url(url).and_then(|o| {
+            long(o.max_clock_skew);
+            crate::stores::azure::AzureStore::connect(o).map(drop)
+        }),
+        #[cfg(feature = "postgres")]
+        "postgres" | "postgresql" => crate::stores::postgres::PostgresOptions::from_url(url)
+            .and_then(|o| o.target())
+            .map(|t| long(t.timeout)),
         #[cfg(feature = "etcd")]
-        "etcd" => crate::stores::etcd::options::parse(url).map(|o| {
+        "etcd" => crate::stores::etcd::EtcdOptions::from_url(url).map(|o| {
             long(o.timeout);
             assert!(!o.prefix.is_empty(), "{url:?}");
         }),
@@ -376,15 +379,16 @@ pub fn url(data: &[u8]) {
 pub fn duration(data: &[u8]) {
     let text = String::from_utf8_lossy(data);
     let text = text.as_ref();
-    match crate::stores::url_duration(text) {
+    match crate::url::duration(text) {
         Ok(d) => assert!(d <= LONGEST_URL_DURATION, "{text:?}: {d:?}"),
         Err(e) => assert!(!e.is_empty()),
     }
     if !text.contains(['&', '#']) {
         let url = format!("record-memory://?max_clock_skew={text}");
-        match crate::stores::take_max_clock_skew(&url) {
-            Ok((rest, skew)) => {
-                assert_eq!(rest, "record-memory://");
+        let mut params = crate::url::Params::of_url(&url);
+        match params.take_max_clock_skew() {
+            Ok(skew) => {
+                assert!(params.finish().is_ok(), "{url:?}");
                 assert!(skew <= LONGEST_URL_DURATION, "{text:?}: {skew:?}");
             }
             Err(e) => typed(&e, &url),

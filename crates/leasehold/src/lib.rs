@@ -56,6 +56,7 @@ pub mod record;
 pub mod store;
 pub mod stores;
 pub mod traced;
+mod url;
 
 mod client;
 
@@ -96,39 +97,7 @@ use std::sync::Arc;
 /// );
 /// ```
 pub fn redact_url(url: &str) -> String {
-    let (main, query) = match url.split_once('?') {
-        Some((m, q)) => (m, Some(q)),
-        None => (url, None),
-    };
-    let main = match url::Url::parse(main) {
-        Ok(mut u) => {
-            if u.password().is_some() {
-                let _ = u.set_password(Some("***"));
-            }
-            u.to_string()
-        }
-        // Not a URL the parser takes (several hosts): whatever precedes an `@` goes.
-        Err(_) => match (main.find("://"), main.rfind('@')) {
-            (Some(s), Some(at)) if at > s => format!("{}***{}", &main[..s + 3], &main[at..]),
-            _ => main.to_owned(),
-        },
-    };
-    let Some(query) = query else { return main };
-    // Names as the stores read them: percent-decoded (`pa%73s` is `pass`).
-    let secret = |k: &str| {
-        let k: String = url::form_urlencoded::parse(k.as_bytes())
-            .map(|(k, v)| k.into_owned() + &v)
-            .collect();
-        matches!(k.as_str(), "pass" | "password" | "sentinel_pass")
-    };
-    let pairs: Vec<String> = query
-        .split('&')
-        .map(|pair| match pair.split_once('=') {
-            Some((k, _)) if secret(k) => format!("{k}=***"),
-            _ => pair.to_owned(),
-        })
-        .collect();
-    format!("{main}?{}", pairs.join("&"))
+    crate::url::redact(url)
 }
 
 /// Opens the store a URL names (see the table in [`stores`]).

@@ -4,6 +4,7 @@
 
 use crate::error::{Error, Result};
 use crate::postgres::tls;
+use crate::url::Params;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_postgres::{Client, GenericClient, Row, Statement};
@@ -95,43 +96,6 @@ impl std::ops::DerefMut for Conn {
     }
 }
 
-/// `url` without the parameters the driver does not know (`timeout`, the TLS parameters, some
-/// of whose values it refuses, and those `own` takes: `Ok(true)` for a pair it took), that
-/// timeout and those TLS parameters.
-pub(crate) fn split_params(
-    url: &str,
-    shown: &str,
-    mut own: impl FnMut(&str) -> Result<bool>,
-) -> Result<(String, Duration, tls::Params)> {
-    let mut tls = tls::Params::default();
-    let Some((base, query)) = url.split_once('?') else {
-        return Ok((url.to_owned(), DEFAULT_TIMEOUT, tls));
-    };
-    let mut timeout = DEFAULT_TIMEOUT;
-    let mut kept = vec![];
-    for pair in query.split('&') {
-        if tls.take(pair, shown)? || own(pair)? {
-            continue;
-        }
-        match pair.strip_prefix("timeout=") {
-            Some(v) => {
-                timeout = crate::stores::url_duration(v)
-                    .ok()
-                    .filter(|d| !d.is_zero())
-                    .ok_or_else(|| Error::InvalidUrl {
-                        url: shown.to_owned(),
-                        reason: format!("timeout {v:?}: expected a duration such as 5s or 500ms"),
-                    })?;
-            }
-            None => kept.push(pair),
-        }
-    }
-    if kept.is_empty() {
-        return Ok((base.to_owned(), timeout, tls));
-    }
-    Ok((format!("{base}?{}", kept.join("&")), timeout, tls))
-}
-
 /// Where and how to connect: a URL's driver settings, bound and TLS, parsed once.
 #[derive(Clone)]
 pub(crate) struct Target {
@@ -153,10 +117,26 @@ impl std::fmt::Debug for Target {
 }
 
 impl Target {
-    /// Parses `url`; `own` takes the caller's own parameters (see [`split_params`]).
-    pub(crate) fn parse(url: &str, own: impl FnMut(&str) -> Result<bool>) -> Result<Self> {
-        let shown = crate::redact_url(url);
-        let (url, timeout, tls) = split_params(url, &shown, own)?;
+    /// Parses `url`: `timeout` and the TLS parameters are the connection's, the rest the
+    /// driver's.
+    pub(crate) fn parse(url: &str) -> Result<Self> {
+        Self::from_params(url, Params::of_url(url))
+    }
+
+    /// Parses `url` whose parameters `params` are, less those a caller took already.
+    pub(crate) fn from_params(url: &str, mut params: Params) -> Result<Self> {
+        let shown = params.shown().to_owned();
+        let timeout = params
+            .take_positive_duration("timeout")?
+            .unwrap_or(DEFAULT_TIMEOUT);
+        let mut tls = tls::Params::default();
+        params.take_raw(|pair| tls.take(pair, &shown))?;
+        // The driver refuses what it does not know.
+        let base = url.split_once('?').map_or(url, |(b, _)| b);
+        let url = match params.rest() {
+            Some(rest) => format!("{base}?{rest}"),
+            None => base.to_owned(),
+        };
         let mut config: tokio_postgres::Config = url.parse().map_err(|e| Error::InvalidUrl {
             url: shown.clone(),
             reason: format!("{e}"),

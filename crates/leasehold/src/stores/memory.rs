@@ -342,3 +342,41 @@ impl RecordStore for RecordMemoryStore {
         version.parse().ok()
     }
 }
+
+/// What a `memory://` URL names: a new [`MemoryStore`] (it takes no parameters).
+#[derive(Debug)]
+pub(crate) struct MemoryUrl;
+
+impl crate::stores::StoreOptions for MemoryUrl {
+    fn from_url(url: &str) -> Result<Self> {
+        crate::url::Params::of_url(url).finish()?;
+        Ok(MemoryUrl)
+    }
+
+    async fn connect(self) -> Result<std::sync::Arc<dyn LockStore>> {
+        Ok(std::sync::Arc::new(MemoryStore::new()))
+    }
+}
+
+/// What a `record-memory://[?max_clock_skew=…]` URL names: a new [`RecordMemoryStore`] behind
+/// the [adapter](crate::adapter).
+#[derive(Debug)]
+pub(crate) struct RecordMemoryUrl {
+    /// The adapter's `max_clock_skew`.
+    pub(crate) max_clock_skew: Duration,
+}
+
+impl crate::stores::StoreOptions for RecordMemoryUrl {
+    fn from_url(url: &str) -> Result<Self> {
+        let mut params = crate::url::Params::of_url(url);
+        let max_clock_skew = params.take_max_clock_skew()?;
+        params.finish()?;
+        Ok(RecordMemoryUrl { max_clock_skew })
+    }
+
+    async fn connect(self) -> Result<std::sync::Arc<dyn LockStore>> {
+        let store = crate::adapter::RecordLockStore::new(RecordMemoryStore::new())
+            .with_max_clock_skew(self.max_clock_skew);
+        Ok(std::sync::Arc::new(store))
+    }
+}

@@ -1,10 +1,15 @@
 //! The stores, and the one registry of the URL schemes that open them.
 //!
 //! Each store is one module here, behind a Cargo feature of the same name (`memory` and `file` are
-//! always built). [`SCHEMES`] lists every scheme once, with its store, its feature and how it is
-//! opened: [`crate::open_store`], the "built without feature X" error
-//! ([`Error::FeatureNotEnabled`]), the "unknown scheme" error and the table below all come from it.
-//! Adding a store is one module, one line in [`SCHEMES`] and one line in the conformance tests.
+//! always built). Every store opens the same way: its options (`RedisOptions`, `S3Options` …) are
+//! read from a URL by `XOptions::from_url`, or built in code, and `XStore::connect(options)` makes
+//! the store (the file store opens a directory: [`file::FileStore::open`]).
+//!
+//! A registry lists every URL scheme once, with its store, its feature and its options type:
+//! [`crate::open_store`] reads the options from the URL and connects, and the "built without
+//! feature X" error ([`Error::FeatureNotEnabled`]), the "unknown scheme" error and the table below
+//! all come from it. Adding a store is one module, one line in the registry and one line in the
+//! conformance tests.
 //!
 //! <!-- schemes:start -->
 //! | URL | store | Cargo feature |
@@ -26,6 +31,7 @@
 
 use crate::error::{Error, Result};
 use crate::store::LockStore;
+use crate::url::{invalid, scheme_of};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -57,6 +63,35 @@ pub(crate) type Opening<'a> = Pin<Box<dyn Future<Output = Result<Arc<dyn LockSto
 /// Opens a store from its whole URL (credentials included).
 pub(crate) type Opener = for<'a> fn(&'a str) -> Opening<'a>;
 
+/// A store's options as its URL gives them, the one way the registry opens every store: the
+/// options from the URL, then the store they make.
+pub(crate) trait StoreOptions: Sized + Send + 'static {
+    /// Whether an [`Error::InvalidOption`] of [`StoreOptions::connect`] is the URL's fault, and
+    /// reported as an [`Error::InvalidUrl`] naming it (the object stores, whose names,
+    /// endpoints and credentials' settings come from the URL).
+    const OPTION_IS_URL_ERROR: bool = false;
+
+    /// The options `url` gives (its scheme is one of the store's), or an [`Error::InvalidUrl`]
+    /// saying what is wrong with it.
+    fn from_url(url: &str) -> Result<Self>;
+
+    /// The store the options make, as a lock store (a store of records behind the
+    /// [adapter](crate::adapter), with the options' `max_clock_skew`).
+    fn connect(self) -> impl Future<Output = Result<Arc<dyn LockStore>>> + Send;
+}
+
+/// Opens the store of options type `O` from `url`: the one [`Opener`] of every registry line.
+fn open_with<O: StoreOptions>(url: &str) -> Opening<'_> {
+    Box::pin(async move {
+        match O::from_url(url)?.connect().await {
+            Err(Error::InvalidOption { name, reason }) if O::OPTION_IS_URL_ERROR => {
+                Err(invalid(url, format!("{name}: {reason}")))
+            }
+            r => r,
+        }
+    })
+}
+
 /// Whether a scheme's store is in this build.
 #[derive(Clone, Copy)]
 enum Availability {
@@ -67,17 +102,19 @@ enum Availability {
     FeatureOff,
 }
 
-/// One family of URL schemes that open the same store.
+/// One family of URL schemes that open the same store: a line of the registry.
 #[derive(Clone, Copy)]
-pub struct Scheme {
+pub(crate) struct Scheme {
     /// The URL schemes (before `://`), lower case.
-    pub schemes: &'static [&'static str],
+    schemes: &'static [&'static str],
     /// The URL forms, for the docs' table.
-    pub forms: &'static str,
+    #[cfg_attr(not(test), allow(dead_code))] // the docs' table, kept by a test
+    forms: &'static str,
     /// The store's module under [`crate::stores`] and what it opens.
-    pub store: (&'static str, &'static str),
+    #[cfg_attr(not(test), allow(dead_code))] // the docs' table, kept by a test
+    store: (&'static str, &'static str),
     /// The Cargo feature that builds it (`None`: always built).
-    pub feature: Option<&'static str>,
+    feature: Option<&'static str>,
     available: Availability,
 }
 
@@ -93,14 +130,15 @@ impl std::fmt::Debug for Scheme {
 
 impl Scheme {
     /// Whether this build can open it.
-    pub fn is_built(&self) -> bool {
+    fn is_built(&self) -> bool {
         matches!(self.available, Availability::Built(_))
     }
 }
 
-/// A registry line for a store behind a feature: `$open` is only named when the feature is on.
+/// A registry line for a store behind a feature: its options type `$opts` is only named when the
+/// feature is on.
 macro_rules! store {
-    ($schemes:expr, $forms:expr, $module:literal, $what:literal, $feature:literal, $open:path) => {
+    ($schemes:expr, $forms:expr, $module:literal, $what:literal, $feature:literal, $opts:ty) => {
         Scheme {
             schemes: &$schemes,
             forms: $forms,
@@ -108,7 +146,7 @@ macro_rules! store {
             feature: Some($feature),
             available: {
                 #[cfg(feature = $feature)]
-                const AVAILABLE: Availability = Availability::Built($open);
+                const AVAILABLE: Availability = Availability::Built(open_with::<$opts>);
                 #[cfg(not(feature = $feature))]
                 const AVAILABLE: Availability = Availability::FeatureOff;
                 AVAILABLE
@@ -120,27 +158,27 @@ macro_rules! store {
 /// A registry line for a store built in every build (`memory`, `file`: their features exist for
 /// symmetry).
 macro_rules! always {
-    ($schemes:expr, $forms:expr, $module:literal, $what:literal, $open:path) => {
+    ($schemes:expr, $forms:expr, $module:literal, $what:literal, $opts:ty) => {
         Scheme {
             schemes: &$schemes,
             forms: $forms,
             store: ($module, $what),
             feature: Some($module),
-            available: Availability::Built($open),
+            available: Availability::Built(open_with::<$opts>),
         }
     };
 }
 
-/// Every URL scheme leasehold knows, in the order of the docs' table.
-pub const SCHEMES: &[Scheme] = &[
-    always!(["file"], "`file:///path/to/dir[?mode=0640&fsync=true]`", "file", "", open_file),
-    always!(["memory"], "`memory://`", "memory", "", open_memory),
+/// Every URL scheme leasehold knows, in the order of the docs' table: the registry.
+pub(crate) const SCHEMES: &[Scheme] = &[
+    always!(["file"], "`file:///path/to/dir[?mode=0640&fsync=true]`", "file", "", file::FileUrl),
+    always!(["memory"], "`memory://`", "memory", "", memory::MemoryUrl),
     always!(
         ["record-memory"],
         "`record-memory://`",
         "memory",
         "the record adapter over memory",
-        open_record_memory
+        memory::RecordMemoryUrl
     ),
     store!(
         ["redis", "rediss", "redis+unix"],
@@ -148,7 +186,7 @@ pub const SCHEMES: &[Scheme] = &[
         "redis",
         "",
         "redis",
-        open_redis
+        redis::RedisOptions
     ),
     store!(
         ["redis+sentinel", "rediss+sentinel"],
@@ -156,7 +194,7 @@ pub const SCHEMES: &[Scheme] = &[
         "redis",
         "Sentinel",
         "redis",
-        open_redis_sentinel
+        redis::RedisOptions
     ),
     store!(
         ["redis+cluster", "rediss+cluster"],
@@ -164,7 +202,7 @@ pub const SCHEMES: &[Scheme] = &[
         "redis",
         "Cluster",
         "redis-cluster",
-        open_redis_cluster
+        redis::RedisOptions
     ),
     store!(
         ["redlock"],
@@ -172,7 +210,7 @@ pub const SCHEMES: &[Scheme] = &[
         "redlock",
         "",
         "redlock",
-        open_redlock
+        redlock::RedlockOptions
     ),
     store!(
         ["k8s", "kubernetes"],
@@ -180,7 +218,7 @@ pub const SCHEMES: &[Scheme] = &[
         "kubernetes",
         "Lease objects",
         "kubernetes",
-        open_kubernetes
+        kubernetes::KubernetesOptions
     ),
     store!(
         ["gs", "gcs"],
@@ -188,7 +226,7 @@ pub const SCHEMES: &[Scheme] = &[
         "gcs",
         "Google Cloud Storage objects",
         "gcs",
-        open_gcs
+        gcs::GcsOptions
     ),
     store!(
         ["s3"],
@@ -196,7 +234,7 @@ pub const SCHEMES: &[Scheme] = &[
         "s3",
         "Amazon S3 and S3-compatible servers",
         "s3",
-        open_s3
+        s3::S3Options
     ),
     store!(
         ["az", "azure"],
@@ -204,7 +242,7 @@ pub const SCHEMES: &[Scheme] = &[
         "azure",
         "Azure Blob Storage",
         "azure",
-        open_azure
+        azure::AzureOptions
     ),
     store!(
         ["postgres", "postgresql"],
@@ -212,7 +250,7 @@ pub const SCHEMES: &[Scheme] = &[
         "postgres",
         "",
         "postgres",
-        open_postgres
+        postgres::PostgresOptions
     ),
     store!(
         ["etcd"],
@@ -220,13 +258,14 @@ pub const SCHEMES: &[Scheme] = &[
         "etcd",
         "",
         "etcd",
-        open_etcd
+        etcd::EtcdOptions
     ),
 ];
 
 /// Where the store names in [`markdown_table`] link to.
+#[cfg(test)]
 #[derive(Debug, Clone, Copy)]
-pub enum Links<'a> {
+enum Links<'a> {
     /// This module's rustdoc page: the always-built stores (`memory`, `file`) link to their
     /// modules, the others are plain names (their modules may be compiled out).
     Rustdoc,
@@ -236,7 +275,8 @@ pub enum Links<'a> {
 
 /// The docs' table of [`SCHEMES`] (Markdown): this module's docs, the README and the book's
 /// stores page carry it, and a test keeps them equal to it.
-pub fn markdown_table(links: Links<'_>) -> String {
+#[cfg(test)]
+fn markdown_table(links: Links<'_>) -> String {
     let mut out = String::from("| URL | store | Cargo feature |\n|---|---|---|\n");
     for s in SCHEMES {
         let (module, what) = s.store;
@@ -259,12 +299,6 @@ pub fn markdown_table(links: Links<'_>) -> String {
     }
     out
 }
-
-/// The longest duration a URL parameter may give (`?timeout=`, `?max_clock_skew=` …): 100 years.
-/// Deadlines are the monotonic clock plus a multiple of a duration, and times in milliseconds
-/// fit a `u64`: a longer duration would overflow them.
-pub(crate) const LONGEST_URL_DURATION: std::time::Duration =
-    std::time::Duration::from_secs(100 * 31_557_600); // `100y`: humantime's years are 365.25 days
 
 /// How long, at least, an object had gone unwritten when the server answered, by the server's
 /// clock: its `Date` header less its `Last-Modified` one, less one second for each header's
@@ -307,37 +341,6 @@ mod server_age_tests {
     }
 }
 
-/// A duration as a URL parameter gives it (`500ms`, `2s`, `1h 30m`), at most
-/// [`LONGEST_URL_DURATION`]; the error says why not.
-pub(crate) fn url_duration(v: &str) -> std::result::Result<std::time::Duration, String> {
-    let d = humantime::parse_duration(v).map_err(|e| e.to_string())?;
-    if d > LONGEST_URL_DURATION {
-        return Err("longer than 100 years".into());
-    }
-    Ok(d)
-}
-
-/// The scheme of a URL, lower case, if it has the `SCHEME://` shape.
-pub(crate) fn scheme_of(url: &str) -> Option<String> {
-    let (s, _) = url.split_once("://")?;
-    let ok = !s.is_empty()
-        && s.chars()
-            .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c));
-    ok.then(|| s.to_ascii_lowercase())
-}
-
-fn invalid(url: &str, reason: impl Into<String>) -> Error {
-    Error::InvalidUrl {
-        url: crate::redact_url(url),
-        reason: reason.into(),
-    }
-}
-
-/// Parses a URL the `url` crate understands (one host), as the stores that take one need.
-pub(crate) fn parse(url: &str) -> Result<url::Url> {
-    url::Url::parse(url).map_err(|e| invalid(url, e.to_string()))
-}
-
 /// Opens the store a URL names ([`crate::open_store`]).
 pub(crate) async fn open(url: &str) -> Result<Arc<dyn LockStore>> {
     let Some(scheme) = scheme_of(url) else {
@@ -366,145 +369,6 @@ pub(crate) async fn open(url: &str) -> Result<Arc<dyn LockStore>> {
             feature: entry.feature.unwrap_or_default(),
         }),
     }
-}
-
-fn open_memory(_url: &str) -> Opening<'_> {
-    Box::pin(async { Ok(Arc::new(memory::MemoryStore::new()) as Arc<dyn LockStore>) })
-}
-
-fn open_record_memory(url: &str) -> Opening<'_> {
-    Box::pin(async move {
-        let (_, skew) = take_max_clock_skew(url)?;
-        let store = crate::adapter::RecordLockStore::new(memory::RecordMemoryStore::new())
-            .with_max_clock_skew(skew);
-        Ok(Arc::new(store) as Arc<dyn LockStore>)
-    })
-}
-
-/// Takes the generic adapter's `max_clock_skew` parameter out of a compare-and-set store's URL:
-/// the URL without it, and its value (default [`crate::adapter::DEFAULT_MAX_CLOCK_SKEW`]).
-pub(crate) fn take_max_clock_skew(url: &str) -> Result<(String, std::time::Duration)> {
-    const NAME: &str = "max_clock_skew";
-    let mut skew = crate::adapter::DEFAULT_MAX_CLOCK_SKEW;
-    let Some((base, query)) = url.split_once('?') else {
-        return Ok((url.to_owned(), skew));
-    };
-    let mut kept = vec![];
-    for pair in query.split('&') {
-        match pair.split_once('=') {
-            Some((NAME, v)) => {
-                skew = url_duration(v).map_err(|e| invalid(url, format!("{NAME}={v}: {e}")))?;
-            }
-            _ if pair == NAME => {
-                return Err(invalid(
-                    url,
-                    format!("{NAME} needs a duration, e.g. {NAME}=5m"),
-                ))
-            }
-            _ => kept.push(pair),
-        }
-    }
-    let rest = if kept.is_empty() {
-        base.to_owned()
-    } else {
-        format!("{base}?{}", kept.join("&"))
-    };
-    Ok((rest, skew))
-}
-
-fn open_file(url: &str) -> Opening<'_> {
-    Box::pin(
-        async move { Ok(Arc::new(file::FileStore::from_url(&parse(url)?)?) as Arc<dyn LockStore>) },
-    )
-}
-
-#[cfg(feature = "redis")]
-fn open_redis(url: &str) -> Opening<'_> {
-    Box::pin(async move {
-        let store = redis::RedisStore::from_url(&parse(url)?).await?;
-        Ok(Arc::new(store) as Arc<dyn LockStore>)
-    })
-}
-
-#[cfg(feature = "redis")]
-fn open_redis_sentinel(url: &str) -> Opening<'_> {
-    Box::pin(async move {
-        let store = redis::RedisStore::from_sentinel_url(url).await?;
-        Ok(Arc::new(store) as Arc<dyn LockStore>)
-    })
-}
-
-#[cfg(feature = "redis-cluster")]
-fn open_redis_cluster(url: &str) -> Opening<'_> {
-    Box::pin(async move {
-        let store = redis::RedisStore::from_cluster_url(url).await?;
-        Ok(Arc::new(store) as Arc<dyn LockStore>)
-    })
-}
-
-#[cfg(feature = "redlock")]
-fn open_redlock(url: &str) -> Opening<'_> {
-    Box::pin(async move {
-        let store = redlock::RedlockStore::from_url(url).await?;
-        Ok(Arc::new(store) as Arc<dyn LockStore>)
-    })
-}
-
-#[cfg(feature = "postgres")]
-fn open_postgres(url: &str) -> Opening<'_> {
-    Box::pin(async move {
-        let store = postgres::PostgresStore::connect(url).await?;
-        Ok(Arc::new(store) as Arc<dyn LockStore>)
-    })
-}
-
-#[cfg(feature = "kubernetes")]
-fn open_kubernetes(url: &str) -> Opening<'_> {
-    Box::pin(async move {
-        let (rest, skew) = take_max_clock_skew(url)?;
-        let store = kubernetes::KubernetesStore::from_url(&parse(&rest)?).await?;
-        let store = crate::adapter::RecordLockStore::new(store).with_max_clock_skew(skew);
-        Ok(Arc::new(store) as Arc<dyn LockStore>)
-    })
-}
-
-#[cfg(feature = "gcs")]
-fn open_gcs(url: &str) -> Opening<'_> {
-    Box::pin(async move {
-        // The store reads `max_clock_skew` too: it is the margin of the `expiresAt` it writes.
-        let (_, skew) = take_max_clock_skew(url)?;
-        let store = gcs::GcsStore::from_url(&parse(url)?).await?;
-        let store = crate::adapter::RecordLockStore::new(store).with_max_clock_skew(skew);
-        Ok(Arc::new(store) as Arc<dyn LockStore>)
-    })
-}
-
-#[cfg(feature = "s3")]
-fn open_s3(url: &str) -> Opening<'_> {
-    Box::pin(async move {
-        let (rest, skew) = take_max_clock_skew(url)?;
-        let store = s3::S3Store::from_url(&parse(&rest)?)?;
-        let store = crate::adapter::RecordLockStore::new(store).with_max_clock_skew(skew);
-        Ok(Arc::new(store) as Arc<dyn LockStore>)
-    })
-}
-
-#[cfg(feature = "azure")]
-fn open_azure(url: &str) -> Opening<'_> {
-    Box::pin(async move {
-        let (rest, skew) = take_max_clock_skew(url)?;
-        let store = azure::AzureStore::from_url(&parse(&rest)?)?;
-        let store = crate::adapter::RecordLockStore::new(store).with_max_clock_skew(skew);
-        Ok(Arc::new(store) as Arc<dyn LockStore>)
-    })
-}
-
-#[cfg(feature = "etcd")]
-fn open_etcd(url: &str) -> Opening<'_> {
-    Box::pin(async move {
-        let store = etcd::EtcdStore::from_url(url).await?;
-        Ok(Arc::new(store) as Arc<dyn LockStore>)
-    })
 }
 
 #[cfg(test)]
@@ -567,11 +431,6 @@ mod tests {
     /// `?max_clock_skew=` wrapped around in milliseconds. Refused before anything connects.
     #[tokio::test]
     async fn durations_past_100_years_are_refused() {
-        assert_eq!(
-            url_duration("100y"),
-            Ok(humantime::parse_duration("100y").unwrap())
-        );
-        assert!(url_duration("101y").unwrap_err().contains("100 years"));
         let long = "500000000000y";
         #[allow(unused_mut)] // one URL per store in this build
         let mut urls = vec![format!("record-memory://?max_clock_skew={long}")];

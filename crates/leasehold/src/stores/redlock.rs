@@ -49,6 +49,7 @@ use crate::store::{
     LockStore, LostReason, ReleaseOutcome, RenewOutcome,
 };
 use crate::stores::redis::{RedisOptions, RedisStore};
+use crate::url::Params;
 use async_trait::async_trait;
 use futures_util::future::{join_all, select_all};
 use std::collections::BTreeMap;
@@ -56,6 +57,89 @@ use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
+
+/// Options of the Redlock store: its nodes and how each is used. `Debug` never shows a
+/// password.
+///
+/// ```
+/// use leasehold::stores::redlock::RedlockOptions;
+/// use std::time::Duration;
+/// let o = RedlockOptions::from_url("redlock://u:s3cret@h1:6379,h2:6379,h3:6379/0?prefix=jobs:lock:")?;
+/// assert_eq!(o.nodes, ["redis://u:s3cret@h1:6379/0", "redis://u:s3cret@h2:6379/0", "redis://u:s3cret@h3:6379/0"]);
+/// assert_eq!((o.node.prefix.as_str(), o.node.timeout), ("jobs:lock:", Duration::from_millis(200)));
+/// assert!(!format!("{o:?}").contains("s3cret"));
+/// # Ok::<(), leasehold::Error>(())
+/// ```
+#[derive(Clone)]
+#[non_exhaustive]
+pub struct RedlockOptions {
+    /// Each node's `redis://` URL (independent primaries; three or five are usual).
+    pub nodes: Vec<String>,
+    /// How every node is used (its [`RedisOptions::url`] is not read): the prefixes, the
+    /// per-node timeout (default 200 ms) and TLS files. Replicas are refused: a majority of
+    /// nodes is Redlock's safeguard.
+    pub node: RedisOptions,
+}
+
+impl std::fmt::Debug for RedlockOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let nodes: Vec<String> = self.nodes.iter().map(|n| crate::redact_url(n)).collect();
+        f.debug_struct("RedlockOptions")
+            .field("nodes", &nodes)
+            .field("node", &self.node)
+            .finish()
+    }
+}
+
+impl RedlockOptions {
+    /// Options for the nodes at `nodes` (`redis://…` each), every other one at its default.
+    pub fn new<S: Into<String>>(nodes: impl IntoIterator<Item = S>) -> Self {
+        RedlockOptions {
+            nodes: nodes.into_iter().map(Into::into).collect(),
+            node: RedisOptions {
+                timeout: Duration::from_millis(200),
+                ..RedisOptions::default()
+            },
+        }
+    }
+
+    /// The options a `redlock://[user:pass@]h1:p1,h2:p2,…[/db][?prefix=…&timeout=…]` URL gives:
+    /// the nodes' `redis://` URLs, and the parameters of a Redis URL (those of
+    /// [`RedisOptions::from_url`]).
+    ///
+    /// # Errors
+    /// [`Error::InvalidUrl`] for a bad server list, database, value or an unknown parameter.
+    pub fn from_url(url: &str) -> Result<Self> {
+        let described = crate::redact_url(url);
+        let list = crate::stores::redis::host_list(url, "redlock", &described)?;
+        let db = list.path;
+        if !db.is_empty() && db.parse::<u32>().is_err() {
+            return Err(Error::InvalidUrl {
+                url: described,
+                reason: "the database must be a number, as in /0".into(),
+            });
+        }
+        let nodes = list
+            .hosts
+            .iter()
+            .map(|host| format!("redis://{}{host}/{db}", list.userinfo));
+        let mut o = RedlockOptions::new(nodes);
+        let mut params = Params::of_query(url, list.query);
+        o.node.read(&mut params)?;
+        params.finish()?;
+        Ok(o)
+    }
+}
+
+impl crate::stores::StoreOptions for RedlockOptions {
+    fn from_url(url: &str) -> Result<Self> {
+        RedlockOptions::from_url(url)
+    }
+
+    async fn connect(self) -> Result<Arc<dyn LockStore>> {
+        Ok(Arc::new(RedlockStore::connect(self).await?))
+    }
+}
 
 /// The Redlock store; see the [module docs](self).
 #[derive(Debug, Clone)]
@@ -76,38 +160,36 @@ struct Health {
 }
 
 impl RedlockStore {
-    /// A store over the nodes at `urls` (`redis://…` each). Nodes are connected on first use, so a
-    /// node that is down at start does not prevent a majority from working.
+    /// A store over the nodes of `options`. Nodes are connected on first use, so a node that is
+    /// down at start does not prevent a majority from working.
     ///
     /// # Errors
-    /// [`Error::InvalidUrl`] for a bad node URL; [`Error::InvalidOption`] for no nodes.
+    /// [`Error::InvalidUrl`] for a bad node URL; [`Error::InvalidOption`] for no nodes, or for
+    /// replicas to wait for.
     ///
     /// ```no_run
     /// # async fn f() -> leasehold::Result<()> {
-    /// use leasehold::stores::redis::RedisOptions;
-    /// use leasehold::stores::redlock::RedlockStore;
-    /// let nodes: Vec<String> = ["10.0.0.1:6379", "10.0.0.2:6379", "10.0.0.3:6379"]
-    ///     .iter()
-    ///     .map(|n| format!("redis://{n}/0"))
-    ///     .collect();
-    /// let store = RedlockStore::connect(&nodes, RedisOptions::default()).await?;
+    /// use leasehold::stores::redlock::{RedlockOptions, RedlockStore};
+    /// let nodes = ["10.0.0.1:6379", "10.0.0.2:6379", "10.0.0.3:6379"].map(|n| format!("redis://{n}/0"));
+    /// let store = RedlockStore::connect(RedlockOptions::new(nodes)).await?;
     /// assert_eq!(store.quorum(), 2);
     /// // The same as `leasehold::connect("redlock://10.0.0.1:6379,10.0.0.2:6379,10.0.0.3:6379/0")`.
     /// # Ok(()) }
     /// ```
-    pub async fn connect(urls: &[String], opts: RedisOptions) -> Result<Self> {
+    pub async fn connect(options: RedlockOptions) -> Result<Self> {
+        let RedlockOptions { nodes: urls, node } = options;
         if urls.is_empty() {
             return Err(Error::option(
                 "nodes",
                 "Redlock needs at least one node (three or five are usual)",
             ));
         }
-        opts.no_replicas()?;
+        node.no_replicas()?;
         let mut nodes = vec![];
-        for u in urls {
+        for u in &urls {
             nodes.push((
                 crate::redact_url(u),
-                RedisStore::connect_inner(u, opts.clone(), true).await?,
+                RedisStore::connect_inner(u, node.clone(), true).await?,
             ));
         }
         let names: Vec<&str> = nodes.iter().map(|(n, _)| n.as_str()).collect();
@@ -116,41 +198,9 @@ impl RedlockStore {
             quorum: nodes.len() / 2 + 1,
             health: nodes.iter().map(|_| Health::default()).collect(),
             nodes,
-            timeout: opts.timeout,
+            timeout: node.timeout,
             described,
         })
-    }
-
-    /// Parses `redlock://[user:pass@]h1:p1,h2:p2,…[/db][?prefix=…&timeout=…]`.
-    pub(crate) async fn from_url(url: &str) -> Result<Self> {
-        let (urls, opts) = Self::parse_url(url)?;
-        Self::connect(&urls, opts).await
-    }
-
-    /// The nodes' `redis://` URLs and the options a `redlock://` URL gives.
-    pub(crate) fn parse_url(url: &str) -> Result<(Vec<String>, RedisOptions)> {
-        let described = crate::redact_url(url);
-        let list = crate::stores::redis::host_list(url, "redlock", &described)?;
-        let db = list.path;
-        if !db.is_empty() && db.parse::<u32>().is_err() {
-            return Err(Error::InvalidUrl {
-                url: described,
-                reason: "the database must be a number, as in /0".into(),
-            });
-        }
-        let urls: Vec<String> = list
-            .hosts
-            .iter()
-            .map(|host| format!("redis://{}{host}/{db}", list.userinfo))
-            .collect();
-        let query = list.query;
-        let defaults = RedisOptions {
-            timeout: Duration::from_millis(200),
-            ..RedisOptions::default()
-        };
-        let opts =
-            RedisOptions::from_query(url, url::form_urlencoded::parse(query.as_bytes()), defaults)?;
-        Ok((urls, opts))
     }
 
     /// The first node (there is always one), whose calls every node can be sent.

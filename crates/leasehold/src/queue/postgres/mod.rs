@@ -158,7 +158,7 @@ impl PgQueue {
     /// [`Error::InvalidUrl`] for a URL the driver refuses; [`Error::Unavailable`] when the server
     /// cannot be reached; a store error when the schema cannot be created.
     pub async fn connect(url: &str) -> Result<Self> {
-        let target = Target::parse(url, |_| Ok(false))?;
+        let target = Target::parse(url)?;
         let (shown, timeout) = (target.shown.clone(), target.timeout);
         let notify = Arc::new(Notify::new());
         let mut client = target.connect(CHANNEL, waker(&notify)).await?;

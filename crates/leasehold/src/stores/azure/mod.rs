@@ -37,59 +37,22 @@
 //! (Apache Arrow) has no conditional delete, and the Azure SDK crates would bring their own HTTP
 //! stack for five request kinds.
 
+mod options;
 mod sharedkey;
 
 pub use sharedkey::{AzureCredentials, DEV_ACCOUNT};
+
+pub use options::AzureOptions;
 
 use crate::error::{Error, Result};
 use crate::stores::object::sign::{times, uri_encode};
 use crate::stores::object::transport::Body;
 use crate::stores::object::{object_record_store, xml_values, Backend, Call, Objects, Page};
 use hyper::Request;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 /// The Blob service API version of every request.
 const API_VERSION: &str = "2021-08-06";
-
-/// How to reach a container; every default is stated. `Debug` never shows a key.
-///
-/// ```
-/// use leasehold::stores::azure::{AzureCredentials, AzureOptions};
-/// let mut o = AzureOptions::new("locks");
-/// o.credentials = Some(AzureCredentials::new("acct", "a2V5"));
-/// assert!(!format!("{o:?}").contains("a2V5"));
-/// ```
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct AzureOptions {
-    /// The container (it must exist).
-    pub container: String,
-    /// Blob names start with this (a `/` is added); default empty.
-    pub prefix: String,
-    /// The storage account; `None`: the credentials' or the environment's.
-    pub account: Option<String>,
-    /// The Blob endpoint, e.g. `http://127.0.0.1:10000/devstoreaccount1`; `None`: the
-    /// connection string's, else `https://ACCOUNT.blob.core.windows.net`.
-    pub endpoint: Option<String>,
-    /// The account and key; `None`: from the environment (see the module documentation).
-    pub credentials: Option<AzureCredentials>,
-    /// Per-request timeout. Default 10 s.
-    pub timeout: Duration,
-}
-
-impl AzureOptions {
-    /// The options for `container`, every other one at its default.
-    pub fn new(container: impl Into<String>) -> Self {
-        AzureOptions {
-            container: container.into(),
-            prefix: String::new(),
-            account: None,
-            endpoint: None,
-            credentials: None,
-            timeout: Duration::from_secs(10),
-        }
-    }
-}
 
 /// How requests reach the container.
 #[derive(Debug)]
@@ -240,39 +203,6 @@ impl AzureStore {
             409 => Ok(false),
             _ => Err(self.objects.refused("create container", &a)),
         }
-    }
-
-    /// Opens the store an `az://` (or `azure://`) URL names (credentials from the environment).
-    ///
-    /// # Errors
-    /// [`Error::InvalidUrl`] for a bad container, endpoint, timeout or unknown parameter, or
-    /// when no credentials are found.
-    pub fn from_url(url: &url::Url) -> Result<Self> {
-        let bad = |reason: String| Error::InvalidUrl {
-            url: crate::redact_url(url.as_str()),
-            reason,
-        };
-        let mut o = AzureOptions::new(url.host_str().unwrap_or_default());
-        o.prefix = url.path().trim_start_matches('/').to_owned();
-        for (k, v) in url.query_pairs() {
-            match k.as_ref() {
-                "account" => o.account = Some(v.into_owned()),
-                "endpoint" => o.endpoint = Some(v.into_owned()),
-                "timeout" => {
-                    o.timeout = crate::stores::url_duration(&v)
-                        .map_err(|e| bad(format!("timeout={v}: {e}")))?;
-                }
-                other => {
-                    return Err(bad(format!(
-                        "unknown parameter {other:?} (known: account, endpoint, timeout, max_clock_skew)"
-                    )))
-                }
-            }
-        }
-        Self::connect(o).map_err(|e| match e {
-            Error::InvalidOption { name, reason } => bad(format!("{name}: {reason}")),
-            e => e,
-        })
     }
 
     /// Connects with `options` (no request is sent until the first operation).

@@ -126,11 +126,10 @@ impl EtcdStore {
     /// ```no_run
     /// # async fn f() -> leasehold::Result<()> {
     /// use leasehold::stores::etcd::{EtcdOptions, EtcdStore};
-    /// let opts = EtcdOptions {
-    ///     endpoints: vec!["http://10.0.0.1:2379".into(), "http://10.0.0.2:2379".into()],
-    ///     prefix: "jobs/".into(),
-    ///     ..EtcdOptions::default()
-    /// };
+    /// let mut opts = EtcdOptions::default();
+    /// opts.endpoints = vec!["http://10.0.0.1:2379".into(), "http://10.0.0.2:2379".into()];
+    /// opts.prefix = "jobs/".into();
+    /// // The same as EtcdOptions::from_url("etcd://10.0.0.1:2379,10.0.0.2:2379?prefix=jobs/")?
     /// let locks = leasehold::Locks::new(EtcdStore::connect(opts).await?);
     /// let guard = locks.lock("nightly-report")?.acquire().await?;
     /// println!("fence {}", guard.fence()); // pass it to whatever the lock protects
@@ -178,11 +177,6 @@ impl EtcdStore {
             })
             .await?;
         Ok(store)
-    }
-
-    /// Parses an `etcd://` URL ([`options`]) and connects.
-    pub(crate) async fn from_url(url: &str) -> Result<Self> {
-        Self::connect(options::parse(url)?).await
     }
 
     /// One call with the store's client, bounded by its timeout.

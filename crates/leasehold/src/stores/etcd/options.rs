@@ -1,7 +1,8 @@
 //! The etcd store's options ([`EtcdOptions`]) and its URL:
 //! `etcd://[user:pass@]host1:2379,host2:2379[?prefix=…&timeout=…&tls=true&ca=…&cert=…&key=…]`.
 
-use crate::error::{Error, Result};
+use crate::error::Result;
+use crate::url::Params;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -18,14 +19,16 @@ pub const LABEL_LIMIT: usize = 512 << 10;
 ///
 /// ```
 /// use leasehold::stores::etcd::EtcdOptions;
-/// let opts = EtcdOptions {
-///     user: Some(("locker".into(), "s3cret".into())),
-///     ..EtcdOptions::default()
-/// };
+/// let mut opts = EtcdOptions::default();
+/// opts.user = Some(("locker".into(), "s3cret".into()));
 /// assert_eq!(opts.prefix, "leasehold/");
 /// assert!(!format!("{opts:?}").contains("s3cret"));
+/// let opts = EtcdOptions::from_url("etcd://locker:s3cret@10.0.0.1:2379,10.0.0.2:2379?prefix=jobs/")?;
+/// assert_eq!(opts.endpoints, ["http://10.0.0.1:2379", "http://10.0.0.2:2379"]);
+/// # Ok::<(), leasehold::Error>(())
 /// ```
 #[derive(Clone)]
+#[non_exhaustive]
 pub struct EtcdOptions {
     /// The members' client URLs (`http://host:port`, or `https://…` with TLS).
     pub endpoints: Vec<String>,
@@ -74,98 +77,90 @@ impl std::fmt::Debug for EtcdOptions {
     }
 }
 
-/// Parses an `etcd://` URL into options.
-///
-/// # Errors
-/// [`Error::InvalidUrl`] naming what is wrong (a member without a port, an unknown parameter, a
-/// bad duration, `cert` without `key`).
-pub(crate) fn parse(url: &str) -> Result<EtcdOptions> {
-    let described = crate::redact_url(url);
-    let bad = |reason: String| Error::InvalidUrl {
-        url: described.clone(),
-        reason,
-    };
-    let rest = url
-        .split_once("://")
-        .map(|(_, r)| r)
-        .ok_or_else(|| bad("expected etcd://host1:2379,host2:2379".into()))?;
-    let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
-    let authority = rest.trim_end_matches('/');
-    if authority.contains('/') {
-        return Err(bad(
-            "no path is taken: etcd://host1:2379,host2:2379[?prefix=…]".into(),
-        ));
-    }
-    let (user, hosts) = match authority.rsplit_once('@') {
-        Some((u, h)) => {
-            let (name, pass) = u.split_once(':').unwrap_or((u, ""));
-            let decode = |s: &str| {
-                url::form_urlencoded::parse(format!("x={s}").as_bytes())
-                    .next()
-                    .map(|(_, v)| v.into_owned())
-                    .unwrap_or_default()
-            };
-            (Some((decode(name), decode(pass))), h)
+impl EtcdOptions {
+    /// Parses `etcd://[user:pass@]host1:2379,host2:2379[?prefix=…&timeout=…&tls=true&ca=…&cert=…&key=…]`.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidUrl`] naming what is wrong (a member without a port, an unknown parameter,
+    /// a bad duration, `cert` without `key`).
+    pub fn from_url(url: &str) -> Result<Self> {
+        let mut params = Params::of_url(url);
+        let rest = url
+            .split_once("://")
+            .map(|(_, r)| r)
+            .ok_or_else(|| params.invalid("expected etcd://host1:2379,host2:2379"))?;
+        let rest = rest.split_once('?').map_or(rest, |(r, _)| r);
+        let authority = rest.trim_end_matches('/');
+        if authority.contains('/') {
+            return Err(params.invalid("no path is taken: etcd://host1:2379,host2:2379[?prefix=…]"));
         }
-        None => (None, authority),
-    };
-    let mut opts = EtcdOptions {
-        user,
-        ..EtcdOptions::default()
-    };
-    let mut hosts_seen = vec![];
-    for host in hosts.split(',') {
-        match host.rsplit_once(':') {
-            Some((h, p)) if !h.is_empty() && p.parse::<u16>().is_ok() => {
-                hosts_seen.push(host.to_owned())
+        let (user, hosts) = match authority.rsplit_once('@') {
+            Some((u, h)) => {
+                let (name, pass) = u.split_once(':').unwrap_or((u, ""));
+                let decode = |s: &str| {
+                    url::form_urlencoded::parse(format!("x={s}").as_bytes())
+                        .next()
+                        .map(|(_, v)| v.into_owned())
+                        .unwrap_or_default()
+                };
+                (Some((decode(name), decode(pass))), h)
             }
-            _ => {
-                return Err(bad(format!(
-                    "bad member {host:?}: expected host:port, e.g. 127.0.0.1:2379"
-                )))
-            }
-        }
-    }
-    let (mut cert, mut key) = (None, None);
-    for (k, v) in url::form_urlencoded::parse(query.as_bytes()) {
-        match &*k {
-            "prefix" if !v.is_empty() => opts.prefix = v.into_owned(),
-            "prefix" => return Err(bad("prefix must not be empty".into())),
-            "timeout" => {
-                opts.timeout = crate::stores::url_duration(&v)
-                    .ok()
-                    .filter(|d| !d.is_zero())
-                    .ok_or_else(|| bad(format!("timeout={v}: expected a duration, e.g. 2s")))?
-            }
-            "tls" => {
-                opts.tls = match &*v {
-                    "true" | "1" => true,
-                    "false" | "0" => false,
-                    _ => return Err(bad(format!("tls={v}: expected true or false"))),
+            None => (None, authority),
+        };
+        let mut opts = EtcdOptions {
+            user,
+            ..EtcdOptions::default()
+        };
+        let mut hosts_seen = vec![];
+        for host in hosts.split(',') {
+            match host.rsplit_once(':') {
+                Some((h, p)) if !h.is_empty() && p.parse::<u16>().is_ok() => {
+                    hosts_seen.push(host.to_owned())
+                }
+                _ => {
+                    return Err(params.invalid(format!(
+                        "bad member {host:?}: expected host:port, e.g. 127.0.0.1:2379"
+                    )))
                 }
             }
-            "ca" => opts.ca_file = Some(PathBuf::from(&*v)),
-            "cert" => cert = Some(PathBuf::from(&*v)),
-            "key" => key = Some(PathBuf::from(&*v)),
-            other => {
-                return Err(bad(format!(
-                    "unknown parameter {other:?} (known: prefix, timeout, tls, ca, cert, key)"
-                )))
-            }
         }
+        match params.take_str("prefix") {
+            Some(p) if p.is_empty() => return Err(params.invalid("prefix must not be empty")),
+            Some(p) => opts.prefix = p,
+            None => {}
+        }
+        if let Some(t) = params.take_positive_duration("timeout")? {
+            opts.timeout = t;
+        }
+        if let Some(tls) = params.take_bool("tls")? {
+            opts.tls = tls;
+        }
+        opts.ca_file = params.take_path("ca");
+        let (cert, key) = (params.take_path("cert"), params.take_path("key"));
+        opts.client_cert = match (cert, key) {
+            (Some(c), Some(k)) => Some((c, k)),
+            (None, None) => None,
+            _ => return Err(params.invalid("cert and key are given together")),
+        };
+        params.finish()?;
+        opts.tls |= opts.ca_file.is_some() || opts.client_cert.is_some();
+        let scheme = if opts.tls { "https" } else { "http" };
+        opts.endpoints = hosts_seen
+            .iter()
+            .map(|h| format!("{scheme}://{h}"))
+            .collect();
+        Ok(opts)
     }
-    opts.client_cert = match (cert, key) {
-        (Some(c), Some(k)) => Some((c, k)),
-        (None, None) => None,
-        _ => return Err(bad("cert and key are given together".into())),
-    };
-    opts.tls |= opts.ca_file.is_some() || opts.client_cert.is_some();
-    let scheme = if opts.tls { "https" } else { "http" };
-    opts.endpoints = hosts_seen
-        .iter()
-        .map(|h| format!("{scheme}://{h}"))
-        .collect();
-    Ok(opts)
+}
+
+impl crate::stores::StoreOptions for EtcdOptions {
+    fn from_url(url: &str) -> Result<Self> {
+        EtcdOptions::from_url(url)
+    }
+
+    async fn connect(self) -> Result<std::sync::Arc<dyn crate::LockStore>> {
+        Ok(std::sync::Arc::new(super::EtcdStore::connect(self).await?))
+    }
 }
 
 /// How the store names itself in messages: `etcd://` and its members, no credentials.
@@ -187,6 +182,10 @@ pub(crate) fn describe(opts: &EtcdOptions) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn parse(url: &str) -> Result<EtcdOptions> {
+        EtcdOptions::from_url(url)
+    }
 
     fn err(url: &str) -> String {
         parse(url).err().map(|e| e.to_string()).unwrap_or_default()

@@ -66,39 +66,15 @@ use std::time::Duration;
 mod boot;
 mod notify;
 mod ofd;
+mod options;
 
 use notify::Notifier;
 use ofd::{ofd_lock, HOLD, MUTATE};
+pub use options::FileOptions;
+pub(crate) use options::FileUrl;
 
 const EXT: &str = ".lease";
 const KERNEL_LOCK: &str = "kernel_lock";
-
-/// Options of the file store; the `mode` and `fsync` parameters of a `file://` URL.
-///
-/// ```
-/// use leasehold::stores::file::{FileOptions, FileStore};
-/// let dir = tempfile::tempdir().unwrap();
-/// let shared = FileOptions { mode: 0o640, fsync: true }; // group may read; fdatasync each write
-/// assert!(FileStore::open(dir.path(), shared).is_ok());
-/// let unreadable = FileOptions { mode: 0o200, ..FileOptions::default() };
-/// assert!(FileStore::open(dir.path(), unreadable).is_err(), "must include 0600");
-/// ```
-#[derive(Debug, Clone)]
-pub struct FileOptions {
-    /// Mode of created record files (default 0o600).
-    pub mode: u32,
-    /// `fdatasync` after every record write (default false).
-    pub fsync: bool,
-}
-
-impl Default for FileOptions {
-    fn default() -> Self {
-        FileOptions {
-            mode: crate::fsmode::DEFAULT,
-            fsync: false,
-        }
-    }
-}
 
 /// The file store. See the [module docs](self).
 ///
@@ -720,50 +696,24 @@ impl FileStore {
         })
     }
 
-    /// Opens the directory a `file://` URL names, with the options of its query
-    /// ([`FileStore::parse_url`]).
-    pub(crate) fn from_url(url: &url::Url) -> Result<Self> {
-        let (path, opts) = Self::parse_url(url)?;
-        Self::open(path, opts)
-    }
-
-    /// Parses a `file://` URL: the directory, and the query's `mode` (octal) and `fsync`
-    /// (`true`/`false`).
-    pub(crate) fn parse_url(url: &url::Url) -> Result<(PathBuf, FileOptions)> {
-        let bad = |reason: String| Error::InvalidUrl {
-            url: crate::redact_url(url.as_str()),
-            reason,
-        };
-        if !matches!(url.host_str(), None | Some("") | Some("localhost")) {
-            return Err(bad(
-                "a file:// URL names a local directory: file:///path/to/dir".into(),
-            ));
-        }
-        let path = url
-            .to_file_path()
-            .map_err(|()| bad("not an absolute directory path".into()))?;
-        let mut opts = FileOptions::default();
-        for (k, v) in url.query_pairs() {
-            match &*k {
-                "mode" => {
-                    opts.mode = u32::from_str_radix(&v, 8)
-                        .map_err(|_| bad(format!("mode {v:?} is not octal")))?
-                }
-                "fsync" => {
-                    opts.fsync = match &*v {
-                        "true" | "1" | "yes" => true,
-                        "false" | "0" | "no" => false,
-                        _ => return Err(bad(format!("fsync {v:?} is not true/false"))),
-                    }
-                }
-                other => {
-                    return Err(bad(format!(
-                        "unknown parameter {other:?} (known: mode, fsync)"
-                    )))
-                }
-            }
-        }
-        Ok((path, opts))
+    /// Opens the directory a `file:///path/to/dir[?mode=0640&fsync=true]` URL names, with the
+    /// options of its query ([`FileOptions`]).
+    ///
+    /// # Errors
+    /// [`Error::InvalidUrl`] for a URL that names no local directory or has a bad or unknown
+    /// parameter; then as [`open`](Self::open).
+    ///
+    /// ```
+    /// use leasehold::stores::file::FileStore;
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let url = format!("file://{}?mode=0640", dir.path().display());
+    /// let store = FileStore::from_url(&url)?;
+    /// assert_eq!(store.dir(), dir.path());
+    /// # Ok::<(), leasehold::Error>(())
+    /// ```
+    pub fn from_url(url: &str) -> Result<Self> {
+        let FileUrl { dir, options } = crate::stores::StoreOptions::from_url(url)?;
+        Self::open(dir, options)
     }
 
     /// The store directory, as given to [`open`](Self::open) (see there for an example).

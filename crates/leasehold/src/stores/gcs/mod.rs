@@ -47,6 +47,7 @@
 
 mod client;
 pub(crate) mod object;
+mod options;
 #[cfg(test)]
 mod tests;
 
@@ -56,6 +57,7 @@ use crate::record::LeaseRecord;
 use crate::store::{Capabilities, RecordStore, Stored};
 use async_trait::async_trait;
 use client::{Auth, Client, Read};
+pub use options::GcsOptions;
 use parking_lot::Mutex;
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
@@ -89,52 +91,6 @@ const MAX_NAME: usize = 1024;
 /// Hex digits of SHA-256 in a shortened object name.
 const HASH_HEX: usize = 32;
 
-/// How to reach the bucket and name objects. `Debug` shows no secret (there is none here:
-/// credentials come from the environment's chain, never from options).
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct GcsOptions {
-    /// The bucket (it must exist).
-    pub bucket: String,
-    /// The object name prefix; `locks` puts key `K` at `locks/K`. Default empty.
-    pub prefix: String,
-    /// A JSON API endpoint to use without credentials (an emulator, `http://127.0.0.1:4443`);
-    /// `None`: `STORAGE_EMULATOR_HOST` if set, else [`GOOGLE_ENDPOINT`] with Google credentials.
-    pub endpoint: Option<String>,
-    /// Per-request timeout. Default 10 s.
-    pub timeout: Duration,
-    /// How long a lease or waiter registration written by another client (an object without
-    /// leasehold's field, or whose field describes another lease) lasts: it is over once a
-    /// contender has seen it unchanged for this long. It must be at least that client's lease
-    /// length (the seed service renews well within it). Default [`DEFAULT_FOREIGN_TTL`].
-    pub foreign_ttl: Duration,
-    /// The largest difference between machines' wall clocks assumed; give the adapter's
-    /// ([`crate::adapter::RecordLockStore::with_max_clock_skew`]) the same. The `expiresAt`
-    /// written for the other client is the lease's expiry plus this margin, because that client
-    /// judges it on its own wall clock with none. Default
-    /// [`crate::adapter::DEFAULT_MAX_CLOCK_SKEW`].
-    pub max_clock_skew: Duration,
-}
-
-impl GcsOptions {
-    /// Options for `bucket`, every other one at its default.
-    ///
-    /// ```
-    /// let o = leasehold::stores::gcs::GcsOptions::new("my-bucket");
-    /// assert_eq!((o.prefix.as_str(), o.endpoint, o.timeout.as_secs()), ("", None, 10));
-    /// ```
-    pub fn new(bucket: impl Into<String>) -> Self {
-        GcsOptions {
-            bucket: bucket.into(),
-            prefix: String::new(),
-            endpoint: None,
-            timeout: Duration::from_secs(10),
-            foreign_ttl: DEFAULT_FOREIGN_TTL,
-            max_clock_skew: crate::adapter::DEFAULT_MAX_CLOCK_SKEW,
-        }
-    }
-}
-
 /// An object as last read or written: its generation and its JSON.
 type Seen = (String, Map<String, Value>);
 
@@ -163,102 +119,31 @@ impl fmt::Debug for GcsStore {
     }
 }
 
-fn valid_bucket(b: &str) -> bool {
-    (3..=222).contains(&b.len())
-        && b.bytes()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || b"._-".contains(&c))
-        && b.starts_with(|c: char| c.is_ascii_alphanumeric())
-        && b.ends_with(|c: char| c.is_ascii_alphanumeric())
-}
-
 impl GcsStore {
-    /// Opens the store a `gs://BUCKET/PREFIX` or `gcs://…` URL names (`?endpoint=`,
-    /// `?timeout=`, `?foreign_ttl=`, `?max_clock_skew=`).
-    ///
-    /// # Errors
-    /// [`Error::InvalidUrl`] for a bad bucket, prefix, endpoint, timeout or unknown parameter;
-    /// [`Error::Unavailable`] when no Google credentials can be found (and no emulator is named).
-    pub async fn from_url(url: &url::Url) -> Result<Self> {
-        let o = Self::options_from_url(url)?;
-        Self::connect(o).await.map_err(|e| match e {
-            Error::InvalidOption { name, reason } => Error::InvalidUrl {
-                url: crate::redact_url(url.as_str()),
-                reason: format!("{name}: {reason}"),
-            },
-            e => e,
-        })
-    }
-
-    /// The options a `gs://` URL gives, before anything is checked or connected.
-    pub(crate) fn options_from_url(url: &url::Url) -> Result<GcsOptions> {
-        let bad = |reason: String| Error::InvalidUrl {
-            url: crate::redact_url(url.as_str()),
-            reason,
-        };
-        let bucket = url.host_str().unwrap_or_default();
-        if bucket.is_empty() {
-            return Err(bad("expected gs://BUCKET/PREFIX".into()));
-        }
-        let mut o = GcsOptions::new(bucket);
-        o.prefix = percent_encoding::percent_decode_str(url.path())
-            .decode_utf8()
-            .map_err(|e| bad(format!("the prefix is not UTF-8: {e}")))?
-            .into_owned();
-        for (k, v) in url.query_pairs() {
-            match k.as_ref() {
-                "endpoint" => o.endpoint = Some(v.into_owned()),
-                "timeout" | "foreign_ttl" | "max_clock_skew" => {
-                    let d = crate::stores::url_duration(&v)
-                        .map_err(|e| bad(format!("{k}={v}: {e}")))?;
-                    match k.as_ref() {
-                        "timeout" => o.timeout = d,
-                        "foreign_ttl" => o.foreign_ttl = d,
-                        _ => o.max_clock_skew = d,
-                    }
-                }
-                other => {
-                    return Err(bad(format!(
-                        "unknown parameter {other:?} (known: endpoint, timeout, foreign_ttl, max_clock_skew)"
-                    )))
-                }
-            }
-        }
-        Ok(o)
-    }
-
-    /// Connects with `options`.
+    /// Connects with `options`: the store of records; [`crate::adapter::RecordLockStore`] over
+    /// it (with the same `max_clock_skew`) is the lock store, as `open_store("gs://…")` makes it.
     ///
     /// # Errors
     /// [`Error::InvalidOption`] for a bad bucket, prefix, endpoint or timeout;
     /// [`Error::Unavailable`] when no Google credentials can be found (and no emulator is named).
+    ///
+    /// ```no_run
+    /// # async fn f() -> leasehold::Result<()> {
+    /// use leasehold::{adapter::RecordLockStore, stores::gcs::{GcsOptions, GcsStore}, Locks};
+    /// let o = GcsOptions::from_url("gs://my-bucket/locks?timeout=5s")?;
+    /// let skew = o.max_clock_skew;
+    /// let store = RecordLockStore::new(GcsStore::connect(o).await?).with_max_clock_skew(skew);
+    /// let locks = Locks::new(store);
+    /// # drop(locks); Ok(()) }
+    /// ```
     pub async fn connect(options: GcsOptions) -> Result<Self> {
-        if !valid_bucket(&options.bucket) {
-            return Err(Error::option(
-                "bucket",
-                format!(
-                    "{:?} is not a bucket name ([a-z0-9._-], 3 to 222 characters, starting and ending alphanumeric)",
-                    options.bucket
-                ),
-            ));
-        }
+        options.check()?;
         let prefix = options.prefix.trim_matches('/');
-        if prefix.len() > MAX_NAME / 2 || prefix.chars().any(char::is_control) {
-            return Err(Error::option(
-                "prefix",
-                format!("{prefix:?}: at most 512 bytes, no control characters"),
-            ));
-        }
         let prefix = if prefix.is_empty() {
             String::new()
         } else {
             format!("{prefix}/")
         };
-        if options.timeout.is_zero() {
-            return Err(Error::option("timeout", "must be more than zero"));
-        }
-        if options.foreign_ttl.is_zero() {
-            return Err(Error::option("foreign_ttl", "must be more than zero"));
-        }
         let emulator = std::env::var(EMULATOR_ENV).ok().filter(|h| !h.is_empty());
         // An endpoint named by the option or the variable is an emulator: no credentials.
         let (endpoint, via, anonymous) = match (&options.endpoint, emulator) {
@@ -273,14 +158,7 @@ impl GcsStore {
             }
             (None, None) => (GOOGLE_ENDPOINT.to_owned(), String::new(), false),
         };
-        let parsed = url::Url::parse(&endpoint)
-            .map_err(|e| Error::option("endpoint", format!("{endpoint:?}: {e}")))?;
-        if !matches!(parsed.scheme(), "http" | "https") || parsed.host_str().is_none() {
-            return Err(Error::option(
-                "endpoint",
-                format!("{endpoint:?}: expected http://HOST:PORT or https://HOST:PORT"),
-            ));
-        }
+        options::check_endpoint(&endpoint)?;
         let describe = format!("gs://{}/{prefix}{via}", options.bucket);
         let auth = if !anonymous {
             let provider = tokio::time::timeout(options.timeout, gcp_auth::provider()).await;

@@ -193,23 +193,20 @@ async fn options_are_checked() {
         })
     ));
     let url = url::Url::parse("gs://bucket/p?endpoint=http://127.0.0.1:9&nope=1").unwrap();
-    let e = GcsStore::from_url(&url).await.unwrap_err().to_string();
+    let e = from_url(&url).await.unwrap_err().to_string();
     assert!(e.contains("unknown parameter \"nope\""), "{e}");
     let url = url::Url::parse("gs://bucket/p?endpoint=http://127.0.0.1:9&timeout=3s").unwrap();
-    let s = GcsStore::from_url(&url).await.unwrap();
+    let s = from_url(&url).await.unwrap();
     assert_eq!(s.describe(), "gs://bucket/p/?endpoint=http://127.0.0.1:9");
-    let o = GcsStore::options_from_url(
-        &url::Url::parse("gs://bucket/p?foreign_ttl=3s&max_clock_skew=30s").unwrap(),
-    )
-    .unwrap();
+    let o = GcsOptions::from_url("gs://bucket/p?foreign_ttl=3s&max_clock_skew=30s").unwrap();
     assert_eq!(
         (o.foreign_ttl, o.max_clock_skew),
         (Duration::from_secs(3), Duration::from_secs(30))
     );
-    let o = GcsStore::options_from_url(&url::Url::parse("gs://bucket/p").unwrap()).unwrap();
+    let o = GcsOptions::from_url("gs://bucket/p").unwrap();
     assert_eq!(o.foreign_ttl, DEFAULT_FOREIGN_TTL);
     let url = url::Url::parse("gs://bucket/p?endpoint=http://127.0.0.1:9&foreign_ttl=0s").unwrap();
-    let e = GcsStore::from_url(&url).await.unwrap_err().to_string();
+    let e = from_url(&url).await.unwrap_err().to_string();
     assert!(e.contains("foreign_ttl"), "{e}");
 }
 
@@ -319,4 +316,9 @@ fn a_rewrite_of_our_lease_with_the_four_fields_only_is_still_our_lease() {
     let mut m = encode(&LeaseRecord::free("job", 3), None, 0);
     adopt(&mut m, &ours);
     assert_eq!(m["leasehold"]["fence"], 3);
+}
+
+/// The store a `gs://` URL names, connected.
+async fn from_url(url: &url::Url) -> Result<GcsStore> {
+    GcsStore::connect(GcsOptions::from_url(url.as_str())?).await
 }

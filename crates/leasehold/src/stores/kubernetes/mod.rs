@@ -54,6 +54,8 @@
 //! (default `leasehold-`), `?timeout=` the per-request timeout (default `10s`),
 //! `?max_clock_skew=` the largest difference between pods' wall clocks assumed (default `5m`).
 
+mod options;
+
 use crate::error::{Error, Result};
 use crate::key::{Key, Naming};
 use crate::record::{format_ms as fmt_ms, parse_ms, LeaseRecord};
@@ -66,6 +68,7 @@ use k8s_openapi::chrono::{DateTime, Utc};
 use kube::api::{
     Api, DeleteParams, ListParams, PostParams, Preconditions, WatchEvent, WatchParams,
 };
+pub use options::KubernetesOptions;
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -80,32 +83,6 @@ pub const DEFAULT_PREFIX: &str = "leasehold-";
 
 const RBAC_HINT: &str =
     "deploy/kubernetes/rbac.yaml grants exactly get, list, watch, create, update, delete on leases";
-
-/// How to reach the cluster and name Leases.
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct KubernetesOptions {
-    /// The namespace; `None`: `POD_NAMESPACE`, else the kubeconfig's, else `default`.
-    pub namespace: Option<String>,
-    /// Lease name prefix (`[a-z0-9-]`, at most 40 characters). Default `leasehold-`.
-    pub prefix: String,
-    /// An API server URL to use directly without credentials (tests); `None`: `KUBECONFIG` or
-    /// in-cluster configuration.
-    pub server: Option<String>,
-    /// Per-request timeout. Default 10 s.
-    pub timeout: Duration,
-}
-
-impl Default for KubernetesOptions {
-    fn default() -> Self {
-        KubernetesOptions {
-            namespace: None,
-            prefix: DEFAULT_PREFIX.into(),
-            server: None,
-            timeout: Duration::from_secs(10),
-        }
-    }
-}
 
 /// The owner token leasehold reads for a Lease that another client holds: this prefix and its
 /// `holderIdentity`. Never written to a Lease.
@@ -145,7 +122,7 @@ impl fmt::Debug for KubernetesStore {
     }
 }
 
-fn valid_label(s: &str) -> bool {
+pub(super) fn valid_label(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 63
         && s.bytes()
@@ -155,88 +132,30 @@ fn valid_label(s: &str) -> bool {
 }
 
 impl KubernetesStore {
-    /// Opens the store a `k8s://` or `kubernetes://` URL names.
-    ///
-    /// # Errors
-    /// [`Error::InvalidUrl`] for a bad namespace, prefix, server, timeout or unknown parameter;
-    /// [`Error::Unavailable`] when no cluster configuration can be found.
-    pub async fn from_url(url: &url::Url) -> Result<Self> {
-        let o = Self::options_from_url(url)?;
-        Self::connect(o).await.map_err(|e| match e {
-            Error::InvalidOption { name, reason } => Error::InvalidUrl {
-                url: crate::redact_url(url.as_str()),
-                reason: format!("{name}: {reason}"),
-            },
-            e => e,
-        })
-    }
-
-    /// The options a `k8s://` URL gives, before anything is checked or connected.
-    pub(crate) fn options_from_url(url: &url::Url) -> Result<KubernetesOptions> {
-        let bad = |reason: String| Error::InvalidUrl {
-            url: crate::redact_url(url.as_str()),
-            reason,
-        };
-        let mut o = KubernetesOptions::default();
-        let host = url.host_str().unwrap_or_default();
-        if !host.is_empty() {
-            o.namespace = Some(host.to_owned());
-        }
-        if !(url.path().is_empty() || url.path() == "/") {
-            return Err(bad(
-                "expected k8s://NAMESPACE[?prefix=…&server=…&timeout=…], without a path".into(),
-            ));
-        }
-        for (k, v) in url.query_pairs() {
-            match k.as_ref() {
-                "prefix" => o.prefix = v.into_owned(),
-                "server" => o.server = Some(v.into_owned()),
-                "timeout" => {
-                    o.timeout = crate::stores::url_duration(&v)
-                        .map_err(|e| bad(format!("timeout={v}: {e}")))?;
-                }
-                other => {
-                    return Err(bad(format!(
-                    "unknown parameter {other:?} (known: prefix, server, timeout, max_clock_skew)"
-                )))
-                }
-            }
-        }
-        Ok(o)
-    }
-
-    /// Connects with `options`.
+    /// Connects with `options`: the store of records; [`crate::adapter::RecordLockStore`] over
+    /// it (with the options' `max_clock_skew`) is the lock store, as `open_store("k8s://…")`
+    /// makes it.
     ///
     /// # Errors
     /// [`Error::InvalidOption`] for a bad namespace, prefix, server or timeout;
     /// [`Error::Unavailable`] when no cluster configuration can be found.
+    ///
+    /// ```no_run
+    /// # async fn f() -> leasehold::Result<()> {
+    /// use leasehold::adapter::RecordLockStore;
+    /// use leasehold::stores::kubernetes::{KubernetesOptions, KubernetesStore};
+    /// let mut o = KubernetesOptions::default();
+    /// o.namespace = Some("jobs".into());
+    /// let skew = o.max_clock_skew;
+    /// let store = RecordLockStore::new(KubernetesStore::connect(o).await?).with_max_clock_skew(skew);
+    /// let locks = leasehold::Locks::new(store);
+    /// # drop(locks); Ok(()) }
+    /// ```
     pub async fn connect(options: KubernetesOptions) -> Result<Self> {
-        let p = &options.prefix;
-        if p.len() > 40
-            || !p
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-            || p.starts_with('-')
-        {
-            return Err(Error::option(
-                "prefix",
-                format!("{p:?}: at most 40 of [a-z0-9-], not starting with '-'"),
-            ));
-        }
-        if options.timeout.is_zero() {
-            return Err(Error::option("timeout", "must be more than zero"));
-        }
+        options.check()?;
         let (mut config, via) = match &options.server {
             Some(server) => {
-                let uri: http::Uri = server
-                    .parse()
-                    .map_err(|e| Error::option("server", format!("{server:?}: {e}")))?;
-                if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
-                    return Err(Error::option(
-                        "server",
-                        format!("{server:?}: expected http://HOST:PORT or https://HOST:PORT"),
-                    ));
-                }
+                let uri = options::server_uri(server)?;
                 (kube::Config::new(uri), format!("?server={server}"))
             }
             None => (
@@ -255,12 +174,7 @@ impl KubernetesStore {
                 _ => config.default_namespace.clone(),
             },
         };
-        if !valid_label(&namespace) {
-            return Err(Error::option(
-                "namespace",
-                format!("{namespace:?} is not a DNS-1123 label ([a-z0-9-], at most 63)"),
-            ));
-        }
+        options::check_namespace(&namespace)?;
         config.read_timeout = Some(options.timeout.max(Duration::from_secs(300)));
         config.connect_timeout = Some(options.timeout);
         let client = kube::Client::try_from(config).map_err(|e| Error::Unavailable {

@@ -292,16 +292,21 @@ fn bad_urls_are_typed_errors() {
         "k8s://ns?server=http://127.0.0.1:1&timeout=0s",
     ] {
         let u = url::Url::parse(url).unwrap();
-        let r = rt.block_on(KubernetesStore::from_url(&u));
+        let r = rt.block_on(from_url(&u));
         assert!(matches!(r, Err(Error::InvalidUrl { .. })), "{url}: {r:?}");
     }
     // No namespace in the URL: the configuration's (`default` for a bare server).
     let u = url::Url::parse("k8s://?server=http://127.0.0.1:1&prefix=task-llm-").unwrap();
-    let s = rt.block_on(KubernetesStore::from_url(&u)).unwrap();
+    let s = rt.block_on(from_url(&u)).unwrap();
     if std::env::var_os("POD_NAMESPACE").is_none() {
         assert_eq!(s.namespace(), "default");
     }
     assert!(s
         .lease_name(&Key::new("x").unwrap())
         .starts_with("task-llm-"));
+}
+
+/// The store a `k8s://` URL names, connected.
+async fn from_url(url: &url::Url) -> Result<KubernetesStore> {
+    KubernetesStore::connect(KubernetesOptions::from_url(url.as_str())?).await
 }

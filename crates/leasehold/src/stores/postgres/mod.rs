@@ -1,4 +1,5 @@
-//! The PostgreSQL lock store: `postgres://user[:password]@host:port/db[?schema=…&table=…]`.
+//! The PostgreSQL lock store: `postgres://user[:password]@host:port/db[?schema=…&table=…]`
+//! ([`PostgresOptions::from_url`], [`PostgresStore::connect`]).
 //!
 //! Checklist — native TTL: yes in effect (every expiry is judged by the server's clock, `now()`
 //! of the statement, never by a client's; expired rows are kept, free, until `cleanup`, so
@@ -55,7 +56,7 @@ mod watch;
 
 use crate::error::{Error, Result};
 use crate::key::Key;
-use crate::postgres::conn::{pg_err, Target};
+use crate::postgres::conn::pg_err;
 use crate::postgres::link::Link;
 use crate::record::LeaseRecord;
 use crate::store::{
@@ -63,7 +64,7 @@ use crate::store::{
     LockStore, LostReason, ReleaseOutcome, RenewOutcome,
 };
 use async_trait::async_trait;
-use options::Options;
+pub use options::PostgresOptions;
 use sql::Sql;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -98,8 +99,9 @@ const CREATE_LOCK: i64 = 7_451_830_022;
 ///
 /// ```no_run
 /// # async fn f() -> leasehold::Result<()> {
-/// use leasehold::{stores::postgres::PostgresStore, Locks};
-/// let store = PostgresStore::connect("postgres://locker@127.0.0.1:5432/app").await?;
+/// use leasehold::{stores::postgres::{PostgresOptions, PostgresStore}, Locks};
+/// let o = PostgresOptions::from_url("postgres://locker@127.0.0.1:5432/app?table=leases")?;
+/// let store = PostgresStore::connect(o).await?;
 /// let locks = Locks::new(store);
 /// # drop(locks); Ok(()) }
 /// ```
@@ -118,32 +120,31 @@ struct Inner {
 }
 
 impl PostgresStore {
-    /// The time limit a `postgres://` URL gives, its parameters parsed and checked as connecting
-    /// would, without connecting ([`crate::fuzzing`]).
-    #[cfg(feature = "fuzzing")]
-    pub(crate) fn parse_url(url: &str) -> Result<Duration> {
-        let shown = crate::redact_url(url);
-        let mut opts = Options::default();
-        Ok(Target::parse(url, |pair| opts.take(pair, &shown))?.timeout)
-    }
-
-    /// Connects to the database of `url` and creates the lease table if it is not there.
+    /// Connects to the database of `options.url` and creates the lease table if it is not
+    /// there.
     ///
     /// # Errors
-    /// [`Error::InvalidUrl`] for a URL the driver or the store's parameters refuse;
-    /// [`Error::Unavailable`] when the server cannot be reached; [`Error::Store`]
-    /// (non-retryable) when the table is missing and the user may not create it (the message
-    /// names the DDL to run).
-    pub async fn connect(url: &str) -> Result<Self> {
-        let shown = crate::redact_url(url);
-        let mut opts = Options::default();
-        let target = Target::parse(url, |pair| opts.take(pair, &shown))?;
+    /// [`Error::InvalidUrl`] for a URL the driver or the connection's parameters refuse;
+    /// [`Error::InvalidOption`] for a bad schema or table name; [`Error::Unavailable`] when the
+    /// server cannot be reached; [`Error::Store`] (non-retryable) when the table is missing and
+    /// the user may not create it (the message names the DDL to run).
+    ///
+    /// ```no_run
+    /// # async fn f() -> leasehold::Result<()> {
+    /// use leasehold::stores::postgres::{PostgresOptions, PostgresStore};
+    /// let mut o = PostgresOptions::new("postgres://locker@127.0.0.1:5432/app?timeout=5s");
+    /// o.table = "leases".into();
+    /// let store = PostgresStore::connect(o).await?;
+    /// # drop(store); Ok(()) }
+    /// ```
+    pub async fn connect(options: PostgresOptions) -> Result<Self> {
+        let target = options.target()?;
         let hub = Arc::new(watch::Hub::default());
-        let channel = opts.channel();
+        let channel = options.channel();
         let link = Link::new(target, channel.clone(), hub.listener(), SESSION);
         let inner = Inner {
             link,
-            sql: Sql::new(&opts.schema, &opts.table),
+            sql: Sql::new(&options.schema, &options.table),
             hub,
             batch: renew::Batch::default(),
             channel,
@@ -152,6 +153,16 @@ impl PostgresStore {
         Ok(PostgresStore {
             inner: Arc::new(inner),
         })
+    }
+}
+
+impl crate::stores::StoreOptions for PostgresOptions {
+    fn from_url(url: &str) -> Result<Self> {
+        PostgresOptions::from_url(url)
+    }
+
+    async fn connect(self) -> Result<Arc<dyn LockStore>> {
+        Ok(Arc::new(PostgresStore::connect(self).await?))
     }
 }
 

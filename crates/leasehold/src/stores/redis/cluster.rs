@@ -44,6 +44,7 @@ use super::options::{checked, host_list, Checked, RedisOptions};
 use super::pubsub::Hub;
 use crate::error::{Error, Result};
 use crate::key::Key;
+use crate::url::Params;
 use ::redis::cluster_async::ClusterConnection;
 use ::redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use std::collections::HashMap;
@@ -59,8 +60,10 @@ pub(super) struct ClusterUrl {
     checked: Checked,
 }
 
-/// Parses `redis+cluster://[user:pass@]h1:p1,h2:p2,…[/0][?…]` (or `rediss+cluster://`).
-pub(super) fn parse(url: &str, described: &str) -> Result<ClusterUrl> {
+/// Reads the URL of `opts`, `redis+cluster://[user:pass@]h1:p1,h2:p2,…[/0]` (or
+/// `rediss+cluster://`), and checks the options.
+pub(super) fn parse(opts: RedisOptions, described: &str) -> Result<ClusterUrl> {
+    let url = opts.url.as_str();
     let tls = url.starts_with("rediss+cluster://");
     let scheme = if tls {
         "rediss+cluster"
@@ -80,8 +83,9 @@ pub(super) fn parse(url: &str, described: &str) -> Result<ClusterUrl> {
         .iter()
         .map(|host| format!("{node_scheme}://{}{host}", list.userinfo))
         .collect();
-    let pairs = url::form_urlencoded::parse(list.query.as_bytes());
-    let opts = RedisOptions::from_query(url, pairs, RedisOptions::default())?;
+    // The store's own parameters are the options'.
+    Params::of_query(url, list.query)
+        .finish_noting("; the store's own go to RedisOptions::from_url")?;
     for (name, prefix) in [
         ("prefix", Some(&opts.prefix)),
         ("fence_prefix", opts.fence_prefix.as_ref()),
@@ -115,14 +119,15 @@ pub(super) struct Opened {
     pub(super) opts: RedisOptions,
 }
 
-/// Parses a `redis+cluster://` or `rediss+cluster://` URL and connects to the cluster;
+/// Connects to the cluster of `opts` (a `redis+cluster://` or `rediss+cluster://` URL);
 /// `described` (the URL without its secrets) names it in errors.
-pub(super) async fn open(url: &str, described: &str) -> Result<Opened> {
+pub(super) async fn open(opts: RedisOptions, described: &str) -> Result<Opened> {
+    let tls = opts.url.starts_with("rediss+cluster://");
     let ClusterUrl {
         nodes,
         opts,
         checked,
-    } = parse(url, described)?;
+    } = parse(opts, described)?;
     let bad = |e: ::redis::RedisError| Error::InvalidUrl {
         url: described.to_owned(),
         reason: e.to_string(),
@@ -135,7 +140,7 @@ pub(super) async fn open(url: &str, described: &str) -> Result<Opened> {
         .retries(8)
         .min_retry_wait(10)
         .max_retry_wait(200);
-    if url.starts_with("rediss+cluster://") {
+    if tls {
         // Several crates may race to install a provider; any installed one will do.
         let _ = rustls::crypto::ring::default_provider().install_default();
     } else if opts.names_tls_files() {
@@ -640,7 +645,11 @@ pub(crate) async fn scan_all(
 
 #[cfg(test)]
 mod tests {
-    use super::{parse, slot};
+    use super::{parse, slot, RedisOptions};
+
+    fn parse_url(url: &str, described: &str) -> crate::Result<super::ClusterUrl> {
+        parse(RedisOptions::from_url(url)?, described)
+    }
 
     #[test]
     fn slots_are_those_redis_computes() {
@@ -658,11 +667,11 @@ mod tests {
     #[test]
     fn cluster_urls() {
         let url = "rediss+cluster://u:p@h1:1,h2:2/0?prefix=a:lock:&ca=/ca.pem";
-        let named = parse(url, "rediss+cluster://u:***@h1:1,h2:2/0").expect("good");
+        let named = parse_url(url, "rediss+cluster://u:***@h1:1,h2:2/0").expect("good");
         assert_eq!(named.nodes, ["rediss://u:p@h1:1", "rediss://u:p@h2:2"]);
         assert_eq!(named.opts.prefix, "a:lock:");
         assert_eq!(named.checked.fence_prefix, "a:fence:");
-        let named = parse("redis+cluster://h1:1", "redis+cluster://h1:1").expect("good");
+        let named = parse_url("redis+cluster://h1:1", "redis+cluster://h1:1").expect("good");
         assert_eq!(named.nodes, ["redis://h1:1"]);
         for (url, says) in [
             ("redis+cluster://h1:1/2", "only database 0"),
@@ -680,7 +689,7 @@ mod tests {
                 "unknown parameter \"bogus\"",
             ),
         ] {
-            let text = parse(url, url)
+            let text = parse_url(url, url)
                 .err()
                 .map(|e| e.to_string())
                 .unwrap_or_default();

@@ -140,28 +140,42 @@ impl std::fmt::Debug for RedisStore {
 }
 
 impl RedisStore {
-    /// Connects to `url` (`redis://…`).
+    /// Connects to the server, Sentinel or Cluster of [`RedisOptions::url`].
     ///
     /// # Errors
-    /// [`Error::InvalidUrl`], [`Error::InvalidOption`] for colliding prefixes, or
-    /// [`Error::Unavailable`] when the server cannot be reached.
+    /// [`Error::InvalidUrl`] for a URL the store or the redis crate cannot read,
+    /// [`Error::InvalidOption`] for colliding prefixes, or [`Error::Unavailable`] when the
+    /// server cannot be reached.
     ///
     /// ```no_run
     /// # async fn f() -> leasehold::Result<()> {
     /// use leasehold::stores::redis::{RedisOptions, RedisStore};
     /// use std::time::Duration;
     /// // The seed deployments' prefix; a server that stops answering fails calls after 1 s.
-    /// let opts = RedisOptions {
-    ///     prefix: "agent:lock:".into(),
-    ///     timeout: Duration::from_secs(1),
-    ///     ..RedisOptions::default()
-    /// };
-    /// let store = RedisStore::connect("redis://127.0.0.1:6379/0", opts).await?;
+    /// let mut opts = RedisOptions::new("redis://127.0.0.1:6379/0");
+    /// opts.prefix = "agent:lock:".into();
+    /// opts.timeout = Duration::from_secs(1);
+    /// let store = RedisStore::connect(opts).await?;
+    /// // The same: RedisStore::connect(RedisOptions::from_url(
+    /// //     "redis://127.0.0.1:6379/0?prefix=agent:lock:&timeout=1s")?)
     /// let locks = leasehold::Locks::new(store);
     /// # let _ = locks; Ok(()) }
     /// ```
-    pub async fn connect(url: &str, opts: RedisOptions) -> Result<Self> {
-        Self::connect_inner(url, opts, false).await
+    pub async fn connect(opts: RedisOptions) -> Result<Self> {
+        match crate::url::scheme_of(&opts.url).as_deref() {
+            Some("redis+sentinel" | "rediss+sentinel") => Self::connect_sentinel(opts).await,
+            #[cfg(feature = "redis-cluster")]
+            Some("redis+cluster" | "rediss+cluster") => Self::connect_cluster(opts).await,
+            #[cfg(not(feature = "redis-cluster"))]
+            Some(scheme @ ("redis+cluster" | "rediss+cluster")) => Err(Error::FeatureNotEnabled {
+                scheme: scheme.to_owned(),
+                feature: "redis-cluster",
+            }),
+            _ => {
+                let url = opts.url.clone();
+                Self::connect_inner(&url, opts, false).await
+            }
+        }
     }
 
     /// Like [`connect`](Self::connect), but connects on first use (Redlock nodes may be down at
@@ -246,12 +260,12 @@ impl RedisStore {
         }
     }
 
-    /// Parses `redis+sentinel://…` or `rediss+sentinel://…` (see [`sentinel::parse`]) and
+    /// Reads a `redis+sentinel://…` or `rediss+sentinel://…` URL (see [`sentinel::parse`]) and
     /// connects to the primary the sentinels name for its master group, following their
     /// announcements of a new one from then on.
-    pub(crate) async fn from_sentinel_url(url: &str) -> Result<Self> {
-        let described = crate::redact_url(url);
-        let named = sentinel::parse(url, &described)?;
+    async fn connect_sentinel(opts: RedisOptions) -> Result<Self> {
+        let described = crate::redact_url(&opts.url);
+        let named = sentinel::parse(opts, &described)?;
         let checked = checked(&named.opts, &described)?;
         let sentinels = Sentinels::open(&named, &described)?;
         let opts = named.opts;
@@ -271,17 +285,17 @@ impl RedisStore {
         Ok(store)
     }
 
-    /// Parses a `redis+cluster://` or `rediss+cluster://` URL and connects to the cluster.
+    /// Connects to the cluster of a `redis+cluster://` or `rediss+cluster://` URL.
     #[cfg(feature = "redis-cluster")]
-    pub(crate) async fn from_cluster_url(url: &str) -> Result<Self> {
-        let described = crate::redact_url(url);
+    async fn connect_cluster(opts: RedisOptions) -> Result<Self> {
+        let described = crate::redact_url(&opts.url);
         let cluster::Opened {
             conn,
             seed,
             nodes,
             checked,
             opts,
-        } = cluster::open(url, &described).await?;
+        } = cluster::open(opts, &described).await?;
         Ok(Self::assemble(
             conn,
             seed,
@@ -293,26 +307,21 @@ impl RedisStore {
         ))
     }
 
-    /// Parses `redis://…?prefix=…&fence_prefix=…&timeout=2s` (or `rediss://…`, or
-    /// `redis+unix:///path/to/socket?db=…&user=…&pass=…&prefix=…`) and connects.
-    pub(crate) async fn from_url(url: &url::Url) -> Result<Self> {
-        let (clean, opts) = options::split_url(url)?;
-        Self::connect(clean.as_str(), opts).await
-    }
-
-    /// The options a URL of any of the store's schemes gives, parsed and checked as opening it
-    /// would, without connecting ([`crate::fuzzing`]).
+    /// Checks `opts` as connecting would, without connecting ([`crate::fuzzing`]).
     #[cfg(feature = "fuzzing")]
-    pub(crate) fn parse_url(url: &str) -> Result<RedisOptions> {
-        let described = crate::redact_url(url);
-        let opts = match crate::stores::scheme_of(url).as_deref() {
-            Some("redis+sentinel" | "rediss+sentinel") => sentinel::parse(url, &described)?.opts,
+    pub(crate) fn check_options(opts: &RedisOptions) -> Result<()> {
+        let described = crate::redact_url(&opts.url);
+        match crate::url::scheme_of(&opts.url).as_deref() {
+            Some("redis+sentinel" | "rediss+sentinel") => {
+                sentinel::parse(opts.clone(), &described)?;
+            }
             #[cfg(feature = "redis-cluster")]
-            Some("redis+cluster" | "rediss+cluster") => cluster::parse(url, &described)?.opts,
-            _ => options::split_url(&crate::stores::parse(url)?)?.1,
-        };
-        checked(&opts, &described)?;
-        Ok(opts)
+            Some("redis+cluster" | "rediss+cluster") => {
+                cluster::parse(opts.clone(), &described)?;
+            }
+            _ => {}
+        }
+        checked(opts, &described).map(drop)
     }
 
     fn record_key(&self, key: &Key) -> String {
@@ -772,6 +781,16 @@ impl LockStore for RedisStore {
 }
 
 /// `s` with the characters `SCAN`'s `MATCH` treats as a pattern escaped.
+impl crate::stores::StoreOptions for RedisOptions {
+    fn from_url(url: &str) -> Result<Self> {
+        RedisOptions::from_url(url)
+    }
+
+    async fn connect(self) -> Result<Arc<dyn LockStore>> {
+        Ok(Arc::new(RedisStore::connect(self).await?))
+    }
+}
+
 fn glob_escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {

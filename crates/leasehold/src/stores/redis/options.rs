@@ -1,14 +1,37 @@
 //! The Redis store's options ([`RedisOptions`]) and what its URLs say besides a server's
-//! address: the query parameters ([`split_url`], [`RedisOptions::from_query`]), the checks made
-//! before anything connects ([`checked`]), and the server lists of `redis+sentinel://`,
-//! `redis+cluster://` and `redlock://` ([`host_list`]).
+//! address: the query parameters ([`RedisOptions::from_url`], [`RedisOptions::read`]), the
+//! checks made before anything connects ([`checked`]), and the server lists of
+//! `redis+sentinel://`, `redis+cluster://` and `redlock://` ([`host_list`]).
 
 use crate::error::{Error, Result};
+use crate::url::Params;
 use std::time::Duration;
 
-/// Options of the Redis store.
-#[derive(Debug, Clone)]
+/// Options of the Redis store: where the server is ([`RedisOptions::url`]) and how to use it.
+/// `Debug` never shows the password.
+///
+/// ```
+/// use leasehold::stores::redis::RedisOptions;
+/// use std::time::Duration;
+/// let o = RedisOptions::from_url("redis://u:s3cret@10.0.0.1:6379/0?prefix=agent:lock:&timeout=1s")?;
+/// assert_eq!(o.url, "redis://u:s3cret@10.0.0.1:6379/0");
+/// assert_eq!((o.prefix.as_str(), o.timeout), ("agent:lock:", Duration::from_secs(1)));
+/// assert!(!format!("{o:?}").contains("s3cret"));
+/// // The same in code:
+/// let mut o = RedisOptions::new("redis://u:s3cret@10.0.0.1:6379/0");
+/// o.prefix = "agent:lock:".into();
+/// o.timeout = Duration::from_secs(1);
+/// # Ok::<(), leasehold::Error>(())
+/// ```
+#[derive(Clone)]
+#[non_exhaustive]
 pub struct RedisOptions {
+    /// The server: `redis://[user:pass@]host:port/db`, `rediss://…` (TLS),
+    /// `redis+unix:///path/redis.sock[?db=…&user=…&pass=…]`, or the servers of a Sentinel
+    /// (`redis+sentinel://[user:pass@]s1:26379,s2:26379/MASTER[/db][?sentinel_user=…&sentinel_pass=…]`,
+    /// `rediss+sentinel://…`) or of a Cluster (`redis+cluster://[user:pass@]h1:p1,h2:p2,…`,
+    /// `rediss+cluster://…`). Default `redis://127.0.0.1:6379/0`.
+    pub url: String,
     /// Record key prefix (default `leasehold:lock:`).
     pub prefix: String,
     /// Fence counter prefix (default derived from `prefix`, see the module docs).
@@ -51,9 +74,25 @@ pub(crate) struct Wait {
     pub(super) timeout_ms: u64,
 }
 
+impl std::fmt::Debug for RedisOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisOptions")
+            .field("url", &crate::redact_url(&self.url))
+            .field("prefix", &self.prefix)
+            .field("fence_prefix", &self.fence_prefix)
+            .field("timeout", &self.timeout)
+            .field("ca_file", &self.ca_file)
+            .field("client_cert", &self.client_cert)
+            .field("replicas", &self.replicas)
+            .field("replicas_timeout", &self.replicas_timeout)
+            .finish()
+    }
+}
+
 impl Default for RedisOptions {
     fn default() -> Self {
         RedisOptions {
+            url: "redis://127.0.0.1:6379/0".into(),
             prefix: "leasehold:lock:".into(),
             fence_prefix: None,
             timeout: Duration::from_secs(2),
@@ -66,57 +105,83 @@ impl Default for RedisOptions {
 }
 
 impl RedisOptions {
-    /// Reads `prefix`, `fence_prefix`, `timeout`, `replicas`, `replicas_timeout` and the TLS files
-    /// (`ca`, `cert`, `key`) from URL query pairs.
-    pub(crate) fn from_query<'a>(
-        url: &str,
-        pairs: impl Iterator<Item = (std::borrow::Cow<'a, str>, std::borrow::Cow<'a, str>)>,
-        mut opts: RedisOptions,
-    ) -> Result<Self> {
-        let bad = |reason: String| Error::InvalidUrl {
-            url: crate::redact_url(url),
-            reason,
-        };
-        let (mut cert, mut key) = (None, None);
-        for (k, v) in pairs {
-            match &*k {
-                "prefix" => opts.prefix = v.into_owned(),
-                "fence_prefix" => opts.fence_prefix = Some(v.into_owned()),
-                "ca" => opts.ca_file = Some(v.into_owned().into()),
-                "cert" => cert = Some(std::path::PathBuf::from(v.into_owned())),
-                "key" => key = Some(std::path::PathBuf::from(v.into_owned())),
-                "timeout" => {
-                    opts.timeout = crate::stores::url_duration(&v)
-                        .map_err(|e| bad(format!("timeout {v:?}: {e}")))?
-                }
-                "replicas" => {
-                    opts.replicas = v.parse().map_err(|_| {
-                        bad(format!("replicas {v:?}: expected a whole number of replicas"))
-                    })?
-                }
-                "replicas_timeout" => {
-                    opts.replicas_timeout = Some(
-                        crate::stores::url_duration(&v)
-                            .map_err(|e| bad(format!("replicas_timeout {v:?}: {e}")))?,
-                    )
-                }
-                other => {
-                    return Err(bad(format!(
-                        "unknown parameter {other:?} (known: prefix, fence_prefix, timeout, replicas, replicas_timeout, ca, cert, key; db, user, pass for redis+unix)"
-                    )))
-                }
-            }
+    /// Options for the server at `url` (see [`RedisOptions::url`]), every other one at its
+    /// default.
+    pub fn new(url: impl Into<String>) -> Self {
+        RedisOptions {
+            url: url.into(),
+            ..RedisOptions::default()
         }
-        opts.client_cert = match (cert, key) {
-            (Some(c), Some(k)) => Some((c, k)),
-            (None, None) => opts.client_cert,
+    }
+
+    /// The options a `redis://`, `rediss://`, `redis+unix://`, `redis+sentinel://` or
+    /// `redis+cluster://` URL gives: its parameters `prefix`, `fence_prefix`, `timeout`,
+    /// `replicas`, `replicas_timeout` and the TLS files (`ca`, `cert`, `key`) are taken out of
+    /// it, and the rest is [`RedisOptions::url`] (a Unix socket's `db`, `user` and `pass`, and
+    /// the sentinels' `sentinel_user` and `sentinel_pass`, stay in it).
+    ///
+    /// # Errors
+    /// [`Error::InvalidUrl`] for a URL that does not parse, a bad value or an unknown
+    /// parameter. The servers named are checked when connecting.
+    pub fn from_url(url: &str) -> Result<Self> {
+        let scheme = crate::url::scheme_of(url).unwrap_or_default();
+        // A Unix socket URL has no host for credentials or path for the database: the redis
+        // crate reads them from these parameters, which stay in the URL it gets.
+        let (theirs, note): (&[&'static str], &str) = match scheme.as_str() {
+            "redis+unix" => (&["db", "user", "pass"], ""),
+            "redis+sentinel" | "rediss+sentinel" => (&["sentinel_user", "sentinel_pass"], ""),
+            "redis+cluster" | "rediss+cluster" => (&[], ""),
             _ => {
-                return Err(bad(
-                    "?cert= (the client's certificate) and ?key= (its key) go together".into(),
-                ))
+                // One server: a URL the `url` crate (and the redis crate) reads.
+                crate::url::parse(url)?;
+                (&[], "; db, user, pass for redis+unix")
             }
+        };
+        let mut params = Params::of_url(url);
+        let mut opts = RedisOptions::default();
+        opts.read(&mut params)?;
+        let kept = params.keep(theirs);
+        params.finish_noting(note)?;
+        let base = url.split_once('?').map_or(url, |(b, _)| b);
+        opts.url = match kept {
+            Some(q) => format!("{base}?{q}"),
+            None => base.to_owned(),
         };
         Ok(opts)
+    }
+
+    /// Reads `prefix`, `fence_prefix`, `timeout`, `replicas`, `replicas_timeout` and the TLS
+    /// files (`ca`, `cert`, `key`) from URL parameters (a Redlock URL's too).
+    pub(crate) fn read(&mut self, params: &mut Params) -> Result<()> {
+        if let Some(prefix) = params.take_str("prefix") {
+            self.prefix = prefix;
+        }
+        if let Some(prefix) = params.take_str("fence_prefix") {
+            self.fence_prefix = Some(prefix);
+        }
+        if let Some(timeout) = params.take_duration("timeout")? {
+            self.timeout = timeout;
+        }
+        if let Some(n) = params.take_u64("replicas", "replicas")? {
+            self.replicas = u32::try_from(n).map_err(|_| {
+                params.invalid(format!("replicas {n}: expected a whole number of replicas"))
+            })?;
+        }
+        if let Some(t) = params.take_duration("replicas_timeout")? {
+            self.replicas_timeout = Some(t);
+        }
+        if let Some(ca) = params.take_path("ca") {
+            self.ca_file = Some(ca);
+        }
+        self.client_cert = match (params.take_path("cert"), params.take_path("key")) {
+            (Some(c), Some(k)) => Some((c, k)),
+            (None, None) => self.client_cert.take(),
+            _ => {
+                return Err(params
+                    .invalid("?cert= (the client's certificate) and ?key= (its key) go together"))
+            }
+        };
+        Ok(())
     }
 
     /// What a replicated write waits for (`None` when [`RedisOptions::replicas`] is 0), or an
@@ -206,24 +271,6 @@ impl RedisOptions {
     }
 }
 
-/// A `redis://`, `rediss://` or `redis+unix://` URL split into the URL the redis crate gets and
-/// the store's options from its query ([`RedisOptions::from_query`]).
-pub(super) fn split_url(url: &url::Url) -> Result<(url::Url, RedisOptions)> {
-    // A Unix socket URL has no host for credentials or path for the database: the redis crate
-    // reads them from these parameters, which stay in the URL it gets.
-    let unix = url.scheme() == "redis+unix";
-    let theirs = |k: &str| unix && matches!(k, "db" | "user" | "pass");
-    let mut clean = url.clone();
-    clean.set_query(None);
-    let passed: Vec<_> = url.query_pairs().filter(|(k, _)| theirs(k)).collect();
-    if !passed.is_empty() {
-        clean.query_pairs_mut().extend_pairs(passed);
-    }
-    let ours = url.query_pairs().filter(|(k, _)| !theirs(k));
-    let opts = RedisOptions::from_query(url.as_str(), ours, RedisOptions::default())?;
-    Ok((clean, opts))
-}
-
 /// What a store takes from its options once they are checked ([`checked`]).
 pub(crate) struct Checked {
     /// The fence counters' prefix.
@@ -308,9 +355,8 @@ mod tests {
 
     /// The options and the redis crate's URL of `url`, or the error's text.
     fn split(url: &str) -> std::result::Result<(String, RedisOptions), String> {
-        let url = url::Url::parse(url).map_err(|e| e.to_string())?;
-        split_url(&url)
-            .map(|(clean, opts)| (clean.to_string(), opts))
+        RedisOptions::from_url(url)
+            .map(|opts| (opts.url.clone(), opts))
             .map_err(|e| e.to_string())
     }
 

@@ -6,6 +6,7 @@
 use super::conn::{bounded, open_client};
 use super::options::{host_list, RedisOptions};
 use crate::error::{Error, Result};
+use crate::url::Params;
 use futures_util::StreamExt;
 use parking_lot::Mutex;
 use std::sync::{Arc, Weak};
@@ -27,15 +28,17 @@ pub(super) struct SentinelUrl {
     pub(super) opts: RedisOptions,
 }
 
-/// Parses `redis+sentinel://[user:pass@]host1:port1,host2:port2,…/MASTER[/DB][?prefix=…]` (or
-/// `rediss+sentinel://…[?ca=…]`: TLS to sentinels and data servers alike). The user and password
+/// Reads the URL of `opts` (`redis+sentinel://[user:pass@]host1:port1,host2:port2,…/MASTER[/DB]`,
+/// or `rediss+sentinel://…`: TLS to sentinels and data servers alike). The user and password
 /// are the data servers'; `?sentinel_pass=…[&sentinel_user=…]` are the sentinels' (none by
-/// default). `described` (the URL without its secrets) names it in errors.
-pub(super) fn parse(url: &str, described: &str) -> Result<SentinelUrl> {
+/// default), the URL's only parameters (the store's are the options'). `described` (the URL
+/// without its secrets) names it in errors.
+pub(super) fn parse(opts: RedisOptions, described: &str) -> Result<SentinelUrl> {
     let bad = |reason: &str| Error::InvalidUrl {
         url: described.to_owned(),
         reason: reason.into(),
     };
+    let url = opts.url.as_str();
     // The sentinels' and data servers' scheme: TLS for all, or for none.
     let (scheme, sentinel) = if url.starts_with("rediss+sentinel://") {
         ("rediss+sentinel", "rediss")
@@ -50,24 +53,23 @@ pub(super) fn parse(url: &str, described: &str) -> Result<SentinelUrl> {
     if master.is_empty() {
         return Err(bad("expected the master group's name after the sentinels, as in redis+sentinel://h1:26379,h2:26379/mymaster/0"));
     }
-    // `sentinel_user` and `sentinel_pass` are the sentinels' credentials; the rest are ours.
-    let pairs: Vec<_> = url::form_urlencoded::parse(list.query.as_bytes()).collect();
-    let theirs = |k: &str| matches!(k, "sentinel_user" | "sentinel_pass");
-    let param = |name: &str| pairs.iter().find(|(k, _)| k == name).map(|(_, v)| v);
+    let mut params = Params::of_query(url, list.query);
+    let (user, pass) = (
+        params.take_str("sentinel_user"),
+        params.take_str("sentinel_pass"),
+    );
+    params.finish_noting("; the store's own go to RedisOptions::from_url")?;
     let mut sentinels = vec![];
     for host in &list.hosts {
         let mut u =
             url::Url::parse(&format!("{sentinel}://{host}")).map_err(|e| bad(&e.to_string()))?;
-        if let Some(pass) = param("sentinel_pass") {
-            let user = param("sentinel_user").map_or("", |u| u.as_ref());
+        if let Some(pass) = &pass {
             // Setting credentials fails only for URLs without a host, which these have.
-            let _ = u.set_username(user);
+            let _ = u.set_username(user.as_deref().unwrap_or(""));
             let _ = u.set_password(Some(pass));
         }
         sentinels.push(u.to_string());
     }
-    let ours = pairs.iter().filter(|(k, _)| !theirs(k)).cloned();
-    let opts = RedisOptions::from_query(url, ours, RedisOptions::default())?;
     Ok(SentinelUrl {
         scheme: sentinel,
         sentinels,
@@ -310,7 +312,7 @@ mod tests {
     use super::*;
 
     fn parsed(url: &str) -> Result<SentinelUrl> {
-        parse(url, &crate::redact_url(url))
+        parse(RedisOptions::from_url(url)?, &crate::redact_url(url))
     }
 
     #[test]

@@ -33,59 +33,19 @@
 //! add some hundred crates to a build that only needs five request kinds.
 
 mod credentials;
+mod options;
 mod sigv4;
 
 pub use credentials::AwsCredentials;
+
+pub use options::S3Options;
 
 use crate::error::{Error, Result};
 use crate::stores::object::sign::{sha256_hex, times, uri_encode};
 use crate::stores::object::transport::Body;
 use crate::stores::object::{object_record_store, xml_values, Backend, Call, Objects, Page};
 use hyper::Request;
-use std::time::{Duration, SystemTime};
-
-/// How to reach a bucket; every default is stated. `Debug` never shows a secret.
-///
-/// ```
-/// use leasehold::stores::s3::{AwsCredentials, S3Options};
-/// let mut o = S3Options::new("locks");
-/// o.credentials = Some(AwsCredentials::new("AKID", "s3cret", None));
-/// assert!(!format!("{o:?}").contains("s3cret"));
-/// ```
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct S3Options {
-    /// The bucket (it must exist).
-    pub bucket: String,
-    /// Object names start with this (a `/` is added); default empty.
-    pub prefix: String,
-    /// The endpoint, e.g. `http://127.0.0.1:9000`; `None`: `AWS_ENDPOINT_URL_S3`,
-    /// `AWS_ENDPOINT_URL`, the profile's `endpoint_url`, else AWS.
-    pub endpoint: Option<String>,
-    /// The region; `None`: `AWS_REGION`, `AWS_DEFAULT_REGION`, the profile's, else `us-east-1`.
-    pub region: Option<String>,
-    /// The access key; `None`: the environment, else the profile.
-    pub credentials: Option<AwsCredentials>,
-    /// The profile to read; `None`: `AWS_PROFILE`, else `default`.
-    pub profile: Option<String>,
-    /// Per-request timeout. Default 10 s.
-    pub timeout: Duration,
-}
-
-impl S3Options {
-    /// The options for `bucket`, every other one at its default.
-    pub fn new(bucket: impl Into<String>) -> Self {
-        S3Options {
-            bucket: bucket.into(),
-            prefix: String::new(),
-            endpoint: None,
-            region: None,
-            credentials: None,
-            profile: None,
-            timeout: Duration::from_secs(10),
-        }
-    }
-}
+use std::time::SystemTime;
 
 /// How requests reach the bucket.
 #[derive(Debug)]
@@ -222,40 +182,6 @@ fn valid_bucket(b: &str) -> bool {
 }
 
 impl S3Store {
-    /// Opens the store an `s3://` URL names (credentials from the environment or a profile).
-    ///
-    /// # Errors
-    /// [`Error::InvalidUrl`] for a bad bucket, endpoint, timeout or unknown parameter, or when no
-    /// credentials are found.
-    pub fn from_url(url: &url::Url) -> Result<Self> {
-        let bad = |reason: String| Error::InvalidUrl {
-            url: crate::redact_url(url.as_str()),
-            reason,
-        };
-        let mut o = S3Options::new(url.host_str().unwrap_or_default());
-        o.prefix = url.path().trim_start_matches('/').to_owned();
-        for (k, v) in url.query_pairs() {
-            match k.as_ref() {
-                "endpoint" => o.endpoint = Some(v.into_owned()),
-                "region" => o.region = Some(v.into_owned()),
-                "profile" => o.profile = Some(v.into_owned()),
-                "timeout" => {
-                    o.timeout = crate::stores::url_duration(&v)
-                        .map_err(|e| bad(format!("timeout={v}: {e}")))?;
-                }
-                other => {
-                    return Err(bad(format!(
-                        "unknown parameter {other:?} (known: endpoint, region, profile, timeout, max_clock_skew)"
-                    )))
-                }
-            }
-        }
-        Self::connect(o).map_err(|e| match e {
-            Error::InvalidOption { name, reason } => bad(format!("{name}: {reason}")),
-            e => e,
-        })
-    }
-
     /// Connects with `options` (no request is sent until the first operation).
     ///
     /// # Errors
@@ -351,7 +277,7 @@ mod tests {
 
     #[test]
     fn urls_name_what_is_wrong_and_never_show_a_secret() {
-        let open = |u: &str| S3Store::from_url(&url::Url::parse(u).unwrap());
+        let open = |u: &str| S3Options::from_url(u).and_then(S3Store::connect);
         let err = open("s3://Bad_Bucket/p").unwrap_err().to_string();
         assert!(err.contains("bucket"), "{err}");
         let err = open("s3://locks/p?nope=1").unwrap_err().to_string();
