@@ -82,7 +82,6 @@ pub(crate) fn scheme_of(url: &str) -> Option<String> {
 }
 
 /// One `name=value` of a query.
-#[derive(Debug)]
 struct Pair {
     /// The name, percent-decoded.
     name: String,
@@ -99,13 +98,23 @@ struct Pair {
 /// The query parameters of a store URL, read by name: each `take_*` takes every occurrence of a
 /// name (the last one's value counts) and remembers the name as known; [`Params::finish`] then
 /// refuses any parameter left, naming the known ones. Errors name the URL without its secrets.
-#[derive(Debug)]
 pub(crate) struct Params {
     /// The URL, redacted, for errors.
     shown: String,
     pairs: Vec<Pair>,
     /// The names asked for, in order, for [`Params::finish`]'s message.
     known: Vec<&'static str>,
+}
+
+impl std::fmt::Debug for Params {
+    /// The URL redacted and the parameters' names: never a value (a password may be one).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&str> = self.pairs.iter().map(|p| p.name.as_str()).collect();
+        f.debug_struct("Params")
+            .field("url", &self.shown)
+            .field("names", &names)
+            .finish()
+    }
 }
 
 // Some readers are only the optional stores'.

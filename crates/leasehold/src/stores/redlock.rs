@@ -93,6 +93,11 @@ impl std::fmt::Debug for RedlockOptions {
 
 impl RedlockOptions {
     /// Options for the nodes at `nodes` (`redis://…` each), every other one at its default.
+    ///
+    /// ```
+    /// let o = leasehold::stores::redlock::RedlockOptions::new(["redis://h1:6379/0", "redis://h2:6379/0"]);
+    /// assert_eq!(o.node.timeout, std::time::Duration::from_millis(200));
+    /// ```
     pub fn new<S: Into<String>>(nodes: impl IntoIterator<Item = S>) -> Self {
         RedlockOptions {
             nodes: nodes.into_iter().map(Into::into).collect(),
@@ -106,6 +111,14 @@ impl RedlockOptions {
     /// The options a `redlock://[user:pass@]h1:p1,h2:p2,…[/db][?prefix=…&timeout=…]` URL gives:
     /// the nodes' `redis://` URLs, and the parameters of a Redis URL (those of
     /// [`RedisOptions::from_url`]).
+    ///
+    /// ```
+    /// use leasehold::stores::redlock::RedlockOptions;
+    /// let o = RedlockOptions::from_url("redlock://h1:6379,h2:6379,h3:6379/1?timeout=300ms")?;
+    /// assert_eq!(o.nodes[2], "redis://h3:6379/1");
+    /// assert!(RedlockOptions::from_url("redlock://h1:6379,h2/0").is_err()); // no port
+    /// # Ok::<(), leasehold::Error>(())
+    /// ```
     ///
     /// # Errors
     /// [`Error::InvalidUrl`] for a bad server list, database, value or an unknown parameter.

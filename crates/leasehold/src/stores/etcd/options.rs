@@ -80,6 +80,14 @@ impl std::fmt::Debug for EtcdOptions {
 impl EtcdOptions {
     /// Parses `etcd://[user:pass@]host1:2379,host2:2379[?prefix=…&timeout=…&tls=true&ca=…&cert=…&key=…]`.
     ///
+    /// ```
+    /// use leasehold::stores::etcd::EtcdOptions;
+    /// let o = EtcdOptions::from_url("etcd://h1:2379?ca=/etc/etcd/ca.pem&timeout=5s")?;
+    /// assert_eq!(o.endpoints, ["https://h1:2379"]); // a CA file means TLS
+    /// assert!(EtcdOptions::from_url("etcd://h1:2379?cert=/c.pem").is_err()); // no key
+    /// # Ok::<(), leasehold::Error>(())
+    /// ```
+    ///
     /// # Errors
     /// [`crate::Error::InvalidUrl`] naming what is wrong (a member without a port, an unknown parameter,
     /// a bad duration, `cert` without `key`).

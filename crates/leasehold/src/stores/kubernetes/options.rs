@@ -53,6 +53,14 @@ impl KubernetesOptions {
     /// The options a `k8s://` or `kubernetes://` URL gives, checked as
     /// [`KubernetesStore::connect`] checks them before it looks for a cluster.
     ///
+    /// ```
+    /// use leasehold::stores::kubernetes::KubernetesOptions;
+    /// let o = KubernetesOptions::from_url("k8s://?server=http://127.0.0.1:8080")?;
+    /// assert_eq!(o.namespace, None); // POD_NAMESPACE, else the kubeconfig's, else default
+    /// assert!(KubernetesOptions::from_url("k8s://jobs?prefix=UPPER").is_err());
+    /// # Ok::<(), leasehold::Error>(())
+    /// ```
+    ///
     /// # Errors
     /// [`Error::InvalidUrl`] for a bad namespace, prefix, server, timeout or unknown parameter.
     pub fn from_url(url: &str) -> Result<Self> {

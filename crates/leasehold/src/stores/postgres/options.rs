@@ -69,6 +69,14 @@ impl PostgresOptions {
     /// The options a `postgres://` or `postgresql://` URL gives: `schema` and `table` are taken
     /// out of it, the rest stays in [`Self::url`], checked as connecting would read it.
     ///
+    /// ```
+    /// use leasehold::stores::postgres::PostgresOptions;
+    /// let o = PostgresOptions::from_url("postgresql://locker@db/app?schema=locks&sslmode=require")?;
+    /// assert_eq!((o.schema.as_str(), o.url.as_str()), ("locks", "postgresql://locker@db/app?sslmode=require"));
+    /// assert!(PostgresOptions::from_url("postgres://locker@db/app?table=Leases").is_err());
+    /// # Ok::<(), leasehold::Error>(())
+    /// ```
+    ///
     /// # Errors
     /// [`Error::InvalidUrl`] for a bad schema, table, mode, timeout or TLS parameter, or a URL
     /// the driver refuses.

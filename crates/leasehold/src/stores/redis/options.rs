@@ -107,6 +107,11 @@ impl Default for RedisOptions {
 impl RedisOptions {
     /// Options for the server at `url` (see [`RedisOptions::url`]), every other one at its
     /// default.
+    ///
+    /// ```
+    /// let o = leasehold::stores::redis::RedisOptions::new("rediss://cache.internal:6380/2");
+    /// assert_eq!(o.prefix, "leasehold:lock:");
+    /// ```
     pub fn new(url: impl Into<String>) -> Self {
         RedisOptions {
             url: url.into(),
@@ -120,6 +125,16 @@ impl RedisOptions {
     /// it, and the rest is [`RedisOptions::url`] (a Unix socket's `db`, `user` and `pass`, and
     /// the sentinels' `sentinel_user` and `sentinel_pass`, stay in it).
     ///
+    /// ```
+    /// use leasehold::stores::redis::RedisOptions;
+    /// let o = RedisOptions::from_url("redis+unix:///run/redis.sock?db=2&prefix=app:lock:")?;
+    /// assert_eq!((o.url.as_str(), o.prefix.as_str()), ("redis+unix:///run/redis.sock?db=2", "app:lock:"));
+    /// let o = RedisOptions::from_url("redis+sentinel://s1:26379,s2:26379/mymaster?replicas=1")?;
+    /// assert_eq!((o.url.as_str(), o.replicas), ("redis+sentinel://s1:26379,s2:26379/mymaster", 1));
+    /// assert!(RedisOptions::from_url("redis://h:6379/0?prefx=a:").is_err());
+    /// # Ok::<(), leasehold::Error>(())
+    /// ```
+    ///
     /// # Errors
     /// [`Error::InvalidUrl`] for a URL that does not parse, a bad value or an unknown
     /// parameter. The servers named are checked when connecting.
@@ -128,8 +143,11 @@ impl RedisOptions {
         // A Unix socket URL has no host for credentials or path for the database: the redis
         // crate reads them from these parameters, which stay in the URL it gets.
         let (theirs, note): (&[&'static str], &str) = match scheme.as_str() {
-            "redis+unix" => (&["db", "user", "pass"], ""),
-            "redis+sentinel" | "rediss+sentinel" => (&["sentinel_user", "sentinel_pass"], ""),
+            "redis+unix" => (&["db", "user", "pass"], "; db, user, pass"),
+            "redis+sentinel" | "rediss+sentinel" => (
+                &["sentinel_user", "sentinel_pass"],
+                "; sentinel_user, sentinel_pass",
+            ),
             "redis+cluster" | "rediss+cluster" => (&[], ""),
             _ => {
                 // One server: a URL the `url` crate (and the redis crate) reads.
