@@ -49,7 +49,7 @@ pub mod local;
 pub mod metrics;
 pub mod options;
 #[cfg(feature = "postgres")]
-mod postgres;
+mod pg;
 #[cfg(feature = "queue")]
 pub mod queue;
 pub mod record;

@@ -426,6 +426,39 @@ mod tests {
         }
     }
 
+    /// The contributor docs list every store of the registry: ARCHITECTURE.md's module map its
+    /// folder or file, CONTRIBUTING.md's conformance suite its scheme.
+    #[test]
+    fn the_contributor_docs_list_every_store() {
+        let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+        let read = |f: &str| std::fs::read_to_string(format!("{root}/{f}")).unwrap_or_default();
+        let architecture = read("ARCHITECTURE.md");
+        let contributing = read("CONTRIBUTING.md");
+        let conformance = contributing
+            .split("\n## ")
+            .find(|s| s.starts_with("The conformance suite"))
+            .unwrap_or_default();
+        let mut missing = Vec::new();
+        for s in SCHEMES {
+            let module = format!("`crates/leasehold/src/stores/{}", s.store.0);
+            if !architecture.contains(&module) {
+                missing.push(format!("ARCHITECTURE.md's module map: {module}…`"));
+            }
+            let url = format!("`{}://`", s.schemes[0]);
+            if !conformance.contains(&url) {
+                missing.push(format!(
+                    "CONTRIBUTING.md's \"The conformance suite\": {url}"
+                ));
+            }
+        }
+        missing.dedup();
+        assert!(
+            missing.is_empty(),
+            "stores of the registry missing from the contributor docs:\n{}",
+            missing.join("\n")
+        );
+    }
+
     /// A duration a URL gives is at most 100 years: a longer `?timeout=` made opening a Redis or
     /// etcd store panic (the connection's limit is twice it, which overflowed), a longer
     /// `?max_clock_skew=` wrapped around in milliseconds. Refused before anything connects.

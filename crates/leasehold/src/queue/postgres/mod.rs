@@ -43,7 +43,7 @@ use super::{
     CANCEL_NONE, CANCEL_REQUESTED, CANCEL_TIMEOUT, COLUMNS,
 };
 use crate::error::{Error, Result};
-use crate::postgres::conn::{bounded, pg_err, Conn, OnNotice, Prepared, Target};
+use crate::pg::conn::{bounded, pg_err, Conn, OnNotice, Prepared, Target};
 use schema::{NOW, PICK, SCHEMA};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

@@ -56,8 +56,8 @@ mod watch;
 
 use crate::error::{Error, Result};
 use crate::key::Key;
-use crate::postgres::conn::pg_err;
-use crate::postgres::link::Link;
+use crate::pg::conn::pg_err;
+use crate::pg::link::Link;
 use crate::record::LeaseRecord;
 use crate::store::{
     AcquireOutcome, AcquireRequest, Capabilities, ChangeWatch, CleanupReport, Inspection,
@@ -170,7 +170,7 @@ impl Inner {
     /// Creates the table and its sequence unless both are there (and the schema unless it is).
     async fn migrate(&self) -> Result<()> {
         let sql = &self.sql;
-        let there = |l: Arc<crate::postgres::link::Live>| async move {
+        let there = |l: Arc<crate::pg::link::Live>| async move {
             let row = l
                 .conn
                 .query_one(sql.exists, &[&sql.table, &sql.sequence, &sql.schema])

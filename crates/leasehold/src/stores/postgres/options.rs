@@ -4,7 +4,7 @@
 //! driver).
 
 use crate::error::{Error, Result};
-use crate::postgres::conn::Target;
+use crate::pg::conn::Target;
 use crate::url::Params;
 
 /// The default schema.

@@ -4,7 +4,7 @@
 //! is woken and turns stale, and its waiter subscribes again (which connects again and listens
 //! again).
 
-use crate::postgres::conn::OnNotice;
+use crate::pg::conn::OnNotice;
 use crate::store::ChangeWatch;
 use async_trait::async_trait;
 use parking_lot::Mutex;

@@ -3,7 +3,7 @@
 //! connection, every call bounded, and the driver's errors as leasehold's (retryable or not).
 
 use crate::error::{Error, Result};
-use crate::postgres::tls;
+use crate::pg::tls;
 use crate::url::Params;
 use std::sync::Arc;
 use std::time::Duration;
