@@ -645,3 +645,121 @@ fn the_parsers_read_what_they_should() {
         check_invocation(&words("run --colour red -- true"), &mut helps).expect("no such option");
     assert!(wrong.contains("no option --colour"), "{wrong}");
 }
+
+/// The contributor docs whose backticked paths must name files of the repository.
+const MAP_DOCS: [&str; 2] = ["ARCHITECTURE.md", "CONTRIBUTING.md"];
+
+/// Paths the contributor docs name that tools create (cargo-fuzz's corpus and crash inputs).
+const GENERATED: [&str; 2] = ["fuzz/corpus/", "fuzz/artifacts/"];
+
+/// The inline code spans of a prose line.
+fn code_spans(line: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut rest = line;
+    while let Some(start) = rest.find('`') {
+        let ticks = rest[start..].chars().take_while(|&c| c == '`').count();
+        let after = &rest[start + ticks..];
+        match after.find(&"`".repeat(ticks)) {
+            Some(end) => {
+                out.push(after[..end].trim());
+                rest = &after[end + ticks..];
+            }
+            None => break,
+        }
+    }
+    out
+}
+
+/// Whether a code span reads as a path in the repository (`crates/…`, `stores/mod.rs`,
+/// `docs/`), not a URL, a shell line, a pattern or a Kubernetes field.
+fn names_a_path(span: &str) -> bool {
+    const EXTENSIONS: [&str; 9] = [
+        ".rs", ".md", ".toml", ".py", ".sh", ".lock", ".lua", ".yaml", ".json",
+    ];
+    const ROOTS: [&str; 6] = ["crates/", "docs/", "scripts/", ".ci/", "./", "fuzz/"];
+    if span.is_empty()
+        || span
+            .chars()
+            .any(|c| c.is_whitespace() || "<>…*{}$".contains(c))
+        || span.contains("://")
+        || span.starts_with('/')
+        || span.starts_with('-')
+    {
+        return false;
+    }
+    EXTENSIONS.iter().any(|e| span.ends_with(e))
+        || (span.ends_with('/') && span.len() > 1)
+        || ROOTS.iter().any(|r| span.starts_with(r))
+}
+
+/// Every file and directory of the repository (relative, `/`-separated; directories end with
+/// `/`), build output and dependencies left out.
+fn repository_paths(root: &Path) -> Vec<String> {
+    fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if ["target", ".git", "node_modules", "book"].contains(&name.as_str()) {
+                continue;
+            }
+            let rel = path
+                .strip_prefix(root)
+                .unwrap_or(&path)
+                .to_string_lossy()
+                .into_owned();
+            if path.is_dir() {
+                out.push(format!("{rel}/"));
+                walk(root, &path, out);
+            } else {
+                out.push(rel);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(root, root, &mut out);
+    out
+}
+
+/// Whether `span` names something in the repository: from its root, or as the tail of a path
+/// (whole components: `stores/mod.rs` names `crates/leasehold/src/stores/mod.rs`).
+fn exists_in(paths: &[String], span: &str) -> bool {
+    let span = span.trim_start_matches("./");
+    let as_dir = format!("{}/", span.trim_end_matches('/'));
+    paths.iter().any(|p| {
+        let matches = |s: &str| p == s || p.ends_with(&format!("/{s}"));
+        matches(span) || (!span.ends_with('/') && matches(&as_dir)) || matches(&as_dir)
+    })
+}
+
+#[test]
+fn contributor_docs_name_files_that_exist() {
+    let root = root();
+    let paths = repository_paths(&root);
+    let mut failures = String::new();
+    let mut checked = 0;
+    for name in MAP_DOCS {
+        let doc = Doc::read(&root, root.join(name));
+        for (n, line) in &doc.prose {
+            for span in code_spans(line) {
+                if !names_a_path(span) || GENERATED.iter().any(|g| span.starts_with(g)) {
+                    continue;
+                }
+                checked += 1;
+                if !exists_in(&paths, span) {
+                    let _ = writeln!(failures, "{name}:{n}: `{span}` names no file or folder");
+                }
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "paths in the contributor docs that do not exist:\n{failures}"
+    );
+    assert!(
+        checked > 40,
+        "only {checked} paths found in the contributor docs: is the parser broken?"
+    );
+}

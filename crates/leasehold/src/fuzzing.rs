@@ -257,8 +257,8 @@ pub fn k8s_annotations(data: &[u8]) {
     }
 }
 
-/// Google Cloud Storage objects (the seed lock service's JSON, with leasehold's record in it):
-/// any bytes read as a record or a damaged object; the seed's `ownerId` is the holder; a record
+/// Google Cloud Storage objects (the single-waiter lock service's JSON, with leasehold's record in it):
+/// any bytes read as a record or a damaged object; the service's `ownerId` is the holder; a record
 /// read, written back over the object, reads back with the same holder and fence.
 #[cfg(feature = "gcs")]
 pub fn gcs_object(data: &[u8]) {

@@ -1,6 +1,6 @@
 //! The fuzz targets' bodies (`leasehold::fuzzing`, run for long by `cargo +nightly fuzz run …`,
 //! see CONTRIBUTING.md), run on stable as property tests: arbitrary bytes, and inputs shaped like
-//! what the parsers read (valid URLs mutated, annotation maps, seed-schema objects, task rows).
+//! what the parsers read (valid URLs mutated, annotation maps, objects in the GCS lock service's JSON, task rows).
 //! A failing body panics with the property it broke.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -200,7 +200,7 @@ proptest! {
     }
 
     #[test]
-    fn gcs_objects_in_the_seed_schema(
+    fn gcs_objects_in_the_lock_services_json(
         owner in prop_oneof![Just("null".to_string()), Just("\"web-1\"".into()), Just("\"\"".into()), Just("7".into())],
         expires in prop_oneof![Just("0".to_string()), Just("1790000030.5".into()), Just("-1".into()), Just("1e300".into()), Just("null".into()), Just("\"soon\"".into()), Just("18446744073709551.615".into())],
         waiter in prop_oneof![Just("null".to_string()), Just("\"web-2\"".into()), Just("[]".into())],

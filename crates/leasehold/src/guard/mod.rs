@@ -548,8 +548,8 @@ impl LeaseGuard {
         }
     }
 
-    /// Completes when a waiter has registered for this lease (seed 001's "someone is waiting:
-    /// checkpoint and hand over"), with the waiter's identity. Fires within one renewal period of
+    /// Completes when a waiter has registered for this lease (the "someone is waiting:
+    /// checkpoint and hand over" of a single-waiter lock), with the waiter's identity. Fires within one renewal period of
     /// the registration. Releasing then hands the lease to that waiter.
     ///
     /// # Cancel safety

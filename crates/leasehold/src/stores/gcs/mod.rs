@@ -13,7 +13,7 @@
 //! replace with a free record (it keeps the fence), and objects are deleted only by `cleanup`,
 //! with `ifGenerationMatch` too.
 //!
-//! The object is JSON **in the seed lock service's schema** (`ownerId`, `expiresAt` in Unix
+//! The object is JSON **in the single-waiter GCS lock service's schema** (`ownerId`, `expiresAt` in Unix
 //! seconds, `waitingOwnerId`, `waiterExpiresAt`) with leasehold's record beside it under
 //! `leasehold`; a process of that service and a leasehold process exclude each other:
 //! * an object that service wrote carries no TTL: it reads as held by its `ownerId` until it has
@@ -72,11 +72,11 @@ pub const MAX_OBJECT_BYTES: usize = 1 << 20;
 
 /// The most bytes of holder id and labels a lease may carry here
 /// ([`RecordStore::label_limit`]): an object holds them, a waiter's id of the same bound and the
-/// seed's fields, far within [`MAX_OBJECT_BYTES`].
+/// service's fields, far within [`MAX_OBJECT_BYTES`].
 pub const LABEL_LIMIT: usize = MAX_OBJECT_BYTES / 4;
 
-/// The lease length leasehold assumes for a lease another client of the object holds (the seed
-/// lock service's own: 60 s) unless `?foreign_ttl=` says otherwise.
+/// The lease length leasehold assumes for a lease another client of the object holds (the
+/// single-waiter lock service's own: 60 s) unless `?foreign_ttl=` says otherwise.
 pub const DEFAULT_FOREIGN_TTL: Duration = Duration::from_secs(60);
 
 /// The endpoint of Google Cloud Storage's JSON API.

@@ -1,4 +1,4 @@
-//! The lease object's JSON: the seed lock service's fields, which every client of the lock reads
+//! The lease object's JSON: the single-waiter GCS lock service's fields, which every client of the lock reads
 //! and writes, and leasehold's record beside them.
 //!
 //! ```json
@@ -11,7 +11,7 @@
 //! }
 //! ```
 //!
-//! The seed's four fields are the truth. `leasehold` adds the owner token, fence, times and
+//! That service's four fields are the truth. `leasehold` adds the owner token, fence, times and
 //! labels of the lease **only when it describes that very lease** (same holder, and an
 //! `expiresAt` equal, to the millisecond, to its `expires` plus the margin it was written with,
 //! `expires_at_margin_ms`): an object another client wrote, or rewrote keeping our field, reads as
@@ -104,7 +104,7 @@ fn truncate(s: &str) -> String {
 
 /// Gives `map`, an object without leasehold's field (the other service rewrote it with its four
 /// fields only), the field of `previous`, the same object as this process last read or wrote it.
-/// [`decode`] then takes from it only what still describes the seed's fields (the same holder and
+/// [`decode`] then takes from it only what still describes the service's fields (the same holder and
 /// expiry, the same waiter and waiter expiry): a lease or waiter registration of ours that the
 /// other service copied as it was stays ours; anything else it wrote reads as its own.
 pub(crate) fn adopt(map: &mut Map<String, Value>, previous: &Map<String, Value>) {
@@ -145,7 +145,7 @@ pub(crate) fn decode(
     let mut r = match (&ours, &owner) {
         (Some(Ok(lh)), _) => lh.clone(),
         (Some(Err(e)), None) => return Err(damaged(format!("field {OURS}: {e}"))),
-        // Damaged fields of ours cannot free a lease the seed's fields say is held.
+        // Damaged fields of ours cannot free a lease the service's fields say is held.
         (Some(Err(_)), Some(_)) | (None, _) => LeaseRecord::free(key, salvaged.unwrap_or(0)),
     };
     match owner {
@@ -200,7 +200,7 @@ pub(crate) fn decode(
 
 /// The object that stores `r`, built on `base` (the object as read at the version replaced, if
 /// known): fields leasehold does not own stay as read, and a lease or waiter registration of
-/// another client ([`FOREIGN_TOKEN`], [`FOREIGN_WAITER`]) keeps its seed fields exactly as read.
+/// another client ([`FOREIGN_TOKEN`], [`FOREIGN_WAITER`]) keeps the service's fields exactly as read.
 /// A lease of ours gets `expiresAt` = its `expires` + `margin_ms`, and our field says so.
 pub(crate) fn encode(
     r: &LeaseRecord,

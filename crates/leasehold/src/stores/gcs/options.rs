@@ -25,7 +25,7 @@ pub struct GcsOptions {
     /// How long a lease or waiter registration written by another client (an object without
     /// leasehold's field, or whose field describes another lease) lasts: it is over once a
     /// contender has seen it unchanged for this long. It must be at least that client's lease
-    /// length (the seed service renews well within it). Default [`DEFAULT_FOREIGN_TTL`].
+    /// length (the single-waiter lock service renews well within it). Default [`DEFAULT_FOREIGN_TTL`].
     pub foreign_ttl: Duration,
     /// The largest difference between machines' wall clocks assumed; give the adapter's
     /// ([`crate::adapter::RecordLockStore::with_max_clock_skew`]) the same. The `expiresAt`

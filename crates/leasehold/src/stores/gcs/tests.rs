@@ -25,7 +25,7 @@ fn held(key: &str) -> LeaseRecord {
 }
 
 #[test]
-fn a_record_round_trips_through_the_seed_schema() {
+fn a_record_round_trips_through_the_lock_services_json() {
     let r = held("job");
     let m = encode(&r, None, 0);
     assert_eq!(m["ownerId"], "web-1");
@@ -50,7 +50,7 @@ fn a_record_round_trips_through_the_seed_schema() {
 }
 
 #[test]
-fn an_object_of_the_seed_service_is_held_by_its_owner_until_its_expiry() {
+fn an_object_of_the_lock_service_is_held_by_its_owner_until_its_expiry() {
     let m = map(
         r#"{"ownerId":"agent-7","expiresAt":1790000030.5,"waitingOwnerId":null,"waiterExpiresAt":0}"#,
     );
@@ -67,7 +67,7 @@ fn an_object_of_the_seed_service_is_held_by_its_owner_until_its_expiry() {
     // Without an expiry: held until someone frees it, never free.
     let r = decode(&map(r#"{"ownerId":"agent-7"}"#), "k").unwrap();
     assert!(r.is_held(u64::MAX - 1));
-    // A seed waiter is a waiter.
+    // The service's waiter is a waiter.
     let m = map(
         r#"{"ownerId":"a","expiresAt":1790000030,"waitingOwnerId":"b","waiterExpiresAt":1790000040}"#,
     );
@@ -80,7 +80,7 @@ fn an_object_of_the_seed_service_is_held_by_its_owner_until_its_expiry() {
 fn our_field_describes_only_the_lease_it_was_written_with() {
     let r = held("job");
     let mut m = encode(&r, None, 0);
-    // The seed service takes the lease over, keeping the fields it does not know.
+    // The lock service takes the lease over, keeping the fields it does not know.
     m.insert("ownerId".into(), "agent-7".into());
     m.insert("expiresAt".into(), serde_json::json!(1_790_000_100.0));
     let seen = decode(&m, "job").unwrap();
@@ -127,7 +127,7 @@ fn a_waiter_registration_on_a_foreign_lease_keeps_its_fields_as_read() {
 }
 
 #[test]
-fn damaged_objects_are_corrupt_unless_the_seed_fields_name_a_holder() {
+fn damaged_objects_are_corrupt_unless_the_services_fields_name_a_holder() {
     for bad in [
         "not json",
         "[1]",

@@ -151,7 +151,7 @@ impl RedisStore {
     /// # async fn f() -> leasehold::Result<()> {
     /// use leasehold::stores::redis::{RedisOptions, RedisStore};
     /// use std::time::Duration;
-    /// // The seed deployments' prefix; a server that stops answering fails calls after 1 s.
+    /// // The trading agents' prefix; a server that stops answering fails calls after 1 s.
     /// let mut opts = RedisOptions::new("redis://127.0.0.1:6379/0");
     /// opts.prefix = "agent:lock:".into();
     /// opts.timeout = Duration::from_secs(1);
