@@ -560,7 +560,7 @@ fn main() {
         None if replica.is_some() => format!("{}?replicas=1", one.url()),
         None => one.url(),
     }];
-    let three_urls: Vec<String> = three.iter().map(RedisServer::url).collect();
+    let three_urls: Vec<String> = three.iter().map(|s| s.url()).collect();
     let _ = redlock_url(&three);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -569,14 +569,14 @@ fn main() {
         .unwrap();
 
     let one_pids: Vec<u32> = match &cluster {
-        Some(c) => c.nodes.iter().filter_map(RedisServer::pid).collect(),
+        Some(c) => c.nodes.iter().filter_map(|s| s.pid()).collect(),
         None => one
             .pid()
             .into_iter()
-            .chain(replica.iter().filter_map(RedisServer::pid))
+            .chain(replica.iter().filter_map(|s| s.pid()))
             .collect(),
     };
-    let three_pids: Vec<u32> = three.iter().filter_map(RedisServer::pid).collect();
+    let three_pids: Vec<u32> = three.iter().filter_map(|s| s.pid()).collect();
     let second_floor = if replica.is_some() {
         "wait-floor"
     } else {

@@ -175,7 +175,7 @@ pub async fn taken_and_released(l: &leasehold::Locks) {
 /// When any of that does not hold.
 pub async fn refused_then_accepted(
     l: &leasehold::Locks,
-    servers: &[&servers::RedisServer],
+    servers: &[&leasehold_servers::RedisServer],
     timed: bool,
 ) {
     use std::time::{Duration, Instant};
@@ -313,29 +313,7 @@ pub fn mono_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-/// Removes the shared-memory objects libfaketime left behind for processes that are gone
-/// (`/dev/shm/faketime_shm_PID`, `/dev/shm/sem.faketime_sem_PID`). A process under libfaketime
-/// killed with SIGKILL never removes its own, and a later process given the same PID then fails
-/// to start its clock ("shm_open failed: File exists"): on a machine that has run many such
-/// processes, a good part of all PIDs.
-pub fn sweep_faketime_leftovers() {
-    let Ok(dir) = std::fs::read_dir("/dev/shm") else {
-        return;
-    };
-    for e in dir.flatten() {
-        let name = e.file_name();
-        let name = name.to_string_lossy();
-        let pid = name
-            .strip_prefix("faketime_shm_")
-            .or_else(|| name.strip_prefix("sem.faketime_sem_"))
-            .and_then(|p| p.parse::<u32>().ok());
-        if let Some(pid) = pid {
-            if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-                let _ = std::fs::remove_file(e.path());
-            }
-        }
-    }
-}
+pub use leasehold_servers::sweep_faketime_leftovers;
 
 /// The path of a binary built by this workspace (next to the running test's executable).
 pub fn workspace_bin(name: &str) -> PathBuf {

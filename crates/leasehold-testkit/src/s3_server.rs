@@ -1,59 +1,19 @@
-//! An S3 server for tests: `moto` in server mode (PyPI `moto[server]`) on a free 127.0.0.1 port,
-//! from the Python venv `./scripts/test` makes (`target/pyenv-moto`), stopped by PID.
-//!
-//! moto answers 412 to a failed `If-None-Match: *` or `If-Match` on signed requests (PUT and
-//! DELETE), and takes any access key: the tests use `test` / `test`. Its conditional writes race:
-//! it accepts two PUTs with `If-Match` the same ETag when they arrive together, which S3 refuses.
-//! [`MotoServer::start_serialised`] puts the test kit's serialising proxy
-//! ([`crate::serialising_proxy`]) in front of it, one request in flight to moto at a time, so
-//! that each conditional write is checked against the state the previous one left.
+//! An S3 server for tests: moto ([`leasehold_servers::MotoServer`]), perhaps behind the
+//! serialising proxy, and the stores the tests open on it.
 
-use crate::serialising_proxy::SerialisingProxy;
-use crate::servers::{
-    free_port, http_get, http_request, in_three_starts, server_dir, spawn, wait_up,
-};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use crate::servers::{ok, wrapper};
+use leasehold::stores::s3::{AwsCredentials, S3Options, S3Store};
+use leasehold_servers as launch;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-/// The access key the tests sign with (moto takes any).
-pub const ACCESS_KEY: (&str, &str) = ("test", "test");
+pub use leasehold_servers::{moto_python, ACCESS_KEY};
 
-/// The Python that has moto: `LEASEHOLD_MOTO_PYTHON`, else `target/pyenv-moto/bin/python` of
-/// the workspace (`./scripts/test` makes it), else `LEASEHOLD_PYTHON`.
-pub fn moto_python() -> PathBuf {
-    if let Some(p) = std::env::var_os("LEASEHOLD_MOTO_PYTHON") {
-        return PathBuf::from(p);
-    }
-    let venv = PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../target/pyenv-moto/bin/python"
-    ));
-    if venv.exists() {
-        return venv;
-    }
-    std::env::var_os("LEASEHOLD_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or(venv)
-}
-
-const INSTALL_HINT: &str = "run ./scripts/test (it makes target/pyenv-moto with `moto[server]`), or set LEASEHOLD_MOTO_PYTHON to a Python that has `moto[server]`";
-
-/// A moto S3 server on a free port, perhaps behind the serialising proxy; both killed (SIGKILL by
-/// PID) on drop.
-#[derive(Debug)]
-pub struct MotoServer {
-    /// moto's own port.
-    pub port: u16,
-    child: Option<Child>,
-    /// The serialising proxy clients go through, if started with it.
-    proxy: Option<SerialisingProxy>,
-    _dir: tempfile::TempDir,
-}
-
-/// A signature moto accepts (it checks none); real S3 would refuse it.
-const UNCHECKED_AUTH: &str = "AWS4-HMAC-SHA256 Credential=test/20260101/us-east-1/s3/aws4_request, SignedHeaders=host, Signature=00";
+wrapper!(
+    /// A moto S3 server on a free port, perhaps behind the serialising proxy
+    /// ([`launch::MotoServer`]).
+    MotoServer = launch::MotoServer
+);
 
 impl MotoServer {
     /// Starts moto and waits until it answers.
@@ -61,109 +21,32 @@ impl MotoServer {
     /// # Panics
     /// When moto is missing or does not come up in three starts.
     pub fn start() -> Self {
-        in_three_starts("moto", || Self::start_once(None))
+        Self(ok(launch::MotoServer::start()))
     }
 
-    /// Starts moto behind the test kit's serialising proxy (see the module documentation).
+    /// Starts moto behind the serialising proxy.
     ///
     /// # Panics
     /// When moto or the proxy does not start.
     pub fn start_serialised() -> Self {
-        Self::start().serialised()
+        Self(ok(launch::MotoServer::start_serialised()))
     }
 
-    /// Starts moto patched to wait `delay` between its check of a PUT's `If-Match` or
-    /// `If-None-Match` and its write, so that concurrent conditional writes on one object race
-    /// nearly every time: a test of what serialises them (not a server to test a store on).
+    /// Starts moto patched so that concurrent conditional writes race
+    /// ([`launch::MotoServer::start_with_racing_writes`]).
     ///
     /// # Panics
     /// When moto does not start.
     pub fn start_with_racing_writes(delay: Duration) -> Self {
-        in_three_starts("moto", || Self::start_once(Some(delay)))
+        Self(ok(launch::MotoServer::start_with_racing_writes(delay)))
     }
 
-    /// This server behind a serialising proxy started now: [`endpoint`](Self::endpoint),
-    /// [`url`](Self::url) and [`store`](Self::store) go through the proxy,
-    /// [`raw_endpoint`](Self::raw_endpoint), [`raw_store`](Self::raw_store) and
-    /// [`pid`](Self::pid) are moto's own.
+    /// This server behind a serialising proxy started now ([`launch::MotoServer::serialised`]).
     ///
     /// # Panics
     /// When the proxy does not start.
-    pub fn serialised(mut self) -> Self {
-        self.proxy = Some(SerialisingProxy::start(&moto_python(), self.port, false));
-        self
-    }
-
-    fn start_once(racing_writes: Option<Duration>) -> Result<Self, String> {
-        let dir = server_dir("moto");
-        let port = free_port();
-        let python = moto_python();
-        let log = std::fs::File::create(dir.path().join("log")).map_err(|e| e.to_string())?;
-        let mut cmd = Command::new(&python);
-        match racing_writes {
-            None => cmd.args(["-m", "moto.server"]),
-            // `_get_checksum` runs between PutObject's precondition check and its write.
-            Some(delay) => cmd.args([
-                "-c",
-                &format!(
-                    "import sys, time\n\
-                     from moto.s3.responses import S3Response\n\
-                     checksum = S3Response._get_checksum\n\
-                     def slow(self, headers):\n    time.sleep({})\n    return checksum(self, headers)\n\
-                     S3Response._get_checksum = slow\n\
-                     from moto.server import main\n\
-                     main(sys.argv[1:])",
-                    delay.as_secs_f64()
-                ),
-            ]),
-        };
-        cmd.args(["-H", "127.0.0.1", "-p", &port.to_string()])
-            .stdout(Stdio::null())
-            .stderr(log);
-        let mut child = spawn(cmd).unwrap_or_else(|e| {
-            panic!(
-                "cannot start moto with {} ({e}): {INSTALL_HINT}",
-                python.display()
-            )
-        });
-        let up = wait_up(
-            &mut child,
-            &format!("moto on port {port}"),
-            Duration::from_secs(30),
-            Duration::from_millis(25),
-            || http_get(port, "/moto-api/").is_some(),
-        );
-        if let Err(why) = up {
-            let log = std::fs::read_to_string(dir.path().join("log")).unwrap_or_default();
-            if log.contains("No module named") {
-                panic!(
-                    "moto is not installed for {}: {INSTALL_HINT}\n{log}",
-                    python.display()
-                );
-            }
-            return Err(format!("{why}; its log:\n{log}"));
-        }
-        Ok(MotoServer {
-            port,
-            child: Some(child),
-            proxy: None,
-            _dir: dir,
-        })
-    }
-
-    /// `http://127.0.0.1:PORT` of what clients talk to: the serialising proxy if there is one,
-    /// else moto.
-    pub fn endpoint(&self) -> String {
-        let port = self
-            .proxy
-            .as_ref()
-            .map_or(self.port, SerialisingProxy::port);
-        format!("http://127.0.0.1:{port}")
-    }
-
-    /// `http://127.0.0.1:PORT` of moto itself.
-    pub fn raw_endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+    pub fn serialised(self) -> Self {
+        Self(ok(self.0.serialised()))
     }
 
     /// Creates `bucket` (nothing happens if it exists).
@@ -171,77 +54,33 @@ impl MotoServer {
     /// # Panics
     /// When moto does not answer 200.
     pub fn create_bucket(&self, bucket: &str) {
-        let answer = http_request(
-            self.port,
-            "PUT",
-            &format!("/{bucket}"),
-            &[("Authorization", UNCHECKED_AUTH)],
-            "",
-        );
-        assert!(
-            matches!(answer, Some((200, _))),
-            "create bucket {bucket}: {answer:?}"
-        );
+        ok(self.0.create_bucket(bucket))
     }
 
     /// The URL of the store on `bucket` (created) under `prefix`.
     pub fn url(&self, bucket: &str, prefix: &str) -> String {
-        self.create_bucket(bucket);
-        format!("s3://{bucket}/{prefix}?endpoint={}", self.endpoint())
+        ok(self.0.url(bucket, prefix))
     }
 
     /// The store on `bucket` (created) under `prefix` on moto itself, never through the proxy.
-    pub fn raw_store(&self, bucket: &str, prefix: &str) -> leasehold::stores::s3::S3Store {
+    pub fn raw_store(&self, bucket: &str, prefix: &str) -> S3Store {
         self.store_at(self.raw_endpoint(), bucket, prefix)
-    }
-
-    /// The environment a process opening [`url`](Self::url) needs: the access key and region.
-    pub fn env(&self) -> Vec<(&'static str, String)> {
-        vec![
-            ("AWS_ACCESS_KEY_ID", ACCESS_KEY.0.into()),
-            ("AWS_SECRET_ACCESS_KEY", ACCESS_KEY.1.into()),
-            ("AWS_REGION", "us-east-1".into()),
-        ]
     }
 
     /// The store on `bucket` (created) under `prefix`, opened in this process with the test
     /// access key.
-    pub fn store(&self, bucket: &str, prefix: &str) -> leasehold::stores::s3::S3Store {
+    pub fn store(&self, bucket: &str, prefix: &str) -> S3Store {
         self.store_at(self.endpoint(), bucket, prefix)
     }
 
-    fn store_at(
-        &self,
-        endpoint: String,
-        bucket: &str,
-        prefix: &str,
-    ) -> leasehold::stores::s3::S3Store {
+    fn store_at(&self, endpoint: String, bucket: &str, prefix: &str) -> S3Store {
         self.create_bucket(bucket);
-        let mut o = leasehold::stores::s3::S3Options::new(bucket);
+        let mut o = S3Options::new(bucket);
         o.prefix = prefix.into();
         o.endpoint = Some(endpoint);
         o.region = Some("us-east-1".into());
-        o.credentials = Some(leasehold::stores::s3::AwsCredentials::new(
-            ACCESS_KEY.0,
-            ACCESS_KEY.1,
-            None,
-        ));
-        leasehold::stores::s3::S3Store::connect(o).expect("S3 store")
-    }
-
-    /// moto's PID (not the proxy's).
-    pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
-    }
-}
-
-impl Drop for MotoServer {
-    fn drop(&mut self) {
-        // The proxy stops with its own value, after this.
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        o.credentials = Some(AwsCredentials::new(ACCESS_KEY.0, ACCESS_KEY.1, None));
+        S3Store::connect(o).expect("S3 store")
     }
 }
 

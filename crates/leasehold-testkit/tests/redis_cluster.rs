@@ -5,8 +5,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use leasehold::{Error, LeaseGuard, Locks, LostReason, Released};
+use leasehold_servers::RedisServer;
 use leasehold_testkit::answered_at_once;
-use leasehold_testkit::servers::{shared_redis_cluster, RedisCluster, RedisServer};
+use leasehold_testkit::servers::{shared_redis_cluster, RedisCluster};
 use std::time::{Duration, Instant};
 
 /// Held by each test that starts a cluster of its own (six servers): they run one at a time, so
@@ -1188,7 +1189,7 @@ async fn a_replica_that_does_not_answer_holds_up_no_release_on_its_primary() {
         let (a, other) = (a.clone(), other.clone());
         tokio::spawn(async move { a.lock(other).unwrap().try_acquire().await.map(|_| ()) })
     };
-    cluster.nodes[0].a_client_blocked().await;
+    cluster.nodes[0].a_client_blocked().await.unwrap();
     let seen = answered_at_once("an inspection", a.store().inspect(held.key())).await;
     assert!(seen.unwrap().is_some(), "the held record was not found");
     let released = answered_at_once("a release", held.release()).await;

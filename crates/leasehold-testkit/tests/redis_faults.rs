@@ -208,7 +208,7 @@ fn spawn_waiter_for(l: Locks, key: &str, register: bool, wait: Duration) -> Wait
 }
 
 /// The record of `key` as `redis-cli GET` returns it (empty if there is none).
-fn record(server: &RedisServer, key: &str) -> String {
+fn record(server: &leasehold_servers::RedisServer, key: &str) -> String {
     server
         .command(&["GET", &format!("leasehold:lock:{key}")])
         .unwrap_or_default()
@@ -216,7 +216,7 @@ fn record(server: &RedisServer, key: &str) -> String {
 
 /// Waits until a contender for `key` is subscribed to its channel and its attempt left `mark` in
 /// the record (`"waiter_token":"` when registered, `"watched":true` when only subscribed).
-async fn await_waiting(server: &RedisServer, key: &str, mark: &str) {
+async fn await_waiting(server: &leasehold_servers::RedisServer, key: &str, mark: &str) {
     let channel = format!("leasehold:lock:{key}");
     let subscribed = || {
         // `PUBSUB NUMSUB channel` answers the channel and its subscriber count (`:N`).
@@ -745,7 +745,7 @@ fn requests(stem: &str, n: usize, ttl: Duration) -> Vec<leasehold::AcquireReques
 }
 
 /// The server's clock in milliseconds, from `TIME`.
-fn server_ms(server: &RedisServer) -> u64 {
+fn server_ms(server: &leasehold_servers::RedisServer) -> u64 {
     let reply = server.command(&["TIME"]).unwrap();
     // *2 $n seconds $n microseconds
     let parts: Vec<u64> = reply
@@ -833,7 +833,7 @@ async fn fences_past_ten_to_the_fourteenth_stay_exact() {
 }
 
 /// `redis-cli` against `server`'s database `db`: the reply's text.
-fn redis_cli(server: &RedisServer, db: u32, args: &[&str]) -> String {
+fn redis_cli(server: &leasehold_servers::RedisServer, db: u32, args: &[&str]) -> String {
     let out = std::process::Command::new("redis-cli")
         .args(["-p", &server.port.to_string(), "-n", &db.to_string()])
         .args(args)
@@ -845,7 +845,11 @@ fn redis_cli(server: &RedisServer, db: u32, args: &[&str]) -> String {
 /// Through `url` (on `server`'s database 0, default prefix): a lease of `key` with a 600 ms TTL
 /// outlives two TTLs by renewals, and its release wakes a registered waiter by pub/sub. Returns
 /// the holder's and the waiter's [`Locks`] (their connections still open).
-async fn renew_and_hand_over(server: &RedisServer, url: &str, key: &str) -> (Locks, Locks) {
+async fn renew_and_hand_over(
+    server: &leasehold_servers::RedisServer,
+    url: &str,
+    key: &str,
+) -> (Locks, Locks) {
     let a = locks(url, "a").await;
     let b = locks(url, "b").await;
     let g = a
@@ -1337,7 +1341,7 @@ async fn a_waiter_subscribed_before_a_hung_failover_hears_the_new_primary() {
 
 /// Checks that `held` (the lease of key `held`) is still current and its record lives on `server`
 /// (the new primary after a failover), then releases it.
-async fn renewed_on(held: LeaseGuard, server: &RedisServer) {
+async fn renewed_on(held: LeaseGuard, server: &leasehold_servers::RedisServer) {
     if !held.is_current() {
         panic!(
             "the holder lost its lease in the failover: {}",
@@ -1504,7 +1508,7 @@ async fn a_sentinel_failover_moves_the_store_to_the_promoted_primary() {
 /// Within a second of the sentinels' announcement, grants through `l` land on `new_server` (each
 /// held and released at once; the record stays on the new primary only while held, so its
 /// presence there is checked while held).
-async fn grants_land_on(l: &Locks, new_server: &RedisServer) {
+async fn grants_land_on(l: &Locks, new_server: &leasehold_servers::RedisServer) {
     let switched = Instant::now();
     for attempt in 0.. {
         let key = format!("after-{attempt}");
