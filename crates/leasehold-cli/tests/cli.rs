@@ -1122,13 +1122,13 @@ fn run_works_on_redis_redlock_and_a_cluster() {
         // Released on every node before leasehold exited (Redlock answers once a majority did,
         // and leasehold waits for the slower nodes' calls before it exits).
         let mut record = "leasehold:lock:agent-1";
-        let servers: Vec<&leasehold_testkit::servers::RedisServer> = if url.starts_with("redlock") {
-            nodes.iter().collect()
+        let servers: Vec<&leasehold_servers::RedisServer> = if url.starts_with("redlock") {
+            nodes.iter().map(|n| &**n).collect()
         } else if url.starts_with("redis+cluster") {
             record = "leasehold:lock:{agent-1}";
             cluster.primary_for(record).into_iter().collect()
         } else {
-            vec![&server]
+            vec![&*server]
         };
         assert!(!servers.is_empty(), "{url}: no server for {record}");
         for _ in 0..5 {

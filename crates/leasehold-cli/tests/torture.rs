@@ -25,7 +25,15 @@ fn torture_saying(
     args: &[&str],
     env: Vec<(&str, String)>,
 ) -> (i32, Vec<serde_json::Value>, String) {
-    let out = Command::new(BIN)
+    let mut cmd = Command::new(BIN);
+    if args.first() == Some(&"k8s") {
+        // The API server the k8s kind starts, built from the workspace.
+        cmd.env(
+            "LEASEHOLD_APISERVER",
+            leasehold_testkit::servers::apiserver_bin(),
+        );
+    }
+    let out = cmd
         .arg("torture")
         .args(args)
         .arg("--json")
@@ -384,6 +392,24 @@ fn s3_runs_on_plain_moto() {
 fn azure_keeps_its_promises_through_a_hung_emulator_and_when_cut_off() {
     // Azurite's endpoint is in the run's store URL (`?endpoint=`), so partition proxies it.
     keeps_its_promises("azure", "kill,restart,partition", "8s", "30");
+}
+
+/// `torture k8s` runs no cargo: without a `leasehold-apiserver` to run, it says how to install one.
+#[test]
+fn a_missing_api_server_says_how_to_install_it() {
+    let out = Command::new(BIN)
+        .args(["torture", "k8s", "--duration", "1s"])
+        .env("LEASEHOLD_APISERVER", "/nonexistent/leasehold-apiserver")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("cannot start leasehold-apiserver")
+            && err.contains("cargo install leasehold-apiserver")
+            && err.contains("--store URL"),
+        "{err}"
+    );
 }
 
 #[test]

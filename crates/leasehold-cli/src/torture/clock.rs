@@ -58,8 +58,10 @@ fn libfaketime() -> Result<PathBuf, Failure> {
 /// syntax, e.g. `+5m`).
 pub(crate) fn env(skew: &str) -> Result<Vec<(&'static str, String)>, Failure> {
     let lib = libfaketime()?;
-    // libfaketime's leftovers of dead processes would make some new ones fail to start.
-    leasehold_testkit::sweep_faketime_leftovers();
+    // libfaketime's leftovers of dead processes would make some new ones fail to start (the
+    // sweep is the launchers', absent from a build without them).
+    #[cfg(feature = "torture")]
+    leasehold_servers::sweep_faketime_leftovers();
     Ok(vec![
         ("LD_PRELOAD", lib.display().to_string()),
         ("FAKETIME", skew.to_owned()),

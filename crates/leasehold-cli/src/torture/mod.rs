@@ -307,7 +307,7 @@ async fn phase(
     }
     let mut generation = 1;
     // partition: the cuts of each member of a cluster started here from its peers.
-    let mut member_cuts = vec![0u64; stores.peers().map_or(0, |p| p.ports.len())];
+    let mut member_cuts = vec![0u64; stores.peers().map_or(0, |p| p.members())];
     let start = Instant::now();
     let end = start + duration;
     // On a terminal (and not with --json), a line that tells how the phase goes.
@@ -336,7 +336,7 @@ async fn phase(
             }
             ("partition", _) => {
                 let peers = stores.peers();
-                let members = peers.map_or(0, |p| p.ports.len());
+                let members = peers.map_or(0, |p| p.members());
                 let cut = network::Cut::pick(&mut rng, routes.len(), members, args.ttl);
                 if let network::Whom::Member(m) = cut.whom {
                     if let Some(n) = member_cuts.get_mut(m) {

@@ -21,7 +21,9 @@
 //! descriptors. Cutting a member sets its link: the connections into its proxy and those it
 //! dialed into its peers' proxies.
 
-use leasehold_testkit::etcd_cluster::MemberPids;
+#[cfg(feature = "torture")]
+use leasehold_servers::MemberPids;
+#[cfg(feature = "torture")]
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::Arc;
@@ -90,6 +92,7 @@ struct Aim {
     /// The party whose link every connection of this proxy answers to.
     party: usize,
     /// For a peer proxy: the members, so that a connection also answers to its dialer's link.
+    #[cfg(feature = "torture")]
     dialers: Option<MemberPids>,
 }
 
@@ -135,6 +138,7 @@ impl Route {
                         host: a.host.clone(),
                         port: Arc::new(AtomicU16::new(a.port)),
                         party: 0,
+                        #[cfg(feature = "torture")]
                         dialers: None,
                     };
                     let (port, task) = proxy(listener, aim, link.subscribe())?;
@@ -175,9 +179,29 @@ fn stop(accepting: &[JoinHandle<()>]) {
     }
 }
 
+/// Without the server launchers (the `torture` feature) no cluster is started here, so there are
+/// never peers to cut.
+#[cfg(not(feature = "torture"))]
+#[derive(Debug)]
+pub(crate) enum Peers {}
+
+#[cfg(not(feature = "torture"))]
+impl Peers {
+    /// How many members the proxies front.
+    pub(crate) fn members(&self) -> usize {
+        match *self {}
+    }
+
+    /// Switches member `m`'s link.
+    pub(crate) fn set(&self, _m: usize, _link: Link) {
+        match *self {}
+    }
+}
+
 /// The peer traffic of a cluster started here: a proxy in front of each member's peer port, which
 /// the member advertises to its peers instead of its own (see the module documentation). Dropping
 /// it stops the proxies and ends their connections.
+#[cfg(feature = "torture")]
 #[derive(Debug)]
 pub(crate) struct Peers {
     /// Each member's proxy port: the peer port it advertises.
@@ -189,7 +213,13 @@ pub(crate) struct Peers {
     accepting: Vec<JoinHandle<()>>,
 }
 
+#[cfg(feature = "torture")]
 impl Peers {
+    /// How many members the proxies front.
+    pub(crate) fn members(&self) -> usize {
+        self.ports.len()
+    }
+
     /// Starts a proxy for each of `members` members on a free loopback port, forwarding nowhere
     /// until [aimed](Peers::aimer).
     pub(crate) async fn new(members: usize) -> Result<Peers, String> {
@@ -239,6 +269,7 @@ impl Peers {
     }
 }
 
+#[cfg(feature = "torture")]
 impl Drop for Peers {
     fn drop(&mut self) {
         stop(&self.accepting);
@@ -343,12 +374,16 @@ fn proxy(
             };
             let (aim, links) = (aim.clone(), links.clone());
             tokio::spawn(async move {
+                #[cfg_attr(not(feature = "torture"), allow(unused_mut))]
                 let mut parties = vec![aim.party];
+                #[cfg(feature = "torture")]
                 if let Some(pids) = aim.dialers {
                     let found =
                         tokio::task::spawn_blocking(move || dialer(from, mine, &pids)).await;
                     parties.extend(found.ok().flatten());
                 }
+                #[cfg(not(feature = "torture"))]
+                let _ = (from, mine);
                 let mut link = Watch { links, parties };
                 if link.now() == Link::Reset {
                     reset(client);
@@ -369,6 +404,7 @@ fn proxy(
     Ok((mine, task))
 }
 
+#[cfg(feature = "torture")]
 /// The member (an index into `pids`) whose process dialed the connection from `from` to the
 /// loopback port `to` that this process accepted, if it still has it open.
 fn dialer(from: SocketAddr, to: u16, pids: &MemberPids) -> Option<usize> {
@@ -390,6 +426,7 @@ fn dialer(from: SocketAddr, to: u16, pids: &MemberPids) -> Option<usize> {
     })
 }
 
+#[cfg(feature = "torture")]
 /// The inode of the socket in a `/proc/net/tcp` (or `tcp6`) table whose local port is `local`
 /// and remote port is `remote`.
 fn socket_inode(table: &str, local: u16, remote: u16) -> Option<u64> {
@@ -690,6 +727,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "torture")]
     fn the_dialer_of_an_accepted_connection_is_found_by_its_socket() {
         use std::os::fd::AsRawFd;
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -764,6 +802,7 @@ mod tests {
         Some(all)
     }
 
+    #[cfg(feature = "torture")]
     #[tokio::test]
     async fn a_member_cut_from_its_peers_is_isolated_until_the_cut_lifts() {
         use leasehold_testkit::etcd_cluster::EtcdCluster;

@@ -1,5 +1,6 @@
-//! The servers `leasehold torture` starts itself (the test kit's launchers, the same the test
-//! suite runs), their `restart` fault, and what each store promises under each fault.
+//! The servers `leasehold torture` starts itself (the launchers of the `leasehold-servers` crate,
+//! the same the test suite runs; in a build with the `torture` feature, on by default), their
+//! `restart` fault, and what each store promises under each fault.
 //!
 //! What `restart` does per kind:
 //! * `redis` — the server (no persistence) killed and started again empty on its port;
@@ -20,22 +21,23 @@
 //! For a run with the `partition` fault, the etcd cluster's members reach each other through the
 //! harness's peer proxies ([`Peers`]), so that the fault can cut a member from its peers too.
 //!
-//! `s3` runs moto behind the test kit's serialising proxy (one request in flight to moto at a
+//! `s3` runs moto behind the launchers' serialising proxy (one request in flight to moto at a
 //! time): moto checks a conditional PUT and writes it in two steps, so two concurrent PUTs on one
 //! ETag can both be accepted, which S3 refuses. `restart` stops moto itself, not the proxy.
 //! `azure` puts Azurite's endpoint in the store URL (`?endpoint=`, credentials from the
 //! environment), so that `partition` can proxy it.
 
 use super::network::Peers;
-use crate::exit::{Failure, ERROR, USAGE};
-use leasehold_testkit::azure_server::AzuriteServer;
-use leasehold_testkit::etcd_cluster::EtcdCluster;
-use leasehold_testkit::gcs_server::GcsServer;
-use leasehold_testkit::s3_server::MotoServer;
-use leasehold_testkit::servers::{
-    redlock_url, ApiServer, PostgresServer, RedisCluster, RedisServer, SentinelSet, SENTINEL_MASTER,
+#[cfg(feature = "torture")]
+use crate::exit::ERROR;
+use crate::exit::{Failure, USAGE};
+#[cfg(feature = "torture")]
+use leasehold_servers::{
+    redlock_url, ApiServer, EtcdCluster, GcsServer, MotoServer, PostgresServer, RedisCluster,
+    RedisServer, SentinelSet, SENTINEL_MASTER,
 };
 use std::path::Path;
+#[cfg(feature = "torture")]
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -80,21 +82,31 @@ pub(crate) fn promises(kind: &str, fault: &str) -> Promise {
 enum Running {
     /// None started here: file, memory, or `--store URL`.
     Nothing,
+    #[cfg(feature = "torture")]
     Redis(RedisServer),
+    #[cfg(feature = "torture")]
     Sentinel(SentinelSet),
+    #[cfg(feature = "torture")]
     Cluster(RedisCluster),
+    #[cfg(feature = "torture")]
     Redlock(Vec<RedisServer>),
     /// Its members driven from a blocking thread (each waits for its peers, whose traffic may go
     /// through `peers`, proxies served by this process's runtime).
+    #[cfg(feature = "torture")]
     Etcd {
         cluster: Arc<Mutex<EtcdCluster>>,
         peers: Option<Peers>,
     },
+    #[cfg(feature = "torture")]
     Postgres(PostgresServer),
+    #[cfg(feature = "torture")]
     K8s(ApiServer),
+    #[cfg(feature = "torture")]
     Gcs(GcsServer),
+    #[cfg(feature = "torture")]
     S3(MotoServer),
-    Azure(AzuriteServer),
+    #[cfg(all(feature = "torture", feature = "azure"))]
+    Azure(leasehold_servers::AzuriteServer),
 }
 
 /// The store of one run: its URL, the environment its clients need, and the servers started here.
@@ -111,7 +123,8 @@ impl Stores {
     /// `partition` (the run will partition them).
     ///
     /// # Errors
-    /// A usage error for an unknown kind; an error naming the server and what to install (or to
+    /// A usage error for an unknown kind, or for a kind whose servers this build cannot start
+    /// (without the `torture` feature); an error naming the server and what to install (or to
     /// pass `--store URL`) when one cannot start.
     pub(crate) async fn start(
         kind: &str,
@@ -119,132 +132,35 @@ impl Stores {
         dir: &Path,
         partition: bool,
     ) -> Result<Stores, Failure> {
-        let plain = |url: String, running| Stores {
+        let plain = |url: String| Stores {
             url,
             env: vec![],
-            running,
+            running: Running::Nothing,
         };
-        if let Some(u) = url {
-            return Ok(plain(u.to_owned(), Running::Nothing));
-        }
-        let env = |pairs: Vec<(&str, String)>| {
-            pairs
-                .into_iter()
-                .map(|(k, v)| (k.to_owned(), v))
-                .collect::<Vec<_>>()
-        };
-        Ok(match kind {
-            "file" => plain(
-                format!("file://{}", dir.join("locks").display()),
-                Running::Nothing,
-            ),
-            "memory" => plain("memory://".to_owned(), Running::Nothing),
-            "redis" => {
-                let s = quietly("redis-server", RedisServer::start)?;
-                plain(s.url(), Running::Redis(s))
-            }
-            "redis-sentinel" => {
-                let s = quietly("a Redis Sentinel deployment", SentinelSet::start)?;
-                plain(s.url(), Running::Sentinel(s))
-            }
-            "redis-cluster" => {
-                let s = quietly("a Redis Cluster", RedisCluster::start)?;
-                plain(s.url(), Running::Cluster(s))
-            }
-            "redlock" => {
-                let nodes = quietly("redis-server (Redlock nodes)", || {
-                    (0..3).map(|_| RedisServer::start()).collect::<Vec<_>>()
-                })?;
-                plain(redlock_url(&nodes), Running::Redlock(nodes))
-            }
-            "etcd" => {
-                let peers = if partition {
-                    Some(Peers::new(3).await.map_err(|e| Failure::new(ERROR, e))?)
-                } else {
-                    None
-                };
-                let behind = peers
-                    .as_ref()
-                    .map(|p| (p.ports.clone(), p.pids.clone(), p.aimer()));
-                // Off this thread: the members come up only if the peer proxies forward.
-                let s = tokio::task::spawn_blocking(move || {
-                    quietly("an etcd cluster", || match behind {
-                        Some((ports, pids, aim)) => {
-                            EtcdCluster::start_with_peer_proxies(&ports, &pids, aim)
-                        }
-                        None => EtcdCluster::start(3),
-                    })
-                })
-                .await
-                .map_err(|e| Failure::new(ERROR, format!("starting etcd: {e}")))??;
-                plain(
-                    s.url(),
-                    Running::Etcd {
-                        cluster: Arc::new(Mutex::new(s)),
-                        peers,
-                    },
-                )
-            }
-            "postgres" => {
-                let (s, url) = quietly("PostgreSQL", || {
-                    let s = PostgresServer::start();
-                    let url = s.fresh_db();
-                    (s, url)
-                })?;
-                plain(url, Running::Postgres(s))
-            }
-            "k8s" => {
-                let s = quietly("leasehold-apiserver over etcd", ApiServer::start)?;
-                plain(s.store_url("torture"), Running::K8s(s))
-            }
-            "gcs" => {
-                let s = quietly("fake-gcs-server", GcsServer::start)?;
-                plain(s.store_url("torture/"), Running::Gcs(s))
-            }
-            "s3" => {
-                let (s, url) = quietly("moto (S3)", || {
-                    let s = MotoServer::start_serialised();
-                    let url = s.url("torture", "torture/");
-                    (s, url)
-                })?;
-                Stores {
-                    url,
-                    env: env(s.env()),
-                    running: Running::S3(s),
-                }
-            }
-            "azure" => {
-                let s = quietly("Azurite", AzuriteServer::start)?;
-                let store = leasehold::stores::azure::AzureStore::connect({
-                    let mut o = leasehold::stores::azure::AzureOptions::new("torture");
-                    o.prefix = "torture/".into();
-                    o.endpoint = Some(s.endpoint());
-                    o.credentials = Some(leasehold::stores::azure::AzureCredentials::new(
-                        leasehold::stores::azure::DEV_ACCOUNT.0,
-                        leasehold::stores::azure::DEV_ACCOUNT.1,
-                    ));
-                    o
-                })?;
-                store
-                    .create_container()
-                    .await
-                    .map_err(|e| Failure::new(ERROR, format!("Azurite: {e}")))?;
-                Stores {
-                    url: format!("az://torture/torture/?endpoint={}", s.endpoint()),
-                    env: env(s.env()),
-                    running: Running::Azure(s),
-                }
-            }
-            other => {
-                return Err(Failure::new(
+        match (url, kind) {
+            (Some(u), _) => Ok(plain(u.to_owned())),
+            (None, "file") => Ok(plain(format!("file://{}", dir.join("locks").display()))),
+            (None, "memory") => Ok(plain("memory://".to_owned())),
+            (None, k) if !KINDS.contains(&k) => Err(Failure::new(
+                USAGE,
+                format!(
+                    "torture {k} needs --store URL of a server you run (started here: {})",
+                    KINDS.join(", ")
+                ),
+            )),
+            #[cfg(feature = "torture")]
+            (None, k) => launch(k, partition).await,
+            #[cfg(not(feature = "torture"))]
+            (None, k) => {
+                let _ = partition;
+                Err(Failure::new(
                     USAGE,
                     format!(
-                        "torture {other} needs --store URL of a server you run (started here: {})",
-                        KINDS.join(", ")
+                        "torture {k} starts its servers itself, and this leasehold was built without its server launchers (the `torture` feature): pass --store URL of a server you run, or install leasehold with its default features"
                     ),
                 ))
             }
-        })
+        }
     }
 
     /// The store URL the clients open.
@@ -260,6 +176,7 @@ impl Stores {
     /// The proxies between the members of a cluster started here, when it has them.
     pub(crate) fn peers(&self) -> Option<&Peers> {
         match &self.running {
+            #[cfg(feature = "torture")]
             Running::Etcd { peers, .. } => peers.as_ref(),
             _ => None,
         }
@@ -270,6 +187,163 @@ impl Stores {
         !matches!(self.running, Running::Nothing)
     }
 
+    /// Injects one `restart` (see the module documentation), with the down time drawn from `rng`
+    /// (up to one `ttl`).
+    ///
+    /// # Errors
+    /// When a server does not come back.
+    #[cfg(not(feature = "torture"))]
+    pub(crate) async fn restart(
+        &mut self,
+        _rng: &mut fastrand::Rng,
+        _ttl: Duration,
+    ) -> Result<(), Failure> {
+        match self.running {
+            Running::Nothing => Ok(()),
+        }
+    }
+
+    /// Stops every server started here.
+    pub(crate) fn stop(self) {
+        // Each launcher's value stops its processes (SIGKILL by PID) when dropped.
+        drop(self.running);
+    }
+}
+
+/// Starts the servers of `kind` (one of [`KINDS`] but file and memory); an etcd cluster's members
+/// behind [`Peers`] when `partition`.
+#[cfg(feature = "torture")]
+async fn launch(kind: &str, partition: bool) -> Result<Stores, Failure> {
+    let plain = |url: String, running| Stores {
+        url,
+        env: vec![],
+        running,
+    };
+    let env = |pairs: Vec<(&str, String)>| {
+        pairs
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect::<Vec<_>>()
+    };
+    Ok(match kind {
+        "redis" => {
+            let s = started("redis-server", RedisServer::start())?;
+            plain(s.url(), Running::Redis(s))
+        }
+        "redis-sentinel" => {
+            let s = started("a Redis Sentinel deployment", SentinelSet::start())?;
+            plain(s.url(), Running::Sentinel(s))
+        }
+        "redis-cluster" => {
+            let s = started("a Redis Cluster", RedisCluster::start())?;
+            plain(s.url(), Running::Cluster(s))
+        }
+        "redlock" => {
+            let nodes = started(
+                "redis-server (Redlock nodes)",
+                (0..3)
+                    .map(|_| RedisServer::start())
+                    .collect::<Result<Vec<_>, _>>(),
+            )?;
+            plain(redlock_url(&nodes), Running::Redlock(nodes))
+        }
+        "etcd" => {
+            let peers = if partition {
+                Some(Peers::new(3).await.map_err(|e| Failure::new(ERROR, e))?)
+            } else {
+                None
+            };
+            let behind = peers
+                .as_ref()
+                .map(|p| (p.ports.clone(), p.pids.clone(), p.aimer()));
+            // Off this thread: the members come up only if the peer proxies forward.
+            let s = tokio::task::spawn_blocking(move || {
+                started(
+                    "an etcd cluster",
+                    match behind {
+                        Some((ports, pids, aim)) => {
+                            EtcdCluster::start_with_peer_proxies(&ports, &pids, aim)
+                        }
+                        None => EtcdCluster::start(3),
+                    },
+                )
+            })
+            .await
+            .map_err(|e| Failure::new(ERROR, format!("starting etcd: {e}")))??;
+            plain(
+                s.url(),
+                Running::Etcd {
+                    cluster: Arc::new(Mutex::new(s)),
+                    peers,
+                },
+            )
+        }
+        "postgres" => {
+            let (s, url) = started(
+                "PostgreSQL",
+                PostgresServer::start().and_then(|s| {
+                    let url = s.fresh_db()?;
+                    Ok((s, url))
+                }),
+            )?;
+            plain(url, Running::Postgres(s))
+        }
+        "k8s" => {
+            let s = started("leasehold-apiserver over etcd", ApiServer::start())?;
+            plain(s.store_url("torture"), Running::K8s(s))
+        }
+        "gcs" => {
+            let s = started("fake-gcs-server", GcsServer::start())?;
+            plain(s.store_url("torture/"), Running::Gcs(s))
+        }
+        "s3" => {
+            let (s, url) = started(
+                "moto (S3)",
+                MotoServer::start_serialised().and_then(|s| {
+                    let url = s.url("torture", "torture/")?;
+                    Ok((s, url))
+                }),
+            )?;
+            Stores {
+                url,
+                env: env(s.env()),
+                running: Running::S3(s),
+            }
+        }
+        #[cfg(feature = "azure")]
+        "azure" => {
+            let s = started("Azurite", leasehold_servers::AzuriteServer::start())?;
+            let store = leasehold::stores::azure::AzureStore::connect({
+                let mut o = leasehold::stores::azure::AzureOptions::new("torture");
+                o.prefix = "torture/".into();
+                o.endpoint = Some(s.endpoint());
+                o.credentials = Some(leasehold::stores::azure::AzureCredentials::new(
+                    leasehold::stores::azure::DEV_ACCOUNT.0,
+                    leasehold::stores::azure::DEV_ACCOUNT.1,
+                ));
+                o
+            })?;
+            store
+                .create_container()
+                .await
+                .map_err(|e| Failure::new(ERROR, format!("Azurite: {e}")))?;
+            Stores {
+                url: format!("az://torture/torture/?endpoint={}", s.endpoint()),
+                env: env(s.env()),
+                running: Running::Azure(s),
+            }
+        }
+        other => {
+            return Err(Failure::new(
+                USAGE,
+                format!("this leasehold was built without the store of torture {other}"),
+            ))
+        }
+    })
+}
+
+#[cfg(feature = "torture")]
+impl Stores {
     /// Injects one `restart` (see the module documentation), with the down time drawn from `rng`
     /// (up to one `ttl`).
     ///
@@ -287,15 +361,13 @@ impl Stores {
                 let port = s.port;
                 s.stop();
                 tokio::time::sleep(down).await;
-                *s = quietly("redis-server", || RedisServer::start_on(port))?;
+                *s = started("redis-server", RedisServer::start_on(port))?;
             }
             Running::Redlock(nodes) => {
                 let port = nodes[0].port;
                 nodes[0].stop();
                 tokio::time::sleep(down).await;
-                nodes[0] = quietly("redis-server (Redlock node)", || {
-                    RedisServer::start_on(port)
-                })?;
+                nodes[0] = started("redis-server (Redlock node)", RedisServer::start_on(port))?;
             }
             Running::Sentinel(set) => {
                 let before = set.primary_port();
@@ -380,20 +452,16 @@ impl Stores {
             }
             Running::Gcs(s) => hang(|sig| s.signal(sig), ttl).await,
             Running::S3(s) => hang(|sig| signal(s.pid(), sig), ttl).await,
+            #[cfg(feature = "azure")]
             Running::Azure(s) => hang(|sig| signal(s.pid(), sig), ttl).await,
         }
         Ok(())
-    }
-
-    /// Stops every server started here.
-    pub(crate) fn stop(self) {
-        // Each launcher's value stops its processes (SIGKILL by PID) when dropped.
-        drop(self.running);
     }
 }
 
 /// Runs `f` on the etcd cluster from a blocking thread, leaving this one to serve the peer
 /// proxies meanwhile.
+#[cfg(feature = "torture")]
 async fn on_etcd<T: Send + 'static>(
     cluster: &Arc<Mutex<EtcdCluster>>,
     f: impl FnOnce(&mut EtcdCluster) -> T + Send + 'static,
@@ -413,6 +481,7 @@ pub(crate) fn note(kind: &str, url: Option<&str>) -> Option<&'static str> {
 }
 
 /// Stops a server (SIGSTOP) for 1.5 `ttl`, then continues it (SIGCONT).
+#[cfg(feature = "torture")]
 async fn hang(signal: impl Fn(i32), ttl: Duration) {
     signal(libc::SIGSTOP);
     tokio::time::sleep(ttl * 3 / 2).await;
@@ -420,6 +489,7 @@ async fn hang(signal: impl Fn(i32), ttl: Duration) {
 }
 
 /// Sends `sig` to the process `pid` (a server started here, not yet reaped).
+#[cfg(feature = "torture")]
 fn signal(pid: Option<u32>, sig: i32) {
     if let Some(pid) = pid.and_then(|p| libc::pid_t::try_from(p).ok()) {
         // SAFETY: kill(2) on a child of this process, which its launcher has not reaped.
@@ -428,6 +498,7 @@ fn signal(pid: Option<u32>, sig: i32) {
 }
 
 /// Waits until `done` holds, for up to 10 s.
+#[cfg(feature = "torture")]
 async fn settle(what: &str, mut done: impl FnMut() -> bool) -> Result<(), Failure> {
     let until = tokio::time::Instant::now() + Duration::from_secs(10);
     while !done() {
@@ -442,23 +513,14 @@ async fn settle(what: &str, mut done: impl FnMut() -> bool) -> Result<(), Failur
     Ok(())
 }
 
-/// Runs a test-kit launcher, which panics when its server cannot start, as an error naming
-/// `what` with the launcher's message (what to install, or which variable to set), without the
-/// panic's own report on stderr.
-fn quietly<T>(what: &str, start: impl FnOnce() -> T) -> Result<T, Failure> {
-    let hook = std::panic::take_hook();
-    std::panic::set_hook(Box::new(|_| {}));
-    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(start));
-    std::panic::set_hook(hook);
-    result.map_err(|panic| {
-        let why = panic
-            .downcast_ref::<String>()
-            .map(String::as_str)
-            .or_else(|| panic.downcast_ref::<&str>().copied())
-            .unwrap_or("it panicked");
+/// A launcher's server, or an error naming `what` with the launcher's message (what to install,
+/// or which variable to set).
+#[cfg(feature = "torture")]
+fn started<T>(what: &str, result: Result<T, leasehold_servers::Error>) -> Result<T, Failure> {
+    result.map_err(|e| {
         Failure::new(
             ERROR,
-            format!("cannot start {what}: {why} (or pass --store URL of a server you run)"),
+            format!("cannot start {what}: {e} (or pass --store URL of a server you run)"),
         )
     })
 }
@@ -467,11 +529,15 @@ fn quietly<T>(what: &str, start: impl FnOnce() -> T) -> Result<T, Failure> {
 mod tests {
     use super::*;
 
+    #[cfg(feature = "torture")]
     #[test]
-    fn a_launcher_that_panics_is_an_error_naming_the_server() {
-        let e = quietly("redis-server", || -> u8 {
-            panic!("cannot start redis-server: install it")
-        })
+    fn a_launcher_error_is_an_error_naming_the_server() {
+        let e = started::<u8>(
+            "redis-server",
+            Err(leasehold_servers::Error::Missing(
+                "cannot start redis-server: install it".into(),
+            )),
+        )
         .unwrap_err();
         assert_eq!(e.code, ERROR);
         assert!(
