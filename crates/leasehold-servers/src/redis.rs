@@ -291,9 +291,9 @@ impl RedisServer {
                 ))
             })?;
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while !replica
+        while replica
             .replication_offset("slave_repl_offset")
-            .is_some_and(|o| o >= written)
+            .is_none_or(|o| o < written)
         {
             if std::time::Instant::now() >= deadline {
                 return Err(Error::Setup(format!(
