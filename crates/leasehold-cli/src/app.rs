@@ -1,9 +1,10 @@
 //! Runs the parsed command line: the runtime, dispatch to the subcommands.
 
 use crate::cli::{key_arg, prefix_arg, Cli, Command};
+use crate::commands::{admin, bench, elect, hold, queue, run, torture};
 use crate::exit::{self, Failure, ERROR};
 use crate::setup::runtime;
-use crate::{admin, bench, elect, hold, queue, run, store, torture};
+use crate::store;
 use std::time::Duration;
 
 /// Runs the command and returns leasehold's exit code; failures are reported on stderr.

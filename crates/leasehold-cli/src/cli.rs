@@ -1,7 +1,7 @@
 //! The command line, as clap derives it: doc comments are the help text.
 
 use crate::exit::{self, Failure};
-use crate::signals::SignalArg;
+use crate::process::signals::SignalArg;
 use clap::{Args, Parser, Subcommand};
 use leasehold::Key;
 use std::ffi::{OsStr, OsString};
@@ -682,7 +682,7 @@ mod tests {
                 proptest::prop_assert_eq!(format!("{name}={value}"), s.clone());
             }
             let _ = parse_priority(&s);
-            if let Ok(sig) = crate::signals::SignalArg::parse(&s) {
+            if let Ok(sig) = crate::process::signals::SignalArg::parse(&s) {
                 proptest::prop_assert!((1..=64).contains(&sig.0));
             }
         }

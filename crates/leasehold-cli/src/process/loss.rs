@@ -8,7 +8,7 @@
 //! ```
 //! The lease's own loss grace ([`leasehold::LockOptions::loss_grace`]) is `--loss-grace` plus the
 //! kill margin, so it must fit `ttl/3 + loss grace + drift < ttl`; a `--loss-grace` that does not
-//! is a usage error naming the largest that does. The command's group guard ([`crate::guard`])
+//! is a usage error naming the largest that does. The command's group guard ([`crate::process::group_guard`])
 //! is told each `valid_until` less half the margin, and kills the group then unless told of a
 //! later one: a leasehold that is paused (SIGSTOP, a freeze) cannot stop its command itself.
 

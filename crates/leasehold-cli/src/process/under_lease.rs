@@ -5,23 +5,25 @@
 //! (forwarded ones, SIGTERM on a lost lease, SIGKILL after the grace period) go to that whole
 //! group, so a shell script's children stop with it. The two graces are named apart: the shutdown
 //! grace (`--grace`) follows a forwarded signal while the lease is healthy and renewed, and the
-//! loss grace (`--loss-grace`, [`crate::loss`]) follows the stop-by deadline of a lease whose
+//! loss grace (`--loss-grace`, [`crate::process::loss`]) follows the stop-by deadline of a lease whose
 //! renewals fail, bounded by the time left on it. On a terminal the child stays in leasehold's
 //! group, so interactive commands keep the terminal (and a Ctrl-C, which the terminal sends to
 //! that whole group, is not forwarded a second time). The `--on-handoff` signal goes to the child
-//! alone ([`crate::child`] sends them). The command dies with leasehold (`PR_SET_PDEATHSIG`), and
-//! its process group with it ([`crate::guard`]). When the command ends, whatever it left running
+//! alone ([`crate::process::child`] sends them). The command dies with leasehold (`PR_SET_PDEATHSIG`), and
+//! its process group with it ([`crate::process::group_guard`]). When the command ends, whatever it left running
 //! — in its group or not (`setsid`), on a terminal too — is killed before the lease is released
-//! ([`crate::tree`]).
+//! ([`crate::process::tree`]).
 
-use crate::child::{die_with_parent, signal_child, signal_status, sleep_until, stop_signal};
 use crate::exit::{self, Failure, CANNOT_EXECUTE, ERROR, NOT_FOUND};
-use crate::guard::Guard;
-use crate::holding::{release_failed, Ended};
-use crate::loss::Loss;
+use crate::lease::{release_failed, Ended};
 use crate::output;
-use crate::signals::{self, Forwarded, Received, SignalArg};
-use crate::tree;
+use crate::process::child::{
+    die_with_parent, signal_child, signal_status, sleep_until, stop_signal,
+};
+use crate::process::group_guard::Guard;
+use crate::process::loss::Loss;
+use crate::process::signals::{self, Forwarded, Received, SignalArg};
+use crate::process::tree;
 use leasehold::{Key, LeaseGuard, Locks, Released, StopReason};
 use std::ffi::OsString;
 use std::io;
@@ -48,8 +50,8 @@ pub(crate) struct Supervised<'a> {
 /// shutdown grace), the handoff signal sent, the command stopped before the lease could expire
 /// when renewals fail (SIGTERM at the stop-by deadline, SIGKILL the kill margin before
 /// `valid_until`) and at once when the store says the lease is gone (after `--overlap-grace` if
-/// given), and whatever it left running killed ([`crate::tree`]) before the lease is released.
-/// Its group guard is told each renewal's deadline ([`crate::guard`]), so a leasehold that is
+/// given), and whatever it left running killed ([`crate::process::tree`]) before the lease is released.
+/// Its group guard is told each renewal's deadline ([`crate::process::group_guard`]), so a leasehold that is
 /// paused does not leave it running past the lease either.
 pub(crate) async fn supervise(
     locks: &Locks,
@@ -69,7 +71,7 @@ pub(crate) async fn supervise(
         .env("LEASEHOLD_HOLDER", locks.holder().as_str())
         .env(
             "LEASEHOLD_DEADLINE",
-            crate::guard::monotonic_at(loss.watchdog(known)).to_string(),
+            crate::process::group_guard::monotonic_at(loss.watchdog(known)).to_string(),
         );
     // SAFETY: isatty(3) only inspects the descriptor.
     let own_group = unsafe { libc::isatty(0) } == 0;
@@ -87,7 +89,7 @@ pub(crate) async fn supervise(
     // The command never outlives leasehold: a leasehold that is killed cannot release, and the
     // lease's expiry would let another holder start next to it.
     die_with_parent(&mut child_command);
-    // Nor does anything it starts outlive the run, wherever it goes ([`crate::tree`]).
+    // Nor does anything it starts outlive the run, wherever it goes ([`crate::process::tree`]).
     if let Err(e) = tree::become_subreaper() {
         tracing::warn!(error = %e, "cannot become the command's subreaper; processes that leave its group may outlive the run");
     }

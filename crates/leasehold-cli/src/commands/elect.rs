@@ -4,16 +4,16 @@
 //!
 //! Without a command the leader only holds the lease, until a termination signal; its events go to
 //! stdout, one line each, for a script or a supervisor to follow. With a command the leader runs
-//! it as `leasehold run` does ([`crate::leased::supervise`]): the command's exit ends the election
+//! it as `leasehold run` does ([`crate::process::under_lease::supervise`]): the command's exit ends the election
 //! (the lease released, leasehold exiting with its status), a lost lease stops it.
 
 use crate::cli::{key_arg, ElectArgs};
 use crate::exit::{Failure, LOST};
-use crate::holding::{hold_until, obtain, Ended, Events};
-use crate::leased::{supervise, Supervised};
-use crate::loss::Loss;
+use crate::lease::{hold_until, obtain, Ended, Events};
 use crate::metrics::{self, Endpoint};
-use crate::signals::{self, Forwarded};
+use crate::process::loss::Loss;
+use crate::process::signals::{self, Forwarded};
+use crate::process::under_lease::{supervise, Supervised};
 use leasehold::Wait;
 use prometheus::IntGauge;
 

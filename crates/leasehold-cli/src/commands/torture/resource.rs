@@ -164,7 +164,7 @@ impl State {
                 let (Ok(fence), Ok(valid)) = (fence.parse::<u64>(), valid) else {
                     return "error: bad number".into();
                 };
-                let now = crate::guard::monotonic_ns();
+                let now = crate::process::group_guard::monotonic_ns();
                 self.section(op, key, fence, (client, conn), valid, now)
             }
             _ => "error: unknown request".into(),
@@ -288,7 +288,7 @@ fn connection(stream: UnixStream, state: &Mutex<State>, conn: u64) {
                 let answer = s.answer(&line, conn);
                 // A progress read is nothing that happened.
                 if let Some(h) = s.history.as_mut().filter(|_| line != "P") {
-                    let now = crate::guard::monotonic_ns();
+                    let now = crate::process::group_guard::monotonic_ns();
                     // The history is a record for people; a failed write must not stop the run.
                     let _ = writeln!(h, "{now} c{conn} {line} -> {answer}");
                     if line == "Q" {

@@ -9,7 +9,7 @@
 use crate::cli::BenchArgs;
 use crate::exit::{Failure, OK};
 use crate::output::{self, print};
-use crate::signals::Forwarded;
+use crate::process::signals::Forwarded;
 use leasehold::{Key, LockStore, Locks};
 use serde_json::json;
 use std::sync::Arc;
@@ -69,8 +69,8 @@ pub(crate) async fn bench(store: Arc<dyn LockStore>, args: BenchArgs) -> Result<
                 sig = signals.recv() => {
                     locks.release_all().await.ok();
                     return Err(Failure::new(
-                        crate::child::signal_status(sig.signal),
-                        format!("{} received: bench stopped", crate::signals::name(sig.signal)),
+                        crate::process::child::signal_status(sig.signal),
+                        format!("{} received: bench stopped", crate::process::signals::name(sig.signal)),
                     ));
                 }
             };

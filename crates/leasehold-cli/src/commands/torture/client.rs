@@ -69,7 +69,7 @@ pub(crate) async fn run(plan: Plan<'_>) -> Result<(), String> {
         };
         let fence = guard.fence();
         let mut say = |op: &str| -> Result<String, String> {
-            let valid = crate::guard::monotonic_at(guard.valid_until());
+            let valid = crate::process::group_guard::monotonic_at(guard.valid_until());
             resource
                 .ask(&format!("{op} {key} {fence} {} {valid}", plan.id))
                 .map_err(|e| format!("resource: {e}"))
@@ -117,7 +117,7 @@ async fn run_commands(plan: &Plan<'_>) -> Result<(), String> {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
-        crate::child::die_with_parent(&mut cmd);
+        crate::process::child::die_with_parent(&mut cmd);
         let status = cmd
             .status()
             .await

@@ -483,7 +483,7 @@ fn spawn_self(args: &[&str], env: &[(String, String)]) -> Result<Child, Failure>
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .process_group(0);
-    crate::child::die_with_parent(&mut cmd);
+    crate::process::child::die_with_parent(&mut cmd);
     cmd.spawn()
         .map_err(|e| Failure::new(ERROR, format!("cannot start a torture process: {e}")))
 }

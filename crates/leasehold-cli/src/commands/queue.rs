@@ -51,7 +51,8 @@ pub(crate) async fn dispatch(store: Option<&str>, args: QueueArgs) -> Result<u8,
         QueueCommand::Cleanup(a) => cleanup(&*open(queue).await?, a).await,
         QueueCommand::Work(a) => {
             let same_db = lease_store(store, &url(queue));
-            crate::worker::work(open(queue).await?, same_db.as_deref().or(store), a).await
+            crate::commands::queue_work::work(open(queue).await?, same_db.as_deref().or(store), a)
+                .await
         }
     }
 }

@@ -1,12 +1,12 @@
-//! `leasehold run`: a command run while holding a lease, as [`crate::leased`] runs it.
+//! `leasehold run`: a command run while holding a lease, as [`crate::process::under_lease`] runs it.
 
 use crate::cli::{key_arg, RunArgs};
 use crate::exit::{Failure, LOST};
-use crate::holding::{lease_builder, obtain, Ended};
-use crate::leased::{supervise, Supervised};
-use crate::loss::Loss;
+use crate::lease::{lease_builder, obtain, Ended};
 use crate::metrics::{self, Endpoint};
-use crate::signals::Forwarded;
+use crate::process::loss::Loss;
+use crate::process::signals::Forwarded;
+use crate::process::under_lease::{supervise, Supervised};
 
 /// `leasehold run`.
 pub(crate) async fn run(store_url: Option<&str>, args: RunArgs) -> Result<u8, Failure> {

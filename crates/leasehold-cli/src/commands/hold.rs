@@ -7,10 +7,10 @@
 
 use crate::cli::{key_arg, HoldArgs};
 use crate::exit::{Failure, LOST};
-use crate::holding::{hold_until, lease_builder, obtain, Ended, Events};
-use crate::loss::Loss;
+use crate::lease::{hold_until, lease_builder, obtain, Ended, Events};
 use crate::metrics::{self, Endpoint};
-use crate::signals::Forwarded;
+use crate::process::loss::Loss;
+use crate::process::signals::Forwarded;
 use std::time::Duration;
 use tokio::io::AsyncReadExt;
 

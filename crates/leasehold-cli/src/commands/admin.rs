@@ -3,7 +3,7 @@
 use crate::cli::{CleanupArgs, ReleaseArgs};
 use crate::exit::{Failure, OK};
 use crate::output::{self, clean, print, print_json};
-use crate::signals::Forwarded;
+use crate::process::signals::Forwarded;
 use leasehold::record::now_ms;
 use leasehold::{Inspection, Key, LeaseRecord, LockStore};
 use serde_json::{json, Value};

@@ -6,7 +6,7 @@
 //!
 //! Only leasehold's own children are ever signalled, by pid: a child's pid cannot be reused
 //! before its parent reaps it, and leasehold reaps them itself, so no other process can be hit.
-//! The process group (see [`crate::guard`]) covers a `leasehold` killed with SIGKILL; the sweep
+//! The process group (see [`crate::process::group_guard`]) covers a `leasehold` killed with SIGKILL; the sweep
 //! covers what left that group (`setsid`, `setpgid`), and on a terminal, where the command shares
 //! leasehold's group and has no group guard, every process it started.
 

@@ -5,8 +5,8 @@
 //!
 //! The worker runs `leasehold __supervise GRACE_MS -- CMD…` (this binary, through
 //! `/proc/self/exe`) in a process group of its own. The supervisor makes itself the child
-//! subreaper of its descendants ([`crate::tree`]) and starts the command in another process
-//! group, guarded as `leasehold run` guards its command's ([`crate::guard`]). A process of the
+//! subreaper of its descendants ([`crate::process::tree`]) and starts the command in another process
+//! group, guarded as `leasehold run` guards its command's ([`crate::process::group_guard`]). A process of the
 //! task whose parent exits is re-parented to the supervisor, not to the worker (where it could not
 //! be told apart from another task's) nor to init. Once the command has exited, the supervisor
 //! kills what is left of its group and, generation by generation, everything else it started
@@ -29,13 +29,13 @@
 //! by [`OVERRUN`], or the OOM killer) takes the command and its process group with it (the
 //! command dies with its parent; the group guard kills the group). What left the group is
 //! re-parented to the worker, the subreaper above the supervisor, which kills it before it
-//! records the task's end ([`crate::tree::sweep_except`]).
+//! records the task's end ([`crate::process::tree::sweep_except`]).
 
-use crate::child::{die_with_parent, stop_signal};
 use crate::exit::{self, NOT_FOUND};
-use crate::guard::Guard;
+use crate::process::child::{die_with_parent, stop_signal};
+use crate::process::group_guard::Guard;
+use crate::process::tree;
 use crate::setup;
-use crate::tree;
 use std::ffi::OsString;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -62,7 +62,7 @@ pub(crate) const OVERRUN: Duration = Duration::from_secs(6);
 /// ([`Report::read`]). The write end stays open in this process until the returned [`Report`] is told
 /// the supervisor has started ([`Report::started`]).
 pub(crate) fn command(argv: &[String], grace: Duration) -> io::Result<(Command, Report)> {
-    let (read, write) = crate::guard::pipe(libc::O_CLOEXEC | libc::O_NONBLOCK)?;
+    let (read, write) = crate::process::group_guard::pipe(libc::O_CLOEXEC | libc::O_NONBLOCK)?;
     let raw = write.as_raw_fd();
     // /proc/self/exe: this very binary, even if it was replaced on disk since.
     let mut command = Command::new("/proc/self/exe");

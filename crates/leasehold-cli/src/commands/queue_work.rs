@@ -1,21 +1,21 @@
 //! `leasehold queue work`: the library's queue worker ([`leasehold::queue::worker`], which
 //! claims, heartbeats, recovers, takes each key's lease and records each end) with a runner that
-//! runs each task's command as a process, under a task supervisor ([`crate::supervise`]), and
+//! runs each task's command as a process, under a task supervisor ([`crate::process::supervise`]), and
 //! stops it when the worker says so: on cancel, timeout or drain SIGTERM, SIGKILL after `--grace`;
 //! when the key's lease must be given up (its stop-by deadline passed unrenewed) SIGTERM, and
-//! SIGKILL the kill margin ([`crate::loss`]) before the lease's `valid_until`, or at once when
+//! SIGKILL the kill margin ([`crate::process::loss`]) before the lease's `valid_until`, or at once when
 //! the store says the lease is gone, so that the task is gone before another worker can be
 //! granted its key. SIGTERM/SIGINT/SIGHUP drain the worker; a second one stops the running tasks.
 
-use crate::child::{die_with_parent, sleep_until, stop_signal};
 use crate::cli::QueueWorkArgs;
 use crate::exit::{self, Failure, OK};
-use crate::loss;
 use crate::metrics::{self, Endpoint};
 use crate::payload::decode_command;
-use crate::signals::{self, Forwarded};
-use crate::supervise;
-use crate::tree;
+use crate::process::child::{die_with_parent, sleep_until, stop_signal};
+use crate::process::loss;
+use crate::process::signals::{self, Forwarded};
+use crate::process::supervise;
+use crate::process::tree;
 use leasehold::queue::metrics::QueueMetrics;
 use leasehold::queue::worker::{RunningTask, StopReason, TaskRunner, Worker};
 use leasehold::queue::{Outcome, QueueBackend, Task};
@@ -253,8 +253,11 @@ impl ProcessRunner {
     /// `valid_until`: the command's group is killed then, less half the kill margin, unless told
     /// of a later one ([`supervise`]).
     fn tell_deadline(&self, pipe: &OwnedFd, valid_until: Instant) {
-        let at = crate::guard::monotonic_at(loss::watchdog(valid_until, self.kill_margin));
-        if let Err(e) = crate::guard::write_deadline(pipe, at) {
+        let at = crate::process::group_guard::monotonic_at(loss::watchdog(
+            valid_until,
+            self.kill_margin,
+        ));
+        if let Err(e) = crate::process::group_guard::write_deadline(pipe, at) {
             tracing::warn!(error = %e, "cannot tell the task's supervisor the lease's deadline");
         }
     }
@@ -271,7 +274,7 @@ impl ProcessRunner {
         let (mut command, mut report) = supervise::command(argv, self.grace)
             .map_err(|e| format!("cannot prepare the task's supervisor: {e}"))?;
         // The lease's deadlines go to the supervisor's stdin.
-        let (read, write) = crate::guard::pipe(libc::O_CLOEXEC | libc::O_NONBLOCK)
+        let (read, write) = crate::process::group_guard::pipe(libc::O_CLOEXEC | libc::O_NONBLOCK)
             .map_err(|e| format!("cannot prepare the task's supervisor: {e}"))?;
         command
             .env("LEASEHOLD_TASK_ID", task.task().id.to_string())

@@ -1,11 +1,11 @@
 //! Taking and holding a lease for `run`, `elect` and `hold`: the acquisition the flags ask for,
 //! a wait that a termination signal ends, a lease held until a stop, and the events told.
 
-use crate::child::signal_status;
 use crate::cli::LeaseArgs;
 use crate::exit::{self, Failure, LOST, OK};
 use crate::output::{clean, print};
-use crate::signals::{self, Forwarded};
+use crate::process::child::signal_status;
+use crate::process::signals::{self, Forwarded};
 use leasehold::{Error, Key, LeaseGuard, LockBuilder, Locks, StopReason, Wait};
 use serde_json::json;
 

@@ -96,7 +96,7 @@ pub(crate) fn print() -> Result<(), String> {
         .as_nanos();
     println!(
         "{realtime} {} {}",
-        crate::guard::monotonic_ns(),
+        crate::process::group_guard::monotonic_ns(),
         boottime_ns()
     );
     Ok(())
@@ -127,14 +127,14 @@ pub(crate) async fn check(skew: &str) -> Result<(), Failure> {
         .envs(env(skew)?)
         .stdin(Stdio::null())
         .stdout(Stdio::piped());
-    crate::child::die_with_parent(&mut cmd);
+    crate::process::child::die_with_parent(&mut cmd);
     let wall_before = SystemTime::now();
-    let (mono_before, boot_before) = (crate::guard::monotonic_ns(), boottime_ns());
+    let (mono_before, boot_before) = (crate::process::group_guard::monotonic_ns(), boottime_ns());
     let out = cmd
         .output()
         .await
         .map_err(|e| Failure::new(ERROR, format!("cannot start a clock-skewed process: {e}")))?;
-    let (mono_after, boot_after) = (crate::guard::monotonic_ns(), boottime_ns());
+    let (mono_after, boot_after) = (crate::process::group_guard::monotonic_ns(), boottime_ns());
     let text = String::from_utf8_lossy(&out.stdout);
     let read: Vec<i128> = text
         .split_whitespace()

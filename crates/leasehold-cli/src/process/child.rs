@@ -6,7 +6,7 @@
 //! guard), which is safe against reuse because neither is reaped before we stop signalling it.
 
 use crate::exit::{ERROR, SIGNAL_BASE};
-use crate::signals;
+use crate::process::signals;
 use std::io;
 use tokio::process::{Child, Command};
 
@@ -57,7 +57,7 @@ pub(crate) async fn sleep_until(at: Option<tokio::time::Instant>) {
 /// Makes the command die (SIGKILL) when the thread that spawned it dies — for a `run` or a worker
 /// killed with SIGKILL, so a command never runs without its lease, and a recovered task never
 /// next to its orphaned first attempt. (Only the direct child gets the signal; see
-/// [`crate::guard`] for its own children.)
+/// [`crate::process::group_guard`] for its own children.)
 pub(crate) fn die_with_parent(command: &mut Command) {
     // SAFETY: prctl is async-signal-safe; called between fork and exec.
     unsafe {
