@@ -2,7 +2,7 @@
 
 use crate::exit::{self, Failure};
 use crate::process::signals::SignalArg;
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use leasehold::Key;
 use std::ffi::{OsStr, OsString};
 use std::time::Duration;
@@ -293,6 +293,77 @@ pub(crate) struct InspectArgs {
     pub(crate) json: bool,
 }
 
+/// A fault of `torture --faults`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Fault {
+    /// No fault.
+    None,
+    /// SIGKILL of a client.
+    Kill,
+    /// SIGSTOP of a client past its TTL, then SIGCONT.
+    Stop,
+    /// The store's servers restarted (or failed over).
+    Restart,
+    /// The store cut off by TCP proxies.
+    Partition,
+    /// Clients whose wall clocks are off.
+    Clock,
+}
+
+impl Fault {
+    /// Its name on the command line.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Fault::None => "none",
+            Fault::Kill => "kill",
+            Fault::Stop => "stop",
+            Fault::Restart => "restart",
+            Fault::Partition => "partition",
+            Fault::Clock => "clock",
+        }
+    }
+}
+
+impl std::fmt::Display for Fault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How `torture`'s clients take their leases.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Via {
+    /// Through the library, checking the guard before each write.
+    #[value(name = "lib")]
+    Library,
+    /// Through `leasehold run`, the writes made by its command (`leasehold __torture section`).
+    Run,
+}
+
+impl Via {
+    /// Its name on the command line (`lib`, `run`).
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Via::Library => "lib",
+            Via::Run => "run",
+        }
+    }
+
+    /// `lib` or `run`.
+    pub(crate) fn parse(s: &str) -> Option<Via> {
+        <Via as ValueEnum>::from_str(s, false).ok()
+    }
+}
+
+/// A queued task's policy (`queue add --policy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum PolicyArg {
+    /// Never run twice: a task whose worker died is marked failed.
+    AtMostOnce,
+    /// Run again (up to --max-attempts) when its worker died.
+    AtLeastOnce,
+}
+
 /// Options of `torture`.
 #[derive(Debug, Args)]
 pub(crate) struct TortureArgs {
@@ -326,7 +397,7 @@ pub(crate) struct TortureArgs {
         value_delimiter = ',',
         default_value = "none,kill,stop"
     )]
-    pub(crate) faults: Vec<String>,
+    pub(crate) faults: Vec<Fault>,
 
     /// The clients' lease TTL.
     #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
@@ -340,7 +411,7 @@ pub(crate) struct TortureArgs {
         value_delimiter = ',',
         default_value = "lib,run"
     )]
-    pub(crate) via: Vec<String>,
+    pub(crate) via: Vec<Via>,
 
     /// Write the resource's history to FILE: each request, when it was received (CLOCK_MONOTONIC
     /// ns), on which connection, and its answer.
@@ -476,8 +547,8 @@ pub(crate) struct QueueAddArgs {
 
     /// If its worker dies mid-task: at-most-once (the task fails, never runs twice) or
     /// at-least-once (it runs again, up to --max-attempts).
-    #[arg(long, value_name = "POLICY", default_value = "at-most-once", value_parser = ["at-most-once", "at-least-once"])]
-    pub(crate) policy: String,
+    #[arg(long, value_name = "POLICY", value_enum, default_value_t = PolicyArg::AtMostOnce)]
+    pub(crate) policy: PolicyArg,
 
     /// Attempts in all under at-least-once.
     #[arg(long, value_name = "N", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]

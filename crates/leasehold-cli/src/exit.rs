@@ -104,7 +104,16 @@ pub(crate) fn clap_error(e: &clap::Error) -> u8 {
         K::ValueValidation | K::InvalidValue | K::InvalidUtf8 => {
             let text = e.render().to_string();
             let first = text.lines().next().unwrap_or_default();
-            report(first.strip_prefix("error: ").unwrap_or(first));
+            let first = first.strip_prefix("error: ").unwrap_or(first);
+            // A value outside a fixed set: say which it takes.
+            match text
+                .lines()
+                .map(str::trim)
+                .find(|l| l.starts_with("[possible values:"))
+            {
+                Some(values) => report(&format!("{first} {values}")),
+                None => report(first),
+            }
             USAGE
         }
         _ => {

@@ -1,7 +1,8 @@
 //! `leasehold queue …`: add, ls, status, cancel (this file) and work (`worker.rs`).
 
 use crate::cli::{
-    QueueAddArgs, QueueArgs, QueueCleanupArgs, QueueCommand, QueueLsArgs, QueueStatusArgs,
+    PolicyArg, QueueAddArgs, QueueArgs, QueueCleanupArgs, QueueCommand, QueueLsArgs,
+    QueueStatusArgs,
 };
 use crate::exit::{Failure, OK};
 use crate::output::{self, clean, print, print_json, table};
@@ -84,12 +85,11 @@ async fn add(q: &dyn QueueBackend, a: QueueAddArgs) -> Result<u8, Failure> {
     task.group = a.group;
     task.priority = a.priority;
     task.timeout = a.timeout;
-    task.policy = if a.policy == "at-least-once" {
-        Policy::AtLeastOnce {
+    task.policy = match a.policy {
+        PolicyArg::AtLeastOnce => Policy::AtLeastOnce {
             max_attempts: a.max_attempts,
-        }
-    } else {
-        Policy::AtMostOnce
+        },
+        PolicyArg::AtMostOnce => Policy::AtMostOnce,
     };
     let key = task.key.clone();
     let done = q.enqueue(&task).await?;

@@ -3,6 +3,7 @@
 //! writes made by the command it runs.
 
 use super::resource::Resource;
+use crate::cli::Via;
 use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
@@ -12,26 +13,6 @@ const WRITES: usize = 3;
 const BETWEEN_WRITES: Duration = Duration::from_millis(2);
 /// How long a client waits for a key before it picks another.
 const WAIT: Duration = Duration::from_secs(2);
-
-/// How a client takes its leases.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Via {
-    /// Through the library, checking the guard before each write.
-    Library,
-    /// Through `leasehold run`, the writes made by its command (`leasehold __torture section`).
-    Run,
-}
-
-impl Via {
-    /// `lib` or `run`.
-    pub(crate) fn parse(s: &str) -> Option<Via> {
-        match s {
-            "lib" => Some(Via::Library),
-            "run" => Some(Via::Run),
-            _ => None,
-        }
-    }
-}
 
 /// What one client does.
 #[derive(Debug)]

@@ -36,7 +36,7 @@ pub(crate) mod network;
 pub(crate) mod resource;
 pub(crate) mod servers;
 
-use crate::cli::TortureArgs;
+use crate::cli::{Fault, TortureArgs, Via};
 use crate::exit::{Failure, ERROR, OK, USAGE};
 use resource::{Counts, Resource};
 use servers::{Promise, Stores};
@@ -70,7 +70,7 @@ pub(crate) fn main() -> ExitCode {
             client::section(Path::new(socket), key, id).map_err(|e| format!("section: {e}"))
         }
         [what, url, socket, id, keys, ttl_ms, seed, via] if what == "client" => {
-            match (keys.parse(), ttl_ms.parse(), seed.parse(), client::Via::parse(via)) {
+            match (keys.parse(), ttl_ms.parse(), seed.parse(), Via::parse(via)) {
                 (Ok(keys), Ok(ttl_ms), Ok(seed), Some(via)) => match crate::setup::runtime() {
                     Some(rt) => rt.block_on(client::run(client::Plan {
                         url,
@@ -113,23 +113,9 @@ struct Row {
     unpromised_fence_violations: u64,
 }
 
-/// The faults `--faults` takes.
-const FAULTS: [&str; 6] = ["none", "kill", "stop", "restart", "partition", "clock"];
-
 /// Runs the harness (see the module documentation).
 pub(crate) async fn torture(url: Option<&str>, args: TortureArgs) -> Result<u8, Failure> {
     let seed = args.seed.unwrap_or_else(|| fastrand::u64(..));
-    for f in &args.faults {
-        if !FAULTS.contains(&f.as_str()) {
-            return Err(Failure::new(
-                USAGE,
-                format!("unknown fault {f:?} ({})", FAULTS.join(", ")),
-            ));
-        }
-    }
-    if args.via.iter().any(|v| client::Via::parse(v).is_none()) || args.via.is_empty() {
-        return Err(Failure::new(USAGE, "--via takes lib, run or both"));
-    }
     if args.clients == 0 || args.keys == 0 || args.ttl < Duration::from_millis(100) {
         return Err(Failure::new(
             USAGE,
@@ -165,9 +151,9 @@ async fn harness(
     seed: u64,
     dir: &Path,
 ) -> Result<Vec<Row>, Failure> {
-    let partition = args.faults.iter().any(|f| f == "partition");
+    let partition = args.faults.contains(&Fault::Partition);
     let mut stores = Stores::start(&args.kind, url, dir, partition).await?;
-    if args.faults.iter().any(|f| f == "restart") && !stores.restartable() {
+    if args.faults.contains(&Fault::Restart) && !stores.restartable() {
         return Err(Failure::new(
             USAGE,
             format!(
@@ -207,7 +193,7 @@ async fn harness(
     let share = args.duration / u32::try_from(args.faults.len().max(1)).unwrap_or(1);
     let mut rows = vec![];
     let mut fences_lost = false;
-    for (n, fault) in args.faults.iter().enumerate() {
+    for (n, &fault) in args.faults.iter().enumerate() {
         let phase_seed = seed.wrapping_add(1_000_003 * n as u64);
         let mut promise = servers::promises(&args.kind, fault);
         promise.fences &= !fences_lost;
@@ -242,14 +228,14 @@ async fn phase(
     socket: &Path,
     resource: &mut Resource,
     args: &TortureArgs,
-    fault: &str,
+    fault: Fault,
     duration: Duration,
     seed: u64,
 ) -> Result<Row, Failure> {
     let mut rng = fastrand::Rng::with_seed(seed);
     // partition: each client reaches the store through proxies of its own.
     let mut routes = vec![];
-    if fault == "partition" {
+    if fault == Fault::Partition {
         for _ in 0..args.clients {
             routes.push(
                 network::Route::new(store)
@@ -263,12 +249,12 @@ async fn phase(
     let mut skews = 0;
     let given = clock::skews(store);
     let mut skew = |rng: &mut fastrand::Rng, always: bool| {
-        (fault == "clock" && (always || rng.bool())).then(|| {
+        (fault == Fault::Clock && (always || rng.bool())).then(|| {
             skews += 1;
             given[skews % 2]
         })
     };
-    if fault == "clock" {
+    if fault == Fault::Clock {
         for s in given {
             clock::check(s).await?;
         }
@@ -292,7 +278,7 @@ async fn phase(
                     &seed
                         .wrapping_add(i as u64 * 7919 + u64::from(generation))
                         .to_string(),
-                    &args.via[i % args.via.len()],
+                    args.via[i % args.via.len()].as_str(),
                 ],
                 &env,
             )?;
@@ -316,7 +302,13 @@ async fn phase(
     while Instant::now() < end {
         if progress && shown.elapsed() >= Duration::from_secs(1) {
             shown = Instant::now();
-            show_progress(resource, fault, start.elapsed(), duration, injected)?;
+            show_progress(
+                resource,
+                fault.as_str(),
+                start.elapsed(),
+                duration,
+                injected,
+            )?;
         }
         // Between half a TTL and one and a half.
         let next = Instant::now() + args.ttl.mul_f64(0.5 + rng.f64());
@@ -327,14 +319,14 @@ async fn phase(
         let i = rng.usize(..clients.len());
         let pid = clients[i].1.id();
         match (fault, pid) {
-            ("kill", Some(_)) => {
+            (Fault::Kill, Some(_)) => {
                 let (id, child) = &mut clients[i];
                 kill_client(resource, id, child).await?;
                 clients[i] = spawn(i, generation, None)?;
                 generation += 1;
                 injected += 1;
             }
-            ("partition", _) => {
+            (Fault::Partition, _) => {
                 let peers = stores.peers();
                 let members = peers.map_or(0, |p| p.members());
                 let cut = network::Cut::pick(&mut rng, routes.len(), members, args.ttl);
@@ -346,21 +338,21 @@ async fn phase(
                 cut.apply(&routes, peers).await;
                 injected += 1;
             }
-            ("clock", Some(_)) => {
+            (Fault::Clock, Some(_)) => {
                 let (id, child) = &mut clients[i];
                 kill_client(resource, id, child).await?;
                 clients[i] = spawn(i, generation, skew(&mut rng, true))?;
                 generation += 1;
                 injected += 1;
             }
-            ("stop", Some(pid)) => {
+            (Fault::Stop, Some(pid)) => {
                 ask(resource, &format!("S {}", clients[i].0))?;
                 signal_group(pid, libc::SIGSTOP);
                 tokio::time::sleep(args.ttl * 3 / 2).await;
                 signal_group(pid, libc::SIGCONT);
                 injected += 1;
             }
-            ("restart", _) => {
+            (Fault::Restart, _) => {
                 stores.restart(&mut rng, args.ttl).await?;
                 injected += 1;
             }
@@ -370,7 +362,7 @@ async fn phase(
     if progress {
         eprint!("\r\x1b[K");
     }
-    if fault == "partition" && !member_cuts.is_empty() {
+    if fault == Fault::Partition && !member_cuts.is_empty() {
         let of_members: u64 = member_cuts.iter().sum();
         let each: Vec<String> = member_cuts
             .iter()
@@ -403,7 +395,7 @@ async fn phase(
         std::mem::take(&mut counts.fence_violations)
     };
     Ok(Row {
-        fault: fault.to_owned(),
+        fault: fault.as_str().to_owned(),
         injected,
         counts,
         promise,

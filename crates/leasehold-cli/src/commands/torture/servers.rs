@@ -28,6 +28,7 @@
 //! environment), so that `partition` can proxy it.
 
 use super::network::Peers;
+use crate::cli::Fault;
 #[cfg(feature = "torture")]
 use crate::exit::ERROR;
 use crate::exit::{Failure, USAGE};
@@ -69,8 +70,8 @@ pub(crate) struct Promise {
 /// What each store promises under `fault` (from its page of the documentation): every store keeps
 /// both under `none`, `kill` and `stop`; under `restart`, a Redis server restarted empty and an
 /// asynchronous Sentinel failover lose grants and fence counters, so neither is promised.
-pub(crate) fn promises(kind: &str, fault: &str) -> Promise {
-    let lost = fault == "restart" && matches!(kind, "redis" | "redis-sentinel");
+pub(crate) fn promises(kind: &str, fault: Fault) -> Promise {
+    let lost = fault == Fault::Restart && matches!(kind, "redis" | "redis-sentinel");
     Promise {
         exclusion: !lost,
         fences: !lost,
@@ -554,7 +555,7 @@ mod tests {
     #[test]
     fn only_a_store_that_loses_data_on_restart_is_excused() {
         for kind in KINDS {
-            for fault in ["none", "kill", "stop"] {
+            for fault in [Fault::None, Fault::Kill, Fault::Stop] {
                 assert_eq!(
                     promises(kind, fault),
                     Promise {
@@ -564,8 +565,8 @@ mod tests {
                 );
             }
         }
-        assert!(!promises("redis", "restart").exclusion);
-        assert!(!promises("redis-sentinel", "restart").fences);
-        assert!(promises("etcd", "restart").fences);
+        assert!(!promises("redis", Fault::Restart).exclusion);
+        assert!(!promises("redis-sentinel", Fault::Restart).fences);
+        assert!(promises("etcd", Fault::Restart).fences);
     }
 }
