@@ -152,7 +152,7 @@ async fn harness(
     dir: &Path,
 ) -> Result<Vec<Row>, Failure> {
     let partition = args.faults.contains(&Fault::Partition);
-    let mut stores = Stores::start(&args.kind, url, dir, partition).await?;
+    let stores = Stores::start(&args.kind, url, dir, partition).await?;
     if args.faults.contains(&Fault::Restart) && !stores.restartable() {
         return Err(Failure::new(
             USAGE,
@@ -189,219 +189,230 @@ async fn harness(
     }
     let resource_args: Vec<&str> = resource_args.iter().map(String::as_str).collect();
     servers.push(spawn_self(&resource_args, &[])?);
-    let mut resource = connect_resource(&socket).await?;
+    let resource = connect_resource(&socket).await?;
     let share = args.duration / u32::try_from(args.faults.len().max(1)).unwrap_or(1);
     let mut rows = vec![];
     let mut fences_lost = false;
+    let mut run = Run {
+        args,
+        store,
+        stores,
+        socket,
+        resource,
+    };
     for (n, &fault) in args.faults.iter().enumerate() {
         let phase_seed = seed.wrapping_add(1_000_003 * n as u64);
         let mut promise = servers::promises(&args.kind, fault);
         promise.fences &= !fences_lost;
         fences_lost |= !promise.fences;
-        let row = phase(
-            &store,
-            &mut stores,
-            promise,
-            &socket,
-            &mut resource,
-            args,
-            fault,
-            share,
-            phase_seed,
-        )
-        .await?;
-        rows.push(row);
+        rows.push(run.phase(fault, promise, share, phase_seed).await?);
     }
     for mut s in servers {
         let _ = s.start_kill();
         let _ = s.wait().await;
     }
-    stores.stop();
+    run.stores.stop();
     Ok(rows)
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn phase(
-    store: &str,
-    stores: &mut Stores,
-    promise: Promise,
-    socket: &Path,
-    resource: &mut Resource,
-    args: &TortureArgs,
-    fault: Fault,
-    duration: Duration,
-    seed: u64,
-) -> Result<Row, Failure> {
-    let mut rng = fastrand::Rng::with_seed(seed);
-    // partition: each client reaches the store through proxies of its own.
-    let mut routes = vec![];
-    if fault == Fault::Partition {
-        for _ in 0..args.clients {
-            routes.push(
-                network::Route::new(store)
-                    .await
-                    .map_err(|e| Failure::new(USAGE, e))?,
+/// What every phase of one run shares: its options, the store (its URL and its servers), and
+/// the resource the clients write to.
+struct Run<'a> {
+    args: &'a TortureArgs,
+    store: String,
+    stores: Stores,
+    socket: std::path::PathBuf,
+    resource: Resource,
+}
+
+impl Run<'_> {
+    /// One phase: the clients run for `duration` while `fault` is injected (seeded by `seed`);
+    /// its figures, judged by what the store `promise`s under that fault.
+    async fn phase(
+        &mut self,
+        fault: Fault,
+        promise: Promise,
+        duration: Duration,
+        seed: u64,
+    ) -> Result<Row, Failure> {
+        let args: &TortureArgs = self.args;
+        let store: &str = &self.store;
+        let socket: &Path = &self.socket;
+        let stores = &mut self.stores;
+        let resource = &mut self.resource;
+        let mut rng = fastrand::Rng::with_seed(seed);
+        // partition: each client reaches the store through proxies of its own.
+        let mut routes = vec![];
+        if fault == Fault::Partition {
+            for _ in 0..args.clients {
+                routes.push(
+                    network::Route::new(store)
+                        .await
+                        .map_err(|e| Failure::new(USAGE, e))?,
+                );
+            }
+        }
+        // clock: a seeded half of the clients starts with a skewed wall clock, and each injection
+        // replaces a client with a skewed one, ahead and behind in turn.
+        let mut skews = 0;
+        let given = clock::skews(store);
+        let mut skew = |rng: &mut fastrand::Rng, always: bool| {
+            (fault == Fault::Clock && (always || rng.bool())).then(|| {
+                skews += 1;
+                given[skews % 2]
+            })
+        };
+        if fault == Fault::Clock {
+            for s in given {
+                clock::check(s).await?;
+            }
+        }
+        let store_env = stores.env().to_vec();
+        let spawn =
+            |i: usize, generation: u32, skew: Option<&str>| -> Result<(String, Child), Failure> {
+                let id = format!("{fault}-c{i}g{generation}");
+                let mut env = store_env.clone();
+                for (k, v) in skew.map(clock::env).transpose()?.unwrap_or_default() {
+                    env.push((k.to_owned(), v));
+                }
+                let child = spawn_self(
+                    &[
+                        "client",
+                        routes.get(i).map_or(store, |r| r.url.as_str()),
+                        &socket.display().to_string(),
+                        &id,
+                        &args.keys.to_string(),
+                        &args.ttl.as_millis().to_string(),
+                        &seed
+                            .wrapping_add(i as u64 * 7919 + u64::from(generation))
+                            .to_string(),
+                        args.via[i % args.via.len()].as_str(),
+                    ],
+                    &env,
+                )?;
+                Ok((id, child))
+            };
+        let mut clients = vec![];
+        let mut injected = 0;
+        for i in 0..args.clients {
+            let skewed = skew(&mut rng, false);
+            injected += u64::from(skewed.is_some());
+            clients.push(spawn(i, 0, skewed)?);
+        }
+        let mut generation = 1;
+        // partition: the cuts of each member of a cluster started here from its peers.
+        let mut member_cuts = vec![0u64; stores.peers().map_or(0, |p| p.members())];
+        let start = Instant::now();
+        let end = start + duration;
+        // On a terminal (and not with --json), a line that tells how the phase goes.
+        let progress = !args.json && std::io::IsTerminal::is_terminal(&std::io::stderr());
+        let mut shown = start;
+        while Instant::now() < end {
+            if progress && shown.elapsed() >= Duration::from_secs(1) {
+                shown = Instant::now();
+                show_progress(
+                    resource,
+                    fault.as_str(),
+                    start.elapsed(),
+                    duration,
+                    injected,
+                )?;
+            }
+            // Between half a TTL and one and a half.
+            let next = Instant::now() + args.ttl.mul_f64(0.5 + rng.f64());
+            tokio::time::sleep_until(next.min(end)).await;
+            if Instant::now() >= end {
+                break;
+            }
+            let i = rng.usize(..clients.len());
+            let pid = clients[i].1.id();
+            match (fault, pid) {
+                (Fault::Kill, Some(_)) => {
+                    let (id, child) = &mut clients[i];
+                    kill_client(resource, id, child).await?;
+                    clients[i] = spawn(i, generation, None)?;
+                    generation += 1;
+                    injected += 1;
+                }
+                (Fault::Partition, _) => {
+                    let peers = stores.peers();
+                    let members = peers.map_or(0, |p| p.members());
+                    let cut = network::Cut::pick(&mut rng, routes.len(), members, args.ttl);
+                    if let network::Whom::Member(m) = cut.whom {
+                        if let Some(n) = member_cuts.get_mut(m) {
+                            *n += 1;
+                        }
+                    }
+                    cut.apply(&routes, peers).await;
+                    injected += 1;
+                }
+                (Fault::Clock, Some(_)) => {
+                    let (id, child) = &mut clients[i];
+                    kill_client(resource, id, child).await?;
+                    clients[i] = spawn(i, generation, skew(&mut rng, true))?;
+                    generation += 1;
+                    injected += 1;
+                }
+                (Fault::Stop, Some(pid)) => {
+                    ask(resource, &format!("S {}", clients[i].0))?;
+                    signal_group(pid, libc::SIGSTOP);
+                    tokio::time::sleep(args.ttl * 3 / 2).await;
+                    signal_group(pid, libc::SIGCONT);
+                    injected += 1;
+                }
+                (Fault::Restart, _) => {
+                    stores.restart(&mut rng, args.ttl).await?;
+                    injected += 1;
+                }
+                _ => {}
+            }
+        }
+        if progress {
+            eprint!("\r\x1b[K");
+        }
+        if fault == Fault::Partition && !member_cuts.is_empty() {
+            let of_members: u64 = member_cuts.iter().sum();
+            let each: Vec<String> = member_cuts
+                .iter()
+                .enumerate()
+                .map(|(m, n)| format!("m{m} {n}"))
+                .collect();
+            eprintln!(
+                "leasehold torture: partition: {of_members} of {injected} cuts were a member cut from its peers ({}), {} cut clients off",
+                each.join(", "),
+                injected - of_members
             );
         }
-    }
-    // clock: a seeded half of the clients starts with a skewed wall clock, and each injection
-    // replaces a client with a skewed one, ahead and behind in turn.
-    let mut skews = 0;
-    let given = clock::skews(store);
-    let mut skew = |rng: &mut fastrand::Rng, always: bool| {
-        (fault == Fault::Clock && (always || rng.bool())).then(|| {
-            skews += 1;
-            given[skews % 2]
-        })
-    };
-    if fault == Fault::Clock {
-        for s in given {
-            clock::check(s).await?;
+        for (id, mut child) in clients {
+            kill_client(resource, &id, &mut child).await?;
         }
-    }
-    let store_env = stores.env().to_vec();
-    let spawn =
-        |i: usize, generation: u32, skew: Option<&str>| -> Result<(String, Child), Failure> {
-            let id = format!("{fault}-c{i}g{generation}");
-            let mut env = store_env.clone();
-            for (k, v) in skew.map(clock::env).transpose()?.unwrap_or_default() {
-                env.push((k.to_owned(), v));
-            }
-            let child = spawn_self(
-                &[
-                    "client",
-                    routes.get(i).map_or(store, |r| r.url.as_str()),
-                    &socket.display().to_string(),
-                    &id,
-                    &args.keys.to_string(),
-                    &args.ttl.as_millis().to_string(),
-                    &seed
-                        .wrapping_add(i as u64 * 7919 + u64::from(generation))
-                        .to_string(),
-                    args.via[i % args.via.len()].as_str(),
-                ],
-                &env,
-            )?;
-            Ok((id, child))
+        drop(routes);
+        let answer = ask(resource, "Q")?;
+        let mut counts: Counts = serde_json::from_str(&answer)
+            .ok()
+            .and_then(|v| Counts::from_json(&v))
+            .ok_or_else(|| {
+                Failure::new(ERROR, format!("the fenced resource answered {answer:?}"))
+            })?;
+        let unpromised_overlaps = if promise.exclusion {
+            0
+        } else {
+            std::mem::take(&mut counts.overlaps)
         };
-    let mut clients = vec![];
-    let mut injected = 0;
-    for i in 0..args.clients {
-        let skewed = skew(&mut rng, false);
-        injected += u64::from(skewed.is_some());
-        clients.push(spawn(i, 0, skewed)?);
+        let unpromised_fence_violations = if promise.fences {
+            0
+        } else {
+            std::mem::take(&mut counts.fence_violations)
+        };
+        Ok(Row {
+            fault: fault.as_str().to_owned(),
+            injected,
+            counts,
+            promise,
+            unpromised_overlaps,
+            unpromised_fence_violations,
+        })
     }
-    let mut generation = 1;
-    // partition: the cuts of each member of a cluster started here from its peers.
-    let mut member_cuts = vec![0u64; stores.peers().map_or(0, |p| p.members())];
-    let start = Instant::now();
-    let end = start + duration;
-    // On a terminal (and not with --json), a line that tells how the phase goes.
-    let progress = !args.json && std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let mut shown = start;
-    while Instant::now() < end {
-        if progress && shown.elapsed() >= Duration::from_secs(1) {
-            shown = Instant::now();
-            show_progress(
-                resource,
-                fault.as_str(),
-                start.elapsed(),
-                duration,
-                injected,
-            )?;
-        }
-        // Between half a TTL and one and a half.
-        let next = Instant::now() + args.ttl.mul_f64(0.5 + rng.f64());
-        tokio::time::sleep_until(next.min(end)).await;
-        if Instant::now() >= end {
-            break;
-        }
-        let i = rng.usize(..clients.len());
-        let pid = clients[i].1.id();
-        match (fault, pid) {
-            (Fault::Kill, Some(_)) => {
-                let (id, child) = &mut clients[i];
-                kill_client(resource, id, child).await?;
-                clients[i] = spawn(i, generation, None)?;
-                generation += 1;
-                injected += 1;
-            }
-            (Fault::Partition, _) => {
-                let peers = stores.peers();
-                let members = peers.map_or(0, |p| p.members());
-                let cut = network::Cut::pick(&mut rng, routes.len(), members, args.ttl);
-                if let network::Whom::Member(m) = cut.whom {
-                    if let Some(n) = member_cuts.get_mut(m) {
-                        *n += 1;
-                    }
-                }
-                cut.apply(&routes, peers).await;
-                injected += 1;
-            }
-            (Fault::Clock, Some(_)) => {
-                let (id, child) = &mut clients[i];
-                kill_client(resource, id, child).await?;
-                clients[i] = spawn(i, generation, skew(&mut rng, true))?;
-                generation += 1;
-                injected += 1;
-            }
-            (Fault::Stop, Some(pid)) => {
-                ask(resource, &format!("S {}", clients[i].0))?;
-                signal_group(pid, libc::SIGSTOP);
-                tokio::time::sleep(args.ttl * 3 / 2).await;
-                signal_group(pid, libc::SIGCONT);
-                injected += 1;
-            }
-            (Fault::Restart, _) => {
-                stores.restart(&mut rng, args.ttl).await?;
-                injected += 1;
-            }
-            _ => {}
-        }
-    }
-    if progress {
-        eprint!("\r\x1b[K");
-    }
-    if fault == Fault::Partition && !member_cuts.is_empty() {
-        let of_members: u64 = member_cuts.iter().sum();
-        let each: Vec<String> = member_cuts
-            .iter()
-            .enumerate()
-            .map(|(m, n)| format!("m{m} {n}"))
-            .collect();
-        eprintln!(
-            "leasehold torture: partition: {of_members} of {injected} cuts were a member cut from its peers ({}), {} cut clients off",
-            each.join(", "),
-            injected - of_members
-        );
-    }
-    for (id, mut child) in clients {
-        kill_client(resource, &id, &mut child).await?;
-    }
-    drop(routes);
-    let answer = ask(resource, "Q")?;
-    let mut counts: Counts = serde_json::from_str(&answer)
-        .ok()
-        .and_then(|v| Counts::from_json(&v))
-        .ok_or_else(|| Failure::new(ERROR, format!("the fenced resource answered {answer:?}")))?;
-    let unpromised_overlaps = if promise.exclusion {
-        0
-    } else {
-        std::mem::take(&mut counts.overlaps)
-    };
-    let unpromised_fence_violations = if promise.fences {
-        0
-    } else {
-        std::mem::take(&mut counts.fence_violations)
-    };
-    Ok(Row {
-        fault: fault.as_str().to_owned(),
-        injected,
-        counts,
-        promise,
-        unpromised_overlaps,
-        unpromised_fence_violations,
-    })
 }
 
 /// Rewrites the terminal's last line with the phase so far: its fault, time, sections, faults
