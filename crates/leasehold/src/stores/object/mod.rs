@@ -42,7 +42,9 @@ pub const MAX_RECORD_BYTES: usize = 1 << 20;
 /// bound, far within [`MAX_RECORD_BYTES`].
 pub const LABEL_LIMIT: usize = MAX_RECORD_BYTES / 4;
 
-/// The precondition of a raw write.
+/// The precondition of a raw write (tests and benchmark floors only: hidden from the docs, no
+/// API).
+#[doc(hidden)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Precondition<'a> {
     /// `If-None-Match: *`: only if there is no object.
@@ -51,7 +53,9 @@ pub enum Precondition<'a> {
     Matches(&'a str),
 }
 
-/// What the server answered a raw request ([`Precondition`]), as it said it.
+/// What the server answered a raw request ([`Precondition`]), as it said it (tests and benchmark
+/// floors only: hidden from the docs, no API).
+#[doc(hidden)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RawAnswer {
     /// The HTTP status: 200 or 201 for a write done, 204 (or 202, 200) for a delete done, 412 for
@@ -537,6 +541,7 @@ macro_rules! object_record_store {
             /// [`Error::Unavailable`](crate::Error::Unavailable) when the server cannot be
             /// reached or does not answer in time; [`Error::Store`](crate::Error::Store) for an
             /// answer other than success or a failed precondition (access denied, no bucket).
+            #[doc(hidden)]
             pub async fn raw_put(
                 &self,
                 name: &str,
@@ -551,6 +556,7 @@ macro_rules! object_record_store {
             ///
             /// # Errors
             /// As [`raw_put`](Self::raw_put).
+            #[doc(hidden)]
             pub async fn raw_delete(
                 &self,
                 name: &str,
