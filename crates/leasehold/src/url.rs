@@ -67,6 +67,15 @@ pub(crate) fn invalid(url: &str, reason: impl Into<String>) -> Error {
     }
 }
 
+/// `e` as the fault of `url`: an [`Error::InvalidOption`] becomes an [`Error::InvalidUrl`]
+/// naming the URL and the option (the URL gave the option); any other error is kept.
+pub(crate) fn option_error_in(url: &str, e: Error) -> Error {
+    match e {
+        Error::InvalidOption { name, reason } => invalid(url, format!("{name}: {reason}")),
+        e => e,
+    }
+}
+
 /// Parses a URL the `url` crate understands (one host), as the stores that take one need.
 pub(crate) fn parse(url: &str) -> Result<::url::Url> {
     ::url::Url::parse(url).map_err(|e| invalid(url, e.to_string()))

@@ -83,10 +83,9 @@ pub(crate) trait StoreOptions: Sized + Send + 'static {
 /// Opens the store of options type `O` from `url`: the one [`Opener`] of every registry line.
 fn open_with<O: StoreOptions>(url: &str) -> Opening<'_> {
     Box::pin(async move {
-        match O::from_url(url)?.connect().await {
-            Err(Error::InvalidOption { name, reason }) if O::OPTION_IS_URL_ERROR => {
-                Err(invalid(url, format!("{name}: {reason}")))
-            }
+        let store = O::from_url(url)?.connect().await;
+        match store {
+            Err(e) if O::OPTION_IS_URL_ERROR => Err(crate::url::option_error_in(url, e)),
             r => r,
         }
     })

@@ -85,12 +85,7 @@ impl KubernetesOptions {
         }
         o.max_clock_skew = params.take_max_clock_skew()?;
         params.finish()?;
-        o.check().map_err(|e| match e {
-            Error::InvalidOption { name, reason } => {
-                crate::url::invalid(url, format!("{name}: {reason}"))
-            }
-            e => e,
-        })?;
+        o.check().map_err(|e| crate::url::option_error_in(url, e))?;
         Ok(o)
     }
 
