@@ -89,3 +89,12 @@ pub fn shared_moto() -> &'static MotoServer {
     static S: OnceLock<MotoServer> = OnceLock::new();
     S.get_or_init(MotoServer::start)
 }
+
+/// One moto for the whole test process, behind the serialising proxy (one request in flight to
+/// moto at a time), where the conformance suite runs: moto serves concurrent requests on
+/// threads that race on its own state (a write beside a listing has answered HTTP 500), and
+/// checks a conditional write and makes it in two steps, so S3's exclusion is proven there.
+pub fn shared_serialised_moto() -> &'static MotoServer {
+    static S: OnceLock<MotoServer> = OnceLock::new();
+    S.get_or_init(MotoServer::start_serialised)
+}

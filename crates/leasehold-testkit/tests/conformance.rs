@@ -237,7 +237,8 @@ mod etcd3 {
 mod s3 {
     use super::*;
     async fn store() -> Arc<dyn LockStore> {
-        let server = leasehold_testkit::s3_server::shared_moto();
+        // Behind the serialising proxy, as the S3 torture runs (see shared_serialised_moto).
+        let server = leasehold_testkit::s3_server::shared_serialised_moto();
         let store = server.store("conformance", "locks");
         Arc::new(leasehold::adapter::RecordLockStore::new(store))
     }
