@@ -1,8 +1,4 @@
 //! The one error type of leasehold.
-//!
-//! Contention is not an error: [`crate::LockBuilder::try_acquire`] answers `Ok(None)` when another
-//! holder has the lease. Errors say what went wrong and whether a retry can help
-//! ([`Error::is_retryable`]).
 
 use std::time::Duration;
 
@@ -15,6 +11,10 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub type Source = std::sync::Arc<dyn std::error::Error + Send + Sync + 'static>;
 
 /// Everything that can go wrong, by meaning. Each store converts its private errors into these.
+///
+/// Contention is not an error: [`crate::LockBuilder::try_acquire`] answers `Ok(None)` when another
+/// holder has the lease. Errors say what went wrong and whether a retry can help
+/// ([`Error::is_retryable`]).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {

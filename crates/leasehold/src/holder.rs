@@ -26,7 +26,7 @@ impl HolderId {
     /// `hostname-pid-xxxxxx` (six random lowercase letters and digits, drawn anew by each call).
     ///
     /// ```
-    /// use leasehold::{holder::hostname, HolderId};
+    /// use leasehold::{hostname, HolderId};
     /// std::env::remove_var("POD_NAME");
     /// let id = HolderId::from_env();
     /// assert!(id.as_str().starts_with(&format!("{}-{}-", hostname(), std::process::id())));
@@ -78,7 +78,7 @@ impl fmt::Debug for HolderId {
 /// This machine's host name (or `"localhost"` when it cannot be read or is not UTF-8).
 ///
 /// ```
-/// assert!(!leasehold::holder::hostname().is_empty());
+/// assert!(!leasehold::hostname().is_empty());
 /// ```
 pub fn hostname() -> String {
     let mut buf = [0u8; 256];

@@ -1,11 +1,4 @@
 //! Keys and their per-store names.
-//!
-//! A [`Key`] is what the user locks: any UTF-8 string of 1 to [`Key::MAX_LEN`] bytes without NUL or
-//! other control characters (`user:alice`, `tasks/42`, even `../x`). Stores have narrower alphabets
-//! (file names, Kubernetes object names); [`Naming`] maps a key to a store name so that two different
-//! keys never share a name: a key that already fits the alphabet is used as it is, any other key becomes
-//! a readable part plus `--` and a SHA-256 hash of the whole key. A key that merely *looks* hashed is
-//! hashed too, so a plain name and a hashed name never coincide.
 
 use crate::error::{Error, Result};
 use sha2::{Digest, Sha256};
@@ -21,6 +14,13 @@ use std::fmt;
 /// assert!(Key::new("a\0b").is_err());
 /// assert!(Key::from_bytes(b"\xff").is_err());
 /// ```
+///
+/// A [`Key`] is what the user locks: any UTF-8 string of 1 to [`Key::MAX_LEN`] bytes without NUL or
+/// other control characters (`user:alice`, `tasks/42`, even `../x`). Stores have narrower alphabets
+/// (file names, Kubernetes object names); [`Naming`] maps a key to a store name so that two different
+/// keys never share a name: a key that already fits the alphabet is used as it is, any other key becomes
+/// a readable part plus `--` and a SHA-256 hash of the whole key. A key that merely *looks* hashed is
+/// hashed too, so a plain name and a hashed name never coincide.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Key(String);
 

@@ -35,25 +35,25 @@ mod carry;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 pub(crate) mod decide;
-pub mod error;
+mod error;
 pub mod fence;
 mod fsmode;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
-pub mod guard;
-pub mod holder;
+mod guard;
+mod holder;
 mod inotify;
-pub mod key;
-pub mod local;
-pub mod metrics;
-pub mod options;
+mod key;
+mod local;
+mod metrics;
+mod options;
 #[cfg(feature = "postgres")]
 mod pg;
 #[cfg(feature = "queue")]
 pub mod queue;
 pub mod record;
-pub mod store;
+mod store;
 pub mod stores;
 pub mod traced;
 mod url;
@@ -66,17 +66,17 @@ pub use stores::{file, memory};
 
 pub use background::settle;
 pub use client::{LockBuilder, Locks};
-pub use error::{Error, Result};
+pub use error::{Error, Result, Source as ErrorSource};
 pub use guard::{LeaseGuard, Released, StopReason};
-pub use holder::HolderId;
+pub use holder::{hostname, HolderId};
 pub use key::{Key, Naming};
 pub use local::{LocalGuard, LocalLocks};
 pub use metrics::Metrics;
 pub use options::{Backoff, LockOptions, Wait};
 pub use record::LeaseRecord;
 pub use store::{
-    AcquireOutcome, AcquireRequest, Capabilities, ChangeWatch, CleanupReport, Inspection,
-    LockStore, LostReason, RecordStore, ReleaseOutcome, RenewOutcome, Stored,
+    AcquireOutcome, AcquireRequest, Capabilities, ChangeWatch, CleanupReport, GiveUp, Inspection,
+    LockStore, LostReason, RecordStore, ReleaseOutcome, RenewOutcome, Stored, DEFAULT_LABEL_LIMIT,
 };
 
 use std::sync::Arc;

@@ -1,14 +1,4 @@
 //! The local layer: a per-key async mutex map in front of a store.
-//!
-//! Tasks of one process that want the same key queue here, first come first served (tokio's mutex
-//! is fair), and only the one at the head talks to the store. Unused entries are swept when a
-//! shard grows past twice its entries in use (and at least 64), so a million distinct keys over
-//! time keep memory bounded by the keys in use, while a hot key costs no allocation per lock.
-//!
-//! A slot can also carry a held store lease from the task that releases it to the next task in
-//! line (see [`crate::LeaseGuard`]: the lease is handed on without a store call, with the next
-//! fence of the block reserved at acquisition). A carried lease nobody takes (every waiter gave
-//! up) is released in the store.
 
 use crate::carry::Carry;
 use parking_lot::Mutex;
@@ -64,7 +54,7 @@ struct Shard {
     sweep_at: usize,
 }
 
-/// A per-key async mutex map; see the [module docs](self).
+/// A per-key async mutex map.
 ///
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
@@ -75,6 +65,16 @@ struct Shard {
 /// assert_eq!(locks.len(), 0, "no key in use");
 /// # });
 /// ```
+///
+/// Tasks of one process that want the same key queue here, first come first served (tokio's mutex
+/// is fair), and only the one at the head talks to the store. Unused entries are swept when a
+/// shard grows past twice its entries in use (and at least 64), so a million distinct keys over
+/// time keep memory bounded by the keys in use, while a hot key costs no allocation per lock.
+///
+/// A slot can also carry a held store lease from the task that releases it to the next task in
+/// line (see [`crate::LeaseGuard`]: the lease is handed on without a store call, with the next
+/// fence of the block reserved at acquisition). A carried lease nobody takes (every waiter gave
+/// up) is released in the store.
 pub struct LocalLocks {
     shards: Box<[Mutex<Shard>]>,
     hasher: std::collections::hash_map::RandomState,

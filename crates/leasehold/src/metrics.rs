@@ -1,27 +1,4 @@
 //! Prometheus metrics.
-//!
-//! Names are `<prefix>_<name>`; the prefix is yours (default `leasehold`). Register once per
-//! registry and hand the [`Metrics`] to [`crate::Locks::with_metrics`].
-//!
-//! | metric | type | meaning |
-//! |---|---|---|
-//! | `acquire_attempts_total` | counter | calls of `try_acquire`/`acquire` |
-//! | `acquire_success_total` | counter | leases obtained |
-//! | `acquire_failures_total{reason}` | counter | `contention` (held elsewhere, wait ran out) or `store_error` |
-//! | `acquire_duration_seconds` | histogram | from the call to the lease (or the failure) |
-//! | `hold_duration_seconds` | histogram | from acquisition to release or loss |
-//! | `releases_total` | counter | releases (explicit or on drop) |
-//! | `renewals_total` | counter | successful renewals |
-//! | `lost_total` | counter | leases lost (refused renewal, unreachable store until expiry) |
-//! | `handoffs_requested_total` | counter | handoff signals raised by a waiter |
-//! | `local_handoffs_total` | counter | leases handed to the next task of the process without a store call |
-//!
-//! [`Metrics::register_lock_names`] registers the same metrics under the `lock_…` names that
-//! services of the Kubernetes Lease locking pattern record, so that their dashboards keep working
-//! (`<prefix>_lock_acquisition_attempts_total`, `_lock_acquisition_successes_total`,
-//! `_lock_acquisition_failures_total{reason}`, `_lock_acquisition_duration_seconds`,
-//! `_lock_hold_duration_seconds`, `_lock_releases_total`, plus `_lock_renewals_total`,
-//! `_lock_lost_total`, `_lock_handoffs_requested_total`, `_lock_local_handoffs_total`).
 
 use crate::error::{Error, Result};
 use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts, Registry};
@@ -58,6 +35,29 @@ const LOCK_NAMES: Names = [
 
 /// The metric set; cheap to clone (clones update the same metrics). See
 /// [`Locks::with_metrics`](crate::Locks::with_metrics) for an example of what a lock records.
+///
+/// Names are `<prefix>_<name>`; the prefix is yours (default `leasehold`). Register once per
+/// registry and hand the [`Metrics`] to [`crate::Locks::with_metrics`].
+///
+/// | metric | type | meaning |
+/// |---|---|---|
+/// | `acquire_attempts_total` | counter | calls of `try_acquire`/`acquire` |
+/// | `acquire_success_total` | counter | leases obtained |
+/// | `acquire_failures_total{reason}` | counter | `contention` (held elsewhere, wait ran out) or `store_error` |
+/// | `acquire_duration_seconds` | histogram | from the call to the lease (or the failure) |
+/// | `hold_duration_seconds` | histogram | from acquisition to release or loss |
+/// | `releases_total` | counter | releases (explicit or on drop) |
+/// | `renewals_total` | counter | successful renewals |
+/// | `lost_total` | counter | leases lost (refused renewal, unreachable store until expiry) |
+/// | `handoffs_requested_total` | counter | handoff signals raised by a waiter |
+/// | `local_handoffs_total` | counter | leases handed to the next task of the process without a store call |
+///
+/// [`Metrics::register_lock_names`] registers the same metrics under the `lock_…` names that
+/// services of the Kubernetes Lease locking pattern record, so that their dashboards keep working
+/// (`<prefix>_lock_acquisition_attempts_total`, `_lock_acquisition_successes_total`,
+/// `_lock_acquisition_failures_total{reason}`, `_lock_acquisition_duration_seconds`,
+/// `_lock_hold_duration_seconds`, `_lock_releases_total`, plus `_lock_renewals_total`,
+/// `_lock_lost_total`, `_lock_handoffs_requested_total`, `_lock_local_handoffs_total`).
 #[derive(Debug, Clone)]
 pub struct Metrics {
     pub(crate) attempts: IntCounter,

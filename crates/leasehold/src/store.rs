@@ -1,7 +1,4 @@
-//! The store contract: a lock-level trait ([`LockStore`]) that stores with server-side atomics
-//! implement directly, and a record-level compare-and-set trait ([`RecordStore`]) that stores with
-//! only conditional writes implement; [`crate::adapter::RecordLockStore`] turns the second into the
-//! first, so the lock algorithm of that family is written (and tested) once.
+//! The store contract: LockStore, RecordStore and their request and outcome types.
 
 use crate::error::Result;
 use crate::key::Key;
@@ -77,7 +74,7 @@ pub struct AcquireRequest {
 /// The flag of an acquisition its caller gave up ([`AcquireRequest::given_up`]); cloning shares it.
 ///
 /// ```
-/// use leasehold::store::GiveUp;
+/// use leasehold::GiveUp;
 ///
 /// let flag = GiveUp::default();
 /// let seen_by_the_store = flag.clone();
@@ -426,6 +423,11 @@ pub trait ChangeWatch: Send + fmt::Debug {
 /// assert!(second.fence > first.fence, "fences only grow");
 /// # Ok::<(), leasehold::Error>(()) }).unwrap();
 /// ```
+///
+/// The store contract: a lock-level trait ([`LockStore`]) that stores with server-side atomics
+/// implement directly, and a record-level compare-and-set trait ([`RecordStore`]) that stores with
+/// only conditional writes implement; [`crate::adapter::RecordLockStore`] turns the second into the
+/// first, so the lock algorithm of that family is written (and tested) once.
 #[async_trait]
 pub trait LockStore: Send + Sync + fmt::Debug + 'static {
     /// A description for messages (the URL without credentials).
