@@ -1030,7 +1030,15 @@ async fn replicas_acknowledge_grants_on_each_primary() {
     leasehold_testkit::assert_not_replicated(&e, "an acquisition");
     for (k, answer) in there.iter().zip(try_all_at_once(&a, &there).await) {
         let e = answer.map(|_| ()).unwrap_err();
-        leasehold_testkit::assert_not_replicated(&e, k);
+        // A batch behind the hung replica may run out of the store's time before its WAIT
+        // answers: retryable too, and (checked next) nothing left held.
+        assert!(
+            e.is_retryable()
+                && ["replicas", "no answer in time"]
+                    .iter()
+                    .any(|w| e.to_string().contains(w)),
+            "{k}: {e}"
+        );
         let left = cluster
             .primary_for(&record_name(k))
             .and_then(|n| n.command(&["GET", &record_name(k)]));

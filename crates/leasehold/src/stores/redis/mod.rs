@@ -780,7 +780,6 @@ impl LockStore for RedisStore {
     }
 }
 
-/// `s` with the characters `SCAN`'s `MATCH` treats as a pattern escaped.
 impl crate::stores::StoreOptions for RedisOptions {
     fn from_url(url: &str) -> Result<Self> {
         RedisOptions::from_url(url)
@@ -791,6 +790,7 @@ impl crate::stores::StoreOptions for RedisOptions {
     }
 }
 
+/// `s` with the characters `SCAN`'s `MATCH` treats as a pattern escaped.
 fn glob_escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
