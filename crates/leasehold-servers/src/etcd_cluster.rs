@@ -130,18 +130,7 @@ impl EtcdCluster {
             cluster.launch(i)?;
         }
         for i in 0..n {
-            let port = cluster.ports[i];
-            let Some(child) = cluster.children[i].as_mut() else {
-                continue;
-            };
-            let up = wait_up(
-                child,
-                &format!("etcd member m{i} on port {port}"),
-                Duration::from_secs(20),
-                Duration::from_millis(20),
-                || http_ok(port, "/health", "\"health\":\"true\""),
-            );
-            if let Err(why) = up {
+            if let Err(why) = cluster.wait_healthy(i) {
                 let log = cluster._dir.path().join(format!("m{i}.log"));
                 return Err(Error::NotStarted(with_log_tail(&why, &log)));
             }
@@ -225,23 +214,29 @@ impl EtcdCluster {
             return Ok(());
         }
         self.launch(i)?;
-        let port = self.ports[i];
-        let Some(child) = self.children[i].as_mut() else {
-            return Ok(());
-        };
-        let up = wait_up(
-            child,
-            &format!("etcd member m{i} on port {port}"),
-            Duration::from_secs(20),
-            Duration::from_millis(20),
-            || http_ok(port, "/health", "\"health\":\"true\""),
-        );
+        let up = self.wait_healthy(i);
         if up.is_err() {
             // wait_up killed and reaped it.
             self.children[i] = None;
             self.pids.set(i, None);
         }
         up.map_err(Error::NotStarted)
+    }
+
+    /// Waits until member `i` (when running) says it is healthy, for at most 20 s; on an error
+    /// `wait_up` has killed and reaped it.
+    fn wait_healthy(&mut self, i: usize) -> std::result::Result<(), String> {
+        let port = self.ports[i];
+        let Some(child) = self.children[i].as_mut() else {
+            return Ok(());
+        };
+        wait_up(
+            child,
+            &format!("etcd member m{i} on port {port}"),
+            Duration::from_secs(20),
+            Duration::from_millis(20),
+            || http_ok(port, "/health", "\"health\":\"true\""),
+        )
     }
 
     /// Kills member `i` with SIGKILL (no leadership transfer) and waits for it.
