@@ -343,7 +343,10 @@ async fn labels_larger_than_the_read_limit_are_refused_at_acquire() {
     let err = l
         .lock("job")
         .unwrap()
-        .label("blob", "x".repeat(leasehold::stores::gcs::MAX_OBJECT_BYTES))
+        .label(
+            "blob",
+            "x".repeat(leasehold::stores::object::MAX_RECORD_BYTES),
+        )
         .wait(Duration::from_secs(5))
         .acquire()
         .await
@@ -352,7 +355,7 @@ async fn labels_larger_than_the_read_limit_are_refused_at_acquire() {
         matches!(&err, leasehold::Error::InvalidOption { name: "labels", .. }),
         "{err}"
     );
-    let limit = leasehold::stores::gcs::LABEL_LIMIT.to_string();
+    let limit = leasehold::stores::object::LABEL_LIMIT.to_string();
     assert!(err.to_string().contains(&limit), "{err}");
     assert!(server.get_raw(&format!("{prefix}/job")).is_none());
 }

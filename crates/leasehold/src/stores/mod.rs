@@ -46,7 +46,7 @@ pub mod gcs;
 #[cfg(feature = "kubernetes")]
 pub mod kubernetes;
 pub mod memory;
-#[cfg(any(feature = "s3", feature = "azure"))]
+#[cfg(feature = "object-http")]
 pub mod object;
 #[cfg(feature = "postgres")]
 pub mod postgres;
@@ -306,7 +306,7 @@ fn markdown_table(links: Links<'_>) -> String {
 ///
 /// Both times are the server's (the same service, in practice the same fleet of clocks); no
 /// client's clock enters.
-#[cfg(any(feature = "object-http", feature = "gcs"))]
+#[cfg(feature = "object-http")]
 pub(crate) fn server_age(
     date: Option<&str>,
     modified: Option<&str>,
@@ -317,7 +317,7 @@ pub(crate) fn server_age(
     Some(age.saturating_sub(std::time::Duration::from_secs(1)))
 }
 
-#[cfg(all(test, any(feature = "object-http", feature = "gcs")))]
+#[cfg(all(test, feature = "object-http"))]
 mod server_age_tests {
     use super::server_age;
     use std::time::Duration;

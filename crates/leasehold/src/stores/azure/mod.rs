@@ -45,7 +45,7 @@ pub use sharedkey::{AzureCredentials, DEV_ACCOUNT};
 pub use options::AzureOptions;
 
 use crate::error::{Error, Result};
-use crate::stores::object::sign::{times, uri_encode};
+use crate::stores::object::sign::{times, uri_encode, ToSign};
 use crate::stores::object::transport::Body;
 use crate::stores::object::{object_record_store, xml_values, Backend, Call, Objects, Page};
 use hyper::Request;
@@ -76,46 +76,16 @@ impl Backend for Azure {
             None => self.container_path.clone(),
         };
         let (_, date) = times(SystemTime::now());
-        let mut headers: Vec<(String, String)> = vec![
+        let mut r = ToSign::new(call.method, path);
+        r.headers = vec![
             ("x-ms-date".into(), date),
             ("x-ms-version".into(), API_VERSION.into()),
         ];
-        headers.extend(
-            call.headers
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), v.clone())),
-        );
-        let auth = sharedkey::authorization(
-            &sharedkey::ToSign {
-                method: call.method.as_str(),
-                path: &path,
-                query: &call.query,
-                headers: &headers,
-                content_length: call.body.len(),
-            },
-            &self.credentials,
-        )?;
-        let query: Vec<String> = call
-            .query
-            .iter()
-            .map(|(k, v)| format!("{}={}", uri_encode(k, false), uri_encode(v, false)))
-            .collect();
-        let uri = match query.is_empty() {
-            true => format!("{}{path}", self.origin),
-            false => format!("{}{path}?{}", self.origin, query.join("&")),
-        };
-        let mut b = Request::builder().method(call.method).uri(uri);
-        for (k, v) in &headers {
-            b = b.header(k.as_str(), v.as_str());
-        }
-        b.header("authorization", auth)
-            .body(http_body_util::Full::new(call.body))
-            .map_err(|e| Error::Store {
-                store: self.describe.clone(),
-                detail: format!("cannot build the request: {e}"),
-                retryable: false,
-                source: None,
-            })
+        r.headers
+            .extend(call.headers.into_iter().map(|(k, v)| (k.to_owned(), v)));
+        (r.query, r.body) = (call.query, call.body);
+        let auth = sharedkey::authorization(&r, &self.credentials)?;
+        r.into_request(&self.origin, Some(auth), &self.describe)
     }
 
     fn put_headers(&self) -> Vec<(&'static str, String)> {

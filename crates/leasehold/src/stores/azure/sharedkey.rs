@@ -2,7 +2,7 @@
 //! credentials and endpoint a connection string or the environment gives.
 
 use crate::error::{Error, Result};
-use crate::stores::object::sign::hmac_sha256;
+use crate::stores::object::sign::{hmac_sha256, ToSign};
 use base64::Engine;
 use std::fmt;
 
@@ -98,32 +98,13 @@ pub(crate) fn parse_connection_string(s: &str) -> Result<Connection> {
     })
 }
 
-/// A request to sign, as it will be sent.
-#[derive(Debug)]
-pub(crate) struct ToSign<'a> {
-    pub(crate) method: &'a str,
-    /// The URL path as sent (encoded).
-    pub(crate) path: &'a str,
-    /// Query parameters, not encoded.
-    pub(crate) query: &'a [(&'a str, String)],
-    /// Every header sent but `Authorization` and `Content-Length` (names lower case).
-    pub(crate) headers: &'a [(String, String)],
-    pub(crate) content_length: usize,
-}
-
 /// The `Authorization` header's value for `r`.
 ///
 /// # Errors
 /// [`Error::InvalidOption`] (`key`) when the account key is not base64.
-pub(crate) fn authorization(r: &ToSign<'_>, creds: &AzureCredentials) -> Result<String> {
-    let header = |name: &str| {
-        r.headers
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
-            .unwrap_or("")
-    };
-    let length = match r.content_length {
+pub(crate) fn authorization(r: &ToSign, creds: &AzureCredentials) -> Result<String> {
+    let header = |name: &str| r.header(name).unwrap_or("");
+    let length = match r.body.len() {
         0 => String::new(),
         n => n.to_string(),
     };
@@ -202,13 +183,7 @@ mod tests {
 
     #[test]
     fn a_key_that_is_not_base64_is_refused_without_showing_it() {
-        let r = ToSign {
-            method: "GET",
-            path: "/c/b",
-            query: &[],
-            headers: &[],
-            content_length: 0,
-        };
+        let r = ToSign::new(hyper::Method::GET, "/c/b".into());
         let err = authorization(&r, &AzureCredentials::new("a", "not base64!"))
             .unwrap_err()
             .to_string();

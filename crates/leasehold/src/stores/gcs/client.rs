@@ -1,24 +1,23 @@
-//! A thin client of the Cloud Storage **JSON API** over `reqwest`: the four calls the store makes
-//! (media download, multipart upload with `ifGenerationMatch`, delete with `ifGenerationMatch`,
-//! list), each under the store's timeout, with a bearer token from `gcp_auth` unless it talks to
-//! an emulator.
+//! A thin client of the Cloud Storage **JSON API** over the object stores' shared transport
+//! ([`crate::stores::object::transport`]): the four calls the store makes (media download,
+//! multipart upload with `ifGenerationMatch`, delete with `ifGenerationMatch`, list), each under
+//! the store's timeout, signed with a bearer token from `gcp_auth` unless it talks to an
+//! emulator.
 
 use crate::error::{Error, Result};
-use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
+use crate::stores::object::sign::{uri_encode, ToSign};
+use crate::stores::object::transport::{Answer, Http};
+use hyper::body::Bytes;
+use hyper::Method;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Everything but RFC 3986's unreserved characters is escaped in a path segment.
-const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
-    .remove(b'-')
-    .remove(b'.')
-    .remove(b'_')
-    .remove(b'~');
-
 /// The OAuth scope the store asks for: read and write objects.
 const SCOPE: &str = "https://www.googleapis.com/auth/devstorage.read_write";
+
+/// What a refused request most likely lacks.
+const DENIED_HINT: &str = "the identity needs storage.objects.get, create, delete and list on the bucket (the role roles/storage.objectUser grants them)";
 
 /// How requests are authorised.
 #[derive(Clone)]
@@ -52,15 +51,14 @@ pub(super) enum Read {
 /// The JSON API client of one bucket.
 #[derive(Debug)]
 pub(super) struct Client {
-    http: reqwest::Client,
+    http: Http,
     /// `https://storage.googleapis.com` or the emulator's base URL, without a trailing `/`.
     endpoint: String,
     bucket: String,
     auth: Auth,
     /// For messages: the store's description.
     describe: String,
-    read_limit: u64,
-    requests: AtomicU64,
+    read_limit: usize,
 }
 
 impl Client {
@@ -69,46 +67,39 @@ impl Client {
         bucket: String,
         auth: Auth,
         timeout: Duration,
-        read_limit: u64,
+        read_limit: usize,
         describe: String,
     ) -> Result<Self> {
-        let http = reqwest::Client::builder()
-            .timeout(timeout)
-            .connect_timeout(timeout)
-            .build()
-            .map_err(|e| Error::Unavailable {
-                detail: format!("cannot build an HTTP client: {e}"),
-                store: describe.clone(),
-                source: Some(Arc::new(e)),
-            })?;
         Ok(Client {
-            http,
+            http: Http::new(&describe, timeout)?,
             endpoint: endpoint.trim_end_matches('/').to_owned(),
             bucket,
             auth,
             describe,
             read_limit,
-            requests: AtomicU64::new(0),
         })
     }
 
     /// Requests sent so far.
     pub(super) fn requests(&self) -> u64 {
-        self.requests.load(Ordering::Relaxed)
+        self.http.requests()
     }
 
-    fn object_url(&self, name: &str) -> String {
-        format!(
-            "{}/storage/v1/b/{}/o/{}",
-            self.endpoint,
-            utf8_percent_encode(&self.bucket, SEGMENT),
-            utf8_percent_encode(name, SEGMENT)
-        )
+    /// The path of the bucket's objects (`upload`: the upload endpoint's).
+    fn objects_path(&self, upload: bool) -> String {
+        let base = if upload { "/upload" } else { "" };
+        format!("{base}/storage/v1/b/{}/o", uri_encode(&self.bucket, false))
     }
 
-    async fn send(&self, what: &str, req: reqwest::RequestBuilder) -> Result<reqwest::Response> {
-        let req = match &self.auth {
-            Auth::Anonymous => req,
+    /// The path of object `name`.
+    fn object_path(&self, name: &str) -> String {
+        format!("{}/{}", self.objects_path(false), uri_encode(name, false))
+    }
+
+    /// Sends `r` with a bearer token (unless anonymous), reading up to `limit` bytes.
+    async fn send(&self, what: &str, r: ToSign, limit: usize) -> Result<Answer> {
+        let auth = match &self.auth {
+            Auth::Anonymous => None,
             Auth::Google(p) => {
                 let token = p.token(&[SCOPE]).await.map_err(|e| Error::Store {
                     detail: format!(
@@ -118,84 +109,34 @@ impl Client {
                     retryable: true,
                     source: None,
                 })?;
-                req.bearer_auth(token.as_str())
+                Some(format!("Bearer {}", token.as_str()))
             }
         };
-        self.requests.fetch_add(1, Ordering::Relaxed);
-        req.send().await.map_err(|e| {
-            let e = e.without_url();
-            Error::Unavailable {
-                detail: format!("{what}: {e}"),
-                store: self.describe.clone(),
-                source: Some(Arc::new(e)),
-            }
-        })
+        let req = r.into_request(&self.endpoint, auth, &self.describe)?;
+        self.http.send(&self.describe, what, req, limit).await
     }
 
     /// The error of an answer with an unexpected status.
-    async fn failed(&self, what: &str, resp: reqwest::Response) -> Error {
-        let status = resp.status();
-        let body = resp.text().await.unwrap_or_default();
-        let message = serde_json::from_str::<serde_json::Value>(&body)
-            .ok()
-            .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
-            .unwrap_or_else(|| body.chars().take(200).collect());
-        let store = self.describe.clone();
-        let code = status.as_u16();
-        match code {
-            429 | 408 | 500..=599 => Error::Unavailable {
-                detail: format!("{what}: {status}: {message}"),
-                store,
-                source: None,
-            },
-            401 => Error::Store {
-                detail: format!("{what}: {status}: the credentials were refused: {message}"),
-                store,
-                retryable: false,
-                source: None,
-            },
-            403 => Error::Store {
-                detail: format!(
-                    "{what}: {status}: {message}. The identity needs storage.objects.get, create, delete and list on bucket {} (the role roles/storage.objectUser grants them)",
-                    self.bucket
-                ),
-                store,
-                retryable: false,
-                source: None,
-            },
-            _ => Error::Store {
-                detail: format!("{what}: {status}: {message}"),
-                store,
-                retryable: false,
-                source: None,
-            },
-        }
+    fn refused(&self, what: &str, a: &Answer) -> Error {
+        a.refused(&self.describe, what, DENIED_HINT)
     }
 
     /// Reads object `name` (its bytes, up to the read limit) and its generation, with its server
     /// age ([`crate::stores::server_age`]: the answer's `Date` less the object's `Last-Modified`).
-    pub(super) async fn get(&self, name: &str) -> Result<(Read, Option<std::time::Duration>)> {
+    pub(super) async fn get(&self, name: &str) -> Result<(Read, Option<Duration>)> {
         let what = format!("read gs://{}/{name}", self.bucket);
-        let req = self
-            .http
-            .get(self.object_url(name))
-            .query(&[("alt", "media")]);
-        let mut resp = self.send(&what, req).await?;
-        let header = |h| resp.headers().get(h).and_then(|v| v.to_str().ok());
-        let age = crate::stores::server_age(
-            header(reqwest::header::DATE),
-            header(reqwest::header::LAST_MODIFIED),
-        );
-        if resp.status() == reqwest::StatusCode::NOT_FOUND {
+        let mut r = ToSign::new(Method::GET, self.object_path(name));
+        r.query = vec![("alt", "media".to_owned())];
+        let a = self.send(&what, r, self.read_limit).await?;
+        let age = a.server_age();
+        if a.status == 404 {
             return Ok((Read::Missing, None));
         }
-        if !resp.status().is_success() {
-            return Err(self.failed(&what, resp).await);
+        if !(200..300).contains(&a.status) {
+            return Err(self.refused(&what, &a));
         }
-        let generation = resp
-            .headers()
-            .get("x-goog-generation")
-            .and_then(|v| v.to_str().ok())
+        let generation = a
+            .header("x-goog-generation")
             .map(str::to_owned)
             .ok_or_else(|| Error::Store {
                 detail: format!("{what}: the answer has no x-goog-generation header"),
@@ -203,21 +144,14 @@ impl Client {
                 retryable: false,
                 source: None,
             })?;
-        if let Some(n) = resp.content_length().filter(|n| *n > self.read_limit) {
-            return Ok((Read::TooLarge(generation, n), age));
+        if a.too_long {
+            let size = a
+                .header(hyper::header::CONTENT_LENGTH)
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(self.read_limit as u64 + 1);
+            return Ok((Read::TooLarge(generation, size), age));
         }
-        let mut body = Vec::new();
-        while let Some(chunk) = resp.chunk().await.map_err(|e| Error::Unavailable {
-            detail: format!("{what}: {}", e.without_url()),
-            store: self.describe.clone(),
-            source: None,
-        })? {
-            body.extend_from_slice(&chunk);
-            if body.len() as u64 > self.read_limit {
-                return Ok((Read::TooLarge(generation, body.len() as u64), age));
-            }
-        }
-        Ok((Read::Found(body, generation), age))
+        Ok((Read::Found(a.body.to_vec(), generation), age))
     }
 
     /// Writes object `name` if its generation is still `generation` (`"0"`: if there is no such
@@ -245,93 +179,79 @@ impl Client {
         );
         payload.extend_from_slice(body);
         payload.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
-        let url = format!(
-            "{}/upload/storage/v1/b/{}/o",
-            self.endpoint,
-            utf8_percent_encode(&self.bucket, SEGMENT)
-        );
-        let req = self
-            .http
-            .post(url)
-            .query(&[
-                ("uploadType", "multipart"),
-                ("ifGenerationMatch", generation),
-                ("fields", "generation"),
-            ])
-            .header(
-                reqwest::header::CONTENT_TYPE,
-                format!("multipart/related; boundary={boundary}"),
-            )
-            .body(payload);
-        let resp = self.send(&what, req).await?;
-        match resp.status().as_u16() {
+        let mut r = ToSign::new(Method::POST, self.objects_path(true));
+        r.query = vec![
+            ("uploadType", "multipart".to_owned()),
+            ("ifGenerationMatch", generation.to_owned()),
+            ("fields", "generation".to_owned()),
+        ];
+        r.headers = vec![(
+            "content-type".to_owned(),
+            format!("multipart/related; boundary={boundary}"),
+        )];
+        r.body = Bytes::from(payload);
+        let a = self.send(&what, r, 64 * 1024).await?;
+        match a.status {
             412 => return Ok(None),
-            404 if generation != "0" => return Ok(None),
-            _ => {}
+            404 if generation != "0" && !a.no_bucket() => return Ok(None),
+            200..=299 => {}
+            _ => return Err(self.refused(&what, &a)),
         }
-        if !resp.status().is_success() {
-            return Err(self.failed(&what, resp).await);
-        }
-        let body = resp.bytes().await.map_err(|e| Error::Unavailable {
-            detail: format!("{what}: {}", e.without_url()),
-            store: self.describe.clone(),
-            source: None,
-        })?;
-        let generation = serde_json::from_slice::<serde_json::Value>(&body)
+        serde_json::from_slice::<serde_json::Value>(&a.body)
             .ok()
             .and_then(|v| match &v["generation"] {
                 serde_json::Value::String(s) => Some(s.clone()),
                 serde_json::Value::Number(n) => Some(n.to_string()),
                 _ => None,
             })
+            .map(Some)
             .ok_or_else(|| Error::Store {
                 detail: format!("{what}: the answer carries no generation"),
                 store: self.describe.clone(),
                 retryable: false,
                 source: None,
-            })?;
-        Ok(Some(generation))
+            })
     }
 
     /// Deletes object `name` if its generation is still `generation`; `false` when it is not
     /// (412) or the object is gone (404).
     pub(super) async fn delete(&self, name: &str, generation: &str) -> Result<bool> {
         let what = format!("delete gs://{}/{name}", self.bucket);
-        let req = self
-            .http
-            .delete(self.object_url(name))
-            .query(&[("ifGenerationMatch", generation)]);
-        let resp = self.send(&what, req).await?;
-        match resp.status().as_u16() {
+        let mut r = ToSign::new(Method::DELETE, self.object_path(name));
+        r.query = vec![("ifGenerationMatch", generation.to_owned())];
+        let a = self.send(&what, r, 64 * 1024).await?;
+        match a.status {
             200..=299 => Ok(true),
             404 | 412 => Ok(false),
-            _ => Err(self.failed(&what, resp).await),
+            _ => Err(self.refused(&what, &a)),
         }
     }
 
     /// The names of the objects whose names start with `prefix`, every page.
     pub(super) async fn list(&self, prefix: &str) -> Result<Vec<String>> {
         let what = format!("list gs://{}/{prefix}", self.bucket);
-        let url = format!(
-            "{}/storage/v1/b/{}/o",
-            self.endpoint,
-            utf8_percent_encode(&self.bucket, SEGMENT)
-        );
         let mut names = Vec::new();
         let mut page: Option<String> = None;
         loop {
-            let mut query = vec![
+            let mut r = ToSign::new(Method::GET, self.objects_path(false));
+            r.query = vec![
                 ("prefix", prefix.to_owned()),
                 ("fields", "items(name),nextPageToken".to_owned()),
             ];
             if let Some(p) = &page {
-                query.push(("pageToken", p.clone()));
+                r.query.push(("pageToken", p.clone()));
             }
-            let resp = self.send(&what, self.http.get(&url).query(&query)).await?;
-            if !resp.status().is_success() {
-                return Err(self.failed(&what, resp).await);
+            let a = self.send(&what, r, 16 * self.read_limit).await?;
+            if !(200..300).contains(&a.status) || a.too_long {
+                return Err(self.refused(&what, &a));
             }
-            let v = json_value(resp, &what, &self.describe).await?;
+            let v: serde_json::Value =
+                serde_json::from_slice(&a.body).map_err(|e| Error::Store {
+                    detail: format!("{what}: the answer is not JSON: {e}"),
+                    store: self.describe.clone(),
+                    retryable: false,
+                    source: None,
+                })?;
             if let Some(items) = v["items"].as_array() {
                 names.extend(
                     items
@@ -345,19 +265,4 @@ impl Client {
             }
         }
     }
-}
-
-/// A response body read as JSON.
-async fn json_value(resp: reqwest::Response, what: &str, store: &str) -> Result<serde_json::Value> {
-    let body = resp.bytes().await.map_err(|e| Error::Unavailable {
-        detail: format!("{what}: {}", e.without_url()),
-        store: store.to_owned(),
-        source: None,
-    })?;
-    serde_json::from_slice(&body).map_err(|e| Error::Store {
-        detail: format!("{what}: the answer is not JSON: {e}"),
-        store: store.to_owned(),
-        retryable: false,
-        source: None,
-    })
 }

@@ -55,6 +55,7 @@ use crate::error::{Error, Result};
 use crate::key::Key;
 use crate::record::LeaseRecord;
 use crate::store::{Capabilities, RecordStore, Stored};
+use crate::stores::object::{LABEL_LIMIT, MAX_RECORD_BYTES};
 use async_trait::async_trait;
 use client::{Auth, Client, Read};
 pub use options::GcsOptions;
@@ -64,16 +65,6 @@ use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::fmt;
 use std::time::Duration;
-
-/// The largest object the store reads back (and writes): 1 MiB. An acquisition whose record
-/// (labels included) would be larger is refused with [`Error::InvalidOption`]; a larger object
-/// found in the bucket reads as corrupt.
-pub const MAX_OBJECT_BYTES: usize = 1 << 20;
-
-/// The most bytes of holder id and labels a lease may carry here
-/// ([`RecordStore::label_limit`]): an object holds them, a waiter's id of the same bound and the
-/// service's fields, far within [`MAX_OBJECT_BYTES`].
-pub const LABEL_LIMIT: usize = MAX_OBJECT_BYTES / 4;
 
 /// The lease length leasehold assumes for a lease another client of the object holds (the
 /// single-waiter lock service's own: 60 s) unless `?foreign_ttl=` says otherwise.
@@ -185,7 +176,7 @@ impl GcsStore {
             options.bucket.clone(),
             auth,
             options.timeout,
-            MAX_OBJECT_BYTES as u64,
+            MAX_RECORD_BYTES,
             describe.clone(),
         )?;
         Ok(GcsStore {
@@ -256,11 +247,11 @@ impl GcsStore {
         });
         let map = object::encode(record, base, self.margin_ms);
         let bytes = serde_json::to_vec_pretty(&map).unwrap_or_default();
-        if bytes.len() > MAX_OBJECT_BYTES {
+        if bytes.len() > MAX_RECORD_BYTES {
             return Err(Error::option(
                 "labels",
                 format!(
-                    "the lease object of {:?} would be {} bytes; the gs:// store reads objects of at most {MAX_OBJECT_BYTES} bytes (1 MiB): use fewer or shorter labels",
+                    "the lease object of {:?} would be {} bytes; the gs:// store reads objects of at most {MAX_RECORD_BYTES} bytes (1 MiB): use fewer or shorter labels",
                     record.key,
                     bytes.len()
                 ),
@@ -285,7 +276,7 @@ impl GcsStore {
             Read::TooLarge(version, n) => Some(Stored::Corrupt {
                 version,
                 detail: format!(
-                    "object gs://{}/{name} is {n} bytes, more than the {MAX_OBJECT_BYTES} this store reads",
+                    "object gs://{}/{name} is {n} bytes, more than the {MAX_RECORD_BYTES} this store reads",
                     self.bucket
                 ),
                 salvaged_fence: None,

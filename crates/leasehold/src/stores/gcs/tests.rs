@@ -214,7 +214,10 @@ async fn options_are_checked() {
 async fn a_record_larger_than_the_read_limit_is_refused_before_writing() {
     let s = store("p").await;
     let mut r = held("k");
-    r.labels.insert("big".into(), "x".repeat(MAX_OBJECT_BYTES));
+    r.labels.insert(
+        "big".into(),
+        "x".repeat(crate::stores::object::MAX_RECORD_BYTES),
+    );
     let e = s.create(&Key::new("k").unwrap(), &r).await.unwrap_err();
     assert!(
         matches!(&e, Error::InvalidOption { name: "labels", .. }),

@@ -1,6 +1,7 @@
-//! The HTTP client the object stores share: one pooled `hyper` client (HTTP/1.1; TLS by rustls
-//! with the `ring` provider and the system's root certificates), a timeout on every request, and
-//! response bodies read up to a limit.
+//! The HTTP client the object stores (S3, Azure, GCS) share: one pooled `hyper` client
+//! (HTTP/1.1; TLS by rustls with the `ring` provider and the system's root certificates), a
+//! timeout on every request, response bodies read up to a limit, a count of the requests sent,
+//! and one mapping of a refused answer to an [`Error`].
 
 use crate::error::{Error, Result};
 use http_body_util::{BodyExt, Full, Limited};
@@ -10,6 +11,7 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -30,12 +32,75 @@ pub(crate) struct Answer {
 }
 
 impl Answer {
+    /// Header `name`, if it is there and text.
+    pub(crate) fn header(&self, name: impl hyper::header::AsHeaderName) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
     /// The `ETag` header, as the server wrote it (quotes included).
+    #[cfg_attr(not(any(feature = "s3", feature = "azure")), allow(dead_code))] // the signers' and S3/Azure's only
     pub(crate) fn etag(&self) -> Option<String> {
-        self.headers
-            .get(hyper::header::ETAG)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned)
+        self.header(hyper::header::ETAG).map(str::to_owned)
+    }
+
+    /// The answer's age of the object ([`crate::stores::server_age`]: its `Date` less the
+    /// object's `Last-Modified`).
+    pub(crate) fn server_age(&self) -> Option<Duration> {
+        crate::stores::server_age(
+            self.header(hyper::header::DATE),
+            self.header(hyper::header::LAST_MODIFIED),
+        )
+    }
+
+    /// The answer says the bucket or container is not there (S3's `NoSuchBucket`, Azure's
+    /// `ContainerNotFound`, GCS's "bucket does not exist").
+    pub(crate) fn no_bucket(&self) -> bool {
+        let text = String::from_utf8_lossy(&self.body);
+        text.contains("NoSuchBucket")
+            || text.contains("ContainerNotFound")
+            || text.contains("bucket does not exist")
+    }
+
+    /// What the server said: a JSON error's `error.message` (GCS), else the body's beginning.
+    fn message(&self) -> String {
+        serde_json::from_slice::<serde_json::Value>(&self.body)
+            .ok()
+            .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
+            .unwrap_or_else(|| self.excerpt())
+    }
+
+    /// The error for an answer that is neither success nor a lost race: access denied (401,
+    /// 403, with `denied_hint`: what the credentials most likely lack) and other refusals are
+    /// [`Error::Store`], not retryable; 408, 429 and 5xx are [`Error::Unavailable`].
+    pub(crate) fn refused(&self, store: &str, what: &str, denied_hint: &str) -> Error {
+        let store = store.to_owned();
+        let detail = if self.no_bucket() {
+            format!(
+                "{what}: the bucket or container does not exist (HTTP {}); create it first",
+                self.status
+            )
+        } else {
+            format!("{what}: HTTP {} {}", self.status, self.message())
+        };
+        match self.status {
+            401 | 403 => Error::Store {
+                store,
+                detail: format!("{detail} (access denied: {denied_hint})"),
+                retryable: false,
+                source: None,
+            },
+            408 | 429 | 500..=599 => Error::Unavailable {
+                store,
+                detail,
+                source: None,
+            },
+            _ => Error::Store {
+                store,
+                detail,
+                retryable: false,
+                source: None,
+            },
+        }
     }
 
     /// The beginning of the body, for messages.
@@ -50,10 +115,10 @@ impl Answer {
 }
 
 /// A pooled HTTP(S) client with a per-request timeout.
-#[derive(Clone)]
 pub(crate) struct Http {
     client: Client<HttpsConnector<HttpConnector>, Body>,
     timeout: Duration,
+    requests: AtomicU64,
 }
 
 impl std::fmt::Debug for Http {
@@ -100,7 +165,16 @@ impl Http {
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(30))
             .build(https);
-        Ok(Http { client, timeout })
+        Ok(Http {
+            client,
+            timeout,
+            requests: AtomicU64::new(0),
+        })
+    }
+
+    /// Requests sent so far.
+    pub(crate) fn requests(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
     }
 
     /// Sends `req` and reads the answer's body up to `limit` bytes, all within the timeout.
@@ -121,6 +195,7 @@ impl Http {
                 detail,
                 source,
             };
+        self.requests.fetch_add(1, Ordering::Relaxed);
         let call = async {
             let res = self.client.request(req).await.map_err(|e| {
                 let detail = format!("{what}: {e}");

@@ -41,7 +41,7 @@ pub use credentials::AwsCredentials;
 pub use options::S3Options;
 
 use crate::error::{Error, Result};
-use crate::stores::object::sign::{sha256_hex, times, uri_encode};
+use crate::stores::object::sign::{sha256_hex, times, uri_encode, ToSign};
 use crate::stores::object::transport::Body;
 use crate::stores::object::{object_record_store, xml_values, Backend, Call, Objects, Page};
 use hyper::Request;
@@ -78,50 +78,22 @@ impl Backend for S3 {
             None if bucket.is_empty() => "/".to_owned(),
             None => bucket,
         };
-        let query = sigv4::canonical_query(&call.query);
         let (amz_date, _) = times(SystemTime::now());
-        let payload = sha256_hex(&call.body);
-        let mut headers: Vec<(String, String)> = vec![
+        let mut r = ToSign::new(call.method, path);
+        r.headers = vec![
             ("host".into(), self.host.clone()),
-            ("x-amz-date".into(), amz_date.clone()),
-            ("x-amz-content-sha256".into(), payload.clone()),
+            ("x-amz-date".into(), amz_date),
+            ("x-amz-content-sha256".into(), sha256_hex(&call.body)),
         ];
         if let Some(t) = &self.credentials.session_token {
-            headers.push(("x-amz-security-token".into(), t.clone()));
+            r.headers.push(("x-amz-security-token".into(), t.clone()));
         }
-        headers.extend(
-            call.headers
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), v.clone())),
-        );
-        let auth = sigv4::authorization(
-            &sigv4::ToSign {
-                method: call.method.as_str(),
-                path: &path,
-                query: &call.query,
-                headers: &headers,
-                payload_sha256: &payload,
-                amz_date: &amz_date,
-                region: &self.region,
-            },
-            &self.credentials,
-        );
-        let uri = match query.as_str() {
-            "" => format!("{}://{}{path}", self.scheme, self.host),
-            q => format!("{}://{}{path}?{q}", self.scheme, self.host),
-        };
-        let mut b = Request::builder().method(call.method).uri(uri);
-        for (k, v) in headers.iter().filter(|(k, _)| k != "host") {
-            b = b.header(k.as_str(), v.as_str());
-        }
-        b.header("authorization", auth)
-            .body(http_body_util::Full::new(call.body))
-            .map_err(|e| Error::Store {
-                store: self.describe.clone(),
-                detail: format!("cannot build the request: {e}"),
-                retryable: false,
-                source: None,
-            })
+        r.headers
+            .extend(call.headers.into_iter().map(|(k, v)| (k.to_owned(), v)));
+        (r.query, r.body) = (call.query, call.body);
+        let auth = sigv4::authorization(&r, &self.credentials, &self.region);
+        let origin = format!("{}://{}", self.scheme, self.host);
+        r.into_request(&origin, Some(auth), &self.describe)
     }
 
     fn put_headers(&self) -> Vec<(&'static str, String)> {

@@ -2,41 +2,13 @@
 //! sign and the signing key, as AWS documents them (checked against AWS's published examples).
 
 use super::credentials::AwsCredentials;
-use crate::stores::object::sign::{hex, hmac_sha256, sha256_hex, uri_encode};
+use crate::stores::object::sign::{hex, hmac_sha256, sha256_hex, ToSign};
 
-/// A request to sign: its parts as they will be sent.
-#[derive(Debug)]
-pub(crate) struct ToSign<'a> {
-    pub(crate) method: &'a str,
-    /// The path as sent (already URI-encoded).
-    pub(crate) path: &'a str,
-    /// Query parameters, not encoded.
-    pub(crate) query: &'a [(&'a str, String)],
-    /// Every header to sign, `host` included (names lower case).
-    pub(crate) headers: &'a [(String, String)],
-    /// The hex SHA-256 of the body (`x-amz-content-sha256`).
-    pub(crate) payload_sha256: &'a str,
-    /// `YYYYMMDDTHHMMSSZ` (`x-amz-date`).
-    pub(crate) amz_date: &'a str,
-    pub(crate) region: &'a str,
-}
-
-/// The query string as signed and as sent: encoded pairs, sorted.
-pub(crate) fn canonical_query(query: &[(&str, String)]) -> String {
-    let mut pairs: Vec<(String, String)> = query
-        .iter()
-        .map(|(k, v)| (uri_encode(k, false), uri_encode(v, false)))
-        .collect();
-    pairs.sort();
-    pairs
-        .iter()
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect::<Vec<_>>()
-        .join("&")
-}
-
-/// The `Authorization` header's value for `r` signed with `creds` (service `s3`).
-pub(crate) fn authorization(r: &ToSign<'_>, creds: &AwsCredentials) -> String {
+/// The `Authorization` header's value for `r` signed with `creds` for `region` (service `s3`):
+/// its time and payload hash are its `x-amz-date` and `x-amz-content-sha256` headers.
+pub(crate) fn authorization(r: &ToSign, creds: &AwsCredentials, region: &str) -> String {
+    let amz_date = r.header("x-amz-date").unwrap_or("");
+    let payload_sha256 = r.header("x-amz-content-sha256").unwrap_or("");
     let mut headers: Vec<(String, String)> = r
         .headers
         .iter()
@@ -56,19 +28,18 @@ pub(crate) fn authorization(r: &ToSign<'_>, creds: &AwsCredentials) -> String {
         "{}\n{}\n{}\n{canonical_headers}\n{signed}\n{}",
         r.method,
         r.path,
-        canonical_query(r.query),
-        r.payload_sha256
+        r.query_string(),
+        payload_sha256
     );
-    let date = r.amz_date.get(..8).unwrap_or(r.amz_date);
-    let scope = format!("{date}/{}/s3/aws4_request", r.region);
+    let date = amz_date.get(..8).unwrap_or(amz_date);
+    let scope = format!("{date}/{region}/s3/aws4_request");
     let to_sign = format!(
-        "AWS4-HMAC-SHA256\n{}\n{scope}\n{}",
-        r.amz_date,
+        "AWS4-HMAC-SHA256\n{amz_date}\n{scope}\n{}",
         sha256_hex(canonical.as_bytes())
     );
     let secret = format!("AWS4{}", creds.secret_access_key);
     let k = hmac_sha256(secret.as_bytes(), date.as_bytes());
-    let k = hmac_sha256(&k, r.region.as_bytes());
+    let k = hmac_sha256(&k, region.as_bytes());
     let k = hmac_sha256(&k, b"s3");
     let k = hmac_sha256(&k, b"aws4_request");
     let signature = hex(&hmac_sha256(&k, to_sign.as_bytes()));
@@ -81,6 +52,7 @@ pub(crate) fn authorization(r: &ToSign<'_>, creds: &AwsCredentials) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use hyper::Method;
 
     const EMPTY: &str = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
 
@@ -108,18 +80,9 @@ mod tests {
             ("x-amz-content-sha256", EMPTY),
             ("x-amz-date", "20130524T000000Z"),
         ]);
-        let auth = authorization(
-            &ToSign {
-                method: "GET",
-                path: "/test.txt",
-                query: &[],
-                headers: &headers,
-                payload_sha256: EMPTY,
-                amz_date: "20130524T000000Z",
-                region: "us-east-1",
-            },
-            &example_creds(),
-        );
+        let mut r = ToSign::new(Method::GET, "/test.txt".into());
+        r.headers = headers;
+        let auth = authorization(&r, &example_creds(), "us-east-1");
         assert_eq!(
             auth,
             "AWS4-HMAC-SHA256 Credential=AKIAIOSFODNN7EXAMPLE/20130524/us-east-1/s3/aws4_request, SignedHeaders=host;range;x-amz-content-sha256;x-amz-date, Signature=f0e8bdb87c964420e857bd35b5d6ed310bd44f0170aba48dd91039c6036bdb41"
@@ -134,19 +97,10 @@ mod tests {
             ("x-amz-content-sha256", EMPTY),
             ("x-amz-date", "20130524T000000Z"),
         ]);
-        let query = [("max-keys", "2".to_owned()), ("prefix", "J".to_owned())];
-        let auth = authorization(
-            &ToSign {
-                method: "GET",
-                path: "/",
-                query: &query,
-                headers: &headers,
-                payload_sha256: EMPTY,
-                amz_date: "20130524T000000Z",
-                region: "us-east-1",
-            },
-            &example_creds(),
-        );
+        let mut r = ToSign::new(Method::GET, "/".into());
+        r.query = vec![("prefix", "J".to_owned()), ("max-keys", "2".to_owned())];
+        r.headers = headers;
+        let auth = authorization(&r, &example_creds(), "us-east-1");
         assert!(
             auth.ends_with(
                 "Signature=34b48302e7b5fa45bde8084f4b7868a86f0a534bc59db6670ed5711ef69dc6f7"
