@@ -42,7 +42,7 @@ pub(crate) fn time(ms: u64) -> String {
     if ms == 0 {
         return "-".into();
     }
-    leasehold::record::format_ms(ms)
+    leasehold::format_ms(ms)
 }
 
 /// A duration for people: `850ms`, `29.8s`, `4m 10s`, `2h 5m 0s`.

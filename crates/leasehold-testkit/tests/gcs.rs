@@ -382,10 +382,10 @@ async fn cleanup_refuses_a_server_that_ignores_the_delete_precondition() {
     let mut record = LeaseRecord::free("live", 0);
     record.holder = Some("web-1".into());
     record.token = Some("t1".into());
-    record.expires_ms = leasehold::record::now_ms() + 60_000;
+    record.expires_ms = leasehold::now_ms() + 60_000;
     record.ttl_ms = 60_000;
     let g1 = raw.create(&key, &record).await.unwrap().expect("created");
-    record.renewed_ms = leasehold::record::now_ms();
+    record.renewed_ms = leasehold::now_ms();
     record.expires_ms = record.renewed_ms + 60_000;
     let g2 = raw
         .replace(&key, &record, &g1)

@@ -758,7 +758,7 @@ async fn calls_made_at_once_share_script_calls_on_each_primary() {
     let held = l.store().list("").await.unwrap();
     assert!(
         held.iter().all(|i| match i {
-            leasehold::Inspection::Record(r) => !r.is_held(leasehold::record::now_ms()),
+            leasehold::Inspection::Record(r) => !r.is_held(leasehold::now_ms()),
             _ => false,
         }),
         "{held:?}"

@@ -52,7 +52,7 @@ mod options;
 mod pg;
 #[cfg(feature = "queue")]
 pub mod queue;
-pub mod record;
+mod record;
 mod store;
 pub mod stores;
 pub mod traced;
@@ -73,7 +73,7 @@ pub use key::{Key, Naming};
 pub use local::{LocalGuard, LocalLocks};
 pub use metrics::Metrics;
 pub use options::{Backoff, LockOptions, Wait};
-pub use record::LeaseRecord;
+pub use record::{format_ms, now_ms, LeaseRecord, QueuedWaiter, QUEUE_LIMIT};
 pub use store::{
     AcquireOutcome, AcquireRequest, Capabilities, ChangeWatch, CleanupReport, GiveUp, Inspection,
     LockStore, LostReason, RecordStore, ReleaseOutcome, RenewOutcome, Stored, DEFAULT_LABEL_LIMIT,

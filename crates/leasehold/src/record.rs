@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 ///
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-/// use leasehold::record::now_ms;
+/// use leasehold::now_ms;
 /// use std::time::Duration;
 /// let locks = leasehold::Locks::new(leasehold::stores::memory::MemoryStore::new());
 /// let guard = locks.lock("k")?.ttl(Duration::from_secs(30)).acquire().await?;
@@ -184,7 +184,7 @@ pub const QUEUE_LIMIT: usize = 63;
 /// registered waiter's `waiter_expires`).
 ///
 /// ```
-/// use leasehold::record::QueuedWaiter;
+/// use leasehold::QueuedWaiter;
 /// let w = QueuedWaiter::new("worker-2", "t2", 1_790_000_005_000, 5_000);
 /// let json = serde_json::to_string(&w).unwrap();
 /// assert!(json.contains(r#""expires":"2026-09-21T"#), "{json}");
@@ -231,7 +231,7 @@ const LAST_RFC3339_MS: u64 = 253_402_300_799_999;
 /// which [`LeaseRecord`]s read back.
 ///
 /// ```
-/// use leasehold::record::format_ms;
+/// use leasehold::format_ms;
 /// assert_eq!(format_ms(1_700_000_000_123), "2023-11-14T22:13:20.123Z");
 /// assert_eq!(format_ms(u64::MAX), u64::MAX.to_string());
 /// ```

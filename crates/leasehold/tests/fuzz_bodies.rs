@@ -128,7 +128,7 @@ proptest! {
 
     #[test]
     fn record_times_read_back(ms in any::<u64>()) {
-        fuzzing::duration(leasehold::record::format_ms(ms).as_bytes());
+        fuzzing::duration(leasehold::format_ms(ms).as_bytes());
     }
 
     #[test]

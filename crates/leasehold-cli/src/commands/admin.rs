@@ -4,7 +4,7 @@ use crate::cli::{CleanupArgs, ReleaseArgs};
 use crate::exit::{Failure, OK};
 use crate::output::{self, clean, print, print_json};
 use crate::process::signals::Forwarded;
-use leasehold::record::now_ms;
+use leasehold::now_ms;
 use leasehold::{Inspection, Key, LeaseRecord, LockStore};
 use serde_json::{json, Value};
 use std::time::Duration;

@@ -56,7 +56,7 @@ pub(crate) async fn bench(store: Arc<dyn LockStore>, args: BenchArgs) -> Result<
     let run = format!(
         "leasehold-bench/{}-{}",
         std::process::id(),
-        leasehold::record::now_ms()
+        leasehold::now_ms()
     );
     let mut rows = vec![];
     for &tasks in &args.tasks {

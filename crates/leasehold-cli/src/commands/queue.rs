@@ -7,10 +7,10 @@ use crate::cli::{
 use crate::exit::{Failure, OK};
 use crate::output::{self, clean, print, print_json, table};
 use crate::payload::{decode_command, encode_command};
+use leasehold::now_ms;
 use leasehold::queue::{
     open_queue, Cancelled, NewTask, Policy, QueueBackend, Status, Task, TaskEntry,
 };
-use leasehold::record::now_ms;
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::sync::Arc;
