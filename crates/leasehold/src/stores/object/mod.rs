@@ -30,8 +30,10 @@ pub(crate) mod transport;
 #[cfg(any(feature = "s3", feature = "azure"))]
 mod objects;
 
+#[cfg(all(feature = "fuzzing", any(feature = "s3", feature = "azure")))]
+pub(crate) use objects::decode;
 #[cfg(any(feature = "s3", feature = "azure"))]
-pub(crate) use objects::{decode, object_record_store, xml_values, Backend, Call, Objects, Page};
+pub(crate) use objects::{object_record_store, xml_values, Backend, Call, Objects, Page};
 #[cfg(any(feature = "s3", feature = "azure"))]
 pub use objects::{Precondition, RawAnswer};
 
