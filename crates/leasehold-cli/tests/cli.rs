@@ -52,6 +52,14 @@ impl Store {
         Store { dir, url }
     }
 
+    /// A scratch directory beside the store at `url`.
+    fn at(url: String) -> Self {
+        Store {
+            dir: tempfile::tempdir().unwrap(),
+            url,
+        }
+    }
+
     /// The store directory (created by the first command that opens the store).
     fn locks(&self) -> PathBuf {
         self.dir.path().join("locks")
@@ -405,6 +413,44 @@ fn wait_for_waiter(s: &Store, key: &str) {
         assert!(Instant::now() < deadline, "no waiter registered on {key}");
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Processes waiting for one key are served in the order they began to wait: each joins the
+/// line (seen in the record) before the next starts.
+fn waiting_processes_are_served_in_arrival_order(s: &Store) {
+    let mut holder = s.spawn(["run", "--key", "line", "--", "sh", "-c", UNTIL_EOF]);
+    holder.wait_line("ready");
+    let order = s.path("order");
+    let mut waiters = Vec::new();
+    for i in 0..4usize {
+        let append = format!("echo {i} >> '{}'", order.display());
+        waiters.push(s.spawn(["run", "--key", "line", "--", "sh", "-c", &append]));
+        let deadline = Instant::now() + LIMIT;
+        loop {
+            let r = s.inspect("line");
+            let in_line =
+                usize::from(!r["waiter"].is_null()) + r["queue"].as_array().map_or(0, Vec::len);
+            if in_line == i + 1 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "waiter {i} not in line: {r}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    holder.close_stdin();
+    assert_eq!(holder.finish(LIMIT).code, Some(0));
+    for w in waiters {
+        let out = w.finish(LIMIT);
+        assert_eq!(out.code, Some(0), "{out:?}");
+    }
+    assert_eq!(std::fs::read_to_string(&order).unwrap(), "0\n1\n2\n3\n");
+}
+
+#[test]
+fn waiting_processes_are_served_in_arrival_order_on_files_and_redis() {
+    waiting_processes_are_served_in_arrival_order(&Store::new());
+    let redis = leasehold_testkit::servers::RedisServer::start();
+    waiting_processes_are_served_in_arrival_order(&Store::at(redis.url()));
 }
 
 #[test]

@@ -96,8 +96,9 @@ pub struct LeaseRecord {
     pub waiter_ttl_ms: Option<u64>,
     /// The waiters in line behind the registered one (`waiter`), in arrival order: when the
     /// lease is granted to the registered waiter, the first of these becomes the registered
-    /// waiter. At most [`QUEUE_LIMIT`] entries; stores that judge waiters in their own way
-    /// (Redis, PostgreSQL, etcd) leave it empty.
+    /// waiter. At most [`QUEUE_LIMIT`] entries; stores without a line
+    /// ([`Capabilities::waiter_line`](crate::Capabilities::waiter_line): PostgreSQL, etcd,
+    /// Redlock) leave it empty.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub queue: Vec<QueuedWaiter>,
     /// The holder's process id.

@@ -33,6 +33,11 @@ pub struct Capabilities {
     pub liveness: bool,
     /// Where fences come from, in a few words.
     pub fence_source: &'static str,
+    /// Waiters stand in one line per key and are served in arrival order: a released lease is
+    /// reserved for the first in line, and the next moves up when it is granted; a place its
+    /// waiter stops renewing lapses. Without it, one waiter is registered and the others race
+    /// for the lease when it comes free.
+    pub waiter_line: bool,
 }
 
 /// One acquisition attempt, for calling a [`LockStore`] directly (the lock API builds it for

@@ -240,7 +240,12 @@ impl Acquisition {
             if let Some(d) = self.deadline {
                 until = until.min(d);
             }
-            if waiting.changes.sleep_until(until).await {
+            // A waiter further back in line has nothing to win at the next change: it sleeps
+            // through the changes that serve those ahead of it but one (each release moves
+            // the line up by one), so a handoff wakes the first in line and the next, not
+            // every waiter.
+            let skip = waiting.line.place.map_or(0, |(p, _)| p.saturating_sub(1));
+            if waiting.changes.sleep_until(until, skip).await {
                 waiting.attempt = waiting.attempt.saturating_add(1);
             }
         }
@@ -453,12 +458,20 @@ impl Changes {
         self.watch.is_some()
     }
 
-    /// Sleeps until `until` or a change; true when the timer ended the sleep.
-    async fn sleep_until(&mut self, until: Instant) -> bool {
+    /// Sleeps until `until` or the change after `skip` others; true when the timer ended the
+    /// sleep.
+    async fn sleep_until(&mut self, until: Instant, mut skip: usize) -> bool {
         let timed_out = match self.watch.as_mut() {
-            Some(w) => tokio::select! {
-                _ = w.changed() => false,
-                _ = tokio::time::sleep_until(until) => true,
+            Some(w) => loop {
+                tokio::select! {
+                    _ = w.changed() => {
+                        if skip == 0 || w.stale() {
+                            break false;
+                        }
+                        skip -= 1;
+                    }
+                    _ = tokio::time::sleep_until(until) => break true,
+                }
             },
             None => {
                 tokio::time::sleep_until(until).await;

@@ -11,7 +11,8 @@
 //! and on takeover, monotonic fences and fence blocks, owner-only renew and release, idempotent
 //! release, waiter handoff and withdrawal, labels read back whole, hostile keys, racing workers,
 //! inspect/list/cleanup, `try_acquire` never waiting, release on drop, waiters not spinning,
-//! local handoff, abandoned handoffs, cancelled acquisitions, and release notifications.
+//! local handoff, abandoned handoffs, cancelled acquisitions, release notifications, and, on
+//! stores that keep a line of waiters, arrival order and a dead waiter skipped.
 //!
 //! # Example
 //!
@@ -39,12 +40,14 @@
 mod fences;
 mod handoff;
 mod holding;
+mod line;
 mod records;
 mod waiters;
 
 pub use fences::*;
 pub use handoff::*;
 pub use holding::*;
+pub use line::*;
 pub use records::*;
 pub use waiters::*;
 
@@ -138,7 +141,8 @@ macro_rules! conformance_tests {
             waiter_withdraws_on_timeout, hostile_keys, racing_workers, inspect_list_cleanup,
             try_acquire_never_waits, drop_releases, waiters_do_not_spin, fence_blocks,
             local_handoff, abandoned_handoff_is_released, cancelled_acquires_leave_nothing_taken,
-            release_is_notified_when_asked, labels_are_read_back_whole);
+            release_is_notified_when_asked, labels_are_read_back_whole,
+            waiters_served_in_arrival_order, dead_waiter_is_skipped);
     };
     (@each $make:expr; $($name:ident),*) => {
         $(

@@ -107,6 +107,7 @@ impl LockStore for MemoryStore {
             watch: true,
             liveness: false,
             fence_source: "max(previous + 1, µs clock) per key",
+            waiter_line: true,
         }
     }
 
@@ -269,6 +270,7 @@ impl RecordStore for RecordMemoryStore {
             watch: false,
             liveness: false,
             fence_source: "the store-wide write counter (versions are revisions)",
+            waiter_line: true,
         }
     }
 

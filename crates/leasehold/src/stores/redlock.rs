@@ -357,6 +357,7 @@ impl LockStore for RedlockStore {
             watch: true,
             liveness: false,
             fence_source: "maximum of the per-node INCR fences over the granting majority",
+            waiter_line: false,
         }
     }
 
@@ -372,7 +373,7 @@ impl LockStore for RedlockStore {
         // nodes that could is what lets it survive one granting node restarting empty (answering
         // at a majority left a moment in which a restart let a second holder in; the test
         // `a_lease_holder_keeps_renewing_while_a_node_restarts_empty` caught it).
-        let call = self.first().acquire_call(req);
+        let call = self.first().acquire_call(req, false);
         let answers = self
             .all(|n| async {
                 let answer = n.call(&call).await?;

@@ -411,6 +411,7 @@ impl LockStore for EtcdStore {
             watch: true,
             liveness: false,
             fence_source: "the record key's create revision (etcd's cluster-wide revision) × 65536",
+            waiter_line: false,
         }
     }
 

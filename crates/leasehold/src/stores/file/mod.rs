@@ -784,6 +784,7 @@ impl LockStore for FileStore {
             watch: true,
             liveness: true,
             fence_source: "max(previous + 1, µs clock), kept in the record file",
+            waiter_line: true,
         }
     }
 

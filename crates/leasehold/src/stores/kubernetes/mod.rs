@@ -573,6 +573,7 @@ impl RecordStore for KubernetesStore {
             watch: true,
             liveness: false,
             fence_source: "the API server's resourceVersion (an etcd revision), kept in the leasehold.io/fence annotation",
+            waiter_line: true,
         }
     }
 

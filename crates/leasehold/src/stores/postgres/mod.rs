@@ -430,6 +430,7 @@ impl LockStore for PostgresStore {
             watch: true,
             liveness: false,
             fence_source: "a PostgreSQL sequence per table, never lowered by cleanup",
+            waiter_line: false,
         }
     }
 

@@ -458,8 +458,9 @@ impl RedisStore {
     }
 
     /// The acquire script call for `req`. It names no node: Redlock sends one call to every node
-    /// (their prefixes are the same).
-    pub(crate) fn acquire_call(&self, req: &AcquireRequest) -> ScriptCall {
+    /// (their prefixes are the same). With `line`, a waiter finding another registered stands in
+    /// the key's line behind it; without (Redlock's nodes), it waits without a place.
+    pub(crate) fn acquire_call(&self, req: &AcquireRequest, line: bool) -> ScriptCall {
         let (record_key, fence_key) = (self.record_key(&req.key), self.fence_key(&req.key));
         // The record around the fence and times the script adds, in the fields' order.
         let mut head = Vec::with_capacity(64 + 2 * req.key.as_str().len() + req.holder.len());
@@ -484,7 +485,10 @@ impl RedisStore {
             tail.extend_from_slice(b"{}");
         }
         tail.push(b'}');
-        let waiter_ms = req.waiter_ttl.map_or(0, |d| d.as_millis().max(1) as u64);
+        let waiter_ms = req.waiter_ttl.map_or(0, |d| {
+            i64::try_from(d.as_millis().max(1)).unwrap_or(i64::MAX)
+        });
+        let waiter_ms = if line { waiter_ms } else { -waiter_ms };
         let bytes = record_key.len() + fence_key.len() + head.len() + tail.len() + 48;
         let mut call = self.inner.scripts.acquire.prepare(2, 6, bytes);
         call.arg(record_key)
@@ -626,13 +630,14 @@ impl LockStore for RedisStore {
             watch: true,
             liveness: false,
             fence_source: "INCR of a per-key counter key in the acquire script",
+            waiter_line: true,
         }
     }
 
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome> {
         self.check(&req.key)?;
         req.check_size(LABEL_LIMIT, &self.describe())?;
-        let call = self.acquire_call(req);
+        let call = self.acquire_call(req, true);
         let answer = match self.call(&call).await {
             Err(e) if call.lua.waits_for_replicas() => {
                 // A grant the replicas may lack is not handed out: let go of it, if it was one

@@ -41,7 +41,8 @@ const SERVER_MS: &str = concat!("\n", include_str!("lua/server_ms.lua"));
 ///
 /// KEYS: record, fence counter. ARGV: the record up to its fence (`{"key":…,"holder":…,
 /// "token":…,"fence":`), the record after its times (`,"ttl_ms":…,"waiter":null,…,"labels":…}`),
-/// ttl_ms, the number of fences to reserve, waiter_ttl_ms (0: none), then 1 if the caller waits
+/// ttl_ms, the number of fences to reserve, waiter_ttl_ms (0: none; negative: register only where
+/// nobody else waits, never in line), then 1 if the caller waits
 /// for change notifications (subscribed), else 0. The client builds both parts, so the server
 /// only adds the fence and its times, and the call carries six arguments.
 ///
@@ -50,8 +51,12 @@ const SERVER_MS: &str = concat!("\n", include_str!("lua/server_ms.lua"));
 const ACQUIRE_FREE: &str = concat!("\n", include_str!("lua/acquire_free.lua"));
 
 /// The rest of the acquire script (after [`ACQUIRE_FREE`] and the [`PRELUDE`]): a record exists.
-/// A held key gets the caller as its registered waiter (`waiter_ttl_ms` > 0), or else, when the
-/// caller is subscribed, the mark `"watched":true` so that its release publishes.
+/// Waiters stand in line (the record's `queue`, as on the record stores): a held key, or a free
+/// one reserved for another waiter, gets the caller as its registered waiter if nobody is
+/// (`waiter_ttl_ms` ≠ 0), else a place at the end of the line (`waiter_ttl_ms` > 0, at most 63
+/// places); a caller without a place that is subscribed marks the record `"watched":true` so that
+/// its release publishes. A grant to the registered waiter makes the first queued one the
+/// registered waiter; lapsed places are dropped by every write.
 const ACQUIRE: &str = concat!("\n", include_str!("lua/acquire.lua"));
 
 /// The renewal script's arguments on one server and on a cluster's slot: KEYS: records. ARGV:
@@ -481,7 +486,7 @@ impl Batched {
     /// arguments, and returns a value on every path), queued in `lane`. The prologue runs once
     /// per call; the body once per operation, as a function whose keys and arguments are those
     /// of its operation (`KEYS[n]` in the body reads `KEYS[o + n]`, `o` the operation's offset:
-    /// no table per operation).
+    /// no table per operation). The body must not name a variable of its own `o` or `p`.
     fn new(
         prologue: &str,
         body: &str,
@@ -623,6 +628,30 @@ pub(super) fn json_push(out: &mut Vec<u8>, s: &str) {
 #[cfg(test)]
 mod tests {
     use super::offset;
+
+    /// A batched body's own variable named `o` or `p` would hide the operation's offsets.
+    #[test]
+    fn batched_bodies_leave_the_offsets_alone() {
+        let bodies = [
+            super::ACQUIRE_FREE,
+            super::PRELUDE,
+            super::ACQUIRE,
+            super::RELEASE_OURS,
+            super::RELEASE,
+        ];
+        for body in bodies {
+            for line in body.lines().map(str::trim) {
+                let names = line.strip_prefix("local ").unwrap_or("");
+                let names = names.split('=').next().unwrap_or("");
+                for name in names.split(',').map(str::trim) {
+                    assert!(name != "o" && name != "p", "a local `{name}`: {line}");
+                }
+                for fun in ["function(o", "function(p", "for o ", "for p "] {
+                    assert!(!line.contains(fun), "{line}");
+                }
+            }
+        }
+    }
 
     #[test]
     fn offsets_apply_to_indexed_reads_only() {

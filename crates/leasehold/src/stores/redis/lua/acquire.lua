@@ -1,22 +1,41 @@
 -- The caller's holder and token, from the record it sent (its head is JSON once closed).
 local me = cjson.decode(ARGV[1] .. '0}')
 local token = me.token
+-- The waiter registration's lifetime (0: none); negative: register only where nobody else
+-- waits, without a line (a Redlock node: lines kept apart on each node could each put another
+-- waiter first, and no waiter would win a majority).
+local wttl = tonumber(ARGV[5])
+local in_line = wttl > 0
+wttl = math.abs(wttl)
 local r = decode(raw)
 if r == 'corrupt' then return foreign(KEYS[1], raw) end
+local at = nil
 if type(r) == 'table' then
-  local mine = str(r.waiter_token) == token
-  if held(r) or (live_waiter(r) and not mine) then
-    local wttl = tonumber(ARGV[5])
-    if wttl > 0 and (mine or not live_waiter(r)) then
-      local fresh = mine and live_waiter(r) and num(r.waiter_expires) >= now + math.floor(wttl * 2 / 3)
-      if not fresh then
-        r.waiter = me.holder; r.waiter_token = token; r.waiter_expires = now + wttl
-        raw = put(r, KEYS[1])
+  local write = tidy(r)
+  at = place(r, token)
+  if held(r) or (str(r.waiter_token) ~= nil and at ~= 0) then
+    local due = now + math.floor(wttl * 2 / 3)
+    if wttl > 0 and at == 0 then
+      -- Our registration, renewed once a third of it has passed.
+      if num(r.waiter_expires) < due then
+        r.waiter = me.holder; r.waiter_expires = now + wttl; r.waiter_ttl_ms = wttl; write = true
       end
-    elseif ARGV[6] == '1' and r.watched ~= true then
-      r.watched = true
-      raw = put(r, KEYS[1])
+    elseif wttl > 0 and at ~= nil then
+      local w = r.queue[at]
+      if num(w.expires) < due then w.expires = now + wttl; w.ttl_ms = wttl; write = true end
+    elseif wttl > 0 and str(r.waiter_token) == nil then
+      r.waiter = me.holder; r.waiter_token = token; r.waiter_expires = now + wttl; r.waiter_ttl_ms = wttl
+      at = 0; write = true
+    elseif in_line and #line(r) < 63 then
+      local q = line(r)
+      q[#q + 1] = {holder = me.holder, token = token, expires = now + wttl, ttl_ms = wttl}
+      r.queue = q
+      at = #q; write = true
     end
+    if at == nil and ARGV[6] == '1' and r.watched ~= true then
+      r.watched = true; write = true
+    end
+    if write then raw = put(r, KEYS[1]) end
     return {0, raw}
   end
 end
@@ -24,9 +43,15 @@ local fence = redis.call('INCRBY', KEYS[2], ARGV[4])
 local ttl = tonumber(ARGV[3])
 local g = cjson.decode(ARGV[1] .. string.format('%d', fence) .. ',"acquired":' .. now
   .. ',"renewed":' .. now .. ',"expires":' .. (now + ttl) .. ARGV[2])
-if type(r) == 'table' and live_waiter(r) and str(r.waiter_token) ~= token then
-  g.waiter = r.waiter; g.waiter_token = r.waiter_token; g.waiter_expires = r.waiter_expires
+if type(r) == 'table' then
+  -- The line stays, less us: the next in it becomes the registered waiter.
+  if at == 0 then clear_waiter(r); tidy(r) end
+  if str(r.waiter_token) ~= nil then
+    g.waiter = r.waiter; g.waiter_token = r.waiter_token; g.waiter_expires = r.waiter_expires
+    g.waiter_ttl_ms = r.waiter_ttl_ms
+  end
+  g.queue = r.queue
+  -- Contenders that marked the record still wait: our release must publish for them.
+  if r.watched == true then g.watched = true end
 end
--- Contenders that marked the record still wait: our release must publish for them.
-if type(r) == 'table' and r.watched == true then g.watched = true end
 return {1, put(g, KEYS[1])}

@@ -32,7 +32,7 @@ for i, k in ipairs(keys) do
         b = 'expired'
       else
         r.renewed = now; r.expires = now + ttl; r.ttl_ms = ttl
-        if not live_waiter(r) then clear_waiter(r) end
+        tidy(r)
         a = 1; b = put(r, k)
       end
     end
