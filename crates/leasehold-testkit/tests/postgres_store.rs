@@ -466,3 +466,113 @@ async fn a_holder_whose_session_drops_keeps_its_lease() {
     assert!(g.is_current(), "a lost its lease over the dropped session");
     g.release().await.unwrap();
 }
+
+/// A table made before the `watched` column (the DDL of earlier versions) gets it when a store
+/// opens it, and its rows keep their fences.
+#[tokio::test]
+async fn a_table_without_the_watched_column_gets_it() {
+    let server = shared_postgres();
+    let url = server.fresh_db();
+    let db = db_of(&url).to_owned();
+    server
+        .psql(
+            &db,
+            "CREATE TABLE leasehold_leases (key TEXT COLLATE \"C\" PRIMARY KEY, holder TEXT, \
+             token TEXT, fence BIGINT NOT NULL, acquired TIMESTAMPTZ NOT NULL, \
+             renewed TIMESTAMPTZ NOT NULL, expires TIMESTAMPTZ NOT NULL, ttl_ms BIGINT NOT NULL, \
+             waiter TEXT, waiter_token TEXT, waiter_expires TIMESTAMPTZ, waiter_ttl_ms BIGINT, \
+             pid INTEGER, host TEXT, labels TEXT NOT NULL DEFAULT '{}'); \
+             CREATE SEQUENCE leasehold_leases_fence START 40; \
+             INSERT INTO leasehold_leases (key, fence, acquired, renewed, expires, ttl_ms) \
+             VALUES ('old', 39, now(), now(), now(), 1000)",
+        )
+        .unwrap();
+    let s = store(&url).await;
+    assert_eq!(
+        server
+            .psql(
+                &db,
+                "SELECT count(*) FROM pg_attribute WHERE attname = 'watched' \
+                 AND attrelid = 'leasehold_leases'::regclass"
+            )
+            .as_deref(),
+        Some("1")
+    );
+    let k = Key::new("old").unwrap();
+    let req = AcquireRequest::new(k.clone(), "a", Duration::from_secs(5));
+    match s.acquire(&req).await.unwrap() {
+        AcquireOutcome::Granted(r) => assert!(r.fence >= 40, "{}", r.fence),
+        other => panic!("{other:?}"),
+    }
+    s.release(&k, &req.token).await.unwrap();
+}
+
+/// The next notification `heard`.
+async fn next(heard: &mut tokio::sync::mpsc::UnboundedReceiver<String>) -> String {
+    tokio::time::timeout(Duration::from_secs(10), heard.recv())
+        .await
+        .expect("a notification")
+        .expect("the listener")
+}
+
+/// A release notifies only when someone waits for it: a registered waiter, or a watching
+/// contender whose attempt marked the row; an uncontended release sends nothing (the
+/// notifications of one listener arrive in commit order, so the first heard is the first
+/// release waited for).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_release_someone_waits_for_notifies() {
+    let url = shared_postgres().fresh_db();
+    let s = store(&url).await;
+    let (client, mut conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let (tx, mut heard) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(Ok(m)) = std::future::poll_fn(|cx| conn.poll_message(cx)).await {
+            if let tokio_postgres::AsyncMessage::Notification(n) = m {
+                let _ = tx.send(n.payload().to_owned());
+            }
+        }
+    });
+    client
+        .batch_execute("LISTEN \"public.leasehold_leases\"")
+        .await
+        .unwrap();
+    let ttl = Duration::from_secs(30);
+    let take = |key: &str| AcquireRequest::new(Key::new(key).unwrap(), "h", ttl);
+    let granted = |o: AcquireOutcome| assert!(matches!(o, AcquireOutcome::Granted(_)), "{o:?}");
+    let held = |o: AcquireOutcome| assert!(matches!(o, AcquireOutcome::Held(_)), "{o:?}");
+    // Nobody waits: no notification.
+    let alone = take("alone");
+    granted(s.acquire(&alone).await.unwrap());
+    s.release(&alone.key, &alone.token).await.unwrap();
+    // A contender that watches (subscribed, not registered) marks the row.
+    let watched = take("watched");
+    granted(s.acquire(&watched).await.unwrap());
+    let mut watcher = take("watched");
+    watcher.watching = true;
+    held(s.acquire(&watcher).await.unwrap());
+    // A registered waiter.
+    let waited = take("waited");
+    granted(s.acquire(&waited).await.unwrap());
+    let mut waiter = take("waited");
+    waiter.waiter_ttl = Some(ttl);
+    held(s.acquire(&waiter).await.unwrap());
+    // Released again after a release that notified: nobody waits any more.
+    let again = take("watched");
+    s.release(&watched.key, &watched.token).await.unwrap();
+    granted(s.acquire(&again).await.unwrap());
+    s.release(&again.key, &again.token).await.unwrap();
+    s.release(&waited.key, &waited.token).await.unwrap();
+    assert_eq!(next(&mut heard).await, "watched");
+    assert_eq!(next(&mut heard).await, "waited");
+    // The waiter is granted the key reserved for it; its release notifies nobody, and an
+    // observer's mark (`notify_release`) makes the next one notify.
+    granted(s.acquire(&waiter).await.unwrap());
+    s.release(&waiter.key, &waiter.token).await.unwrap();
+    let observed = take("observed");
+    granted(s.acquire(&observed).await.unwrap());
+    assert!(s.notify_release(&observed.key, None).await.unwrap());
+    s.release(&observed.key, &observed.token).await.unwrap();
+    assert_eq!(next(&mut heard).await, "observed");
+}

@@ -14,21 +14,29 @@
 //!   one creator at a time; nothing is created when the table is there). Its columns: `key`,
 //!   `holder`, `token` (the owner token), `fence`, `acquired`, `renewed`, `expires`, `ttl_ms`,
 //!   `waiter`, `waiter_token`, `waiter_expires`, `waiter_ttl_ms`, `pid`, `host`, `labels` (JSON
-//!   text). A user without the right to create it gets a non-retryable error naming the DDL to
-//!   run.
-//! - **One statement per step**, each judged by the server's clock: acquire-when-free, takeover
-//!   of an expired row and waiter registration are one `INSERT … ON CONFLICT (key) DO UPDATE …
-//!   WHERE <free, expired, or reserved for us> RETURNING …`; renewal is one `UPDATE … WHERE
+//!   text), `watched` (a contender waits for this lease's release; a table made without it gets
+//!   it, `ALTER TABLE … ADD COLUMN IF NOT EXISTS`). A user without the right to create it gets a
+//!   non-retryable error naming the DDL to run.
+//! - **One statement per step**, each judged by the server's clock: acquire-when-free and
+//!   takeover of an expired row are one `INSERT … ON CONFLICT (key) DO UPDATE … WHERE <free,
+//!   expired, or reserved for us> RETURNING fence, acquired, expires`; when it writes nothing
+//!   (held), the whole acquire statement, the same upsert that also registers the caller as
+//!   waiter or marks the row watched, answers the record (a caller that already found the key
+//!   held, or asks for a block of fences, sends only that one); renewal is one `UPDATE … WHERE
 //!   token = $token AND expires > now()`, for many leases at once (`FROM unnest($keys, $tokens,
 //!   $ttls)`: the renewals asked for while one statement runs go together in the next); release
-//!   is one `UPDATE` that keeps the row (free, its fence kept) and notifies. Only a step that
-//!   fails (a lost renewal, a contended acquire whose row was not written) reads the row again
-//!   to say why.
-//! - **Wake-ups**: every release, force-release and waiter withdrawal runs `pg_notify` on the
-//!   channel `schema.table` with the key as payload, delivered at its commit; the store's
-//!   connection listens there, and waiters wake on it rather than by polling. When the
-//!   connection ends, every waiter is woken and subscribes again, which connects (and listens)
-//!   again.
+//!   is one `UPDATE` that keeps the row (free, its fence kept) and notifies when someone waits.
+//!   Only a step that fails (a lost renewal, a contended acquire whose row was not written)
+//!   reads the row again to say why.
+//! - **Wake-ups**: a release whose row has a live registered waiter, or was marked `watched` by
+//!   a contender that waits for notifications (its attempt found the key held) or by an
+//!   observer ([`LockStore::notify_release`]), runs `pg_notify` on the channel `schema.table`
+//!   with the key as payload, delivered at its commit, and clears the mark; so does every
+//!   force-release and waiter withdrawal. An uncontended release notifies nobody: every
+//!   transaction that notifies commits through the server's one notification queue, in turn.
+//!   The store's connection listens there, and waiters wake on it rather than by polling. When
+//!   the connection ends, every waiter is woken and subscribes again, which connects (and
+//!   listens) again.
 //! - **One connection** per store, shared by all its calls (pipelined: many tasks' statements
 //!   are in flight on it at once); each statement is prepared once per connection. Every call
 //!   is bounded by `?timeout=` (default 10 s): a server that stops answering fails the call,
@@ -175,15 +183,21 @@ impl Inner {
                 .conn
                 .query_one(sql.exists, &[&sql.table, &sql.sequence, &sql.schema])
                 .await?;
-            Ok((row.try_get::<_, bool>(0)?, row.try_get::<_, bool>(1)?))
+            Ok((
+                row.try_get::<_, bool>(0)?,
+                row.try_get::<_, bool>(1)?,
+                row.try_get::<_, bool>(2)?,
+            ))
         };
-        let (table, schema) = self.link.call(there).await?;
-        if table {
+        let (table, schema, watched) = self.link.call(there).await?;
+        if table && watched {
             return self.prepare().await;
         }
-        let needed = match schema {
-            true => sql.create.clone(),
-            false => format!("{}\n{}", sql.create_schema, sql.create),
+        let needed = match (table, schema) {
+            // A table made before it had the column.
+            (true, _) => sql.add_watched.clone(),
+            (false, true) => sql.create.clone(),
+            (false, false) => format!("{}\n{}", sql.create_schema, sql.create),
         };
         let ddl = format!("BEGIN; SELECT pg_advisory_xact_lock({CREATE_LOCK}); {needed} COMMIT;");
         let live = self.link.get().await?;
@@ -200,8 +214,8 @@ impl Inner {
                         source: None,
                         store: self.link.shown().to_owned(),
                         detail: format!(
-                            "the lease table {} is not there and this user may not create it \
-                             ({}); have it created with:\n{needed}",
+                            "the lease table {} is not there (or lacks its column `watched`) and \
+                             this user may not create it ({}); have it created with:\n{needed}",
                             sql.table,
                             e.as_db_error().map_or("permission denied", |d| d.message()),
                         ),
@@ -219,7 +233,7 @@ impl Inner {
         let sql = &self.sql;
         self.link
             .call(|l| async move {
-                for text in [&sql.acquire, &sql.renew, &sql.release] {
+                for text in [&sql.acquire_free, &sql.acquire, &sql.renew, &sql.release] {
                     l.conn.prepared.get(&l.conn.client, text).await?;
                 }
                 Ok(())
@@ -297,6 +311,37 @@ impl Inner {
         let pid = i32::try_from(crate::decide::pid()).unwrap_or(0);
         let host = crate::decide::host();
         let key = req.key.as_str();
+        // A caller that watches already found the key held, and a block of fences: straight to
+        // the whole statement.
+        if !req.watching && fences == 1 {
+            let rows = self
+                .query(
+                    &self.sql.acquire_free,
+                    &[&key, &req.holder, &req.token, &ttl, &labels, &pid, &host],
+                )
+                .await?;
+            if let Some(r) = rows.first() {
+                let granted = (|| {
+                    let fence: i64 = r.try_get(0)?;
+                    let acquired: std::time::SystemTime = r.try_get(1)?;
+                    let expires: std::time::SystemTime = r.try_get(2)?;
+                    Ok::<_, tokio_postgres::Error>((fence, acquired, expires))
+                })();
+                let (fence, acquired, expires) = granted.map_err(|e| self.err(e))?;
+                let mut rec = LeaseRecord::free(key, unsigned(fence));
+                rec.holder = Some(req.holder.clone());
+                rec.token = Some(req.token.clone());
+                rec.acquired_ms = unix_ms(acquired);
+                rec.renewed_ms = rec.acquired_ms;
+                rec.expires_ms = unix_ms(expires);
+                rec.ttl_ms = unsigned(ttl);
+                rec.pid = u32::try_from(pid).ok();
+                rec.host = Some(host.to_owned());
+                rec.labels = req.labels.clone();
+                return Ok(AcquireOutcome::Granted(rec));
+            }
+        }
+        let watching = req.watching;
         // A row deleted (cleanup) between the statement and the read is acquired again.
         for _ in 0..3 {
             let rows = self
@@ -312,6 +357,7 @@ impl Inner {
                         &fences,
                         &pid,
                         &host,
+                        &watching,
                     ],
                 )
                 .await?;
@@ -394,6 +440,12 @@ fn unsigned(v: i64) -> u64 {
     u64::try_from(v).unwrap_or(0)
 }
 
+/// A server's time as Unix milliseconds (0 before 1970), as `sql::ms` writes it.
+fn unix_ms(t: std::time::SystemTime) -> u64 {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 /// The record in a row of the store's columns (see `sql::columns`).
 fn record(r: &Row) -> std::result::Result<LeaseRecord, tokio_postgres::Error> {
     let key: String = r.try_get(0)?;
@@ -461,6 +513,23 @@ impl LockStore for PostgresStore {
             .query(&inner.sql.withdraw, &[&k, &token, &inner.channel, &k])
             .await?;
         Ok(())
+    }
+
+    async fn notify_release(&self, key: &Key, fence: Option<u64>) -> Result<bool> {
+        let inner = &self.inner;
+        // A fence beyond the sequence's range is no fence of the key's.
+        let fence = match fence.map(i64::try_from) {
+            Some(Err(_)) => return Ok(false),
+            Some(Ok(f)) => Some(f),
+            None => None,
+        };
+        let rows = inner
+            .query(&inner.sql.mark_watched, &[&key.as_str(), &fence])
+            .await?;
+        match rows.first() {
+            Some(r) => r.try_get::<_, bool>(0).map_err(|e| inner.err(e)),
+            None => Ok(true),
+        }
     }
 
     async fn inspect(&self, key: &Key) -> Result<Option<Inspection>> {

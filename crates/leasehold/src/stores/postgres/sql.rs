@@ -17,9 +17,20 @@ pub(super) struct Sql {
     pub(super) create_schema: String,
     /// The DDL that creates the table and its fence sequence (idempotent).
     pub(super) create: String,
-    /// Whether the table and its sequence are there, and whether the schema is: `$1` the table,
-    /// `$2` the sequence (names as `to_regclass` reads them), `$3` the schema.
+    /// The DDL that adds the `watched` column to a table created without it (idempotent).
+    pub(super) add_watched: String,
+    /// Whether the table and its sequence are there, whether the schema is, and whether the
+    /// table has its `watched` column: `$1` the table, `$2` the sequence (names as `to_regclass`
+    /// reads them), `$3` the schema.
     pub(super) exists: &'static str,
+    /// The acquisition of a free (or expired) key, or of one reserved for the caller: the hot
+    /// path. Writes nothing otherwise (no waiter registration, no mark), and answers the grant's
+    /// fence and times only (the client knows the rest of the record). One fence (a block goes
+    /// to [`Sql::acquire`]). `$1` key, `$2` holder, `$3` token, `$4` TTL in ms, `$5` labels,
+    /// `$6` pid, `$7` host.
+    pub(super) acquire_free: String,
+    /// The whole acquisition: a grant as [`Sql::acquire_free`], else a waiter registration or
+    /// the mark of a watching caller; the record as it is then, and whether it was granted.
     pub(super) acquire: String,
     pub(super) renew: String,
     pub(super) lost: String,
@@ -28,6 +39,9 @@ pub(super) struct Sql {
     pub(super) inspect: String,
     pub(super) list: String,
     pub(super) force: String,
+    /// Marks a held lease `watched`, so that its release notifies (`$1` key, `$2` its fence or
+    /// NULL for whichever): whether the key still has that fence (true without one).
+    pub(super) mark_watched: String,
     /// `cleanup`'s two statements for the simple-query protocol, one implicit transaction (see
     /// [`Sql::cleanup`]), `{older}` where its age in milliseconds goes.
     cleanup: String,
@@ -97,7 +111,8 @@ impl Sql {
   waiter_ttl_ms BIGINT,
   pid INTEGER,
   host TEXT,
-  labels TEXT NOT NULL DEFAULT '{{}}'
+  labels TEXT NOT NULL DEFAULT '{{}}',
+  watched BOOLEAN NOT NULL DEFAULT false
 );
 CREATE SEQUENCE IF NOT EXISTS {sequence};"
         );
@@ -116,17 +131,36 @@ CREATE SEQUENCE IF NOT EXISTS {sequence};"
         // be recreated with it. `clock_timestamp()` is the server's time at the grant; the
         // client counts its lease from its send, earlier still.
         let expires = "clock_timestamp() + $4::bigint * interval '1 millisecond'";
+        // The hot path: what `acquire` does when it grants, and nothing else. `watched` stays as
+        // it was (a contender that marked a free row reserved for us still waits for our
+        // release). One fence only: a block's subquery costs its setup at every run, used or
+        // not. Its parameters are numbered apart from `acquire`'s.
+        let one = format!("nextval('{seq}'::regclass)");
+        let acquire_free = format!(
+            "INSERT INTO {t} AS t (key, holder, token, fence, acquired, renewed, expires, ttl_ms, pid, host, labels)
+VALUES ($1, $2, $3, {one}, now(), now(), {expires}, $4::bigint, $6::integer, $7, $5)
+ON CONFLICT (key) DO UPDATE SET holder = excluded.holder, token = excluded.token,
+  fence = {one}, acquired = now(), renewed = now(), expires = {expires},
+  ttl_ms = excluded.ttl_ms, pid = excluded.pid, host = excluded.host, labels = excluded.labels,
+  waiter = NULL, waiter_token = NULL, waiter_expires = NULL, waiter_ttl_ms = NULL
+WHERE {granted}
+RETURNING fence, acquired, expires"
+        );
+        // A held key: the caller registers as its waiter (`$5` > 0, see `registers`), or else,
+        // watching (`$10`), marks the row so that its release notifies.
+        let marks = format!("($10::boolean AND NOT {registers} AND NOT t.watched)");
+        let unless_registers = |col: &str, value: &str| {
+            format!("{col} = CASE WHEN {granted} THEN NULL WHEN {registers} THEN {value} ELSE t.{col} END")
+        };
         let acquire = format!(
             "INSERT INTO {t} AS t (key, holder, token, fence, acquired, renewed, expires, ttl_ms, pid, host, labels)
 VALUES ($1, $2, $3, {block}, now(), now(), {expires}, $4::bigint, $8::integer, $9, $6)
 ON CONFLICT (key) DO UPDATE SET
   {}, {}, fence = CASE WHEN {granted} THEN {block} ELSE t.fence END, {},
   {}, expires = CASE WHEN {granted} THEN {expires} ELSE t.expires END, {}, {}, {}, {},
-  waiter = CASE WHEN {granted} THEN NULL ELSE $2 END,
-  waiter_token = CASE WHEN {granted} THEN NULL ELSE $3 END,
-  waiter_expires = CASE WHEN {granted} THEN NULL ELSE now() + $5::bigint * interval '1 millisecond' END,
-  waiter_ttl_ms = CASE WHEN {granted} THEN NULL ELSE $5::bigint END
-WHERE {granted} OR {registers}
+  {}, {}, {}, {},
+  watched = t.watched OR ($10::boolean AND NOT {granted})
+WHERE {granted} OR {registers} OR {marks}
 RETURNING {cols}, (token = $3 AND acquired = now())",
             pick("holder"),
             pick("token"),
@@ -136,6 +170,13 @@ RETURNING {cols}, (token = $3 AND acquired = now())",
             pick("pid"),
             pick("host"),
             pick("labels"),
+            unless_registers("waiter", "$2"),
+            unless_registers("waiter_token", "$3"),
+            unless_registers(
+                "waiter_expires",
+                "now() + $5::bigint * interval '1 millisecond'"
+            ),
+            unless_registers("waiter_ttl_ms", "$5::bigint"),
         );
         // Many leases in one statement: `$1` keys, `$2` tokens, `$3` TTLs in milliseconds.
         let renew = format!(
@@ -147,11 +188,18 @@ RETURNING {}",
             columns("t.")
         );
         let lost = format!("SELECT key, holder, token FROM {t} WHERE key = ANY($1::text[])");
-        // `$3` the channel, `$4` the payload (the key).
+        // `$3` the channel, `$4` the payload (the key). It notifies only when someone waits: a
+        // live registered waiter, or a watching contender whose attempt marked the row (the
+        // notification queue serialises the commits of every transaction that notifies). The
+        // old row decides, so the call sits in the `SET` of the mark it clears (`RETURNING`
+        // sees the new row only); a `SET` evaluated again on a newer row version (a concurrent
+        // write, re-checked) can notify once more for nothing, never miss one. `pg_notify`'s
+        // text is '', not NULL: the mark is false either way. A lapsed waiter registration is
+        // left as it is (every reader judges it by its expiry; the next grant clears it).
         let release = format!(
-            "WITH r AS (UPDATE {t} AS t SET holder = NULL, token = NULL, renewed = now(), {lapsed_waiter}
-  WHERE t.key = $1 AND t.token = $2 RETURNING t.expires > now() AS live)
-SELECT r.live, pg_notify($3, $4)::text FROM r"
+            "UPDATE {t} AS t SET holder = NULL, token = NULL, renewed = now(),
+  watched = CASE WHEN t.watched OR {LIVE} THEN pg_notify($3, $4)::text IS NULL ELSE false END
+WHERE t.key = $1 AND t.token = $2 RETURNING t.expires > now()"
         );
         let withdraw = format!(
             "WITH r AS (UPDATE {t} SET waiter = NULL, waiter_token = NULL, waiter_expires = NULL,
@@ -164,9 +212,15 @@ SELECT pg_notify($3, $4)::text FROM r"
         // The record as it was, then freed (`$2` the channel, `$3` the payload).
         let force = format!(
             "WITH old AS (SELECT {cols} FROM {t} WHERE key = $1 AND token IS NOT NULL FOR UPDATE),
-  up AS (UPDATE {t} AS t SET holder = NULL, token = NULL, renewed = now(), {lapsed_waiter}
+  up AS (UPDATE {t} AS t SET holder = NULL, token = NULL, renewed = now(), watched = false,
+         {lapsed_waiter}
          FROM old WHERE t.key = old.key RETURNING 1)
 SELECT old.*, pg_notify($2, $3)::text FROM old"
+        );
+        let mark_watched = format!(
+            "WITH m AS (UPDATE {t} AS t SET watched = true WHERE t.key = $1 AND {HELD}
+  AND NOT t.watched AND ($2::bigint IS NULL OR t.fence = $2) RETURNING 1)
+SELECT $2::bigint IS NULL OR EXISTS (SELECT 1 FROM {t} AS t WHERE t.key = $1 AND t.fence = $2)"
         );
         // Free (or expired), no live waiter, untouched for `{older}` milliseconds. Fences come
         // from the sequence, which no deletion lowers. The table lock first waits for every
@@ -181,12 +235,19 @@ WITH d AS (DELETE FROM {t} AS t WHERE NOT {HELD} AND NOT {LIVE}
   RETURNING 1)
 SELECT (SELECT count(*) FROM d), (SELECT count(*) FROM {t})"
         );
+        let add_watched = format!(
+            "ALTER TABLE {t} ADD COLUMN IF NOT EXISTS watched BOOLEAN NOT NULL DEFAULT false;"
+        );
         Sql {
+            add_watched,
             schema: quoted_schema,
             table: t,
             create,
-            exists: "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL, \
-                     to_regnamespace($3) IS NOT NULL",
+            exists:
+                "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL, \
+                     to_regnamespace($3) IS NOT NULL, EXISTS (SELECT 1 FROM pg_attribute \
+                     WHERE attrelid = to_regclass($1) AND attname = 'watched' AND NOT attisdropped)",
+            acquire_free,
             create_schema: format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\";"),
             acquire,
             renew,
@@ -196,6 +257,7 @@ SELECT (SELECT count(*) FROM d), (SELECT count(*) FROM {t})"
             inspect,
             list,
             force,
+            mark_watched,
             cleanup,
             sequence,
         }

@@ -1,6 +1,7 @@
 //! Wake-ups for waiters: the store's connection listens on the table's channel, where every
-//! release, force-release and waiter withdrawal is notified (at its commit) with the key as
-//! payload; [`Hub`] wakes that key's subscriptions. When the connection ends, every subscription
+//! release someone waits for (a live registered waiter, or a `watched` mark), force-release and
+//! waiter withdrawal is notified (at its commit) with the key as payload; [`Hub`] wakes that
+//! key's subscriptions. When the connection ends, every subscription
 //! is woken and turns stale, and its waiter subscribes again (which connects again and listens
 //! again).
 
