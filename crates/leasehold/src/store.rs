@@ -483,7 +483,8 @@ pub trait LockStore: Send + Sync + fmt::Debug + 'static {
     /// A store that notifies every change does nothing (the default). Redis notifies only
     /// releases a subscribed contender asked for: this marks the record `"watched":true`, a
     /// write that changes nothing else (its TTL, times and fence stay). The mark lasts as long as
-    /// that lease, so an observer asks again for each lease it sees.
+    /// that lease, so an observer asks again for each lease it sees. PostgreSQL does the same
+    /// with the row's `watched` column.
     ///
     /// ```
     /// # async fn f(store: &dyn leasehold::LockStore, key: &leasehold::Key) -> leasehold::Result<()> {

@@ -142,9 +142,10 @@ pub(crate) async fn watch(
             changes = store.subscribe(&key).await.unwrap_or_default();
             resubscribe = changes.is_none();
         }
-        // A store that notifies only the releases someone waits for (Redis) is asked to notify
-        // this lease's; if it changed meanwhile, it is looked at again at once (once: a clock
-        // that disagrees with the store's on its expiry must not make a busy loop).
+        // A store that notifies only the releases someone waits for (Redis, PostgreSQL) is
+        // asked to notify this lease's; if it changed meanwhile, it is looked at again at once
+        // (once: a clock that disagrees with the store's on its expiry must not make a busy
+        // loop).
         match &seen {
             Some(Inspection::Record(r)) if r.is_held(now) => {
                 if notified != Some(r.fence) {
