@@ -328,16 +328,10 @@ impl Inner {
                     Ok::<_, tokio_postgres::Error>((fence, acquired, expires))
                 })();
                 let (fence, acquired, expires) = granted.map_err(|e| self.err(e))?;
-                let mut rec = LeaseRecord::free(key, unsigned(fence));
-                rec.holder = Some(req.holder.clone());
-                rec.token = Some(req.token.clone());
-                rec.acquired_ms = unix_ms(acquired);
-                rec.renewed_ms = rec.acquired_ms;
+                let mut rec = LeaseRecord::free(key, 0);
+                crate::decide::grant(&mut rec, req, unsigned(fence), unix_ms(acquired));
+                // The expiry the server wrote (counted from the grant's own clock reading).
                 rec.expires_ms = unix_ms(expires);
-                rec.ttl_ms = unsigned(ttl);
-                rec.pid = u32::try_from(pid).ok();
-                rec.host = Some(host.to_owned());
-                rec.labels = req.labels.clone();
                 return Ok(AcquireOutcome::Granted(rec));
             }
         }
@@ -443,7 +437,7 @@ fn unsigned(v: i64) -> u64 {
 /// A server's time as Unix milliseconds (0 before 1970), as `sql::ms` writes it.
 fn unix_ms(t: std::time::SystemTime) -> u64 {
     t.duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .map_or(0, crate::record::ms)
 }
 
 /// The record in a row of the store's columns (see `sql::columns`).
