@@ -166,7 +166,11 @@ impl AzureStore {
         };
         let a = self
             .objects
-            .send("create container", call, 64 * 1024)
+            .send(
+                "create container",
+                call,
+                crate::stores::object::SHORT_ANSWER_BYTES,
+            )
             .await?;
         match a.status {
             201 => Ok(true),

@@ -7,6 +7,7 @@
 use crate::error::{Error, Result};
 use crate::stores::object::sign::{uri_encode, ToSign};
 use crate::stores::object::transport::{Answer, Http};
+use crate::stores::object::{LISTING_BYTES, MAX_RECORD_BYTES, SHORT_ANSWER_BYTES};
 use hyper::body::Bytes;
 use hyper::Method;
 use std::fmt;
@@ -44,7 +45,7 @@ pub(super) enum Read {
     Missing,
     /// The object's bytes and generation.
     Found(Vec<u8>, String),
-    /// The object is larger than the read limit (its generation).
+    /// The object is larger than [`MAX_RECORD_BYTES`] (its generation and size).
     TooLarge(String, u64),
 }
 
@@ -58,7 +59,6 @@ pub(super) struct Client {
     auth: Auth,
     /// For messages: the store's description.
     describe: String,
-    read_limit: usize,
 }
 
 impl Client {
@@ -67,7 +67,6 @@ impl Client {
         bucket: String,
         auth: Auth,
         timeout: Duration,
-        read_limit: usize,
         describe: String,
     ) -> Result<Self> {
         Ok(Client {
@@ -76,7 +75,6 @@ impl Client {
             bucket,
             auth,
             describe,
-            read_limit,
         })
     }
 
@@ -121,13 +119,13 @@ impl Client {
         a.refused(&self.describe, what, DENIED_HINT)
     }
 
-    /// Reads object `name` (its bytes, up to the read limit) and its generation, with its server
+    /// Reads object `name` (its bytes, up to [`MAX_RECORD_BYTES`]) and its generation, with its server
     /// age ([`crate::stores::server_age`]: the answer's `Date` less the object's `Last-Modified`).
     pub(super) async fn get(&self, name: &str) -> Result<(Read, Option<Duration>)> {
         let what = format!("read gs://{}/{name}", self.bucket);
         let mut r = ToSign::new(Method::GET, self.object_path(name));
         r.query = vec![("alt", "media".to_owned())];
-        let a = self.send(&what, r, self.read_limit).await?;
+        let a = self.send(&what, r, MAX_RECORD_BYTES).await?;
         let age = a.server_age();
         if a.status == 404 {
             return Ok((Read::Missing, None));
@@ -148,7 +146,7 @@ impl Client {
             let size = a
                 .header(hyper::header::CONTENT_LENGTH)
                 .and_then(|n| n.parse().ok())
-                .unwrap_or(self.read_limit as u64 + 1);
+                .unwrap_or(MAX_RECORD_BYTES as u64 + 1);
             return Ok((Read::TooLarge(generation, size), age));
         }
         Ok((Read::Found(a.body.to_vec(), generation), age))
@@ -190,7 +188,7 @@ impl Client {
             format!("multipart/related; boundary={boundary}"),
         )];
         r.body = Bytes::from(payload);
-        let a = self.send(&what, r, 64 * 1024).await?;
+        let a = self.send(&what, r, SHORT_ANSWER_BYTES).await?;
         match a.status {
             412 => return Ok(None),
             404 if generation != "0" && !a.no_bucket() => return Ok(None),
@@ -219,7 +217,7 @@ impl Client {
         let what = format!("delete gs://{}/{name}", self.bucket);
         let mut r = ToSign::new(Method::DELETE, self.object_path(name));
         r.query = vec![("ifGenerationMatch", generation.to_owned())];
-        let a = self.send(&what, r, 64 * 1024).await?;
+        let a = self.send(&what, r, SHORT_ANSWER_BYTES).await?;
         match a.status {
             200..=299 => Ok(true),
             404 | 412 => Ok(false),
@@ -241,7 +239,7 @@ impl Client {
             if let Some(p) = &page {
                 r.query.push(("pageToken", p.clone()));
             }
-            let a = self.send(&what, r, 16 * self.read_limit).await?;
+            let a = self.send(&what, r, LISTING_BYTES).await?;
             if !(200..300).contains(&a.status) || a.too_long {
                 return Err(self.refused(&what, &a));
             }

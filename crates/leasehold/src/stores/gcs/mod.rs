@@ -176,7 +176,6 @@ impl GcsStore {
             options.bucket.clone(),
             auth,
             options.timeout,
-            MAX_RECORD_BYTES,
             describe.clone(),
         )?;
         Ok(GcsStore {

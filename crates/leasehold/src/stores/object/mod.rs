@@ -44,3 +44,10 @@ pub const MAX_RECORD_BYTES: usize = 1 << 20;
 /// ([`crate::RecordStore::label_limit`]): a record holds them and a waiter's id of the same
 /// bound, far within [`MAX_RECORD_BYTES`].
 pub const LABEL_LIMIT: usize = MAX_RECORD_BYTES / 4;
+
+/// The most of an answer the object stores read when they expect no record in it (a write's, a
+/// delete's): a status, headers and a short body.
+pub(crate) const SHORT_ANSWER_BYTES: usize = 64 * 1024;
+
+/// The most of one listing page the object stores read.
+pub(crate) const LISTING_BYTES: usize = 16 * MAX_RECORD_BYTES;

@@ -2,7 +2,7 @@
 //! signing, listing format), conditional writes and their answers, and listing.
 
 use super::transport::{Answer, Body, Http};
-use super::MAX_RECORD_BYTES;
+use super::{LISTING_BYTES, MAX_RECORD_BYTES, SHORT_ANSWER_BYTES};
 use crate::error::{Error, Result};
 use crate::key::{Key, Naming};
 use crate::record::LeaseRecord;
@@ -214,7 +214,7 @@ impl<B: Backend> Objects<B> {
             body,
         };
         let what = format!("write {name}");
-        let a = self.send(&what, call, 64 * 1024).await?;
+        let a = self.send(&what, call, SHORT_ANSWER_BYTES).await?;
         match a.status {
             200 | 201 => match a.etag() {
                 Some(etag) => Ok(RawAnswer {
@@ -246,7 +246,7 @@ impl<B: Backend> Objects<B> {
             body: Bytes::new(),
         };
         let what = format!("delete {name}");
-        let a = self.send(&what, call, 64 * 1024).await?;
+        let a = self.send(&what, call, SHORT_ANSWER_BYTES).await?;
         match a.status {
             200 | 202 | 204 | 404 | 409 | 412 => Ok(RawAnswer {
                 status: a.status,
@@ -307,7 +307,7 @@ impl<B: Backend> Objects<B> {
                 headers: vec![],
                 body: Bytes::new(),
             };
-            let a = self.send("list", call, 16 * MAX_RECORD_BYTES).await?;
+            let a = self.send("list", call, LISTING_BYTES).await?;
             if a.status != 200 || a.too_long {
                 return Err(self.refused("list", &a));
             }
