@@ -4,7 +4,8 @@
 //!
 //! Checklist — native TTL: yes (`PX` on the record key; expiry judged by the server's clock, read
 //! with `TIME` inside the scripts); watch: yes (pub/sub on a channel named like the record key:
-//! force-release and waiter withdrawal always publish, a release whenever a contender waits — a
+//! force-release and the withdrawal of the first waiter in line always publish, a release
+//! whenever a contender waits — a
 //! registered waiter, or a subscribed one, whose attempt marked the record `"watched":true`, so an
 //! uncontended release costs no `PUBLISH`); liveness: no (a killed holder's
 //! lease ends with its TTL); fence: `INCR` of a per-key counter key without TTL, in the acquire

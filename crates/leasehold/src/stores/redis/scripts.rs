@@ -89,7 +89,8 @@ const RELEASE_OURS: &str = concat!("\n", include_str!("lua/release_ours.lua"));
 /// The rest of the release script (after [`RELEASE_OURS`] and the [`PRELUDE`]).
 const RELEASE: &str = concat!("\n", include_str!("lua/release.lua"));
 
-/// KEYS: record. ARGV: token.
+/// KEYS: record. ARGV: token. Takes the token out of the line; publishes only when it was the
+/// first in line (the next may now take a free lease).
 const WITHDRAW: &str = concat!("\n", include_str!("lua/withdraw.lua"));
 
 /// KEYS: record. ARGV: the fence of the lease to mark, or '' for whichever is held. Marks a held
