@@ -60,20 +60,14 @@ pub async fn waiters_served_in_arrival_order(store: Arc<dyn LockStore>) {
         }));
         assert_eq!(until_in_line(&store, &k, &name).await, i, "{name}'s place");
     }
-    let late = client(&store, "latecomer")
-        .lock_key(k.clone())
-        .try_acquire()
-        .await
-        .expect("latecomer");
-    assert!(late.is_none(), "a latecomer took a held lease");
+    let latecomer = client(&store, "latecomer");
+    let late = latecomer.lock_key(k.clone());
+    let got = late.clone().try_acquire().await.expect("latecomer");
+    assert!(got.is_none(), "a latecomer took a held lease");
     holder.release().await.expect("release");
-    let late = client(&store, "latecomer")
-        .lock_key(k.clone())
-        .try_acquire()
-        .await
-        .expect("latecomer");
+    let got = late.try_acquire().await.expect("latecomer");
     assert!(
-        late.is_none(),
+        got.is_none(),
         "a latecomer took the lease reserved for the first in line"
     );
     for w in waiters {
