@@ -1,0 +1,489 @@
+"""Distributed locks and leases with fencing tokens, over many stores.
+
+The Python package of leasehold: the same Rust core as the ``leasehold`` command, in process.
+
+>>> import leasehold
+>>> locks = leasehold.connect("file:///tmp/leasehold-doctest")
+>>> with locks.lock("nightly", ttl=30).acquire(wait=0) as lease:
+...     lease.fence > 0
+True
+
+In asyncio code::
+
+    async with locks.lock("user:alice", ttl=30, wait=10) as lease:
+        await write(lease.fence)
+
+Store calls run on the library's own threads with the GIL released. Every store URL the command
+takes works here (``file://``, ``redis://``, ``k8s://``, ``gs://``, ``s3://``, ``az://``,
+``postgres://``, ``etcd://``, ``redlock://``, ``memory://``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import inspect
+import json
+import threading
+from typing import Any, Awaitable, Callable, Dict, Generator, Generic, List, Optional, TypeVar, Union
+
+from . import _native
+from .errors import (
+    Corrupt,
+    FeatureNotEnabled,
+    ForkedProcessError,
+    GivenUp,
+    InvalidKey,
+    InvalidOption,
+    InvalidUrl,
+    LeaseholdError,
+    LeaseLost,
+    NotFound,
+    NotSupported,
+    StoreError,
+    StoreIOError,
+    Timeout,
+    Unavailable,
+)
+
+__version__: str = _native.__version__
+
+__all__ = [
+    "connect",
+    "settle",
+    "Locks",
+    "Lock",
+    "Acquiring",
+    "Lease",
+    "LeaseholdError",
+    "InvalidKey",
+    "InvalidUrl",
+    "InvalidOption",
+    "FeatureNotEnabled",
+    "Timeout",
+    "Corrupt",
+    "StoreIOError",
+    "Unavailable",
+    "StoreError",
+    "NotSupported",
+    "GivenUp",
+    "NotFound",
+    "LeaseLost",
+    "ForkedProcessError",
+]
+
+T = TypeVar("T")
+
+#: ``on_release_requested(lease, waiter)``: someone waits for the lease (checkpoint and release).
+ReleaseRequested = Callable[["Lease", str], Union[None, Awaitable[None]]]
+#: ``on_renewal_error(lease, error)``: the lease is lost (``error`` is a :class:`LeaseLost`).
+RenewalError = Callable[["Lease", LeaseLost], Union[None, Awaitable[None]]]
+
+# How often a handler thread of a lease taken without an event loop checks that the lease is
+# still held (it waits in the library with the GIL released meanwhile).
+_HANDLER_POLL = 0.25
+
+_UNSET: Any = object()
+
+
+def connect(url: str, *, holder: Optional[str] = None, local_layer: bool = True) -> "Locks":
+    """Opens the store at ``url`` (any store URL the ``leasehold`` command takes).
+
+    ``holder`` is this client's identity in the records (default: host, process id and a random
+    part). ``local_layer`` (default on) serves tasks of this process that want the same key from
+    an in-process queue first, so they do not race each other at the store.
+
+    Blocks while the store is opened (a connection, a read of credentials), with the GIL released.
+    Raises :class:`InvalidUrl` for a URL it cannot use and :class:`Unavailable` for a store that
+    does not answer.
+    """
+    return Locks(_native.connect(url, holder=holder, local_layer=local_layer))
+
+
+def settle(timeout: float = 2.0) -> int:
+    """Waits up to ``timeout`` seconds for background releases (of leases dropped without
+    ``release``) to finish; returns how many were left. Runs at interpreter exit by itself."""
+    return _native.settle(timeout)
+
+
+def _settle_at_exit() -> None:
+    try:
+        _native.settle(2.0)
+    except LeaseholdError:
+        pass  # a forked child that never used leasehold has nothing to settle
+
+
+atexit.register(_settle_at_exit)
+
+
+class Locks:
+    """One client of one store, with one holder identity. Made by :func:`connect`."""
+
+    def __init__(self, native: _native.Locks) -> None:
+        self._native = native
+
+    @property
+    def holder(self) -> str:
+        """This client's holder identity, as the records show it."""
+        return self._native.holder
+
+    @property
+    def store(self) -> str:
+        """The store, described without credentials."""
+        return self._native.store
+
+    def lock(
+        self,
+        key: str,
+        *,
+        ttl: Optional[float] = None,
+        wait: Optional[float] = None,
+        renew_every: Optional[float] = None,
+        waiter_ttl: Optional[float] = None,
+        register_waiter: bool = True,
+        labels: Optional[Dict[str, str]] = None,
+        on_release_requested: Optional[ReleaseRequested] = None,
+        on_renewal_error: Optional[RenewalError] = None,
+    ) -> "Lock":
+        """The lock on ``key``, not taken yet: use it with ``async with``/``with``, or call
+        :meth:`Lock.acquire` / :meth:`Lock.try_acquire`.
+
+        - ``ttl``: seconds the lease lives without renewal (default 30); it renews itself every
+          ``renew_every`` (default ``ttl / 3``) while held.
+        - ``wait``: how long ``acquire`` waits for a held lease, in seconds; ``None`` (default)
+          waits without limit, ``0`` not at all. Past it, :class:`Timeout` names the holder.
+        - ``register_waiter``: while waiting, be registered in the store's line of waiters, so the
+          holder's ``handoff_requested()`` fires and the released lease goes to the first in line.
+        - ``labels``: text shown with the record (``leasehold inspect``).
+        - ``on_release_requested(lease, waiter)``: called once when someone waits for the lease.
+        - ``on_renewal_error(lease, error)``: called once if the lease is lost while held.
+
+        Handlers may be plain functions or coroutine functions. For a lease taken in asyncio code
+        they run on its event loop; for one taken without (``with`` / ``result()``), plain
+        functions run on a thread of their own and a coroutine function's coroutine is run there
+        with ``asyncio.run``.
+        """
+        return Lock(
+            self,
+            key,
+            dict(
+                ttl=ttl,
+                wait=wait,
+                renew_every=renew_every,
+                waiter_ttl=waiter_ttl,
+                register_waiter=register_waiter,
+                labels=labels,
+            ),
+            on_release_requested,
+            on_renewal_error,
+        )
+
+    async def inspect(self, key: str) -> Optional[Dict[str, Any]]:
+        """The key's record as ``leasehold inspect --json`` shows it, or ``None`` when there is
+        none."""
+        text = await self._native.inspect(key)
+        return None if text is None else json.loads(text)
+
+    def inspect_sync(self, key: str) -> Optional[Dict[str, Any]]:
+        """The blocking form of :meth:`inspect`."""
+        text = self._native.inspect_blocking(key)
+        return None if text is None else json.loads(text)
+
+    def __repr__(self) -> str:
+        return f"Locks(store={self.store!r}, holder={self.holder!r})"
+
+
+class Lock:
+    """A lock on one key with its options, made by :meth:`Locks.lock`. Cheap: make one per use.
+
+    As a context manager (``async with`` or ``with``) it acquires with its options on entry and
+    releases on exit. One ``Lock`` object may be entered by one task at a time.
+    """
+
+    def __init__(
+        self,
+        locks: Locks,
+        key: str,
+        options: Dict[str, Any],
+        on_release_requested: Optional[ReleaseRequested],
+        on_renewal_error: Optional[RenewalError],
+    ) -> None:
+        self._locks = locks
+        self.key = key
+        self._options = options
+        self._handlers = (on_release_requested, on_renewal_error)
+        self._entered: List[Acquiring[Any]] = []
+
+    def acquire(self, wait: Optional[float] = _UNSET) -> "Acquiring[Lease]":
+        """Takes the lease, waiting up to ``wait`` seconds (default: the lock's ``wait``).
+
+        The result is awaitable (``lease = await lock.acquire()``), a context manager in either
+        form (``with lock.acquire(wait=0) as lease:`` blocks without an event loop), or
+        ``lock.acquire().result()`` for a blocking call. Raises :class:`Timeout` when the wait
+        limit passes. Cancelling an awaiting acquire (``asyncio.wait_for``, task cancel) leaves
+        nothing behind: a grant in flight is released and the waiter registration withdrawn.
+        """
+        opts = dict(self._options)
+        if wait is not _UNSET:
+            opts["wait"] = wait
+        native = self._locks._native
+        return Acquiring(
+            self,
+            lambda: native.acquire(self.key, **opts),
+            lambda: native.acquire_blocking(self.key, **opts),
+        )
+
+    def try_acquire(self) -> "Acquiring[Optional[Lease]]":
+        """Takes the lease if it is free: the :class:`Lease`, or ``None`` when it is held elsewhere.
+
+        Awaitable, or ``.result()`` for the blocking form; as a context manager it gives ``None``
+        when held elsewhere and releases on exit when it got the lease.
+        """
+        opts = {k: self._options[k] for k in ("ttl", "renew_every", "labels")}
+        native = self._locks._native
+        return Acquiring(
+            self,
+            lambda: native.try_acquire(self.key, **opts),
+            lambda: native.try_acquire_blocking(self.key, **opts),
+        )
+
+    async def __aenter__(self) -> "Lease":
+        entered = self.acquire()
+        lease = await entered.__aenter__()
+        self._entered.append(entered)
+        return lease
+
+    async def __aexit__(self, et: Any, ev: Any, tb: Any) -> Optional[bool]:
+        return await self._entered.pop().__aexit__(et, ev, tb)
+
+    def __enter__(self) -> "Lease":
+        entered = self.acquire()
+        lease = entered.__enter__()
+        self._entered.append(entered)
+        return lease
+
+    def __exit__(self, et: Any, ev: Any, tb: Any) -> Optional[bool]:
+        return self._entered.pop().__exit__(et, ev, tb)
+
+    def __repr__(self) -> str:
+        return f"Lock(key={self.key!r}, store={self._locks.store!r})"
+
+
+class Acquiring(Generic[T]):
+    """An acquisition not started yet: await it, use it as a context manager (``with`` or
+    ``async with``), or call :meth:`result` to block for it. Nothing happens until one of these.
+    """
+
+    def __init__(
+        self,
+        lock: Lock,
+        start: Callable[[], Awaitable[Optional[_native.Lease]]],
+        start_blocking: Callable[[], Optional[_native.Lease]],
+    ) -> None:
+        self._lock = lock
+        self._start = start
+        self._start_blocking = start_blocking
+        self._lease: Optional[Lease] = None
+
+    def _wrap(self, native: Optional[_native.Lease], loop: Optional[asyncio.AbstractEventLoop]) -> Any:
+        if native is None:
+            return None
+        return Lease(native, self._lock._handlers, loop)
+
+    async def _run(self) -> T:
+        native = await self._start()
+        return self._wrap(native, asyncio.get_running_loop())
+
+    def __await__(self) -> Generator[Any, None, T]:
+        return self._run().__await__()
+
+    def result(self) -> T:
+        """Blocks for the acquisition (with the GIL released; Ctrl-C interrupts it and leaves
+        nothing taken)."""
+        return self._wrap(self._start_blocking(), None)
+
+    def __enter__(self) -> T:
+        got = self.result()
+        self._lease = got  # type: ignore[assignment]
+        return got
+
+    def __exit__(self, et: Any, ev: Any, tb: Any) -> None:
+        if self._lease is not None:
+            self._lease._exit_sync(et is not None)
+
+    async def __aenter__(self) -> T:
+        got = await self._run()
+        self._lease = got  # type: ignore[assignment]
+        return got
+
+    async def __aexit__(self, et: Any, ev: Any, tb: Any) -> None:
+        if self._lease is not None:
+            await self._lease._exit_async(et is not None)
+
+
+class Lease:
+    """A lease this process holds, renewed in the background until released.
+
+    ``fence`` rises strictly with every lease of the key: pass it to what you write, so the
+    resource can refuse a writer whose lease is older than one it has seen.
+    """
+
+    def __init__(
+        self,
+        native: _native.Lease,
+        handlers: "tuple[Optional[ReleaseRequested], Optional[RenewalError]]",
+        loop: Optional[asyncio.AbstractEventLoop],
+    ) -> None:
+        self._native = native
+        self._loop = loop
+        self._released = False
+        self._loss_seen = False
+        self._done = threading.Event()
+        on_release_requested, on_renewal_error = handlers
+        self._handles_loss = on_renewal_error is not None
+        self._tasks: List["asyncio.Task[None]"] = []
+        if on_release_requested is not None:
+            self._start(self._native.handoff_requested, self._native.handoff_requested_blocking,
+                        lambda waiter: on_release_requested(self, waiter))
+        if on_renewal_error is not None:
+            self._start(self._native.lost, self._native.lost_blocking,
+                        lambda reason: on_renewal_error(self, self._lost_error(reason)))
+
+    def _lost_error(self, reason: str) -> LeaseLost:
+        return LeaseLost(f"lease on {self.key} lost: {reason}", key=self.key, reason=reason)
+
+    def _start(
+        self,
+        wait: Callable[[], Awaitable[str]],
+        wait_blocking: Callable[[Optional[float]], Optional[str]],
+        call: Callable[[str], Any],
+    ) -> None:
+        if self._loop is not None:
+            async def watch() -> None:
+                detail = await wait()
+                if self._released:
+                    return
+                got = call(detail)
+                if inspect.isawaitable(got):
+                    await got
+
+            self._tasks.append(self._loop.create_task(watch()))
+        else:
+            def watch_thread() -> None:
+                while not self._done.is_set():
+                    try:
+                        detail = wait_blocking(_HANDLER_POLL)
+                    except LeaseholdError:
+                        return
+                    if detail is not None:
+                        if self._done.is_set():
+                            return
+                        got = call(detail)
+                        if inspect.iscoroutine(got):
+                            asyncio.run(got)
+                        return
+
+            threading.Thread(target=watch_thread, name=f"leasehold-handler-{self.key}", daemon=True).start()
+
+    @property
+    def key(self) -> str:
+        """The key."""
+        return self._native.key
+
+    @property
+    def fence(self) -> int:
+        """The fencing token: strictly greater than every earlier lease's on this key."""
+        return self._native.fence
+
+    @property
+    def holder(self) -> str:
+        """The holder identity the lease was taken with."""
+        return self._native.holder
+
+    @property
+    def token(self) -> str:
+        """This acquisition's token: tells this lease from a later one of the same holder."""
+        return self._native.token
+
+    @property
+    def valid_until(self) -> float:
+        """The lease is surely valid until then and not after, on ``time.monotonic()``'s scale.
+        Moves forward with each renewal."""
+        return self._native.valid_until
+
+    @property
+    def stop_by(self) -> float:
+        """When work under the lease should stop if renewals keep failing (``valid_until`` less
+        the loss grace), on ``time.monotonic()``'s scale."""
+        return self._native.stop_by
+
+    @property
+    def is_current(self) -> bool:
+        """Whether the lease is still held: not lost, not released."""
+        return self._native.is_current
+
+    @property
+    def is_handoff_requested(self) -> bool:
+        """Whether someone has asked for the lease (see :meth:`handoff_requested`)."""
+        return self._native.is_handoff_requested
+
+    @property
+    def record(self) -> Dict[str, Any]:
+        """The key's record as it was when the lease was taken (holder, fence, times, labels)."""
+        return json.loads(self._native.record)
+
+    async def lost(self) -> str:
+        """Completes, with why, when the lease is lost (expired, taken over, freed by an
+        operator, or the store unreachable until it could have expired). A ``with`` block that
+        awaited this does not raise :class:`LeaseLost` on exit."""
+        self._loss_seen = True
+        return await self._native.lost()
+
+    def lost_sync(self, timeout: Optional[float] = None) -> Optional[str]:
+        """Blocks up to ``timeout`` seconds for the lease to be lost: why, or ``None``."""
+        self._loss_seen = True
+        return self._native.lost_blocking(timeout)
+
+    async def handoff_requested(self) -> str:
+        """Completes with the waiter's identity when someone waits for the lease: checkpoint,
+        then release, and the lease goes to that waiter."""
+        return await self._native.handoff_requested()
+
+    def handoff_requested_sync(self, timeout: Optional[float] = None) -> Optional[str]:
+        """Blocks up to ``timeout`` seconds for a waiter: its identity, or ``None``."""
+        return self._native.handoff_requested_blocking(timeout)
+
+    async def must_stop(self) -> str:
+        """Completes, with why, when work under the lease must stop: renewals have failed into
+        the loss grace before ``valid_until``, or the lease is lost."""
+        return await self._native.must_stop()
+
+    def _finish(self) -> None:
+        self._released = True
+        self._done.set()
+        for task in self._tasks:
+            task.cancel()
+
+    async def release(self) -> str:
+        """Releases the lease; idempotent. Returns ``"released"``, ``"already released"`` or
+        ``"lost: <reason>"`` (it was no longer ours)."""
+        self._finish()
+        return await self._native.release()
+
+    def release_sync(self) -> str:
+        """The blocking form of :meth:`release`."""
+        self._finish()
+        return self._native.release_blocking()
+
+    def _check_exit(self, answer: str, raising: bool) -> None:
+        if answer.startswith("lost: ") and not raising and not self._handles_loss and not self._loss_seen:
+            raise self._lost_error(answer[len("lost: "):])
+
+    def _exit_sync(self, raising: bool) -> None:
+        self._check_exit(self.release_sync(), raising)
+
+    async def _exit_async(self, raising: bool) -> None:
+        self._check_exit(await self.release(), raising)
+
+    def __repr__(self) -> str:
+        return f"Lease(key={self.key!r}, fence={self.fence}, holder={self.holder!r}, current={self.is_current})"

@@ -1,0 +1,153 @@
+//! A held lease: the library's `LeaseGuard` for Python.
+
+use crate::errors::IntoPy;
+use crate::run;
+use leasehold::{LeaseGuard, Released};
+use pyo3::prelude::*;
+use std::sync::Arc;
+
+/// A lease this process holds, renewed in the background until released. Dropping it without
+/// `release` releases it in the background.
+#[pyclass(module = "leasehold._native", frozen)]
+pub(crate) struct Lease {
+    guard: Arc<LeaseGuard>,
+}
+
+impl Lease {
+    pub(crate) fn new(guard: LeaseGuard) -> Self {
+        Lease {
+            guard: Arc::new(guard),
+        }
+    }
+}
+
+/// A release's answer as text: `released`, `already released`, or `lost: <reason>`.
+fn released(r: Released) -> String {
+    match r {
+        Released::Released => "released".into(),
+        Released::AlreadyReleased => "already released".into(),
+        Released::Lost(reason) => format!("lost: {reason}"),
+    }
+}
+
+#[pymethods]
+impl Lease {
+    /// The key.
+    #[getter]
+    fn key(&self) -> String {
+        self.guard.key().to_string()
+    }
+
+    /// The fencing token: strictly greater than every earlier lease's on this key.
+    #[getter]
+    fn fence(&self) -> u64 {
+        self.guard.fence()
+    }
+
+    /// The holder identity the lease was taken with.
+    #[getter]
+    fn holder(&self) -> String {
+        self.guard.record().holder.clone().unwrap_or_default()
+    }
+
+    /// This acquisition's token (tells this lease from a later one of the same holder).
+    #[getter]
+    fn token(&self) -> String {
+        self.guard.token().to_string()
+    }
+
+    /// The lease is surely valid until then and not after, on `time.monotonic()`'s scale.
+    #[getter]
+    fn valid_until(&self) -> f64 {
+        run::monotonic(self.guard.valid_until().into_std())
+    }
+
+    /// When work under the lease should stop if renewals keep failing (`valid_until` less the
+    /// loss grace), on `time.monotonic()`'s scale.
+    #[getter]
+    fn stop_by(&self) -> f64 {
+        run::monotonic(self.guard.stop_by().into_std())
+    }
+
+    /// Whether the lease is still held (not lost, not released).
+    #[getter]
+    fn is_current(&self) -> bool {
+        self.guard.is_current()
+    }
+
+    /// Whether a waiter has asked for the lease.
+    #[getter]
+    fn is_handoff_requested(&self) -> bool {
+        self.guard.is_handoff_requested()
+    }
+
+    /// The record as JSON text, as it was when the lease was taken.
+    #[getter]
+    fn record(&self) -> PyResult<String> {
+        serde_json::to_string(self.guard.record())
+            .map_err(|e| crate::errors::internal(&format!("record to JSON: {e}")))
+    }
+
+    /// Completes with why the lease was lost (awaitable).
+    fn lost<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let g = self.guard.clone();
+        run::awaitable(py, async move { Ok(g.lost().await.to_string()) })
+    }
+
+    /// Waits up to `timeout` seconds (no limit with `None`) for the lease to be lost: why, or
+    /// `None` when it was not lost by then.
+    #[pyo3(signature = (timeout=None))]
+    fn lost_blocking(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Option<String>> {
+        let limit = run::seconds("timeout", timeout)?;
+        let g = self.guard.clone();
+        run::block(py, limit, async move { Ok(g.lost().await.to_string()) })
+    }
+
+    /// Completes with the waiter's identity when someone waits for the lease (awaitable).
+    fn handoff_requested<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let g = self.guard.clone();
+        run::awaitable(py, async move { Ok(g.handoff_requested().await) })
+    }
+
+    /// Waits up to `timeout` seconds for a waiter: its identity, or `None`.
+    #[pyo3(signature = (timeout=None))]
+    fn handoff_requested_blocking(
+        &self,
+        py: Python<'_>,
+        timeout: Option<f64>,
+    ) -> PyResult<Option<String>> {
+        let limit = run::seconds("timeout", timeout)?;
+        let g = self.guard.clone();
+        run::block(py, limit, async move { Ok(g.handoff_requested().await) })
+    }
+
+    /// Completes when work under the lease must stop: renewals failing into the loss grace, or
+    /// the lease lost (awaitable); gives why.
+    fn must_stop<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let g = self.guard.clone();
+        run::awaitable(py, async move { Ok(g.must_stop().await.to_string()) })
+    }
+
+    /// Releases the lease (awaitable; idempotent): `released`, `already released`, or
+    /// `lost: <reason>`.
+    fn release<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let g = self.guard.clone();
+        run::awaitable(py, async move { g.release().await.py().map(released) })
+    }
+
+    /// The blocking form of `release`.
+    fn release_blocking(&self, py: Python<'_>) -> PyResult<String> {
+        let g = self.guard.clone();
+        run::block_all(py, async move { g.release().await.py().map(released) })
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Lease(key={:?}, fence={}, holder={:?}, current={})",
+            self.key(),
+            self.fence(),
+            self.holder(),
+            self.is_current()
+        )
+    }
+}

@@ -1,0 +1,252 @@
+//! `leasehold._native`: the Rust core of the `leasehold` Python package. The package's Python
+//! layer (`python/leasehold/`) builds the user API (context managers, handlers) over it; its
+//! stubs are `python/leasehold/_native.pyi`.
+
+mod errors;
+mod lease;
+mod queue;
+mod run;
+
+use errors::IntoPy;
+use lease::Lease;
+use leasehold::{HolderId, Inspection, LockBuilder, Wait};
+use pyo3::prelude::*;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// Opens the store at `url` (any URL the `leasehold` command takes) as one client. Blocks with
+/// the GIL released while the store is opened.
+#[pyfunction]
+#[pyo3(signature = (url, *, holder=None, local_layer=true))]
+fn connect(
+    py: Python<'_>,
+    url: String,
+    holder: Option<String>,
+    local_layer: bool,
+) -> PyResult<Locks> {
+    let locks = run::block_all(py, async move { leasehold::connect(&url).await.py() })?;
+    let locks = match holder {
+        Some(h) => locks.with_holder(HolderId::new(h)),
+        None => locks,
+    };
+    Ok(Locks {
+        inner: locks.with_local_layer(local_layer),
+    })
+}
+
+/// Waits up to `timeout` seconds for the library's background work (releases of dropped leases,
+/// withdrawals of abandoned waits) to finish; gives how many tasks were left.
+#[pyfunction]
+#[pyo3(signature = (timeout=2.0))]
+fn settle(py: Python<'_>, timeout: f64) -> PyResult<usize> {
+    let limit = run::seconds("timeout", Some(timeout))?.unwrap_or_default();
+    run::block_all(py, async move { Ok(leasehold::settle(limit).await) })
+}
+
+/// One client of one store, with one holder identity.
+#[pyclass(module = "leasehold._native", frozen)]
+struct Locks {
+    inner: leasehold::Locks,
+}
+
+/// The options of one acquisition, as Python passes them.
+struct Options {
+    ttl: Option<Duration>,
+    wait: Option<Duration>,
+    renew_every: Option<Duration>,
+    waiter_ttl: Option<Duration>,
+    register_waiter: bool,
+    labels: BTreeMap<String, String>,
+}
+
+impl Options {
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        ttl: Option<f64>,
+        wait: Option<f64>,
+        renew_every: Option<f64>,
+        waiter_ttl: Option<f64>,
+        register_waiter: bool,
+        labels: Option<BTreeMap<String, String>>,
+    ) -> PyResult<Self> {
+        Ok(Options {
+            ttl: run::seconds("ttl", ttl)?,
+            wait: run::seconds("wait", wait)?,
+            renew_every: run::seconds("renew_every", renew_every)?,
+            waiter_ttl: run::seconds("waiter_ttl", waiter_ttl)?,
+            register_waiter,
+            labels: labels.unwrap_or_default(),
+        })
+    }
+
+    fn apply(self, mut b: LockBuilder) -> LockBuilder {
+        if let Some(ttl) = self.ttl {
+            b = b.ttl(ttl);
+        }
+        b = match self.wait {
+            None => b.wait_policy(Wait::Forever),
+            Some(d) if d.is_zero() => b.wait_policy(Wait::No),
+            Some(d) => b.wait(d),
+        };
+        if let Some(p) = self.renew_every {
+            b = b.renew_every(p);
+        }
+        if let Some(w) = self.waiter_ttl {
+            b = b.waiter_ttl(w);
+        }
+        b = b.register_waiter(self.register_waiter);
+        for (k, v) in self.labels {
+            b = b.label(k, v);
+        }
+        b
+    }
+}
+
+impl Locks {
+    fn builder(&self, key: &str, opts: Options) -> PyResult<LockBuilder> {
+        Ok(opts.apply(self.inner.lock(key).py()?))
+    }
+
+    fn inspect_json(
+        &self,
+        key: &str,
+    ) -> PyResult<impl std::future::Future<Output = PyResult<Option<String>>> + Send + 'static>
+    {
+        let key = leasehold::Key::new(key).py()?;
+        let store = self.inner.store().clone();
+        Ok(async move {
+            match store.inspect(&key).await.py()? {
+                None => Ok(None),
+                Some(Inspection::Record(r)) => serde_json::to_string(&r)
+                    .map(Some)
+                    .map_err(|e| errors::internal(&format!("record to JSON: {e}"))),
+                Some(Inspection::Corrupt { name, detail }) => {
+                    Err(errors::from_error(leasehold::Error::Corrupt {
+                        key: name,
+                        detail,
+                    }))
+                }
+            }
+        })
+    }
+}
+
+#[pymethods]
+impl Locks {
+    /// This client's holder identity.
+    #[getter]
+    fn holder(&self) -> String {
+        self.inner.holder().to_string()
+    }
+
+    /// The store, described without credentials.
+    #[getter]
+    fn store(&self) -> String {
+        self.inner.store().describe()
+    }
+
+    /// Takes the lease on `key` (awaitable): see `leasehold.Lock.acquire`.
+    #[pyo3(signature = (key, *, ttl=None, wait=None, renew_every=None, waiter_ttl=None, register_waiter=true, labels=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn acquire<'py>(
+        &self,
+        py: Python<'py>,
+        key: &str,
+        ttl: Option<f64>,
+        wait: Option<f64>,
+        renew_every: Option<f64>,
+        waiter_ttl: Option<f64>,
+        register_waiter: bool,
+        labels: Option<BTreeMap<String, String>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let opts = Options::new(ttl, wait, renew_every, waiter_ttl, register_waiter, labels)?;
+        let b = self.builder(key, opts)?;
+        run::awaitable(py, async move { b.acquire().await.py().map(Lease::new) })
+    }
+
+    /// The blocking form of `acquire`.
+    #[pyo3(signature = (key, *, ttl=None, wait=None, renew_every=None, waiter_ttl=None, register_waiter=true, labels=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn acquire_blocking(
+        &self,
+        py: Python<'_>,
+        key: &str,
+        ttl: Option<f64>,
+        wait: Option<f64>,
+        renew_every: Option<f64>,
+        waiter_ttl: Option<f64>,
+        register_waiter: bool,
+        labels: Option<BTreeMap<String, String>>,
+    ) -> PyResult<Lease> {
+        let opts = Options::new(ttl, wait, renew_every, waiter_ttl, register_waiter, labels)?;
+        let b = self.builder(key, opts)?;
+        run::block_all(py, async move { b.acquire().await.py().map(Lease::new) })
+    }
+
+    /// Takes the lease on `key` if it is free (awaitable): `None` when held elsewhere.
+    #[pyo3(signature = (key, *, ttl=None, renew_every=None, labels=None))]
+    fn try_acquire<'py>(
+        &self,
+        py: Python<'py>,
+        key: &str,
+        ttl: Option<f64>,
+        renew_every: Option<f64>,
+        labels: Option<BTreeMap<String, String>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let opts = Options::new(ttl, None, renew_every, None, false, labels)?;
+        let b = self.builder(key, opts)?;
+        run::awaitable(py, async move {
+            Ok(b.try_acquire().await.py()?.map(Lease::new))
+        })
+    }
+
+    /// The blocking form of `try_acquire`.
+    #[pyo3(signature = (key, *, ttl=None, renew_every=None, labels=None))]
+    fn try_acquire_blocking(
+        &self,
+        py: Python<'_>,
+        key: &str,
+        ttl: Option<f64>,
+        renew_every: Option<f64>,
+        labels: Option<BTreeMap<String, String>>,
+    ) -> PyResult<Option<Lease>> {
+        let opts = Options::new(ttl, None, renew_every, None, false, labels)?;
+        let b = self.builder(key, opts)?;
+        run::block_all(py, async move {
+            Ok(b.try_acquire().await.py()?.map(Lease::new))
+        })
+    }
+
+    /// The key's record as JSON text, the one `leasehold inspect` shows (awaitable); `None` when
+    /// the store has none.
+    fn inspect<'py>(&self, py: Python<'py>, key: &str) -> PyResult<Bound<'py, PyAny>> {
+        let fut = self.inspect_json(key)?;
+        run::awaitable(py, fut)
+    }
+
+    /// The blocking form of `inspect`.
+    fn inspect_blocking(&self, py: Python<'_>, key: &str) -> PyResult<Option<String>> {
+        let fut = self.inspect_json(key)?;
+        run::block_all(py, fut)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Locks(store={:?}, holder={:?})",
+            self.store(),
+            self.holder()
+        )
+    }
+}
+
+/// The extension module.
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(connect, m)?)?;
+    m.add_function(wrap_pyfunction!(settle, m)?)?;
+    m.add_class::<Locks>()?;
+    m.add_class::<Lease>()?;
+    queue::register(m)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}
