@@ -4,7 +4,68 @@ use crate::errors::IntoPy;
 use crate::run;
 use leasehold::{LeaseGuard, Released};
 use pyo3::prelude::*;
+use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// How long a cancelled acquisition waits for the library to undo what it started (withdraw a
+/// waiter registration, release a grant that was in flight).
+const UNDO_LIMIT: Duration = Duration::from_secs(5);
+
+/// The cancellation of one acquisition awaited from asyncio. The Python layer shields the
+/// acquisition's awaitable and, when its task is cancelled, calls `cancel()` and awaits the
+/// acquisition's end: it ends once what it started is undone (so `asyncio.wait_for` returns with
+/// no waiter registration and no grant left behind), or with the lease when it was granted first
+/// (then the Python layer releases it).
+#[pyclass(module = "leasehold._native", frozen)]
+pub(crate) struct Cancel {
+    tx: watch::Sender<bool>,
+}
+
+#[pymethods]
+impl Cancel {
+    #[new]
+    fn new() -> Self {
+        Cancel {
+            tx: watch::channel(false).0,
+        }
+    }
+
+    /// Stops the acquisition this handle was given to.
+    fn cancel(&self) {
+        self.tx.send_replace(true);
+    }
+}
+
+impl Cancel {
+    /// `acquisition`, stopped by [`Cancel::cancel`]: `None` then, once the library's background
+    /// work for it has settled.
+    pub(crate) fn guard<F>(
+        &self,
+        acquisition: F,
+    ) -> impl Future<Output = PyResult<Option<Lease>>> + Send + 'static
+    where
+        F: Future<Output = PyResult<Option<LeaseGuard>>> + Send + 'static,
+    {
+        let mut rx = self.tx.subscribe();
+        async move {
+            tokio::select! {
+                biased;
+                () = async {
+                    if rx.wait_for(|c| *c).await.is_err() {
+                        // The handle is gone without a cancel: nothing can cancel any more.
+                        std::future::pending::<()>().await;
+                    }
+                } => {
+                    leasehold::settle(UNDO_LIMIT).await;
+                    Ok(None)
+                }
+                got = acquisition => Ok(got?.map(Lease::new)),
+            }
+        }
+    }
+}
 
 /// A lease this process holds, renewed in the background until released. Dropping it without
 /// `release` releases it in the background.
@@ -84,8 +145,7 @@ impl Lease {
     /// The record as JSON text, as it was when the lease was taken.
     #[getter]
     fn record(&self) -> PyResult<String> {
-        serde_json::to_string(self.guard.record())
-            .map_err(|e| crate::errors::internal(&format!("record to JSON: {e}")))
+        crate::to_json(self.guard.record())
     }
 
     /// Completes with why the lease was lost (awaitable).

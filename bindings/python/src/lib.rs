@@ -8,7 +8,7 @@ mod queue;
 mod run;
 
 use errors::IntoPy;
-use lease::Lease;
+use lease::{Cancel, Lease};
 use leasehold::{HolderId, Inspection, LockBuilder, Wait};
 use pyo3::prelude::*;
 use std::collections::BTreeMap;
@@ -102,7 +102,30 @@ impl Options {
     }
 }
 
+/// A record as JSON text.
+fn to_json(r: &leasehold::LeaseRecord) -> PyResult<String> {
+    serde_json::to_string(r).map_err(|e| errors::internal(&format!("record to JSON: {e}")))
+}
+
 impl Locks {
+    fn force_release_json(
+        &self,
+        key: &str,
+    ) -> PyResult<impl std::future::Future<Output = PyResult<Option<String>>> + Send + 'static>
+    {
+        let key = leasehold::Key::new(key).py()?;
+        let store = self.inner.store().clone();
+        Ok(async move {
+            store
+                .force_release(&key)
+                .await
+                .py()?
+                .as_ref()
+                .map(to_json)
+                .transpose()
+        })
+    }
+
     fn builder(&self, key: &str, opts: Options) -> PyResult<LockBuilder> {
         Ok(opts.apply(self.inner.lock(key).py()?))
     }
@@ -117,9 +140,7 @@ impl Locks {
         Ok(async move {
             match store.inspect(&key).await.py()? {
                 None => Ok(None),
-                Some(Inspection::Record(r)) => serde_json::to_string(&r)
-                    .map(Some)
-                    .map_err(|e| errors::internal(&format!("record to JSON: {e}"))),
+                Some(Inspection::Record(r)) => to_json(&r).map(Some),
                 Some(Inspection::Corrupt { name, detail }) => {
                     Err(errors::from_error(leasehold::Error::Corrupt {
                         key: name,
@@ -146,12 +167,13 @@ impl Locks {
     }
 
     /// Takes the lease on `key` (awaitable): see `leasehold.Lock.acquire`.
-    #[pyo3(signature = (key, *, ttl=None, wait=None, renew_every=None, waiter_ttl=None, register_waiter=true, labels=None))]
+    #[pyo3(signature = (key, cancel, *, ttl=None, wait=None, renew_every=None, waiter_ttl=None, register_waiter=true, labels=None))]
     #[allow(clippy::too_many_arguments)]
     fn acquire<'py>(
         &self,
         py: Python<'py>,
         key: &str,
+        cancel: &Cancel,
         ttl: Option<f64>,
         wait: Option<f64>,
         renew_every: Option<f64>,
@@ -161,7 +183,10 @@ impl Locks {
     ) -> PyResult<Bound<'py, PyAny>> {
         let opts = Options::new(ttl, wait, renew_every, waiter_ttl, register_waiter, labels)?;
         let b = self.builder(key, opts)?;
-        run::awaitable(py, async move { b.acquire().await.py().map(Lease::new) })
+        run::awaitable(
+            py,
+            cancel.guard(async move { b.acquire().await.py().map(Some) }),
+        )
     }
 
     /// The blocking form of `acquire`.
@@ -184,20 +209,19 @@ impl Locks {
     }
 
     /// Takes the lease on `key` if it is free (awaitable): `None` when held elsewhere.
-    #[pyo3(signature = (key, *, ttl=None, renew_every=None, labels=None))]
+    #[pyo3(signature = (key, cancel, *, ttl=None, renew_every=None, labels=None))]
     fn try_acquire<'py>(
         &self,
         py: Python<'py>,
         key: &str,
+        cancel: &Cancel,
         ttl: Option<f64>,
         renew_every: Option<f64>,
         labels: Option<BTreeMap<String, String>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let opts = Options::new(ttl, None, renew_every, None, false, labels)?;
         let b = self.builder(key, opts)?;
-        run::awaitable(py, async move {
-            Ok(b.try_acquire().await.py()?.map(Lease::new))
-        })
+        run::awaitable(py, cancel.guard(async move { b.try_acquire().await.py() }))
     }
 
     /// The blocking form of `try_acquire`.
@@ -230,6 +254,20 @@ impl Locks {
         run::block_all(py, fut)
     }
 
+    /// Frees `key` whoever holds it, as `leasehold release --force` does (awaitable): the record
+    /// it removed as JSON text, or `None` when the key was free. The holder's next renewal fails
+    /// and its `lost()` fires.
+    fn force_release<'py>(&self, py: Python<'py>, key: &str) -> PyResult<Bound<'py, PyAny>> {
+        let fut = self.force_release_json(key)?;
+        run::awaitable(py, fut)
+    }
+
+    /// The blocking form of `force_release`.
+    fn force_release_blocking(&self, py: Python<'_>, key: &str) -> PyResult<Option<String>> {
+        let fut = self.force_release_json(key)?;
+        run::block_all(py, fut)
+    }
+
     fn __repr__(&self) -> String {
         format!(
             "Locks(store={:?}, holder={:?})",
@@ -246,6 +284,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(settle, m)?)?;
     m.add_class::<Locks>()?;
     m.add_class::<Lease>()?;
+    m.add_class::<Cancel>()?;
     queue::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

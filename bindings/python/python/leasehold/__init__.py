@@ -189,6 +189,18 @@ class Locks:
         text = self._native.inspect_blocking(key)
         return None if text is None else json.loads(text)
 
+    async def force_release(self, key: str) -> Optional[Dict[str, Any]]:
+        """Frees ``key`` whoever holds it, as ``leasehold release --force`` does: the record it
+        removed, or ``None`` when the key was free. The holder's next renewal fails and its
+        ``lost()`` fires (its handler ``on_renewal_error`` is called)."""
+        text = await self._native.force_release(key)
+        return None if text is None else json.loads(text)
+
+    def force_release_sync(self, key: str) -> Optional[Dict[str, Any]]:
+        """The blocking form of :meth:`force_release`."""
+        text = self._native.force_release_blocking(key)
+        return None if text is None else json.loads(text)
+
     def __repr__(self) -> str:
         return f"Locks(store={self.store!r}, holder={self.holder!r})"
 
@@ -229,7 +241,7 @@ class Lock:
         native = self._locks._native
         return Acquiring(
             self,
-            lambda: native.acquire(self.key, **opts),
+            lambda cancel: native.acquire(self.key, cancel, **opts),
             lambda: native.acquire_blocking(self.key, **opts),
         )
 
@@ -243,7 +255,7 @@ class Lock:
         native = self._locks._native
         return Acquiring(
             self,
-            lambda: native.try_acquire(self.key, **opts),
+            lambda cancel: native.try_acquire(self.key, cancel, **opts),
             lambda: native.try_acquire_blocking(self.key, **opts),
         )
 
@@ -277,7 +289,7 @@ class Acquiring(Generic[T]):
     def __init__(
         self,
         lock: Lock,
-        start: Callable[[], Awaitable[Optional[_native.Lease]]],
+        start: Callable[[_native.Cancel], Awaitable[Optional[_native.Lease]]],
         start_blocking: Callable[[], Optional[_native.Lease]],
     ) -> None:
         self._lock = lock
@@ -291,7 +303,21 @@ class Acquiring(Generic[T]):
         return Lease(native, self._lock._handlers, loop)
 
     async def _run(self) -> T:
-        native = await self._start()
+        cancel = _native.Cancel()
+        pending = asyncio.ensure_future(self._start(cancel))
+        try:
+            native = await asyncio.shield(pending)
+        except asyncio.CancelledError:
+            # Undo before the cancellation completes: the library withdraws a waiter
+            # registration and releases a grant in flight; a lease granted first is released.
+            cancel.cancel()
+            try:
+                late = await pending
+            except Exception:
+                late = None
+            if late is not None:
+                await late.release()
+            raise
         return self._wrap(native, asyncio.get_running_loop())
 
     def __await__(self) -> Generator[Any, None, T]:
@@ -461,8 +487,20 @@ class Lease:
     def _finish(self) -> None:
         self._released = True
         self._done.set()
+        if not self._tasks or self._loop is None:
+            return
+        try:
+            running: Optional[asyncio.AbstractEventLoop] = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        current = asyncio.current_task() if running is not None else None
         for task in self._tasks:
-            task.cancel()
+            if task is current:
+                continue  # a handler releasing the lease it was called for
+            if running is self._loop:
+                task.cancel()
+            else:
+                self._loop.call_soon_threadsafe(task.cancel)
 
     async def release(self) -> str:
         """Releases the lease; idempotent. Returns ``"released"``, ``"already released"`` or
