@@ -21,6 +21,17 @@ const UNDO_LIMIT: Duration = Duration::from_secs(5);
 #[pyclass(module = "leasehold._native", frozen)]
 pub(crate) struct Cancel {
     tx: watch::Sender<bool>,
+    late: std::sync::Mutex<Late>,
+}
+
+/// The answer of an acquisition whose awaitable was cancelled.
+enum Late {
+    /// Not there yet, and nobody asked.
+    Waiting,
+    /// There: the lease granted before the cancel took effect, or `None`.
+    Value(Py<PyAny>),
+    /// Asked for: the asyncio future to complete with it.
+    Asked(Py<PyAny>),
 }
 
 #[pymethods]
@@ -29,6 +40,7 @@ impl Cancel {
     fn new() -> Self {
         Cancel {
             tx: watch::channel(false).0,
+            late: std::sync::Mutex::new(Late::Waiting),
         }
     }
 
@@ -36,9 +48,47 @@ impl Cancel {
     fn cancel(&self) {
         self.tx.send_replace(true);
     }
+
+    /// Awaitable: the acquisition's answer once it has ended after `cancel()`: the lease granted
+    /// before the cancel took effect (release it), or `None` with everything undone.
+    fn late<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let mut late = self.late.lock().unwrap_or_else(|e| e.into_inner());
+        match std::mem::replace(&mut *late, Late::Waiting) {
+            Late::Value(v) => run::ready(py, v),
+            Late::Waiting | Late::Asked(_) => {
+                let fut = py
+                    .import("asyncio")?
+                    .call_method0("get_running_loop")?
+                    .call_method0("create_future")?;
+                *late = Late::Asked(fut.clone().unbind());
+                Ok(fut)
+            }
+        }
+    }
+
+    /// Called on the loop's thread with the answer of the cancelled awaitable.
+    fn stash(&self, py: Python<'_>, value: Py<PyAny>) -> PyResult<()> {
+        let mut late = self.late.lock().unwrap_or_else(|e| e.into_inner());
+        match std::mem::replace(&mut *late, Late::Waiting) {
+            Late::Asked(fut) => {
+                drop(late);
+                let fut = fut.bind(py);
+                if !fut.call_method0("done")?.is_truthy()? {
+                    fut.call_method1("set_result", (value,))?;
+                }
+            }
+            Late::Waiting | Late::Value(_) => *late = Late::Value(value),
+        }
+        Ok(())
+    }
 }
 
 impl Cancel {
+    /// The callable the awaitable hands its answer to when it was cancelled.
+    pub(crate) fn hand(slf: &Bound<'_, Self>) -> PyResult<Py<PyAny>> {
+        Ok(slf.getattr("stash")?.unbind())
+    }
+
     /// `acquisition`, stopped by [`Cancel::cancel`]: `None` then, once the library's background
     /// work for it has settled.
     pub(crate) fn guard<F>(
@@ -192,7 +242,11 @@ impl Lease {
     /// `lost: <reason>`.
     fn release<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let g = self.guard.clone();
-        run::awaitable(py, async move { g.release().await.py().map(released) })
+        run::awaitable_as(
+            py,
+            async move { g.release().await.py().map(released) },
+            run::OnCancelled::Finish,
+        )
     }
 
     /// The blocking form of `release`.

@@ -173,7 +173,7 @@ impl Locks {
         &self,
         py: Python<'py>,
         key: &str,
-        cancel: &Cancel,
+        cancel: &Bound<'_, Cancel>,
         ttl: Option<f64>,
         wait: Option<f64>,
         renew_every: Option<f64>,
@@ -183,9 +183,12 @@ impl Locks {
     ) -> PyResult<Bound<'py, PyAny>> {
         let opts = Options::new(ttl, wait, renew_every, waiter_ttl, register_waiter, labels)?;
         let b = self.builder(key, opts)?;
-        run::awaitable(
+        run::awaitable_as(
             py,
-            cancel.guard(async move { b.acquire().await.py().map(Some) }),
+            cancel
+                .get()
+                .guard(async move { b.acquire().await.py().map(Some) }),
+            run::OnCancelled::Hand(Cancel::hand(cancel)?),
         )
     }
 
@@ -214,14 +217,20 @@ impl Locks {
         &self,
         py: Python<'py>,
         key: &str,
-        cancel: &Cancel,
+        cancel: &Bound<'_, Cancel>,
         ttl: Option<f64>,
         renew_every: Option<f64>,
         labels: Option<BTreeMap<String, String>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let opts = Options::new(ttl, None, renew_every, None, false, labels)?;
         let b = self.builder(key, opts)?;
-        run::awaitable(py, cancel.guard(async move { b.try_acquire().await.py() }))
+        run::awaitable_as(
+            py,
+            cancel
+                .get()
+                .guard(async move { b.try_acquire().await.py() }),
+            run::OnCancelled::Hand(Cancel::hand(cancel)?),
+        )
     }
 
     /// The blocking form of `try_acquire`.

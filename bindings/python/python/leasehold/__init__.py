@@ -224,6 +224,7 @@ class Lock:
         self.key = key
         self._options = options
         self._handlers = (on_release_requested, on_renewal_error)
+        self._try_options = {k: options[k] for k in ("ttl", "renew_every", "labels")}
         self._entered: List[Acquiring[Any]] = []
 
     def acquire(self, wait: Optional[float] = _UNSET) -> "Acquiring[Lease]":
@@ -235,15 +236,10 @@ class Lock:
         limit passes. Cancelling an awaiting acquire (``asyncio.wait_for``, task cancel) leaves
         nothing behind: a grant in flight is released and the waiter registration withdrawn.
         """
-        opts = dict(self._options)
+        opts = self._options
         if wait is not _UNSET:
-            opts["wait"] = wait
-        native = self._locks._native
-        return Acquiring(
-            self,
-            lambda cancel: native.acquire(self.key, cancel, **opts),
-            lambda: native.acquire_blocking(self.key, **opts),
-        )
+            opts = dict(opts, wait=wait)
+        return Acquiring(self, False, opts)
 
     def try_acquire(self) -> "Acquiring[Optional[Lease]]":
         """Takes the lease if it is free: the :class:`Lease`, or ``None`` when it is held elsewhere.
@@ -251,13 +247,7 @@ class Lock:
         Awaitable, or ``.result()`` for the blocking form; as a context manager it gives ``None``
         when held elsewhere and releases on exit when it got the lease.
         """
-        opts = {k: self._options[k] for k in ("ttl", "renew_every", "labels")}
-        native = self._locks._native
-        return Acquiring(
-            self,
-            lambda cancel: native.try_acquire(self.key, cancel, **opts),
-            lambda: native.try_acquire_blocking(self.key, **opts),
-        )
+        return Acquiring(self, True, self._try_options)
 
     async def __aenter__(self) -> "Lease":
         entered = self.acquire()
@@ -286,15 +276,12 @@ class Acquiring(Generic[T]):
     ``async with``), or call :meth:`result` to block for it. Nothing happens until one of these.
     """
 
-    def __init__(
-        self,
-        lock: Lock,
-        start: Callable[[_native.Cancel], Awaitable[Optional[_native.Lease]]],
-        start_blocking: Callable[[], Optional[_native.Lease]],
-    ) -> None:
+    __slots__ = ("_lock", "_try", "_options", "_lease")
+
+    def __init__(self, lock: Lock, try_only: bool, options: Dict[str, Any]) -> None:
         self._lock = lock
-        self._start = start
-        self._start_blocking = start_blocking
+        self._try = try_only
+        self._options = options
         self._lease: Optional[Lease] = None
 
     def _wrap(self, native: Optional[_native.Lease], loop: Optional[asyncio.AbstractEventLoop]) -> Any:
@@ -303,22 +290,26 @@ class Acquiring(Generic[T]):
         return Lease(native, self._lock._handlers, loop)
 
     async def _run(self) -> T:
+        lock = self._lock
+        native_locks = lock._locks._native
         cancel = _native.Cancel()
-        pending = asyncio.ensure_future(self._start(cancel))
+        if self._try:
+            pending = native_locks.try_acquire(lock.key, cancel, **self._options)
+        else:
+            pending = native_locks.acquire(lock.key, cancel, **self._options)
+        if not isinstance(pending, asyncio.Future):
+            return self._wrap(await pending, None if lock._handlers == (None, None) else asyncio.get_running_loop())
         try:
-            native = await asyncio.shield(pending)
+            native = await pending
         except asyncio.CancelledError:
             # Undo before the cancellation completes: the library withdraws a waiter
             # registration and releases a grant in flight; a lease granted first is released.
             cancel.cancel()
-            try:
-                late = await pending
-            except Exception:
-                late = None
+            late = await cancel.late()
             if late is not None:
                 await late.release()
             raise
-        return self._wrap(native, asyncio.get_running_loop())
+        return self._wrap(native, None if lock._handlers == (None, None) else asyncio.get_running_loop())
 
     def __await__(self) -> Generator[Any, None, T]:
         return self._run().__await__()
@@ -326,7 +317,12 @@ class Acquiring(Generic[T]):
     def result(self) -> T:
         """Blocks for the acquisition (with the GIL released; Ctrl-C interrupts it and leaves
         nothing taken)."""
-        return self._wrap(self._start_blocking(), None)
+        lock = self._lock
+        if self._try:
+            native = lock._locks._native.try_acquire_blocking(lock.key, **self._options)
+        else:
+            native = lock._locks._native.acquire_blocking(lock.key, **self._options)
+        return self._wrap(native, None)
 
     def __enter__(self) -> T:
         got = self.result()
@@ -364,10 +360,14 @@ class Lease:
         self._loop = loop
         self._released = False
         self._loss_seen = False
-        self._done = threading.Event()
+        self._done: Optional[threading.Event] = None
         on_release_requested, on_renewal_error = handlers
         self._handles_loss = on_renewal_error is not None
         self._tasks: List["asyncio.Task[None]"] = []
+        if on_release_requested is None and on_renewal_error is None:
+            return
+        if loop is None:
+            self._done = threading.Event()
         if on_release_requested is not None:
             self._start(self._native.handoff_requested, self._native.handoff_requested_blocking,
                         lambda waiter: on_release_requested(self, waiter))
@@ -395,14 +395,17 @@ class Lease:
 
             self._tasks.append(self._loop.create_task(watch()))
         else:
+            done = self._done
+            assert done is not None
+
             def watch_thread() -> None:
-                while not self._done.is_set():
+                while not done.is_set():
                     try:
                         detail = wait_blocking(_HANDLER_POLL)
                     except LeaseholdError:
                         return
                     if detail is not None:
-                        if self._done.is_set():
+                        if done.is_set():
                             return
                         got = call(detail)
                         if inspect.iscoroutine(got):
@@ -486,7 +489,8 @@ class Lease:
 
     def _finish(self) -> None:
         self._released = True
-        self._done.set()
+        if self._done is not None:
+            self._done.set()
         if not self._tasks or self._loop is None:
             return
         try:
@@ -502,11 +506,11 @@ class Lease:
             else:
                 self._loop.call_soon_threadsafe(task.cancel)
 
-    async def release(self) -> str:
-        """Releases the lease; idempotent. Returns ``"released"``, ``"already released"`` or
-        ``"lost: <reason>"`` (it was no longer ours)."""
+    def release(self) -> Awaitable[str]:
+        """Releases the lease (awaitable); idempotent. Gives ``"released"``, ``"already
+        released"`` or ``"lost: <reason>"`` (it was no longer ours)."""
         self._finish()
-        return await self._native.release()
+        return self._native.release()
 
     def release_sync(self) -> str:
         """The blocking form of :meth:`release`."""
