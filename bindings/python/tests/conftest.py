@@ -127,3 +127,45 @@ def children() -> Iterator[Children]:
         yield c
     finally:
         c.kill_all()
+
+
+# ---- queue ----
+
+
+def cli() -> str:
+    """The ``leasehold`` command the harness names (``LEASEHOLD_CLI``), else the workspace's debug
+    build; a failure saying how to get one when there is none."""
+    given = os.environ.get("LEASEHOLD_CLI")
+    path = Path(given) if given else HERE.parent.parent.parent / "target" / "debug" / "leasehold"
+    if not path.is_file():
+        pytest.fail(
+            f"no leasehold command at {path}: set LEASEHOLD_CLI, or build it "
+            "(cargo build -p leasehold-cli)"
+        )
+    return str(path)
+
+
+def reset_queue(url: str) -> None:
+    """Empties the shared PostgreSQL queue between tests: pending tasks cancelled, ended ones
+    deleted (with the bookkeeping of their keys)."""
+    from leasehold import queue
+
+    q = queue.connect(url)
+    for t in q.tasks_sync(limit=100_000):
+        q.cancel_sync(t["id"])
+    q.cleanup_sync(0)
+    left = q.tasks_sync()
+    assert not left, f"tasks still running in the shared queue: {left}"
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def queue_url(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A queue of each backend, empty: a new SQLite file, or the harness's PostgreSQL database
+    (``LEASEHOLD_TEST_POSTGRES``) emptied. ``LEASEHOLD_STORE`` is unset, so a worker takes its
+    leases where ``leasehold queue work`` would."""
+    monkeypatch.delenv("LEASEHOLD_STORE", raising=False)
+    if request.param == "sqlite":
+        return f"sqlite://{tmp_path / 'queue.db'}"
+    url = need("LEASEHOLD_TEST_POSTGRES")
+    reset_queue(url)
+    return url
