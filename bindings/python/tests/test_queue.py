@@ -102,7 +102,6 @@ def test_per_user_queue_four_slots_one_task_per_user(queue_url: str, tmp_path: P
             ids[q.add_sync(u, {"user": u, "round": round_}, group=f"project{i % 2}")] = u
     running: Dict[str, int] = defaultdict(int)
     most = {"all": 0, "user": 0}
-    four, go = asyncio.Event(), asyncio.Event()
     seen: Dict[int, int] = {}
 
     async def handle(task: queue.Task) -> None:
@@ -112,14 +111,18 @@ def test_per_user_queue_four_slots_one_task_per_user(queue_url: str, tmp_path: P
         most["user"] = max(most["user"], running[task.key])
         seen[task.id] = task.fence
         if total == 4:
-            four.set()
+            ev["four"].set()
         try:
-            await go.wait()
+            await ev["go"].wait()
             await asyncio.sleep(0.01)
         finally:
             running[task.key] -= 1
 
+    # Made on the loop (Python 3.9 binds an Event to a loop when it is made).
+    ev: Dict[str, asyncio.Event] = {}
+
     async def main() -> Dict[str, Any]:
+        four, go = ev["four"], ev["go"] = asyncio.Event(), asyncio.Event()
         worker = q.worker(handle, ttl=2, exit_when_idle=True)  # slots: 4 by default
         run = asyncio.create_task(worker.run())
         await wait_for(four, "4 tasks running at once")
@@ -376,6 +379,56 @@ def test_handler_ignoring_cancellation_is_abandoned_at_valid_until(
     assert task["state"] == "failed" and task["detail"].startswith("the key's lease was lost"), task
     logged = [r.getMessage() for r in caplog.records if r.name == "leasehold.queue"]
     assert any(f"task {stubborn}" in m and "abandoned" in m for m in logged), logged
+
+
+def test_worker_stop_and_cancelled_run_stop_the_handlers(queue_url: str, tmp_path: Path) -> None:
+    """``stop()`` cancels the running handlers (the task is recorded cancelled) and ``run()``
+    returns; cancelling ``run()`` itself stops the worker the same way; a worker runs once."""
+    q = open_queue(queue_url, tmp_path)
+    (alice,) = users(1)
+    name = f"worker-{alice}"
+
+    async def main() -> List[int]:
+        started = asyncio.Event()
+        heard: Dict[str, Any] = {}
+
+        async def handle(task: queue.Task) -> None:
+            heard["worker"] = task.worker
+            started.set()
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                heard["reason"] = task.stop_reason
+                raise
+
+        first = await q.add(alice, "forever")
+        worker = q.worker(handle, ttl=2, name=name)
+        assert worker.name == name
+        run = asyncio.create_task(worker.run())
+        await wait_for(started, "the first task's start")
+        assert [w["id"] for w in (await q.status())["workers"]] == [name]
+        worker.stop()
+        await asyncio.wait_for(run, 10)
+        assert heard == {"worker": name, "reason": "the worker shuts down"}
+        with pytest.raises(InvalidOption):
+            await worker.run()
+
+        second = await q.add(alice, "forever again")
+        started.clear()
+        heard.clear()
+        other = q.worker(handle, ttl=2)
+        run = asyncio.create_task(other.run())
+        await wait_for(started, "the second task's start")
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await run
+        assert other.is_stopping and heard["reason"] == "the worker shuts down"
+        assert (await q.status())["workers"] == []
+        return [first, second]
+
+    for task_id in asyncio.run(main()):
+        task = q.get_sync(task_id)
+        assert (task["state"], task["detail"]) == ("cancelled", "stopped: the worker was shutting down")
 
 
 def test_default_lease_store_is_the_commands(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
