@@ -418,7 +418,14 @@ pub(crate) fn monotonic(instant: Instant) -> f64 {
 pub(crate) fn seconds(name: &'static str, value: Option<f64>) -> PyResult<Option<Duration>> {
     match value {
         None => Ok(None),
-        Some(v) if v.is_finite() && v >= 0.0 => Ok(Some(Duration::from_secs_f64(v))),
+        Some(v) if v >= 0.0 => match Duration::try_from_secs_f64(v) {
+            Ok(d) => Ok(Some(d)),
+            // Past `Duration::MAX` (or infinite): refused, as `from_secs_f64` would panic.
+            Err(_) => Err(errors::from_error(leasehold::Error::InvalidOption {
+                name,
+                reason: format!("{v:.3e} seconds is too long"),
+            })),
+        },
         Some(v) => Err(errors::from_error(leasehold::Error::InvalidOption {
             name,
             reason: format!("{v} is not a number of seconds ≥ 0"),
