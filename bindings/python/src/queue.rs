@@ -51,6 +51,14 @@ fn invalid(name: &'static str, reason: String) -> PyErr {
     errors::from_error(leasehold::Error::InvalidOption { name, reason })
 }
 
+/// A count from Python (attempts, slots, a limit): refused unless it is 1 to `u32::MAX`.
+fn count(name: &'static str, n: i64) -> PyResult<u32> {
+    u32::try_from(n)
+        .ok()
+        .filter(|n| *n >= 1)
+        .ok_or_else(|| invalid(name, format!("{n} is not a count from 1 to {}", u32::MAX)))
+}
+
 /// A task from Python's `add` arguments (checked when enqueued, as the library does).
 fn new_task(
     key: String,
@@ -59,7 +67,7 @@ fn new_task(
     group: Option<String>,
     timeout: Option<f64>,
     policy: &str,
-    max_attempts: u32,
+    max_attempts: i64,
 ) -> PyResult<NewTask> {
     let mut task = NewTask::new(key, payload);
     task.priority = priority.parse::<Priority>().py()?;
@@ -67,7 +75,9 @@ fn new_task(
     task.timeout = run::seconds("timeout", timeout)?;
     task.policy = match policy.trim().to_ascii_lowercase().as_str() {
         "at-most-once" => Policy::AtMostOnce,
-        "at-least-once" => Policy::AtLeastOnce { max_attempts },
+        "at-least-once" => Policy::AtLeastOnce {
+            max_attempts: count("max_attempts", max_attempts)?,
+        },
         _ => {
             return Err(invalid(
                 "policy",
@@ -150,7 +160,7 @@ impl Queue {
         group: Option<String>,
         timeout: Option<f64>,
         policy: &str,
-        max_attempts: u32,
+        max_attempts: i64,
     ) -> PyResult<Bound<'py, PyAny>> {
         let task = new_task(key, payload, priority, group, timeout, policy, max_attempts)?;
         run::awaitable(py, self.add_fut(task))
@@ -168,7 +178,7 @@ impl Queue {
         group: Option<String>,
         timeout: Option<f64>,
         policy: &str,
-        max_attempts: u32,
+        max_attempts: i64,
     ) -> PyResult<(u64, u64)> {
         let task = new_task(key, payload, priority, group, timeout, policy, max_attempts)?;
         run::block_all(py, self.add_fut(task))
@@ -546,9 +556,9 @@ impl Worker {
         cancel: Py<PyAny>,
         abandoned: Py<PyAny>,
         report: Py<PyAny>,
-        slots: u32,
+        slots: i64,
         ttl: f64,
-        group_limit: Option<u32>,
+        group_limit: Option<i64>,
         lease_wait: Option<f64>,
         aging: f64,
         drain_timeout: f64,
@@ -573,7 +583,7 @@ impl Worker {
         });
         let reporter = hooks.clone();
         let mut w = leasehold::queue::worker::Worker::new(queue.inner.clone(), locks)
-            .slots(slots)
+            .slots(count("slots", slots)?)
             .ttl(ttl)
             .aging(secs("aging", aging)?)
             .drain_timeout(secs("drain_timeout", drain_timeout)?)
@@ -581,7 +591,7 @@ impl Worker {
             .exit_when_idle(exit_when_idle)
             .on_problem(move |line| reporter.report(line));
         if let Some(limit) = group_limit {
-            w = w.group_limit(limit);
+            w = w.group_limit(count("group_limit", limit)?);
         }
         if let Some(wait) = run::seconds("lease_wait", lease_wait)? {
             w = w.lease_wait(wait);

@@ -431,6 +431,47 @@ def test_worker_stop_and_cancelled_run_stop_the_handlers(queue_url: str, tmp_pat
         assert (task["state"], task["detail"]) == ("cancelled", "stopped: the worker was shutting down")
 
 
+def test_bad_input_is_a_typed_error(tmp_path: Path) -> None:
+    """Bad options are InvalidOption naming the option (never a panic), a bad key InvalidKey, a
+    bad id NotFound or TypeError."""
+    q = queue.connect(f"sqlite://{tmp_path / 'queue.db'}", locks=f"file://{tmp_path / 'locks'}")
+    bad_adds = [
+        ("priority", dict(priority="urgent")),
+        ("policy", dict(policy="twice")),
+        ("max_attempts", dict(policy="at-least-once", max_attempts=0)),
+        ("max_attempts", dict(policy="at-least-once", max_attempts=-1)),
+        ("timeout", dict(timeout=0)),
+        ("timeout", dict(timeout=-1)),
+        ("timeout", dict(timeout=float("nan"))),
+        ("timeout", dict(timeout=float("inf"))),
+        ("timeout", dict(timeout=1e300)),
+        ("group", dict(group="")),
+    ]
+    for option, kwargs in bad_adds:
+        with pytest.raises(InvalidOption) as e:
+            q.add_sync("alice", "x", **kwargs)
+        assert e.value.option == option, (kwargs, e.value)
+    for key in ("", "x" * 10_000, "a\0b"):
+        with pytest.raises(InvalidKey):
+            q.add_sync(key, "x")
+    with pytest.raises(TypeError):
+        q.cancel_sync("1")  # type: ignore[arg-type]
+
+    async def handle(task: queue.Task) -> None:
+        pass
+
+    for option, kwargs in [("slots", dict(slots=0)), ("slots", dict(slots=-1)),
+                           ("group_limit", dict(group_limit=2**40)), ("ttl", dict(ttl=1e300)),
+                           ("stop_grace", dict(stop_grace=-1)), ("name", dict(name=" "))]:
+        with pytest.raises(InvalidOption) as e:
+            q.worker(handle, **kwargs)
+        assert e.value.option == option, (kwargs, e.value)
+    with pytest.raises(InvalidOption) as e:
+        asyncio.run(q.worker(handle, ttl=0.001).run())
+    assert e.value.option == "ttl"
+    assert q.status_sync()["pending"] == {"high": 0, "normal": 0, "low": 0}
+
+
 def test_default_lease_store_is_the_commands(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Without ``locks``, workers take their leases where ``leasehold queue work`` does."""
     monkeypatch.delenv("LEASEHOLD_STORE", raising=False)
