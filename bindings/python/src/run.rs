@@ -12,6 +12,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::{intern, IntoPyObjectExt};
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
@@ -87,14 +88,6 @@ where
 {
     let rt = runtime()?;
     let mut fut = Box::pin(fut);
-    {
-        let _in_runtime = rt.enter();
-        let mut cx = Context::from_waker(Waker::noop());
-        if let Poll::Ready(result) = fut.as_mut().poll(&mut cx) {
-            let value = result.and_then(|v| v.into_py_any(py))?;
-            return ready(py, value);
-        }
-    }
     let event_loop = GET_RUNNING_LOOP
         .get_or_try_init(py, || {
             py.import("asyncio")?
@@ -104,6 +97,17 @@ where
         .bind(py)
         .call0()?;
     let waker = loop_waker(&event_loop)?;
+    // With nothing else in flight on this loop, the call starts here: it may be answered at once
+    // (no thread hop), and the request leaves sooner. With calls in flight, the loop's thread is
+    // the busy one: the call starts on the runtime's threads instead.
+    if waker.get().in_flight.load(Ordering::Relaxed) == 0 {
+        let _in_runtime = rt.enter();
+        let mut cx = Context::from_waker(Waker::noop());
+        if let Poll::Ready(result) = fut.as_mut().poll(&mut cx) {
+            let value = result.and_then(|v| v.into_py_any(py))?;
+            return ready(py, value);
+        }
+    }
     let py_fut = event_loop.call_method0(intern!(py, "create_future"))?;
     let (cancel_tx, cancel_rx) = tokio::sync::oneshot::channel::<()>();
     let hand = match on_cancelled {
@@ -126,12 +130,16 @@ where
         }
     };
     let target = py_fut.clone().unbind();
+    waker.get().in_flight.fetch_add(1, Ordering::Relaxed);
+    let waker = std::sync::Arc::new(waker);
     rt.spawn(async move {
+        let counted = InFlight(waker.clone());
         let result = tokio::select! {
             biased;
             Ok(()) = cancel_rx => return,
             r = fut => r,
         };
+        drop(counted); // answered: before the loop can see the answer and call again
         waker.get().push(
             target,
             Box::new(move |py| result.and_then(|v| v.into_py_any(py))),
@@ -156,7 +164,18 @@ type Answer = (Py<PyAny>, MakeValue, Option<Py<PyAny>>);
 #[pyclass(module = "leasehold._native", frozen)]
 struct LoopWaker {
     fd: libc::c_int,
+    /// Calls started and not answered yet.
+    in_flight: AtomicUsize,
     queue: std::sync::Mutex<Vec<Answer>>,
+}
+
+/// Counts a call in flight on its loop until dropped (when its task ends, answered or not).
+struct InFlight(std::sync::Arc<Py<LoopWaker>>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.get().in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Drop for LoopWaker {
@@ -230,6 +249,7 @@ fn loop_waker(event_loop: &Bound<'_, PyAny>) -> PyResult<Py<LoopWaker>> {
         py,
         LoopWaker {
             fd,
+            in_flight: AtomicUsize::new(0),
             queue: std::sync::Mutex::new(Vec::new()),
         },
     )?;

@@ -234,3 +234,38 @@ def test_a_fork_after_use_is_refused(tmp_path: Path) -> None:
     p.join(30)
     assert p.exitcode == 0
     assert queue.get(timeout=5).startswith("refused: leasehold started its runtime")
+
+
+def test_handlers_of_a_lease_taken_without_an_event_loop(store_url: str, children: Children) -> None:
+    import threading
+
+    key = unique("sync-handlers")
+    locks = leasehold.connect(store_url, holder="sync-owner")
+    operator = leasehold.connect(store_url, holder="operator")
+    requested = threading.Event()
+    lost = threading.Event()
+    seen = {}
+
+    def on_release_requested(lease: leasehold.Lease, waiter: str) -> None:
+        seen["waiter"] = waiter
+        seen["released"] = lease.release_sync()  # from the handler's own thread
+        requested.set()
+
+    with locks.lock(key, ttl=3, on_release_requested=on_release_requested).acquire(wait=0) as lease:
+        child = children.start("wait", store_url, key, "sync-waiter")
+        assert children.line(child) == "waiting"
+        assert requested.wait(20), "on_release_requested was not called"
+        assert seen == {"waiter": "sync-waiter", "released": "released"} and not lease.is_current
+        got = children.line(child)
+        assert got.startswith("got ") and int(got.split()[1]) > lease.fence
+        children.finish(child)
+
+    def on_renewal_error(lease: leasehold.Lease, error: leasehold.LeaseLost) -> None:
+        seen["lost"] = error.reason
+        lost.set()
+
+    with locks.lock(key, ttl=1.5, on_renewal_error=on_renewal_error).acquire(wait=10) as lease:
+        assert operator.force_release_sync(key) is not None
+        assert lost.wait(10), "on_renewal_error was not called"
+        assert "released by someone else" in seen["lost"] and not lease.is_current
+    # handled by on_renewal_error: the block did not raise LeaseLost

@@ -224,6 +224,7 @@ class Lock:
         self.key = key
         self._options = options
         self._handlers = (on_release_requested, on_renewal_error)
+        self._has_handlers = on_release_requested is not None or on_renewal_error is not None
         self._try_options = {k: options[k] for k in ("ttl", "renew_every", "labels")}
         self._entered: List[Acquiring[Any]] = []
 
@@ -298,7 +299,10 @@ class Acquiring(Generic[T]):
         else:
             pending = native_locks.acquire(lock.key, cancel, **self._options)
         if not isinstance(pending, asyncio.Future):
-            return self._wrap(await pending, None if lock._handlers == (None, None) else asyncio.get_running_loop())
+            native = await pending
+            if native is None:
+                return None  # type: ignore[return-value]
+            return Lease(native, lock._handlers, asyncio.get_running_loop() if lock._has_handlers else None)
         try:
             native = await pending
         except asyncio.CancelledError:
@@ -309,7 +313,9 @@ class Acquiring(Generic[T]):
             if late is not None:
                 await late.release()
             raise
-        return self._wrap(native, None if lock._handlers == (None, None) else asyncio.get_running_loop())
+        if native is None:
+            return None  # type: ignore[return-value]
+        return Lease(native, lock._handlers, asyncio.get_running_loop() if lock._has_handlers else None)
 
     def __await__(self) -> Generator[Any, None, T]:
         return self._run().__await__()
@@ -350,6 +356,8 @@ class Lease:
     resource can refuse a writer whose lease is older than one it has seen.
     """
 
+    __slots__ = ("_native", "_loop", "_released", "_loss_seen", "_done", "_handles_loss", "_tasks")
+
     def __init__(
         self,
         native: _native.Lease,
@@ -364,7 +372,7 @@ class Lease:
         on_release_requested, on_renewal_error = handlers
         self._handles_loss = on_renewal_error is not None
         self._tasks: List["asyncio.Task[None]"] = []
-        if on_release_requested is None and on_renewal_error is None:
+        if not self._handles_loss and on_release_requested is None:
             return
         if loop is None:
             self._done = threading.Event()
@@ -529,3 +537,5 @@ class Lease:
 
     def __repr__(self) -> str:
         return f"Lease(key={self.key!r}, fence={self.fence}, holder={self.holder!r}, current={self.is_current})"
+
+from . import queue  # noqa: E402  (leasehold.queue after a plain import leasehold)
