@@ -101,9 +101,13 @@ where
     // (no thread hop), and the request leaves sooner. With calls in flight, the loop's thread is
     // the busy one: the call starts on the runtime's threads instead.
     if waker.get().in_flight.load(Ordering::Relaxed) == 0 {
-        let _in_runtime = rt.enter();
-        let mut cx = Context::from_waker(Waker::noop());
-        if let Poll::Ready(result) = fut.as_mut().poll(&mut cx) {
+        // The GIL is released while the store call runs, here as on the runtime's threads.
+        let polled = py.detach(|| {
+            let _in_runtime = rt.enter();
+            let mut cx = Context::from_waker(Waker::noop());
+            fut.as_mut().poll(&mut cx)
+        });
+        if let Poll::Ready(result) = polled {
             let value = result.and_then(|v| v.into_py_any(py))?;
             return ready(py, value);
         }

@@ -25,7 +25,7 @@ import atexit
 import inspect
 import json
 import threading
-from typing import Any, Awaitable, Callable, Dict, Generator, Generic, List, Optional, TypeVar, Union
+from typing import Any, Awaitable, Callable, Dict, Generator, Generic, List, Optional, TypeVar, Union, cast
 
 from . import _native
 from .errors import (
@@ -256,8 +256,8 @@ class Lock:
         self._entered.append(entered)
         return lease
 
-    async def __aexit__(self, et: Any, ev: Any, tb: Any) -> Optional[bool]:
-        return await self._entered.pop().__aexit__(et, ev, tb)
+    async def __aexit__(self, et: Any, ev: Any, tb: Any) -> None:
+        await self._entered.pop().__aexit__(et, ev, tb)
 
     def __enter__(self) -> "Lease":
         entered = self.acquire()
@@ -265,8 +265,8 @@ class Lock:
         self._entered.append(entered)
         return lease
 
-    def __exit__(self, et: Any, ev: Any, tb: Any) -> Optional[bool]:
-        return self._entered.pop().__exit__(et, ev, tb)
+    def __exit__(self, et: Any, ev: Any, tb: Any) -> None:
+        self._entered.pop().__exit__(et, ev, tb)
 
     def __repr__(self) -> str:
         return f"Lock(key={self.key!r}, store={self._locks.store!r})"
@@ -301,8 +301,8 @@ class Acquiring(Generic[T]):
         if not isinstance(pending, asyncio.Future):
             native = await pending
             if native is None:
-                return None  # type: ignore[return-value]
-            return Lease(native, lock._handlers, asyncio.get_running_loop() if lock._has_handlers else None)
+                return cast(T, None)
+            return cast(T, Lease(native, lock._handlers, asyncio.get_running_loop() if lock._has_handlers else None))
         try:
             native = await pending
         except asyncio.CancelledError:
@@ -314,8 +314,8 @@ class Acquiring(Generic[T]):
                 await late.release()
             raise
         if native is None:
-            return None  # type: ignore[return-value]
-        return Lease(native, lock._handlers, asyncio.get_running_loop() if lock._has_handlers else None)
+            return cast(T, None)
+        return cast(T, Lease(native, lock._handlers, asyncio.get_running_loop() if lock._has_handlers else None))
 
     def __await__(self) -> Generator[Any, None, T]:
         return self._run().__await__()
@@ -328,7 +328,7 @@ class Acquiring(Generic[T]):
             native = lock._locks._native.try_acquire_blocking(lock.key, **self._options)
         else:
             native = lock._locks._native.acquire_blocking(lock.key, **self._options)
-        return self._wrap(native, None)
+        return cast(T, self._wrap(native, None))
 
     def __enter__(self) -> T:
         got = self.result()
@@ -467,7 +467,7 @@ class Lease:
     @property
     def record(self) -> Dict[str, Any]:
         """The key's record as it was when the lease was taken (holder, fence, times, labels)."""
-        return json.loads(self._native.record)
+        return cast(Dict[str, Any], json.loads(self._native.record))
 
     async def lost(self) -> str:
         """Completes, with why, when the lease is lost (expired, taken over, freed by an

@@ -1,19 +1,34 @@
 # Stubs of leasehold._native, the package's Rust core. Use the `leasehold` package's API
 # (leasehold/__init__.py): this module is its implementation and may change with it.
 
-from typing import Awaitable, Dict, Optional
+from typing import Awaitable, Dict, Optional, final
+
+__all__ = [
+    "connect",
+    "settle",
+    "Locks",
+    "Lease",
+    "Cancel",
+    "open_queue",
+    "Queue",
+    "QueueTask",
+    "Worker",
+    "__version__",
+]
 
 __version__: str
 
 def connect(url: str, *, holder: Optional[str] = None, local_layer: bool = True) -> Locks: ...
 def settle(timeout: float = 2.0) -> int: ...
 
+@final
 class Cancel:
-    def __init__(self) -> None: ...
+    def __new__(cls) -> Cancel: ...
     def cancel(self) -> None: ...
     def late(self) -> Awaitable[Optional[Lease]]: ...
     def stash(self, value: Optional[Lease]) -> None: ...
 
+@final
 class Locks:
     @property
     def holder(self) -> str: ...
@@ -64,6 +79,7 @@ class Locks:
     def force_release(self, key: str) -> Awaitable[Optional[str]]: ...
     def force_release_blocking(self, key: str) -> Optional[str]: ...
 
+@final
 class Lease:
     @property
     def key(self) -> str: ...
@@ -98,6 +114,7 @@ from typing import Any, Callable, List, Tuple
 
 def open_queue(url: str) -> Queue: ...
 
+@final
 class Queue:
     def add(
         self,
@@ -132,6 +149,7 @@ class Queue:
     def cleanup(self, older_than: float) -> Awaitable[int]: ...
     def cleanup_blocking(self, older_than: float) -> int: ...
 
+@final
 class QueueTask:
     @property
     def id(self) -> int: ...
@@ -166,9 +184,10 @@ class QueueTask:
     def stopped(self) -> Awaitable[str]: ...
     def _finish(self, kind: str, detail: Optional[str] = None) -> bool: ...
 
+@final
 class Worker:
-    def __init__(
-        self,
+    def __new__(
+        cls,
         queue: Queue,
         locks: Locks,
         start: Callable[[QueueTask], Any],
@@ -186,7 +205,7 @@ class Worker:
         cleanup_after: Optional[float] = None,
         exit_when_idle: bool = False,
         name: Optional[str] = None,
-    ) -> None: ...
+    ) -> Worker: ...
     @property
     def name(self) -> str: ...
     @property

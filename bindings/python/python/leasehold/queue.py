@@ -31,7 +31,7 @@ import os
 import pathlib
 import tempfile
 import weakref
-from typing import Any, Awaitable, Callable, Dict, List, NamedTuple, Optional, Union
+from typing import Any, Awaitable, Callable, Dict, List, NamedTuple, Optional, Union, cast
 
 from . import Locks, _native
 from . import connect as _connect_locks
@@ -221,11 +221,11 @@ class Queue:
         ``corrupt``, ``groups`` and ``keys`` (``{"name", "pending", "running"}`` each; keys
         busiest first), ``keys_total``, ``leases`` (the running keys' holder, task, fence and
         times) and ``workers``. :func:`capacity` turns it into the slots / by_user view."""
-        return json.loads(await self._native.status())
+        return cast(Dict[str, Any], json.loads(await self._native.status()))
 
     def status_sync(self) -> Dict[str, Any]:
         """The blocking form of :meth:`status`."""
-        return json.loads(self._native.status_blocking())
+        return cast(Dict[str, Any], json.loads(self._native.status_blocking()))
 
     async def cancel(self, task_id: int) -> CancelResult:
         """Cancels a task: a pending one at once; a running one through its worker, which
@@ -240,20 +240,20 @@ class Queue:
         """One task as stored: ``id``, ``key``, ``group``, ``priority``, ``effective``,
         ``payload``, ``state``, ``policy``, ``attempts``, ``fence``, ``worker``, ``detail`` (why it
         ended so) and times in Unix ms. Raises :class:`~leasehold.NotFound` for an unknown id."""
-        return json.loads(await self._native.get(_task_id(task_id)))
+        return cast(Dict[str, Any], json.loads(await self._native.get(_task_id(task_id))))
 
     def get_sync(self, task_id: int) -> Dict[str, Any]:
         """The blocking form of :meth:`get`."""
-        return json.loads(self._native.get_blocking(_task_id(task_id)))
+        return cast(Dict[str, Any], json.loads(self._native.get_blocking(_task_id(task_id))))
 
     async def tasks(self, *, all: bool = False, limit: int = 1000) -> List[Dict[str, Any]]:
         """Pending and running tasks in id order (ended ones too with ``all``), at most
         ``limit``, each as :meth:`get` gives it (an unreadable record as ``{"id", "corrupt"}``)."""
-        return json.loads(await self._native.list(all, limit))
+        return cast(List[Dict[str, Any]], json.loads(await self._native.list(all, limit)))
 
     def tasks_sync(self, *, all: bool = False, limit: int = 1000) -> List[Dict[str, Any]]:
         """The blocking form of :meth:`tasks`."""
-        return json.loads(self._native.list_blocking(all, limit))
+        return cast(List[Dict[str, Any]], json.loads(self._native.list_blocking(all, limit)))
 
     async def cleanup(self, older_than: float) -> int:
         """Deletes the tasks that ended at least ``older_than`` seconds ago; returns how many."""
@@ -337,7 +337,7 @@ class Task:
     @property
     def record(self) -> Dict[str, Any]:
         """The task as stored when it was claimed (see :meth:`Queue.get`)."""
-        return json.loads(self._native.record)
+        return cast(Dict[str, Any], json.loads(self._native.record))
 
     @property
     def valid_until(self) -> float:
