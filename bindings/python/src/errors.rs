@@ -109,6 +109,11 @@ pub(crate) fn from_error(e: Error) -> PyErr {
     }
 }
 
+/// An option's value refused: the library's `InvalidOption` as its Python exception.
+pub(crate) fn invalid_option(name: &'static str, reason: String) -> PyErr {
+    from_error(Error::InvalidOption { name, reason })
+}
+
 /// A call in a child forked after the runtime started in `parent`.
 pub(crate) fn forked(parent: u32, me: u32) -> PyErr {
     raise(

@@ -52,14 +52,11 @@ impl Cancel {
     /// Awaitable: the acquisition's answer once it has ended after `cancel()`: the lease granted
     /// before the cancel took effect (release it), or `None` with everything undone.
     fn late<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let mut late = self.late.lock().unwrap_or_else(|e| e.into_inner());
+        let mut late = run::lock(&self.late);
         match std::mem::replace(&mut *late, Late::Waiting) {
             Late::Value(v) => run::ready(py, v),
             Late::Waiting | Late::Asked(_) => {
-                let fut = py
-                    .import("asyncio")?
-                    .call_method0("get_running_loop")?
-                    .call_method0("create_future")?;
+                let fut = run::running_loop(py)?.call_method0("create_future")?;
                 *late = Late::Asked(fut.clone().unbind());
                 Ok(fut)
             }
@@ -68,7 +65,7 @@ impl Cancel {
 
     /// Called on the loop's thread with the answer of the cancelled awaitable.
     fn stash(&self, py: Python<'_>, value: Py<PyAny>) -> PyResult<()> {
-        let mut late = self.late.lock().unwrap_or_else(|e| e.into_inner());
+        let mut late = run::lock(&self.late);
         match std::mem::replace(&mut *late, Late::Waiting) {
             Late::Asked(fut) => {
                 drop(late);

@@ -24,7 +24,7 @@ use leasehold::queue::{
 use leasehold::{HolderId, LockOptions};
 use pyo3::prelude::*;
 use std::future::Future;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::oneshot;
 
@@ -47,16 +47,11 @@ fn json_err(what: &'static str) -> impl Fn(serde_json::Error) -> PyErr {
     move |e| errors::internal(&format!("{what} to JSON: {e}"))
 }
 
-fn invalid(name: &'static str, reason: String) -> PyErr {
-    errors::from_error(leasehold::Error::InvalidOption { name, reason })
-}
-
 /// A count from Python (attempts, slots, a limit): refused unless it is 1 to `u32::MAX`.
 fn count(name: &'static str, n: i64) -> PyResult<u32> {
-    u32::try_from(n)
-        .ok()
-        .filter(|n| *n >= 1)
-        .ok_or_else(|| invalid(name, format!("{n} is not a count from 1 to {}", u32::MAX)))
+    u32::try_from(n).ok().filter(|n| *n >= 1).ok_or_else(|| {
+        errors::invalid_option(name, format!("{n} is not a count from 1 to {}", u32::MAX))
+    })
 }
 
 /// A task from Python's `add` arguments (checked when enqueued, as the library does).
@@ -79,7 +74,7 @@ fn new_task(
             max_attempts: count("max_attempts", max_attempts)?,
         },
         _ => {
-            return Err(invalid(
+            return Err(errors::invalid_option(
                 "policy",
                 format!("{policy:?} is not a policy (use at-most-once or at-least-once)"),
             ))
@@ -246,11 +241,6 @@ impl Queue {
     }
 }
 
-/// Locks `m`, whatever a panicking holder left in it.
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 /// How the Python side says a task's coroutine ended.
 enum Ended {
     Succeeded,
@@ -381,13 +371,13 @@ impl QueueTask {
             "failed" => Ended::Failed(detail),
             "cancelled" => Ended::Cancelled(detail),
             _ => {
-                return Err(invalid(
+                return Err(errors::invalid_option(
                     "kind",
                     format!("{kind:?} is not an end (succeeded, failed or cancelled)"),
                 ))
             }
         };
-        Ok(match lock(&self.done).take() {
+        Ok(match run::lock(&self.done).take() {
             Some(tx) => tx.send(ended).is_ok(),
             None => false,
         })
@@ -570,7 +560,7 @@ impl Worker {
         let ttl = secs("ttl", ttl)?;
         let locks = match name {
             Some(n) if n.trim().is_empty() => {
-                return Err(invalid("name", "must not be empty".into()))
+                return Err(errors::invalid_option("name", "must not be empty".into()))
             }
             Some(n) => locks.inner.clone().with_holder(HolderId::new(n)),
             None => locks.inner.clone(),
@@ -623,8 +613,11 @@ impl Worker {
     /// Runs the worker until it is drained or stopped (or, with `exit_when_idle`, the queue is
     /// idle), then deregisters it (awaitable). A worker runs once.
     fn run<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let Some((worker, runner)) = lock(&self.ready).take() else {
-            return Err(invalid("worker", "this worker has run already".into()));
+        let Some((worker, runner)) = run::lock(&self.ready).take() else {
+            return Err(errors::invalid_option(
+                "worker",
+                "this worker has run already".into(),
+            ));
         };
         run::awaitable(py, async move { worker.run(runner).await.py() })
     }

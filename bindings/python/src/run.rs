@@ -4,7 +4,7 @@
 //! The asyncio bridge is this crate's own rather than pyo3-async-runtimes': that one moves every
 //! call through four threads (two spawns, a blocking-pool thread to take the GIL, the loop's
 //! thread), 75 µs a call on the machines measured; this one polls on the caller's thread first
-//! and completes from the runtime's thread, one hop each way.
+//! and answers a pending call through an eventfd the loop watches, one hop each way.
 
 use crate::errors;
 use pyo3::exceptions::PyStopIteration;
@@ -54,9 +54,9 @@ fn runtime() -> PyResult<&'static tokio::runtime::Runtime> {
 ///
 /// The bridge is this crate's own, lean one: `fut` is first polled here, on the calling thread
 /// (a lease the local layer hands over, a memory or file store call, is then answered with no
-/// thread hop at all); only when it is pending does it move to the runtime, whose task completes
-/// the asyncio future through `loop.call_soon_threadsafe`. Cancelling that future drops `fut` (as
-/// dropping a Rust future does: an acquisition in progress is undone in the background).
+/// thread hop at all); only when it is pending does it move to the runtime, whose task queues its
+/// answer for the loop's [`LoopWaker`]. Cancelling that future drops `fut` (as dropping a Rust
+/// future does: an acquisition in progress is undone in the background).
 pub(crate) fn awaitable<'py, F, T>(py: Python<'py>, fut: F) -> PyResult<Bound<'py, PyAny>>
 where
     F: Future<Output = PyResult<T>> + Send + 'static,
@@ -88,14 +88,7 @@ where
 {
     let rt = runtime()?;
     let mut fut = Box::pin(fut);
-    let event_loop = GET_RUNNING_LOOP
-        .get_or_try_init(py, || {
-            py.import("asyncio")?
-                .getattr("get_running_loop")
-                .map(Bound::unbind)
-        })?
-        .bind(py)
-        .call0()?;
+    let event_loop = running_loop(py)?;
     let waker = loop_waker(&event_loop)?;
     // With nothing else in flight on this loop, the call starts here: it may be answered at once
     // (no thread hop), and the request leaves sooner. With calls in flight, the loop's thread is
@@ -155,6 +148,24 @@ where
 
 static GET_RUNNING_LOOP: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 
+/// `asyncio.get_running_loop()`: the caller's event loop (a `RuntimeError` outside one).
+pub(crate) fn running_loop(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
+    GET_RUNNING_LOOP
+        .get_or_try_init(py, || {
+            py.import("asyncio")?
+                .getattr("get_running_loop")
+                .map(Bound::unbind)
+        })?
+        .bind(py)
+        .call0()
+}
+
+/// `m` locked; a lock poisoned by a panic elsewhere is taken as it is (the values these locks
+/// guard stay valid at every step).
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Makes a Python value of a result, on the loop's thread.
 type MakeValue = Box<dyn FnOnce(Python<'_>) -> PyResult<Py<PyAny>> + Send>;
 
@@ -191,7 +202,7 @@ impl Drop for LoopWaker {
 
 impl LoopWaker {
     fn push(&self, fut: Py<PyAny>, make: MakeValue, hand: Option<Py<PyAny>>) {
-        let mut queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        let mut queue = lock(&self.queue);
         let was_empty = queue.is_empty();
         queue.push((fut, make, hand));
         drop(queue);
@@ -211,7 +222,7 @@ impl LoopWaker {
         let mut count: u64 = 0;
         // SAFETY: reads 8 bytes into a live u64 from the non-blocking eventfd.
         unsafe { libc::read(self.fd, (&mut count as *mut u64).cast(), 8) };
-        let items = std::mem::take(&mut *self.queue.lock().unwrap_or_else(|e| e.into_inner()));
+        let items = std::mem::take(&mut *lock(&self.queue));
         for (fut, make, hand) in items {
             let fut = fut.bind(py);
             let value = make(py);
@@ -293,7 +304,7 @@ impl<T> Slot<T> {
     }
 
     fn take(&self) -> Option<T> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
+        lock(&self.0).take()
     }
 }
 
@@ -341,12 +352,7 @@ where
     let mut fut = Box::pin(fut);
     let deadline = limit.map(|l| Instant::now() + l);
     loop {
-        let step = match deadline {
-            Some(d) => d
-                .saturating_duration_since(Instant::now())
-                .min(SIGNAL_CHECK),
-            None => SIGNAL_CHECK,
-        };
+        let step = next_step(deadline);
         let answer =
             py.detach(|| rt.block_on(async { tokio::time::timeout(step, fut.as_mut()).await }));
         match answer {
@@ -359,6 +365,15 @@ where
             }
         }
     }
+}
+
+/// How long a blocking call waits before its next signal check: [`SIGNAL_CHECK`], or less to end
+/// at `deadline`.
+fn next_step(deadline: Option<Instant>) -> Duration {
+    deadline.map_or(SIGNAL_CHECK, |d| {
+        d.saturating_duration_since(Instant::now())
+            .min(SIGNAL_CHECK)
+    })
 }
 
 /// [`block`] for a caller on a runtime thread: `fut` runs as a task of its own.
@@ -379,12 +394,7 @@ where
     let deadline = limit.map(|l| Instant::now() + l);
     let mut rx = rx;
     loop {
-        let step = match deadline {
-            Some(d) => d
-                .saturating_duration_since(Instant::now())
-                .min(SIGNAL_CHECK),
-            None => SIGNAL_CHECK,
-        };
+        let step = next_step(deadline);
         let (back, answer) = py.detach(move || {
             let answer = rx.recv_timeout(step);
             (rx, answer)
@@ -445,14 +455,14 @@ pub(crate) fn seconds(name: &'static str, value: Option<f64>) -> PyResult<Option
         Some(v) if v >= 0.0 => match Duration::try_from_secs_f64(v) {
             Ok(d) => Ok(Some(d)),
             // Past `Duration::MAX` (or infinite): refused, as `from_secs_f64` would panic.
-            Err(_) => Err(errors::from_error(leasehold::Error::InvalidOption {
+            Err(_) => Err(errors::invalid_option(
                 name,
-                reason: format!("{v:.3e} seconds is too long"),
-            })),
+                format!("{v:.3e} seconds is too long"),
+            )),
         },
-        Some(v) => Err(errors::from_error(leasehold::Error::InvalidOption {
+        Some(v) => Err(errors::invalid_option(
             name,
-            reason: format!("{v} is not a number of seconds ≥ 0"),
-        })),
+            format!("{v} is not a number of seconds ≥ 0"),
+        )),
     }
 }

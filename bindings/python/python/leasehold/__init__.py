@@ -28,23 +28,9 @@ import threading
 from typing import Any, Awaitable, Callable, Dict, Generator, Generic, List, Optional, TypeVar, Union, cast
 
 from . import _native
-from .errors import (
-    Corrupt,
-    FeatureNotEnabled,
-    ForkedProcessError,
-    GivenUp,
-    InvalidKey,
-    InvalidOption,
-    InvalidUrl,
-    LeaseholdError,
-    LeaseLost,
-    NotFound,
-    NotSupported,
-    StoreError,
-    StoreIOError,
-    Timeout,
-    Unavailable,
-)
+from . import errors
+from .errors import *  # noqa: F403  (every exception class, listed in errors.__all__)
+from .errors import LeaseholdError, LeaseLost
 
 __version__: str = _native.__version__
 
@@ -55,22 +41,8 @@ __all__ = [
     "Lock",
     "Acquiring",
     "Lease",
-    "LeaseholdError",
-    "InvalidKey",
-    "InvalidUrl",
-    "InvalidOption",
-    "FeatureNotEnabled",
-    "Timeout",
-    "Corrupt",
-    "StoreIOError",
-    "Unavailable",
-    "StoreError",
-    "NotSupported",
-    "GivenUp",
-    "NotFound",
-    "LeaseLost",
-    "ForkedProcessError",
 ]
+__all__ += errors.__all__
 
 T = TypeVar("T")
 
@@ -298,12 +270,8 @@ class Acquiring(Generic[T]):
             pending = native_locks.try_acquire(lock.key, cancel, **self._options)
         else:
             pending = native_locks.acquire(lock.key, cancel, **self._options)
-        if not isinstance(pending, asyncio.Future):
-            native = await pending
-            if native is None:
-                return cast(T, None)
-            return cast(T, Lease(native, lock._handlers, asyncio.get_running_loop() if lock._has_handlers else None))
         try:
+            # An answer that was there at once cannot be cancelled: only a pending one is.
             native = await pending
         except asyncio.CancelledError:
             # Undo before the cancellation completes: the library withdraws a waiter
@@ -313,9 +281,7 @@ class Acquiring(Generic[T]):
             if late is not None:
                 await late.release()
             raise
-        if native is None:
-            return cast(T, None)
-        return cast(T, Lease(native, lock._handlers, asyncio.get_running_loop() if lock._has_handlers else None))
+        return cast(T, self._wrap(native, asyncio.get_running_loop() if lock._has_handlers else None))
 
     def __await__(self) -> Generator[Any, None, T]:
         return self._run().__await__()
