@@ -95,6 +95,11 @@ use std::sync::Arc;
 ///     leasehold::redact_url("redis+sentinel://u:secret@s1:1,s2:2/m?sentinel_pass=secret"),
 ///     "redis+sentinel://***@s1:1,s2:2/m?sentinel_pass=***"
 /// );
+/// // A secret's name given without a value shows as hidden too.
+/// assert_eq!(
+///     leasehold::redact_url("redis+unix:///run/r.sock?db=2&user=u&pass"),
+///     "redis+unix:///run/r.sock?db=2&user=u&pass=***"
+/// );
 /// ```
 pub fn redact_url(url: &str) -> String {
     crate::url::redact(url)

@@ -53,6 +53,8 @@ pub(crate) fn redact(url: &str) -> String {
         .split('&')
         .map(|pair| match pair.split_once('=') {
             Some((k, _)) if secret(k) => format!("{k}=***"),
+            // A secret's name without `=` shows as hidden too, as every secret parameter does.
+            None if secret(pair) => format!("{pair}=***"),
             _ => pair.to_owned(),
         })
         .collect();
