@@ -65,7 +65,7 @@ mod client;
 pub use stores::{file, memory};
 
 pub use background::settle;
-pub use client::{LockBuilder, Locks};
+pub use client::{LockBuilder, Locks, ReadWrite};
 pub use error::{Error, Result, Source as ErrorSource};
 pub use guard::{LeaseGuard, Released, StopReason};
 pub use holder::{hostname, HolderId};
@@ -73,10 +73,14 @@ pub use key::{Key, Naming};
 pub use local::{LocalGuard, LocalLocks};
 pub use metrics::Metrics;
 pub use options::{Backoff, LockOptions, Wait};
-pub use record::{format_ms, now_ms, LeaseRecord, QueuedWaiter, QUEUE_LIMIT};
+pub use record::{
+    format_ms, now_ms, LeaseRecord, Permit, PermitKind, Permits, QueuedWaiter, PERMIT_LIMIT,
+    QUEUE_LIMIT,
+};
 pub use store::{
     AcquireOutcome, AcquireRequest, Capabilities, ChangeWatch, CleanupReport, GiveUp, Inspection,
-    LockStore, LostReason, RecordStore, ReleaseOutcome, RenewOutcome, Stored, DEFAULT_LABEL_LIMIT,
+    LockStore, LostReason, PermitRequest, RecordStore, ReleaseOutcome, RenewOutcome, Stored,
+    DEFAULT_LABEL_LIMIT,
 };
 
 use std::sync::Arc;

@@ -113,6 +113,13 @@ pub struct LeaseRecord {
     /// Store-specific detail (the file store records whether the holder owns the kernel lock).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub store: BTreeMap<String, String>,
+    /// The permit table of a semaphore or read-write key (`None` for a lock). On such a key the
+    /// fields above describe no holder in the stored record: `fence` is the last fence the key
+    /// issued and the line of waiters (`waiter`, `queue`) waits for permits, while the holders
+    /// are listed here. The record a permit holder is handed (granted, renewed) shows its own
+    /// permit in the fields above, with this table beside it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub permits: Option<Permits>,
 }
 
 impl LeaseRecord {
@@ -142,6 +149,7 @@ impl LeaseRecord {
             host: None,
             labels: BTreeMap::new(),
             store: BTreeMap::new(),
+            permits: None,
         }
     }
 
@@ -221,6 +229,110 @@ impl QueuedWaiter {
             ttl_ms,
         }
     }
+}
+
+/// The most holders a semaphore or read-write key has at once: the largest permit count, and
+/// the most readers holding together (a reader beyond them waits).
+pub const PERMIT_LIMIT: u32 = 64;
+
+/// What a semaphore or read-write key is: a semaphore of some permits, or a read-write lock.
+///
+/// ```
+/// use leasehold::PermitKind;
+/// assert_eq!(PermitKind::Semaphore { permits: 4 }.to_string(), "a semaphore of 4 permits");
+/// assert_eq!(PermitKind::ReadWrite.to_string(), "a read-write lock");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum PermitKind {
+    /// At most `permits` holders at once (1 ..= [`PERMIT_LIMIT`]).
+    Semaphore {
+        /// The permit count.
+        permits: u32,
+    },
+    /// Many readers (at most [`PERMIT_LIMIT`] at once) or one writer.
+    ReadWrite,
+}
+
+impl std::fmt::Display for PermitKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PermitKind::Semaphore { permits: 1 } => f.write_str("a semaphore of 1 permit"),
+            PermitKind::Semaphore { permits } => write!(f, "a semaphore of {permits} permits"),
+            PermitKind::ReadWrite => f.write_str("a read-write lock"),
+        }
+    }
+}
+
+/// The permit table of a semaphore or read-write key ([`LeaseRecord::permits`]).
+///
+/// ```
+/// use leasehold::{LeaseRecord, PermitKind, Permits};
+/// let mut r = LeaseRecord::free("render-slots", 0);
+/// r.permits = Some(Permits::new(PermitKind::Semaphore { permits: 4 }));
+/// let json = serde_json::to_string(&r).unwrap();
+/// assert!(json.contains(r#""permits":{"kind":"semaphore","permits":4,"holders":[]}"#), "{json}");
+/// assert_eq!(serde_json::from_str::<LeaseRecord>(&json).unwrap(), r);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct Permits {
+    /// What the key is.
+    #[serde(flatten)]
+    pub kind: PermitKind,
+    /// The permits held, in the order they were granted.
+    pub holders: Vec<Permit>,
+    /// The tokens of the writers in the key's line of waiters (a read-write lock): a reader
+    /// behind a waiting writer waits too, so that writers are not starved.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub writers_waiting: Vec<String>,
+}
+
+impl Permits {
+    /// An empty table.
+    pub fn new(kind: PermitKind) -> Self {
+        Permits {
+            kind,
+            holders: Vec::new(),
+            writers_waiting: Vec::new(),
+        }
+    }
+}
+
+/// One permit held on a semaphore or read-write key: the holder's part of a lock record, per
+/// holder.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct Permit {
+    /// The holder's identity.
+    pub holder: String,
+    /// The owner token of this acquisition.
+    pub token: String,
+    /// This permit's fence: above every fence the key issued before it.
+    pub fence: u64,
+    /// Whether it is a read-write lock's write permit.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub write: bool,
+    /// When it was granted.
+    #[serde(rename = "acquired", with = "ms_time")]
+    pub acquired_ms: u64,
+    /// When it was last renewed.
+    #[serde(rename = "renewed", with = "ms_time")]
+    pub renewed_ms: u64,
+    /// When it expires unless renewed (the holder's clock).
+    #[serde(rename = "expires", with = "ms_time")]
+    pub expires_ms: u64,
+    /// Its time to live in milliseconds.
+    pub ttl_ms: u64,
+    /// The holder's process id.
+    #[serde(default)]
+    pub pid: Option<u32>,
+    /// The holder's host.
+    #[serde(default)]
+    pub host: Option<String>,
+    /// Free labels.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
 }
 
 /// The last millisecond RFC 3339 can write: 9999-12-31T23:59:59.999Z.

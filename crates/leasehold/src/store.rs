@@ -38,6 +38,9 @@ pub struct Capabilities {
     /// waiter stops renewing lapses. Without it, one waiter is registered and the others race
     /// for the lease when it comes free.
     pub waiter_line: bool,
+    /// The store holds semaphores and read-write locks ([`AcquireRequest::permit`]); without it,
+    /// a permit request is refused with [`crate::Error::NotSupported`].
+    pub permits: bool,
 }
 
 /// One acquisition attempt, for calling a [`LockStore`] directly (the lock API builds it for
@@ -74,6 +77,103 @@ pub struct AcquireRequest {
     /// race) stops before its next request and answers [`crate::Error::GivenUp`]; a request
     /// already sent is answered as usual. Shared by the clones of one request.
     pub given_up: GiveUp,
+    /// `Some` to take a permit of a semaphore or a read-write lock on the key instead of the
+    /// key's lock (see [`PermitRequest`]). The granted record shows the permit as its holder,
+    /// with its own fence; `fences` is ignored (one fence per permit). A store without
+    /// [`Capabilities::permits`] refuses it with [`crate::Error::NotSupported`].
+    pub permit: Option<PermitRequest>,
+}
+
+/// What a permit request asks for ([`AcquireRequest::permit`]).
+///
+/// A key is a lock, a semaphore of some count, or a read-write lock, as its record says; a
+/// request of another kind (another count) while the key has holders or waiters is refused with
+/// [`crate::Error::InvalidOption`] `permits`. A key with neither takes the kind it is asked as.
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// use leasehold::{memory::MemoryStore, AcquireOutcome, AcquireRequest, Key, LockStore, PermitRequest};
+/// use std::time::Duration;
+/// let (store, key, ttl) = (MemoryStore::new(), Key::new("slots")?, Duration::from_secs(30));
+/// let ask = |who: &str| {
+///     let mut req = AcquireRequest::new(key.clone(), who, ttl);
+///     req.permit = Some(PermitRequest::Semaphore { permits: 2 });
+///     req
+/// };
+/// let AcquireOutcome::Granted(a) = store.acquire(&ask("a")).await? else { panic!("free") };
+/// let AcquireOutcome::Granted(b) = store.acquire(&ask("b")).await? else { panic!("one left") };
+/// assert!(b.fence > a.fence, "a fence per permit");
+/// assert!(matches!(store.acquire(&ask("c")).await?, AcquireOutcome::Held(_)), "both taken");
+/// # Ok::<(), leasehold::Error>(()) }).unwrap();
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PermitRequest {
+    /// One permit of a semaphore of `permits` (1 ..= [`crate::PERMIT_LIMIT`]).
+    Semaphore {
+        /// The semaphore's permit count: every caller of the key names the same.
+        permits: u32,
+    },
+    /// A read permit of a read-write lock: shared with other readers, not with a writer, and
+    /// not granted while a writer waits ahead of it.
+    Read,
+    /// The write permit of a read-write lock: alone.
+    Write,
+}
+
+impl PermitRequest {
+    /// The kind of key the request takes a permit of.
+    ///
+    /// ```
+    /// use leasehold::{PermitKind, PermitRequest};
+    /// assert_eq!(PermitRequest::Read.kind(), PermitRequest::Write.kind());
+    /// assert_eq!(PermitRequest::Semaphore { permits: 3 }.kind(), PermitKind::Semaphore { permits: 3 });
+    /// ```
+    pub fn kind(&self) -> crate::record::PermitKind {
+        match *self {
+            PermitRequest::Semaphore { permits } => {
+                crate::record::PermitKind::Semaphore { permits }
+            }
+            PermitRequest::Read | PermitRequest::Write => crate::record::PermitKind::ReadWrite,
+        }
+    }
+
+    /// Whether it asks for a read-write lock's write permit.
+    pub fn write(&self) -> bool {
+        matches!(self, PermitRequest::Write)
+    }
+
+    /// Refuses a permit count out of range.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidOption`] `permits` for a semaphore of 0 or more than
+    /// [`crate::PERMIT_LIMIT`] permits.
+    pub fn validate(&self) -> crate::Result<()> {
+        match *self {
+            PermitRequest::Semaphore { permits }
+                if !(1..=crate::record::PERMIT_LIMIT).contains(&permits) =>
+            {
+                Err(crate::Error::InvalidOption {
+                    name: "permits",
+                    reason: format!(
+                        "a semaphore has 1 to {} permits, not {permits}",
+                        crate::record::PERMIT_LIMIT
+                    ),
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The error a store without [`Capabilities::permits`] answers a permit request with.
+    pub fn not_supported(&self, store: &str) -> crate::Error {
+        crate::Error::NotSupported {
+            store: store.to_owned(),
+            what: format!(
+                "{} (this store holds locks only; see the store table of the permits page)",
+                self.kind()
+            ),
+        }
+    }
 }
 
 /// The flag of an acquisition its caller gave up ([`AcquireRequest::given_up`]); cloning shares it.
@@ -126,6 +226,7 @@ impl AcquireRequest {
             fences: 1,
             watching: false,
             given_up: GiveUp::default(),
+            permit: None,
         }
     }
 
@@ -463,6 +564,33 @@ pub trait LockStore: Send + Sync + fmt::Debug + 'static {
     /// Frees the lease whoever holds it (an operator's action); returns the record as it was.
     /// The holder's next renewal is refused and its `lost()` fires.
     async fn force_release(&self, key: &Key) -> Result<Option<LeaseRecord>>;
+
+    /// Frees what `holder` holds on `key` (an operator's action): the lease, or on a semaphore
+    /// or read-write key its permits, `holder` being a holder id or the owner token of one
+    /// acquisition. Returns the record as it was when something was freed, `None` when `holder`
+    /// held nothing there. The holder's next renewal is refused and its `lost()` fires. Default:
+    /// [`crate::Error::NotSupported`] (a store without [`Capabilities::permits`] may keep it).
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// use leasehold::{memory::MemoryStore, HolderId, Locks, LockStore, Key};
+    /// let store = std::sync::Arc::new(MemoryStore::new());
+    /// let who = |id: &str| Locks::from_arc(store.clone()).with_holder(HolderId::new(id));
+    /// let a = who("a").semaphore("slots", 2)?.acquire().await?;
+    /// let b = who("b").semaphore("slots", 2)?.acquire().await?;
+    /// let key = Key::new("slots")?;
+    /// assert!(store.force_release_holder(&key, "a").await?.is_some());
+    /// assert!(store.force_release_holder(&key, "a").await?.is_none(), "a holds nothing now");
+    /// assert!(b.is_current());
+    /// # drop(a); Ok::<(), leasehold::Error>(()) }).unwrap();
+    /// ```
+    async fn force_release_holder(&self, key: &Key, holder: &str) -> Result<Option<LeaseRecord>> {
+        let _ = (key, holder);
+        Err(crate::Error::NotSupported {
+            store: self.describe(),
+            what: "releasing one holder by its id".into(),
+        })
+    }
 
     /// Removes records that are free (or expired) and were last touched longer than `older_than`
     /// ago. Fences stay monotonic for every key (see each store's fence notes).

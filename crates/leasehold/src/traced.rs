@@ -127,6 +127,16 @@ impl LockStore for Traced {
         .await
     }
 
+    async fn force_release_holder(&self, key: &Key, holder: &str) -> Result<Option<LeaseRecord>> {
+        traced(
+            "force_release_holder",
+            &self.name,
+            key.as_str(),
+            self.inner.force_release_holder(key, holder),
+        )
+        .await
+    }
+
     async fn cleanup(&self, older_than: Duration) -> Result<CleanupReport> {
         traced("cleanup", &self.name, "", self.inner.cleanup(older_than)).await
     }

@@ -157,6 +157,33 @@ impl<R: RecordStore> RecordLockStore<R> {
     /// mark read now, and writes it again without the marker: the grant, or, when somebody
     /// else's write took the record meanwhile, what the record holds now (the marked grant was
     /// never handed out).
+    /// Floors the fence of the free record of `key` still marked unconfirmed at the high-water
+    /// mark read now (after the marked write), and writes it without the marker (see the
+    /// module documentation of the adapter): what a permit record is before its first grant.
+    pub(super) async fn confirm_free(&self, key: &Key) -> Result<()> {
+        for _ in 0..MAX_RACES {
+            let Some(Stored::Record { record, version }) =
+                self.inner.get(key).await?.map(|s| self.resolve(s))
+            else {
+                return Ok(());
+            };
+            if !unconfirmed(&record) || record.token.is_some() {
+                return Ok(());
+            }
+            let mut confirmed = record;
+            confirmed.store.remove(UNCONFIRMED.0);
+            confirmed.fence = confirmed.fence.max(self.high_water().await?);
+            match self.inner.replace(key, &confirmed, &version).await? {
+                Some(v) => {
+                    self.written(key, v, confirmed);
+                    return Ok(());
+                }
+                None => self.forget(key),
+            }
+        }
+        Err(self.lost_races(&format!("conditional writes on {key}")))
+    }
+
     pub(super) async fn confirm_fence(&self, req: &AcquireRequest) -> Result<AcquireOutcome> {
         let key = &req.key;
         let mut state = self.written.lock().get(key.as_str()).cloned();

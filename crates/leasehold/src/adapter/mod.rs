@@ -129,6 +129,11 @@ const UNCONFIRMED: (&str, &str) = ("fence-from", "high-water");
 /// record `cleanup` deleted. Never listed, never deleted.
 pub const HIGH_WATER_KEY: &str = ".leasehold-fences";
 
+/// Whether `cur` is a record still to be floored at the high-water mark.
+fn unconfirmed_record(cur: Option<&Stored>) -> bool {
+    matches!(cur, Some(Stored::Record { record, .. }) if unconfirmed(record))
+}
+
 /// Whether `record` carries a grant not yet floored at the high-water mark.
 fn unconfirmed(record: &LeaseRecord) -> bool {
     record.store.get(UNCONFIRMED.0).map(String::as_str) == Some(UNCONFIRMED.1)
@@ -181,7 +186,41 @@ struct Observation {
     lease_since: Instant,
     waiter_since: Instant,
     /// Each queued waiter's token and written expiry, and since when it has been seen so.
-    queue: Vec<(String, u64, Instant)>,
+    queue: Vec<Seen>,
+    /// Each permit holder's token and written expiry, and since when it has been seen so.
+    permits: Vec<Seen>,
+}
+
+/// An entry of a record (a place in line, a permit): its token and written expiry, and since
+/// when it has been seen so.
+type Seen = (String, u64, Instant);
+
+/// What is seen of a record's entries (token, written expiry, lifetime in ms) now, given what
+/// was seen of them before (`floor`: the record's server age, observed since no later than
+/// that), and bit `i` set for each entry `i` seen unchanged for its lifetime plus the drift.
+fn entries_seen<'a>(
+    before: &[Seen],
+    entries: impl Iterator<Item = (&'a str, u64, u64)>,
+    now: Instant,
+    floor: Option<Instant>,
+) -> (Vec<Seen>, u64) {
+    let mut lapsed = 0u64;
+    let seen = entries
+        .enumerate()
+        .map(|(i, (token, expires, ttl_ms))| {
+            let since = before
+                .iter()
+                .find(|(t, e, _)| t == token && *e == expires)
+                .map_or(now, |(_, _, since)| *since);
+            let since = floor.map_or(since, |f| since.min(f));
+            if i < 64 && now.saturating_duration_since(since) >= decide::observation_needed(ttl_ms)
+            {
+                lapsed |= 1 << i;
+            }
+            (token.to_owned(), expires, since)
+        })
+        .collect();
+    (seen, lapsed)
 }
 
 /// A [`LockStore`] over any [`RecordStore`].
@@ -351,6 +390,7 @@ impl<R: RecordStore> RecordLockStore<R> {
                 lease_since: now,
                 waiter_since: now,
                 queue: Vec::new(),
+                permits: Vec::new(),
             });
         if o.version != version {
             // Somebody wrote. A write that only set a waiter registration or changed the line
@@ -378,33 +418,24 @@ impl<R: RecordStore> RecordLockStore<R> {
             o.lease_since = o.lease_since.min(f);
             o.waiter_since = o.waiter_since.min(f);
         }
-        // A queued place lapses once seen unchanged (its token and written expiry) for its
-        // lifetime plus the drift margin; a place renewed or new is observed afresh.
-        let queue: Vec<(String, u64, Instant)> = record
+        // A queued place, or a permit, lapses once seen unchanged (its token and written
+        // expiry) for its lifetime plus the drift margin; one renewed or new is observed afresh.
+        let queue = record
             .queue
             .iter()
-            .map(|w| {
-                let since = o
-                    .queue
-                    .iter()
-                    .find(|(t, e, _)| *t == w.token && *e == w.expires_ms)
-                    .map_or(now, |(_, _, since)| *since);
-                let since = floor.map_or(since, |f| since.min(f));
-                (w.token.clone(), w.expires_ms, since)
-            })
-            .collect();
-        let mut queue_lapsed = 0u64;
-        for (i, (w, (_, _, since))) in record.queue.iter().zip(&queue).enumerate().take(64) {
-            if now.saturating_duration_since(*since) >= decide::observation_needed(w.ttl_ms) {
-                queue_lapsed |= 1 << i;
-            }
-        }
+            .map(|w| (w.token.as_str(), w.expires_ms, w.ttl_ms));
+        let (queue, queue_lapsed) = entries_seen(&o.queue, queue, now, floor);
         o.queue = queue;
+        let permits = record.permits.iter().flat_map(|t| &t.holders);
+        let permits = permits.map(|p| (p.token.as_str(), p.expires_ms, p.ttl_ms));
+        let (permits, permits_lapsed) = entries_seen(&o.permits, permits, now, floor);
+        o.permits = permits;
         Observed {
             lease_unchanged: now.saturating_duration_since(o.lease_since),
             waiter_unchanged: now.saturating_duration_since(o.waiter_since),
             max_skew: self.skew_shortcut(),
             queue_lapsed,
+            permits_lapsed,
         }
     }
 
@@ -444,6 +475,7 @@ impl<R: RecordStore> RecordLockStore<R> {
             waiter_unchanged: Duration::ZERO,
             max_skew: self.skew_shortcut(),
             queue_lapsed: 0,
+            permits_lapsed: 0,
         }
     }
 
@@ -552,6 +584,98 @@ impl<R: RecordStore> RecordLockStore<R> {
         Err(self.lost_races(&format!("conditional writes on {key}")))
     }
 
+    /// What a decision sees under a key as read (`cur`) by a request of `ttl`: a record that does
+    /// not parse holds nothing any more once its bytes were seen unchanged for longer than any
+    /// lease lasts.
+    fn current<'a>(&self, cur: Option<&'a Stored>, ttl: Duration, expiry: Expiry) -> Current<'a> {
+        match cur {
+            None => Current::Missing,
+            Some(Stored::Record { record, .. }) => Current::Record(record),
+            Some(Stored::Corrupt { salvaged_fence, .. }) => Current::Corrupt {
+                salvaged_fence: *salvaged_fence,
+                over: self.inner.corrupt_holds_nothing()
+                    || matches!(expiry, Expiry::Observed(o)
+                        if o.lease_unchanged >= decide::corrupt_observation(ttl, self.max_skew)),
+            },
+        }
+    }
+
+    /// What an operator's release of `who` (everybody when `None`) writes on `cur`, with the
+    /// record as it was.
+    fn force_freed(
+        &self,
+        key: &Key,
+        cur: Option<&Stored>,
+        who: Option<&str>,
+    ) -> (Option<LeaseRecord>, Option<LeaseRecord>) {
+        let Some(r) = record(cur) else {
+            return (None, None);
+        };
+        let expiry = self.judge(key, cur);
+        let freed = decide::force_freed(r, who, self.now().ms, expiry);
+        (Some(r.clone()), keep_unconfirmed(cur, freed))
+    }
+
+    /// A permit acquisition. Permits are granted only on a **settled** record, one whose fence
+    /// no deletion can have lowered: a key with no record (or a damaged one that holds nothing)
+    /// is first written free, fenced as a create is (from the write's revision, or floored at
+    /// the high-water mark read after the write), and then granted in a second write. Each
+    /// permit's fence is then the key's previous fence plus one.
+    async fn acquire_permit(&self, req: &AcquireRequest) -> Result<AcquireOutcome> {
+        let revisions = self.inner.revisions();
+        for _ in 0..MAX_RACES {
+            let (step, written) = self
+                .cas(&req.key, true, Some(&req.given_up), |cur| {
+                    let now = self.now();
+                    let expiry = self.judge(&req.key, cur);
+                    let current = self.current(cur, req.ttl, expiry);
+                    let settle = match (cur, current) {
+                        (None, _) | (_, Current::Corrupt { over: true, .. }) => true,
+                        (Some(Stored::Record { record, .. }), _) => {
+                            unconfirmed(record)
+                                && (record.permits.is_some() || !expiry.held(record, now.ms))
+                        }
+                        _ => false,
+                    };
+                    if !settle {
+                        let floor = if revisions { 0 } else { now.us };
+                        return match decide::acquire_any(current, req, now, false, expiry, floor) {
+                            Ok((out, write)) => (Ok(Some(out)), write),
+                            Err(e) => (Err(e), None),
+                        };
+                    }
+                    let mut free = match (cur, current) {
+                        (Some(Stored::Record { record, .. }), _) => record.clone(),
+                        (_, Current::Corrupt { salvaged_fence, .. }) => {
+                            LeaseRecord::free(req.key.as_str(), salvaged_fence.unwrap_or(0))
+                        }
+                        _ => LeaseRecord::free(req.key.as_str(), 0),
+                    };
+                    if revisions {
+                        // Its fence is the revision of this write's (see the module docs).
+                        free.fence = 1;
+                        free.store.insert(FENCE_FROM.0.into(), FENCE_FROM.1.into());
+                    } else {
+                        free.fence = free.fence.max(now.us);
+                        free.store
+                            .insert(UNCONFIRMED.0.into(), UNCONFIRMED.1.into());
+                    }
+                    (Ok(None), (!unconfirmed_record(cur)).then_some(free))
+                })
+                .await?;
+            match step? {
+                Some(out) => return Ok(out),
+                None if revisions => {
+                    if written.is_some() {
+                        self.write_resolved_fence(&req.key).await;
+                    }
+                }
+                None => self.confirm_free(&req.key).await?,
+            }
+        }
+        Err(self.lost_races(&format!("settling the record of {}", req.key)))
+    }
+
     /// Writes the fence of a record this adapter just created (its create revision resolved) as a
     /// number, so that people reading the record with the store's own tools see it. The fence is
     /// defined by the create's revision either way: a write that loses its race (somebody wrote,
@@ -600,6 +724,9 @@ impl<R: RecordStore> LockStore for RecordLockStore<R> {
 
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome> {
         req.check_size(self.inner.label_limit(), &self.inner.describe())?;
+        if req.permit.is_some() {
+            return self.acquire_permit(req).await;
+        }
         let revisions = self.inner.revisions();
         // Whether the last decision (the one written, if any) creates the record.
         let created = std::sync::atomic::AtomicBool::new(false);
@@ -616,21 +743,13 @@ impl<R: RecordStore> LockStore for RecordLockStore<R> {
                 to_confirm.store(confirm, std::sync::atomic::Ordering::Relaxed);
                 let now = self.now();
                 let expiry = self.judge(&req.key, cur);
-                let current = match cur {
-                    None => Current::Missing,
-                    Some(Stored::Record { record, .. }) => Current::Record(record),
-                    // Whoever wrote it holds nothing any more once its bytes were seen unchanged
-                    // for longer than any lease lasts.
-                    Some(Stored::Corrupt { salvaged_fence, .. }) => Current::Corrupt {
-                        salvaged_fence: *salvaged_fence,
-                        over: self.inner.corrupt_holds_nothing()
-                            || matches!(expiry, Expiry::Observed(o)
-                                if o.lease_unchanged >= decide::corrupt_observation(req.ttl, self.max_skew)),
-                    },
-                };
+                let current = self.current(cur, req.ttl, expiry);
                 let floor = if revisions { 0 } else { now.us };
                 let (out, mut write) =
-                    decide::acquire_judged(current, req, now, false, expiry, floor);
+                    match decide::acquire_any(current, req, now, false, expiry, floor) {
+                        Ok(d) => d,
+                        Err(e) => return (Err(e), None),
+                    };
                 if let (None, true, Some(w)) = (cur, revisions, write.as_mut()) {
                     // A create: its fence comes from the revision the create gets.
                     w.store.insert(FENCE_FROM.0.into(), FENCE_FROM.1.into());
@@ -639,10 +758,10 @@ impl<R: RecordStore> LockStore for RecordLockStore<R> {
                     // Floored at the high-water mark once written, before it is handed out.
                     w.store.insert(UNCONFIRMED.0.into(), UNCONFIRMED.1.into());
                 }
-                (out, write)
+                (Ok(out), write)
             })
             .await?;
-        Ok(match (out, written) {
+        Ok(match (out?, written) {
             (AcquireOutcome::Granted(_), Some(_))
                 if to_confirm.load(std::sync::atomic::Ordering::Relaxed) =>
             {
@@ -712,17 +831,18 @@ impl<R: RecordStore> LockStore for RecordLockStore<R> {
 
     async fn force_release(&self, key: &Key) -> Result<Option<LeaseRecord>> {
         let (out, _) = self
-            .cas(key, false, None, |cur| match record(cur) {
-                Some(r) if r.token.is_some() => {
-                    let expiry = self.judge(key, cur);
-                    let freed = decide::freed_judged(r, self.now().ms, expiry);
-                    (Some(r.clone()), keep_unconfirmed(cur, Some(freed)))
-                }
-                Some(r) => (Some(r.clone()), None),
-                None => (None, None),
-            })
+            .cas(key, false, None, |cur| self.force_freed(key, cur, None))
             .await?;
         Ok(out)
+    }
+
+    async fn force_release_holder(&self, key: &Key, holder: &str) -> Result<Option<LeaseRecord>> {
+        let (out, written) = self
+            .cas(key, false, None, |cur| {
+                self.force_freed(key, cur, Some(holder))
+            })
+            .await?;
+        Ok(out.filter(|_| written.is_some()))
     }
 
     async fn cleanup(&self, older_than: Duration) -> Result<CleanupReport> {

@@ -10,7 +10,7 @@ use crate::key::Key;
 use crate::local::LocalGuard;
 use crate::options::{LockOptions, Wait};
 use crate::record::now_ms;
-use crate::store::{AcquireOutcome, AcquireRequest, GiveUp, LockStore};
+use crate::store::{AcquireOutcome, AcquireRequest, GiveUp, LockStore, PermitRequest};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -29,14 +29,20 @@ pub(super) async fn run(
     locks: Locks,
     key: Key,
     opts: LockOptions,
+    permit: Option<PermitRequest>,
 ) -> std::result::Result<LeaseGuard, AcquireError> {
     opts.validate().map_err(AcquireError::Failed)?;
+    if let Some(p) = &permit {
+        p.validate().map_err(AcquireError::Failed)?;
+    }
     let started = Instant::now();
     let metrics = locks.metrics.clone();
     if let Some(m) = &metrics {
         m.attempts.inc();
     }
-    let result = Acquisition::new(locks, key, opts, started).run().await;
+    let result = Acquisition::new(locks, key, opts, permit, started)
+        .run()
+        .await;
     if let Some(m) = &metrics {
         m.acquire_seconds.observe(started.elapsed().as_secs_f64());
         match &result {
@@ -55,6 +61,9 @@ struct Acquisition {
     locks: Locks,
     key: Key,
     opts: LockOptions,
+    /// A permit of a semaphore or read-write lock instead of the key's lock: taken without the
+    /// local layer (several tasks of this process may hold permits of one key).
+    permit: Option<PermitRequest>,
     started: Instant,
     /// When the wait ends: `started` for a try, `None` for no limit.
     deadline: Option<Instant>,
@@ -96,7 +105,13 @@ enum Answer {
 }
 
 impl Acquisition {
-    fn new(locks: Locks, key: Key, opts: LockOptions, started: Instant) -> Self {
+    fn new(
+        locks: Locks,
+        key: Key,
+        opts: LockOptions,
+        permit: Option<PermitRequest>,
+        started: Instant,
+    ) -> Self {
         let deadline = match opts.wait {
             Wait::No => Some(started),
             // A limit too far off for the clock to represent is no limit.
@@ -112,6 +127,7 @@ impl Acquisition {
             locks,
             key,
             opts,
+            permit,
             started,
             deadline,
             attempt_limit,
@@ -130,6 +146,7 @@ impl Acquisition {
     async fn queue_locally(&self) -> std::result::Result<Option<LocalGuard>, AcquireError> {
         let key = self.key.as_str();
         Ok(match &self.locks.local {
+            _ if self.permit.is_some() => None,
             None => None,
             Some(l) if !self.waiting => Some(
                 l.try_lock(key)
@@ -171,6 +188,7 @@ impl Acquisition {
         let mut req =
             AcquireRequest::new(self.key.clone(), self.locks.holder.as_str(), self.opts.ttl);
         req.labels = self.opts.labels.clone();
+        req.permit = self.permit;
         if self.waiting && self.opts.register_waiter {
             req.waiter_ttl = Some(self.opts.waiter_lifetime());
         }

@@ -7,6 +7,7 @@ use crate::error::{Error, Result};
 use crate::guard::LeaseGuard;
 use crate::key::Key;
 use crate::options::{Backoff, LockOptions, Wait};
+use crate::store::PermitRequest;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -32,12 +33,39 @@ pub struct LockBuilder {
     locks: Locks,
     key: Key,
     opts: LockOptions,
+    /// A permit of a semaphore or read-write lock instead of the key's lock.
+    permit: Option<PermitRequest>,
 }
 
 impl LockBuilder {
     /// A lock on `key` through `locks`, starting from `opts`.
     pub(super) fn new(locks: Locks, key: Key, opts: LockOptions) -> Self {
-        LockBuilder { locks, key, opts }
+        LockBuilder {
+            locks,
+            key,
+            opts,
+            permit: None,
+        }
+    }
+
+    /// The same, for a permit.
+    pub(super) fn permit(mut self, permit: PermitRequest) -> Self {
+        self.permit = Some(permit);
+        self
+    }
+
+    /// The permit this builder takes, `None` for a lock.
+    ///
+    /// ```
+    /// use leasehold::{memory::MemoryStore, Locks, PermitRequest};
+    /// let locks = Locks::new(MemoryStore::new());
+    /// assert_eq!(locks.lock("k")?.current_permit(), None);
+    /// let slots = locks.semaphore("slots", 4)?;
+    /// assert_eq!(slots.current_permit(), Some(PermitRequest::Semaphore { permits: 4 }));
+    /// # Ok::<(), leasehold::Error>(())
+    /// ```
+    pub fn current_permit(&self) -> Option<PermitRequest> {
+        self.permit
     }
 
     /// Time to live (default 30 s), from 10 ms to one year. A holder that stops renewing loses the
@@ -264,7 +292,7 @@ impl LockBuilder {
     pub async fn try_acquire(self) -> Result<Option<LeaseGuard>> {
         let mut me = self;
         me.opts.wait = Wait::No;
-        match acquire::run(me.locks, me.key, me.opts).await {
+        match acquire::run(me.locks, me.key, me.opts, me.permit).await {
             Ok(g) => Ok(Some(g)),
             Err(AcquireError::Held(_)) => Ok(None),
             Err(AcquireError::Failed(e)) => Err(e),
@@ -320,7 +348,7 @@ impl LockBuilder {
     pub async fn acquire(self) -> Result<LeaseGuard> {
         let key = self.key.clone();
         let started = Instant::now();
-        match acquire::run(self.locks, self.key, self.opts).await {
+        match acquire::run(self.locks, self.key, self.opts, self.permit).await {
             Ok(g) => Ok(g),
             Err(AcquireError::Held(holder)) => Err(Error::Timeout {
                 key: key.to_string(),

@@ -12,6 +12,7 @@ use crate::local::LocalLocks;
 use crate::metrics::Metrics;
 use crate::options::LockOptions;
 use crate::store::LockStore;
+use crate::store::PermitRequest;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -345,5 +346,94 @@ impl Locks {
     /// ```
     pub fn lock_key(&self, key: Key) -> LockBuilder {
         LockBuilder::new(self.clone(), key, self.defaults.clone())
+    }
+
+    /// A permit of the semaphore `key` of `permits` permits (1 ..= [`crate::PERMIT_LIMIT`]): at
+    /// most `permits` holders at once, across processes and hosts. It is built and held like a
+    /// lock (TTL, wait, labels; the guard renews it, and `lost()`, `must_stop()` and
+    /// `handoff_requested()` work as for a lock, the last firing when somebody waits for a
+    /// permit), and each permit has its own fence, above every fence the key issued before.
+    /// Waiters are served in arrival order. The local layer is not used.
+    ///
+    /// # Errors
+    /// [`Error::InvalidKey`](crate::Error::InvalidKey) for a key [`Key::new`] refuses. Acquiring
+    /// fails with [`Error::InvalidOption`](crate::Error::InvalidOption) `permits` for a count out
+    /// of range, or when the key is held or waited for as something else (a lock, another
+    /// count); with [`Error::NotSupported`](crate::Error::NotSupported) on a store without
+    /// [`Capabilities::permits`](crate::Capabilities::permits).
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// use leasehold::{memory::MemoryStore, Error, Locks};
+    /// let locks = Locks::new(MemoryStore::new());
+    /// let a = locks.semaphore("render-slots", 2)?.acquire().await?;
+    /// let b = locks.semaphore("render-slots", 2)?.acquire().await?;
+    /// assert!(b.fence() > a.fence());
+    /// assert!(locks.semaphore("render-slots", 2)?.try_acquire().await?.is_none(), "both held");
+    /// let other_count = locks.semaphore("render-slots", 3)?.try_acquire().await;
+    /// assert!(matches!(other_count, Err(Error::InvalidOption { name: "permits", .. })));
+    /// a.release().await?;
+    /// let c = locks.semaphore("render-slots", 2)?.acquire().await?;
+    /// assert!(c.fence() > b.fence());
+    /// # Ok::<(), leasehold::Error>(()) }).unwrap();
+    /// ```
+    pub fn semaphore(&self, key: impl AsRef<str>, permits: u32) -> Result<LockBuilder> {
+        Ok(self.lock(key)?.permit(PermitRequest::Semaphore { permits }))
+    }
+
+    /// The read-write lock `key`: [`read`](ReadWrite::read) for a read permit (shared with
+    /// other readers, at most [`crate::PERMIT_LIMIT`]), [`write`](ReadWrite::write) for the
+    /// write permit (alone). A waiting writer is not overtaken by readers that come after it,
+    /// and fences rise across reads and writes, so a resource can refuse a writer older than a
+    /// read it served. Errors as for [`semaphore`](Self::semaphore).
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// use leasehold::{memory::MemoryStore, Locks};
+    /// let locks = Locks::new(MemoryStore::new());
+    /// let catalog = locks.read_write("catalog")?;
+    /// let r1 = catalog.read().acquire().await?;
+    /// let r2 = catalog.read().acquire().await?;
+    /// assert!(catalog.write().try_acquire().await?.is_none(), "readers hold it");
+    /// r1.release().await?;
+    /// r2.release().await?;
+    /// let w = catalog.write().acquire().await?;
+    /// assert!(catalog.read().try_acquire().await?.is_none(), "the writer holds it");
+    /// # w.release().await?; Ok::<(), leasehold::Error>(()) }).unwrap();
+    /// ```
+    pub fn read_write(&self, key: impl AsRef<str>) -> Result<ReadWrite> {
+        Ok(ReadWrite {
+            locks: self.clone(),
+            key: Key::new(key)?,
+        })
+    }
+}
+
+/// A read-write lock ([`Locks::read_write`]): builds read and write permits of one key.
+#[derive(Debug, Clone)]
+pub struct ReadWrite {
+    locks: Locks,
+    key: Key,
+}
+
+impl ReadWrite {
+    /// A read permit: shared with other readers, not with a writer, and not granted while a
+    /// writer waits ahead of it. See [`Locks::read_write`].
+    pub fn read(&self) -> LockBuilder {
+        self.locks
+            .lock_key(self.key.clone())
+            .permit(PermitRequest::Read)
+    }
+
+    /// The write permit: alone on the key. See [`Locks::read_write`].
+    pub fn write(&self) -> LockBuilder {
+        self.locks
+            .lock_key(self.key.clone())
+            .permit(PermitRequest::Write)
+    }
+
+    /// The key.
+    pub fn key(&self) -> &Key {
+        &self.key
     }
 }

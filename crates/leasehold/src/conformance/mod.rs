@@ -12,7 +12,10 @@
 //! release, waiter handoff and withdrawal, labels read back whole, hostile keys, racing workers,
 //! inspect/list/cleanup, `try_acquire` never waiting, release on drop, waiters not spinning,
 //! local handoff, abandoned handoffs, cancelled acquisitions, release notifications, and, on
-//! stores that keep a line of waiters, arrival order and a dead waiter skipped.
+//! stores that keep a line of waiters, arrival order and a dead waiter skipped; on stores that
+//! hold permits, semaphores and read-write locks (at most N holders, a writer alone, a waiting
+//! writer first, lapsed permits back, one kind per key, one holder force-released), and on the
+//! others a plain refusal of them.
 //!
 //! # Example
 //!
@@ -41,6 +44,7 @@ mod fences;
 mod handoff;
 mod holding;
 mod line;
+mod permits;
 mod records;
 mod waiters;
 
@@ -48,6 +52,7 @@ pub use fences::*;
 pub use handoff::*;
 pub use holding::*;
 pub use line::*;
+pub use permits::*;
 pub use records::*;
 pub use waiters::*;
 
@@ -142,7 +147,9 @@ macro_rules! conformance_tests {
             try_acquire_never_waits, drop_releases, waiters_do_not_spin, fence_blocks,
             local_handoff, abandoned_handoff_is_released, cancelled_acquires_leave_nothing_taken,
             release_is_notified_when_asked, labels_are_read_back_whole,
-            waiters_served_in_arrival_order, dead_waiter_is_skipped);
+            waiters_served_in_arrival_order, dead_waiter_is_skipped, semaphore_bounds_holders,
+            read_write_excludes, one_kind_per_key, lapsed_permits_come_back,
+            waiting_writer_blocks_new_readers, one_holder_is_force_released);
     };
     (@each $make:expr; $($name:ident),*) => {
         $(

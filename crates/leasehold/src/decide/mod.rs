@@ -22,6 +22,9 @@
 
 use crate::record::{LeaseRecord, QueuedWaiter, QUEUE_LIMIT};
 use crate::store::{AcquireOutcome, AcquireRequest, LostReason, ReleaseOutcome, RenewOutcome};
+
+mod permits;
+pub(crate) use permits::force_freed;
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -93,6 +96,9 @@ pub(crate) struct Observed {
     /// Bit `i` set: the [`queue`](LeaseRecord::queue) entry `i` (its token and written expiry)
     /// has been seen unchanged for its lifetime plus the drift margin.
     pub queue_lapsed: u64,
+    /// Bit `i` set: the permit holder `i` of the [`permits`](LeaseRecord::permits) table (its
+    /// token and written expiry) has been seen unchanged for its TTL plus the drift margin.
+    pub permits_lapsed: u64,
 }
 
 /// A waiter registration without a recorded lifetime (written before records carried one) is
@@ -243,6 +249,7 @@ pub(crate) fn host() -> &'static str {
 /// Decides an acquisition, judging times on this clock ([`Expiry::Clock`]) and flooring the fence
 /// at now in microseconds. Returns the outcome and the record to write, if anything changes.
 /// `holder_dead` is true when the store knows the recorded holder's process is gone.
+#[cfg(test)]
 pub(crate) fn acquire(
     current: Current<'_>,
     req: &AcquireRequest,
@@ -250,6 +257,44 @@ pub(crate) fn acquire(
     holder_dead: bool,
 ) -> (AcquireOutcome, Option<LeaseRecord>) {
     acquire_judged(current, req, now, holder_dead, Expiry::Clock, now.us)
+}
+
+/// Decides an acquisition of a lock or of a permit ([`AcquireRequest::permit`]) with the
+/// `expiry` rule and a grant's fence floored at `fence_floor`: what every store built on these
+/// rules calls. A request of a kind the key is not (a lock on a semaphore, another permit
+/// count) while the key has holders or waiters is refused.
+pub(crate) fn acquire_any(
+    current: Current<'_>,
+    req: &AcquireRequest,
+    now: Now,
+    holder_dead: bool,
+    expiry: Expiry,
+    fence_floor: u64,
+) -> crate::Result<(AcquireOutcome, Option<LeaseRecord>)> {
+    if let Some(want) = req.permit {
+        return permits::acquire(current, req, want, now, expiry, fence_floor);
+    }
+    if let Current::Record(r) = current {
+        if r.permits.is_some() {
+            let lock = permits::as_lock(r, req, expiry, now.ms)?;
+            return Ok(acquire_judged(
+                Current::Record(&lock),
+                req,
+                now,
+                holder_dead,
+                expiry,
+                fence_floor,
+            ));
+        }
+    }
+    Ok(acquire_judged(
+        current,
+        req,
+        now,
+        holder_dead,
+        expiry,
+        fence_floor,
+    ))
 }
 
 /// Decides an acquisition with the `expiry` rule and a grant's fence floored at `fence_floor`.
@@ -281,47 +326,8 @@ pub(crate) fn acquire_judged(
         let place = position(&line, &req.token);
         let reserved_for_other = !held && line.waiter_token.is_some() && place != Some(0);
         if held || reserved_for_other {
-            if let Some(wttl) = req.waiter_ttl {
-                let wttl_ms = crate::record::ms(wttl);
-                let renewed = now.ms + wttl_ms;
-                match place {
-                    Some(p) => {
-                        let expires = match p {
-                            0 => line.waiter_expires_ms.unwrap_or(0),
-                            p => line.queue[p - 1].expires_ms,
-                        };
-                        // A fresh place of ours is left alone: rewriting it on every attempt
-                        // would wake every watcher (ourselves included) for nothing. Ours was
-                        // written on this clock, so its written expiry is judged directly.
-                        if expires >= now.ms + wttl_ms * 2 / 3 && expires > now.ms {
-                            return (AcquireOutcome::Held(line), None);
-                        }
-                        if p == 0 {
-                            line.waiter = Some(req.holder.clone());
-                            line.waiter_expires_ms = Some(renewed);
-                            line.waiter_ttl_ms = Some(wttl_ms);
-                        } else {
-                            let w = &mut line.queue[p - 1];
-                            w.expires_ms = renewed;
-                            w.ttl_ms = wttl_ms;
-                        }
-                        return (AcquireOutcome::Held(line.clone()), Some(line));
-                    }
-                    None if line.queue.len() < QUEUE_LIMIT => {
-                        line.queue.push(QueuedWaiter::new(
-                            req.holder.clone(),
-                            req.token.clone(),
-                            renewed,
-                            wttl_ms,
-                        ));
-                        promote(&mut line);
-                        return (AcquireOutcome::Held(line.clone()), Some(line));
-                    }
-                    // The line is full: wait without a place.
-                    None => {}
-                }
-            }
-            return (AcquireOutcome::Held(line), None);
+            let (seen, write) = wait_in_line(line, req, now.ms);
+            return (AcquireOutcome::Held(seen), write);
         }
         tidied = Some(line);
     }
@@ -344,6 +350,57 @@ pub(crate) fn acquire_judged(
     // The first in line (or nobody) was granted: the next one moves up.
     leave_line(&mut g, &req.token);
     (AcquireOutcome::Granted(g.clone()), Some(g))
+}
+
+/// A contender that cannot be granted: with `req.waiter_ttl`, it joins `line` (the record with
+/// its lapsed waiters dropped) or renews its place in it. Returns the record it is answered with
+/// and the record to write, if anything changes.
+pub(crate) fn wait_in_line(
+    mut line: LeaseRecord,
+    req: &AcquireRequest,
+    now_ms: u64,
+) -> (LeaseRecord, Option<LeaseRecord>) {
+    let Some(wttl) = req.waiter_ttl else {
+        return (line, None);
+    };
+    let wttl_ms = crate::record::ms(wttl);
+    let renewed = now_ms + wttl_ms;
+    match position(&line, &req.token) {
+        Some(p) => {
+            let expires = match p {
+                0 => line.waiter_expires_ms.unwrap_or(0),
+                p => line.queue[p - 1].expires_ms,
+            };
+            // A fresh place of ours is left alone: rewriting it on every attempt would wake
+            // every watcher (ourselves included) for nothing. Ours was written on this clock, so
+            // its written expiry is judged directly.
+            if expires >= now_ms + wttl_ms * 2 / 3 && expires > now_ms {
+                return (line, None);
+            }
+            if p == 0 {
+                line.waiter = Some(req.holder.clone());
+                line.waiter_expires_ms = Some(renewed);
+                line.waiter_ttl_ms = Some(wttl_ms);
+            } else {
+                let w = &mut line.queue[p - 1];
+                w.expires_ms = renewed;
+                w.ttl_ms = wttl_ms;
+            }
+            (line.clone(), Some(line))
+        }
+        None if line.queue.len() < QUEUE_LIMIT => {
+            line.queue.push(QueuedWaiter::new(
+                req.holder.clone(),
+                req.token.clone(),
+                renewed,
+                wttl_ms,
+            ));
+            promote(&mut line);
+            (line.clone(), Some(line))
+        }
+        // The line is full: wait without a place.
+        None => (line, None),
+    }
 }
 
 /// The holder a key whose fence cannot grow any more reads as held by: no later grant could be
@@ -446,6 +503,9 @@ pub(crate) fn renew_judged(
     now_ms: u64,
     expiry: Expiry,
 ) -> (RenewOutcome, Option<LeaseRecord>) {
+    if let Some(r) = current.filter(|r| r.permits.is_some()) {
+        return permits::renew(r, token, ttl_ms, now_ms, expiry);
+    }
     if let Some(reason) = lost_reason(current, token, now_ms) {
         return (RenewOutcome::Lost(reason), None);
     }
@@ -477,6 +537,9 @@ pub(crate) fn release_judged(
     now_ms: u64,
     expiry: Expiry,
 ) -> (ReleaseOutcome, Option<LeaseRecord>) {
+    if let Some(r) = current.filter(|r| r.permits.is_some()) {
+        return permits::release(r, token, now_ms, expiry);
+    }
     match current {
         Some(r) if r.token.as_deref() == Some(token) => {
             let outcome = if r.expires_ms > now_ms {
@@ -491,6 +554,8 @@ pub(crate) fn release_judged(
 }
 
 /// The record `r` with its holder removed (fence, live waiter and key kept).
+#[cfg(test)]
+#[allow(dead_code)] // used by the Kubernetes tests
 pub(crate) fn freed(r: &LeaseRecord, now_ms: u64) -> LeaseRecord {
     freed_judged(r, now_ms, Expiry::Clock)
 }
@@ -512,7 +577,13 @@ pub(crate) fn freed_judged(r: &LeaseRecord, now_ms: u64, expiry: Expiry) -> Leas
 /// queued).
 pub(crate) fn withdraw_waiter(current: Option<&LeaseRecord>, token: &str) -> Option<LeaseRecord> {
     let mut n = current?.clone();
-    leave_line(&mut n, token).then_some(n)
+    if !leave_line(&mut n, token) {
+        return None;
+    }
+    if let Some(t) = n.permits.as_mut() {
+        t.writers_waiting.retain(|w| w != token);
+    }
+    Some(n)
 }
 
 /// Whether `cleanup` may delete this record: free or expired, no live waiter, untouched for
@@ -529,7 +600,13 @@ pub(crate) fn removable_judged(
     expiry: Expiry,
 ) -> bool {
     let last = r.renewed_ms.max(r.acquired_ms).max(r.expires_ms);
+    let last = r
+        .permits
+        .iter()
+        .flat_map(|t| &t.holders)
+        .fold(last, |l, p| l.max(p.renewed_ms).max(p.expires_ms));
     expiry.lease_over(r, now_ms)
+        && !permits::any_held(r, expiry, now_ms)
         && !expiry.anyone_waiting(r, now_ms)
         && last.saturating_add(older_than_ms) <= now_ms
 }
@@ -545,7 +622,10 @@ pub(crate) fn removable_aged(
 ) -> bool {
     let expiry = Expiry::Observed(seen);
     // `now` only feeds the skew shortcut, which a store with a server clock does not take.
-    expiry.lease_over(r, 0) && !expiry.anyone_waiting(r, 0) && age >= older_than
+    expiry.lease_over(r, 0)
+        && !permits::any_held(r, expiry, 0)
+        && !expiry.anyone_waiting(r, 0)
+        && age >= older_than
 }
 
 /// Finds the largest `"fence": N` in damaged bytes.

@@ -120,6 +120,7 @@ fn a_record_that_cannot_be_read_is_held_until_the_store_can_tell_it_is_over() {
 fn seen(lease_ms: u64, waiter_ms: u64) -> Expiry {
     Expiry::Observed(Observed {
         queue_lapsed: 0,
+        permits_lapsed: 0,
         lease_unchanged: Duration::from_millis(lease_ms),
         waiter_unchanged: Duration::from_millis(waiter_ms),
         max_skew: Duration::from_secs(300),

@@ -108,14 +108,19 @@ impl LockStore for MemoryStore {
             liveness: false,
             fence_source: "max(previous + 1, µs clock) per key",
             waiter_line: true,
+            permits: true,
         }
     }
 
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome> {
-        Ok(self.step(&req.key, |cur| {
+        self.step(&req.key, |cur| {
             let current = cur.map_or(Current::Missing, Current::Record);
-            decide::acquire(current, req, Now::wall(), false)
-        }))
+            let now = Now::wall();
+            match decide::acquire_any(current, req, now, false, decide::Expiry::Clock, now.us) {
+                Ok((out, write)) => (Ok(out), write),
+                Err(e) => (Err(e), None),
+            }
+        })
     }
 
     async fn renew(&self, key: &Key, token: &str, ttl: Duration) -> Result<RenewOutcome> {
@@ -154,8 +159,20 @@ impl LockStore for MemoryStore {
 
     async fn force_release(&self, key: &Key) -> Result<Option<LeaseRecord>> {
         Ok(self.step(key, |cur| match cur {
-            Some(r) if r.token.is_some() => (Some(r.clone()), Some(decide::freed(r, now_ms()))),
-            other => (other.cloned(), None),
+            Some(r) => (
+                Some(r.clone()),
+                decide::force_freed(r, None, now_ms(), decide::Expiry::Clock),
+            ),
+            None => (None, None),
+        }))
+    }
+
+    async fn force_release_holder(&self, key: &Key, holder: &str) -> Result<Option<LeaseRecord>> {
+        Ok(self.step(key, |cur| {
+            let write = cur.and_then(|r| {
+                decide::force_freed(r, Some(holder), now_ms(), decide::Expiry::Clock)
+            });
+            (write.as_ref().and(cur.cloned()), write)
         }))
     }
 
@@ -271,6 +288,7 @@ impl RecordStore for RecordMemoryStore {
             liveness: false,
             fence_source: "the store-wide write counter (versions are revisions)",
             waiter_line: true,
+            permits: true,
         }
     }
 

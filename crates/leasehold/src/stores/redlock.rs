@@ -358,10 +358,14 @@ impl LockStore for RedlockStore {
             liveness: false,
             fence_source: "maximum of the per-node INCR fences over the granting majority",
             waiter_line: false,
+            permits: false,
         }
     }
 
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome> {
+        if let Some(p) = &req.permit {
+            return Err(p.not_supported(&self.describe()));
+        }
         req.check_size(super::redis::LABEL_LIMIT, &self.describe())?;
         let started = Instant::now();
         let mut granted: Vec<(&RedisStore, LeaseRecord)> = vec![];

@@ -412,10 +412,14 @@ impl LockStore for EtcdStore {
             liveness: false,
             fence_source: "the record key's create revision (etcd's cluster-wide revision) × 65536",
             waiter_line: false,
+            permits: false,
         }
     }
 
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome> {
+        if let Some(p) = &req.permit {
+            return Err(p.not_supported(&self.describe()));
+        }
         if req.fences >= FENCE_STRIDE {
             return Err(Error::InvalidOption {
                 name: "fences",

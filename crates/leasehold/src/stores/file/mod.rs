@@ -272,15 +272,18 @@ impl Inner {
                     },
                 };
                 // The holder lock is tried under the mutation lock, so a losing attempt never
-                // holds it while another process is being granted the lease.
-                kernel = ofd_lock(fd, HOLD, libc::F_WRLCK as libc::c_int, false).unwrap_or(false);
+                // holds it while another process is being granted the lease. Permits hold none
+                // (they are many): they end by their TTLs, and a damaged record of a permit key
+                // stays held until a lock request finds no kernel lock on it.
+                kernel = req.permit.is_none()
+                    && ofd_lock(fd, HOLD, libc::F_WRLCK as libc::c_int, false).unwrap_or(false);
                 let dead = kernel
                     && found.record().is_some_and(|r| {
                         r.token.is_some()
                             && r.store.get(KERNEL_LOCK).map(String::as_str) == Some("held")
                     });
                 let now = Now::wall();
-                let (out, write) = decide::acquire_judged(
+                let decided = decide::acquire_any(
                     found.current(kernel),
                     req,
                     now,
@@ -288,7 +291,20 @@ impl Inner {
                     decide::Expiry::Clock,
                     now.us.max(floor),
                 );
+                let (out, write) = match decided {
+                    Ok(d) => d,
+                    Err(e) => {
+                        if kernel {
+                            let _ = ofd_lock(fd, HOLD, libc::F_UNLCK as libc::c_int, false);
+                            kernel = false;
+                        }
+                        return (Err(e), None);
+                    }
+                };
                 match (out, write) {
+                    (AcquireOutcome::Granted(r), Some(w)) if req.permit.is_some() => {
+                        (Ok(AcquireOutcome::Granted(r)), Some(w))
+                    }
                     (AcquireOutcome::Granted(mut r), Some(_)) => {
                         r.store.insert(
                             KERNEL_LOCK.into(),
@@ -352,7 +368,8 @@ impl Inner {
             let (out, write) =
                 decide::renew(found.record(), token, crate::record::ms(ttl), now_ms());
             match (out, write) {
-                (RenewOutcome::Renewed(mut r), Some(_)) => {
+                // A permit holds no kernel lock (see acquire).
+                (RenewOutcome::Renewed(mut r), Some(w)) if w.permits.is_none() => {
                     if !kernel
                         && ofd_lock(file.as_raw_fd(), HOLD, libc::F_WRLCK as libc::c_int, false)
                             .unwrap_or(false)
@@ -785,6 +802,7 @@ impl LockStore for FileStore {
             liveness: true,
             fence_source: "max(previous + 1, µs clock), kept in the record file",
             waiter_line: true,
+            permits: true,
         }
     }
 
@@ -842,8 +860,25 @@ impl LockStore for FileStore {
         let key = key.clone();
         self.run(move |inner, wait| {
             inner.simple(&key, wait, None, |found| match found.record() {
-                Some(r) if r.token.is_some() => (Some(r.clone()), Some(decide::freed(r, now_ms()))),
-                other => (other.cloned(), None),
+                Some(r) => (
+                    Some(r.clone()),
+                    decide::force_freed(r, None, now_ms(), decide::Expiry::Clock),
+                ),
+                None => (None, None),
+            })
+        })
+        .await
+    }
+
+    async fn force_release_holder(&self, key: &Key, holder: &str) -> Result<Option<LeaseRecord>> {
+        let (key, holder) = (key.clone(), holder.to_owned());
+        self.run(move |inner, wait| {
+            inner.simple(&key, wait, None, |found| {
+                let cur = found.record();
+                let write = cur.and_then(|r| {
+                    decide::force_freed(r, Some(&holder), now_ms(), decide::Expiry::Clock)
+                });
+                (write.as_ref().and(cur.cloned()), write)
             })
         })
         .await

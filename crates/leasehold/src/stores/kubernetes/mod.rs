@@ -334,6 +334,9 @@ impl KubernetesStore {
         if !r.queue.is_empty() {
             put("queue", serde_json::to_string(&r.queue).unwrap_or_default());
         }
+        if let Some(t) = &r.permits {
+            put("permits", serde_json::to_string(t).unwrap_or_default());
+        }
         let micro = |ms: u64| {
             (ms > 0)
                 .then(|| DateTime::<Utc>::from_timestamp_millis(ms as i64).map(MicroTime))
@@ -531,6 +534,11 @@ fn own_record(
         r.queue =
             serde_json::from_str(q).map_err(|e| format!("annotation leasehold.io/queue: {e}"))?;
     }
+    if let Some(t) = get("permits") {
+        r.permits = Some(
+            serde_json::from_str(t).map_err(|e| format!("annotation leasehold.io/permits: {e}"))?,
+        );
+    }
     r.pid = num("pid")?.and_then(|p| u32::try_from(p).ok());
     r.host = get("host").cloned();
     if let Some(l) = get("labels") {
@@ -574,6 +582,7 @@ impl RecordStore for KubernetesStore {
             liveness: false,
             fence_source: "the API server's resourceVersion (an etcd revision), kept in the leasehold.io/fence annotation",
             waiter_line: true,
+            permits: true,
         }
     }
 

@@ -477,10 +477,14 @@ impl LockStore for PostgresStore {
             liveness: false,
             fence_source: "a PostgreSQL sequence per table, never lowered by cleanup",
             waiter_line: false,
+            permits: false,
         }
     }
 
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome> {
+        if let Some(p) = &req.permit {
+            return Err(p.not_supported(&self.describe()));
+        }
         let labels = check(req)?;
         self.inner.acquire_row(req, &labels).await
     }

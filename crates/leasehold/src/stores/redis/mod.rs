@@ -632,10 +632,14 @@ impl LockStore for RedisStore {
             liveness: false,
             fence_source: "INCR of a per-key counter key in the acquire script",
             waiter_line: true,
+            permits: false,
         }
     }
 
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome> {
+        if let Some(p) = &req.permit {
+            return Err(p.not_supported(&self.describe()));
+        }
         self.check(&req.key)?;
         req.check_size(LABEL_LIMIT, &self.describe())?;
         let call = self.acquire_call(req, true);
