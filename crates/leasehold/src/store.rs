@@ -264,8 +264,15 @@ impl AcquireRequest {
     /// assert!(err.to_string().contains("at most 64 bytes"), "{err}");
     /// # Ok::<(), leasehold::Error>(())
     /// ```
+    ///
+    /// A permit ([`permit`](Self::permit)) shares its key's record with up to
+    /// [`crate::PERMIT_LIMIT`] others, so it may carry a [`crate::PERMIT_LIMIT`]th of `limit`.
     pub fn check_size(&self, limit: usize, store: &str) -> Result<()> {
         let size = self.size();
+        let (limit, per) = match self.permit {
+            Some(_) => (limit / crate::record::PERMIT_LIMIT as usize, "permit"),
+            None => (limit, "lease"),
+        };
         if size <= limit {
             return Ok(());
         }
@@ -273,8 +280,8 @@ impl AcquireRequest {
             name: "labels",
             reason: format!(
                 "the holder id and labels of {} take {size} bytes written as JSON; {store} keeps \
-                 at most {limit} bytes of them per lease (keep large data elsewhere and label the \
-                 lease with a reference to it)",
+                 at most {limit} bytes of them per {per} (keep large data elsewhere and label the \
+                 {per} with a reference to it)",
                 self.key
             ),
         })
