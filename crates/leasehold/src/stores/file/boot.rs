@@ -13,6 +13,8 @@ use std::sync::OnceLock;
 const BOOT_ID: &str = "boot_id";
 const EXPIRES: &str = "expires_boottime_ms";
 const WAITER_EXPIRES: &str = "waiter_expires_boottime_ms";
+/// The prefix of each permit's stamp, followed by its token.
+const PERMIT_EXPIRES: &str = "permit_expires_boottime_ms/";
 
 /// One reading of both clocks, and this boot's id.
 #[derive(Debug, Clone, Copy)]
@@ -96,6 +98,13 @@ pub(super) fn view(r: &mut LeaseRecord, c: Clocks) {
     if let (Some(_), Some(e)) = (&r.waiter_token, stamped(r, WAITER_EXPIRES)) {
         r.waiter_expires_ms = Some(c.to_wall(e));
     }
+    let stamps = r.store.clone();
+    for p in r.permits.iter_mut().flat_map(|t| t.holders.iter_mut()) {
+        let name = format!("{PERMIT_EXPIRES}{}", p.token);
+        if let Some(e) = stamps.get(&name).and_then(|v| v.parse().ok()) {
+            p.expires_ms = c.to_wall(e);
+        }
+    }
 }
 
 /// Stamps the deadlines of `w`, about to be written after a decision on `seen` (as [`view`]
@@ -118,6 +127,27 @@ pub(super) fn stamp(w: &mut LeaseRecord, seen: Option<&LeaseRecord>, c: Clocks) 
         }
         _ => None,
     };
+    // Each permit's deadline, as the holder's.
+    let permits: Vec<(String, u64)> = w
+        .permits
+        .iter()
+        .flat_map(|t| &t.holders)
+        .map(|p| {
+            let name = format!("{PERMIT_EXPIRES}{}", p.token);
+            let same = seen.is_some_and(|s| {
+                s.permits
+                    .iter()
+                    .flat_map(|t| &t.holders)
+                    .any(|q| q.token == p.token && q.expires_ms == p.expires_ms)
+            });
+            let v = keep(&name, same).unwrap_or_else(|| c.to_boot(p.expires_ms));
+            (name, v)
+        })
+        .collect();
+    w.store.retain(|k, _| !k.starts_with(PERMIT_EXPIRES));
+    for (name, v) in permits {
+        w.store.insert(name, v.to_string());
+    }
     w.store.insert(BOOT_ID.into(), c.boot_id.into());
     for (name, v) in [(EXPIRES, expires), (WAITER_EXPIRES, waiter)] {
         match v {
@@ -130,6 +160,45 @@ pub(super) fn stamp(w: &mut LeaseRecord, seen: Option<&LeaseRecord>, c: Clocks) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_wall_clock_step_does_not_move_a_permits_deadline() {
+        use crate::record::{PermitKind, Permits};
+        let c = Clocks {
+            wall_ms: 1_000_000,
+            boot_ms: 5_000,
+            boot_id: "b1",
+        };
+        let mut r = LeaseRecord::free("k", 1);
+        let mut table = Permits::new(PermitKind::Semaphore { permits: 2 });
+        let permit: crate::record::Permit = serde_json::from_value(serde_json::json!({
+            "holder": "a", "token": "t", "fence": 2, "acquired": 1_000_000u64,
+            "renewed": 1_000_000u64, "expires": 1_010_000u64, "ttl_ms": 10_000,
+        }))
+        .unwrap();
+        table.holders.push(permit);
+        r.permits = Some(table);
+        stamp(&mut r, None, c);
+        assert_eq!(r.store["permit_expires_boottime_ms/t"], "15000");
+        // One second later on the boot-time clock, the wall clock set 60 s ahead: nine seconds
+        // are left on the wall clock too.
+        let later = Clocks {
+            wall_ms: 1_061_000,
+            boot_ms: 6_000,
+            boot_id: "b1",
+        };
+        let mut seen = r.clone();
+        view(&mut seen, later);
+        let expires = |r: &LeaseRecord| r.permits.as_ref().unwrap().holders[0].expires_ms;
+        assert_eq!(expires(&seen), 1_070_000);
+        let mut w = seen.clone();
+        stamp(&mut w, Some(&seen), later);
+        assert_eq!(w.store["permit_expires_boottime_ms/t"], "15000");
+        // Released: its stamp goes with it.
+        w.permits.as_mut().unwrap().holders.clear();
+        stamp(&mut w, Some(&seen), later);
+        assert!(!w.store.contains_key("permit_expires_boottime_ms/t"));
+    }
 
     #[test]
     fn a_wall_clock_step_does_not_move_a_stamped_deadline() {
