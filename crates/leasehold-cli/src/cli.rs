@@ -471,7 +471,8 @@ pub(crate) struct TortureArgs {
     pub(crate) json: bool,
 
     /// The keys are semaphores of N permits (1 to 64, fewer than --clients): an overlap is a
-    /// client entering a key while N others, neither paused nor killed, are inside it.
+    /// client entering a key while N others, neither paused nor killed, are inside it. The limit
+    /// is tested only while more than N clients want one key: use few --keys.
     #[arg(long, value_name = "N", value_parser = permit_count, conflicts_with = "read_write")]
     pub(crate) permits: Option<u32>,
 
