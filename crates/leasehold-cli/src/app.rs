@@ -53,7 +53,7 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
         Command::Release(args) => {
             admin::check_force(&args)?;
             let key = key_arg(&args.key)?;
-            admin::release(&*store::open(url).await?, key).await
+            admin::release(&*store::open(url).await?, key, args.holder.as_deref()).await
         }
         Command::Cleanup(args) => admin::cleanup(&*store::open(url).await?, args).await,
         Command::Queue(args) => queue::dispatch(url, args).await,

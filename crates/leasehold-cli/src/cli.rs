@@ -3,7 +3,7 @@
 use crate::exit::{self, Failure};
 use crate::process::signals::SignalArg;
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use leasehold::Key;
+use leasehold::{Key, PermitRequest};
 use std::ffi::{OsStr, OsString};
 use std::time::Duration;
 
@@ -30,7 +30,13 @@ pub(crate) struct Cli {
 pub(crate) enum Command {
     /// Run a command while holding the lease on a key (a distributed flock(1)).
     ///
-    /// The command sees LEASEHOLD_KEY, LEASEHOLD_FENCE and LEASEHOLD_HOLDER in its environment.
+    /// With --permits N the command runs under one permit of the semaphore KEY (at most N such
+    /// commands at once, across hosts); with --read or --write under a read or the write permit
+    /// of the read-write lock KEY. A permit is held, renewed and lost like the lease, with a
+    /// fence of its own.
+    ///
+    /// The command sees LEASEHOLD_KEY, LEASEHOLD_FENCE (its lease's or permit's fence) and
+    /// LEASEHOLD_HOLDER in its environment.
     /// leasehold exits with the command's status. SIGTERM, SIGINT and SIGHUP are forwarded to the
     /// command (not a terminal's Ctrl-C, which the command gets from the terminal); after it exits
     /// (or is killed once --grace has passed) the lease is released. If renewals fail while the
@@ -46,6 +52,9 @@ pub(crate) enum Command {
 
     /// Hold the lease on a key while stdin stays open: for a script that runs several commands
     /// under one lease (as a coprocess).
+    ///
+    /// --permits N, --read and --write hold one permit of a semaphore or read-write lock instead,
+    /// as for `run`.
     ///
     /// Once the lease is obtained, prints `held KEY HOLDER FENCE` (--json: an object); then holds
     /// it until stdin reaches end-of-file (closed, or its writer died) or SIGTERM, SIGINT or
@@ -92,14 +101,23 @@ pub(crate) enum Command {
     Bench(BenchArgs),
 
     /// List lease records (KEY, HOLDER, FENCE, EXPIRES, WAITER).
+    ///
+    /// A semaphore or read-write key has a row saying what it is and how many hold it
+    /// (`semaphore 3/4 permits held`, `read-write: 2 readers`), then a row per holder.
     #[command(after_help = exit::HELP)]
     Ls(LsArgs),
 
     /// Show one key's lease record, one field per line.
+    ///
+    /// A semaphore or read-write key shows what it is (`kind`) and a `holder` line per permit
+    /// held (holder, read or write, fence, expiry, pid, host).
     #[command(after_help = exit::HELP)]
     Inspect(InspectArgs),
 
     /// Free a lease whoever holds it (an operator's action; its holder is told it lost the lease).
+    ///
+    /// On a semaphore or read-write key it frees every permit; with --holder ID only what ID holds
+    /// there (its permits, or the lease if ID holds it).
     #[command(after_help = exit::HELP)]
     Release(ReleaseArgs),
 
@@ -127,6 +145,10 @@ pub(crate) enum Command {
     /// was paused: no lock can prevent it), requests caught by the fence and fence violations (a
     /// grant whose fence was not above the last). Exits 1 when there was an overlap or a fence
     /// violation. The seed is printed; --seed replays the same fault schedule.
+    ///
+    /// With --permits N the keys are semaphores (an overlap: more than N clients inside one key)
+    /// and with --read-write read-write locks (an overlap: a writer beside anyone); fences must
+    /// still rise with every grant.
     #[command(after_help = exit::HELP)]
     Torture(TortureArgs),
 }
@@ -168,6 +190,32 @@ pub(crate) struct LeaseArgs {
     /// lease metrics (leasehold_acquire_*, leasehold_renewals_total, leasehold_lost_total …).
     #[arg(long, value_name = "ADDR")]
     pub(crate) metrics: Option<std::net::SocketAddr>,
+
+    /// Take one permit of the semaphore KEY of N permits (1 to 64) instead of its lock: at most
+    /// N holders at once, each with a fence of its own. Every caller of KEY must name the same N.
+    #[arg(long, value_name = "N", value_parser = permit_count, conflicts_with_all = ["read", "write"])]
+    pub(crate) permits: Option<u32>,
+
+    /// Take a read permit of the read-write lock KEY: shared with other readers, not with a
+    /// writer (nor granted while a writer waits ahead of it).
+    #[arg(long, conflicts_with = "write")]
+    pub(crate) read: bool,
+
+    /// Take the write permit of the read-write lock KEY: alone, no reader beside it.
+    #[arg(long)]
+    pub(crate) write: bool,
+}
+
+impl LeaseArgs {
+    /// The permit the flags ask for, `None` for the key's lock.
+    pub(crate) fn permit(&self) -> Option<PermitRequest> {
+        match (self.permits, self.read, self.write) {
+            (Some(permits), _, _) => Some(PermitRequest::Semaphore { permits }),
+            (None, true, _) => Some(PermitRequest::Read),
+            (None, false, true) => Some(PermitRequest::Write),
+            (None, false, false) => None,
+        }
+    }
 }
 
 /// Options of `run`.
@@ -421,6 +469,17 @@ pub(crate) struct TortureArgs {
     /// Print the table as one JSON object.
     #[arg(long)]
     pub(crate) json: bool,
+
+    /// The keys are semaphores of N permits (1 to 64, fewer than --clients): an overlap is a
+    /// client entering a key while N others, neither paused nor killed, are inside it. The limit
+    /// is tested only while more than N clients want one key: use few --keys.
+    #[arg(long, value_name = "N", value_parser = permit_count, conflicts_with = "read_write")]
+    pub(crate) permits: Option<u32>,
+
+    /// The keys are read-write locks, clients reading and writing (one time in three): an
+    /// overlap is a writer beside anyone, or a reader beside a writer.
+    #[arg(long)]
+    pub(crate) read_write: bool,
 }
 
 /// Options of `bench`.
@@ -471,6 +530,11 @@ pub(crate) struct ReleaseArgs {
     /// exits); --force frees it whoever holds it.
     #[arg(long)]
     pub(crate) force: bool,
+
+    /// Free only what this holder (its id, as `inspect` shows it) holds on the key: its permits
+    /// of a semaphore or read-write key, or the lease if it holds it; nobody else's.
+    #[arg(long, value_name = "ID")]
+    pub(crate) holder: Option<String>,
 
     /// The key.
     #[arg(value_name = "KEY")]
@@ -694,6 +758,15 @@ pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
         return Err(format!("{s:?} is longer than 100 years"));
     }
     Ok(d)
+}
+
+/// Parses a permit count: 1 to [`leasehold::PERMIT_LIMIT`].
+fn permit_count(s: &str) -> Result<u32, String> {
+    let limit = leasehold::PERMIT_LIMIT;
+    match s.trim().parse::<u32>() {
+        Ok(n) if (1..=limit).contains(&n) => Ok(n),
+        _ => Err(format!("a semaphore has 1 to {limit} permits, not {s:?}")),
+    }
 }
 
 /// Parses `name=value`.

@@ -6,12 +6,23 @@ use crate::exit::{self, Failure, LOST, OK};
 use crate::output::{clean, print};
 use crate::process::child::signal_status;
 use crate::process::signals::{self, Forwarded};
-use leasehold::{Error, Key, LeaseGuard, LockBuilder, Locks, StopReason, Wait};
+use leasehold::{Error, Key, LeaseGuard, LockBuilder, Locks, PermitRequest, StopReason, Wait};
 use serde_json::json;
 
-/// The acquisition `lease` asks for: its TTL, wait and labels.
-pub(crate) fn lease_builder(locks: &Locks, key: &Key, lease: &LeaseArgs) -> LockBuilder {
-    let mut builder = locks.lock_key(key.clone()).ttl(lease.ttl);
+/// The acquisition `lease` asks for: the key's lock or one of its permits (`--permits`,
+/// `--read`, `--write`), its TTL, wait and labels.
+pub(crate) fn lease_builder(
+    locks: &Locks,
+    key: &Key,
+    lease: &LeaseArgs,
+) -> Result<LockBuilder, Failure> {
+    let builder = match lease.permit() {
+        None => locks.lock_key(key.clone()),
+        Some(PermitRequest::Semaphore { permits }) => locks.semaphore(key.as_str(), permits)?,
+        Some(PermitRequest::Read) => locks.read_write(key.as_str())?.read(),
+        Some(PermitRequest::Write) => locks.read_write(key.as_str())?.write(),
+    };
+    let mut builder = builder.ttl(lease.ttl);
     builder = match (lease.no_wait, lease.wait) {
         // One attempt; held elsewhere is `Error::Timeout` naming the holder, and a store error
         // stays a store error (exit 1), not "not obtained".
@@ -22,7 +33,7 @@ pub(crate) fn lease_builder(locks: &Locks, key: &Key, lease: &LeaseArgs) -> Lock
     for (name, value) in &lease.labels {
         builder = builder.label(name, value);
     }
-    builder
+    Ok(builder)
 }
 
 /// Waits for the lease as `builder` says, ended early by SIGTERM, SIGINT or SIGHUP (a failure

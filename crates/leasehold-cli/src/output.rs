@@ -1,7 +1,7 @@
 //! Writing to stdout (a closed pipe is not an error) and formatting records for people.
 
 use crate::exit::Failure;
-use leasehold::LeaseRecord;
+use leasehold::{LeaseRecord, Permit, PermitKind, Permits};
 use std::io::{self, Write};
 use std::time::Duration;
 
@@ -27,13 +27,67 @@ pub(crate) fn print_json(value: &serde_json::Value) -> Result<(), Failure> {
 }
 
 /// A record's state at `now_ms`: `held`, `expired` (a holder that stopped renewing) or `free`.
+/// A semaphore or read-write key is held while one of its permits is (its stored record names
+/// no holder in its lock fields), expired when it lists only permits past their expiry.
 pub(crate) fn state(r: &LeaseRecord, now_ms: u64) -> &'static str {
+    if let Some(t) = &r.permits {
+        return if t.holders.iter().any(|p| p.expires_ms > now_ms) {
+            "held"
+        } else if !t.holders.is_empty() {
+            "expired"
+        } else {
+            "free"
+        };
+    }
     if r.is_held(now_ms) {
         "held"
     } else if r.token.is_some() {
         "expired"
     } else {
         "free"
+    }
+}
+
+/// What a semaphore or read-write key is and how many hold it at `now_ms` (permits past their
+/// expiry not counted): `semaphore 3/4 permits held`, `read-write: 2 readers`, `read-write: 1
+/// writer`, `read-write: free`.
+pub(crate) fn permits_summary(t: &Permits, now_ms: u64) -> String {
+    let live = || t.holders.iter().filter(|p| p.expires_ms > now_ms);
+    match t.kind {
+        PermitKind::Semaphore { permits } => {
+            let unit = if permits == 1 { "permit" } else { "permits" };
+            format!("semaphore {}/{permits} {unit} held", live().count())
+        }
+        PermitKind::ReadWrite => {
+            let writers = live().filter(|p| p.write).count();
+            let readers = live().count() - writers;
+            let plural = |n: usize, one: &str| {
+                if n == 1 {
+                    format!("1 {one}")
+                } else {
+                    format!("{n} {one}s")
+                }
+            };
+            match (writers, readers) {
+                (0, 0) => "read-write: free".into(),
+                (0, r) => format!("read-write: {}", plural(r, "reader")),
+                (w, 0) => format!("read-write: {}", plural(w, "writer")),
+                (w, r) => format!(
+                    "read-write: {}, {}",
+                    plural(w, "writer"),
+                    plural(r, "reader")
+                ),
+            }
+        }
+    }
+}
+
+/// A permit's holder for people: its id, and on a read-write key `(read)` or `(write)`.
+pub(crate) fn permit_holder(t: &Permits, p: &Permit) -> String {
+    match (t.kind, p.write) {
+        (PermitKind::ReadWrite, true) => format!("{} (write)", clean(&p.holder)),
+        (PermitKind::ReadWrite, false) => format!("{} (read)", clean(&p.holder)),
+        (PermitKind::Semaphore { .. }, _) => clean(&p.holder),
     }
 }
 

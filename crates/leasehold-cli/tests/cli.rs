@@ -2385,3 +2385,418 @@ fn run_works_on_etcd() {
     assert!(second > first, "fence {second} after {first}");
     elect_hands_over(&url);
 }
+
+/// A command that enters the counter directory `$SLOTS` (a file of its own), appends how many
+/// are inside to `$LOG` (`ROLE.PID` names, on read-write keys), works for 0.3 s and leaves.
+const SLOT: &str =
+    r#"touch "$SLOTS/$ROLE.$$"; echo $(ls "$SLOTS") >> "$LOG"; sleep 0.3; rm "$SLOTS/$ROLE.$$""#;
+
+/// A command that enters `$SLOTS` as `$ROLE.PID`, prints `HOLDER FENCE` and `ready`, and holds
+/// until its stdin closes.
+const SLOT_HELD: &str = r#"touch "$SLOTS/$ROLE.$$"; echo "$LEASEHOLD_HOLDER $LEASEHOLD_FENCE"; echo ready; read x; rm "$SLOTS/$ROLE.$$""#;
+
+/// A command that prints `HOLDER FENCE` and `ready`, then runs until it is killed.
+const HELD_FOREVER: &str = r#"echo "$LEASEHOLD_HOLDER $LEASEHOLD_FENCE"; echo ready;
+    while :; do sleep 0.1 </dev/null >/dev/null 2>&1 & wait $!; done"#;
+
+/// A permit holder's `HOLDER FENCE` line, then its `ready`.
+fn holder_and_fence(p: &mut Proc) -> (String, u64) {
+    let line = p.wait_for_line("HOLDER FENCE", |l| l.split(' ').count() == 2);
+    p.wait_line("ready");
+    let (h, f) = line.split_once(' ').unwrap();
+    (h.to_owned(), f.parse().unwrap())
+}
+
+/// A scratch counter directory and log beside the store, for [`SLOT`] and [`SLOT_HELD`].
+fn counter(s: &Store) -> (PathBuf, PathBuf) {
+    let slots = s.path("slots");
+    std::fs::create_dir_all(&slots).unwrap();
+    (slots, s.path("log"))
+}
+
+/// Who is inside the counter directory.
+fn inside(slots: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(slots)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// `leasehold run --key KEY PERMIT --ttl 5s EXTRA -- sh -c SCRIPT` with the counter's
+/// environment (`ROLE`: `w` for `--write`, `r` for `--read`, else `p`).
+fn permit_run(s: &Store, key: &str, permit: &[&str], extra: &[&str], script: &str) -> Command {
+    let (slots, log) = counter(s);
+    let role = match permit.first() {
+        Some(&"--write") => "w",
+        Some(&"--read") => "r",
+        _ => "p",
+    };
+    let mut c = s.cmd(["run", "--key", key, "--ttl", "5s"]);
+    c.args(permit)
+        .args(extra)
+        .args(["--", "sh", "-c", script])
+        .env("SLOTS", slots)
+        .env("LOG", log)
+        .env("ROLE", role);
+    c
+}
+
+/// The counter log's lines, each the names inside when a command entered.
+fn entries(log: &Path) -> Vec<Vec<String>> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| l.split_whitespace().map(str::to_owned).collect())
+        .collect()
+}
+
+#[test]
+fn n_plus_one_runs_on_a_semaphore_of_n_never_have_more_than_n_inside() {
+    let s = Store::new();
+    let (slots, log) = counter(&s);
+    let sem = ["--permits", "2"];
+    // N+1 at once, three times over: every command saw at most N inside, itself included.
+    for _ in 0..3 {
+        let racing: Vec<Proc> = (0..3)
+            .map(|_| Proc::spawn(permit_run(&s, "slots", &sem, &[], SLOT)))
+            .collect();
+        for p in racing {
+            let out = p.finish(LIMIT);
+            assert_eq!(out.code, Some(0), "{out:?}");
+        }
+    }
+    let seen = entries(&log);
+    assert_eq!(seen.len(), 9, "{seen:?}");
+    assert!(
+        seen.iter().all(|e| (1..=2).contains(&e.len())),
+        "more than 2 inside: {seen:?}"
+    );
+
+    // N holding: the next is refused with --no-wait, and a waiting one enters when one leaves.
+    let mut a = Proc::spawn(permit_run(&s, "slots", &sem, &[], SLOT_HELD));
+    let (_, fa) = holder_and_fence(&mut a);
+    let mut b = Proc::spawn(permit_run(&s, "slots", &sem, &[], SLOT_HELD));
+    let (_, fb) = holder_and_fence(&mut b);
+    assert!(fb > fa, "a fence per permit: {fa} then {fb}");
+    let out = Proc::spawn(permit_run(&s, "slots", &sem, &["--no-wait"], "true")).finish(LIMIT);
+    assert_eq!(out.code, Some(75), "{out:?}");
+    assert!(
+        out.one_stderr_line().contains("(2 of 2 permits)"),
+        "{out:?}"
+    );
+    let mut c = Proc::spawn(permit_run(&s, "slots", &sem, &[], SLOT_HELD));
+    wait_for_waiter(&s, "slots");
+    assert_eq!(inside(&slots).len(), 2);
+    assert_eq!(a.finish(LIMIT).code, Some(0));
+    let (_, fc) = holder_and_fence(&mut c);
+    assert!(fc > fb, "fences rise across permits: {fc} after {fb}");
+    assert_eq!(inside(&slots).len(), 2);
+    for p in [b, c] {
+        assert_eq!(p.finish(LIMIT).code, Some(0));
+    }
+    let rec = s.inspect("slots");
+    assert_eq!(rec["state"], "free", "{rec}");
+    assert_eq!(fence(&rec), fc);
+}
+
+#[test]
+fn readers_share_a_read_write_lock_and_a_writer_holds_it_alone() {
+    let s = Store::new();
+    let (slots, log) = counter(&s);
+    // Readers and writers at once, twice over: a writer never saw anyone beside it, nor a
+    // reader a writer.
+    for _ in 0..2 {
+        let racing: Vec<Proc> = ["--read", "--write", "--read", "--read", "--write", "--read"]
+            .into_iter()
+            .map(|p| Proc::spawn(permit_run(&s, "catalog", &[p], &[], SLOT)))
+            .collect();
+        for p in racing {
+            let out = p.finish(LIMIT);
+            assert_eq!(out.code, Some(0), "{out:?}");
+        }
+    }
+    let seen = entries(&log);
+    assert_eq!(seen.len(), 12, "{seen:?}");
+    for e in &seen {
+        let writers = e.iter().filter(|n| n.starts_with("w.")).count();
+        assert!(
+            writers == 0 || e.len() == 1,
+            "a writer beside others: {seen:?}"
+        );
+    }
+
+    // Two readers hold it: a writer is refused, a third reader is let in.
+    let read = ["--read"];
+    let write = ["--write"];
+    let mut r1 = Proc::spawn(permit_run(&s, "catalog", &read, &[], SLOT_HELD));
+    let (_, f1) = holder_and_fence(&mut r1);
+    let mut r2 = Proc::spawn(permit_run(&s, "catalog", &read, &[], SLOT_HELD));
+    let (_, f2) = holder_and_fence(&mut r2);
+    let out = Proc::spawn(permit_run(&s, "catalog", &write, &["--no-wait"], "true")).finish(LIMIT);
+    assert_eq!(out.code, Some(75), "{out:?}");
+    assert!(out.one_stderr_line().contains("(reading)"), "{out:?}");
+    let out = Proc::spawn(permit_run(&s, "catalog", &read, &["--no-wait"], "true")).finish(LIMIT);
+    assert_eq!(out.code, Some(0), "{out:?}");
+
+    // A writer waits; a reader that comes after it is not let in ahead of it.
+    let mut w = Proc::spawn(permit_run(&s, "catalog", &write, &[], SLOT_HELD));
+    wait_for_waiter(&s, "catalog");
+    let out = Proc::spawn(permit_run(&s, "catalog", &read, &["--no-wait"], "true")).finish(LIMIT);
+    assert_eq!(out.code, Some(75), "{out:?}");
+    assert_eq!(r1.finish(LIMIT).code, Some(0));
+    assert_eq!(r2.finish(LIMIT).code, Some(0));
+    let (_, fw) = holder_and_fence(&mut w);
+    assert!(
+        fw > f1.max(f2),
+        "the writer's fence is above the reads': {fw}"
+    );
+    let alone = inside(&slots);
+    assert!(alone.len() == 1 && alone[0].starts_with("w."), "{alone:?}");
+    let out = Proc::spawn(permit_run(&s, "catalog", &read, &["--no-wait"], "true")).finish(LIMIT);
+    assert_eq!(out.code, Some(75), "{out:?}");
+    assert!(out.one_stderr_line().contains("(writing)"), "{out:?}");
+    assert_eq!(w.finish(LIMIT).code, Some(0));
+    assert_eq!(s.inspect("catalog")["state"], "free");
+}
+
+#[test]
+fn inspect_ls_and_watch_show_every_holder_of_a_permit_key() {
+    let s = Store::new();
+    let sem = ["--permits", "3"];
+    let mut a = Proc::spawn(permit_run(
+        &s,
+        "slots",
+        &sem,
+        &["--label", "job=a"],
+        SLOT_HELD,
+    ));
+    let (ha, fa) = holder_and_fence(&mut a);
+    let mut b = Proc::spawn(permit_run(
+        &s,
+        "slots",
+        &sem,
+        &["--label", "job=b"],
+        SLOT_HELD,
+    ));
+    let (hb, fb) = holder_and_fence(&mut b);
+
+    // inspect, for people: what it is, and a line per holder with its permit's fence.
+    let out = s.output(["inspect", "slots"]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    for want in ["state: held", "kind: semaphore 2/3 permits held"] {
+        assert!(
+            out.stdout.lines().any(|l| l == want),
+            "{want} in\n{}",
+            out.stdout
+        );
+    }
+    let holders: Vec<&str> = out
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("holder: "))
+        .collect();
+    assert_eq!(holders.len(), 2, "{}", out.stdout);
+    assert!(holders[0].starts_with(&format!("holder: {ha} fence {fa}, expires 20")));
+    assert!(holders[0].ends_with("labels job=a"), "{}", holders[0]);
+    assert!(holders[1].starts_with(&format!("holder: {hb} fence {fb}, expires 20")));
+
+    // … as JSON: the permit table, without owner tokens.
+    let v = s.inspect("slots");
+    assert_eq!(v["state"], "held");
+    assert_eq!(v["permits"]["kind"], "semaphore");
+    assert_eq!(v["permits"]["permits"], 3);
+    let table = v["permits"]["holders"].as_array().unwrap();
+    let seen: Vec<(String, u64)> = table.iter().map(|p| (holder(p), fence(p))).collect();
+    assert_eq!(seen, [(ha.clone(), fa), (hb.clone(), fb)]);
+    assert!(table
+        .iter()
+        .all(|p| p["state"] == "held" && p["remaining_ms"].as_u64() > Some(0)));
+    assert!(
+        !v.to_string().contains("token"),
+        "owner tokens are not printed: {v}"
+    );
+
+    // ls: the key's row, then a row per holder.
+    let out = s.output(["ls"]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let rows: Vec<&str> = out
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("slots "))
+        .collect();
+    assert_eq!(rows.len(), 3, "{}", out.stdout);
+    assert!(rows[0].contains("semaphore 2/3 permits held") && rows[0].contains(" held "));
+    assert!(rows[1].contains(&ha) && rows[1].contains(&fa.to_string()));
+    assert!(rows[2].contains(&hb) && rows[2].contains(&fb.to_string()));
+
+    // watch: one line with every holder; a third taken (by `hold`) is a change.
+    let mut watch = s.spawn(["watch", "slots"]);
+    let line = watch.wait_line_starting("slots held ");
+    assert!(line.contains("(semaphore 2/3 permits held)"), "{line}");
+    assert!(
+        line.contains(&format!("holder {ha} fence {fa}"))
+            && line.contains(&format!("holder {hb} fence {fb}")),
+        "{line}"
+    );
+    let mut h = s.spawn(["hold", "--key", "slots", "--permits", "3"]);
+    let held = h.wait_line_starting("held slots ");
+    let hc = held.split(' ').nth(2).unwrap().to_owned();
+    let line = watch.wait_line_starting("slots held ");
+    assert!(line.contains("(semaphore 3/3 permits held)"), "{line}");
+    assert!(line.contains(&format!("holder {hc} fence ")), "{line}");
+    assert_eq!(h.finish(LIMIT).code, Some(0));
+    watch.signal(libc::SIGTERM);
+    assert_eq!(watch.finish(LIMIT).code, Some(0));
+    for p in [a, b] {
+        assert_eq!(p.finish(LIMIT).code, Some(0));
+    }
+    // Free once all are gone: its row says so.
+    let out = s.output(["ls"]);
+    let rows: Vec<&str> = out
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("slots "))
+        .collect();
+    assert_eq!(rows.len(), 1, "{}", out.stdout);
+    assert!(rows[0].contains("semaphore 0/3 permits held") && rows[0].contains(" free "));
+}
+
+#[test]
+fn release_force_holder_frees_only_that_holder() {
+    let s = Store::new();
+    let sem = ["--permits", "2", "--ttl", "2s"];
+    let mut a = s.spawn(["run", "--key", "slots"].iter().chain(&sem).chain(&[
+        "--",
+        "sh",
+        "-c",
+        HELD_FOREVER,
+    ]));
+    let (ha, fa) = holder_and_fence(&mut a);
+    let mut b = s.spawn(["run", "--key", "slots"].iter().chain(&sem).chain(&[
+        "--",
+        "sh",
+        "-c",
+        HELD_FOREVER,
+    ]));
+    let (hb, fb) = holder_and_fence(&mut b);
+
+    let out = s.output(["release", "--force", "slots", "--holder", "nobody"]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(
+        out.stdout.starts_with("nobody held nothing on \"slots\""),
+        "{out:?}"
+    );
+    assert_eq!(
+        s.inspect("slots")["permits"]["holders"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+
+    // a's permit freed: its command is stopped, b's runs on.
+    let out = s.output(["release", "--force", "slots", "--holder", &ha]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(
+        out.stdout
+            .starts_with("released 1 permit of the semaphore \"slots\", held by ")
+            && out.stdout.contains(&format!("{ha} (fence {fa})")),
+        "{out:?}"
+    );
+    let out = a.finish(LIMIT);
+    assert_eq!(out.code, Some(76), "{out:?}");
+    let rec = s.inspect("slots");
+    let left: Vec<String> = rec["permits"]["holders"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(holder)
+        .collect();
+    assert_eq!(left, std::slice::from_ref(&hb), "{rec}");
+    let out = s.output(["release", "--force", "slots", "--holder", &ha]);
+    assert!(out.stdout.contains("held nothing"), "{out:?}");
+
+    // Without --holder: every permit.
+    let out = s.output(["release", "--force", "slots"]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(
+        out.stdout.contains(&format!("{hb} (fence {fb})")),
+        "{out:?}"
+    );
+    assert_eq!(b.finish(LIMIT).code, Some(76));
+    assert_eq!(s.inspect("slots")["state"], "free");
+
+    // A lock: freed for its holder only.
+    let mut l = s.spawn([
+        "run",
+        "--key",
+        "lk",
+        "--ttl",
+        "2s",
+        "--",
+        "sh",
+        "-c",
+        HELD_FOREVER,
+    ]);
+    let (hl, fl) = holder_and_fence(&mut l);
+    let out = s.output(["release", "--force", "lk", "--holder", &ha]);
+    assert!(out.stdout.contains("held nothing"), "{out:?}");
+    assert_eq!(s.inspect("lk")["state"], "held");
+    let out = s.output(["release", "--force", "lk", "--holder", &hl]);
+    assert!(
+        out.stdout.contains(&format!("held by {hl} (fence {fl})")),
+        "{out:?}"
+    );
+    assert_eq!(l.finish(LIMIT).code, Some(76));
+}
+
+#[test]
+fn permit_flags_are_checked() {
+    let s = Store::new();
+    // Counts out of range: one line, exit 2.
+    for n in ["0", "65", "x"] {
+        let out = s.output(["run", "--key", "k", "--permits", n, "--", "true"]);
+        assert_eq!(out.code, Some(2), "{n}: {out:?}");
+        assert!(out.one_stderr_line().contains("1 to 64 permits"), "{out:?}");
+    }
+    // Flags that exclude each other, and elect, which takes no permits: clap's usage, exit 2.
+    for args in [
+        &["run", "--key", "k", "--read", "--write", "--", "true"][..],
+        &[
+            "run",
+            "--key",
+            "k",
+            "--permits",
+            "2",
+            "--read",
+            "--",
+            "true",
+        ],
+        &["hold", "--key", "k", "--permits", "2", "--write"],
+        &["elect", "--key", "k", "--read"],
+    ] {
+        let out = s.output(args);
+        assert_eq!(out.code, Some(2), "{args:?}: {out:?}");
+        assert!(
+            out.stderr.contains("cannot be used with")
+                || out.stderr.contains("unexpected argument"),
+            "{out:?}"
+        );
+    }
+    assert!(s.ls_json(None).is_empty());
+    // A key held as one kind is refused as another, with a line that says what it is.
+    let mut a = Proc::spawn(permit_run(&s, "k", &["--permits", "2"], &[], SLOT_HELD));
+    holder_and_fence(&mut a);
+    for other in [&["--permits", "3"][..], &["--read"], &[]] {
+        let out = Proc::spawn(permit_run(&s, "k", other, &["--no-wait"], "true")).finish(LIMIT);
+        assert_eq!(out.code, Some(2), "{other:?}: {out:?}");
+        assert!(
+            out.one_stderr_line()
+                .contains("k is a semaphore of 2 permits"),
+            "{out:?}"
+        );
+    }
+    assert_eq!(a.finish(LIMIT).code, Some(0));
+}

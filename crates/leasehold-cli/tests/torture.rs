@@ -83,6 +83,73 @@ fn the_checker_catches_commands_under_leasehold_run_that_nothing_excludes() {
     assert!(n(&rows[0], "overlaps") > 0, "{rows:?}");
 }
 
+/// Semaphores and read-write locks: on the memory store (each client's permits its own) more
+/// than N clients inside a semaphore of N, and a writer beside others, are caught.
+#[test]
+fn the_checker_catches_permits_that_nothing_limits() {
+    for (mode, name) in [
+        (&["--permits", "2"][..], "semaphore:2"),
+        (&["--read-write"][..], "read-write"),
+    ] {
+        let mut args = vec!["memory", "--duration", "3s", "--faults", "none"];
+        args.extend(["--keys", "1", "--clients", "4"]);
+        args.extend(mode);
+        let (code, rows) = torture(&args);
+        assert_eq!(code, 1, "{mode:?}: {rows:?}");
+        assert_eq!(rows[0]["mode"], name, "{rows:?}");
+        assert!(n(&rows[0], "overlaps") > 0, "{mode:?}: {rows:?}");
+    }
+}
+
+/// The file store keeps semaphores to their permits and read-write locks to one writer (or
+/// readers), with rising fences, under kills and pauses, through the library and `leasehold run`.
+#[test]
+fn the_file_store_keeps_permits_under_kills_and_pauses() {
+    for (mode, seed) in [
+        (&["--permits", "2"][..], "13"),
+        (&["--read-write"][..], "14"),
+    ] {
+        let mut args = vec!["file", "--duration", "9s", "--faults", "none,kill,stop"];
+        args.extend(["--seed", seed]);
+        args.extend(mode);
+        let (code, rows) = torture(&args);
+        assert_eq!(code, 0, "{mode:?}: {rows:?}");
+        assert_eq!(rows.len(), 3);
+        for row in &rows {
+            assert!(n(row, "sections") > 0, "{mode:?}: {row}");
+            assert_eq!(
+                (n(row, "overlaps"), n(row, "fence_violations")),
+                (0, 0),
+                "{mode:?}: {row}"
+            );
+        }
+        assert!(
+            rows[1..].iter().all(|r| n(r, "faults_injected") > 0),
+            "{rows:?}"
+        );
+    }
+}
+
+/// A semaphore with no more permits than clients checks nothing: refused, exit 2.
+#[test]
+fn permits_must_be_fewer_than_clients() {
+    for args in [
+        &["--permits", "5"][..],
+        &["--permits", "2", "--clients", "2"],
+        &["--read-write", "--clients", "1"],
+        &["--permits", "0"],
+    ] {
+        let out = Command::new(BIN)
+            .args(["torture", "file", "--duration", "1s"])
+            .args(args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(out.stdout.is_empty(), "{args:?}");
+    }
+}
+
 /// A store the command cannot open is said once, with exit status 2, before any client starts
 /// (not one error per client and a table of empty phases).
 #[test]

@@ -5,7 +5,7 @@ use crate::exit::{Failure, OK};
 use crate::output::{self, clean, print, print_json};
 use crate::process::signals::Forwarded;
 use leasehold::now_ms;
-use leasehold::{Inspection, Key, LeaseRecord, LockStore};
+use leasehold::{Inspection, Key, LeaseRecord, LockStore, Permit, Permits};
 use serde_json::{json, Value};
 use std::time::Duration;
 
@@ -24,6 +24,7 @@ pub(crate) async fn ls(store: &dyn LockStore, prefix: &str, json: bool) -> Resul
     let mut notes = String::new();
     for i in &all {
         match i {
+            Inspection::Record(r) if r.permits.is_some() => permit_rows(r, now, &mut rows),
             Inspection::Record(r) => rows.push(vec![
                 clean(&r.key),
                 match (&r.holder, state(r, now)) {
@@ -60,6 +61,38 @@ pub(crate) async fn ls(store: &dyn LockStore, prefix: &str, json: bool) -> Resul
     }
     print(&text)?;
     Ok(OK)
+}
+
+/// The `ls` rows of a semaphore or read-write key: one that says what it is, how many hold it,
+/// its last fence, its state and its waiter; then one per holder, with its permit's fence and
+/// the time left on it.
+fn permit_rows(r: &LeaseRecord, now: u64, rows: &mut Vec<Vec<String>>) {
+    let Some(t) = &r.permits else { return };
+    rows.push(vec![
+        clean(&r.key),
+        output::permits_summary(t, now),
+        r.fence.to_string(),
+        state(r, now).into(),
+        waiter(r, now).map_or_else(|| "-".into(), |w| clean(&w)),
+    ]);
+    for p in &t.holders {
+        rows.push(vec![
+            clean(&r.key),
+            output::permit_holder(t, p),
+            p.fence.to_string(),
+            permit_remaining(p, now),
+            String::new(),
+        ]);
+    }
+}
+
+/// The time left on a permit at `now`, or `expired`.
+fn permit_remaining(p: &Permit, now: u64) -> String {
+    if p.expires_ms > now {
+        output::duration(Duration::from_millis(p.expires_ms - now))
+    } else {
+        "expired".into()
+    }
 }
 
 /// `leasehold inspect KEY`.
@@ -147,7 +180,7 @@ pub(crate) async fn watch(
         // (once: a clock that disagrees with the store's on its expiry must not make a busy
         // loop).
         match &seen {
-            Some(Inspection::Record(r)) if r.is_held(now) => {
+            Some(Inspection::Record(r)) if state(r, now) == "held" => {
                 if notified != Some(r.fence) {
                     match store.notify_release(&key, Some(r.fence)).await {
                         Ok(true) => notified = Some(r.fence),
@@ -180,8 +213,8 @@ pub(crate) async fn watch(
         // Wake at the lease's expiry too: a store's own expiry sends no notification.
         let mut wait = every;
         if let Some(Inspection::Record(r)) = &seen {
-            if r.is_held(now) {
-                wait = wait.min(r.remaining(now) + Duration::from_millis(1));
+            if let Some(next) = next_expiry(r, now) {
+                wait = wait.min(next + Duration::from_millis(1));
             }
         }
         let changed = async {
@@ -213,7 +246,20 @@ fn watched(key: &Key, seen: Option<&Inspection>, now: u64) -> (String, Value) {
         ),
         Some(Inspection::Record(r)) => {
             let mut line = format!("{k} {} fence {}", state(r, now), r.fence);
-            if let (Some(h), "held" | "expired") = (&r.holder, state(r, now)) {
+            if let Some(t) = &r.permits {
+                // What it is and who holds it, without what renewals change (the expiries).
+                line.push_str(&format!(" ({})", output::permits_summary(t, now)));
+                for p in &t.holders {
+                    line.push_str(&format!(
+                        " holder {} fence {}",
+                        output::permit_holder(t, p),
+                        p.fence
+                    ));
+                    if p.expires_ms <= now {
+                        line.push_str(" expired");
+                    }
+                }
+            } else if let (Some(h), "held" | "expired") = (&r.holder, state(r, now)) {
                 line.push_str(&format!(" holder {}", clean(h)));
             }
             if let Some(w) = waiter(r, now) {
@@ -223,9 +269,26 @@ fn watched(key: &Key, seen: Option<&Inspection>, now: u64) -> (String, Value) {
             if let Some(o) = object.as_object_mut() {
                 // Renewals change these; the line above does not show them either.
                 o.remove("remaining_ms");
+                for p in permit_objects(o) {
+                    p.remove("remaining_ms");
+                }
             }
             (line, object)
         }
+    }
+}
+
+/// How long until the lease on `r`, or its first permit still held, expires (`None`: nothing
+/// held at `now`).
+fn next_expiry(r: &LeaseRecord, now: u64) -> Option<Duration> {
+    match &r.permits {
+        Some(t) => t
+            .holders
+            .iter()
+            .filter(|p| p.expires_ms > now)
+            .map(|p| Duration::from_millis(p.expires_ms - now))
+            .min(),
+        None => r.is_held(now).then(|| r.remaining(now)),
     }
 }
 
@@ -240,17 +303,70 @@ pub(crate) fn check_force(args: &ReleaseArgs) -> Result<(), Failure> {
     ))
 }
 
-/// `leasehold release --force KEY`.
-pub(crate) async fn release(store: &dyn LockStore, key: Key) -> Result<u8, Failure> {
+/// `leasehold release --force KEY [--holder ID]`: frees the lease or every permit of `key`, or
+/// with `holder` only what that holder holds there.
+pub(crate) async fn release(
+    store: &dyn LockStore,
+    key: Key,
+    holder: Option<&str>,
+) -> Result<u8, Failure> {
     let now = now_ms();
-    match store.force_release(&key).await? {
-        Some(r) if r.token.is_some() => {
+    let was = match holder {
+        None => store.force_release(&key).await?,
+        Some(who) => store.force_release_holder(&key, who).await?,
+    };
+    let k = key.as_str();
+    let text = match (was, holder) {
+        (Some(r), who) if r.permits.is_some() => {
+            let freed: Vec<&Permit> = r
+                .permits
+                .iter()
+                .flat_map(|t| &t.holders)
+                .filter(|p| who.is_none_or(|w| p.holder == w || p.token == w))
+                .collect();
+            if freed.is_empty() {
+                nothing_held(k, who)
+            } else {
+                let kind = match r.permits.as_ref().map(|t| t.kind) {
+                    Some(leasehold::PermitKind::ReadWrite) => "the read-write lock",
+                    _ => "the semaphore",
+                };
+                for p in &freed {
+                    tracing::warn!(key = %key, holder = %p.holder, fence = p.fence, expired = p.expires_ms <= now, "permit force-released");
+                }
+                let list: Vec<String> = freed
+                    .iter()
+                    .map(|p| {
+                        let name = r
+                            .permits
+                            .as_ref()
+                            .map_or_else(|| clean(&p.holder), |t| output::permit_holder(t, p));
+                        let expired = if p.expires_ms <= now {
+                            ", already expired"
+                        } else {
+                            ""
+                        };
+                        format!("{name} (fence {}{expired})", p.fence)
+                    })
+                    .collect();
+                let permits = if freed.len() == 1 {
+                    "permit"
+                } else {
+                    "permits"
+                };
+                format!(
+                    "released {} {permits} of {kind} {k:?}, held by {}\n",
+                    freed.len(),
+                    list.join(", ")
+                )
+            }
+        }
+        (Some(r), _) if r.token.is_some() => {
             let holder = r.holder.as_deref().unwrap_or("unknown");
             let expired = !r.is_held(now);
             tracing::warn!(key = %key, holder, fence = r.fence, expired, "lease force-released");
-            print(&format!(
-                "released {:?}: it was held by {} (fence {}{})\n",
-                key.as_str(),
+            format!(
+                "released {k:?}: it was held by {} (fence {}{})\n",
                 clean(holder),
                 r.fence,
                 if expired {
@@ -258,14 +374,23 @@ pub(crate) async fn release(store: &dyn LockStore, key: Key) -> Result<u8, Failu
                 } else {
                     ""
                 }
-            ))?;
+            )
         }
-        _ => print(&format!(
-            "{:?} was not held by anyone; nothing to release\n",
-            key.as_str()
-        ))?,
-    }
+        (_, who) => nothing_held(k, who),
+    };
+    print(&text)?;
     Ok(OK)
+}
+
+/// What `release --force` says when there was nothing to free (for `who`, when given).
+fn nothing_held(key: &str, who: Option<&str>) -> String {
+    match who {
+        None => format!("{key:?} was not held by anyone; nothing to release\n"),
+        Some(w) => format!(
+            "{} held nothing on {key:?} (no lease, no permit); nothing to release\n",
+            clean(w)
+        ),
+    }
 }
 
 /// `leasehold cleanup`.
@@ -294,17 +419,43 @@ fn state(r: &LeaseRecord, now: u64) -> &'static str {
     output::state(r, now)
 }
 
-/// The live waiter's identity, if any.
+/// The live waiter's identity, if any; `(write)` after it for a writer waiting on a read-write
+/// key.
 fn waiter(r: &LeaseRecord, now: u64) -> Option<String> {
-    r.has_live_waiter(now)
-        .then(|| r.waiter.clone().unwrap_or_else(|| "unknown".into()))
+    let who = r
+        .has_live_waiter(now)
+        .then(|| r.waiter.clone().unwrap_or_else(|| "unknown".into()))?;
+    Some(match &r.waiter_token {
+        Some(t) if writes(r, t) => format!("{who} (write)"),
+        _ => who,
+    })
+}
+
+/// Whether the waiter whose token is `token` waits for the write permit of a read-write key.
+fn writes(r: &LeaseRecord, token: &str) -> bool {
+    r.permits
+        .as_ref()
+        .is_some_and(|t| t.writers_waiting.iter().any(|w| w == token))
 }
 
 /// A record as JSON: the stored record plus `state` (`held`, `expired`, `free`) and
 /// `remaining_ms`, without the owner tokens (they let whoever knows them renew or release the
-/// lease as its holder).
+/// lease as its holder). On a semaphore or read-write key, each permit of `permits.holders` has
+/// its `state` and `remaining_ms` too, the key's `remaining_ms` is the longest of them (when the
+/// key is free unless renewed), and `permits.writers_waiting` names the writers in line by
+/// their ids.
 fn record_json(r: &LeaseRecord, now: u64) -> Value {
     let mut v = serde_json::to_value(r).unwrap_or_else(|_| json!({ "key": r.key }));
+    let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    let remaining = match &r.permits {
+        Some(t) => t
+            .holders
+            .iter()
+            .map(|p| p.expires_ms.saturating_sub(now))
+            .max()
+            .unwrap_or(0),
+        None => ms(r.remaining(now)),
+    };
     if let Some(o) = v.as_object_mut() {
         o.remove("token");
         o.remove("waiter_token");
@@ -313,15 +464,56 @@ fn record_json(r: &LeaseRecord, now: u64) -> Value {
                 w.remove("token");
             }
         }
+        if let (Some(t), Some(Value::Object(table))) = (&r.permits, o.get_mut("permits")) {
+            // The waiting writers' tokens, as the ids of those waiters.
+            let writers: Vec<Value> = t
+                .writers_waiting
+                .iter()
+                .filter_map(|token| waiter_id(r, token))
+                .map(Value::from)
+                .collect();
+            if !writers.is_empty() {
+                table.insert("writers_waiting".into(), writers.into());
+            } else {
+                table.remove("writers_waiting");
+            }
+        }
+        for (p, stored) in permit_objects(o).zip(r.permits.iter().flat_map(|t| &t.holders)) {
+            p.remove("token");
+            let live = stored.expires_ms > now;
+            p.insert("state".into(), if live { "held" } else { "expired" }.into());
+            p.insert(
+                "remaining_ms".into(),
+                stored.expires_ms.saturating_sub(now).into(),
+            );
+        }
         o.insert("state".into(), state(r, now).into());
-        o.insert(
-            "remaining_ms".into(),
-            u64::try_from(r.remaining(now).as_millis())
-                .unwrap_or(u64::MAX)
-                .into(),
-        );
+        o.insert("remaining_ms".into(), remaining.into());
     }
     v
+}
+
+/// The permits of a record's JSON object (`permits.holders`), as objects.
+fn permit_objects(
+    o: &mut serde_json::Map<String, Value>,
+) -> impl Iterator<Item = &mut serde_json::Map<String, Value>> {
+    o.get_mut("permits")
+        .and_then(|t| t.get_mut("holders"))
+        .and_then(Value::as_array_mut)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_object_mut)
+}
+
+/// The id of the waiter in `r`'s line whose token is `token`.
+fn waiter_id(r: &LeaseRecord, token: &str) -> Option<String> {
+    if r.waiter_token.as_deref() == Some(token) {
+        return r.waiter.clone();
+    }
+    r.queue
+        .iter()
+        .find(|w| w.token == token)
+        .map(|w| w.holder.clone())
 }
 
 /// An inspection as JSON; a corrupt record is `{"state": "corrupt", "name": …, "detail": …}`.
@@ -342,27 +534,94 @@ fn corrupt_json(name: &str, detail: &str) -> Value {
     })
 }
 
-/// One `field: value` per line.
-fn record_text(r: &LeaseRecord, now: u64) -> String {
-    let st = state(r, now);
-    let opt = |o: &Option<String>| o.as_deref().map_or_else(|| "-".into(), clean);
-    let waiter = match waiter(r, now) {
+/// The labels of a lease or permit for people: `a=b, c=d`, or `-`.
+fn labels_text(labels: &std::collections::BTreeMap<String, String>) -> String {
+    if labels.is_empty() {
+        return "-".into();
+    }
+    labels
+        .iter()
+        .map(|(k, v)| format!("{}={}", clean(k), clean(v)))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The `waiter` field: the live waiter and when its registration lapses, or `-`.
+fn waiter_text(r: &LeaseRecord, now: u64) -> String {
+    match waiter(r, now) {
         Some(w) => format!(
             "{} (registration lapses at {})",
             clean(&w),
             output::time(r.waiter_expires_ms.unwrap_or(0))
         ),
         None => "-".into(),
-    };
-    let labels = if r.labels.is_empty() {
-        "-".into()
-    } else {
-        r.labels
+    }
+}
+
+/// The fields that follow the holders: the line of waiters and the store's own.
+fn trailing_fields<'a>(r: &'a LeaseRecord, fields: &mut Vec<(&'a str, String)>) {
+    if !r.queue.is_empty() {
+        let line: Vec<String> = r
+            .queue
             .iter()
-            .map(|(k, v)| format!("{}={}", clean(k), clean(v)))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
+            .map(|w| {
+                if writes(r, &w.token) {
+                    format!("{} (write)", clean(&w.holder))
+                } else {
+                    clean(&w.holder)
+                }
+            })
+            .collect();
+        fields.push(("queued", line.join(", ")));
+    }
+    for (k, v) in &r.store {
+        fields.push((k.as_str(), clean(v)));
+    }
+}
+
+/// One `field: value` per line for a semaphore or read-write key: what it is and how many hold
+/// it, the last fence it issued, and a `holder` line per permit (holder, read or write, fence,
+/// expiry and time left, TTL, pid, host, labels).
+fn permit_record_text(r: &LeaseRecord, t: &Permits, now: u64) -> String {
+    let mut fields: Vec<(&str, String)> = vec![
+        ("key", clean(&r.key)),
+        ("state", state(r, now).into()),
+        ("kind", output::permits_summary(t, now)),
+        ("fence", r.fence.to_string()),
+    ];
+    if t.holders.is_empty() {
+        fields.push(("holder", "-".into()));
+    }
+    for p in &t.holders {
+        let left = permit_remaining(p, now);
+        fields.push((
+            "holder",
+            format!(
+                "{} fence {}, expires {} ({left}), ttl {}, pid {}, host {}, labels {}",
+                output::permit_holder(t, p),
+                p.fence,
+                output::time(p.expires_ms),
+                humantime::format_duration(Duration::from_millis(p.ttl_ms)),
+                p.pid.map_or_else(|| "-".into(), |p| p.to_string()),
+                p.host.as_deref().map_or_else(|| "-".into(), clean),
+                labels_text(&p.labels),
+            ),
+        ));
+    }
+    fields.push(("waiter", waiter_text(r, now)));
+    trailing_fields(r, &mut fields);
+    fields.iter().map(|(k, v)| format!("{k}: {v}\n")).collect()
+}
+
+/// One `field: value` per line.
+fn record_text(r: &LeaseRecord, now: u64) -> String {
+    if let Some(t) = &r.permits {
+        return permit_record_text(r, t, now);
+    }
+    let st = state(r, now);
+    let opt = |o: &Option<String>| o.as_deref().map_or_else(|| "-".into(), clean);
+    let waiter = waiter_text(r, now);
+    let labels = labels_text(&r.labels);
     let mut fields: Vec<(&str, String)> = vec![
         ("key", clean(&r.key)),
         ("state", st.into()),
@@ -392,13 +651,7 @@ fn record_text(r: &LeaseRecord, now: u64) -> String {
         ("host", opt(&r.host)),
         ("labels", labels),
     ];
-    if !r.queue.is_empty() {
-        let line: Vec<String> = r.queue.iter().map(|w| clean(&w.holder)).collect();
-        fields.push(("queued", line.join(", ")));
-    }
-    for (k, v) in &r.store {
-        fields.push((k.as_str(), clean(v)));
-    }
+    trailing_fields(r, &mut fields);
     fields.iter().map(|(k, v)| format!("{k}: {v}\n")).collect()
 }
 
@@ -441,6 +694,75 @@ mod tests {
             text.contains("state: free\n") && text.contains("holder: -\n"),
             "{text}"
         );
+    }
+
+    /// A read-write key read by `a` (live) and `b` (lapsed), a writer `w` waiting.
+    fn read_write(now: u64) -> LeaseRecord {
+        let t = |ms: u64| leasehold::format_ms(ms);
+        serde_json::from_value(json!({
+            "key": "catalog", "holder": null, "token": null, "fence": 12,
+            "acquired": null, "renewed": null, "expires": null, "ttl_ms": 0,
+            "waiter": "w", "waiter_token": "tw", "waiter_expires": t(now + 5_000),
+            "permits": {
+                "kind": "read-write",
+                "holders": [
+                    {"holder": "a", "token": "ta", "fence": 11, "acquired": t(now - 1_000),
+                     "renewed": t(now - 1_000), "expires": t(now + 9_000), "ttl_ms": 10_000,
+                     "pid": 7, "host": "h1"},
+                    {"holder": "b", "token": "tb", "fence": 12, "acquired": t(now - 20_000),
+                     "renewed": t(now - 20_000), "expires": t(now - 10_000), "ttl_ms": 10_000},
+                ],
+                "writers_waiting": ["tw"],
+            },
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn permit_keys_show_every_holder() {
+        let now = 1_790_000_000_000;
+        let r = read_write(now);
+        let text = record_text(&r, now);
+        for want in [
+            "state: held\n",
+            "kind: read-write: 1 reader\n",
+            "fence: 12\n",
+            "holder: a (read) fence 11, expires 2026-09-21T14:13:29.000Z (9.0s), ttl 10s, pid 7, host h1, labels -\n",
+            "holder: b (read) fence 12, expires 2026-09-21T14:13:10.000Z (expired), ttl 10s, pid -, host -, labels -\n",
+            "waiter: w (write) (registration lapses at ",
+        ] {
+            assert!(text.contains(want), "{want:?} in\n{text}");
+        }
+        let v = record_json(&r, now);
+        assert_eq!(v["state"], "held");
+        assert_eq!(v["remaining_ms"], 9_000);
+        let holders = v["permits"]["holders"].as_array().unwrap();
+        assert_eq!(holders[0]["state"], "held");
+        assert_eq!(holders[1]["state"], "expired");
+        assert!(holders.iter().all(|p| p.get("token").is_none()), "{v}");
+        assert_eq!(v["permits"]["writers_waiting"], json!(["w"]));
+        let mut rows = vec![];
+        permit_rows(&r, now, &mut rows);
+        assert_eq!(rows[0][1], "read-write: 1 reader");
+        assert_eq!(rows[0][3], "held");
+        assert_eq!(rows[1][1..4], ["a (read)", "11", "9.0s"]);
+        assert_eq!(rows[2][1..4], ["b (read)", "12", "expired"]);
+        let key = Key::new("catalog").unwrap();
+        let (line, _) = watched(&key, Some(&Inspection::Record(r.clone())), now);
+        assert_eq!(
+            line,
+            "catalog held fence 12 (read-write: 1 reader) holder a (read) fence 11 holder b (read) fence 12 expired waiter w (write)"
+        );
+        // Nobody left: free, not held by a lock holder that is not there.
+        let mut free = r;
+        free.waiter = None;
+        free.waiter_token = None;
+        if let Some(t) = free.permits.as_mut() {
+            t.holders.clear();
+            t.kind = leasehold::PermitKind::Semaphore { permits: 4 };
+        }
+        assert_eq!(state(&free, now), "free");
+        assert!(record_text(&free, now).contains("kind: semaphore 0/4 permits held\n"));
     }
 
     #[test]

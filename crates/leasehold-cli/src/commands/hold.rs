@@ -25,7 +25,7 @@ pub(crate) async fn hold(store_url: Option<&str>, args: HoldArgs) -> Result<u8, 
     // The script is told `stop` at the stop-by deadline, as `run` would send SIGTERM.
     let (_, lease_loss_grace) =
         Loss::for_lease(args.lease.ttl, args.lease.loss_grace, Duration::ZERO)?;
-    let builder = lease_builder(&locks, &key, &args.lease).loss_grace(lease_loss_grace);
+    let builder = lease_builder(&locks, &key, &args.lease)?.loss_grace(lease_loss_grace);
     let guard = obtain(builder, &key, args.lease.no_wait, &mut signals).await?;
     let events = Events {
         json: args.json,

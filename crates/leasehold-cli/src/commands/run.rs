@@ -25,7 +25,7 @@ pub(crate) async fn run(store_url: Option<&str>, args: RunArgs) -> Result<u8, Fa
     Endpoint::serve_given(endpoint).await?;
     let (loss, lease_loss_grace) =
         Loss::for_lease(args.lease.ttl, args.lease.loss_grace, args.overlap_grace)?;
-    let builder = lease_builder(&locks, &key, &args.lease).loss_grace(lease_loss_grace);
+    let builder = lease_builder(&locks, &key, &args.lease)?.loss_grace(lease_loss_grace);
     let guard = obtain(builder, &key, args.lease.no_wait, &mut signals).await?;
     let command = Supervised {
         program,

@@ -2,8 +2,10 @@
 //! resource under each, until killed — through the library, or through `leasehold run` with the
 //! writes made by the command it runs.
 
-use super::resource::Resource;
+use super::resource::{Resource, Role};
+use super::Mode;
 use crate::cli::Via;
+use crate::process::group_guard::monotonic_ns;
 use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
@@ -24,6 +26,27 @@ pub(crate) struct Plan<'a> {
     pub(crate) ttl: Duration,
     pub(crate) seed: u64,
     pub(crate) via: Via,
+    /// What the keys are.
+    pub(crate) mode: Mode,
+}
+
+/// The permit a client takes next in `mode` (a writer one time in three on a read-write lock);
+/// `None` for a lock.
+fn pick_role(mode: Mode, rng: &mut fastrand::Rng) -> Option<Role> {
+    match mode {
+        Mode::Lock => None,
+        Mode::Semaphore(_) => Some(Role::Permit),
+        Mode::ReadWrite if rng.u32(..3) == 0 => Some(Role::Write),
+        Mode::ReadWrite => Some(Role::Read),
+    }
+}
+
+/// What a request of a permit holder adds to the lock's `OP KEY FENCE CLIENT VALID`: its role and
+/// when it began to ask for its permit (CLOCK_MONOTONIC ns).
+fn permit_suffix(permit: Option<(Role, u64)>) -> String {
+    permit.map_or_else(String::new, |(role, start)| {
+        format!(" {} {start}", role.as_str())
+    })
 }
 
 /// Loops until the process is killed: acquire a key, enter, write while the lease is not due to
@@ -40,7 +63,16 @@ pub(crate) async fn run(plan: Plan<'_>) -> Result<(), String> {
     let mut rng = fastrand::Rng::with_seed(plan.seed);
     loop {
         let key = format!("torture/{}", rng.usize(..plan.keys.max(1)));
-        let builder = locks.lock(&key).map_err(|e| e.to_string())?;
+        let role = pick_role(plan.mode, &mut rng);
+        let builder = match (plan.mode, role) {
+            (Mode::Semaphore(n), _) => locks.semaphore(&key, n),
+            (Mode::ReadWrite, Some(Role::Write)) => locks.read_write(&key).map(|rw| rw.write()),
+            (Mode::ReadWrite, _) => locks.read_write(&key).map(|rw| rw.read()),
+            (Mode::Lock, _) => locks.lock(&key),
+        }
+        .map_err(|e| e.to_string())?;
+        let start = monotonic_ns();
+        let suffix = permit_suffix(role.map(|r| (r, start)));
         let guard = match builder.ttl(plan.ttl).wait(WAIT).acquire().await {
             Ok(g) => g,
             Err(e) => {
@@ -52,7 +84,7 @@ pub(crate) async fn run(plan: Plan<'_>) -> Result<(), String> {
         let mut say = |op: &str| -> Result<String, String> {
             let valid = crate::process::group_guard::monotonic_at(guard.valid_until());
             resource
-                .ask(&format!("{op} {key} {fence} {} {valid}", plan.id))
+                .ask(&format!("{op} {key} {fence} {} {valid}{suffix}", plan.id))
                 .map_err(|e| format!("resource: {e}"))
         };
         if !guard.is_stop_due() && say("E")? == "ok" {
@@ -86,14 +118,27 @@ async fn run_commands(plan: &Plan<'_>) -> Result<(), String> {
     let wait = humantime::format_duration(WAIT).to_string();
     loop {
         let key = format!("torture/{}", rng.usize(..plan.keys.max(1)));
+        let role = pick_role(plan.mode, &mut rng);
+        let permit_flags = match (plan.mode, role) {
+            (Mode::Semaphore(n), _) => vec!["--permits".to_owned(), n.to_string()],
+            (Mode::ReadWrite, Some(Role::Write)) => vec!["--write".to_owned()],
+            (Mode::ReadWrite, _) => vec!["--read".to_owned()],
+            (Mode::Lock, _) => vec![],
+        };
+        let start = monotonic_ns();
+        let section_permit = role
+            .map(|r| vec![r.as_str().to_owned(), start.to_string()])
+            .unwrap_or_default();
         let mut cmd = tokio::process::Command::new(&exe);
         cmd.args(["run", "--store", plan.url, "--key", &key, "--ttl", &ttl])
+            .args(&permit_flags)
             .args(["--wait", &wait, "--"])
             .arg(&exe)
             .arg(super::ARG)
             .arg("section")
             .arg(plan.socket)
             .args([key.as_str(), plan.id])
+            .args(&section_permit)
             // What it says (a command stopped at a deadline) is what the faults cause.
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -111,8 +156,14 @@ async fn run_commands(plan: &Plan<'_>) -> Result<(), String> {
 /// fence of `LEASEHOLD_FENCE`, writes, leaves. Its section lasts while its process lives, and its
 /// lease is valid until `LEASEHOLD_DEADLINE`, by which `leasehold run` (or its group guard, when
 /// `run` is paused) kills it: a section alive past it is a late holder (its killer was starved),
-/// one alive when another client enters before it an overlap.
-pub(crate) fn section(socket: &Path, key: &str, id: &str) -> Result<(), String> {
+/// one alive when another client enters before it an overlap. `permit`: the role of the
+/// permit it runs under and when its `leasehold run` began to ask for it.
+pub(crate) fn section(
+    socket: &Path,
+    key: &str,
+    id: &str,
+    permit: Option<(Role, u64)>,
+) -> Result<(), String> {
     let number = |name: &str| {
         std::env::var(name)
             .ok()
@@ -122,9 +173,10 @@ pub(crate) fn section(socket: &Path, key: &str, id: &str) -> Result<(), String> 
     let fence = number("LEASEHOLD_FENCE")?;
     let deadline = number("LEASEHOLD_DEADLINE")?;
     let mut resource = Resource::connect(socket).map_err(|e| format!("resource: {e}"))?;
+    let suffix = permit_suffix(permit);
     let mut say = |op: &str| -> Result<String, String> {
         resource
-            .ask(&format!("{op} {key} {fence} {id} {deadline}"))
+            .ask(&format!("{op} {key} {fence} {id} {deadline}{suffix}"))
             .map_err(|e| format!("resource: {e}"))
     };
     if say("E")? == "ok" {

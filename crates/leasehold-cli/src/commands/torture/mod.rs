@@ -29,6 +29,16 @@
 //!
 //! `memory` runs every client on an in-process store of its own, so nothing excludes anything
 //! across processes: the checker must report overlaps and exit 1 (the proof it can fail).
+//!
+//! With `--permits N` the keys are semaphores of N permits and with `--read-write` read-write
+//! locks ([`Mode`]); clients take one permit each (a third of them, picked at random, the write
+//! permit). The resource then counts as an overlap a client entering while N others (a writer:
+//! anyone; a reader: a writer), neither stopped nor killed and with valid permits, are inside,
+//! and as a fence violation a grant whose fence is not above every fence entered before it
+//! asked, or, on a read-write lock, not above the last writer's (a writer: the last fence
+//! entered): see [`resource`]. On the memory store every client's permits are its own, so a
+//! semaphore overlaps as soon as N+1 clients pick one key, and a writer as soon as anyone is
+//! beside it; `--permits` below `--clients` is required, so that the canary can fail.
 
 pub(crate) mod client;
 pub(crate) mod clock;
@@ -49,45 +59,116 @@ use tokio::time::Instant;
 /// The hidden first argument of the harness's own processes.
 pub(crate) const ARG: &str = "__torture";
 
-/// The `main` of `leasehold __torture resource SOCKET [HISTORY]`, `leasehold __torture client URL SOCKET
-/// ID KEYS TTL_MS SEED VIA` and `leasehold __torture section SOCKET KEY ID`.
+/// What the keys of a run are: locks, semaphores of some permits, or read-write locks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// Locks: one client inside a key at a time.
+    Lock,
+    /// Semaphores of this many permits: at most that many clients inside a key.
+    Semaphore(u32),
+    /// Read-write locks: readers together, or one writer.
+    ReadWrite,
+}
+
+impl Mode {
+    /// The mode `--permits` and `--read-write` ask for.
+    pub(crate) fn of(args: &TortureArgs) -> Mode {
+        match (args.permits, args.read_write) {
+            (Some(n), _) => Mode::Semaphore(n),
+            (None, true) => Mode::ReadWrite,
+            (None, false) => Mode::Lock,
+        }
+    }
+
+    /// Its form on the harness's own command lines: `lock`, `semaphore:N`, `read-write`.
+    pub(crate) fn arg(self) -> String {
+        match self {
+            Mode::Lock => "lock".into(),
+            Mode::Semaphore(n) => format!("semaphore:{n}"),
+            Mode::ReadWrite => "read-write".into(),
+        }
+    }
+
+    /// Read back from [`Mode::arg`].
+    pub(crate) fn parse(s: &str) -> Option<Mode> {
+        match s {
+            "lock" => Some(Mode::Lock),
+            "read-write" => Some(Mode::ReadWrite),
+            _ => s
+                .strip_prefix("semaphore:")
+                .and_then(|n| n.parse().ok())
+                .filter(|n| (1..=leasehold::PERMIT_LIMIT).contains(n))
+                .map(Mode::Semaphore),
+        }
+    }
+
+    /// What the keys are, for people.
+    fn describe(self) -> String {
+        match self {
+            Mode::Lock => "locks".into(),
+            Mode::Semaphore(1) => "semaphores of 1 permit".into(),
+            Mode::Semaphore(n) => format!("semaphores of {n} permits"),
+            Mode::ReadWrite => "read-write locks".into(),
+        }
+    }
+}
+
+/// The `main` of `leasehold __torture resource SOCKET MODE [HISTORY]`, `leasehold __torture client
+/// URL SOCKET ID KEYS TTL_MS SEED VIA MODE`, `leasehold __torture section SOCKET KEY ID [ROLE
+/// START]` and `leasehold __torture open URL MODE`.
 pub(crate) fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(2).collect();
     let result = match args.as_slice() {
         [what] if what == clock::CLOCKS => clock::print(),
-        [what, url] if what == "open" => match crate::setup::runtime() {
-            Some(rt) => rt
-                .block_on(leasehold::open_store(url))
-                .map(drop)
-                .map_err(|e| e.to_string()),
-            None => Err("no runtime".into()),
+        [what, url, mode] if what == "open" => match (crate::setup::runtime(), Mode::parse(mode)) {
+            (Some(rt), Some(mode)) => rt.block_on(open(url, mode)),
+            (None, _) => Err("no runtime".into()),
+            (_, None) => Err(format!("bad mode {mode:?}")),
         },
-        [what, socket, history @ ..] if what == "resource" && history.len() <= 1 => {
-            resource::serve(Path::new(socket), history.first().map(Path::new))
-                .map_err(|e| format!("resource: {e}"))
+        [what, socket, mode, history @ ..] if what == "resource" && history.len() <= 1 => {
+            match Mode::parse(mode) {
+                Some(mode) => {
+                    resource::serve(Path::new(socket), mode, history.first().map(Path::new))
+                        .map_err(|e| format!("resource: {e}"))
+                }
+                None => Err(format!("bad mode {mode:?}")),
+            }
         }
-        [what, socket, key, id] if what == "section" => {
-            client::section(Path::new(socket), key, id).map_err(|e| format!("section: {e}"))
-        }
-        [what, url, socket, id, keys, ttl_ms, seed, via] if what == "client" => {
-            match (keys.parse(), ttl_ms.parse(), seed.parse(), Via::parse(via)) {
-                (Ok(keys), Ok(ttl_ms), Ok(seed), Some(via)) => match crate::setup::runtime() {
-                    Some(rt) => rt.block_on(client::run(client::Plan {
-                        url,
-                        socket: Path::new(socket),
-                        id,
-                        keys,
-                        ttl: Duration::from_millis(ttl_ms),
-                        seed,
-                        via,
-                    })),
-                    None => Err("no runtime".into()),
+        [what, socket, key, id, permit @ ..] if what == "section" && matches!(permit.len(), 0 | 2) => {
+            let permit = match permit {
+                [role, start] => match (resource::Role::parse(role), start.parse::<u64>()) {
+                    (Some(role), Ok(start)) => Ok(Some((role, start))),
+                    _ => Err("bad section arguments".to_owned()),
                 },
+                _ => Ok(None),
+            };
+            permit.and_then(|permit| {
+                client::section(Path::new(socket), key, id, permit)
+                    .map_err(|e| format!("section: {e}"))
+            })
+        }
+        [what, url, socket, id, keys, ttl_ms, seed, via, mode] if what == "client" => {
+            match (keys.parse(), ttl_ms.parse(), seed.parse(), Via::parse(via), Mode::parse(mode)) {
+                (Ok(keys), Ok(ttl_ms), Ok(seed), Some(via), Some(mode)) => {
+                    match crate::setup::runtime() {
+                        Some(rt) => rt.block_on(client::run(client::Plan {
+                            url,
+                            socket: Path::new(socket),
+                            id,
+                            keys,
+                            ttl: Duration::from_millis(ttl_ms),
+                            seed,
+                            via,
+                            mode,
+                        })),
+                        None => Err("no runtime".into()),
+                    }
+                }
                 _ => Err("bad client arguments".into()),
             }
         }
         _ => Err(
-            "usage: leasehold __torture resource SOCKET [HISTORY] | client URL SOCKET ID KEYS TTL_MS SEED VIA | section SOCKET KEY ID | open URL"
+            "usage: leasehold __torture resource SOCKET MODE [HISTORY] | client URL SOCKET ID KEYS TTL_MS SEED VIA MODE | section SOCKET KEY ID [ROLE START] | open URL MODE"
                 .into(),
         ),
     };
@@ -98,6 +179,22 @@ pub(crate) fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Opens the store at `url` as a client would; for a mode of permits, a store that holds none
+/// is refused here, once.
+async fn open(url: &str, mode: Mode) -> Result<(), String> {
+    let store = leasehold::open_store(url)
+        .await
+        .map_err(|e| e.to_string())?;
+    if mode != Mode::Lock && !store.capabilities().permits {
+        return Err(format!(
+            "{} holds locks only, not {}",
+            leasehold::redact_url(url),
+            mode.describe()
+        ));
+    }
+    Ok(())
 }
 
 /// One phase's figures.
@@ -121,6 +218,24 @@ pub(crate) async fn torture(url: Option<&str>, args: TortureArgs) -> Result<u8, 
             USAGE,
             "--clients and --keys must be at least 1, --ttl at least 100ms",
         ));
+    }
+    match Mode::of(&args) {
+        Mode::Semaphore(n) if usize::try_from(n).map_or(true, |n| n >= args.clients) => {
+            return Err(Failure::new(
+                USAGE,
+                format!(
+                    "--permits {n} needs more --clients than permits (now {}): with no more clients than permits, none is ever refused and nothing is checked",
+                    args.clients
+                ),
+            ));
+        }
+        Mode::ReadWrite if args.clients < 2 => {
+            return Err(Failure::new(
+                USAGE,
+                "--read-write needs at least 2 --clients: one alone never meets another",
+            ));
+        }
+        _ => {}
     }
     eprintln!("leasehold torture: seed {seed} (--seed {seed} replays this fault schedule)");
     let note = servers::note(&args.kind, url);
@@ -169,7 +284,7 @@ async fn harness(
         Command::new(std::env::current_exe().map_err(|e| {
             Failure::new(ERROR, format!("cannot find the leasehold executable: {e}"))
         })?)
-        .args([ARG, "open", &store])
+        .args([ARG, "open", &store, &Mode::of(args).arg()])
         .envs(stores.env().iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .output()
@@ -183,7 +298,11 @@ async fn harness(
     }
     let mut servers: Vec<Child> = vec![];
     let socket = dir.join("resource.sock");
-    let mut resource_args = vec!["resource".to_owned(), socket.display().to_string()];
+    let mut resource_args = vec![
+        "resource".to_owned(),
+        socket.display().to_string(),
+        Mode::of(args).arg(),
+    ];
     if let Some(h) = &args.history {
         resource_args.push(h.display().to_string());
     }
@@ -268,6 +387,7 @@ impl Run<'_> {
             }
         }
         let store_env = stores.env().to_vec();
+        let mode = Mode::of(args).arg();
         let spawn =
             |i: usize, generation: u32, skew: Option<&str>| -> Result<(String, Child), Failure> {
                 let id = format!("{fault}-c{i}g{generation}");
@@ -287,6 +407,7 @@ impl Run<'_> {
                             .wrapping_add(i as u64 * 7919 + u64::from(generation))
                             .to_string(),
                         args.via[i % args.via.len()].as_str(),
+                        &mode,
                     ],
                     &env,
                 )?;
@@ -522,6 +643,7 @@ fn print_rows(args: &TortureArgs, seed: u64, rows: &[Row], note: Option<&str>) {
                 v["promised"] = serde_json::json!({
                     "exclusion": r.promise.exclusion, "fences": r.promise.fences,
                 });
+                v["mode"] = Mode::of(args).arg().into();
                 v
             })
             .collect();
@@ -574,6 +696,10 @@ fn print_rows(args: &TortureArgs, seed: u64, rows: &[Row], note: Option<&str>) {
     }
     if let Some(n) = note {
         println!("{n}");
+    }
+    let mode = Mode::of(args);
+    if mode != Mode::Lock {
+        println!("keys: {}", mode.describe());
     }
     println!("seed {seed}");
 }

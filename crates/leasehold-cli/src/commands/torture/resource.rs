@@ -20,11 +20,27 @@
 //! machine, stopped or killed by the harness) is a late holder, which no lock can stop and the
 //! fence must catch.
 //!
+//! On semaphores and read-write locks ([`Mode`]) every section request carries two more fields,
+//! `OP KEY FENCE CLIENT VALID ROLE START`: `ROLE` is `p` (a semaphore's permit), `r` or `w` (a
+//! read or the write permit), `START` when the client began to ask for it (CLOCK_MONOTONIC ns).
+//! Many clients are then inside a key at once, each with its own fence, and the resource judges:
+//! * an **overlap** when a client enters while others its permit excludes (on a semaphore of N:
+//!   N others; a writer: anyone; a reader: a writer), neither stopped nor killed and with valid
+//!   leases, are inside; a **paused overlap** when that holds only counting the late ones;
+//! * a **fence violation** when a client (not late) enters with a fence that another client
+//!   entered with, or that is not above every fence entered before its `START` (those grants
+//!   came before its own, so the store owed it a higher fence), or, on a read-write lock, a
+//!   writer's fence not above every fence entered, a reader's not above every writer's;
+//! * a request **caught by the fence** on a read-write lock, as a resource fenced per permit
+//!   kind refuses it: a writer's below the highest fence it served, a reader's below the highest
+//!   writer's (a semaphore's holders write beside each other: no fence orders them).
+//!
 //! `VALID` may be `-` for a section that lasts as long as its process does (a command under
 //! `leasehold run`, which kills it before its lease could expire): such a section is inside until it
 //! leaves or its process dies, which the resource sees as its connection closing. Every section ends
 //! when its connection closes.
 
+use super::Mode;
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -93,6 +109,51 @@ struct Inside {
     conn: u64,
     /// Whether it said its stop signal fired.
     signalled: bool,
+    /// The fence it entered with (semaphores and read-write locks).
+    fence: u64,
+    /// Whether it holds a read-write lock's write permit.
+    write: bool,
+}
+
+/// The permit a section request is made under, on semaphores and read-write locks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// One permit of a semaphore.
+    Permit,
+    /// A read permit.
+    Read,
+    /// The write permit.
+    Write,
+}
+
+impl Role {
+    /// Its form in requests: `p`, `r`, `w`.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Role::Permit => "p",
+            Role::Read => "r",
+            Role::Write => "w",
+        }
+    }
+
+    /// What it enters to do, for messages: ` to read`, ` to write`, or nothing.
+    fn doing(self) -> &'static str {
+        match self {
+            Role::Permit => "",
+            Role::Read => " to read",
+            Role::Write => " to write",
+        }
+    }
+
+    /// Read back from [`Role::as_str`].
+    pub(crate) fn parse(s: &str) -> Option<Role> {
+        match s {
+            "p" => Some(Role::Permit),
+            "r" => Some(Role::Read),
+            "w" => Some(Role::Write),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -100,10 +161,32 @@ struct KeyState {
     /// Whose grant the key's highest fence is.
     owner: String,
     inside: Option<Inside>,
+    /// Semaphores and read-write locks: the clients inside.
+    holders: Vec<Inside>,
+    /// Semaphores and read-write locks: who entered with each fence.
+    granted: HashMap<u64, String>,
+    /// Semaphores and read-write locks: when each entry was received (CLOCK_MONOTONIC ns) and
+    /// the highest fence entered until then, in the order received.
+    entries: Vec<(u64, u64)>,
+    /// The highest fence entered, and the highest a writer entered with.
+    highest: u64,
+    highest_write: u64,
 }
 
-#[derive(Debug, Default)]
+impl KeyState {
+    /// The highest fence entered before `at` (CLOCK_MONOTONIC ns), 0 if none.
+    fn highest_before(&self, at: u64) -> u64 {
+        let i = self.entries.partition_point(|(t, _)| *t < at);
+        i.checked_sub(1)
+            .and_then(|i| self.entries.get(i))
+            .map_or(0, |(_, f)| *f)
+    }
+}
+
+#[derive(Debug)]
 struct State {
+    /// What the keys are.
+    mode: Mode,
     /// The highest fence accepted per key: the check a user's resource makes.
     gate: leasehold::fence::FenceGate,
     keys: HashMap<String, KeyState>,
@@ -118,7 +201,25 @@ struct State {
     history: Option<std::io::BufWriter<std::fs::File>>,
 }
 
+impl Default for State {
+    fn default() -> Self {
+        State::new(Mode::Lock)
+    }
+}
+
 impl State {
+    fn new(mode: Mode) -> State {
+        State {
+            mode,
+            gate: leasehold::fence::FenceGate::default(),
+            keys: HashMap::new(),
+            late: HashMap::new(),
+            dying: std::collections::HashSet::new(),
+            counts: Counts::default(),
+            history: None,
+        }
+    }
+
     fn late(&self, client: &str) -> bool {
         self.late.get(client).copied().unwrap_or(false) || self.dying.contains(client)
     }
@@ -129,6 +230,7 @@ impl State {
             if k.inside.as_ref().is_some_and(|i| i.conn == conn) {
                 k.inside = None;
             }
+            k.holders.retain(|i| i.conn != conn);
         }
     }
 
@@ -144,6 +246,7 @@ impl State {
                     if k.inside.as_ref().is_some_and(|i| i.client == *client) {
                         k.inside = None;
                     }
+                    k.holders.retain(|i| i.client != *client);
                 }
                 "ok".into()
             }
@@ -166,6 +269,31 @@ impl State {
                 };
                 let now = crate::process::group_guard::monotonic_ns();
                 self.section(op, key, fence, (client, conn), valid, now)
+            }
+            [op @ ("E" | "W" | "X" | "L"), key, fence, client, valid, role, start] => {
+                let valid = if *valid == "-" {
+                    Ok(u64::MAX)
+                } else {
+                    valid.parse::<u64>()
+                };
+                let (Ok(fence), Ok(valid), Some(role), Ok(start)) = (
+                    fence.parse::<u64>(),
+                    valid,
+                    Role::parse(role),
+                    start.parse::<u64>(),
+                ) else {
+                    return "error: bad number or role".into();
+                };
+                let now = crate::process::group_guard::monotonic_ns();
+                let held = Held {
+                    client,
+                    conn,
+                    fence,
+                    valid,
+                    role,
+                    start,
+                };
+                self.permit_section(op, key, &held, now)
             }
             _ => "error: unknown request".into(),
         }
@@ -241,6 +369,8 @@ impl State {
                 valid,
                 conn,
                 signalled: false,
+                fence,
+                write: true,
             });
             self.counts.sections += 1;
             self.late.insert(client.to_owned(), false);
@@ -252,9 +382,164 @@ impl State {
     }
 }
 
+/// A section request under a permit: who sent it on which connection, its permit's fence, role,
+/// `valid_until` and when it began to ask for it.
+#[derive(Debug, Clone, Copy)]
+struct Held<'a> {
+    client: &'a str,
+    conn: u64,
+    fence: u64,
+    valid: u64,
+    role: Role,
+    start: u64,
+}
+
+impl State {
+    /// Judges one section request under a permit `h` of a semaphore or read-write key, received at
+    /// `now` (CLOCK_MONOTONIC ns).
+    fn permit_section(&mut self, op: &str, key: &str, h: &Held<'_>, now: u64) -> String {
+        let late = self.late(h.client) || h.valid <= now;
+        // Split borrows: the key's state, and who is late.
+        let (late_map, dying) = (&self.late, &self.dying);
+        let is_late = |c: &str| late_map.get(c).copied().unwrap_or(false) || dying.contains(c);
+        let k = self.keys.entry(key.to_owned()).or_default();
+        let mine = k.holders.iter().position(|i| i.client == h.client);
+        match op {
+            "X" => {
+                if let Some(i) = mine {
+                    k.holders.remove(i);
+                }
+                return "ok".into();
+            }
+            "L" => {
+                if let Some(i) = mine.and_then(|i| k.holders.get_mut(i)) {
+                    i.signalled = true;
+                }
+                return "ok".into();
+            }
+            _ => {}
+        }
+        // What a resource fenced per permit kind refuses.
+        let reused = k.granted.get(&h.fence).is_some_and(|c| c != h.client);
+        let below_gate = match h.role {
+            Role::Write => h.fence < k.highest,
+            Role::Read => h.fence < k.highest_write,
+            Role::Permit => false,
+        };
+        if op == "W" {
+            if reused || below_gate {
+                self.counts.stale_rejected += 1;
+                return "stale".into();
+            }
+            if let Some(i) = mine.and_then(|i| k.holders.get_mut(i)) {
+                i.valid = h.valid;
+            }
+            self.counts.writes += 1;
+            return "ok".into();
+        }
+        // An entry: a new grant, whose fence must be above every fence entered before the client
+        // asked (and, on a read-write lock, above the fences its permit kind is fenced by).
+        let floor = match h.role {
+            Role::Write => k.highest,
+            Role::Read => k.highest_write,
+            Role::Permit => 0,
+        }
+        .max(k.highest_before(h.start));
+        if reused || h.fence <= floor {
+            if !late {
+                self.counts.stale_rejected += 1;
+                self.counts.fence_violations += 1;
+                let reuse = if reused {
+                    format!(
+                        ", which {} entered with",
+                        k.granted
+                            .get(&h.fence)
+                            .map_or("another client", String::as_str)
+                    )
+                } else {
+                    String::new()
+                };
+                eprintln!(
+                    "leasehold torture: fence violation on {key}: {} entered with fence {}{}, not above {floor}{reuse}",
+                    h.client,
+                    h.fence,
+                    h.role.doing(),
+                );
+                return "stale".into();
+            }
+            if reused || below_gate {
+                self.counts.stale_rejected += 1;
+                return "stale".into();
+            }
+        }
+        // How many of those inside its permit excludes it may meet: on a semaphore of N, N-1.
+        let (allowed, excludes): (usize, fn(&Inside) -> bool) = match (self.mode, h.role) {
+            (Mode::Semaphore(n), _) => (usize::try_from(n).unwrap_or(usize::MAX), |_| true),
+            (_, Role::Write) => (1, |_| true),
+            (_, _) => (1, |i| i.write),
+        };
+        let others: Vec<&Inside> = k
+            .holders
+            .iter()
+            .filter(|i| i.client != h.client && excludes(i))
+            .collect();
+        let valid_others: Vec<&&Inside> = others
+            .iter()
+            .filter(|i| !is_late(&i.client) && i.valid > now)
+            .collect();
+        if valid_others.len() >= allowed {
+            self.counts.overlaps += 1;
+            let names: Vec<String> = valid_others
+                .iter()
+                .map(|i| {
+                    let role = if i.write { " writing" } else { "" };
+                    format!("{} (fence {}{role})", i.client, i.fence)
+                })
+                .collect();
+            eprintln!(
+                "leasehold torture: overlap on {key}: {} entered with fence {}{} while {} {} inside",
+                h.client,
+                h.fence,
+                h.role.doing(),
+                names.join(", "),
+                if names.len() == 1 { "was" } else { "were" },
+            );
+        } else if others.len() >= allowed {
+            self.counts.paused_overlaps += 1;
+            if others
+                .iter()
+                .any(|i| !is_late(&i.client) && i.valid <= now && !i.signalled)
+            {
+                self.counts.unsignalled += 1;
+            }
+        }
+        if let Some(i) = mine {
+            k.holders.remove(i);
+        }
+        k.holders.push(Inside {
+            client: h.client.to_owned(),
+            valid: h.valid,
+            conn: h.conn,
+            signalled: false,
+            fence: h.fence,
+            write: h.role == Role::Write,
+        });
+        k.granted.insert(h.fence, h.client.to_owned());
+        k.highest = k.highest.max(h.fence);
+        if h.role == Role::Write {
+            k.highest_write = k.highest_write.max(h.fence);
+        }
+        let highest = k.highest;
+        k.entries.push((now, highest));
+        self.counts.sections += 1;
+        self.late.insert(h.client.to_owned(), false);
+        "ok".into()
+    }
+}
+
 /// Serves requests on `socket` until killed, writing each request, when it was received
 /// (CLOCK_MONOTONIC ns), on which connection, and its answer, to `history` if given.
-pub(crate) fn serve(socket: &Path, history: Option<&Path>) -> std::io::Result<()> {
+pub(crate) fn serve(socket: &Path, mode: Mode, history: Option<&Path>) -> std::io::Result<()> {
     let listener = UnixListener::bind(socket)?;
     let history = match history {
         Some(p) => Some(std::io::BufWriter::new(std::fs::File::create(p)?)),
@@ -262,7 +547,7 @@ pub(crate) fn serve(socket: &Path, history: Option<&Path>) -> std::io::Result<()
     };
     let state = Arc::new(Mutex::new(State {
         history,
-        ..State::default()
+        ..State::new(mode)
     }));
     for (conn, stream) in (0u64..).zip(listener.incoming()) {
         let Ok(stream) = stream else { continue };
@@ -393,6 +678,77 @@ mod tests {
         assert_eq!(s.section("E", "k", 5, ("a", 1), 1000, 100), "ok");
         assert_eq!(s.section("E", "k", 6, ("b", 2), 1000, 110), "ok");
         let c = Counts::from_json(&serde_json::from_str(&s.answer("Q", 9)).unwrap()).unwrap();
+        assert_eq!((c.overlaps, c.paused_overlaps), (0, 1));
+    }
+
+    /// Counts of a state's `Q`.
+    fn counts(s: &mut State) -> Counts {
+        Counts::from_json(&serde_json::from_str(&s.answer("Q", 9)).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn a_semaphore_overlaps_only_past_its_permits_and_its_fences_must_rise() {
+        let mut s = State::new(Mode::Semaphore(2));
+        // `OP KEY FENCE CLIENT VALID ROLE START`, received at 100 .. : leases valid until 1000.
+        let at = |s: &mut State, line: &str, conn: u64| s.answer(line, conn);
+        assert_eq!(at(&mut s, "E k 5 a - p 1", 1), "ok");
+        assert_eq!(at(&mut s, "E k 6 b - p 1", 2), "ok");
+        // Both hold a permit: writes of the lower fence are no stale writes on a semaphore.
+        assert_eq!(at(&mut s, "W k 5 a - p 1", 1), "ok");
+        // A third inside: an overlap.
+        assert_eq!(at(&mut s, "E k 7 c - p 1", 3), "ok");
+        assert_eq!(at(&mut s, "X k 7 c - p 1", 3), "ok");
+        // Entries may arrive out of grant order (d was granted before b entered) …
+        assert_eq!(at(&mut s, "X k 6 b - p 1", 2), "ok");
+        let now = crate::process::group_guard::monotonic_ns();
+        assert_eq!(at(&mut s, &format!("E k 4 d - p {now}"), 4), "stale");
+        // … but not below a fence entered before it asked, nor on a fence already entered.
+        assert_eq!(at(&mut s, "E k 6 e - p 1", 5), "stale");
+        let c = counts(&mut s);
+        assert_eq!(
+            (c.sections, c.overlaps, c.fence_violations, c.writes),
+            (3, 1, 2, 1)
+        );
+        assert_eq!(
+            at(&mut s, "E k 3 f - p 1", 6),
+            "ok",
+            "granted before anything entered"
+        );
+    }
+
+    #[test]
+    fn a_read_write_lock_overlaps_with_a_writer_beside_anyone() {
+        let mut s = State::new(Mode::ReadWrite);
+        let at = |s: &mut State, line: &str, conn: u64| s.answer(line, conn);
+        assert_eq!(at(&mut s, "E k 5 a - r 1", 1), "ok");
+        assert_eq!(at(&mut s, "E k 6 b - r 1", 2), "ok");
+        assert_eq!(counts(&mut s).overlaps, 0, "readers share");
+        // A writer beside readers, a reader beside a writer: overlaps.
+        assert_eq!(at(&mut s, "E k 7 w - w 1", 3), "ok");
+        assert_eq!(at(&mut s, "E k 8 c - r 1", 4), "ok");
+        assert_eq!(counts(&mut s).overlaps, 2);
+        // The fence orders reads and writes: a reader's write below the writer's fence, a
+        // writer's below the highest read, are caught.
+        assert_eq!(at(&mut s, "W k 5 a - r 1", 1), "stale");
+        assert_eq!(at(&mut s, "W k 7 w - w 1", 3), "stale");
+        assert_eq!(at(&mut s, "W k 8 c - r 1", 4), "ok");
+        // A writer whose fence is not above every fence entered: a violation.
+        for (line, conn) in [
+            ("X k 5 a - r 1", 1),
+            ("X k 6 b - r 1", 2),
+            ("X k 7 w - w 1", 3),
+        ] {
+            assert_eq!(at(&mut s, line, conn), "ok");
+        }
+        assert_eq!(at(&mut s, "X k 8 c - r 1", 4), "ok");
+        assert_eq!(at(&mut s, "E k 8 d - w 1", 5), "stale");
+        let c = counts(&mut s);
+        assert_eq!((c.stale_rejected, c.fence_violations), (3, 1));
+        // A stopped writer's section: a reader beside it is a paused overlap.
+        assert_eq!(at(&mut s, "E k 9 e - w 1", 6), "ok");
+        assert_eq!(s.answer("S e", 9), "ok");
+        assert_eq!(at(&mut s, "E k 10 f - r 1", 7), "ok");
+        let c = counts(&mut s);
         assert_eq!((c.overlaps, c.paused_overlaps), (0, 1));
     }
 
