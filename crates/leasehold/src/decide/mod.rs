@@ -25,6 +25,9 @@ use crate::store::{AcquireOutcome, AcquireRequest, LostReason, ReleaseOutcome, R
 
 mod permits;
 pub(crate) use permits::force_freed;
+/// What the Redis store, which keeps these rules in its Lua scripts, builds its answers with.
+#[cfg(feature = "redis")]
+pub(crate) use permits::{asked, held_view, mismatch, view};
 use std::sync::OnceLock;
 use std::time::Duration;
 

@@ -21,6 +21,16 @@
 //! `leasehold:fence:`; `?fence_prefix=` overrides; neither prefix may start with the other, so no
 //! key can collide with a counter). Times inside the record are Unix milliseconds of the server.
 //!
+//! # Semaphores and read-write locks
+//! A semaphore's or read-write lock's key ([`AcquireRequest::permit`]) keeps one record too, its
+//! permit table ([`LeaseRecord::permits`]) listing every holder, so `inspect` and `list` show
+//! them all. Each permit has its own fence, from the key's one counter (so fences rise across
+//! locks, permits, reads and writes), and its own expiry by the server's clock; the key's TTL is
+//! the latest of them and of its waiters' places. Taking, renewing and releasing a permit cost one
+//! script call each, as for a lock; a permit's release publishes when somebody waits for one. The
+//! rules are those of the record stores (`decide/permits.rs`), kept in the scripts
+//! (`lua/acquire_permit.lua`, and beside the lock's in the others).
+//!
 //! # Other clients
 //! A value under a record key that is not a record of ours (the random token redis-py's `Lock`,
 //! redsync or redlock-go set with `SET NX PX`, JSON without our `key` and `fence`, a value of
@@ -64,6 +74,7 @@
 //! | `cluster.rs` | Redis Cluster: its URL, slot map, per-node pub/sub, `SCAN` of every primary | pubsub, conn, options, error |
 //! | `sentinel.rs` | Redis Sentinel: its URL, the primary lookup, `+switch-master` followers | conn, options |
 //! | `pubsub.rs` | the pub/sub hub that wakes waiters | conn |
+//! | `permits.rs` | a permit request as a script call; the refusal of another kind of key | scripts |
 //! | `scripts.rs` | the Lua scripts (`lua/*.lua`), their calls and batched forms | conn, options, error |
 //! | `conn.rs` | the redis crate's connections and clients, calls bounded in time, `SCAN` | options, error |
 //! | `options.rs` | [`RedisOptions`], URL query parameters, server lists, checks | — |
@@ -77,6 +88,7 @@ mod error;
 mod foreign;
 mod link;
 mod options;
+mod permits;
 mod pubsub;
 mod renew;
 mod scripts;
@@ -511,7 +523,7 @@ impl RedisStore {
     ) -> Result<AcquireOutcome> {
         let key = req.key.as_str();
         let (granted, raw) = match answer {
-            ::redis::Value::BulkString(fast) => {
+            ::redis::Value::BulkString(fast) if req.permit.is_none() => {
                 // A free key granted: the record is the one we sent, with this fence and time.
                 let text = std::str::from_utf8(&fast).unwrap_or_default();
                 let mut parts = text.split(' ').map(str::parse::<u64>);
@@ -533,14 +545,32 @@ impl RedisStore {
                     key, &kind, len, pttl, now,
                 )));
             }
+            ::redis::Value::Array(a) if a.first() == Some(&::redis::Value::Int(3)) => {
+                // A key of another kind than asked, with a holder or a waiter.
+                let (_, kind, permits) =
+                    ::redis::from_redis_value::<(i64, String, u32)>(::redis::Value::Array(a))
+                        .map_err(|e| self.garbage(key, &e.to_string()))?;
+                return Err(permits::refusal(req, &kind, permits).unwrap_or_else(|| {
+                    self.garbage(key, &format!("a key of an unknown kind {kind:?}"))
+                }));
+            }
             other => ::redis::from_redis_value::<(i64, Option<Vec<u8>>)>(other)
                 .map_err(|e| self.garbage(key, &e.to_string()))?,
         };
         let raw = raw.unwrap_or_default();
         if granted == 1 {
-            return Ok(AcquireOutcome::Granted(self.parse(key, &raw)?));
+            let rec = self.parse(key, &raw)?;
+            // A permit's holder is handed its permit in the lock fields.
+            if req.permit.is_some() || rec.permits.is_some() {
+                return Ok(AcquireOutcome::Granted(crate::decide::view(
+                    &rec, &req.token,
+                )));
+            }
+            return Ok(AcquireOutcome::Granted(rec));
         }
         let rec = match self.parse(key, &raw) {
+            // A contender is handed the permit holders in words.
+            Ok(r) if r.permits.is_some() => crate::decide::held_view(&r),
             Ok(r) => r,
             // Held by something we cannot read: report it as held by an unknown holder.
             Err(_) => {
@@ -632,17 +662,22 @@ impl LockStore for RedisStore {
             liveness: false,
             fence_source: "INCR of a per-key counter key in the acquire script",
             waiter_line: true,
-            permits: false,
+            permits: true,
         }
     }
 
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome> {
-        if let Some(p) = &req.permit {
-            return Err(p.not_supported(&self.describe()));
-        }
         self.check(&req.key)?;
         req.check_size(LABEL_LIMIT, &self.describe())?;
-        let call = self.acquire_call(req, true);
+        let call = match req.permit {
+            Some(want) => {
+                want.validate()?;
+                let (record_key, fence_key) = (self.record_key(&req.key), self.fence_key(&req.key));
+                let script = &self.inner.scripts.acquire_permit;
+                permits::call(script, record_key, fence_key, req, want)
+            }
+            None => self.acquire_call(req, true),
+        };
         let answer = match self.call(&call).await {
             Err(e) if call.lua.waits_for_replicas() => {
                 // A grant the replicas may lack is not handed out: let go of it, if it was one
@@ -772,6 +807,16 @@ impl LockStore for RedisStore {
             .call(&Self::one_key(script, self.record_key(key), &[]))
             .await?;
         Ok(raw.and_then(|raw| serde_json::from_slice(&raw).ok()))
+    }
+
+    async fn force_release_holder(&self, key: &Key, holder: &str) -> Result<Option<LeaseRecord>> {
+        self.check(key)?;
+        let script = &self.inner.scripts.force_holder;
+        let raw: Option<Vec<u8>> = self
+            .call(&Self::one_key(script, self.record_key(key), &[holder]))
+            .await?;
+        // Something was freed: the record as it was (the script read it as one of ours).
+        raw.map(|raw| self.parse(key.as_str(), &raw)).transpose()
     }
 
     async fn cleanup(&self, _older_than: Duration) -> Result<CleanupReport> {

@@ -296,6 +296,11 @@ fn answer_renewals(values: &[::redis::Value], batch: Vec<RenewJob>) -> Vec<(Rene
             .unwrap_or(0);
         let out = if ok == 1 {
             serde_json::from_str::<LeaseRecord>(&text(1))
+                // A permit's holder is handed its permit in the lock fields.
+                .map(|r| match r.permits {
+                    Some(_) => crate::decide::view(&r, &j.token),
+                    None => r,
+                })
                 .map(RenewOutcome::Renewed)
                 .map_err(|e| Error::Corrupt {
                     key: j.key.clone(),

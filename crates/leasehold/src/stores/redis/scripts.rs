@@ -47,7 +47,9 @@ const SERVER_MS: &str = concat!("\n", include_str!("lua/server_ms.lua"));
 /// only adds the fence and its times, and the call carries six arguments.
 ///
 /// Returns `"<fence> <now>"` when it granted a key that was free (the record is then exactly what
-/// the caller sent, with that fence and time), else {1, record} granted or {0, record or ''} held.
+/// the caller sent, with that fence and time), else {1, record} granted, {0, record or ''} held,
+/// {2, …} another client's value, or {3, kind, permit count} for a semaphore or read-write key
+/// with a holder or a waiter (see [`ACQUIRE`]).
 const ACQUIRE_FREE: &str = concat!("\n", include_str!("lua/acquire_free.lua"));
 
 /// The rest of the acquire script (after [`ACQUIRE_FREE`] and the [`PRELUDE`]): a record exists.
@@ -56,8 +58,26 @@ const ACQUIRE_FREE: &str = concat!("\n", include_str!("lua/acquire_free.lua"));
 /// (`waiter_ttl_ms` ≠ 0), else a place at the end of the line (`waiter_ttl_ms` > 0, at most 63
 /// places); a caller without a place that is subscribed marks the record `"watched":true` so that
 /// its release publishes. A grant to the registered waiter makes the first queued one the
-/// registered waiter; lapsed places are dropped by every write.
+/// registered waiter; lapsed places are dropped by every write. A semaphore or read-write key
+/// refuses the lock while it has a holder or a waiter, and is a lock again (keeping its fence)
+/// once it has neither.
 const ACQUIRE: &str = concat!("\n", include_str!("lua/acquire.lua"));
+
+/// The permit acquire script, after the [`PRELUDE`]: a permit of a semaphore or a read-write lock
+/// (the rules of `decide/permits.rs`, kept here for the server's clock and counter).
+///
+/// KEYS: record, fence counter. ARGV: the key as the user wrote it; the permit asked for as JSON
+/// (holder, token, write, ttl_ms, pid, host, labels: the script adds its fence and times); the
+/// kind of key asked for (`semaphore` or `read-write`); the semaphore's permit count (0 for a
+/// read-write lock); waiter_ttl_ms (0: none); 1 if the caller waits for change notifications,
+/// else 0.
+///
+/// Returns {1, record} granted (its permit among the holders), {0, record} held (the record
+/// with its lapsed holders and places dropped), {2, …} another client's value (as the acquire
+/// script), or {3, kind, permit count} when the key is of another kind (`lock`, `semaphore`,
+/// `read-write`) and has a holder or a waiter. A grant takes the next fence of the key's
+/// counter, as a lock's grant does; a waiter stands in the key's line, as a lock's does.
+const ACQUIRE_PERMIT: &str = concat!("\n", include_str!("lua/acquire_permit.lua"));
 
 /// The renewal script's arguments on one server and on a cluster's slot: KEYS: records. ARGV:
 /// token, ttl_ms, token as a JSON string per key.
@@ -74,8 +94,10 @@ const RENEW_NODE_ARGS: &str = include_str!("lua/renew_node_args.lua");
 
 /// The renewal script, after its arguments ([`RENEW_KEYS`], [`RENEW_NODE_ARGS`]) and the
 /// [`PRELUDE`]. Returns three values per record: 1, record, '' | 0, 'released'|'expired'|'taken',
-/// holder | 0, 'elsewhere', the server's error. One call renews a whole batch. A record nobody
-/// waits for is renewed by rewriting its times in place, without decoding it.
+/// holder | 0, 'elsewhere', the server's error. One call renews a whole batch. A lock's record
+/// nobody waits for is renewed by rewriting its times in place, without decoding it; a permit is
+/// renewed in its key's permit table (the record answered is the whole record: the client shows
+/// the permit in its lock fields).
 const RENEW: &str = concat!("\n", include_str!("lua/renew.lua"));
 
 /// The release script's fast path, run before the [`PRELUDE`]: our record with no registered
@@ -86,22 +108,33 @@ const RENEW: &str = concat!("\n", include_str!("lua/renew.lua"));
 /// already expired).
 const RELEASE_OURS: &str = concat!("\n", include_str!("lua/release_ours.lua"));
 
-/// The rest of the release script (after [`RELEASE_OURS`] and the [`PRELUDE`]).
+/// The rest of the release script (after [`RELEASE_OURS`] and the [`PRELUDE`]). A lock's release
+/// always publishes here; a permit's (it alone leaves its key's permit table) publishes when
+/// somebody waits in line or a subscribed contender marked the record `"watched":true`.
 const RELEASE: &str = concat!("\n", include_str!("lua/release.lua"));
 
-/// KEYS: record. ARGV: token. Takes the token out of the line; publishes only when it was the
-/// first in line (the next may now take a free lease).
+/// KEYS: record. ARGV: token. Takes the token out of the line (and out of a read-write key's
+/// waiting writers); publishes when it was the first in line (the next may now take a free
+/// lease), and on a semaphore or read-write key wherever it stood (those behind it may now have
+/// room).
 const WITHDRAW: &str = concat!("\n", include_str!("lua/withdraw.lua"));
 
 /// KEYS: record. ARGV: the fence of the lease to mark, or '' for whichever is held. Marks a held
 /// record `"watched":true`, so that its release publishes, keeping everything else (the record's
 /// text and the key's TTL). Returns 0 when asked for a fence and the key holds no lease with it
 /// (no record, another fence), else 1: marked now or before, or nothing to mark (an unreadable
-/// record, one that is free by the server's clock but not yet taken).
+/// record, one that is free by the server's clock but not yet taken). On a semaphore or
+/// read-write key the fence is the last one the key issued, and the record is marked while a
+/// permit is held.
 const MARK_WATCHED: &str = concat!("\n", include_str!("lua/mark_watched.lua"));
 
-/// KEYS: record. Returns the record as it was (or false; a value of another type is false too).
+/// KEYS: record. Frees the lease, or every permit of a semaphore or read-write key. Returns the
+/// record as it was (or false; a value of another type is false too).
 const FORCE: &str = concat!("\n", include_str!("lua/force.lua"));
+
+/// KEYS: record. ARGV: a holder id or an owner token. Frees what it holds: the lease, or its
+/// permits. Returns the record as it was when something was freed, else false.
+const FORCE_HOLDER: &str = concat!("\n", include_str!("lua/force_holder.lua"));
 
 #[cfg(feature = "redlock")]
 /// Raises a fence counter to at least `ARGV[1]` (never lowers it); used by Redlock so that every
@@ -419,6 +452,8 @@ pub(super) struct Scripts {
     #[cfg(feature = "redlock")]
     pub(super) raise_fence: Lua,
     pub(super) acquire: Lua,
+    /// The acquisition of a permit ([`ACQUIRE_PERMIT`]).
+    pub(super) acquire_permit: Lua,
     pub(super) renew: Lua,
     /// The renewal script for several slots of one cluster node.
     #[cfg(feature = "redis-cluster")]
@@ -426,6 +461,8 @@ pub(super) struct Scripts {
     pub(super) release: Lua,
     pub(super) withdraw: Lua,
     pub(super) force: Lua,
+    /// The release of one holder's lease or permits ([`FORCE_HOLDER`]).
+    pub(super) force_holder: Lua,
     pub(super) mark_watched: Lua,
 }
 
@@ -443,6 +480,7 @@ impl Scripts {
                 ACQUIRE_LANE,
                 wait,
             ),
+            acquire_permit: Lua::waiting(format!("{PRELUDE}{ACQUIRE_PERMIT}"), wait),
             renew: Lua::waiting(format!("{RENEW_KEYS}{PRELUDE}{RENEW}"), wait),
             #[cfg(feature = "redis-cluster")]
             renew_node: Lua::waiting(format!("{RENEW_NODE_ARGS}{PRELUDE}{RENEW}"), wait),
@@ -455,6 +493,7 @@ impl Scripts {
             ),
             withdraw: s(WITHDRAW),
             force: s(FORCE),
+            force_holder: s(FORCE_HOLDER),
             mark_watched: s(MARK_WATCHED),
         }
     }

@@ -10,6 +10,16 @@ wttl = math.abs(wttl)
 local r = decode(raw)
 if r == 'corrupt' then return foreign(KEYS[1], raw) end
 local at = nil
+if type(r) == 'table' and permits(r) ~= nil then
+  -- A semaphore or read-write key (see acquire_permit.lua): while it has a holder or a waiter, a
+  -- lock request is refused with what the key is ({3, kind, permit count}); with neither, it is
+  -- a lock again, and keeps its fence.
+  tidy(r); tidy_permits(r)
+  if #holders(r.permits) > 0 or str(r.waiter_token) ~= nil then
+    return {3, tostring(r.permits.kind), num(r.permits.permits)}
+  end
+  r.permits = nil
+end
 if type(r) == 'table' then
   local write = tidy(r)
   at = place(r, token)

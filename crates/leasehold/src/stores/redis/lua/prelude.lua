@@ -55,17 +55,75 @@ local function place(r, token)
   for i, w in ipairs(line(r)) do if w.token == token then return i end end
   return nil
 end
--- Store the record; the key lives while the lease or a waiter registration does.
+-- The permit table of a semaphore's or read-write lock's record ({kind, permits, holders,
+-- writers_waiting}), nil for a lock's. On such a record the lock fields hold nobody: `fence` is
+-- the last fence the key issued, and the line waits for permits.
+local function permits(r) if type(r.permits) == 'table' then return r.permits end return nil end
+-- A permit table's holders in the order they were granted ({holder, token, fence, write,
+-- acquired, renewed, expires, ttl_ms, pid, host, labels} each).
+local function holders(t) if type(t.holders) == 'table' then return t.holders end return {} end
+-- Drops a permit table's lapsed holders (each permit expires on its own, by the server's clock)
+-- and the waiting writers no longer in line; call it after `tidy`. True when it changed anything.
+local function tidy_permits(r)
+  local t = permits(r)
+  if t == nil then return false end
+  local kept, changed = {}, type(t.holders) ~= 'table'
+  for _, h in ipairs(holders(t)) do
+    if type(h) == 'table' and num(h.expires) > now then kept[#kept + 1] = h else changed = true end
+  end
+  t.holders = kept
+  if t.writers_waiting ~= nil then
+    local ww = {}
+    if type(t.writers_waiting) == 'table' then
+      for _, w in ipairs(t.writers_waiting) do
+        if place(r, w) ~= nil then ww[#ww + 1] = w else changed = true end
+      end
+    end
+    -- An empty list is no field (see `line`).
+    if #ww > 0 then t.writers_waiting = ww else t.writers_waiting = nil; changed = true end
+  end
+  return changed
+end
+-- The record as JSON that serde reads back. cjson writes an empty table as an object: an empty
+-- permit list goes out as `[]`. It writes numbers with 14 significant digits: a fence from 1e14
+-- up goes out as '%d' writes it. Both are marked as strings for cjson, then unmarked.
+local function encode(r)
+  local big = {}
+  local function mark(e)
+    if num(e.fence) >= 1e14 then
+      big[#big + 1] = {e, e.fence}
+      e.fence = '\1' .. string.format('%d', e.fence)
+    end
+  end
+  mark(r)
+  local t = permits(r)
+  local empty = t ~= nil and #holders(t) == 0
+  if t ~= nil then for _, h in ipairs(holders(t)) do if type(h) == 'table' then mark(h) end end end
+  if empty then t.holders = '\1[]' end
+  local raw = cjson.encode(r)
+  if empty then
+    t.holders = {}
+    raw = string.gsub(raw, '"holders":"\\u0001%[%]"', '"holders":[]', 1)
+  end
+  if #big > 0 then
+    for _, b in ipairs(big) do b[1].fence = b[2] end
+    raw = string.gsub(raw, '"fence":"\\u0001(%d+)"', '"fence":%1')
+  end
+  return raw
+end
+-- Store the record; the key lives while the lease, a permit or a waiter registration does.
 local function put(r, k)
   local until_ms = 0
   if held(r) then until_ms = num(r.expires) end
   if live_waiter(r) then until_ms = math.max(until_ms, num(r.waiter_expires)) end
   for _, w in ipairs(line(r)) do until_ms = math.max(until_ms, num(w.expires)) end
-  local raw = cjson.encode(r)
-  -- cjson writes numbers with 14 significant digits: a larger fence is put back exactly.
-  if num(r.fence) >= 1e14 then
-    raw = string.gsub(raw, '"fence":[^,}]*', '"fence":' .. string.format('%d', r.fence), 1)
+  local t = permits(r)
+  if t ~= nil then
+    for _, h in ipairs(holders(t)) do
+      if type(h) == 'table' then until_ms = math.max(until_ms, num(h.expires)) end
+    end
   end
+  local raw = encode(r)
   if until_ms > now then
     redis.call('SET', k, raw, 'PX', until_ms - now)
   else
