@@ -23,7 +23,7 @@
 use crate::record::{LeaseRecord, QueuedWaiter, QUEUE_LIMIT};
 use crate::store::{AcquireOutcome, AcquireRequest, LostReason, ReleaseOutcome, RenewOutcome};
 
-mod permits;
+pub(crate) mod permits;
 pub(crate) use permits::force_freed;
 use std::sync::OnceLock;
 use std::time::Duration;

@@ -69,7 +69,7 @@ pub(crate) fn tidy(r: &mut LeaseRecord, expiry: Expiry, now_ms: u64) {
 }
 
 /// The refusal of a request of `asked` on a key that is `is`.
-fn mismatch(key: &str, is: &str, asked: &str) -> Error {
+pub(crate) fn mismatch(key: &str, is: &str, asked: &str) -> Error {
     Error::InvalidOption {
         name: "permits",
         reason: format!(
@@ -80,7 +80,7 @@ fn mismatch(key: &str, is: &str, asked: &str) -> Error {
 }
 
 /// What a request of a lock or a permit asks the key to be, in words.
-fn asked(req: &AcquireRequest) -> String {
+pub(crate) fn asked(req: &AcquireRequest) -> String {
     match req.permit {
         Some(p) => p.kind().to_string(),
         None => "a lock".into(),

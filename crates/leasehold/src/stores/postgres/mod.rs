@@ -58,6 +58,7 @@
 //! ```
 
 mod options;
+mod permits;
 mod renew;
 mod sql;
 mod watch;
@@ -181,21 +182,25 @@ impl Inner {
         let there = |l: Arc<crate::pg::link::Live>| async move {
             let row = l
                 .conn
-                .query_one(sql.exists, &[&sql.table, &sql.sequence, &sql.schema])
+                .query_one(
+                    sql.exists,
+                    &[&sql.table, &sql.sequence, &sql.schema, &sql.permits],
+                )
                 .await?;
             Ok((
                 row.try_get::<_, bool>(0)?,
                 row.try_get::<_, bool>(1)?,
                 row.try_get::<_, bool>(2)?,
+                row.try_get::<_, bool>(3)?,
             ))
         };
-        let (table, schema, watched) = self.link.call(there).await?;
-        if table && watched {
+        let (table, schema, watched, permits) = self.link.call(there).await?;
+        if table && watched && permits {
             return self.prepare().await;
         }
         let needed = match (table, schema) {
-            // A table made before it had the column.
-            (true, _) => sql.add_watched.clone(),
+            // A table made by an earlier version: its newer columns, and the permit table.
+            (true, _) => sql.upgrade.clone(),
             (false, true) => sql.create.clone(),
             (false, false) => format!("{}\n{}", sql.create_schema, sql.create),
         };
@@ -214,9 +219,11 @@ impl Inner {
                         source: None,
                         store: self.link.shown().to_owned(),
                         detail: format!(
-                            "the lease table {} is not there (or lacks its column `watched`) and \
-                             this user may not create it ({}); have it created with:\n{needed}",
+                            "the lease table {} is not there (or lacks its newer columns, or its \
+                             permit table {}) and this user may not create it ({}); have it \
+                             created with:\n{needed}",
                             sql.table,
+                            sql.permits,
                             e.as_db_error().map_or("permission denied", |d| d.message()),
                         ),
                         retryable: false,
@@ -252,8 +259,8 @@ impl Inner {
             .await
     }
 
-    /// Renews each lease `keys[i]` held under `tokens[i]` for `ttls[i]` ms, in one statement;
-    /// the outcomes in the same order.
+    /// Renews each lease or permit `keys[i]` held under `tokens[i]` for `ttls[i]` ms, in one
+    /// statement; the outcomes in the same order.
     async fn renew_many(
         &self,
         keys: &[&str],
@@ -265,38 +272,57 @@ impl Inner {
             .await?;
         let mut renewed: HashMap<(String, String), LeaseRecord> = HashMap::new();
         for r in &rows {
-            let rec = record(r).map_err(|e| pg_err(self.link.shown(), e))?;
-            let token = rec.token.clone().unwrap_or_default();
-            renewed.insert((rec.key.clone(), token), rec);
+            let token: String = r.try_get(19).map_err(|e| self.err(e))?;
+            let key: String = r.try_get(0).map_err(|e| self.err(e))?;
+            let rec = self.full_record(r, 0, &key)?;
+            // A permit's holder is handed its permit in the lock fields.
+            let rec = match rec.permits {
+                Some(_) => crate::decide::permits::view(&rec, &token),
+                None => rec,
+            };
+            renewed.insert((key, token), rec);
         }
-        let missing: Vec<&str> = keys
+        let (missing_keys, missing_tokens): (Vec<&str>, Vec<&str>) = keys
             .iter()
             .zip(tokens)
             .filter(|(k, t)| !renewed.contains_key(&(k.to_string(), t.to_string())))
-            .map(|(k, _)| *k)
-            .collect();
-        let mut found: HashMap<String, (Option<String>, Option<String>)> = HashMap::new();
-        if !missing.is_empty() {
-            for r in self.query(&self.sql.lost, &[&missing]).await? {
+            .map(|(k, t)| (*k, *t))
+            .unzip();
+        // Per key and token: the key's holder and token, and whether the token's permit row is
+        // still there.
+        type Found = (Option<String>, Option<String>, bool);
+        let mut found: HashMap<(String, String), Found> = HashMap::new();
+        if !missing_keys.is_empty() {
+            for r in self
+                .query(&self.sql.lost, &[&missing_keys, &missing_tokens])
+                .await?
+            {
                 let got = (|| {
-                    Ok::<_, tokio_postgres::Error>((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?))
+                    Ok::<_, tokio_postgres::Error>((
+                        r.try_get(0)?,
+                        r.try_get(1)?,
+                        (r.try_get(2)?, r.try_get(3)?, r.try_get(4)?),
+                    ))
                 })();
-                let (k, holder, token): (String, Option<String>, Option<String>) =
+                let (k, t, f): (String, String, Found) =
                     got.map_err(|e| pg_err(self.link.shown(), e))?;
-                found.insert(k, (holder, token));
+                found.insert((k, t), f);
             }
         }
         Ok(keys
             .iter()
             .zip(tokens)
             .map(|(k, t)| {
-                if let Some(rec) = renewed.get(&(k.to_string(), t.to_string())) {
+                let pair = (k.to_string(), t.to_string());
+                if let Some(rec) = renewed.get(&pair) {
                     return RenewOutcome::Renewed(rec.clone());
                 }
-                RenewOutcome::Lost(match found.get(*k) {
-                    None | Some((_, None)) => LostReason::Released,
-                    Some((_, Some(tok))) if tok == t => LostReason::Expired,
-                    Some((holder, Some(_))) => LostReason::TakenOver {
+                RenewOutcome::Lost(match found.get(&pair) {
+                    // Its permit is there, and was not renewed: it expired.
+                    Some((_, _, true)) => LostReason::Expired,
+                    None | Some((_, None, _)) => LostReason::Released,
+                    Some((_, Some(tok), _)) if tok == t => LostReason::Expired,
+                    Some((holder, Some(_), _)) => LostReason::TakenOver {
                         holder: holder.clone().unwrap_or_default(),
                     },
                 })
@@ -304,8 +330,25 @@ impl Inner {
             .collect())
     }
 
-    /// The acquire statement for `req` with its labels as JSON.
+    /// A lock acquisition for `req` with its labels as JSON. A permit key that has no live
+    /// holder and no live waiter is made a lock key first; one that has either refuses it.
     async fn acquire_row(&self, req: &AcquireRequest, labels: &str) -> Result<AcquireOutcome> {
+        for _ in 0..3 {
+            match self.acquire_lock(req, labels).await? {
+                AcquireOutcome::Held(r) if r.permits.is_some() => {
+                    if let Some(is) = self.to_lock(&req.key).await? {
+                        return Err(permits::lock_refused(&req.key, &is));
+                    }
+                }
+                out => return Ok(out),
+            }
+        }
+        Err(self.kept_changing(req.key.as_str()))
+    }
+
+    /// The lock statements for `req`: the grant, or the record as it is (a permit key's among
+    /// them: the lock statements never write one).
+    async fn acquire_lock(&self, req: &AcquireRequest, labels: &str) -> Result<AcquireOutcome> {
         let (ttl, wttl) = (millis(req.ttl), req.waiter_ttl.map_or(0, millis));
         let fences = i64::try_from(req.fences.max(1)).unwrap_or(1);
         let pid = i32::try_from(crate::decide::pid()).unwrap_or(0);
@@ -366,7 +409,7 @@ impl Inner {
             }
             // Held, and nothing to write: the row as it is now.
             if let Some(r) = self.query(&self.sql.inspect, &[&key]).await?.first() {
-                return Ok(AcquireOutcome::Held(record(r).map_err(|e| self.err(e))?));
+                return Ok(AcquireOutcome::Held(self.full_record(r, 0, key)?));
             }
         }
         Err(Error::Store {
@@ -442,23 +485,28 @@ fn unix_ms(t: std::time::SystemTime) -> u64 {
 
 /// The record in a row of the store's columns (see `sql::columns`).
 fn record(r: &Row) -> std::result::Result<LeaseRecord, tokio_postgres::Error> {
-    let key: String = r.try_get(0)?;
-    let mut rec = LeaseRecord::free(&key, unsigned(r.try_get(3)?));
-    rec.holder = r.try_get(1)?;
-    rec.token = r.try_get(2)?;
-    rec.acquired_ms = unsigned(r.try_get(4)?);
-    rec.renewed_ms = unsigned(r.try_get(5)?);
-    rec.expires_ms = unsigned(r.try_get(6)?);
-    rec.ttl_ms = unsigned(r.try_get(7)?);
-    rec.waiter = r.try_get(8)?;
-    rec.waiter_token = r.try_get(9)?;
-    rec.waiter_expires_ms = Some(unsigned(r.try_get(10)?)).filter(|&v| v > 0);
-    rec.waiter_ttl_ms = r.try_get::<_, Option<i64>>(11)?.map(unsigned);
+    record_at(r, 0)
+}
+
+/// The record in the store's columns starting at column `at` of a row.
+fn record_at(r: &Row, at: usize) -> std::result::Result<LeaseRecord, tokio_postgres::Error> {
+    let key: String = r.try_get(at)?;
+    let mut rec = LeaseRecord::free(&key, unsigned(r.try_get(at + 3)?));
+    rec.holder = r.try_get(at + 1)?;
+    rec.token = r.try_get(at + 2)?;
+    rec.acquired_ms = unsigned(r.try_get(at + 4)?);
+    rec.renewed_ms = unsigned(r.try_get(at + 5)?);
+    rec.expires_ms = unsigned(r.try_get(at + 6)?);
+    rec.ttl_ms = unsigned(r.try_get(at + 7)?);
+    rec.waiter = r.try_get(at + 8)?;
+    rec.waiter_token = r.try_get(at + 9)?;
+    rec.waiter_expires_ms = Some(unsigned(r.try_get(at + 10)?)).filter(|&v| v > 0);
+    rec.waiter_ttl_ms = r.try_get::<_, Option<i64>>(at + 11)?.map(unsigned);
     rec.pid = r
-        .try_get::<_, Option<i32>>(12)?
+        .try_get::<_, Option<i32>>(at + 12)?
         .and_then(|p| u32::try_from(p).ok());
-    rec.host = r.try_get(13)?;
-    let labels: String = r.try_get(14)?;
+    rec.host = r.try_get(at + 13)?;
+    let labels: String = r.try_get(at + 14)?;
     // Labels someone else wrote that are not a JSON object of strings read as none.
     rec.labels = serde_json::from_str(&labels).unwrap_or_default();
     Ok(rec)
@@ -477,16 +525,16 @@ impl LockStore for PostgresStore {
             liveness: false,
             fence_source: "a PostgreSQL sequence per table, never lowered by cleanup",
             waiter_line: false,
-            permits: false,
+            permits: true,
         }
     }
 
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome> {
-        if let Some(p) = &req.permit {
-            return Err(p.not_supported(&self.describe()));
-        }
         let labels = check(req)?;
-        self.inner.acquire_row(req, &labels).await
+        match req.permit {
+            Some(want) => self.inner.acquire_permit(req, want, &labels).await,
+            None => self.inner.acquire_row(req, &labels).await,
+        }
     }
 
     async fn renew(&self, key: &Key, token: &str, ttl: Duration) -> Result<RenewOutcome> {
@@ -532,9 +580,10 @@ impl LockStore for PostgresStore {
 
     async fn inspect(&self, key: &Key) -> Result<Option<Inspection>> {
         let inner = &self.inner;
-        let rows = inner.query(&inner.sql.inspect, &[&key.as_str()]).await?;
+        let k = key.as_str();
+        let rows = inner.query(&inner.sql.inspect, &[&k]).await?;
         rows.first()
-            .map(|r| record(r).map(Inspection::Record).map_err(|e| inner.err(e)))
+            .map(|r| inner.full_record(r, 0, k).map(Inspection::Record))
             .transpose()
     }
 
@@ -542,23 +591,23 @@ impl LockStore for PostgresStore {
         let inner = &self.inner;
         let rows = inner.query(&inner.sql.list, &[&prefix]).await?;
         rows.iter()
-            .map(|r| record(r).map(Inspection::Record).map_err(|e| inner.err(e)))
+            .map(|r| inner.full_record(r, 0, prefix).map(Inspection::Record))
             .collect()
     }
 
     async fn force_release(&self, key: &Key) -> Result<Option<LeaseRecord>> {
-        let inner = &self.inner;
-        let k = key.as_str();
-        let rows = inner
-            .query(&inner.sql.force, &[&k, &inner.channel, &k])
-            .await?;
-        let rows = match rows.is_empty() {
-            true => inner.query(&inner.sql.inspect, &[&k]).await?,
-            false => rows,
-        };
-        rows.first()
-            .map(|r| record(r).map_err(|e| inner.err(e)))
-            .transpose()
+        if let Some(was) = self.inner.force(key, None).await? {
+            return Ok(Some(was));
+        }
+        // Nothing held: the record as it is.
+        Ok(match self.inspect(key).await? {
+            Some(Inspection::Record(r)) => Some(r),
+            _ => None,
+        })
+    }
+
+    async fn force_release_holder(&self, key: &Key, holder: &str) -> Result<Option<LeaseRecord>> {
+        self.inner.force(key, Some(holder)).await
     }
 
     async fn cleanup(&self, older_than: Duration) -> Result<CleanupReport> {
