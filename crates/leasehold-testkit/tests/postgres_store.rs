@@ -843,3 +843,122 @@ async fn permit_keys_are_cleaned_up_only_when_free() {
         other => panic!("{other:?}"),
     }
 }
+
+/// Who is inside a section guarded by permits, checked at each entry.
+#[derive(Default)]
+struct Inside {
+    readers: u32,
+    writers: u32,
+}
+
+/// Workers each on a store of its own (a connection each, as separate processes have) race for
+/// permits of one key (`want(worker, round)`), so their statements run in concurrent
+/// transactions: at most `limit` shared holders, a writer alone, and fences rising across the
+/// whole run per worker.
+async fn race_on_connections(
+    url: &str,
+    workers: usize,
+    rounds: usize,
+    limit: u32,
+    want: fn(usize, usize) -> PermitRequest,
+) {
+    let inside = Arc::new(std::sync::Mutex::new(Inside::default()));
+    let mut tasks = vec![];
+    for w in 0..workers {
+        let locks = leasehold::Locks::from_arc(store(url).await)
+            .with_holder(HolderId::new(format!("worker-{w}")))
+            .with_local_layer(false);
+        let inside = inside.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut last = 0;
+            for round in 0..rounds {
+                let p = want(w, round);
+                let builder = match p {
+                    PermitRequest::Semaphore { permits } => locks.semaphore("race", permits),
+                    PermitRequest::Read => locks.read_write("race").map(|rw| rw.read()),
+                    PermitRequest::Write => locks.read_write("race").map(|rw| rw.write()),
+                };
+                let g = builder
+                    .unwrap()
+                    .ttl(Duration::from_secs(5))
+                    .wait(Duration::from_secs(60))
+                    .acquire()
+                    .await
+                    .unwrap_or_else(|e| panic!("worker-{w} {p:?}: {e}"));
+                assert!(
+                    g.fence() > last,
+                    "worker-{w}: fence {} after {last}",
+                    g.fence()
+                );
+                last = g.fence();
+                {
+                    let mut i = inside.lock().unwrap();
+                    if p.write() {
+                        assert_eq!((i.readers, i.writers), (0, 0), "a writer beside others");
+                        i.writers += 1;
+                    } else {
+                        assert_eq!(i.writers, 0, "a reader beside a writer");
+                        i.readers += 1;
+                        assert!(i.readers <= limit, "{} holders, at most {limit}", i.readers);
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(fastrand::u64(1..4))).await;
+                {
+                    let mut i = inside.lock().unwrap();
+                    match p.write() {
+                        true => i.writers -= 1,
+                        false => i.readers -= 1,
+                    }
+                }
+                g.release().await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+}
+
+/// A semaphore of two, then a read-write lock, raced for over six connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn permits_hold_across_concurrent_connections() {
+    let url = shared_postgres().fresh_db();
+    race_on_connections(&url, 6, 12, 2, |_, _| PermitRequest::Semaphore {
+        permits: 2,
+    })
+    .await;
+    let url = shared_postgres().fresh_db();
+    race_on_connections(&url, 6, 12, leasehold::PERMIT_LIMIT, |w, round| {
+        if (w + round) % 3 == 0 {
+            PermitRequest::Write
+        } else {
+            PermitRequest::Read
+        }
+    })
+    .await;
+}
+
+/// `force_release_holder` on a lock key frees the lease when named by its holder's id or its
+/// token, and nothing for anyone else; the holder's next renewal is refused.
+#[tokio::test]
+async fn one_lock_holder_is_force_released_by_id_or_token() {
+    let s = store(&shared_postgres().fresh_db()).await;
+    let ttl = Duration::from_secs(30);
+    for by_token in [false, true] {
+        let key = Key::new(format!("lock/{by_token}")).unwrap();
+        let a = AcquireRequest::new(key.clone(), "a", ttl);
+        assert!(matches!(
+            s.acquire(&a).await.unwrap(),
+            AcquireOutcome::Granted(_)
+        ));
+        assert!(s.force_release_holder(&key, "b").await.unwrap().is_none());
+        let who = if by_token { a.token.as_str() } else { "a" };
+        let was = s.force_release_holder(&key, who).await.unwrap();
+        assert_eq!(was.and_then(|r| r.holder).as_deref(), Some("a"));
+        assert!(s.force_release_holder(&key, who).await.unwrap().is_none());
+        assert_eq!(
+            s.renew(&key, &a.token, ttl).await.unwrap(),
+            RenewOutcome::Lost(LostReason::Released)
+        );
+    }
+}

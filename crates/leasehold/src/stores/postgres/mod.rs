@@ -14,9 +14,29 @@
 //!   one creator at a time; nothing is created when the table is there). Its columns: `key`,
 //!   `holder`, `token` (the owner token), `fence`, `acquired`, `renewed`, `expires`, `ttl_ms`,
 //!   `waiter`, `waiter_token`, `waiter_expires`, `waiter_ttl_ms`, `pid`, `host`, `labels` (JSON
-//!   text), `watched` (a contender waits for this lease's release; a table made without it gets
-//!   it, `ALTER TABLE … ADD COLUMN IF NOT EXISTS`). A user without the right to create it gets a
-//!   non-retryable error naming the DDL to run.
+//!   text), `watched` (a contender waits for this lease's release), and for semaphores and
+//!   read-write locks `permit_kind` (`semaphore`, `read-write`, NULL for a lock), `permit_count`
+//!   and `waiter_write` (the registered waiter is a writer). A table made by an earlier version
+//!   gets the columns it lacks (`ALTER TABLE … ADD COLUMN IF NOT EXISTS`). A user without the
+//!   right to create it gets a non-retryable error naming the DDL to run.
+//! - **Permits** ([`Capabilities::permits`]): each permit held is a row of the permit table
+//!   `table_permits` (key, token, holder, fence, write, times, TTL, pid, host, labels), created
+//!   with the lease table; the key's row keeps the key's kind, its fence (each grant takes the
+//!   sequence's next value, so fences rise across locks, permits, reads and writes), its one
+//!   registered waiter and its `watched` mark, and no lock holder. The rules are
+//!   `decide::permits`'s with one registered waiter for the line: a semaphore of `n` grants while
+//!   the live holders, the registered waiter (if another's) and the caller are at most `n`; a
+//!   writer only with no live holder and no other registered waiter; a reader with no writer
+//!   holding or registered as waiter, below [`PERMIT_LIMIT`](crate::PERMIT_LIMIT) holders. A
+//!   request of another kind or count while the key has a live holder or waiter is refused
+//!   ([`Error::InvalidOption`] `permits`); a key with neither takes the kind asked, keeping its
+//!   fence. A permit acquisition is one statement judged on its snapshot and written only if
+//!   the key's row is still the version it read (every statement that changes a permit row
+//!   writes its key's row first); one that finds it changed writes nothing and is run again
+//!   (under contention on one key, a few times). Renewals, releases and waiter withdrawals of
+//!   a permit go through the lock's statements, which tell a permit's token by the key's row.
+//!   A lock request on a permit key with no live holder or waiter makes it a lock key again
+//!   first (two statements more, once).
 //! - **One statement per step**, each judged by the server's clock: acquire-when-free and
 //!   takeover of an expired row are one `INSERT … ON CONFLICT (key) DO UPDATE … WHERE <free,
 //!   expired, or reserved for us> RETURNING fence, acquired, expires`; when it writes nothing
@@ -24,15 +44,17 @@
 //!   waiter or marks the row watched, answers the record (a caller that already found the key
 //!   held, or asks for a block of fences, sends only that one); renewal is one `UPDATE … WHERE
 //!   token = $token AND expires > now()`, for many leases at once (`FROM unnest($keys, $tokens,
-//!   $ttls)`: the renewals asked for while one statement runs go together in the next); release
-//!   is one `UPDATE` that keeps the row (free, its fence kept) and notifies when someone waits.
-//!   Only a step that fails (a lost renewal, a contended acquire whose row was not written)
-//!   reads the row again to say why.
+//!   $ttls)`: the renewals asked for while one statement runs go together in the next, permits'
+//!   with locks'); release is one `UPDATE` that keeps the row (free, its fence kept) and
+//!   notifies when someone waits (a permit's deletes its permit row too). Only a step that
+//!   fails (a lost renewal, a contended acquire whose row was not written) reads the row again
+//!   to say why.
 //! - **Wake-ups**: a release whose row has a live registered waiter, or was marked `watched` by
 //!   a contender that waits for notifications (its attempt found the key held) or by an
 //!   observer ([`LockStore::notify_release`]), runs `pg_notify` on the channel `schema.table`
 //!   with the key as payload, delivered at its commit, and clears the mark; so does every
-//!   force-release and waiter withdrawal. An uncontended release notifies nobody: every
+//!   force-release and waiter withdrawal; a permit's release notifies the same way, so waiting
+//!   permit contenders wake on it. An uncontended release notifies nobody: every
 //!   transaction that notifies commits through the server's one notification queue, in turn.
 //!   The store's connection listens there, and waiters wake on it rather than by polling. When
 //!   the connection ends, every waiter is woken and subscribes again, which connects (and
@@ -420,15 +442,15 @@ impl Inner {
         })
     }
 
-    /// The release statement: whether the lease was still live.
+    /// The release statement (of a lock or a permit): whether it was still live.
     async fn release_row(&self, key: &str, token: &str) -> Result<ReleaseOutcome> {
         let rows = self
             .query(&self.sql.release, &[&key, &token, &self.channel, &key])
             .await?;
-        let live = match rows.first() {
-            Some(r) => r.try_get::<_, bool>(0).map_err(|e| self.err(e))?,
-            None => false,
-        };
+        let mut live = false;
+        for r in &rows {
+            live |= r.try_get::<_, bool>(0).map_err(|e| self.err(e))?;
+        }
         Ok(if live {
             ReleaseOutcome::Released
         } else {

@@ -99,7 +99,7 @@ fn waiter_columns(p: &str, live_only: bool) -> String {
 
 /// The permit columns of the key table row `p` (a prefix, as for [`columns`]) and `holders`
 /// (an expression: the holders as a JSON array, NULL for none), after [`columns`]: the record as
-/// [`super::permits::record`] reads it. The waiter's write flag shows only while its
+/// `Inner::full_record` reads it. The waiter's write flag shows only while its
 /// registration is live.
 fn permit_columns(p: &str, holders: &str) -> String {
     format!(
@@ -325,22 +325,24 @@ SELECT {}, pu.token FROM pu JOIN kb ON kb.key = pu.key",
         // text is '', not NULL: the mark is false either way. A lapsed waiter registration is
         // left as it is (every reader judges it by its expiry; the next grant clears it).
         //
-        // A permit token (its key's row has a permit kind, and no lock token) releases its
-        // permit row, and the permit rows that expired, after writing the key's row (which
-        // notifies the same way). Whether the lease or permit was still live.
+        // A permit's token (its key's row has a permit kind and a permit row of the token)
+        // writes the key's row the same way, which notifies the same way, and then releases its
+        // permit row and the permit rows that expired; the lock's fields stay as they are. One
+        // `UPDATE` of the key's row serves both, so that a lock's release costs little more
+        // than it did before there were permits. A row per release that was still live or not.
         let notify = format!(
             "watched = CASE WHEN t.watched OR {LIVE} THEN pg_notify($3, $4)::text IS NULL ELSE false END"
         );
         let release = format!(
-            "WITH lk AS (UPDATE {t} AS t SET holder = NULL, token = NULL, renewed = now(), {notify}
-  WHERE t.key = $1 AND t.token = $2 RETURNING t.expires > now() AS live),
-pk AS (UPDATE {t} AS t SET renewed = now(), {notify}
-  WHERE t.key = $1 AND t.permit_kind IS NOT NULL AND t.token IS DISTINCT FROM $2
-    AND EXISTS (SELECT 1 FROM {pt} AS p WHERE p.key = $1 AND p.token = $2)
-  RETURNING t.key),
-pd AS (DELETE FROM {pt} AS p USING pk WHERE p.key = pk.key AND (p.token = $2 OR p.expires <= now())
+            "WITH u AS (UPDATE {t} AS t SET holder = CASE WHEN t.token = $2 THEN NULL ELSE t.holder END,
+  token = CASE WHEN t.token = $2 THEN NULL ELSE t.token END, renewed = now(), {notify}
+  WHERE t.key = $1 AND (t.token = $2 OR (t.permit_kind IS NOT NULL
+    AND EXISTS (SELECT 1 FROM {pt} AS p WHERE p.key = $1 AND p.token = $2)))
+  RETURNING t.permit_kind IS NULL AS lock, t.expires > now() AS live),
+pd AS (DELETE FROM {pt} AS p USING u WHERE NOT u.lock AND p.key = $1
+  AND (p.token = $2 OR p.expires <= now())
   RETURNING p.token = $2 AND p.expires > now() AS live)
-SELECT coalesce((SELECT bool_or(live) FROM lk), (SELECT bool_or(live) FROM pd), false)"
+SELECT live FROM u WHERE u.lock UNION ALL SELECT live FROM pd"
         );
         let withdraw = format!(
             "WITH r AS (UPDATE {t} SET waiter = NULL, waiter_token = NULL, waiter_expires = NULL,
