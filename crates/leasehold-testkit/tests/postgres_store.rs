@@ -1,11 +1,16 @@
 //! The PostgreSQL lock store against real servers: exclusion across 8 OS processes, fences that
 //! keep rising after `cleanup` deleted a key's row, a crash-restart of the server while a lease is
 //! held and waited for, renewals batched into one statement, the table's parameters, a user
-//! without CREATE, labels the table cannot hold.
+//! without CREATE, labels the table cannot hold; semaphores and read-write locks (a decision on
+//! a stale snapshot judged again, renewals batched with the locks', notifications, cleanup and
+//! force-release of permit keys, a table of an earlier version brought up to date).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use leasehold::{AcquireOutcome, AcquireRequest, Error, HolderId, Inspection, Key, LockStore};
+use leasehold::{
+    AcquireOutcome, AcquireRequest, Error, HolderId, Inspection, Key, LockStore, LostReason,
+    PermitRequest, ReleaseOutcome, RenewOutcome,
+};
 use leasehold_testkit::servers::{shared_postgres, PostgresServer};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -206,7 +211,8 @@ async fn the_table_is_named_by_the_url_and_created_once() {
             &db,
             "CREATE ROLE reader LOGIN; REVOKE CREATE ON SCHEMA public FROM PUBLIC; \
              GRANT USAGE ON SCHEMA locks TO reader; \
-             GRANT ALL ON locks.app_leases, locks.app_leases_fence TO reader",
+             GRANT ALL ON locks.app_leases, locks.app_leases_fence, locks.app_leases_permits \
+             TO reader",
         )
         .unwrap();
     let as_reader = url.replace("postgres@", "reader@");
@@ -467,10 +473,11 @@ async fn a_holder_whose_session_drops_keeps_its_lease() {
     g.release().await.unwrap();
 }
 
-/// A table made before the `watched` column (the DDL of earlier versions) gets it when a store
-/// opens it, and its rows keep their fences.
+/// A table made before the `watched` column (the DDL of earlier versions) gets it, the permit
+/// columns and the permit table when a store opens it, and its rows keep their fences; its keys
+/// can be semaphores then.
 #[tokio::test]
-async fn a_table_without_the_watched_column_gets_it() {
+async fn a_table_of_an_earlier_version_is_brought_up_to_date() {
     let server = shared_postgres();
     let url = server.fresh_db();
     let db = db_of(&url).to_owned();
@@ -498,13 +505,153 @@ async fn a_table_without_the_watched_column_gets_it() {
             .as_deref(),
         Some("1")
     );
+    assert_eq!(
+        server
+            .psql(
+                &db,
+                "SELECT count(*) FROM pg_attribute WHERE attrelid = 'leasehold_leases'::regclass \
+                 AND attname IN ('permit_kind', 'permit_count', 'waiter_write')"
+            )
+            .as_deref(),
+        Some("3")
+    );
     let k = Key::new("old").unwrap();
     let req = AcquireRequest::new(k.clone(), "a", Duration::from_secs(5));
-    match s.acquire(&req).await.unwrap() {
-        AcquireOutcome::Granted(r) => assert!(r.fence >= 40, "{}", r.fence),
+    let fence = match s.acquire(&req).await.unwrap() {
+        AcquireOutcome::Granted(r) => r.fence,
+        other => panic!("{other:?}"),
+    };
+    assert!(fence >= 40, "{fence}");
+    s.release(&k, &req.token).await.unwrap();
+    let sem = permit(&k, "b", PermitRequest::Semaphore { permits: 2 });
+    match s.acquire(&sem).await.unwrap() {
+        AcquireOutcome::Granted(r) => assert!(r.fence > fence, "{} after {fence}", r.fence),
         other => panic!("{other:?}"),
     }
-    s.release(&k, &req.token).await.unwrap();
+}
+
+/// A request for a permit of `want` on `key` by `holder`, for 30 s.
+fn permit(key: &Key, holder: &str, want: PermitRequest) -> AcquireRequest {
+    let mut req = AcquireRequest::new(key.clone(), holder, Duration::from_secs(30));
+    req.permit = Some(want);
+    req
+}
+
+/// A permit acquisition judges the key on its statement's snapshot and writes only if the
+/// key's row is still the version it read: here the snapshot sees the only permit of a
+/// semaphore of one expired, while its renewal (written as the store writes one: the key's row,
+/// then the permit's) waits to commit. The acquisition waits for the renewal's row lock, finds
+/// the row changed, and is judged again: held, never a second holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_judged_on_a_stale_snapshot_is_judged_again() {
+    let url = shared_postgres().fresh_db();
+    let db = db_of(&url).to_owned();
+    let s = store(&url).await;
+    let key = Key::new("sem").unwrap();
+    let one = PermitRequest::Semaphore { permits: 1 };
+    let a = permit(&key, "a", one);
+    assert!(matches!(
+        s.acquire(&a).await.unwrap(),
+        AcquireOutcome::Granted(_)
+    ));
+    let expired = shared_postgres().psql(
+        &db,
+        "UPDATE leasehold_leases_permits SET expires = now() - interval '1 second'",
+    );
+    assert!(expired.is_some());
+    let stalled_db = db.clone();
+    let renewal = tokio::task::spawn_blocking(move || {
+        shared_postgres().psql(
+            &stalled_db,
+            "BEGIN; UPDATE leasehold_leases SET renewed = now() WHERE key = 'sem'; \
+             UPDATE leasehold_leases_permits SET expires = now() + interval '60 seconds' \
+             WHERE key = 'sem'; SELECT pg_sleep(1); COMMIT;",
+        )
+    });
+    until_stalled(&db).await;
+    let out = s.acquire(&permit(&key, "b", one)).await.unwrap();
+    assert!(
+        matches!(out, AcquireOutcome::Held(_)),
+        "b was granted the permit a renewed meanwhile: {out:?}"
+    );
+    assert!(renewal.await.unwrap().is_some(), "the renewal committed");
+    let Some(Inspection::Record(r)) = s.inspect(&key).await.unwrap() else {
+        panic!("no record")
+    };
+    let holders: Vec<_> = r
+        .permits
+        .unwrap()
+        .holders
+        .into_iter()
+        .map(|p| p.holder)
+        .collect();
+    assert_eq!(holders, ["a"]);
+}
+
+/// Renewals of locks and permits asked for together go in one statement, and each is answered
+/// as its own: a lock's record, or the permit's holder's view (its permit in the lock fields,
+/// the key's holders beside it). A released permit is lost as released, a lapsed one as expired.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_and_permits_renew_together() {
+    let url = shared_postgres().fresh_db();
+    let db = db_of(&url).to_owned();
+    let s = store(&url).await;
+    let ttl = Duration::from_secs(30);
+    let (sem, rw) = (Key::new("sem").unwrap(), Key::new("rw").unwrap());
+    let two = PermitRequest::Semaphore { permits: 2 };
+    let reqs = [
+        AcquireRequest::new(Key::new("lock/1").unwrap(), "l1", ttl),
+        AcquireRequest::new(Key::new("lock/2").unwrap(), "l2", ttl),
+        permit(&sem, "p1", two),
+        permit(&sem, "p2", two),
+        permit(&rw, "r1", PermitRequest::Read),
+    ];
+    let mut fences = vec![];
+    for req in &reqs {
+        match s.acquire(req).await.unwrap() {
+            AcquireOutcome::Granted(r) => fences.push(r.fence),
+            other => panic!("{other:?}"),
+        }
+    }
+    let renewals = reqs.iter().map(|r| s.renew(&r.key, &r.token, ttl));
+    let outcomes = futures_util::future::join_all(renewals).await;
+    for ((req, fence), out) in reqs.iter().zip(&fences).zip(outcomes) {
+        let RenewOutcome::Renewed(r) = out.unwrap() else {
+            panic!("{} not renewed", req.holder)
+        };
+        assert_eq!(r.token.as_deref(), Some(req.token.as_str()));
+        assert_eq!(r.holder.as_deref(), Some(req.holder.as_str()));
+        assert_eq!(r.fence, *fence, "{}'s own fence", req.holder);
+        let held = r.permits.map(|t| t.holders.len());
+        let expected = match req.key.as_str() {
+            "sem" => Some(2),
+            "rw" => Some(1),
+            _ => None,
+        };
+        assert_eq!(held, expected, "{}", req.holder);
+    }
+    let (p1, p2) = (&reqs[2], &reqs[3]);
+    assert_eq!(
+        s.release(&sem, &p1.token).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+    assert_eq!(
+        s.renew(&sem, &p1.token, ttl).await.unwrap(),
+        RenewOutcome::Lost(LostReason::Released)
+    );
+    let lapsed = shared_postgres().psql(
+        &db,
+        "UPDATE leasehold_leases_permits SET expires = now() WHERE holder = 'p2'",
+    );
+    assert!(lapsed.is_some());
+    assert_eq!(
+        s.renew(&sem, &p2.token, ttl).await.unwrap(),
+        RenewOutcome::Lost(LostReason::Expired)
+    );
+    assert_eq!(
+        s.release(&sem, &p2.token).await.unwrap(),
+        ReleaseOutcome::NotHeld
+    );
 }
 
 /// The next notification `heard`.
@@ -575,4 +722,243 @@ async fn only_a_release_someone_waits_for_notifies() {
     assert!(s.notify_release(&observed.key, None).await.unwrap());
     s.release(&observed.key, &observed.token).await.unwrap();
     assert_eq!(next(&mut heard).await, "observed");
+}
+
+/// A permit release notifies as a lock release does, only when someone waits: a registered
+/// waiter (a writer, here) or a watching contender; an uncontended release sends nothing, and
+/// neither does a grant. An operator's release of one holder notifies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_permit_release_someone_waits_for_notifies() {
+    let url = shared_postgres().fresh_db();
+    let s = store(&url).await;
+    let (client, mut conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let (tx, mut heard) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(Ok(m)) = std::future::poll_fn(|cx| conn.poll_message(cx)).await {
+            if let tokio_postgres::AsyncMessage::Notification(n) = m {
+                let _ = tx.send(n.payload().to_owned());
+            }
+        }
+    });
+    client
+        .batch_execute("LISTEN \"public.leasehold_leases\"")
+        .await
+        .unwrap();
+    let granted = |o: AcquireOutcome| assert!(matches!(o, AcquireOutcome::Granted(_)), "{o:?}");
+    let held = |o: AcquireOutcome| assert!(matches!(o, AcquireOutcome::Held(_)), "{o:?}");
+    let one = PermitRequest::Semaphore { permits: 1 };
+    let (alone, watched, waited, forced) = (
+        Key::new("alone").unwrap(),
+        Key::new("watched").unwrap(),
+        Key::new("waited").unwrap(),
+        Key::new("forced").unwrap(),
+    );
+    // Nobody waits: no notification.
+    let a = permit(&alone, "a", one);
+    granted(s.acquire(&a).await.unwrap());
+    s.release(&alone, &a.token).await.unwrap();
+    // A watching contender marks the key.
+    let w = permit(&watched, "a", one);
+    granted(s.acquire(&w).await.unwrap());
+    let mut watcher = permit(&watched, "b", one);
+    watcher.watching = true;
+    held(s.acquire(&watcher).await.unwrap());
+    // A writer registered as waiter behind a reader.
+    let reader = permit(&waited, "r", PermitRequest::Read);
+    granted(s.acquire(&reader).await.unwrap());
+    let mut writer = permit(&waited, "w", PermitRequest::Write);
+    writer.waiter_ttl = Some(Duration::from_secs(30));
+    let AcquireOutcome::Held(seen) = s.acquire(&writer).await.unwrap() else {
+        panic!("a reader holds it")
+    };
+    assert_eq!(seen.waiter_token.as_deref(), Some(writer.token.as_str()));
+    assert_eq!(
+        seen.permits.map(|t| t.writers_waiting),
+        Some(vec![writer.token.clone()])
+    );
+    s.release(&watched, &w.token).await.unwrap();
+    s.release(&waited, &reader.token).await.unwrap();
+    assert_eq!(next(&mut heard).await, "watched");
+    assert_eq!(next(&mut heard).await, "waited");
+    // The writer is granted; its release notifies nobody. An operator's release does.
+    granted(s.acquire(&writer).await.unwrap());
+    s.release(&waited, &writer.token).await.unwrap();
+    let f = permit(&forced, "f", one);
+    granted(s.acquire(&f).await.unwrap());
+    assert!(s
+        .force_release_holder(&forced, "f")
+        .await
+        .unwrap()
+        .is_some());
+    assert_eq!(next(&mut heard).await, "forced");
+}
+
+/// `cleanup` keeps a permit key while a permit is live; `force_release` frees every holder and
+/// answers the record as it was; then `cleanup` removes the key with its permit rows, and the
+/// next grant is still fenced above every earlier one.
+#[tokio::test]
+async fn permit_keys_are_cleaned_up_only_when_free() {
+    let url = shared_postgres().fresh_db();
+    let db = db_of(&url).to_owned();
+    let s = store(&url).await;
+    let key = Key::new("slots").unwrap();
+    let two = PermitRequest::Semaphore { permits: 2 };
+    let mut fences = vec![];
+    for who in ["a", "b"] {
+        match s.acquire(&permit(&key, who, two)).await.unwrap() {
+            AcquireOutcome::Granted(r) => fences.push(r.fence),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(s.cleanup(Duration::ZERO).await.unwrap().removed, 0);
+    let was = s.force_release(&key).await.unwrap().expect("held");
+    let holders: Vec<_> = was
+        .permits
+        .unwrap()
+        .holders
+        .into_iter()
+        .map(|p| p.holder)
+        .collect();
+    assert_eq!(holders, ["a", "b"]);
+    let Some(Inspection::Record(now)) = s.inspect(&key).await.unwrap() else {
+        panic!("the key's row stays until cleanup")
+    };
+    assert_eq!(now.permits.map(|t| t.holders.len()), Some(0));
+    assert_eq!(s.cleanup(Duration::ZERO).await.unwrap().removed, 1);
+    assert!(s.inspect(&key).await.unwrap().is_none());
+    assert_eq!(
+        shared_postgres()
+            .psql(&db, "SELECT count(*) FROM leasehold_leases_permits")
+            .as_deref(),
+        Some("0")
+    );
+    match s
+        .acquire(&permit(&key, "c", PermitRequest::Write))
+        .await
+        .unwrap()
+    {
+        AcquireOutcome::Granted(r) => assert!(r.fence > fences[1], "{} after {fences:?}", r.fence),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Who is inside a section guarded by permits, checked at each entry.
+#[derive(Default)]
+struct Inside {
+    readers: u32,
+    writers: u32,
+}
+
+/// Workers each on a store of its own (a connection each, as separate processes have) race for
+/// permits of one key (`want(worker, round)`), so their statements run in concurrent
+/// transactions: at most `limit` shared holders, a writer alone, and fences rising across the
+/// whole run per worker.
+async fn race_on_connections(
+    url: &str,
+    workers: usize,
+    rounds: usize,
+    limit: u32,
+    want: fn(usize, usize) -> PermitRequest,
+) {
+    let inside = Arc::new(std::sync::Mutex::new(Inside::default()));
+    let mut tasks = vec![];
+    for w in 0..workers {
+        let locks = leasehold::Locks::from_arc(store(url).await)
+            .with_holder(HolderId::new(format!("worker-{w}")))
+            .with_local_layer(false);
+        let inside = inside.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut last = 0;
+            for round in 0..rounds {
+                let p = want(w, round);
+                let builder = match p {
+                    PermitRequest::Semaphore { permits } => locks.semaphore("race", permits),
+                    PermitRequest::Read => locks.read_write("race").map(|rw| rw.read()),
+                    PermitRequest::Write => locks.read_write("race").map(|rw| rw.write()),
+                };
+                let g = builder
+                    .unwrap()
+                    .ttl(Duration::from_secs(5))
+                    .wait(Duration::from_secs(60))
+                    .acquire()
+                    .await
+                    .unwrap_or_else(|e| panic!("worker-{w} {p:?}: {e}"));
+                assert!(
+                    g.fence() > last,
+                    "worker-{w}: fence {} after {last}",
+                    g.fence()
+                );
+                last = g.fence();
+                {
+                    let mut i = inside.lock().unwrap();
+                    if p.write() {
+                        assert_eq!((i.readers, i.writers), (0, 0), "a writer beside others");
+                        i.writers += 1;
+                    } else {
+                        assert_eq!(i.writers, 0, "a reader beside a writer");
+                        i.readers += 1;
+                        assert!(i.readers <= limit, "{} holders, at most {limit}", i.readers);
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(fastrand::u64(1..4))).await;
+                {
+                    let mut i = inside.lock().unwrap();
+                    match p.write() {
+                        true => i.writers -= 1,
+                        false => i.readers -= 1,
+                    }
+                }
+                g.release().await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+}
+
+/// A semaphore of two, then a read-write lock, raced for over six connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn permits_hold_across_concurrent_connections() {
+    let url = shared_postgres().fresh_db();
+    race_on_connections(&url, 6, 12, 2, |_, _| PermitRequest::Semaphore {
+        permits: 2,
+    })
+    .await;
+    let url = shared_postgres().fresh_db();
+    race_on_connections(&url, 6, 12, leasehold::PERMIT_LIMIT, |w, round| {
+        if (w + round) % 3 == 0 {
+            PermitRequest::Write
+        } else {
+            PermitRequest::Read
+        }
+    })
+    .await;
+}
+
+/// `force_release_holder` on a lock key frees the lease when named by its holder's id or its
+/// token, and nothing for anyone else; the holder's next renewal is refused.
+#[tokio::test]
+async fn one_lock_holder_is_force_released_by_id_or_token() {
+    let s = store(&shared_postgres().fresh_db()).await;
+    let ttl = Duration::from_secs(30);
+    for by_token in [false, true] {
+        let key = Key::new(format!("lock/{by_token}")).unwrap();
+        let a = AcquireRequest::new(key.clone(), "a", ttl);
+        assert!(matches!(
+            s.acquire(&a).await.unwrap(),
+            AcquireOutcome::Granted(_)
+        ));
+        assert!(s.force_release_holder(&key, "b").await.unwrap().is_none());
+        let who = if by_token { a.token.as_str() } else { "a" };
+        let was = s.force_release_holder(&key, who).await.unwrap();
+        assert_eq!(was.and_then(|r| r.holder).as_deref(), Some("a"));
+        assert!(s.force_release_holder(&key, who).await.unwrap().is_none());
+        assert_eq!(
+            s.renew(&key, &a.token, ttl).await.unwrap(),
+            RenewOutcome::Lost(LostReason::Released)
+        );
+    }
 }

@@ -23,7 +23,7 @@
 use crate::record::{LeaseRecord, QueuedWaiter, QUEUE_LIMIT};
 use crate::store::{AcquireOutcome, AcquireRequest, LostReason, ReleaseOutcome, RenewOutcome};
 
-mod permits;
+pub(crate) mod permits;
 pub(crate) use permits::force_freed;
 /// What the Redis store, which keeps these rules in its Lua scripts, builds its answers with.
 #[cfg(feature = "redis")]

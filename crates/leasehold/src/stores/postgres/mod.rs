@@ -14,9 +14,29 @@
 //!   one creator at a time; nothing is created when the table is there). Its columns: `key`,
 //!   `holder`, `token` (the owner token), `fence`, `acquired`, `renewed`, `expires`, `ttl_ms`,
 //!   `waiter`, `waiter_token`, `waiter_expires`, `waiter_ttl_ms`, `pid`, `host`, `labels` (JSON
-//!   text), `watched` (a contender waits for this lease's release; a table made without it gets
-//!   it, `ALTER TABLE … ADD COLUMN IF NOT EXISTS`). A user without the right to create it gets a
-//!   non-retryable error naming the DDL to run.
+//!   text), `watched` (a contender waits for this lease's release), and for semaphores and
+//!   read-write locks `permit_kind` (`semaphore`, `read-write`, NULL for a lock), `permit_count`
+//!   and `waiter_write` (the registered waiter is a writer). A table made by an earlier version
+//!   gets the columns it lacks (`ALTER TABLE … ADD COLUMN IF NOT EXISTS`). A user without the
+//!   right to create it gets a non-retryable error naming the DDL to run.
+//! - **Permits** ([`Capabilities::permits`]): each permit held is a row of the permit table
+//!   `table_permits` (key, token, holder, fence, write, times, TTL, pid, host, labels), created
+//!   with the lease table; the key's row keeps the key's kind, its fence (each grant takes the
+//!   sequence's next value, so fences rise across locks, permits, reads and writes), its one
+//!   registered waiter and its `watched` mark, and no lock holder. The rules are
+//!   `decide::permits`'s with one registered waiter for the line: a semaphore of `n` grants while
+//!   the live holders, the registered waiter (if another's) and the caller are at most `n`; a
+//!   writer only with no live holder and no other registered waiter; a reader with no writer
+//!   holding or registered as waiter, below [`PERMIT_LIMIT`](crate::PERMIT_LIMIT) holders. A
+//!   request of another kind or count while the key has a live holder or waiter is refused
+//!   ([`Error::InvalidOption`] `permits`); a key with neither takes the kind asked, keeping its
+//!   fence. A permit acquisition is one statement judged on its snapshot and written only if
+//!   the key's row is still the version it read (every statement that changes a permit row
+//!   writes its key's row first); one that finds it changed writes nothing and is run again
+//!   (under contention on one key, a few times). Renewals, releases and waiter withdrawals of
+//!   a permit go through the lock's statements, which tell a permit's token by the key's row.
+//!   A lock request on a permit key with no live holder or waiter makes it a lock key again
+//!   first (two statements more, once).
 //! - **One statement per step**, each judged by the server's clock: acquire-when-free and
 //!   takeover of an expired row are one `INSERT … ON CONFLICT (key) DO UPDATE … WHERE <free,
 //!   expired, or reserved for us> RETURNING fence, acquired, expires`; when it writes nothing
@@ -24,15 +44,17 @@
 //!   waiter or marks the row watched, answers the record (a caller that already found the key
 //!   held, or asks for a block of fences, sends only that one); renewal is one `UPDATE … WHERE
 //!   token = $token AND expires > now()`, for many leases at once (`FROM unnest($keys, $tokens,
-//!   $ttls)`: the renewals asked for while one statement runs go together in the next); release
-//!   is one `UPDATE` that keeps the row (free, its fence kept) and notifies when someone waits.
-//!   Only a step that fails (a lost renewal, a contended acquire whose row was not written)
-//!   reads the row again to say why.
+//!   $ttls)`: the renewals asked for while one statement runs go together in the next, permits'
+//!   with locks'); release is one `UPDATE` that keeps the row (free, its fence kept) and
+//!   notifies when someone waits (a permit's deletes its permit row too). Only a step that
+//!   fails (a lost renewal, a contended acquire whose row was not written) reads the row again
+//!   to say why.
 //! - **Wake-ups**: a release whose row has a live registered waiter, or was marked `watched` by
 //!   a contender that waits for notifications (its attempt found the key held) or by an
 //!   observer ([`LockStore::notify_release`]), runs `pg_notify` on the channel `schema.table`
 //!   with the key as payload, delivered at its commit, and clears the mark; so does every
-//!   force-release and waiter withdrawal. An uncontended release notifies nobody: every
+//!   force-release and waiter withdrawal; a permit's release notifies the same way, so waiting
+//!   permit contenders wake on it. An uncontended release notifies nobody: every
 //!   transaction that notifies commits through the server's one notification queue, in turn.
 //!   The store's connection listens there, and waiters wake on it rather than by polling. When
 //!   the connection ends, every waiter is woken and subscribes again, which connects (and
@@ -58,6 +80,7 @@
 //! ```
 
 mod options;
+mod permits;
 mod renew;
 mod sql;
 mod watch;
@@ -181,21 +204,25 @@ impl Inner {
         let there = |l: Arc<crate::pg::link::Live>| async move {
             let row = l
                 .conn
-                .query_one(sql.exists, &[&sql.table, &sql.sequence, &sql.schema])
+                .query_one(
+                    sql.exists,
+                    &[&sql.table, &sql.sequence, &sql.schema, &sql.permits],
+                )
                 .await?;
             Ok((
                 row.try_get::<_, bool>(0)?,
                 row.try_get::<_, bool>(1)?,
                 row.try_get::<_, bool>(2)?,
+                row.try_get::<_, bool>(3)?,
             ))
         };
-        let (table, schema, watched) = self.link.call(there).await?;
-        if table && watched {
+        let (table, schema, watched, permits) = self.link.call(there).await?;
+        if table && watched && permits {
             return self.prepare().await;
         }
         let needed = match (table, schema) {
-            // A table made before it had the column.
-            (true, _) => sql.add_watched.clone(),
+            // A table made by an earlier version: its newer columns, and the permit table.
+            (true, _) => sql.upgrade.clone(),
             (false, true) => sql.create.clone(),
             (false, false) => format!("{}\n{}", sql.create_schema, sql.create),
         };
@@ -214,9 +241,11 @@ impl Inner {
                         source: None,
                         store: self.link.shown().to_owned(),
                         detail: format!(
-                            "the lease table {} is not there (or lacks its column `watched`) and \
-                             this user may not create it ({}); have it created with:\n{needed}",
+                            "the lease table {} is not there (or lacks its newer columns, or its \
+                             permit table {}) and this user may not create it ({}); have it \
+                             created with:\n{needed}",
                             sql.table,
+                            sql.permits,
                             e.as_db_error().map_or("permission denied", |d| d.message()),
                         ),
                         retryable: false,
@@ -252,8 +281,8 @@ impl Inner {
             .await
     }
 
-    /// Renews each lease `keys[i]` held under `tokens[i]` for `ttls[i]` ms, in one statement;
-    /// the outcomes in the same order.
+    /// Renews each lease or permit `keys[i]` held under `tokens[i]` for `ttls[i]` ms, in one
+    /// statement; the outcomes in the same order.
     async fn renew_many(
         &self,
         keys: &[&str],
@@ -265,38 +294,57 @@ impl Inner {
             .await?;
         let mut renewed: HashMap<(String, String), LeaseRecord> = HashMap::new();
         for r in &rows {
-            let rec = record(r).map_err(|e| pg_err(self.link.shown(), e))?;
-            let token = rec.token.clone().unwrap_or_default();
-            renewed.insert((rec.key.clone(), token), rec);
+            let token: String = r.try_get(19).map_err(|e| self.err(e))?;
+            let key: String = r.try_get(0).map_err(|e| self.err(e))?;
+            let rec = self.full_record(r, 0, &key)?;
+            // A permit's holder is handed its permit in the lock fields.
+            let rec = match rec.permits {
+                Some(_) => crate::decide::permits::view(&rec, &token),
+                None => rec,
+            };
+            renewed.insert((key, token), rec);
         }
-        let missing: Vec<&str> = keys
+        let (missing_keys, missing_tokens): (Vec<&str>, Vec<&str>) = keys
             .iter()
             .zip(tokens)
             .filter(|(k, t)| !renewed.contains_key(&(k.to_string(), t.to_string())))
-            .map(|(k, _)| *k)
-            .collect();
-        let mut found: HashMap<String, (Option<String>, Option<String>)> = HashMap::new();
-        if !missing.is_empty() {
-            for r in self.query(&self.sql.lost, &[&missing]).await? {
+            .map(|(k, t)| (*k, *t))
+            .unzip();
+        // Per key and token: the key's holder and token, and whether the token's permit row is
+        // still there.
+        type Found = (Option<String>, Option<String>, bool);
+        let mut found: HashMap<(String, String), Found> = HashMap::new();
+        if !missing_keys.is_empty() {
+            for r in self
+                .query(&self.sql.lost, &[&missing_keys, &missing_tokens])
+                .await?
+            {
                 let got = (|| {
-                    Ok::<_, tokio_postgres::Error>((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?))
+                    Ok::<_, tokio_postgres::Error>((
+                        r.try_get(0)?,
+                        r.try_get(1)?,
+                        (r.try_get(2)?, r.try_get(3)?, r.try_get(4)?),
+                    ))
                 })();
-                let (k, holder, token): (String, Option<String>, Option<String>) =
+                let (k, t, f): (String, String, Found) =
                     got.map_err(|e| pg_err(self.link.shown(), e))?;
-                found.insert(k, (holder, token));
+                found.insert((k, t), f);
             }
         }
         Ok(keys
             .iter()
             .zip(tokens)
             .map(|(k, t)| {
-                if let Some(rec) = renewed.get(&(k.to_string(), t.to_string())) {
+                let pair = (k.to_string(), t.to_string());
+                if let Some(rec) = renewed.get(&pair) {
                     return RenewOutcome::Renewed(rec.clone());
                 }
-                RenewOutcome::Lost(match found.get(*k) {
-                    None | Some((_, None)) => LostReason::Released,
-                    Some((_, Some(tok))) if tok == t => LostReason::Expired,
-                    Some((holder, Some(_))) => LostReason::TakenOver {
+                RenewOutcome::Lost(match found.get(&pair) {
+                    // Its permit is there, and was not renewed: it expired.
+                    Some((_, _, true)) => LostReason::Expired,
+                    None | Some((_, None, _)) => LostReason::Released,
+                    Some((_, Some(tok), _)) if tok == t => LostReason::Expired,
+                    Some((holder, Some(_), _)) => LostReason::TakenOver {
                         holder: holder.clone().unwrap_or_default(),
                     },
                 })
@@ -304,8 +352,25 @@ impl Inner {
             .collect())
     }
 
-    /// The acquire statement for `req` with its labels as JSON.
+    /// A lock acquisition for `req` with its labels as JSON. A permit key that has no live
+    /// holder and no live waiter is made a lock key first; one that has either refuses it.
     async fn acquire_row(&self, req: &AcquireRequest, labels: &str) -> Result<AcquireOutcome> {
+        for _ in 0..3 {
+            match self.acquire_lock(req, labels).await? {
+                AcquireOutcome::Held(r) if r.permits.is_some() => {
+                    if let Some(is) = self.to_lock(&req.key).await? {
+                        return Err(permits::lock_refused(&req.key, &is));
+                    }
+                }
+                out => return Ok(out),
+            }
+        }
+        Err(self.kept_changing(req.key.as_str()))
+    }
+
+    /// The lock statements for `req`: the grant, or the record as it is (a permit key's among
+    /// them: the lock statements never write one).
+    async fn acquire_lock(&self, req: &AcquireRequest, labels: &str) -> Result<AcquireOutcome> {
         let (ttl, wttl) = (millis(req.ttl), req.waiter_ttl.map_or(0, millis));
         let fences = i64::try_from(req.fences.max(1)).unwrap_or(1);
         let pid = i32::try_from(crate::decide::pid()).unwrap_or(0);
@@ -366,7 +431,7 @@ impl Inner {
             }
             // Held, and nothing to write: the row as it is now.
             if let Some(r) = self.query(&self.sql.inspect, &[&key]).await?.first() {
-                return Ok(AcquireOutcome::Held(record(r).map_err(|e| self.err(e))?));
+                return Ok(AcquireOutcome::Held(self.full_record(r, 0, key)?));
             }
         }
         Err(Error::Store {
@@ -377,15 +442,15 @@ impl Inner {
         })
     }
 
-    /// The release statement: whether the lease was still live.
+    /// The release statement (of a lock or a permit): whether it was still live.
     async fn release_row(&self, key: &str, token: &str) -> Result<ReleaseOutcome> {
         let rows = self
             .query(&self.sql.release, &[&key, &token, &self.channel, &key])
             .await?;
-        let live = match rows.first() {
-            Some(r) => r.try_get::<_, bool>(0).map_err(|e| self.err(e))?,
-            None => false,
-        };
+        let mut live = false;
+        for r in &rows {
+            live |= r.try_get::<_, bool>(0).map_err(|e| self.err(e))?;
+        }
         Ok(if live {
             ReleaseOutcome::Released
         } else {
@@ -442,23 +507,28 @@ fn unix_ms(t: std::time::SystemTime) -> u64 {
 
 /// The record in a row of the store's columns (see `sql::columns`).
 fn record(r: &Row) -> std::result::Result<LeaseRecord, tokio_postgres::Error> {
-    let key: String = r.try_get(0)?;
-    let mut rec = LeaseRecord::free(&key, unsigned(r.try_get(3)?));
-    rec.holder = r.try_get(1)?;
-    rec.token = r.try_get(2)?;
-    rec.acquired_ms = unsigned(r.try_get(4)?);
-    rec.renewed_ms = unsigned(r.try_get(5)?);
-    rec.expires_ms = unsigned(r.try_get(6)?);
-    rec.ttl_ms = unsigned(r.try_get(7)?);
-    rec.waiter = r.try_get(8)?;
-    rec.waiter_token = r.try_get(9)?;
-    rec.waiter_expires_ms = Some(unsigned(r.try_get(10)?)).filter(|&v| v > 0);
-    rec.waiter_ttl_ms = r.try_get::<_, Option<i64>>(11)?.map(unsigned);
+    record_at(r, 0)
+}
+
+/// The record in the store's columns starting at column `at` of a row.
+fn record_at(r: &Row, at: usize) -> std::result::Result<LeaseRecord, tokio_postgres::Error> {
+    let key: String = r.try_get(at)?;
+    let mut rec = LeaseRecord::free(&key, unsigned(r.try_get(at + 3)?));
+    rec.holder = r.try_get(at + 1)?;
+    rec.token = r.try_get(at + 2)?;
+    rec.acquired_ms = unsigned(r.try_get(at + 4)?);
+    rec.renewed_ms = unsigned(r.try_get(at + 5)?);
+    rec.expires_ms = unsigned(r.try_get(at + 6)?);
+    rec.ttl_ms = unsigned(r.try_get(at + 7)?);
+    rec.waiter = r.try_get(at + 8)?;
+    rec.waiter_token = r.try_get(at + 9)?;
+    rec.waiter_expires_ms = Some(unsigned(r.try_get(at + 10)?)).filter(|&v| v > 0);
+    rec.waiter_ttl_ms = r.try_get::<_, Option<i64>>(at + 11)?.map(unsigned);
     rec.pid = r
-        .try_get::<_, Option<i32>>(12)?
+        .try_get::<_, Option<i32>>(at + 12)?
         .and_then(|p| u32::try_from(p).ok());
-    rec.host = r.try_get(13)?;
-    let labels: String = r.try_get(14)?;
+    rec.host = r.try_get(at + 13)?;
+    let labels: String = r.try_get(at + 14)?;
     // Labels someone else wrote that are not a JSON object of strings read as none.
     rec.labels = serde_json::from_str(&labels).unwrap_or_default();
     Ok(rec)
@@ -477,16 +547,16 @@ impl LockStore for PostgresStore {
             liveness: false,
             fence_source: "a PostgreSQL sequence per table, never lowered by cleanup",
             waiter_line: false,
-            permits: false,
+            permits: true,
         }
     }
 
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome> {
-        if let Some(p) = &req.permit {
-            return Err(p.not_supported(&self.describe()));
-        }
         let labels = check(req)?;
-        self.inner.acquire_row(req, &labels).await
+        match req.permit {
+            Some(want) => self.inner.acquire_permit(req, want, &labels).await,
+            None => self.inner.acquire_row(req, &labels).await,
+        }
     }
 
     async fn renew(&self, key: &Key, token: &str, ttl: Duration) -> Result<RenewOutcome> {
@@ -532,9 +602,10 @@ impl LockStore for PostgresStore {
 
     async fn inspect(&self, key: &Key) -> Result<Option<Inspection>> {
         let inner = &self.inner;
-        let rows = inner.query(&inner.sql.inspect, &[&key.as_str()]).await?;
+        let k = key.as_str();
+        let rows = inner.query(&inner.sql.inspect, &[&k]).await?;
         rows.first()
-            .map(|r| record(r).map(Inspection::Record).map_err(|e| inner.err(e)))
+            .map(|r| inner.full_record(r, 0, k).map(Inspection::Record))
             .transpose()
     }
 
@@ -542,23 +613,23 @@ impl LockStore for PostgresStore {
         let inner = &self.inner;
         let rows = inner.query(&inner.sql.list, &[&prefix]).await?;
         rows.iter()
-            .map(|r| record(r).map(Inspection::Record).map_err(|e| inner.err(e)))
+            .map(|r| inner.full_record(r, 0, prefix).map(Inspection::Record))
             .collect()
     }
 
     async fn force_release(&self, key: &Key) -> Result<Option<LeaseRecord>> {
-        let inner = &self.inner;
-        let k = key.as_str();
-        let rows = inner
-            .query(&inner.sql.force, &[&k, &inner.channel, &k])
-            .await?;
-        let rows = match rows.is_empty() {
-            true => inner.query(&inner.sql.inspect, &[&k]).await?,
-            false => rows,
-        };
-        rows.first()
-            .map(|r| record(r).map_err(|e| inner.err(e)))
-            .transpose()
+        if let Some(was) = self.inner.force(key, None).await? {
+            return Ok(Some(was));
+        }
+        // Nothing held: the record as it is.
+        Ok(match self.inspect(key).await? {
+            Some(Inspection::Record(r)) => Some(r),
+            _ => None,
+        })
+    }
+
+    async fn force_release_holder(&self, key: &Key, holder: &str) -> Result<Option<LeaseRecord>> {
+        self.inner.force(key, Some(holder)).await
     }
 
     async fn cleanup(&self, older_than: Duration) -> Result<CleanupReport> {

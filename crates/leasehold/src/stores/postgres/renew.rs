@@ -1,6 +1,8 @@
 //! Batched renewals: the renewals asked for while one statement runs go together in the next
 //! (one `UPDATE … FROM unnest($keys, $tokens, $ttls)`), so a process holding many leases renews
-//! them in one statement per period, not one per lease. The statement runs in a task of its own:
+//! them in one statement per period, not one per lease. Permits go in the same batch: the
+//! statement renews a lock where its token is in the key's row, and a permit where its token has
+//! a permit row (see `sql::Sql::renew`). The statement runs in a task of its own:
 //! a caller that stops waiting does not stop the others' renewals.
 
 use super::Inner;

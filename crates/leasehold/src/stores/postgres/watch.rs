@@ -1,6 +1,7 @@
 //! Wake-ups for waiters: the store's connection listens on the table's channel, where every
-//! release someone waits for (a live registered waiter, or a `watched` mark), force-release and
-//! waiter withdrawal is notified (at its commit) with the key as payload; [`Hub`] wakes that
+//! release someone waits for (a live registered waiter, or a `watched` mark), a lock's or a
+//! permit's, force-release and waiter withdrawal is notified (at its commit) with the key as
+//! payload; [`Hub`] wakes that
 //! key's subscriptions. When the connection ends, every subscription
 //! is woken and turns stale, and its waiter subscribes again (which connects again and listens
 //! again).
