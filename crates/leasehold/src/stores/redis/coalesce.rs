@@ -1,6 +1,7 @@
 //! Acquire and release calls coalesced into one script call while the server is busy.
 //!
-//! Each call of a script that has a batched form ([`Batched`]: the acquire and release scripts)
+//! Each call of a script that has a batched form ([`Batched`]: the acquire, permit acquire and
+//! release scripts)
 //! goes out at once, as its own call, while fewer than [`IN_FLIGHT`] such calls are waiting for
 //! the server (one, for a store that waits for replicas: see `in_flight`). Beyond that it waits
 //! in its lane's queue, and the next call to come back sends the whole queue (at most [`MOST`]
@@ -34,7 +35,7 @@ use super::link::Link;
 use super::link::Origin;
 #[cfg(feature = "redis-cluster")]
 use super::scripts::ELSEWHERE;
-use super::scripts::{Batched, Lua, ScriptCall, ACQUIRE_LANE, LANES};
+use super::scripts::{Batched, Lua, ScriptCall, ACQUIRE_LANE, LANES, PERMIT_LANE};
 use crate::error::{Error, Result};
 use ::redis::Value;
 use parking_lot::Mutex;
@@ -67,7 +68,7 @@ pub(crate) type Lanes = [Mutex<Lane>; LANES];
 /// left out of the batch: an acquisition nobody waits for would take a lease nobody holds (until
 /// its TTL), while a release is still worth making.
 fn leave_out_abandoned(lane: usize) -> bool {
-    lane == ACQUIRE_LANE
+    lane == ACQUIRE_LANE || lane == PERMIT_LANE
 }
 
 /// One lane: its calls in flight and those waiting for a batch.

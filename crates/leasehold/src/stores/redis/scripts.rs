@@ -7,8 +7,8 @@
 //!
 //! A call ([`ScriptCall`]) is `EVALSHA`, sent again as `EVAL` with the script's body on
 //! `NOSCRIPT`; for a store that asks for replicas, followed by `WAIT` in the same round trip.
-//! The acquire and release scripts also have a batched form ([`Batched`]) that runs many calls
-//! as one, which [`coalesce`](super::coalesce) sends while the server is busy.
+//! The acquire, permit acquire and release scripts also have a batched form ([`Batched`]) that
+//! runs many calls as one, which [`coalesce`](super::coalesce) sends while the server is busy.
 
 use super::conn::Conn;
 use super::error::NOT_REPLICATED;
@@ -16,13 +16,16 @@ use super::options::Wait;
 use std::sync::Arc;
 
 /// The coalescing lanes ([`coalesce`](super::coalesce)): one per script with a batched form.
-pub(super) const LANES: usize = 2;
+pub(super) const LANES: usize = 3;
 
 /// The lane of the acquire script.
 pub(super) const ACQUIRE_LANE: usize = 0;
 
 /// The lane of the release script.
 pub(super) const RELEASE_LANE: usize = 1;
+
+/// The lane of the permit acquire script.
+pub(super) const PERMIT_LANE: usize = 2;
 
 /// Shared Lua helpers: server time, record decoding, waiter liveness.
 const PRELUDE: &str = concat!("\n", include_str!("lua/prelude.lua"));
@@ -480,7 +483,13 @@ impl Scripts {
                 ACQUIRE_LANE,
                 wait,
             ),
-            acquire_permit: Lua::waiting(format!("{PRELUDE}{ACQUIRE_PERMIT}"), wait),
+            acquire_permit: Lua::coalesced(
+                "",
+                format!("{PRELUDE}{ACQUIRE_PERMIT}"),
+                (2, 6),
+                PERMIT_LANE,
+                wait,
+            ),
             renew: Lua::waiting(format!("{RENEW_KEYS}{PRELUDE}{RENEW}"), wait),
             #[cfg(feature = "redis-cluster")]
             renew_node: Lua::waiting(format!("{RENEW_NODE_ARGS}{PRELUDE}{RENEW}"), wait),
@@ -517,7 +526,8 @@ pub(super) struct Batched {
     pub(super) node: Lua,
     pub(super) keys: usize,
     pub(super) args: usize,
-    /// The coalescing lane its calls queue in ([`ACQUIRE_LANE`], [`RELEASE_LANE`]).
+    /// The coalescing lane its calls queue in ([`ACQUIRE_LANE`], [`RELEASE_LANE`],
+    /// [`PERMIT_LANE`]).
     pub(super) lane: usize,
 }
 
@@ -715,7 +725,7 @@ mod tests {
     #[test]
     fn node_forms_read_each_record_once() {
         let scripts = super::Scripts::new(None);
-        for lua in [&scripts.acquire, &scripts.release] {
+        for lua in [&scripts.acquire, &scripts.acquire_permit, &scripts.release] {
             let node = lua.batched().map_or("", |b| b.node.0.body.as_str());
             assert_eq!(node.matches("redis.pcall('GET'").count(), 1, "{node}");
             assert_eq!(node.matches(super::FIRST_READ).count(), 1, "{node}");
