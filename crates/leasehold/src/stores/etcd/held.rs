@@ -228,6 +228,16 @@ impl Held {
         Some((name.clone(), e.clone()))
     }
 
+    /// Whether a permit key (a name under the indexed prefix) starting with `under` was written
+    /// under `token` without an answer, and may still be adopted.
+    pub(crate) fn unanswered_under(&self, under: &str, token: &str) -> bool {
+        self.map
+            .lock()
+            .unanswered
+            .values()
+            .any(|u| !u.claimed && u.token == token && u.name.starts_with(under))
+    }
+
     /// Moves the deadline of `name` (held under `token`) to `deadline`, and its session to
     /// `session` when given; false when it is no longer held.
     pub(crate) fn extend(

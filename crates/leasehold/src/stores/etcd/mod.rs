@@ -3,8 +3,9 @@
 //! `?tls=true`, `?ca=` and client certificates (`?cert=&key=`); see [`EtcdOptions`].
 //!
 //! Checklist — native TTL: yes (each key is attached to an etcd lease, and deleted by its holder
-//! process when its own TTL passes unrenewed); watch: yes (an etcd watch on the key: waiters
-//! wake on the holder's release, no polling); liveness: no (a killed holder's keys go when its
+//! process when its own TTL passes unrenewed); watch: yes (an etcd watch on the key, its waiter
+//! and its permits: waiters wake on the holder's release, no polling); permits: yes (see
+//! [below](#semaphores-and-read-write-locks)); liveness: no (a killed holder's keys go when its
 //! session lease expires, at most ⌈1.5 × TTL⌉ + 1 s later, 2 s at least); fence: the record key's
 //! **create revision**, etcd's cluster-wide revision counter, which every later write of the
 //! cluster exceeds: `fence = create revision × 65536 + (block − 1)`, where a block of `n` fences
@@ -32,10 +33,24 @@
 //! force release. A record must fit in one etcd request ([`options::MAX_REQUEST_BYTES`], 1.5 MiB
 //! by default): larger labels are refused at acquire.
 //!
+//! # Semaphores and read-write locks
+//! A permit ([`AcquireRequest::permit`]) is a key of its own, `<prefix>permit/<key>\0<slot>`,
+//! attached to its session like a lease record and renewed, deleted at its deadline and freed
+//! with its session the same way; its fence is its create revision × 65536. A grant creates one
+//! slot key (`0 ..= n−1` of a semaphore of `n`, `0 ..= 63` for readers, `w` for a writer)
+//! compared absent in its transaction, so the count holds under any race; `<prefix>kind/<key>`
+//! (`semaphore:N` or `read-write`) is compared by every grant, and a lock's grant compares the
+//! permit prefix empty, so a key is one kind at a time. A waiting writer registers as the key's
+//! waiter, and a reader's grant compares the waiter key as it read it, so no reader slips past a
+//! writer registering meanwhile (the rules: `permits.rs`). `etcdctl get --prefix
+//! leasehold/permit/` lists the permits; `cleanup` deletes the kind keys no permit uses. An uncontended grant on a key of its kind is one transaction (two on a key's
+//! first use or a change of kind), a renewal one read, a release one transaction.
+//!
 //! # Module map
 //! | file | holds | uses |
 //! | --- | --- | --- |
 //! | `mod.rs` | [`EtcdStore`], the [`LockStore`] impl | all below |
+//! | `permits.rs` | semaphores and read-write locks: the permit keys, the grant's transaction | held, session, `decide` (views, mismatch) |
 //! | `watch.rs` | the change notification of a key | error |
 //! | `held.rs` | the keys held, each deleted at its own deadline; writes without answer | session, error |
 //! | `session.rs` | session leases and their keep-alive | error |
@@ -613,7 +628,17 @@ impl LockStore for EtcdStore {
         let l = self.lock_name(key);
         let sent = Instant::now();
         let entry = self.inner.held.get(&l, token);
-        let (lock, waiter_kv) = self.read(key).await?;
+        let (lock, waiter_kv) = match entry {
+            Some(_) => self.read(key).await?,
+            None => {
+                let st = self.read_state(&n).await?;
+                if st.lock.is_none() && Self::slot_of_token(&n, &st, token).is_some() {
+                    // A permit of ours whose deadline passed here (its deletion is under way).
+                    return Ok(RenewOutcome::Lost(LostReason::Expired));
+                }
+                (st.lock, st.waiter)
+            }
+        };
         let Some(lock) = lock else {
             self.inner.held.remove(&l, token);
             return Ok(RenewOutcome::Lost(LostReason::Released));
@@ -755,7 +780,7 @@ impl LockStore for EtcdStore {
         let permit_waiter = waiter.as_ref().is_some_and(|w| w.permit.is_some());
         if st.lock.is_none() && (!st.slots.is_empty() || permit_waiter) {
             let r = permits::record_of(key.as_str(), &st, None);
-            return Ok(Some(Inspection::Record(crate::decide::held_view(&r))));
+            return Ok(Some(Inspection::Record(r)));
         }
         let lock = st.lock;
         let Some(lock) = lock else {

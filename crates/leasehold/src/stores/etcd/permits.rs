@@ -164,7 +164,8 @@ fn permit_of(kv: &KeyValue) -> Option<Permit> {
     Some(p)
 }
 
-/// The record of a permit key as `st` shows it: every holder (in grant order), the waiter.
+/// The record of a permit key as `st` shows it, as the record stores keep it: every holder in
+/// its table (in grant order), the waiter; no holder in the lock fields.
 pub(super) fn record_of(key: &str, st: &State, kind: Option<PermitKind>) -> LeaseRecord {
     let mut slots: Vec<&KeyValue> = st.slots.iter().collect();
     slots.sort_by_key(|kv| kv.create_revision());
@@ -282,6 +283,10 @@ impl EtcdStore {
                 return Err(Error::GivenUp {
                     key: req.key.as_str().to_owned(),
                 });
+            }
+            if seen.is_none() && self.inner.held.unanswered_under(&n.prefix, &req.token) {
+                // An earlier attempt's write may have landed in any slot: look before writing.
+                seen = Some(self.read_state(&n).await?);
             }
             let plan = match &seen {
                 None => {
@@ -557,7 +562,7 @@ impl EtcdStore {
                     .await?;
             }
         }
-        Ok(freed.then(|| held_view(&record_of(key.as_str(), st, None))))
+        Ok(freed.then(|| record_of(key.as_str(), st, None)))
     }
 
     /// The permit keys `token` holds on `key` per the read `st`: its name and create revision.
@@ -625,7 +630,7 @@ impl EtcdStore {
         }
         Ok(by_key
             .into_iter()
-            .map(|(key, st)| held_view(&record_of(&key, &st, kinds.get(&key).copied())))
+            .map(|(key, st)| record_of(&key, &st, kinds.get(&key).copied()))
             .collect())
     }
 
