@@ -275,3 +275,35 @@ async fn a_permit_is_listed_and_its_keys_are_gone_on_release() {
         .await
         .is_empty());
 }
+
+/// The registered waiter of a full semaphore is ahead of newcomers: when one permit comes free,
+/// a newcomer of another client is refused (its grant would have to leave a slot for the
+/// waiter), the waiter is granted, and its registration goes with its grant.
+#[tokio::test]
+async fn a_freed_permit_goes_to_the_registered_waiter_not_to_a_newcomer() {
+    let (a, b) = (store().await, store().await);
+    let k = key("waiter-first");
+    let mut held_now = vec![];
+    for who in ["p1", "p2", "p3"] {
+        held_now.push(granted(&a, &ask(&k, who, SEM3)).await);
+    }
+    let mut d = ask(&k, "d", SEM3);
+    d.waiter_ttl = Some(TTL);
+    let seen = held(&b, &d).await;
+    assert_eq!(seen.waiter.as_deref(), Some("d"));
+    assert!(
+        seen.holder.as_deref().is_some_and(|h| h.contains("3 of 3")),
+        "{seen:?}"
+    );
+    let freed = held_now.pop().unwrap();
+    a.release(&k, freed.token.as_deref().unwrap())
+        .await
+        .unwrap();
+    held(&a, &ask(&k, "newcomer", SEM3)).await;
+    let got = granted(&b, &d).await;
+    assert!(got.fence > freed.fence);
+    let r = record(&a, &k).await;
+    assert_eq!(r.waiter, None, "the grant removed the registration");
+    assert_eq!(r.permits.expect("a permit table").holders.len(), 3);
+    a.force_release(&k).await.unwrap();
+}

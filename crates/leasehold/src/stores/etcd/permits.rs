@@ -290,10 +290,19 @@ impl EtcdStore {
             }
             let plan = match &seen {
                 None => {
-                    // First, the likely case: the key is of this kind, nobody waits.
+                    // First, the likely case: the key is of this kind, nobody waits, and a slot
+                    // picked at random is free (of a read-write lock's 64 reader slots, most
+                    // are).
                     let mine = self.inner.held.get(&n.waiter, &req.token);
+                    let slot = match want {
+                        PermitRequest::Write => WRITER.to_owned(),
+                        PermitRequest::Read => fastrand::u32(..PERMIT_LIMIT).to_string(),
+                        PermitRequest::Semaphore { permits } => {
+                            fastrand::u32(..permits.max(1)).to_string()
+                        }
+                    };
                     Plan {
-                        slot: if want.write() { WRITER } else { "0" }.to_owned(),
+                        slot,
                         also_free: None,
                         replace: false,
                         kind_mod: None,
