@@ -268,6 +268,61 @@ async fn a_holder_killed_with_sigkill_frees_its_key_with_its_session() {
     g.release().await.unwrap();
 }
 
+/// A holder process of a permit killed with SIGKILL: its permit key goes when its session lease
+/// expires (a TTL of 1 s has a session of 3 s) while the other permit stays held, and the next
+/// permit's fence is higher.
+#[tokio::test]
+async fn a_permit_holder_killed_with_sigkill_frees_its_permit_with_its_session() {
+    use std::io::BufRead;
+    let url = store_url(shared_etcd());
+    let key = leasehold_testkit::prefix("killed-permit");
+    let other = leasehold_testkit::connect_as(&url, "other").await;
+    let kept = other
+        .semaphore(&key, 2)
+        .unwrap()
+        .ttl(Duration::from_secs(5))
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("a permit of two is free");
+    let mut child = std::process::Command::new(WORKER)
+        .args(["hold", &url, &key, "1000", "2"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let fence: u64 = line.trim().strip_prefix("held ").unwrap().parse().unwrap();
+    let l = leasehold_testkit::connect_as(&url, "next").await;
+    assert!(
+        l.semaphore(&key, 2)
+            .unwrap()
+            .try_acquire()
+            .await
+            .unwrap()
+            .is_none(),
+        "both permits are held"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let killed = Instant::now();
+    let g = l
+        .semaphore(&key, 2)
+        .unwrap()
+        .wait(Duration::from_secs(10))
+        .acquire()
+        .await
+        .expect("freed with the session");
+    let took = killed.elapsed();
+    assert!(took < Duration::from_millis(4500), "took {took:?}");
+    assert!(g.fence() > fence);
+    assert!(kept.is_current(), "the other holder keeps its permit");
+    g.release().await.unwrap();
+    kept.release().await.unwrap();
+}
+
 /// A store that lets each `acquire` call through only when the test says so, counting the calls
 /// that reached it; everything else goes straight to the store it wraps. It changes no answer: it
 /// only decides when the client's next attempt is sent.

@@ -16,8 +16,9 @@
 //! application that checks its lease once per job, which a pause can catch mid-job — and release.
 //! Prints `sections N` at the end.
 //!
-//! `leasehold-worker hold STORE KEY TTL_MS`: acquire KEY, print `held FENCE`, then wait; print
-//! `lost REASON` and exit 4 when the lease is lost; exit 0 on SIGTERM after releasing.
+//! `leasehold-worker hold STORE KEY TTL_MS [PERMITS]`: acquire KEY (with PERMITS, a permit of
+//! KEY as a semaphore of PERMITS), print `held FENCE`, then wait; print `lost REASON` and exit 4
+//! when the lease is lost; exit 0 on SIGTERM after releasing.
 //!
 //! `leasehold-worker try STORE KEY TTL_MS`: try to acquire KEY once, without waiting: print
 //! `granted FENCE` and release, or `busy HOLDER`.
@@ -253,13 +254,18 @@ async fn main() {
             let mut term =
                 tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
                     .unwrap_or_else(|e| fail(e.to_string()));
-            let g = locks
-                .lock_key(key)
-                .ttl(Duration::from_millis(ttl))
-                .wait(Duration::from_secs(30))
-                .acquire()
-                .await
-                .unwrap_or_else(|e| fail(e.to_string()));
+            let (ttl, wait) = (Duration::from_millis(ttl), Duration::from_secs(30));
+            let got = match args.get(5) {
+                Some(n) => {
+                    let n: u32 = n.parse().unwrap_or_else(|_| fail("bad permits".into()));
+                    let sem = locks
+                        .semaphore(key.as_str(), n)
+                        .unwrap_or_else(|e| fail(e.to_string()));
+                    sem.ttl(ttl).wait(wait).acquire().await
+                }
+                None => locks.lock_key(key).ttl(ttl).wait(wait).acquire().await,
+            };
+            let g = got.unwrap_or_else(|e| fail(e.to_string()));
             println!("held {}", g.fence());
             let _ = std::io::stdout().flush();
             tokio::select! {

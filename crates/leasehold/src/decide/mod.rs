@@ -25,8 +25,9 @@ use crate::store::{AcquireOutcome, AcquireRequest, LostReason, ReleaseOutcome, R
 
 pub(crate) mod permits;
 pub(crate) use permits::force_freed;
-/// What the Redis store, which keeps these rules in its Lua scripts, builds its answers with.
-#[cfg(feature = "redis")]
+/// What the Redis store, which keeps these rules in its Lua scripts, and the etcd store, which
+/// keeps them in its transactions, build their answers with.
+#[cfg(any(feature = "redis", feature = "etcd"))]
 pub(crate) use permits::{asked, held_view, mismatch, view};
 use std::sync::OnceLock;
 use std::time::Duration;

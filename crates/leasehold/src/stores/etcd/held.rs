@@ -71,11 +71,26 @@ struct State {
     keys: HashMap<String, Entry>,
     /// Writes without an answer, by a number of their own.
     unanswered: HashMap<u64, Unanswered>,
+    /// The held permit keys (names under [`Held::indexed`]) by owner token.
+    by_token: HashMap<String, String>,
+}
+
+impl State {
+    /// Forgets held key `name`; its entry, if it had one.
+    fn take(&mut self, name: &str) -> Option<Entry> {
+        let e = self.keys.remove(name)?;
+        if self.by_token.get(&e.token).is_some_and(|n| n == name) {
+            self.by_token.remove(&e.token);
+        }
+        Some(e)
+    }
 }
 
 /// The held keys of one store, by etcd key.
 pub(crate) struct Held {
     map: Mutex<State>,
+    /// Held keys whose names start with this are found by token ([`Held::by_token`]).
+    indexed: String,
     client: etcd_client::Client,
     described: String,
     timeout: Duration,
@@ -90,9 +105,15 @@ impl std::fmt::Debug for Held {
 }
 
 impl Held {
-    pub(crate) fn new(client: etcd_client::Client, described: String, timeout: Duration) -> Self {
+    pub(crate) fn new(
+        client: etcd_client::Client,
+        described: String,
+        timeout: Duration,
+        indexed: String,
+    ) -> Self {
         Held {
             map: Default::default(),
+            indexed,
             client,
             described,
             timeout,
@@ -111,6 +132,7 @@ impl Held {
     ) {
         Self::insert_in(
             &mut self.map.lock(),
+            &self.indexed,
             name,
             token,
             create_rev,
@@ -122,6 +144,7 @@ impl Held {
 
     fn insert_in(
         state: &mut State,
+        indexed: &str,
         name: &str,
         token: &str,
         create_rev: i64,
@@ -134,7 +157,11 @@ impl Held {
             session,
             deadline,
         };
+        state.take(name);
         state.keys.insert(name.to_owned(), entry);
+        if name.starts_with(indexed) {
+            state.by_token.insert(token.to_owned(), name.to_owned());
+        }
     }
 
     fn sweep_at_deadline(self: &Arc<Self>, name: &str, token: &str) {
@@ -168,7 +195,15 @@ impl Held {
                 return false;
             };
             state.unanswered.remove(&id);
-            Self::insert_in(&mut state, name, token, create_rev, session, deadline);
+            Self::insert_in(
+                &mut state,
+                &self.indexed,
+                name,
+                token,
+                create_rev,
+                session,
+                deadline,
+            );
         }
         self.sweep_at_deadline(name, token);
         true
@@ -182,6 +217,25 @@ impl Held {
             .get(name)
             .filter(|e| e.token == token)
             .cloned()
+    }
+
+    /// The held permit key (a name under the indexed prefix) starting with `under` that `token`
+    /// holds, and its entry.
+    pub(crate) fn by_token(&self, under: &str, token: &str) -> Option<(String, Entry)> {
+        let state = self.map.lock();
+        let name = state.by_token.get(token).filter(|n| n.starts_with(under))?;
+        let e = state.keys.get(name).filter(|e| e.token == token)?;
+        Some((name.clone(), e.clone()))
+    }
+
+    /// Whether a permit key (a name under the indexed prefix) starting with `under` was written
+    /// under `token` without an answer, and may still be adopted.
+    pub(crate) fn unanswered_under(&self, under: &str, token: &str) -> bool {
+        self.map
+            .lock()
+            .unanswered
+            .values()
+            .any(|u| !u.claimed && u.token == token && u.name.starts_with(under))
     }
 
     /// Moves the deadline of `name` (held under `token`) to `deadline`, and its session to
@@ -210,7 +264,7 @@ impl Held {
     pub(crate) fn remove(&self, name: &str, token: &str) -> Option<Entry> {
         let mut state = self.map.lock();
         match state.keys.get(name) {
-            Some(e) if e.token == token => state.keys.remove(name),
+            Some(e) if e.token == token => state.take(name),
             _ => None,
         }
     }
@@ -288,9 +342,7 @@ async fn sweep(held: Weak<Held>, name: String, token: String) {
         let entry = {
             let mut state = h.map.lock();
             match state.keys.get(&name) {
-                Some(e) if e.token == token && e.deadline <= Instant::now() => {
-                    state.keys.remove(&name)
-                }
+                Some(e) if e.token == token && e.deadline <= Instant::now() => state.take(&name),
                 Some(e) if e.token == token => continue,
                 _ => return,
             }

@@ -3,8 +3,9 @@
 //! `?tls=true`, `?ca=` and client certificates (`?cert=&key=`); see [`EtcdOptions`].
 //!
 //! Checklist — native TTL: yes (each key is attached to an etcd lease, and deleted by its holder
-//! process when its own TTL passes unrenewed); watch: yes (an etcd watch on the key: waiters
-//! wake on the holder's release, no polling); liveness: no (a killed holder's keys go when its
+//! process when its own TTL passes unrenewed); watch: yes (an etcd watch on the key, its waiter
+//! and its permits: waiters wake on the holder's release, no polling); permits: yes (see
+//! [below](#semaphores-and-read-write-locks)); liveness: no (a killed holder's keys go when its
 //! session lease expires, at most ⌈1.5 × TTL⌉ + 1 s later, 2 s at least); fence: the record key's
 //! **create revision**, etcd's cluster-wide revision counter, which every later write of the
 //! cluster exceeds: `fence = create revision × 65536 + (block − 1)`, where a block of `n` fences
@@ -32,10 +33,24 @@
 //! force release. A record must fit in one etcd request ([`options::MAX_REQUEST_BYTES`], 1.5 MiB
 //! by default): larger labels are refused at acquire.
 //!
+//! # Semaphores and read-write locks
+//! A permit ([`AcquireRequest::permit`]) is a key of its own, `<prefix>permit/<key>\0<slot>`,
+//! attached to its session like a lease record and renewed, deleted at its deadline and freed
+//! with its session the same way; its fence is its create revision × 65536. A grant creates one
+//! slot key (`0 ..= n−1` of a semaphore of `n`, `0 ..= 63` for readers, `w` for a writer)
+//! compared absent in its transaction, so the count holds under any race; `<prefix>kind/<key>`
+//! (`semaphore:N` or `read-write`) is compared by every grant, and a lock's grant compares the
+//! permit prefix empty, so a key is one kind at a time. A waiting writer registers as the key's
+//! waiter, and a reader's grant compares the waiter key as it read it, so no reader slips past a
+//! writer registering meanwhile (the rules: `permits.rs`). `etcdctl get --prefix
+//! leasehold/permit/` lists the permits; `cleanup` deletes the kind keys no permit uses. An uncontended grant on a key of its kind is one transaction (two on a key's
+//! first use or a change of kind), a renewal one read, a release one transaction.
+//!
 //! # Module map
 //! | file | holds | uses |
 //! | --- | --- | --- |
 //! | `mod.rs` | [`EtcdStore`], the [`LockStore`] impl | all below |
+//! | `permits.rs` | semaphores and read-write locks: the permit keys, the grant's transaction | held, session, `decide` (views, mismatch) |
 //! | `watch.rs` | the change notification of a key | error |
 //! | `held.rs` | the keys held, each deleted at its own deadline; writes without answer | session, error |
 //! | `session.rs` | session leases and their keep-alive | error |
@@ -45,6 +60,7 @@
 mod error;
 mod held;
 pub mod options;
+mod permits;
 pub mod session;
 mod watch;
 
@@ -91,6 +107,10 @@ struct Inner {
     timeout: Duration,
     locks: String,
     waiters: String,
+    /// The root of the permit keys (`<prefix>permit/`).
+    permits: String,
+    /// The root of the kind keys (`<prefix>kind/`).
+    kinds: String,
     sessions: Sessions,
     held: Arc<Held>,
 }
@@ -113,6 +133,9 @@ struct Waiter {
     /// Makes the value name one write ([`held::next_write`]).
     #[serde(default)]
     write: u64,
+    /// What it waits for when it waits for a permit ([`permits::waiter_kind`]); `None`: a lock.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    permit: Option<String>,
 }
 
 impl EtcdStore {
@@ -157,11 +180,18 @@ impl EtcdStore {
         let store = EtcdStore {
             inner: Arc::new(Inner {
                 sessions: Sessions::new(client.clone(), described.clone(), opts.timeout),
-                held: Arc::new(Held::new(client.clone(), described.clone(), opts.timeout)),
+                held: Arc::new(Held::new(
+                    client.clone(),
+                    described.clone(),
+                    opts.timeout,
+                    format!("{}permit/", opts.prefix),
+                )),
                 client,
                 timeout: opts.timeout,
                 locks: format!("{}lock/", opts.prefix),
                 waiters: format!("{}waiter/", opts.prefix),
+                permits: format!("{}permit/", opts.prefix),
+                kinds: format!("{}kind/", opts.prefix),
                 described,
             }),
         };
@@ -271,32 +301,33 @@ impl EtcdStore {
         Ok((rec, value))
     }
 
-    /// Registers `req` as waiter of a key held with create revision `held_rev`, unless someone
-    /// registered first; whether it did.
-    async fn register(&self, req: &AcquireRequest, wttl: Duration, held_rev: i64) -> Result<bool> {
-        let (l, w) = (self.lock_name(&req.key), self.waiter_name(&req.key));
+    /// Registers `req` as waiter of a key (waiting as `permit`, `None` for a lock) while `when`
+    /// holds, unless someone registered first; whether it did.
+    async fn register(
+        &self,
+        req: &AcquireRequest,
+        wttl: Duration,
+        mut when: Vec<Compare>,
+        permit: Option<String>,
+    ) -> Result<bool> {
+        let w = self.waiter_name(&req.key);
         let session = self.inner.sessions.for_ttl(wttl).await?;
         let value = serde_json::to_vec(&Waiter {
             waiter: req.holder.clone(),
             waiter_token: req.token.clone(),
             waiter_ttl_ms: crate::record::ms(wttl),
             write: held::next_write(),
+            permit,
         })
         .unwrap_or_default();
+        when.push(Compare::create_revision(w.clone(), CompareOp::Equal, 0));
         let sent = Instant::now();
         let answer = self
-            .txn(
-                Txn::new()
-                    .when([
-                        Compare::create_revision(w.clone(), CompareOp::Equal, 0),
-                        Compare::create_revision(l, CompareOp::Equal, held_rev),
-                    ])
-                    .and_then([TxnOp::put(
-                        w.clone(),
-                        value.clone(),
-                        Some(PutOptions::new().with_lease(session.id)),
-                    )]),
-            )
+            .txn(Txn::new().when(when).and_then([TxnOp::put(
+                w.clone(),
+                value.clone(),
+                Some(PutOptions::new().with_lease(session.id)),
+            )]))
             .await;
         let r = match answer {
             Ok(r) => r,
@@ -412,13 +443,13 @@ impl LockStore for EtcdStore {
             liveness: false,
             fence_source: "the record key's create revision (etcd's cluster-wide revision) × 65536",
             waiter_line: false,
-            permits: false,
+            permits: true,
         }
     }
 
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome> {
-        if let Some(p) = &req.permit {
-            return Err(p.not_supported(&self.describe()));
+        if let Some(p) = req.permit {
+            return self.acquire_permit(req, p).await;
         }
         if req.fences >= FENCE_STRIDE {
             return Err(Error::InvalidOption {
@@ -426,7 +457,8 @@ impl LockStore for EtcdStore {
                 reason: format!("at most {} per grant on etcd", FENCE_STRIDE - 1),
             });
         }
-        let (l, w) = (self.lock_name(&req.key), self.waiter_name(&req.key));
+        let names = self.names(&req.key);
+        let (l, w) = (names.lock.clone(), names.waiter.clone());
         let (mut rec, value) = self.grant_record(req)?;
         let session = self.inner.sessions.for_ttl(req.ttl).await?;
         let put = TxnOp::put(
@@ -441,7 +473,11 @@ impl LockStore for EtcdStore {
                     key: req.key.as_str().to_owned(),
                 });
             }
-            let mut when = vec![Compare::create_revision(l.clone(), CompareOp::Equal, 0)];
+            let mut when = vec![
+                Compare::create_revision(l.clone(), CompareOp::Equal, 0),
+                // No permit held: the key is not a semaphore or read-write lock now.
+                Compare::create_revision(names.prefix.clone(), CompareOp::Equal, 0).with_prefix(),
+            ];
             let mut then = vec![put.clone()];
             match mine {
                 Some(rev) => {
@@ -456,7 +492,7 @@ impl LockStore for EtcdStore {
                     Txn::new()
                         .when(when)
                         .and_then(then)
-                        .or_else([TxnOp::get(l.clone(), None), TxnOp::get(w.clone(), None)]),
+                        .or_else(permits::state_ops(&names)),
                 )
                 .await;
             let r = match answer {
@@ -481,8 +517,21 @@ impl LockStore for EtcdStore {
                 rec.store.clear();
                 return Ok(AcquireOutcome::Granted(rec));
             }
-            let (lock, waiter_kv) = two_gets(r);
-            let waiter = parse_waiter(waiter_kv.as_ref());
+            let st = permits::parse_state(r);
+            let waiter = parse_waiter(st.waiter.as_ref());
+            if st.lock.is_none() && !st.slots.is_empty() {
+                let rec = permits::record_of(req.key.as_str(), &st, None);
+                let is = rec.permits.map(|t| t.kind.to_string()).unwrap_or_default();
+                return Err(crate::decide::mismatch(req.key.as_str(), &is, "a lock"));
+            }
+            if let Some(wr) = waiter.as_ref().filter(|wr| wr.permit.is_some()) {
+                return Err(crate::decide::mismatch(
+                    req.key.as_str(),
+                    &permits::waiter_is(wr),
+                    "a lock",
+                ));
+            }
+            let (lock, waiter_kv) = (st.lock, st.waiter);
             let Some(lock) = lock else {
                 // Free: reserved for a waiter (us, or another), or the race moved on.
                 match (&waiter, &waiter_kv) {
@@ -524,7 +573,19 @@ impl LockStore for EtcdStore {
             };
             if let Some(wttl) = req.waiter_ttl {
                 match &waiter {
-                    None if self.register(req, wttl, lock.create_revision()).await? => {
+                    None if self
+                        .register(
+                            req,
+                            wttl,
+                            vec![Compare::create_revision(
+                                l.clone(),
+                                CompareOp::Equal,
+                                lock.create_revision(),
+                            )],
+                            None,
+                        )
+                        .await? =>
+                    {
                         Self::with_waiter(
                             &mut held,
                             Some(&Waiter {
@@ -532,6 +593,7 @@ impl LockStore for EtcdStore {
                                 waiter_token: req.token.clone(),
                                 waiter_ttl_ms: crate::record::ms(wttl),
                                 write: 0,
+                                permit: None,
                             }),
                         );
                         return Ok(AcquireOutcome::Held(held));
@@ -559,10 +621,24 @@ impl LockStore for EtcdStore {
     }
 
     async fn renew(&self, key: &Key, token: &str, ttl: Duration) -> Result<RenewOutcome> {
+        let n = self.names(key);
+        if let Some((name, entry)) = self.inner.held.by_token(&n.prefix, token) {
+            return self.renew_permit(key, &n, token, ttl, name, entry).await;
+        }
         let l = self.lock_name(key);
         let sent = Instant::now();
         let entry = self.inner.held.get(&l, token);
-        let (lock, waiter_kv) = self.read(key).await?;
+        let (lock, waiter_kv) = match entry {
+            Some(_) => self.read(key).await?,
+            None => {
+                let st = self.read_state(&n).await?;
+                if st.lock.is_none() && Self::slot_of_token(&n, &st, token).is_some() {
+                    // A permit of ours whose deadline passed here (its deletion is under way).
+                    return Ok(RenewOutcome::Lost(LostReason::Expired));
+                }
+                (st.lock, st.waiter)
+            }
+        };
         let Some(lock) = lock else {
             self.inner.held.remove(&l, token);
             return Ok(RenewOutcome::Lost(LostReason::Released));
@@ -634,8 +710,16 @@ impl LockStore for EtcdStore {
     }
 
     async fn release(&self, key: &Key, token: &str) -> Result<ReleaseOutcome> {
-        let l = self.lock_name(key);
-        if let Some(e) = self.inner.held.get(&l, token) {
+        let n = self.names(key);
+        let held = match self.inner.held.by_token(&n.prefix, token) {
+            Some((name, e)) => Some((name, e)),
+            None => self
+                .inner
+                .held
+                .get(&n.lock, token)
+                .map(|e| (n.lock.clone(), e)),
+        };
+        if let Some((l, e)) = held {
             let deleted = match self.inner.held.delete_if(&l, e.create_rev).await {
                 Ok(deleted) => deleted,
                 Err(err) => {
@@ -651,14 +735,21 @@ impl LockStore for EtcdStore {
                 ReleaseOutcome::NotHeld
             });
         }
-        // Not held here (expired, or never ours): a record of ours still there is cleared.
-        let (lock, _) = self.read(key).await?;
-        if let Some(kv) = lock {
-            if let Ok(r) = self.record(key.as_str(), &kv) {
+        // Not held here (expired, or never ours): a record or permit of ours still there is
+        // cleared.
+        let st = self.read_state(&n).await?;
+        if let Some(kv) = st.lock.as_ref() {
+            if let Ok(r) = self.record(key.as_str(), kv) {
                 if r.token.as_deref() == Some(token) {
-                    self.inner.held.delete_if(&l, kv.create_revision()).await?;
+                    self.inner
+                        .held
+                        .delete_if(&n.lock, kv.create_revision())
+                        .await?;
                 }
             }
+        }
+        if let Some((name, rev)) = Self::slot_of_token(&n, &st, token) {
+            self.inner.held.delete_if(&name, rev).await?;
         }
         Ok(ReleaseOutcome::NotHeld)
     }
@@ -683,8 +774,15 @@ impl LockStore for EtcdStore {
     }
 
     async fn inspect(&self, key: &Key) -> Result<Option<Inspection>> {
-        let (lock, waiter_kv) = self.read(key).await?;
-        let waiter = parse_waiter(waiter_kv.as_ref());
+        let n = self.names(key);
+        let st = self.read_state(&n).await?;
+        let waiter = parse_waiter(st.waiter.as_ref());
+        let permit_waiter = waiter.as_ref().is_some_and(|w| w.permit.is_some());
+        if st.lock.is_none() && (!st.slots.is_empty() || permit_waiter) {
+            let r = permits::record_of(key.as_str(), &st, None);
+            return Ok(Some(Inspection::Record(r)));
+        }
+        let lock = st.lock;
         let Some(lock) = lock else {
             return Ok(waiter.map(|w| {
                 let mut free = LeaseRecord::free(key.as_str(), 0);
@@ -713,6 +811,7 @@ impl LockStore for EtcdStore {
             })
             .await?;
         let locks = self.inner.locks.len();
+        let permits = self.list_permits(prefix).await?;
         Ok(got
             .take_kvs()
             .iter()
@@ -727,14 +826,59 @@ impl LockStore for EtcdStore {
                     },
                 }
             })
+            .chain(permits.into_iter().map(Inspection::Record))
             .collect())
     }
 
     async fn force_release(&self, key: &Key) -> Result<Option<LeaseRecord>> {
-        let l = self.lock_name(key);
+        self.force_free(key, None).await
+    }
+
+    async fn force_release_holder(&self, key: &Key, holder: &str) -> Result<Option<LeaseRecord>> {
+        self.force_free(key, Some(holder)).await
+    }
+
+    async fn cleanup(&self, _older_than: Duration) -> Result<CleanupReport> {
+        // Released leases and permits are deleted at once and expired ones by their holder or
+        // their session's end; fences need nothing kept (they come from revisions). What is left
+        // are the kind keys of semaphores and read-write locks nobody holds.
+        let (removed, kept) = self.cleanup_kinds().await?;
+        Ok(CleanupReport { removed, kept })
+    }
+
+    async fn subscribe(&self, key: &Key) -> Result<Option<Box<dyn ChangeWatch>>> {
+        let n = self.names(key);
+        let i = &self.inner;
+        let names = [
+            (n.lock.as_str(), false),
+            (n.waiter.as_str(), false),
+            (n.prefix.as_str(), true),
+        ];
+        let watch = watch::KeyWatch::open(&i.client, &names, &i.described, i.timeout).await?;
+        Ok(Some(Box::new(watch)))
+    }
+}
+
+impl EtcdStore {
+    /// Frees what `who` holds on `key` (everything when `None`): its permits, or its lease.
+    async fn force_free(&self, key: &Key, who: Option<&str>) -> Result<Option<LeaseRecord>> {
+        let n = self.names(key);
+        let l = n.lock.clone();
         for _ in 0..4 {
-            let (lock, _) = self.read(key).await?;
-            let Some(kv) = lock else { return Ok(None) };
+            let st = self.read_state(&n).await?;
+            if !st.slots.is_empty() {
+                return self.force_free_permits(&n, key, &st, who).await;
+            }
+            let Some(kv) = st.lock else { return Ok(None) };
+            if let Some(who) = who {
+                let rec = self.record(key.as_str(), &kv).ok();
+                let ours = rec.as_ref().is_some_and(|r| {
+                    r.holder.as_deref() == Some(who) || r.token.as_deref() == Some(who)
+                });
+                if !ours {
+                    return Ok(None);
+                }
+            }
             let r = self
                 .txn(
                     Txn::new()
@@ -758,17 +902,68 @@ impl LockStore for EtcdStore {
         })
     }
 
-    async fn cleanup(&self, _older_than: Duration) -> Result<CleanupReport> {
-        // Released leases are deleted at once and expired ones by their holder or their
-        // session's end; fences need nothing kept (they come from revisions).
-        Ok(CleanupReport::default())
-    }
-
-    async fn subscribe(&self, key: &Key) -> Result<Option<Box<dyn ChangeWatch>>> {
-        let (l, w) = (self.lock_name(key), self.waiter_name(key));
-        let i = &self.inner;
-        let watch = watch::KeyWatch::open(&i.client, [&l, &w], &i.described, i.timeout).await?;
-        Ok(Some(Box::new(watch)))
+    /// Renews the permit `token` holds at `name` (`entry` in [`Held`]).
+    async fn renew_permit(
+        &self,
+        key: &Key,
+        n: &permits::Names,
+        token: &str,
+        ttl: Duration,
+        name: String,
+        entry: held::Entry,
+    ) -> Result<RenewOutcome> {
+        let sent = Instant::now();
+        let st = self.read_state(n).await?;
+        let Some(kv) = st
+            .slots
+            .iter()
+            .find(|kv| kv.key() == name.as_bytes() && kv.create_revision() == entry.create_rev)
+        else {
+            self.inner.held.remove(&name, token);
+            return Ok(RenewOutcome::Lost(LostReason::Released));
+        };
+        let mut session = entry.session.clone();
+        if session.ttl < Duration::from_secs(session::lease_secs(ttl) as u64) {
+            // Renewed for longer than its session vouches for: move it to a longer one.
+            let longer = self.inner.sessions.for_ttl(ttl).await?;
+            let moved = self
+                .txn(
+                    Txn::new()
+                        .when([Compare::create_revision(
+                            name.clone(),
+                            CompareOp::Equal,
+                            entry.create_rev,
+                        )])
+                        .and_then([TxnOp::put(
+                            name.clone(),
+                            kv.value().to_vec(),
+                            Some(PutOptions::new().with_lease(longer.id)),
+                        )]),
+                )
+                .await?;
+            if !moved.succeeded() {
+                self.inner.held.remove(&name, token);
+                return Ok(RenewOutcome::Lost(LostReason::Released));
+            }
+            session = longer;
+        }
+        match session.vouch(Instant::now() + ttl) {
+            Vouch::Alive => {}
+            Vouch::Late(why) => return Err(Error::unavailable(&self.inner.described, why)),
+            Vouch::Dead(why) => {
+                self.inner.held.remove(&name, token);
+                tracing::debug!(key = %key, reason = %why, "permit lost with its session");
+                return Ok(RenewOutcome::Lost(LostReason::Expired));
+            }
+        }
+        if !self
+            .inner
+            .held
+            .extend(&name, token, sent + ttl, Some(session))
+        {
+            return Ok(RenewOutcome::Lost(LostReason::Expired));
+        }
+        Ok(RenewOutcome::Renewed(Self::renewed(key, &st, token, ttl)))
     }
 }
 

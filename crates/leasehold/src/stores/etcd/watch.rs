@@ -1,5 +1,5 @@
-//! Change notification: an etcd watch on a key's lease record and waiter registration, on one
-//! watch stream.
+//! Change notification: an etcd watch on a key's lease record, waiter registration and permit
+//! keys, on one watch stream.
 
 use super::error::{bounded, map_err, retried};
 use crate::error::Result;
@@ -24,23 +24,30 @@ impl std::fmt::Debug for KeyWatch {
 }
 
 impl KeyWatch {
-    /// Watches `names` from now on; answers once etcd has created every watch, so that no
-    /// change after this returns is missed.
+    /// Watches `names` (each a key, or with `true` every key under that prefix) from now on;
+    /// answers once etcd has created every watch, so that no change after this returns is
+    /// missed.
     pub(crate) async fn open(
         client: &etcd_client::Client,
-        names: [&str; 2],
+        names: &[(&str, bool)],
         described: &str,
         timeout: Duration,
     ) -> Result<Self> {
+        let options = |prefix: bool| prefix.then(|| etcd_client::WatchOptions::new().with_prefix());
+        let Some((&(first, prefix), rest)) = names.split_first() else {
+            return Err(crate::Error::unavailable(described, "nothing to watch"));
+        };
         let mut stream = retried(described, timeout, || {
             let mut client = client.clone();
-            async move { client.watch(names[0], None).await }
+            async move { client.watch(first, options(prefix)).await }
         })
         .await?;
-        stream
-            .watch(names[1], None)
-            .await
-            .map_err(|e| map_err(described, e))?;
+        for &(name, prefix) in rest {
+            stream
+                .watch(name, options(prefix))
+                .await
+                .map_err(|e| map_err(described, e))?;
+        }
         let mut pending = false;
         let mut created = 0;
         while created < names.len() {

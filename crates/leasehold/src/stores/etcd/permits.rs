@@ -1,0 +1,683 @@
+//! Semaphores and read-write locks ([`AcquireRequest::permit`]) on etcd: a key per holder under
+//! the key's permit prefix, the count checked by the grant's transaction.
+//!
+//! * A permit of key `K` is the etcd key `<prefix>permit/K\0<slot>` (`\0` cannot be in a
+//!   [`Key`], so no other key's permits share the prefix): slots `0 ..= n−1` for a semaphore of
+//!   `n`, `0 ..= 63` for readers, `w` for a writer. A grant creates one slot compared absent,
+//!   so a semaphore never has more than `n` holders whatever races; a writer's grant compares
+//!   the whole prefix empty, a reader's the `w` slot absent. The value is the [`Permit`] (JSON),
+//!   attached to the session lease of its TTL class and held like a lock key ([`Held`]): renewed
+//!   by reading it, deleted at its own deadline, freed with its session.
+//! * Its fence is its slot key's create revision × 65536, like a lock's: above every fence the
+//!   cluster issued before it, locks, permits, reads and writes alike.
+//! * `<prefix>kind/K` says what the key is (`semaphore:N` or `read-write`); every grant compares
+//!   it unchanged. A request of another kind is refused while a permit, the lock or a waiter
+//!   exists ([`crate::decide::mismatch`]); else the grant replaces it, comparing the permit
+//!   prefix empty. A lock's grant compares the permit prefix empty too.
+//! * The key's one waiter (`<prefix>waiter/K`) names the kind it waits as. A registered waiter
+//!   is ahead of every other request: a semaphore or reader grant beside it must leave a slot
+//!   for it (it compares a second slot free), a writer waits for it, and a waiting writer stops
+//!   new readers (their grants compare the waiter key as read).
+//!
+//! [`Held`]: super::held::Held
+
+use super::{fence_of, parse_waiter, revision, session, EtcdStore, Waiter};
+use crate::decide::{held_view, mismatch, view};
+use crate::error::{Error, Result};
+use crate::key::Key;
+use crate::record::{now_ms, LeaseRecord, Permit, PermitKind, Permits, PERMIT_LIMIT};
+use crate::store::{AcquireOutcome, AcquireRequest, LockStore, PermitRequest};
+use etcd_client::{
+    Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
+};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// The slot of a read-write lock's writer.
+const WRITER: &str = "w";
+
+/// A permit as stored: the permit (its fence comes from the create revision) and a number that
+/// makes the value name one write ([`super::held::next_write`]).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct Slot {
+    #[serde(flatten)]
+    permit: Permit,
+    #[serde(default)]
+    once: u64,
+}
+
+/// Everything of one key, read in one transaction.
+#[derive(Debug, Default)]
+pub(super) struct State {
+    pub(super) lock: Option<KeyValue>,
+    pub(super) waiter: Option<KeyValue>,
+    pub(super) kind: Option<KeyValue>,
+    /// The permit keys, in key order.
+    pub(super) slots: Vec<KeyValue>,
+}
+
+/// The etcd names of one key.
+pub(super) struct Names {
+    pub(super) lock: String,
+    pub(super) waiter: String,
+    pub(super) kind: String,
+    /// The prefix of its permit keys.
+    pub(super) prefix: String,
+}
+
+impl Names {
+    fn slot(&self, slot: &str) -> String {
+        format!("{}{slot}", self.prefix)
+    }
+}
+
+/// What the kind key says, as stored.
+pub(super) fn kind_value(kind: PermitKind) -> String {
+    match kind {
+        PermitKind::Semaphore { permits } => format!("semaphore:{permits}"),
+        PermitKind::ReadWrite => "read-write".into(),
+    }
+}
+
+fn parse_kind(v: &[u8]) -> Option<PermitKind> {
+    match std::str::from_utf8(v).ok()? {
+        "read-write" => Some(PermitKind::ReadWrite),
+        s => Some(PermitKind::Semaphore {
+            permits: s.strip_prefix("semaphore:")?.parse().ok()?,
+        }),
+    }
+}
+
+/// What a waiter waits as, as its registration says it.
+pub(super) fn waiter_kind(want: PermitRequest) -> String {
+    match want {
+        PermitRequest::Semaphore { permits } => format!("semaphore:{permits}"),
+        PermitRequest::Read => "read".into(),
+        PermitRequest::Write => "write".into(),
+    }
+}
+
+/// A registration's kind in words (a lock's has none).
+pub(super) fn waiter_is(w: &Waiter) -> String {
+    match w.permit.as_deref() {
+        None => "a lock".into(),
+        Some("read" | "write") => PermitKind::ReadWrite.to_string(),
+        Some(s) => s
+            .strip_prefix("semaphore:")
+            .and_then(|n| n.parse().ok())
+            .map_or_else(
+                || "of an unknown kind".into(),
+                |permits| PermitKind::Semaphore { permits }.to_string(),
+            ),
+    }
+}
+
+/// The gets of [`State`], in its order.
+pub(super) fn state_ops(n: &Names) -> Vec<TxnOp> {
+    vec![
+        TxnOp::get(n.lock.clone(), None),
+        TxnOp::get(n.waiter.clone(), None),
+        TxnOp::get(n.kind.clone(), None),
+        TxnOp::get(n.prefix.clone(), Some(GetOptions::new().with_prefix())),
+    ]
+}
+
+/// The [`State`] in the gets of a transaction's answer ([`state_ops`], after any other op).
+pub(super) fn parse_state(r: TxnResponse) -> State {
+    let mut gets: Vec<Vec<KeyValue>> = r
+        .op_responses()
+        .into_iter()
+        .filter_map(|op| match op {
+            TxnOpResponse::Get(mut g) => Some(g.take_kvs()),
+            _ => None,
+        })
+        .collect();
+    if gets.len() < 4 {
+        return State::default();
+    }
+    let slots = gets.pop().unwrap_or_default();
+    let mut first = |v: Vec<KeyValue>| v.into_iter().next();
+    let kind = gets.pop().and_then(&mut first);
+    let waiter = gets.pop().and_then(&mut first);
+    let lock = gets.pop().and_then(&mut first);
+    State {
+        lock,
+        waiter,
+        kind,
+        slots,
+    }
+}
+
+/// The slot name of a permit key of `n`.
+fn slot_of<'a>(n: &Names, kv: &'a KeyValue) -> &'a str {
+    let name = kv.key_str().unwrap_or_default();
+    name.get(n.prefix.len()..).unwrap_or_default()
+}
+
+/// The permit in `kv`, with its fence and its expiry at least its TTL from now (it exists, so
+/// its holder keeps it).
+fn permit_of(kv: &KeyValue) -> Option<Permit> {
+    let s: Slot = serde_json::from_slice(kv.value()).ok()?;
+    let mut p = s.permit;
+    p.fence = fence_of(kv.create_revision(), 1);
+    p.expires_ms = p.expires_ms.max(now_ms() + p.ttl_ms);
+    Some(p)
+}
+
+/// The record of a permit key as `st` shows it, as the record stores keep it: every holder in
+/// its table (in grant order), the waiter; no holder in the lock fields.
+pub(super) fn record_of(key: &str, st: &State, kind: Option<PermitKind>) -> LeaseRecord {
+    let mut slots: Vec<&KeyValue> = st.slots.iter().collect();
+    slots.sort_by_key(|kv| kv.create_revision());
+    let holders: Vec<Permit> = slots
+        .iter()
+        .map(|kv| {
+            permit_of(kv).unwrap_or_else(|| Permit {
+                holder: "unknown (a value that is not a leasehold permit)".into(),
+                token: String::new(),
+                fence: fence_of(kv.create_revision(), 1),
+                write: false,
+                acquired_ms: 0,
+                renewed_ms: 0,
+                expires_ms: now_ms(),
+                ttl_ms: 0,
+                pid: None,
+                host: None,
+                labels: Default::default(),
+            })
+        })
+        .collect();
+    let fence = holders.iter().map(|p| p.fence).max().unwrap_or(0);
+    let mut r = LeaseRecord::free(key, fence);
+    let waiter = parse_waiter(st.waiter.as_ref());
+    let kind = kind
+        .or_else(|| st.kind.as_ref().and_then(|k| parse_kind(k.value())))
+        .unwrap_or(PermitKind::ReadWrite);
+    let mut t = Permits::new(kind);
+    t.holders = holders;
+    if let Some(w) = waiter
+        .as_ref()
+        .filter(|w| w.permit.as_deref() == Some("write"))
+    {
+        t.writers_waiting.push(w.waiter_token.clone());
+    }
+    r.permits = Some(t);
+    EtcdStore::with_waiter(&mut r, waiter.as_ref());
+    r
+}
+
+/// What one grant attempt compares and writes.
+struct Plan {
+    slot: String,
+    /// A slot left free for the registered waiter.
+    also_free: Option<String>,
+    /// The kind key replaced (it compares the permit prefix empty).
+    replace: bool,
+    /// The kind key's mod revision as read (`None`: compare its value instead).
+    kind_mod: Option<i64>,
+    /// The waiter key's create revision as read (0: none; ours is deleted by the grant).
+    waiter_rev: i64,
+    waiter_mine: bool,
+}
+
+/// What a read of the key says to do.
+enum Step {
+    Try(Plan),
+    Done(AcquireOutcome),
+    /// Not grantable now: register as waiter (when asked) and answer this record.
+    Wait(LeaseRecord, Option<Waiter>),
+}
+
+impl EtcdStore {
+    pub(super) fn names(&self, key: &Key) -> Names {
+        Names {
+            lock: self.lock_name(key),
+            waiter: self.waiter_name(key),
+            kind: format!("{}{}", self.inner.kinds, key.as_str()),
+            prefix: format!("{}{}\0", self.inner.permits, key.as_str()),
+        }
+    }
+
+    /// Everything of `key` in one read.
+    pub(super) async fn read_state(&self, n: &Names) -> Result<State> {
+        let r = self.txn(Txn::new().and_then(state_ops(n))).await?;
+        Ok(parse_state(r))
+    }
+
+    /// Acquires a permit (`req.permit` is `want`).
+    pub(super) async fn acquire_permit(
+        &self,
+        req: &AcquireRequest,
+        want: PermitRequest,
+    ) -> Result<AcquireOutcome> {
+        want.validate()?;
+        req.check_size(super::options::LABEL_LIMIT, &self.describe())?;
+        let n = self.names(&req.key);
+        let now = now_ms();
+        let ttl_ms = crate::record::ms(req.ttl);
+        let permit = Permit {
+            holder: req.holder.clone(),
+            token: req.token.clone(),
+            fence: 0,
+            write: want.write(),
+            acquired_ms: now,
+            renewed_ms: now,
+            expires_ms: now.saturating_add(ttl_ms),
+            ttl_ms,
+            pid: Some(crate::decide::pid()),
+            host: Some(crate::decide::host().to_owned()),
+            labels: req.labels.clone(),
+        };
+        let value = serde_json::to_vec(&Slot {
+            permit,
+            once: super::held::next_write(),
+        })
+        .map_err(|e| Error::InvalidOption {
+            name: "labels",
+            reason: format!("cannot be written as JSON: {e}"),
+        })?;
+        let session = self.inner.sessions.for_ttl(req.ttl).await?;
+        let mut seen: Option<State> = None;
+        for _ in 0..16 {
+            if req.given_up.is_given_up() {
+                return Err(Error::GivenUp {
+                    key: req.key.as_str().to_owned(),
+                });
+            }
+            if seen.is_none() && self.inner.held.unanswered_under(&n.prefix, &req.token) {
+                // An earlier attempt's write may have landed in any slot: look before writing.
+                seen = Some(self.read_state(&n).await?);
+            }
+            let plan = match &seen {
+                None => {
+                    // First, the likely case: the key is of this kind, nobody waits, and a slot
+                    // picked at random is free (of a read-write lock's 64 reader slots, most
+                    // are).
+                    let mine = self.inner.held.get(&n.waiter, &req.token);
+                    let slot = match want {
+                        PermitRequest::Write => WRITER.to_owned(),
+                        PermitRequest::Read => fastrand::u32(..PERMIT_LIMIT).to_string(),
+                        PermitRequest::Semaphore { permits } => {
+                            fastrand::u32(..permits.max(1)).to_string()
+                        }
+                    };
+                    Plan {
+                        slot,
+                        also_free: None,
+                        replace: false,
+                        kind_mod: None,
+                        waiter_rev: mine.as_ref().map_or(0, |e| e.create_rev),
+                        waiter_mine: mine.is_some(),
+                    }
+                }
+                Some(st) => match self.decide(req, want, &n, st, &session)? {
+                    Step::Try(p) => p,
+                    Step::Done(o) => return Ok(o),
+                    Step::Wait(mut rec, waiter) => {
+                        let kind_mod = st.kind.as_ref().map_or(0, |k| k.mod_revision());
+                        if let Some(wttl) = req.waiter_ttl {
+                            match waiter {
+                                None => {
+                                    let when = vec![
+                                        Compare::create_revision(
+                                            n.lock.clone(),
+                                            CompareOp::Equal,
+                                            0,
+                                        ),
+                                        Compare::mod_revision(
+                                            n.kind.clone(),
+                                            CompareOp::Equal,
+                                            kind_mod,
+                                        ),
+                                    ];
+                                    let kind = Some(waiter_kind(want));
+                                    if self.register(req, wttl, when, kind).await? {
+                                        let w = Waiter {
+                                            waiter: req.holder.clone(),
+                                            waiter_token: req.token.clone(),
+                                            waiter_ttl_ms: crate::record::ms(wttl),
+                                            write: 0,
+                                            permit: Some(waiter_kind(want)),
+                                        };
+                                        Self::with_waiter(&mut rec, Some(&w));
+                                        if let Some(t) = rec.permits.as_mut() {
+                                            if want.write() {
+                                                t.writers_waiting.push(req.token.clone());
+                                            }
+                                        }
+                                    }
+                                }
+                                Some(w) if w.waiter_token == req.token => {
+                                    self.inner.held.extend(
+                                        &n.waiter,
+                                        &req.token,
+                                        Instant::now() + wttl,
+                                        None,
+                                    );
+                                }
+                                Some(_) => {}
+                            }
+                        }
+                        return Ok(AcquireOutcome::Held(held_view(&rec)));
+                    }
+                },
+            };
+            let slot = n.slot(&plan.slot);
+            let mut when = vec![
+                Compare::create_revision(n.lock.clone(), CompareOp::Equal, 0),
+                Compare::create_revision(n.waiter.clone(), CompareOp::Equal, plan.waiter_rev),
+                Compare::create_revision(slot.clone(), CompareOp::Equal, 0),
+            ];
+            match plan.kind_mod {
+                None => when.push(Compare::value(
+                    n.kind.clone(),
+                    CompareOp::Equal,
+                    kind_value(want.kind()),
+                )),
+                Some(m) => when.push(Compare::mod_revision(n.kind.clone(), CompareOp::Equal, m)),
+            }
+            let empty =
+                || Compare::create_revision(n.prefix.clone(), CompareOp::Equal, 0).with_prefix();
+            match want {
+                PermitRequest::Write => when.push(empty()),
+                PermitRequest::Read => when.push(Compare::create_revision(
+                    n.slot(WRITER),
+                    CompareOp::Equal,
+                    0,
+                )),
+                PermitRequest::Semaphore { .. } => {}
+            }
+            if plan.replace {
+                when.push(empty());
+            }
+            if let Some(other) = &plan.also_free {
+                when.push(Compare::create_revision(n.slot(other), CompareOp::Equal, 0));
+            }
+            let mut then = vec![TxnOp::put(
+                slot.clone(),
+                value.clone(),
+                Some(PutOptions::new().with_lease(session.id)),
+            )];
+            if plan.waiter_mine {
+                then.push(TxnOp::delete(n.waiter.clone(), None));
+            }
+            if plan.replace {
+                then.push(TxnOp::put(n.kind.clone(), kind_value(want.kind()), None));
+            }
+            then.extend(state_ops(&n));
+            let sent = Instant::now();
+            let answer = self
+                .txn(Txn::new().when(when).and_then(then).or_else(state_ops(&n)))
+                .await;
+            let r = match answer {
+                Ok(r) => r,
+                Err(e) => {
+                    let at = sent + req.ttl;
+                    self.inner
+                        .held
+                        .unanswered(&slot, &req.token, value, at, session);
+                    return Err(e);
+                }
+            };
+            if r.succeeded() {
+                let rev = revision(&r);
+                if plan.waiter_mine {
+                    self.inner.held.remove(&n.waiter, &req.token);
+                }
+                self.inner
+                    .held
+                    .insert(&slot, &req.token, rev, session, sent + req.ttl);
+                let st = parse_state(r);
+                let rec = record_of(req.key.as_str(), &st, Some(want.kind()));
+                return Ok(AcquireOutcome::Granted(view(&rec, &req.token)));
+            }
+            seen = Some(parse_state(r));
+        }
+        Err(Error::Store {
+            store: self.inner.described.clone(),
+            detail: format!(
+                "the permits of {} changed under sixteen attempts in a row",
+                req.key.as_str()
+            ),
+            retryable: true,
+            source: None,
+        })
+    }
+
+    /// The rules of `decide/permits.rs` on the key as read.
+    fn decide(
+        &self,
+        req: &AcquireRequest,
+        want: PermitRequest,
+        n: &Names,
+        st: &State,
+        session: &std::sync::Arc<session::Session>,
+    ) -> Result<Step> {
+        let key = req.key.as_str();
+        let asked = crate::decide::asked(req);
+        if st.lock.is_some() {
+            return Err(mismatch(key, "a lock", &asked));
+        }
+        let kind = want.kind();
+        let waiter = parse_waiter(st.waiter.as_ref());
+        if st.waiter.is_some() && waiter.is_none() {
+            // An unreadable registration: waited for until its session ends.
+            let mut r = record_of(key, st, Some(kind));
+            r.waiter = Some("unknown (an unreadable waiter registration)".into());
+            r.waiter_token = Some(String::new());
+            return Ok(Step::Wait(r, None));
+        }
+        let stored = st.kind.as_ref().and_then(|k| parse_kind(k.value()));
+        if !st.slots.is_empty() && stored != Some(kind) {
+            let is = stored.map_or_else(|| "of an unknown kind".into(), |k| k.to_string());
+            return Err(mismatch(key, &is, &asked));
+        }
+        if let Some(w) = &waiter {
+            let is = waiter_is(w);
+            if is != kind.to_string() {
+                return Err(mismatch(key, &is, &asked));
+            }
+        }
+        // Ours already (an answer lost on the way).
+        if let Some(kv) = st
+            .slots
+            .iter()
+            .find(|kv| permit_of(kv).is_some_and(|p| p.token == req.token))
+        {
+            let rec = record_of(key, st, Some(kind));
+            if kv.lease() == session.id
+                && matches!(
+                    session.vouch(Instant::now() + req.ttl),
+                    session::Vouch::Alive
+                )
+                && self.inner.held.adopt(
+                    &n.slot(slot_of(n, kv)),
+                    &req.token,
+                    kv.value(),
+                    kv.create_revision(),
+                    session.clone(),
+                    Instant::now() + req.ttl,
+                )
+            {
+                return Ok(Step::Done(AcquireOutcome::Granted(view(&rec, &req.token))));
+            }
+            return Ok(Step::Done(AcquireOutcome::Held(held_view(&rec))));
+        }
+        let mine = waiter.as_ref().is_some_and(|w| w.waiter_token == req.token);
+        let ahead = usize::from(waiter.is_some() && !mine);
+        let writer_ahead = ahead == 1
+            && waiter
+                .as_ref()
+                .is_some_and(|w| w.permit.as_deref() == Some("write"));
+        let taken: Vec<&str> = st.slots.iter().map(|kv| slot_of(n, kv)).collect();
+        let held = taken.len();
+        let free = |count: u32| {
+            let mut f: Vec<String> = (0..count)
+                .map(|i| i.to_string())
+                .filter(|s| !taken.contains(&s.as_str()))
+                .collect();
+            fastrand::shuffle(&mut f);
+            f
+        };
+        let (grantable, free) = match want {
+            PermitRequest::Write => (held == 0 && ahead == 0, vec![WRITER.to_owned()]),
+            PermitRequest::Read => (
+                !taken.contains(&WRITER) && !writer_ahead && held + ahead < PERMIT_LIMIT as usize,
+                free(PERMIT_LIMIT),
+            ),
+            PermitRequest::Semaphore { permits } => {
+                (held + ahead < permits as usize, free(permits))
+            }
+        };
+        if !grantable || free.len() <= ahead {
+            return Ok(Step::Wait(record_of(key, st, Some(kind)), waiter));
+        }
+        let mut free = free.into_iter();
+        let (Some(slot), also_free) = (free.next(), free.next().filter(|_| ahead == 1)) else {
+            return Ok(Step::Wait(record_of(key, st, Some(kind)), waiter));
+        };
+        Ok(Step::Try(Plan {
+            slot,
+            also_free,
+            replace: stored != Some(kind),
+            kind_mod: Some(st.kind.as_ref().map_or(0, |k| k.mod_revision())),
+            waiter_rev: st.waiter.as_ref().map_or(0, |w| w.create_revision()),
+            waiter_mine: mine,
+        }))
+    }
+
+    /// Deletes the permit keys of `key` that `who` holds (its holder id or owner token; every
+    /// one when `None`); the record as it was when one was deleted.
+    pub(super) async fn force_free_permits(
+        &self,
+        n: &Names,
+        key: &Key,
+        st: &State,
+        who: Option<&str>,
+    ) -> Result<Option<LeaseRecord>> {
+        let mut freed = false;
+        for kv in &st.slots {
+            let matches = match (who, permit_of(kv)) {
+                (None, _) => true,
+                (Some(w), Some(p)) => p.holder == w || p.token == w,
+                (Some(_), None) => false,
+            };
+            if matches {
+                let name = n.slot(slot_of(n, kv));
+                freed |= self
+                    .inner
+                    .held
+                    .delete_if(&name, kv.create_revision())
+                    .await?;
+            }
+        }
+        Ok(freed.then(|| record_of(key.as_str(), st, None)))
+    }
+
+    /// The permit keys `token` holds on `key` per the read `st`: its name and create revision.
+    pub(super) fn slot_of_token(n: &Names, st: &State, token: &str) -> Option<(String, i64)> {
+        st.slots
+            .iter()
+            .find(|kv| permit_of(kv).is_some_and(|p| p.token == token))
+            .map(|kv| (n.slot(slot_of(n, kv)), kv.create_revision()))
+    }
+
+    /// The permit record of `key` as `st` shows it, with the renewed permit of `token`.
+    pub(super) fn renewed(key: &Key, st: &State, token: &str, ttl: Duration) -> LeaseRecord {
+        let mut rec = record_of(key.as_str(), st, None);
+        let now = now_ms();
+        if let Some(p) = rec
+            .permits
+            .as_mut()
+            .and_then(|t| t.holders.iter_mut().find(|p| p.token == token))
+        {
+            p.renewed_ms = now;
+            p.ttl_ms = crate::record::ms(ttl);
+            p.expires_ms = now + p.ttl_ms;
+        }
+        view(&rec, token)
+    }
+
+    /// The permit records under `prefix` (each key's holders, no waiter).
+    pub(super) async fn list_permits(&self, prefix: &str) -> Result<Vec<LeaseRecord>> {
+        let (p, k) = (
+            format!("{}{prefix}", self.inner.permits),
+            format!("{}{prefix}", self.inner.kinds),
+        );
+        let all = || Some(GetOptions::new().with_prefix());
+        let r = self
+            .txn(Txn::new().and_then([TxnOp::get(p, all()), TxnOp::get(k, all())]))
+            .await?;
+        let mut gets = r.op_responses().into_iter().filter_map(|op| match op {
+            TxnOpResponse::Get(mut g) => Some(g.take_kvs()),
+            _ => None,
+        });
+        let (slots, kinds) = (
+            gets.next().unwrap_or_default(),
+            gets.next().unwrap_or_default(),
+        );
+        let kinds: std::collections::HashMap<String, PermitKind> = kinds
+            .iter()
+            .filter_map(|kv| {
+                let name = kv.key_str().ok()?;
+                let key = name.get(self.inner.kinds.len()..)?;
+                Some((key.to_owned(), parse_kind(kv.value())?))
+            })
+            .collect();
+        let mut by_key: std::collections::BTreeMap<String, State> = Default::default();
+        for kv in slots {
+            let Some(key) = kv
+                .key_str()
+                .ok()
+                .and_then(|n| n.get(self.inner.permits.len()..))
+                .and_then(|rest| rest.split('\0').next())
+                .map(str::to_owned)
+            else {
+                continue;
+            };
+            by_key.entry(key).or_default().slots.push(kv);
+        }
+        Ok(by_key
+            .into_iter()
+            .map(|(key, st)| record_of(&key, &st, kinds.get(&key).copied()))
+            .collect())
+    }
+
+    /// Deletes the kind keys with no permit left; (removed, kept).
+    pub(super) async fn cleanup_kinds(&self) -> Result<(usize, usize)> {
+        let from = self.inner.kinds.clone();
+        let mut got = self
+            .call(|mut c| {
+                let from = from.clone();
+                async move { c.get(from, Some(GetOptions::new().with_prefix())).await }
+            })
+            .await?;
+        let (mut removed, mut kept) = (0, 0);
+        for kv in got.take_kvs() {
+            let Some(key) = kv
+                .key_str()
+                .ok()
+                .and_then(|n| n.get(self.inner.kinds.len()..))
+            else {
+                continue;
+            };
+            let prefix = format!("{}{key}\0", self.inner.permits);
+            let r = self
+                .txn(
+                    Txn::new()
+                        .when([
+                            Compare::create_revision(prefix, CompareOp::Equal, 0).with_prefix(),
+                            Compare::mod_revision(kv.key(), CompareOp::Equal, kv.mod_revision()),
+                        ])
+                        .and_then([TxnOp::delete(kv.key(), None)]),
+                )
+                .await?;
+            if r.succeeded() {
+                removed += 1;
+            } else {
+                kept += 1;
+            }
+        }
+        Ok((removed, kept))
+    }
+}
