@@ -109,12 +109,18 @@ fn the_file_store_keeps_permits_under_kills_and_pauses() {
         (&["--permits", "2"][..], "13"),
         (&["--read-write"][..], "14"),
     ] {
-        let mut args = vec!["file", "--duration", "9s", "--faults", "none,kill,stop"];
+        let mut args = vec![
+            "file",
+            "--duration",
+            "9s",
+            "--faults",
+            "none,kill,stop,clock",
+        ];
         args.extend(["--seed", seed]);
         args.extend(mode);
         let (code, rows) = torture(&args);
         assert_eq!(code, 0, "{mode:?}: {rows:?}");
-        assert_eq!(rows.len(), 3);
+        assert_eq!(rows.len(), 4);
         for row in &rows {
             assert!(n(row, "sections") > 0, "{mode:?}: {row}");
             assert_eq!(
@@ -234,6 +240,31 @@ fn kept_under_faults(code: i32, rows: &[serde_json::Value]) {
             (0, 0),
             "{row}"
         );
+    }
+}
+
+/// Semaphores and read-write locks keep their promises on the stores that hold them by their own
+/// rules on a server (Redis scripts, PostgreSQL statements, etcd transactions), under kills and a
+/// restart of the server.
+#[test]
+fn server_side_permits_keep_their_promises_under_kills_and_restarts() {
+    for (kind, seed) in [("redis", "31"), ("postgres", "32"), ("etcd", "33")] {
+        for mode in [&["--permits", "2"][..], &["--read-write"][..]] {
+            let mut args = vec![kind, "--duration", "5s", "--faults", "kill,restart"];
+            args.extend(["--seed", seed]);
+            args.extend(mode);
+            let (code, rows) = torture(&args);
+            assert_eq!(code, 0, "{kind} {mode:?}: {rows:?}");
+            assert_eq!(rows.len(), 2, "{kind} {mode:?}: {rows:?}");
+            for row in &rows {
+                assert!(n(row, "sections") > 0, "{kind} {mode:?}: {row}");
+                assert_eq!(
+                    (n(row, "overlaps"), n(row, "fence_violations")),
+                    (0, 0),
+                    "{kind} {mode:?}: {row}"
+                );
+            }
+        }
     }
 }
 
