@@ -61,14 +61,16 @@ def test_standard_lifecycle_acquire_renew_release() -> None:
         generation, first = read(key)
         assert first["ownerId"] == "process-a", first  # the service's own schema
         # Background renewal: the object is rewritten (a new generation) with a later expiry.
+        # (A read's generation and body come from two requests, so a renewal between them can
+        # pair the body of one generation with the number of the next: wait for both to move.)
         deadline = time.monotonic() + 10
         while True:
             generation2, second = read(key)
-            if second["expiresAt"] > first["expiresAt"]:
+            if second["expiresAt"] > first["expiresAt"] and generation2 != generation:
                 break
             assert time.monotonic() < deadline, "never renewed"
             await asyncio.sleep(0.05)
-        assert generation2 != generation and lease.is_current
+        assert lease.is_current
         assert await lease.release() == "released"
         record = await locks.inspect(key)
         assert record is None or record["holder"] is None, record
