@@ -662,42 +662,15 @@ impl LockStore for EtcdStore {
             // Ours, but its deadline passed here (its deletion is under way).
             return Ok(RenewOutcome::Lost(LostReason::Expired));
         };
-        let mut session = entry.session.clone();
-        if session::lease_secs(ttl) > session::lease_secs(Duration::from_millis(rec.ttl_ms))
-            && session.ttl < Duration::from_secs(session::lease_secs(ttl) as u64)
+        let longer =
+            session::lease_secs(ttl) > session::lease_secs(Duration::from_millis(rec.ttl_ms));
+        let session = match self
+            .keep_session(key, &l, token, &entry, lock.value(), ttl, longer, "lease")
+            .await?
         {
-            // Renewed for longer than its session vouches for: move it to a longer one.
-            let longer = self.inner.sessions.for_ttl(ttl).await?;
-            let moved = self
-                .txn(
-                    Txn::new()
-                        .when([Compare::create_revision(
-                            l.clone(),
-                            CompareOp::Equal,
-                            entry.create_rev,
-                        )])
-                        .and_then([TxnOp::put(
-                            l.clone(),
-                            lock.value().to_vec(),
-                            Some(PutOptions::new().with_lease(longer.id)),
-                        )]),
-                )
-                .await?;
-            if !moved.succeeded() {
-                self.inner.held.remove(&l, token);
-                return Ok(RenewOutcome::Lost(LostReason::Released));
-            }
-            session = longer;
-        }
-        match session.vouch(Instant::now() + ttl) {
-            Vouch::Alive => {}
-            Vouch::Late(why) => return Err(Error::unavailable(&self.inner.described, why)),
-            Vouch::Dead(why) => {
-                self.inner.held.remove(&l, token);
-                tracing::debug!(key = %key, reason = %why, "lease lost with its session");
-                return Ok(RenewOutcome::Lost(LostReason::Expired));
-            }
-        }
+            Ok(session) => session,
+            Err(lost) => return Ok(lost),
+        };
         if !self.inner.held.extend(&l, token, sent + ttl, Some(session)) {
             return Ok(RenewOutcome::Lost(LostReason::Expired));
         }
@@ -902,6 +875,59 @@ impl EtcdStore {
         })
     }
 
+    /// Keeps the key `name` that `token` holds (`entry`, whose value is `value`) on a session
+    /// that vouches for `ttl`: with `longer` (renewed for longer than its session may vouch for),
+    /// first moved to a session of that TTL, then vouched for until `ttl` from now. The session
+    /// to extend it on, or the renewal's answer when it is lost (`what`, a lease or a permit,
+    /// names it in the log); an error while the session's keep-alives are late.
+    #[allow(clippy::too_many_arguments)]
+    async fn keep_session(
+        &self,
+        key: &Key,
+        name: &str,
+        token: &str,
+        entry: &held::Entry,
+        value: &[u8],
+        ttl: Duration,
+        longer: bool,
+        what: &'static str,
+    ) -> Result<std::result::Result<Arc<session::Session>, RenewOutcome>> {
+        let mut session = entry.session.clone();
+        if longer && session.ttl < Duration::from_secs(session::lease_secs(ttl) as u64) {
+            // Renewed for longer than its session vouches for: move it to a longer one.
+            let longer = self.inner.sessions.for_ttl(ttl).await?;
+            let moved = self
+                .txn(
+                    Txn::new()
+                        .when([Compare::create_revision(
+                            name,
+                            CompareOp::Equal,
+                            entry.create_rev,
+                        )])
+                        .and_then([TxnOp::put(
+                            name,
+                            value.to_vec(),
+                            Some(PutOptions::new().with_lease(longer.id)),
+                        )]),
+                )
+                .await?;
+            if !moved.succeeded() {
+                self.inner.held.remove(name, token);
+                return Ok(Err(RenewOutcome::Lost(LostReason::Released)));
+            }
+            session = longer;
+        }
+        match session.vouch(Instant::now() + ttl) {
+            Vouch::Alive => Ok(Ok(session)),
+            Vouch::Late(why) => Err(Error::unavailable(&self.inner.described, why)),
+            Vouch::Dead(why) => {
+                self.inner.held.remove(name, token);
+                tracing::debug!(key = %key, reason = %why, "{what} lost with its session");
+                Ok(Err(RenewOutcome::Lost(LostReason::Expired)))
+            }
+        }
+    }
+
     /// Renews the permit `token` holds at `name` (`entry` in [`Held`]).
     async fn renew_permit(
         &self,
@@ -922,40 +948,13 @@ impl EtcdStore {
             self.inner.held.remove(&name, token);
             return Ok(RenewOutcome::Lost(LostReason::Released));
         };
-        let mut session = entry.session.clone();
-        if session.ttl < Duration::from_secs(session::lease_secs(ttl) as u64) {
-            // Renewed for longer than its session vouches for: move it to a longer one.
-            let longer = self.inner.sessions.for_ttl(ttl).await?;
-            let moved = self
-                .txn(
-                    Txn::new()
-                        .when([Compare::create_revision(
-                            name.clone(),
-                            CompareOp::Equal,
-                            entry.create_rev,
-                        )])
-                        .and_then([TxnOp::put(
-                            name.clone(),
-                            kv.value().to_vec(),
-                            Some(PutOptions::new().with_lease(longer.id)),
-                        )]),
-                )
-                .await?;
-            if !moved.succeeded() {
-                self.inner.held.remove(&name, token);
-                return Ok(RenewOutcome::Lost(LostReason::Released));
-            }
-            session = longer;
-        }
-        match session.vouch(Instant::now() + ttl) {
-            Vouch::Alive => {}
-            Vouch::Late(why) => return Err(Error::unavailable(&self.inner.described, why)),
-            Vouch::Dead(why) => {
-                self.inner.held.remove(&name, token);
-                tracing::debug!(key = %key, reason = %why, "permit lost with its session");
-                return Ok(RenewOutcome::Lost(LostReason::Expired));
-            }
-        }
+        let session = match self
+            .keep_session(key, &name, token, &entry, kv.value(), ttl, true, "permit")
+            .await?
+        {
+            Ok(session) => session,
+            Err(lost) => return Ok(lost),
+        };
         if !self
             .inner
             .held
