@@ -153,24 +153,30 @@ impl<R: RecordStore> RecordLockStore<R> {
         Err(self.lost_races("writes of the fence high-water record"))
     }
 
-    /// Floors the grant `req` just wrote (with the unconfirmed marker) at the fence high-water
-    /// mark read now, and writes it again without the marker: the grant, or, when somebody
-    /// else's write took the record meanwhile, what the record holds now (the marked grant was
-    /// never handed out).
     /// Floors the fence of the free record of `key` still marked unconfirmed at the high-water
     /// mark read now (after the marked write), and writes it without the marker (see the
     /// module documentation of the adapter): what a permit record is before its first grant.
+    /// A marked lock grant whose lease is over (its granter died between the marked write and
+    /// the confirming one, so it was never handed out) is freed in the same write; one still
+    /// live is left to its granter.
     pub(super) async fn confirm_free(&self, key: &Key) -> Result<()> {
         for _ in 0..MAX_RACES {
-            let Some(Stored::Record { record, version }) =
-                self.inner.get(key).await?.map(|s| self.resolve(s))
-            else {
+            let Some(stored) = self.inner.get(key).await?.map(|s| self.resolve(s)) else {
                 return Ok(());
             };
-            if !unconfirmed(&record) || record.token.is_some() {
+            let expiry = self.judge(key, Some(&stored));
+            let Stored::Record { record, version } = stored else {
+                return Ok(());
+            };
+            if !unconfirmed(&record) {
                 return Ok(());
             }
-            let mut confirmed = record;
+            let now_ms = self.now().ms;
+            let mut confirmed = match record.token {
+                None => record,
+                Some(_) if expiry.held(&record, now_ms) => return Ok(()),
+                Some(_) => decide::freed_judged(&record, now_ms, expiry),
+            };
             confirmed.store.remove(UNCONFIRMED.0);
             confirmed.fence = confirmed.fence.max(self.high_water().await?);
             match self.inner.replace(key, &confirmed, &version).await? {
@@ -184,6 +190,10 @@ impl<R: RecordStore> RecordLockStore<R> {
         Err(self.lost_races(&format!("conditional writes on {key}")))
     }
 
+    /// Floors the grant `req` just wrote (with the unconfirmed marker) at the fence high-water
+    /// mark read now, and writes it again without the marker: the grant, or, when somebody
+    /// else's write took the record meanwhile, what the record holds now (the marked grant was
+    /// never handed out).
     pub(super) async fn confirm_fence(&self, req: &AcquireRequest) -> Result<AcquireOutcome> {
         let key = &req.key;
         let mut state = self.written.lock().get(key.as_str()).cloned();

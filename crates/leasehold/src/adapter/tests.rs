@@ -771,3 +771,150 @@ async fn a_grant_never_confirmed_is_taken_over_above_the_mark_and_never_handed_o
         "the paused grant was handed out after it was taken over: {out:?}"
     );
 }
+
+/// A record store whose writes are applied but whose next `lose` answers never come back
+/// (an error, as a timed-out call reports it).
+#[derive(Debug)]
+struct LosesAnswers {
+    inner: Arc<RecordMemoryStore>,
+    lose: AtomicUsize,
+}
+
+impl LosesAnswers {
+    fn answer(&self, written: Result<Option<String>>) -> Result<Option<String>> {
+        let lost = self
+            .lose
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        match (lost, &written) {
+            (true, Ok(Some(_))) => Err(Error::unavailable("loses answers", "no answer")),
+            _ => written,
+        }
+    }
+}
+
+#[async_trait]
+impl RecordStore for LosesAnswers {
+    fn describe(&self) -> String {
+        "loses answers".into()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn get(&self, key: &Key) -> Result<Option<Stored>> {
+        self.inner.get(key).await
+    }
+    async fn create(&self, key: &Key, r: &LeaseRecord) -> Result<Option<String>> {
+        let written = self.inner.create(key, r).await;
+        self.answer(written)
+    }
+    async fn replace(&self, key: &Key, r: &LeaseRecord, v: &str) -> Result<Option<String>> {
+        let written = self.inner.replace(key, r, v).await;
+        self.answer(written)
+    }
+    async fn delete(&self, key: &Key, version: &str) -> Result<bool> {
+        self.inner.delete(key, version).await
+    }
+    async fn list(&self, prefix: &str) -> Result<Vec<(String, Stored)>> {
+        self.inner.list(prefix).await
+    }
+}
+
+/// A grant whose write was applied but whose answer was lost, retried with the same token
+/// (as the client retries): granted at once, not held by its own orphan, and renewed in the
+/// retry's write, so that the record's expiry counts from the retry, as the new guard's
+/// `valid_until` does. Kept as it was, the store would free the lease (or the permit) that much
+/// earlier than its holder stops.
+#[tokio::test]
+async fn a_grant_whose_answer_was_lost_is_renewed_by_its_retry() {
+    for permit in [
+        None,
+        Some(crate::store::PermitRequest::Semaphore { permits: 1 }),
+    ] {
+        let shared = Arc::new(RecordMemoryStore::new());
+        let store = RecordLockStore::new(LosesAnswers {
+            inner: shared.clone(),
+            lose: AtomicUsize::new(0),
+        });
+        let key = Key::new("lost-answer").unwrap();
+        let mut req = request(&key, "me", Duration::from_millis(2_000));
+        req.permit = permit;
+        // Settled first (a permit's key is written free before its first grant), so that the
+        // one answer lost below is the grant's.
+        if permit.is_some() {
+            let mut other = request(&key, "other", Duration::from_millis(2_000));
+            other.permit = permit;
+            let AcquireOutcome::Granted(g) = store.acquire(&other).await.unwrap() else {
+                panic!("a free key")
+            };
+            store.release(&key, &other.token).await.unwrap();
+            assert!(g.fence > 0);
+        }
+        store.inner().lose.store(1, Ordering::SeqCst);
+        let first = store.acquire(&req).await;
+        assert!(first.is_err(), "{permit:?}: the answer was lost: {first:?}");
+        let lost_at = crate::record::now_us() / 1000;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let retried_at = crate::record::now_us() / 1000;
+        let out = store.acquire(&req).await.unwrap();
+        let AcquireOutcome::Granted(g) = out else {
+            panic!("{permit:?}: the retry was held by its own orphan: {out:?}")
+        };
+        assert!(
+            g.expires_ms >= retried_at + 2_000,
+            "{permit:?}: the retry's lease ends at {} (its first grant's at about {})",
+            g.expires_ms,
+            lost_at + 2_000
+        );
+        // As stored: one holder (or one permit), renewed.
+        let Some(Inspection::Record(stored)) = store.inspect(&key).await.unwrap() else {
+            panic!("{permit:?}: no record")
+        };
+        match &stored.permits {
+            Some(t) => {
+                assert_eq!(t.holders.len(), 1, "{stored:?}");
+                assert!(t.holders[0].expires_ms >= retried_at + 2_000, "{stored:?}");
+            }
+            None => {
+                assert_eq!(stored.token.as_deref(), Some(req.token.as_str()));
+                assert!(stored.expires_ms >= retried_at + 2_000, "{stored:?}");
+                assert!(stored.waiter_token.is_none(), "no waiter of its own lease");
+            }
+        }
+    }
+}
+
+/// A lock grant marked unconfirmed whose granter died before its confirming write (never
+/// handed out) does not keep a permit request from the key once its lease is over: the
+/// permit's settling step frees and confirms it (it looped on it, answering nothing, before).
+#[tokio::test(start_paused = true)]
+async fn a_permit_request_settles_a_lock_grant_never_confirmed() {
+    let (_, m) = clocked_machines(&[0, 0]);
+    let (dead, permitter) = (m[0].clone(), m[1].clone());
+    let key = Key::new("never-confirmed").unwrap();
+    let ttl = Duration::from_secs(1);
+    let (g, reached, _go) = gate();
+    *dead.inner().mark_gate.lock() = Some(g);
+    let stuck = tokio::spawn({
+        let (dead, key) = (dead.clone(), key.clone());
+        async move { dead.acquire(&request(&key, "dead", ttl)).await }
+    });
+    reached.await.unwrap();
+    // The granter dies between its marked write and its confirming one.
+    stuck.abort();
+    let mut p = request(&key, "permit", ttl);
+    p.permit = Some(crate::store::PermitRequest::Semaphore { permits: 2 });
+    for _ in 0..100 {
+        match permitter.acquire(&p).await {
+            Ok(AcquireOutcome::Granted(g)) => {
+                assert!(!unconfirmed(&g), "{g:?}");
+                return;
+            }
+            // A lock while its (never confirmed) grant lives.
+            Err(Error::InvalidOption { .. }) => {}
+            other => panic!("the permit request answered {other:?}"),
+        }
+        tokio::time::advance(Duration::from_millis(100)).await;
+    }
+    panic!("the permit was never granted");
+}

@@ -261,8 +261,16 @@ impl Acquisition {
             // A waiter further back in line has nothing to win at the next change: it sleeps
             // through the changes that serve those ahead of it but one (each release moves
             // the line up by one), so a handoff wakes the first in line and the next, not
-            // every waiter.
-            let skip = waiting.line.place.map_or(0, |(p, _)| p.saturating_sub(1));
+            // every waiter; for no longer than those ahead need (see `Line::skip`), and never
+            // for less than the backoff.
+            let skip = match waiting.line.skip() {
+                Some((n, at_most)) => {
+                    let at_most = at_most.max(self.opts.backoff.delay(waiting.attempt));
+                    until = until.min(now + at_most);
+                    n
+                }
+                None => 0,
+            };
             if waiting.changes.sleep_until(until, skip).await {
                 waiting.attempt = waiting.attempt.saturating_add(1);
             }
@@ -308,6 +316,7 @@ impl Acquisition {
             Ok(AcquireOutcome::Held(rec)) => {
                 let place = crate::decide::position(&rec, &req.token);
                 waiting.registered |= place.is_some();
+                waiting.line.permit_key = rec.permits.is_some();
                 if waiting
                     .line
                     .seen(place, rec.token.as_deref(), sent.elapsed())

@@ -23,6 +23,9 @@ pub(super) struct Line {
     pub(super) per_handoff: Option<Duration>,
     /// The least one handoff can take (two of the store's round trips, as last measured).
     least: Duration,
+    /// Whether the key is a semaphore or a read-write lock (as last seen): one change of it can
+    /// serve several waiters at once.
+    pub(super) permit_key: bool,
 }
 
 impl Line {
@@ -65,6 +68,25 @@ impl Line {
         let changed = self.holder.as_deref() != holder;
         self.holder = holder.map(str::to_owned);
         moved || changed
+    }
+
+    /// How many of the key's change notifications a watching waiter may sleep through, and for
+    /// how long at most, while the waiters ahead of it are served; `None` when it should look at
+    /// the next one.
+    ///
+    /// Each release of a lock moves the line up by one, so a waiter at place `p` sleeps through
+    /// `p − 1` of them. That count is a guess: a place that lapses or is given up without a
+    /// notification moves the line unheard. So the sleep is also bounded by the time those
+    /// ahead need at the line's fastest pace (`p` handoffs), and then it looks again. On a
+    /// permit key one change can serve several waiters (a writer's release lets every reader
+    /// in), and grants there are not announced: nothing is slept through.
+    pub(super) fn skip(&self) -> Option<(usize, Duration)> {
+        let (p, _) = self.place?;
+        if self.permit_key || p < 2 {
+            return None;
+        }
+        let per = self.per_handoff.unwrap_or(self.least);
+        Some((p - 1, per * p as u32))
     }
 
     /// How long to leave the store alone while the waiters ahead of us are served (see the
@@ -110,5 +132,31 @@ mod tests {
         let mut out = Line::default();
         out.seen(None, Some("h"), 5 * MS);
         assert_eq!(out.behind_for(), None);
+    }
+
+    /// A watching waiter at place `p` sleeps through `p − 1` changes, for no longer than `p`
+    /// handoffs at the line's pace (a lapse moves the line unheard); on a permit key, through
+    /// none.
+    #[tokio::test(start_paused = true)]
+    async fn a_watching_waiter_skips_changes_for_a_bounded_time_and_none_on_a_permit_key() {
+        let mut line = Line::default();
+        line.seen(Some(4), Some("h1"), 5 * MS);
+        tokio::time::advance(100 * MS).await;
+        line.seen(Some(3), Some("h2"), 5 * MS);
+        // 100 ms a handoff, bounded at first by four times the least (40 ms).
+        assert_eq!(line.skip(), Some((2, 120 * MS)));
+        line.seen(Some(1), Some("h3"), 5 * MS);
+        assert_eq!(
+            line.skip(),
+            None,
+            "the next in line looks at the next change"
+        );
+        line.seen(Some(5), Some("h3"), 5 * MS);
+        line.permit_key = true;
+        assert_eq!(
+            line.skip(),
+            None,
+            "a change of a permit key can serve several"
+        );
     }
 }

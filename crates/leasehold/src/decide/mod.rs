@@ -327,6 +327,15 @@ pub(crate) fn acquire_judged(
         let held = expiry.held(r, now.ms) && !holder_dead;
         let mut line = r.clone();
         tidy_line(&mut line, expiry, now.ms);
+        if held && r.token.as_deref() == Some(req.token.as_str()) {
+            // Ours already: an earlier attempt of this acquisition was granted and its answer
+            // lost. Granted again as a renewal, in the same write: the lease counts from now,
+            // as the holder's `valid_until` counts from this attempt's send, never from the
+            // first grant's (after which the store would free it first).
+            renewed(&mut line, crate::record::ms(req.ttl), now.ms);
+            leave_line(&mut line, &req.token);
+            return (AcquireOutcome::Granted(line.clone()), Some(line));
+        }
         let place = position(&line, &req.token);
         let reserved_for_other = !held && line.waiter_token.is_some() && place != Some(0);
         if held || reserved_for_other {
@@ -517,11 +526,16 @@ pub(crate) fn renew_judged(
         return (RenewOutcome::Lost(LostReason::Released), None);
     };
     let mut n = r.clone();
-    n.renewed_ms = now_ms;
-    n.ttl_ms = ttl_ms;
-    n.expires_ms = now_ms + ttl_ms;
+    renewed(&mut n, ttl_ms, now_ms);
     tidy_line(&mut n, expiry, now_ms);
     (RenewOutcome::Renewed(n.clone()), Some(n))
+}
+
+/// Writes a renewal of the lease in `r` for `ttl_ms` at `now_ms`.
+fn renewed(r: &mut LeaseRecord, ttl_ms: u64, now_ms: u64) {
+    r.renewed_ms = now_ms;
+    r.ttl_ms = ttl_ms;
+    r.expires_ms = now_ms.saturating_add(ttl_ms);
 }
 
 /// Decides a release: the free record to write (fence and live waiter kept).

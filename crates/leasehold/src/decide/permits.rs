@@ -138,8 +138,18 @@ pub(crate) fn acquire(
         return Ok((AcquireOutcome::Held(held_view(&r)), None));
     };
     if table.holders.iter().any(|p| p.token == req.token) {
-        // Ours already (an answer lost on the way): granted as it is.
-        return Ok((AcquireOutcome::Granted(view(&r, &req.token)), None));
+        // Ours already (an earlier attempt was granted and its answer lost): granted again as
+        // a renewal, in the same write, so that the permit counts from now, as its holder's
+        // `valid_until` counts from this attempt's send.
+        let ttl_ms = crate::record::ms(req.ttl);
+        if let Some(p) = r
+            .permits
+            .as_mut()
+            .and_then(|t| t.holders.iter_mut().find(|p| p.token == req.token))
+        {
+            renew_permit(p, ttl_ms, now.ms);
+        }
+        return Ok((AcquireOutcome::Granted(view(&r, &req.token)), Some(r)));
     }
     let place = position(&r, &req.token);
     let line = line_tokens(&r);
@@ -252,10 +262,15 @@ pub(crate) fn renew(
     else {
         return (RenewOutcome::Lost(LostReason::Expired), None);
     };
+    renew_permit(p, ttl_ms, now_ms);
+    (RenewOutcome::Renewed(view(&n, token)), Some(n))
+}
+
+/// Writes a renewal of permit `p` for `ttl_ms` at `now_ms`.
+fn renew_permit(p: &mut Permit, ttl_ms: u64, now_ms: u64) {
     p.renewed_ms = now_ms;
     p.ttl_ms = ttl_ms;
     p.expires_ms = now_ms.saturating_add(ttl_ms);
-    (RenewOutcome::Renewed(view(&n, token)), Some(n))
 }
 
 /// Decides a release of the permit `token` holds on the permit record `r`.

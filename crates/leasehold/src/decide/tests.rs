@@ -422,3 +422,27 @@ fn salvage_finds_the_largest_fence() {
     assert_eq!(salvage_fence(b"\0\0garbage"), None);
     assert_eq!(salvage_fence(b"\"fence\": 99999999999999999999999"), None);
 }
+
+/// A retry of an acquisition whose grant was written but never answered (same token) is granted
+/// again at once, as a renewal in the same write: its lease counts from the retry, as its
+/// holder's `valid_until` does, not from the lost grant's (the store would free it first).
+#[test]
+fn a_retried_grant_is_renewed_from_the_retry() {
+    let a = granted(acquire(Current::Missing, &req("a"), at(10), false));
+    assert_eq!(a.expires_ms, 1010);
+    // Somebody waits meanwhile: the retry is no waiter of its own lease, and the line stays.
+    let (_, w) = acquire(Current::Record(&a), &waiting("b"), at(600), false);
+    let a = w.expect("b joins the line");
+    let again = granted(acquire(Current::Record(&a), &req("a"), at(700), false));
+    assert_eq!(
+        again.fence, a.fence,
+        "the same grant, never handed out before"
+    );
+    assert_eq!(again.expires_ms, 1700, "counted from the retry");
+    assert_eq!(again.renewed_ms, 700);
+    assert_eq!(again.acquired_ms, a.acquired_ms);
+    assert_eq!(again.waiter_token.as_deref(), Some("b"));
+    // Once expired, a retry is a new grant with a new fence.
+    let late = granted(acquire(Current::Record(&again), &req("a"), at(1800), false));
+    assert!(late.fence > again.fence);
+}

@@ -90,20 +90,20 @@ fn an_expired_permit_comes_back_and_a_retry_of_a_grant_is_the_same_grant() {
     );
     fence(&step(&mut r, &req("b", SEM), 500));
     assert!(matches!(
-        step(&mut r, &req("c", SEM), 1009),
+        step(&mut r, &req("c", SEM), 1010),
         AcquireOutcome::Held(_)
     ));
-    // a's permit expired at 1010: c takes it.
-    fence(&step(&mut r, &req("c", SEM), 1010));
+    // a's permit, renewed by its retry at 11, expired at 1011: c takes it.
+    fence(&step(&mut r, &req("c", SEM), 1011));
     assert_eq!(holders(&r), ["b", "c"]);
     let stored = r.clone().unwrap();
-    let (out, _) = renew(&stored, "a", 1000, 1011, Expiry::Clock);
+    let (out, _) = renew(&stored, "a", 1000, 1012, Expiry::Clock);
     assert!(matches!(out, RenewOutcome::Lost(_)), "{out:?}");
-    let (out, w) = renew(&stored, "b", 1000, 1011, Expiry::Clock);
+    let (out, w) = renew(&stored, "b", 1000, 1012, Expiry::Clock);
     let RenewOutcome::Renewed(view) = out else {
         panic!("b holds one")
     };
-    assert_eq!((view.holder.as_deref(), view.expires_ms), (Some("b"), 2011));
+    assert_eq!((view.holder.as_deref(), view.expires_ms), (Some("b"), 2012));
     assert!(
         w.unwrap().token.is_none(),
         "the stored form names no lock holder"
@@ -321,4 +321,27 @@ fn counts_out_of_range_are_refused() {
             "{err}"
         );
     }
+}
+
+/// A retried permit acquisition (same token) whose grant was written but never answered is
+/// granted again as a renewal in the same write: the permit counts from the retry, never from
+/// the lost grant, and keeps its fence.
+#[test]
+fn a_retried_permit_grant_is_renewed_from_the_retry() {
+    let mut r = None;
+    let a = fence(&step(&mut r, &req("a", SEM), 10));
+    let AcquireOutcome::Granted(seen) = step(&mut r, &req("a", SEM), 700) else {
+        panic!("ours already")
+    };
+    assert_eq!(
+        (seen.fence, seen.expires_ms, seen.renewed_ms),
+        (a, 1700, 700)
+    );
+    let stored = r.clone().unwrap();
+    let t = stored.permits.as_ref().expect("a table");
+    assert_eq!(t.holders.len(), 1, "one permit, not two");
+    assert_eq!(t.holders[0].expires_ms, 1700, "written");
+    // Past its expiry the permit lapsed: a retry then is a new grant.
+    let b = fence(&step(&mut r, &req("a", SEM), 1800));
+    assert!(b > a);
 }

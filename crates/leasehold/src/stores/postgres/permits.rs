@@ -184,7 +184,7 @@ impl Inner {
                     };
                     Err(mismatch(key, &is, &asked(req)))
                 }
-                "granted" | "mine" => Ok(AcquireOutcome::Granted(view(&rec, &req.token))),
+                "granted" => Ok(AcquireOutcome::Granted(view(&rec, &req.token))),
                 _ => Ok(AcquireOutcome::Held(held_view(&rec))),
             };
         }

@@ -51,7 +51,7 @@ pub(super) struct Sql {
     /// `$2` holder, `$3` token, `$4` TTL in ms, `$5` waiter TTL in ms (0: none), `$6` labels,
     /// `$7` pid, `$8` host, `$9` watching, `$10` the kind (`semaphore`, `read-write`), `$11` the
     /// semaphore's count (NULL for a read-write lock), `$12` whether it is a write. One row: the
-    /// outcome (`refused`, `mine`, `raced`, `granted`, `held`), whether a lock holds the key,
+    /// outcome (`refused`, `raced`, `granted`, `held`), whether a lock holds the key,
     /// then the record ([`full`]).
     pub(super) permit_acquire: String,
     /// Makes a permit key with no live holder and no live waiter a lock key again (`$1` key): a
@@ -153,12 +153,20 @@ impl Sql {
         let pt = format!("\"{schema}\".\"{table}_permits\"");
         let cols = columns("");
         let granted = format!("(NOT {HELD} AND NOT ({LIVE} AND NOT {MINE}))");
+        // The whole acquisition also grants a key it holds already: an earlier attempt of the
+        // same acquisition (its token) was granted and its answer lost. It is granted again, in
+        // this write, with a new fence and its lease counted from now, as the holder's
+        // `valid_until` counts from this attempt's send (never from the lost grant's, after
+        // which the server would free it first). A live registered waiter stays.
+        let regrant = format!("({HELD} AND coalesce(t.token = $3, false))");
+        let granted_any = format!("({regrant} OR {granted})");
         let fresh = format!(
             "({MINE} AND {LIVE} AND t.waiter_expires >= now() + ($5::bigint * 2 / 3) * interval '1 millisecond')"
         );
         let registers = format!("($5::bigint > 0 AND ({MINE} OR NOT {LIVE}) AND NOT {fresh})");
-        let pick =
-            |col: &str| format!("{col} = CASE WHEN {granted} THEN excluded.{col} ELSE t.{col} END");
+        let pick = |col: &str| {
+            format!("{col} = CASE WHEN {granted_any} THEN excluded.{col} ELSE t.{col} END")
+        };
         // The waiter's write flag goes with a lapsed registration.
         let lapsed_write =
             format!("waiter_write = CASE WHEN {LIVE} THEN t.waiter_write ELSE false END");
@@ -247,17 +255,20 @@ RETURNING fence, acquired, expires"
         // watching (`$10`), marks the row so that its release notifies.
         let marks = format!("($10::boolean AND NOT {registers} AND NOT t.watched)");
         let unless_registers = |col: &str, value: &str| {
-            format!("{col} = CASE WHEN {granted} THEN NULL WHEN {registers} THEN {value} ELSE t.{col} END")
+            format!(
+                "{col} = CASE WHEN {granted_any} AND ({MINE} OR NOT {LIVE}) THEN NULL \
+                 WHEN {registers} THEN {value} ELSE t.{col} END"
+            )
         };
         let acquire = format!(
             "INSERT INTO {t} AS t (key, holder, token, fence, acquired, renewed, expires, ttl_ms, pid, host, labels)
 VALUES ($1, $2, $3, {block}, now(), now(), {expires}, $4::bigint, $8::integer, $9, $6)
 ON CONFLICT (key) DO UPDATE SET
-  {}, {}, fence = CASE WHEN {granted} THEN {block} ELSE t.fence END, {},
-  {}, expires = CASE WHEN {granted} THEN {expires} ELSE t.expires END, {}, {}, {}, {},
+  {}, {}, fence = CASE WHEN {granted_any} THEN {block} ELSE t.fence END, {},
+  {}, expires = CASE WHEN {granted_any} THEN {expires} ELSE t.expires END, {}, {}, {}, {},
   {}, {}, {}, {},
-  watched = t.watched OR ($10::boolean AND NOT {granted})
-WHERE ({granted} OR {registers} OR {marks}) AND t.permit_kind IS NULL
+  watched = t.watched OR ($10::boolean AND NOT {granted_any})
+WHERE ({granted_any} OR {registers} OR {marks}) AND t.permit_kind IS NULL
 RETURNING {cols}, (token = $3 AND acquired = now())",
             pick("holder"),
             pick("token"),
@@ -474,8 +485,10 @@ SELECT c.busy, c.permit_kind, c.permit_count, EXISTS (SELECT 1 FROM up) FROM c"
 /// release, renewal, force-release) writes its key's row too, after locking it and before
 /// touching any permit row, so a key's row of the same version means the same permits. A write
 /// that finds a newer version writes nothing and answers `raced`: the caller runs the statement
-/// again, on a fresh snapshot. A decision that writes nothing (held, refused, ours already) is
-/// the snapshot's answer as it is.
+/// again, on a fresh snapshot. A decision that writes nothing (held, refused) is the snapshot's
+/// answer as it is. A request whose token holds a live permit already (an earlier attempt was
+/// granted and its answer lost) is granted again: its permit row written anew, with a new fence
+/// and its expiry counted from now.
 ///
 /// The rules are `decide::permits`'s with PostgreSQL's one registered waiter for the line: a
 /// semaphore of `n` grants while the live holders, the registered waiter (if live and
@@ -501,7 +514,9 @@ fn permit_acquire(t: &str, pt: &str, seq: &str) -> String {
     let adopt =
         |col: &str, none: &str| format!("{col} = CASE WHEN e.adopt THEN {none} ELSE t.{col} END");
     let live_holders = holders("live AS x");
-    let written_holders = holders("(SELECT * FROM live UNION ALL SELECT * FROM ins) AS x");
+    // A grant of a permit the caller holds already (its answer was lost) writes its row anew.
+    let written_holders =
+        holders("(SELECT * FROM live WHERE live.token <> $3 UNION ALL SELECT * FROM ins) AS x");
     format!(
         "WITH c AS (SELECT t.*, t.xmin AS v FROM {t} AS t WHERE t.key = $1),
 live AS (SELECT p.* FROM {pt} AS p WHERE p.key = $1 AND p.expires > now()),
@@ -523,11 +538,11 @@ f AS (SELECT d.*,
     d.lock_held OR (NOT d.same AND (d.waiter_live OR d.held > 0)) AS refused
   FROM d),
 g AS (SELECT f.*, NOT f.refused AND NOT f.same AS adopt,
-    NOT f.refused AND NOT f.mine AND CASE
+    NOT f.refused AND (f.mine OR CASE
       WHEN $10::text = 'semaphore' THEN f.held + f.ahead + 1 <= $11::integer
       WHEN $12::boolean THEN f.held = 0 AND f.ahead = 0
       ELSE NOT f.writer_holds AND NOT (f.ahead = 1 AND f.waiter_write) AND f.held + f.ahead < {limit}
-    END AS grant
+    END) AS grant
   FROM f),
 h AS (SELECT g.*,
     $5::bigint > 0 AND NOT g.refused AND NOT g.mine AND NOT g.grant
@@ -569,7 +584,7 @@ ins AS (INSERT INTO {pt} AS p (key, token, holder, fence, write, acquired, renew
     host = excluded.host, labels = excluded.labels
   RETURNING p.*),
 gone AS (DELETE FROM {pt} AS p USING k WHERE p.key = k.key AND p.expires <= now() AND p.token <> $3)
-SELECT CASE WHEN e.refused THEN 'refused' WHEN e.mine THEN 'mine'
+SELECT CASE WHEN e.refused THEN 'refused'
     WHEN (e.grant OR e.registers OR e.marks) AND NOT EXISTS (SELECT 1 FROM k) THEN 'raced'
     WHEN e.grant THEN 'granted' ELSE 'held' END,
   e.lock_held, r.*

@@ -23,6 +23,15 @@ end
 if type(r) == 'table' then
   local write = tidy(r)
   at = place(r, token)
+  if held(r) and str(r.token) == token then
+    -- Ours already: an earlier attempt of this acquisition was granted and its answer lost.
+    -- Granted again as a renewal, in this write: the lease counts from now, as the holder's
+    -- `valid_until` counts from this attempt's send, never from the lost grant's.
+    local ttl = tonumber(ARGV[3])
+    if at == 0 then clear_waiter(r); tidy(r) elseif at ~= nil then table.remove(r.queue, at) end
+    r.renewed = now; r.expires = now + ttl; r.ttl_ms = ttl
+    return {1, put(r, KEYS[1])}
+  end
   if held(r) or (str(r.waiter_token) ~= nil and at ~= 0) then
     local due = now + math.floor(wttl * 2 / 3)
     if wttl > 0 and at == 0 then

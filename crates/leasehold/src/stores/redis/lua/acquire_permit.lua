@@ -39,9 +39,15 @@ if t == nil then
   if kind == 'semaphore' then t.permits = count end
   r.permits = t; write = true
 end
--- Ours already (an answer lost on the way): granted as it is.
+-- Ours already (an earlier attempt was granted and its answer lost): granted again as a
+-- renewal, in this write, so that the permit counts from now, as its holder's `valid_until`
+-- counts from this attempt's send.
 for _, h in ipairs(t.holders) do
-  if h.token == token then return answer(1) end
+  if h.token == token then
+    h.renewed = now; h.expires = now + me.ttl_ms; h.ttl_ms = me.ttl_ms
+    write = true
+    return answer(1)
+  end
 end
 -- The line in order (the registered waiter, then the queue), and how many stand ahead of us:
 -- all of it when we stand nowhere in it.
