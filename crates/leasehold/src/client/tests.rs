@@ -286,3 +286,68 @@ async fn a_wait_limit_beyond_the_clock_is_no_limit() {
         .unwrap();
     g.release().await.unwrap();
 }
+
+/// A waiter further back in line sleeps through the change notifications that serve those
+/// ahead of it, but the places ahead of it can lapse unheard (their waiters vanished): it looks
+/// again within the time those ahead would have needed, instead of sleeping through the release
+/// that makes it first and leaving the lease idle until its timer (five seconds here).
+#[tokio::test]
+async fn a_waiter_whose_places_ahead_lapse_unheard_is_not_left_idle() {
+    let store: Arc<dyn LockStore> = Arc::new(MemoryStore::new());
+    let locks = Locks::from_arc(store.clone()).with_local_layer(false);
+    let held = locks
+        .lock("k")
+        .unwrap()
+        .ttl(Duration::from_secs(30))
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("free");
+    // Two waiters take places for 200 ms, and vanish.
+    let key = Key::new("k").unwrap();
+    for gone in ["gone-1", "gone-2"] {
+        let req = AcquireRequest::new(key.clone(), gone, Duration::from_secs(30))
+            .waiter(Duration::from_millis(200));
+        let out = store.acquire(&req).await.unwrap();
+        assert!(matches!(out, AcquireOutcome::Held(_)), "{out:?}");
+    }
+    let waiter = tokio::spawn({
+        let locks = Locks::from_arc(store.clone()).with_local_layer(false);
+        async move {
+            let g = locks
+                .lock("k")
+                .unwrap()
+                .waiter_ttl(Duration::from_secs(30))
+                .backoff(Backoff {
+                    initial: Duration::from_millis(10),
+                    max: Duration::from_secs(5),
+                })
+                .wait(Duration::from_secs(30))
+                .acquire()
+                .await;
+            (g, tokio::time::Instant::now())
+        }
+    });
+    // Third in line.
+    loop {
+        let Some(Inspection::Record(r)) = store.inspect(&key).await.unwrap() else {
+            panic!("held")
+        };
+        if r.queue.len() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // The places ahead lapse; then the lease is released.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    held.release().await.unwrap();
+    let released = tokio::time::Instant::now();
+    let (g, at) = waiter.await.unwrap();
+    let g = g.unwrap();
+    let idle = at - released;
+    assert!(
+        idle < Duration::from_secs(2),
+        "the lease was idle {idle:?} before its only waiter looked"
+    );
+    g.release().await.unwrap();
+}
