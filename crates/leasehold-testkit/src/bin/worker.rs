@@ -25,6 +25,9 @@
 //!
 //! `leasehold-worker probe STORE STEM TTL_MS`: for each line `N` read from stdin, try to acquire
 //! `STEM/N` once as `try` does, printing one line per try.
+//!
+//! `leasehold-worker inspect STORE KEY`: print `remaining MS waiter MS` (the lease's time left and
+//! the registered waiter's, by this process's wall clock; 0 for none), or `none`.
 
 use std::io::Write;
 use std::time::Duration;
@@ -291,6 +294,20 @@ async fn main() {
                 let key = leasehold::Key::new(name).unwrap_or_else(|e| fail(e.to_string()));
                 println!("{}", try_once(&locks, key, ttl).await);
                 let _ = std::io::stdout().flush();
+            }
+        }
+        "inspect" => {
+            let now = leasehold::now_ms();
+            match locks.store().inspect(&key).await {
+                Ok(Some(leasehold::Inspection::Record(r))) => {
+                    let waiter = match (&r.waiter_token, r.waiter_expires_ms) {
+                        (Some(_), Some(e)) => e.saturating_sub(now),
+                        _ => 0,
+                    };
+                    println!("remaining {} waiter {waiter}", r.remaining(now).as_millis());
+                }
+                Ok(_) => println!("none"),
+                Err(e) => fail(e.to_string()),
             }
         }
         other => fail(format!("unknown mode {other}")),
