@@ -1,6 +1,9 @@
 //! The file store's clocks with real processes: processes whose wall clocks libfaketime moves an
-//! hour ahead (their boot-time clocks left alone). Places in line lapse on the boot-time clock,
-//! and a skewed writer leaves the others' times as they wrote them.
+//! hour ahead (their boot-time clocks left alone), and processes in Linux time namespaces whose
+//! boot-time clocks are an hour or two ahead of the host's (`unshare --time --boottime`, which
+//! needs root, or unprivileged user namespaces). Places in line lapse on the boot-time clock, a
+//! skewed writer leaves the others' times as they wrote them, and processes in different time
+//! namespaces judge leases on one clock, the host's.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -19,6 +22,8 @@ enum Clock {
     Host,
     /// The wall clock moved by this many seconds (libfaketime), the others left alone.
     Wall(i64),
+    /// In a time namespace whose boot-time (and monotonic) clock is this many seconds ahead.
+    Namespace(u32),
 }
 
 /// A worker process (in a process group of its own) and the lines it prints, as they come.
@@ -29,8 +34,8 @@ struct Worker {
 }
 
 impl Worker {
-    /// Starts `leasehold-worker ARGS` with its clocks set as `clock` says.
-    fn start(clock: Clock, args: &[&str]) -> Worker {
+    /// Starts `leasehold-worker ARGS` with its clocks set as `clock` says, and `env`.
+    fn start_with(clock: Clock, env: &[(&str, &str)], args: &[&str]) -> Worker {
         let worker = leasehold_testkit::workspace_bin("leasehold-worker");
         let mut c = match clock {
             Clock::Host => Command::new(&worker),
@@ -44,8 +49,19 @@ impl Worker {
                     .env("FAKETIME_NO_CACHE", "1");
                 c
             }
+            Clock::Namespace(secs) => {
+                let mut c = Command::new("unshare");
+                if !is_root() {
+                    c.args(["--user", "--map-root-user"]);
+                }
+                let secs = secs.to_string();
+                c.args(["--time", "--boottime", &secs, "--monotonic", &secs, "--"])
+                    .arg(&worker);
+                c
+            }
         };
         let mut child = c
+            .envs(env.iter().copied())
             .args(args)
             .process_group(0)
             .stdout(Stdio::piped())
@@ -64,6 +80,10 @@ impl Worker {
         Worker { child, lines, name }
     }
 
+    fn start(clock: Clock, args: &[&str]) -> Worker {
+        Self::start_with(clock, &[], args)
+    }
+
     /// The next line within `limit`, if any.
     fn line(&self, limit: Duration) -> Option<String> {
         self.lines.recv_timeout(limit).ok()
@@ -71,8 +91,13 @@ impl Worker {
 
     /// The next line, which must come within 20 s.
     fn answer(&self) -> String {
-        self.line(Duration::from_secs(20))
-            .unwrap_or_else(|| panic!("{} answered nothing within 20 s", self.name))
+        self.line(Duration::from_secs(20)).unwrap_or_else(|| {
+            panic!(
+                "{} answered nothing within 20 s{}",
+                self.name,
+                namespace_hint()
+            )
+        })
     }
 
     /// Sends `sig` to the worker.
@@ -103,6 +128,16 @@ impl Drop for Worker {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid(2) cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// What a worker that cannot start in a time namespace needs.
+fn namespace_hint() -> &'static str {
+    " (a worker in a time namespace needs util-linux `unshare` with --time, Linux 5.6+, and root or unprivileged user namespaces)"
 }
 
 /// Debian's libfaketime (package `faketime`), for this machine's architecture.
@@ -271,4 +306,101 @@ fn a_write_by_a_process_an_hour_ahead_leaves_the_holders_times_as_written() {
             w.name
         );
     }
+}
+
+/// Processes in different time namespaces (the host's, one an hour ahead, one two hours ahead)
+/// take turns holding a 10 s lease while each of the others tries it: every one is told it is
+/// held.
+#[test]
+fn a_process_in_another_time_namespace_is_told_a_live_lease_is_held() {
+    let d = Dir::new();
+    let url = d.url.as_str();
+    let clocks = [Clock::Host, Clock::Namespace(3600), Clock::Namespace(7200)];
+    for (i, holding) in clocks.into_iter().enumerate() {
+        let key = format!("timens/held-{i}");
+        let mut holder = Worker::start(holding, &["hold", url, &key, "10000"]);
+        let fence = held_fence(&holder, &holder.answer());
+        for trying in clocks.into_iter().filter(|c| *c != holding) {
+            let w = Worker::start(trying, &["try", url, &key, "10000"]);
+            let line = w.answer();
+            assert!(
+                line.starts_with("busy"),
+                "a process {trying:?} got {line:?} while one {holding:?} holds a 10 s lease \
+                 (fence {fence})"
+            );
+        }
+        holder.release();
+    }
+}
+
+/// A holder stopped with SIGSTOP keeps its kernel lock, so its lease ends by its TTL (2 s): a
+/// waiter in another time namespace takes it over then, neither at once nor an hour late. Both
+/// ways: a holder in the host's namespace and a waiter an hour ahead, and the other way round.
+#[test]
+fn a_stopped_holders_lease_ends_on_time_across_time_namespaces() {
+    let d = Dir::new();
+    let (url, ttl) = (d.url.as_str(), 2000);
+    let pairs = [
+        (Clock::Host, Clock::Namespace(3600)),
+        (Clock::Namespace(3600), Clock::Host),
+    ];
+    for (i, (holding, waiting)) in pairs.into_iter().enumerate() {
+        let key = format!("timens/stopped-{i}");
+        let holder = Worker::start(holding, &["hold", url, &key, &ttl.to_string()]);
+        let first = held_fence(&holder, &holder.answer());
+        holder.signal(libc::SIGSTOP);
+        let stopped = Instant::now();
+        let waiter = Worker::start(waiting, &["hold", url, &key, &ttl.to_string()]);
+        // Renewed at most a third of the TTL before it stopped; the waiter polls at least every
+        // third of its registration's lifetime and needs a moment to start.
+        let limit = Duration::from_millis(ttl + 2000);
+        let line = waiter.line(limit).unwrap_or_else(|| {
+            panic!(
+                "{} did not take over the lease of a stopped holder ({holding:?}) within \
+                 {limit:?}: {:?}",
+                waiter.name,
+                d.written(&key)
+            )
+        });
+        let took = stopped.elapsed();
+        assert!(held_fence(&waiter, &line) > first);
+        assert!(
+            took >= Duration::from_millis(ttl * 2 / 3),
+            "{} took over the lease of a stopped holder ({holding:?}) {took:?} after it \
+             stopped, before its TTL of {ttl} ms could have run out",
+            waiter.name
+        );
+        eprintln!(
+            "{} took over {took:?} after the holder stopped",
+            waiter.name
+        );
+    }
+}
+
+/// A process that left its time namespace an hour ahead without an `exec` reads, in
+/// `/proc/self/timens_offsets`, the offsets of a namespace it is not in: it cannot place its
+/// boot-time clock on the host's, and the store refuses it rather than judge a live lease by a
+/// clock an hour off.
+#[test]
+fn a_process_whose_time_namespace_cannot_be_told_is_refused() {
+    let d = Dir::new();
+    let (url, key) = (d.url.as_str(), "timens/unknown");
+    let holder = Worker::start(Clock::Host, &["hold", url, key, "10000"]);
+    let fence = held_fence(&holder, &holder.answer());
+    let mut w = Worker::start_with(
+        Clock::Namespace(3600),
+        &[("LEASEHOLD_WORKER_LEAVE_TIMENS", "0")],
+        &["try", url, key, "10000"],
+    );
+    let status = w.child.wait().unwrap();
+    let printed = w.lines.recv().ok();
+    assert!(
+        !status.success() && printed.is_none(),
+        "a process that cannot tell its time namespace exited {status} after {printed:?} \
+         while a 10 s lease (fence {fence}) is held"
+    );
+    assert!(
+        holder.line(Duration::ZERO).is_none(),
+        "the holder lost its lease"
+    );
 }

@@ -1,6 +1,10 @@
 //! Expiry on the host's boot-time clock. Every process of a host reads the same `CLOCK_BOOTTIME`
 //! (time since boot, suspend included), which neither NTP nor a person setting the date moves;
-//! `/proc/sys/kernel/random/boot_id` tells boots apart.
+//! `/proc/sys/kernel/random/boot_id` tells boots apart. A process in a Linux time namespace
+//! (`unshare --time`, a container restored by CRIU) reads that clock shifted by its namespace's
+//! offset, which `/proc/self/timens_offsets` shows: the offset is taken off every reading, so all
+//! processes of a boot judge on the host's clock ([`now`]). A process that cannot tell its
+//! offset (it left its time namespace without an `exec`, or the file cannot be read) is refused.
 //!
 //! A record keeps its wall-clock deadlines (`expires`, `waiter_expires`, each queued place's and
 //! each permit's `expires`: for people, and for records written before or in another boot) and,
@@ -13,8 +17,10 @@
 //! only.
 
 use crate::record::LeaseRecord;
+use parking_lot::Mutex;
 use std::collections::BTreeMap;
-use std::sync::OnceLock;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
 
 const BOOT_ID: &str = "boot_id";
 const EXPIRES: &str = "expires_boottime_ms";
@@ -24,7 +30,7 @@ const QUEUE_EXPIRES: &str = "queue_expires_boottime_ms/";
 /// The prefix of each permit's stamp, followed by its token.
 const PERMIT_EXPIRES: &str = "permit_expires_boottime_ms/";
 
-/// One reading of both clocks, and this boot's id.
+/// One reading of both clocks (the boot-time one as the host's), and this boot's id.
 #[derive(Debug, Clone)]
 pub(super) struct Clocks {
     wall_ms: u64,
@@ -32,38 +38,179 @@ pub(super) struct Clocks {
     boot_id: String,
 }
 
-/// This boot's id, read once; `None` where the kernel does not say (not Linux).
-fn boot_id() -> Option<&'static str> {
-    static ID: OnceLock<Option<String>> = OnceLock::new();
-    ID.get_or_init(|| {
-        std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
-            .ok()
-            .map(|s| s.trim().to_owned())
-            .filter(|s| !s.is_empty())
-    })
-    .as_deref()
+/// The files of `/proc` a reading of the clocks looks at, kept open: reading an open one again
+/// costs a microsecond, opening one ten.
+#[derive(Debug)]
+struct Proc {
+    /// The process they were opened by (a child forked without an `exec` opens its own).
+    pid: u32,
+    /// `/proc/sys/kernel/random/boot_id`; `None` where the kernel does not say (not Linux, no
+    /// `/proc`).
+    boot_id: Option<File>,
+    /// `/proc/self/timens_offsets`; `None` on a kernel without time namespaces.
+    offsets: Option<File>,
+    /// The text of `offsets` when this process's offset was last read from it, and that offset:
+    /// it holds while the text is the same (see [`Proc::offset_ns`]).
+    checked: Option<(Vec<u8>, i128)>,
 }
 
-/// `CLOCK_BOOTTIME` in milliseconds.
-fn boottime_ms() -> Option<u64> {
+/// The `/proc` files of this process, opened on first use.
+static PROC: Mutex<Option<Proc>> = Mutex::new(None);
+
+/// Reads all of `file` from its start (a `/proc` file is made at each read).
+fn read_all(file: &File) -> std::io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; 256];
+    let mut len = 0;
+    loop {
+        let n = file.read_at(&mut buf[len..], len as u64)?;
+        len += n;
+        if n == 0 {
+            buf.truncate(len);
+            return Ok(buf);
+        }
+        if len == buf.len() {
+            if len >= 64 << 10 {
+                return Err(std::io::Error::other("longer than 64 KiB"));
+            }
+            buf.resize(len * 2, 0);
+        }
+    }
+}
+
+impl Proc {
+    fn open(pid: u32) -> Result<Proc, String> {
+        let open = |path: &str| match File::open(path) {
+            Ok(f) => Ok(Some(f)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(format!("cannot open {path}: {e}")),
+        };
+        let boot_id = open("/proc/sys/kernel/random/boot_id")?;
+        let offsets = open("/proc/self/timens_offsets")?;
+        if offsets.is_none() && boot_id.is_some() && namespace("time")?.is_some() {
+            return Err("this kernel has time namespaces but no /proc/self/timens_offsets".into());
+        }
+        Ok(Proc {
+            pid,
+            boot_id,
+            offsets,
+            checked: None,
+        })
+    }
+
+    /// This boot's id, read now; `None` where the kernel does not say.
+    fn boot_id(&self) -> Result<Option<String>, String> {
+        let Some(f) = &self.boot_id else {
+            return Ok(None);
+        };
+        let bytes = read_all(f).map_err(|e| format!("cannot read the boot id: {e}"))?;
+        let id = String::from_utf8_lossy(&bytes).trim().to_owned();
+        Ok((!id.is_empty()).then_some(id))
+    }
+
+    /// How far this process's `CLOCK_BOOTTIME` is ahead of the host's, in nanoseconds: its time
+    /// namespace's boot-time offset (0 on a kernel without time namespaces).
+    ///
+    /// `/proc/self/timens_offsets` shows the offsets of the namespace this process's *children*
+    /// get, which is its own unless it called `unshare(CLONE_NEWTIME)` without an `exec` since:
+    /// then the two differ and its own offset cannot be read. So the offset is taken from it only
+    /// when both namespaces are one, and kept while the file says the same: a namespace's
+    /// offsets cannot change once a process is in it, and a namespace this process unshares for
+    /// its children starts with the same offsets (a write that changes them changes the text,
+    /// and then the namespaces are compared again).
+    fn offset_ns(&mut self) -> Result<i128, String> {
+        let Some(f) = &self.offsets else {
+            return Ok(0);
+        };
+        let text =
+            read_all(f).map_err(|e| format!("cannot read /proc/self/timens_offsets: {e}"))?;
+        if let Some((seen, offset)) = &self.checked {
+            if *seen == text {
+                return Ok(*offset);
+            }
+        }
+        self.checked = None;
+        let (own, children) = (namespace("time")?, namespace("time_for_children")?);
+        if own != children {
+            return Err(format!(
+                "this process's time namespace ({own:?}) is not the one /proc/self/timens_offsets \
+                 describes ({children:?}): it left its namespace without an exec"
+            ));
+        }
+        let text_str = String::from_utf8_lossy(&text);
+        let offset = parse_boottime_offset(&text_str).ok_or_else(|| {
+            format!("no boot-time offset in /proc/self/timens_offsets: {text_str:?}")
+        })?;
+        self.checked = Some((text, offset));
+        Ok(offset)
+    }
+}
+
+/// The namespace `/proc/self/ns/NAME` links to; `None` when there is no such link.
+fn namespace(name: &str) -> Result<Option<std::path::PathBuf>, String> {
+    match std::fs::read_link(format!("/proc/self/ns/{name}")) {
+        Ok(l) => Ok(Some(l)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(format!("cannot read /proc/self/ns/{name}: {e}")),
+    }
+}
+
+/// `CLOCK_BOOTTIME` of this process's time namespace, in nanoseconds.
+fn boottime_ns() -> Option<i128> {
     // SAFETY: an all-zero timespec is valid; clock_gettime fills it.
     let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
     // SAFETY: ts is a valid out-pointer.
     if unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) } != 0 {
         return None;
     }
-    let secs = u64::try_from(ts.tv_sec).ok()?;
-    let nanos = u64::try_from(ts.tv_nsec).ok()?;
-    Some(secs * 1000 + nanos / 1_000_000)
+    Some(i128::from(ts.tv_sec) * 1_000_000_000 + i128::from(ts.tv_nsec))
 }
 
-/// Both clocks now; `None` without a boot-time clock or boot id (the wall clock alone judges).
-pub(super) fn now() -> Option<Clocks> {
-    Some(Clocks {
-        boot_id: boot_id()?.to_owned(),
-        boot_ms: boottime_ms()?,
-        wall_ms: crate::record::now_ms(),
+/// The boot-time line of `/proc/PID/timens_offsets` (`boottime SECS NANOS`; the clock's number,
+/// 7, on the first kernels with time namespaces), in nanoseconds.
+fn parse_boottime_offset(text: &str) -> Option<i128> {
+    text.lines().find_map(|line| {
+        let mut f = line.split_whitespace();
+        let clock = f.next()?;
+        if clock != "boottime" && clock != libc::CLOCK_BOOTTIME.to_string() {
+            return None;
+        }
+        let secs: i64 = f.next()?.parse().ok()?;
+        let nanos: u32 = f.next()?.parse().ok()?;
+        (nanos < 1_000_000_000 && f.next().is_none())
+            .then(|| i128::from(secs) * 1_000_000_000 + i128::from(nanos))
     })
+}
+
+/// Both clocks now, the boot-time one as the host's (this process's less its time namespace's
+/// offset), and the boot id, all read afresh (a process restored by CRIU may run in another
+/// namespace or boot than it started in). `Ok(None)` without a boot-time clock or boot id (the
+/// wall clock alone judges); an error when this process's clock cannot be placed on the host's:
+/// it must not judge leases then, since its boot-time clock may be shifted by any amount.
+pub(super) fn now() -> Result<Option<Clocks>, String> {
+    let mut proc = PROC.lock();
+    let pid = std::process::id();
+    if proc.as_ref().map(|p| p.pid) != Some(pid) {
+        *proc = Some(Proc::open(pid)?);
+    }
+    let Some(p) = proc.as_mut() else {
+        return Err("no /proc files".into());
+    };
+    let Some(boot_id) = p.boot_id()? else {
+        return Ok(None);
+    };
+    let offset = p.offset_ns()?;
+    let Some(boot) = boottime_ns() else {
+        return Ok(None);
+    };
+    let host = boot - offset;
+    let boot_ms = u64::try_from(host / 1_000_000).map_err(|_| {
+        format!("CLOCK_BOOTTIME less its time namespace's offset is negative ({host} ns)")
+    })?;
+    Ok(Some(Clocks {
+        wall_ms: crate::record::now_ms(),
+        boot_ms,
+        boot_id,
+    }))
 }
 
 fn stamped(r: &LeaseRecord, name: &str) -> Option<u64> {
@@ -349,5 +496,34 @@ mod tests {
         assert_eq!(w.store[EXPIRES], "15000");
         assert_eq!(w.store[BOOT_ID], "b1");
         assert!(!w.store.contains_key(WAITER_EXPIRES), "{:?}", w.store);
+    }
+
+    #[test]
+    fn the_boot_time_offset_is_read_from_timens_offsets() {
+        let ns = parse_boottime_offset(
+            "monotonic        -100         0\nboottime         3600         5\n",
+        );
+        assert_eq!(ns, Some(3_600_000_000_005));
+        assert_eq!(
+            parse_boottime_offset("1 0 0\n7 -2 500000000\n"),
+            Some(-1_500_000_000)
+        );
+        assert_eq!(parse_boottime_offset("monotonic 0 0\n"), None);
+        assert_eq!(parse_boottime_offset("boottime x 0\n"), None);
+        assert_eq!(parse_boottime_offset(""), None);
+    }
+
+    /// This process (the test runner, in the host's time namespace here or in any other) reads a
+    /// host boot-time clock no further than its own.
+    #[test]
+    fn this_process_places_its_clock_on_the_hosts() {
+        let offset = Proc::open(std::process::id()).unwrap().offset_ns().unwrap();
+        let before = (boottime_ns().unwrap() - offset) / 1_000_000;
+        let c = now().unwrap().unwrap();
+        let after = (boottime_ns().unwrap() - offset) / 1_000_000;
+        assert!(
+            (before..=after).contains(&i128::from(c.boot_ms)),
+            "{before} {c:?} {after}"
+        );
     }
 }

@@ -35,7 +35,9 @@
 //! an NTP step, or a process whose clock is faked) neither shortens nor lengthens a lease or a
 //! place in line; `inspect` and `list` show the deadlines on the reader's wall clock, from the
 //! stamps. After a reboot every holder is gone (the kernel locks are free) and the wall-clock
-//! times are used.
+//! times are used. A process in a Linux time namespace reads the boot-time clock less its
+//! namespace's offset, so every stamp is on the host's clock; one that cannot tell its offset is
+//! refused ([`Error::NotSupported`]; see `boot`).
 //!
 //! # Durability
 //! By default records are not fsynced: leases are about live processes, and without an OS crash the
@@ -197,7 +199,7 @@ impl Inner {
             }
             let (mut found, len) = read_record(file).map_err(|e| self.io_err("read", path, e))?;
             // Deadlines are judged on the host's boot-time clock (see `boot`).
-            let clocks = boot::now();
+            let clocks = self.clocks()?;
             let raw = found.record().cloned();
             if let (Found::Record(r), Some(c)) = (&mut found, &clocks) {
                 boot::view(r, c);
@@ -253,6 +255,15 @@ impl Inner {
 
     fn describe(&self) -> String {
         format!("file://{}", self.dir.display())
+    }
+
+    /// This process's clocks for a decision ([`boot::now`]); refused when its boot-time clock
+    /// cannot be placed on the host's.
+    fn clocks(&self) -> Result<Option<boot::Clocks>> {
+        boot::now().map_err(|why| Error::NotSupported {
+            store: self.describe(),
+            what: format!("judging leases on the host's boot-time clock from this process: {why}"),
+        })
     }
 
     fn acquire(&self, req: &AcquireRequest, wait: bool) -> Result<Option<AcquireOutcome>> {
@@ -481,7 +492,7 @@ impl Inner {
             Found::Record(mut r) => {
                 // The deadlines on this process's wall clock, from their boot-time stamps, as a
                 // decision would see them (left as written when this process cannot tell).
-                if let Some(c) = boot::now() {
+                if let Ok(Some(c)) = boot::now() {
                     boot::view(&mut r, &c);
                 }
                 Some(Inspection::Record(r))
