@@ -1,7 +1,8 @@
 //! The file store's clocks with real processes: processes whose wall clocks libfaketime moves an
 //! hour ahead (their boot-time clocks left alone), and processes in Linux time namespaces whose
 //! boot-time clocks are an hour or two ahead of the host's (`unshare --time --boottime`, which
-//! needs root, or unprivileged user namespaces). Places in line lapse on the boot-time clock, a
+//! needs root, or unprivileged user namespaces), and processes whose every clock libfaketime
+//! fakes (the boot-time one included). Places in line lapse on the boot-time clock, a
 //! skewed writer leaves the others' times as they wrote them, and processes in different time
 //! namespaces judge leases on one clock, the host's.
 
@@ -22,6 +23,10 @@ enum Clock {
     Host,
     /// The wall clock moved by this many seconds (libfaketime), the others left alone.
     Wall(i64),
+    /// Every clock libfaketime fakes moved by this many seconds: the wall clock, and the
+    /// monotonic and boot-time clocks too (libfaketime without `FAKETIME_DONT_FAKE_MONOTONIC`,
+    /// as the plain `faketime -f +1h CMD` runs it, makes them read the faked wall clock).
+    AllClocks(i64),
     /// In a time namespace whose boot-time (and monotonic) clock is this many seconds ahead.
     Namespace(u32),
 }
@@ -40,13 +45,15 @@ impl Worker {
         let mut c = match clock {
             Clock::Host => Command::new(&worker),
             // libfaketime preloaded directly (see clock_skew.rs).
-            Clock::Wall(secs) => {
+            Clock::Wall(secs) | Clock::AllClocks(secs) => {
                 leasehold_testkit::sweep_faketime_leftovers();
                 let mut c = Command::new(&worker);
                 c.env("LD_PRELOAD", libfaketime())
                     .env("FAKETIME", format!("{secs:+}s"))
-                    .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
                     .env("FAKETIME_NO_CACHE", "1");
+                if let Clock::Wall(_) = clock {
+                    c.env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+                }
                 c
             }
             Clock::Namespace(secs) => {
@@ -308,14 +315,19 @@ fn a_write_by_a_process_an_hour_ahead_leaves_the_holders_times_as_written() {
     }
 }
 
-/// Processes in different time namespaces (the host's, one an hour ahead, one two hours ahead)
-/// take turns holding a 10 s lease while each of the others tries it: every one is told it is
-/// held.
+/// Processes in different time namespaces (the host's, one an hour ahead, one two hours ahead),
+/// and one whose every clock libfaketime moves an hour ahead, take turns holding a 10 s lease
+/// while each of the others tries it: every one is told it is held.
 #[test]
 fn a_process_in_another_time_namespace_is_told_a_live_lease_is_held() {
     let d = Dir::new();
     let url = d.url.as_str();
-    let clocks = [Clock::Host, Clock::Namespace(3600), Clock::Namespace(7200)];
+    let clocks = [
+        Clock::Host,
+        Clock::Namespace(3600),
+        Clock::Namespace(7200),
+        Clock::AllClocks(3600),
+    ];
     for (i, holding) in clocks.into_iter().enumerate() {
         let key = format!("timens/held-{i}");
         let mut holder = Worker::start(holding, &["hold", url, &key, "10000"]);
@@ -335,7 +347,8 @@ fn a_process_in_another_time_namespace_is_told_a_live_lease_is_held() {
 
 /// A holder stopped with SIGSTOP keeps its kernel lock, so its lease ends by its TTL (2 s): a
 /// waiter in another time namespace takes it over then, neither at once nor an hour late. Both
-/// ways: a holder in the host's namespace and a waiter an hour ahead, and the other way round.
+/// ways: a holder in the host's namespace and a waiter an hour ahead, and the other way round;
+/// and the same with a process whose every clock libfaketime moves an hour ahead.
 #[test]
 fn a_stopped_holders_lease_ends_on_time_across_time_namespaces() {
     let d = Dir::new();
@@ -343,6 +356,8 @@ fn a_stopped_holders_lease_ends_on_time_across_time_namespaces() {
     let pairs = [
         (Clock::Host, Clock::Namespace(3600)),
         (Clock::Namespace(3600), Clock::Host),
+        (Clock::Host, Clock::AllClocks(3600)),
+        (Clock::AllClocks(3600), Clock::Host),
     ];
     for (i, (holding, waiting)) in pairs.into_iter().enumerate() {
         let key = format!("timens/stopped-{i}");

@@ -154,12 +154,23 @@ fn namespace(name: &str) -> Result<Option<std::path::PathBuf>, String> {
     }
 }
 
-/// `CLOCK_BOOTTIME` of this process's time namespace, in nanoseconds.
+/// `CLOCK_BOOTTIME` of this process's time namespace, in nanoseconds, asked of the kernel by the
+/// system call itself: a library preloaded to fake the clocks (libfaketime, which without
+/// `FAKETIME_DONT_FAKE_MONOTONIC` makes `clock_gettime(CLOCK_BOOTTIME)` read its faked wall
+/// clock) replaces the C library's `clock_gettime`, not the kernel's answer, which is the one
+/// every process of the host shares.
 fn boottime_ns() -> Option<i128> {
-    // SAFETY: an all-zero timespec is valid; clock_gettime fills it.
+    // SAFETY: an all-zero timespec is valid; the kernel fills it.
     let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
-    // SAFETY: ts is a valid out-pointer.
-    if unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) } != 0 {
+    // SAFETY: clock_gettime(2) with a clock id and a valid out-pointer, the arguments it takes.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_clock_gettime,
+            libc::CLOCK_BOOTTIME,
+            std::ptr::addr_of_mut!(ts),
+        )
+    };
+    if rc != 0 {
         return None;
     }
     Some(i128::from(ts.tv_sec) * 1_000_000_000 + i128::from(ts.tv_nsec))
