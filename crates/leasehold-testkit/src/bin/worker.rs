@@ -25,6 +25,14 @@
 //!
 //! `leasehold-worker probe STORE STEM TTL_MS`: for each line `N` read from stdin, try to acquire
 //! `STEM/N` once as `try` does, printing one line per try.
+//!
+//! `leasehold-worker inspect STORE KEY`: print `remaining MS waiter MS` (the lease's time left and
+//! the registered waiter's, by this process's wall clock; 0 for none), or `none`.
+//!
+//! With `LEASEHOLD_WORKER_LEAVE_TIMENS=SECS` in its environment, the worker first leaves its time
+//! namespace without an `exec`: it unshares a new one for its children (`CLONE_NEWTIME`, needing
+//! `CAP_SYS_ADMIN`) and gives that one a boot-time offset of SECS, so that
+//! `/proc/self/timens_offsets` describes a namespace the worker's own clocks are not in.
 
 use std::io::Write;
 use std::time::Duration;
@@ -136,8 +144,32 @@ async fn try_once(locks: &leasehold::Locks, key: leasehold::Key, ttl: u64) -> St
     }
 }
 
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() {
+/// See the module docs (`LEASEHOLD_WORKER_LEAVE_TIMENS`).
+fn leave_time_namespace(secs: &str) {
+    // SAFETY: unshare(2) with a flag and no pointers.
+    if unsafe { libc::unshare(libc::CLONE_NEWTIME) } != 0 {
+        fail(format!(
+            "unshare(CLONE_NEWTIME): {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    std::fs::write("/proc/self/timens_offsets", format!("boottime {secs} 0\n"))
+        .unwrap_or_else(|e| fail(format!("/proc/self/timens_offsets: {e}")));
+}
+
+fn main() {
+    if let Ok(secs) = std::env::var("LEASEHOLD_WORKER_LEAVE_TIMENS") {
+        leave_time_namespace(&secs);
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| fail(e.to_string()))
+        .block_on(run());
+}
+
+async fn run() {
     let args: Vec<String> = std::env::args().collect();
     let arg = |i: usize| {
         args.get(i)
@@ -291,6 +323,20 @@ async fn main() {
                 let key = leasehold::Key::new(name).unwrap_or_else(|e| fail(e.to_string()));
                 println!("{}", try_once(&locks, key, ttl).await);
                 let _ = std::io::stdout().flush();
+            }
+        }
+        "inspect" => {
+            let now = leasehold::now_ms();
+            match locks.store().inspect(&key).await {
+                Ok(Some(leasehold::Inspection::Record(r))) => {
+                    let waiter = match (&r.waiter_token, r.waiter_expires_ms) {
+                        (Some(_), Some(e)) => e.saturating_sub(now),
+                        _ => 0,
+                    };
+                    println!("remaining {} waiter {waiter}", r.remaining(now).as_millis());
+                }
+                Ok(_) => println!("none"),
+                Err(e) => fail(e.to_string()),
             }
         }
         other => fail(format!("unknown mode {other}")),

@@ -26,12 +26,18 @@
 //! damaged bytes or the µs clock, whichever is larger.
 //!
 //! # Clocks
-//! Each record keeps its deadlines (`expires`, `waiter_expires`) as wall-clock times for people
-//! and, in its `store` entries, as `expires_boottime_ms` and `waiter_expires_boottime_ms` on the
-//! boot-time clock with the `boot_id` of the boot that wrote them. A process of the same boot
-//! judges expiry on the boot-time stamps, so setting the wall clock (by hand, by an NTP step, or a
-//! process whose clock is faked) neither shortens nor lengthens a lease. After a reboot every
-//! holder is gone (the kernel locks are free) and the wall-clock times are used.
+//! Each record keeps its deadlines (the lease's `expires`, `waiter_expires`, each queued place's
+//! and each permit's `expires`) as wall-clock times for people, each as the process that set it
+//! wrote it, and, in its `store` entries, on the boot-time clock (`expires_boottime_ms`,
+//! `waiter_expires_boottime_ms`, `queue_expires_boottime_ms/<token>`,
+//! `permit_expires_boottime_ms/<token>`) with the `boot_id` of the boot that wrote them. A process
+//! of the same boot judges expiry on the boot-time stamps, so setting the wall clock (by hand, by
+//! an NTP step, or a process whose clock is faked) neither shortens nor lengthens a lease or a
+//! place in line; `inspect` and `list` show the deadlines on the reader's wall clock, from the
+//! stamps. After a reboot every holder is gone (the kernel locks are free) and the wall-clock
+//! times are used. A process in a Linux time namespace reads the boot-time clock less its
+//! namespace's offset, so every stamp is on the host's clock; one that cannot tell its offset is
+//! refused ([`Error::NotSupported`]; see `boot`).
 //!
 //! # Durability
 //! By default records are not fsynced: leases are about live processes, and without an OS crash the
@@ -193,15 +199,14 @@ impl Inner {
             }
             let (mut found, len) = read_record(file).map_err(|e| self.io_err("read", path, e))?;
             // Deadlines are judged on the host's boot-time clock (see `boot`).
-            let clocks = boot::now();
-            if let (Found::Record(r), Some(c)) = (&mut found, clocks) {
+            let clocks = self.clocks()?;
+            let raw = found.record().cloned();
+            if let (Found::Record(r), Some(c)) = (&mut found, &clocks) {
                 boot::view(r, c);
             }
             let (out, write) = f(&found);
             if let Some(mut rec) = write {
-                if let Some(c) = clocks {
-                    boot::stamp(&mut rec, found.record(), c);
-                }
+                boot::stamp(&mut rec, raw.as_ref(), found.record(), clocks.as_ref());
                 self.write_record(path, file, &rec, len)?;
             }
             Ok(Step::Done(out))
@@ -250,6 +255,15 @@ impl Inner {
 
     fn describe(&self) -> String {
         format!("file://{}", self.dir.display())
+    }
+
+    /// This process's clocks for a decision ([`boot::now`]); refused when its boot-time clock
+    /// cannot be placed on the host's.
+    fn clocks(&self) -> Result<Option<boot::Clocks>> {
+        boot::now().map_err(|why| Error::NotSupported {
+            store: self.describe(),
+            what: format!("judging leases on the host's boot-time clock from this process: {why}"),
+        })
     }
 
     fn acquire(&self, req: &AcquireRequest, wait: bool) -> Result<Option<AcquireOutcome>> {
@@ -475,7 +489,14 @@ impl Inner {
     fn inspection(&self, name: String, found: Found) -> Option<Inspection> {
         match found {
             Found::Missing => None,
-            Found::Record(r) => Some(Inspection::Record(r)),
+            Found::Record(mut r) => {
+                // The deadlines on this process's wall clock, from their boot-time stamps, as a
+                // decision would see them (left as written when this process cannot tell).
+                if let Ok(Some(c)) = boot::now() {
+                    boot::view(&mut r, &c);
+                }
+                Some(Inspection::Record(r))
+            }
             Found::Corrupt { detail, .. } => Some(Inspection::Corrupt { name, detail }),
         }
     }
