@@ -354,6 +354,9 @@ pub(crate) enum Fault {
     Restart,
     /// The store cut off by TCP proxies.
     Partition,
+    /// The store's answers to a client lost (its requests applied), its connections reset, and
+    /// the client then cut off.
+    LostAnswer,
     /// Clients whose wall clocks are off.
     Clock,
 }
@@ -367,6 +370,7 @@ impl Fault {
             Fault::Stop => "stop",
             Fault::Restart => "restart",
             Fault::Partition => "partition",
+            Fault::LostAnswer => "lost-answer",
             Fault::Clock => "clock",
         }
     }
@@ -438,7 +442,10 @@ pub(crate) struct TortureArgs {
 
     /// The faults, one phase each: none, kill, stop, restart (of the store's servers started
     /// here), partition (the store cut off from a client or from all by TCP proxies: latency,
-    /// black hole, resets; on etcd started here also a member from its peers), clock (clients whose wall clock is minutes off, an hour on the object stores) (comma-separated).
+    /// black hole, resets; on etcd started here also a member from its peers), lost-answer (the
+    /// store's answers to clients lost while their requests are applied, their connections
+    /// reset, then one of them cut off), clock (clients whose wall clock is minutes off, an hour
+    /// on the object stores) (comma-separated).
     #[arg(
         long,
         value_name = "FAULT,…",

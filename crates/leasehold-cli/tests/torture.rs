@@ -1,7 +1,9 @@
 //! `leasehold torture` with real processes: it finds violations where nothing excludes (each
 //! client on a memory store of its own, through the library or `leasehold run`) and none on the
 //! file store and on a private Redis (no fault, SIGKILL, SIGSTOP; on Redis also clients cut off
-//! from it by the `partition` fault's proxies), none with clients' wall clocks two minutes off
+//! from it by the `partition` fault's proxies; on Redis and PostgreSQL, locks and semaphores,
+//! grants whose answers were lost before their holder was cut off: `lost-answer`), none with
+//! clients' wall clocks two minutes off
 //! (`clock`) on the file store and on Cloud Storage (fake-gcs-server, a record-adapter store, also
 //! partitioned); every other store, its servers started by the command, keeps what it promises
 //! under kills and restarts (etcd also with a member partitioned from its peers; S3 on moto
@@ -356,26 +358,68 @@ fn a_record_store_keeps_exclusion_and_fences_with_skewed_wall_clocks_and_when_cu
 }
 
 #[test]
-fn partition_is_refused_where_there_is_no_network_to_cut() {
-    for store in ["file", "memory"] {
-        let out = Command::new(BIN)
-            .args([
-                "torture",
-                store,
-                "--faults",
-                "partition",
-                "--duration",
-                "1s",
-            ])
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{err}");
-        assert!(
-            err.contains("partition needs a store reached over TCP"),
-            "{err}"
-        );
+fn partition_and_lost_answers_are_refused_where_there_is_no_network_to_cut() {
+    for fault in ["partition", "lost-answer"] {
+        for store in ["file", "memory"] {
+            let out = Command::new(BIN)
+                .args(["torture", store, "--faults", fault, "--duration", "1s"])
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{fault} {store}: {err}");
+            assert!(
+                err.contains(&format!("{fault} needs a store reached over TCP")),
+                "{err}"
+            );
+            assert!(!err.contains("panicked"), "{err}");
+        }
     }
+}
+
+/// `lost-answer` on `kind`, with locks and with a semaphore of one permit, on one key: the
+/// store's answers to the waiting clients (or to all) lost while their requests are applied and
+/// the holders leave, so that the next grant is one whose answer is lost; their connections
+/// reset (they send again what they sent); the first of them to enter then cut off from the
+/// store for 1.5 TTL. A store that answers the repeated request with the grant as it stood, its
+/// expiry counted from the first request while the client counts from the repeat, leaves the
+/// cut-off holder inside, valid by its own clock, when the next client is granted the key: an
+/// overlap. Asserts none, and that the fault cut a client off after lost answers.
+fn keeps_exclusion_when_answers_are_lost(kind: &str, seed: &str) {
+    for mode in [&[][..], &["--permits", "1"][..]] {
+        let mut args = vec![kind, "--duration", "12s", "--faults", "lost-answer"];
+        args.extend(["--keys", "1", "--seed", seed]);
+        args.extend(mode);
+        let (code, rows, said) = torture_saying(&args, vec![]);
+        assert_eq!(code, 0, "{kind} {mode:?}: {rows:?}\n{said}");
+        assert_eq!(rows.len(), 1, "{rows:?}");
+        let row = &rows[0];
+        assert!(
+            n(row, "sections") > 0 && n(row, "faults_injected") > 0,
+            "{kind} {mode:?}: {row}"
+        );
+        assert_eq!(
+            (n(row, "overlaps"), n(row, "fence_violations")),
+            (0, 0),
+            "{kind} {mode:?}: {row}\n{said}"
+        );
+        let cut: u64 = said
+            .lines()
+            .find_map(|l| l.strip_prefix("leasehold torture: lost-answer: after "))
+            .and_then(|l| l.split(' ').next())
+            .and_then(|c| c.parse().ok())
+            .unwrap_or_else(|| panic!("no count of clients cut off: {said}"));
+        assert!(cut > 0, "{kind} {mode:?}: {said}");
+    }
+}
+
+#[test]
+fn redis_keeps_exclusion_when_answers_are_lost() {
+    keeps_exclusion_when_answers_are_lost("redis", "41");
+}
+
+#[test]
+fn postgres_keeps_exclusion_when_answers_are_lost() {
+    keeps_exclusion_when_answers_are_lost("postgres", "42");
 }
 
 #[test]

@@ -10,11 +10,24 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
-/// Writes per critical section, and the pause between them.
+/// Writes per critical section, at least, and the pause between them.
 const WRITES: usize = 3;
 const BETWEEN_WRITES: Duration = Duration::from_millis(2);
+
+/// The pause between the writes of a section held for `hold`: 2 ms, or a fiftieth of `hold`.
+fn between_writes(hold: Duration) -> Duration {
+    BETWEEN_WRITES.max(hold / 50)
+}
+
 /// How long a client waits for a key before it picks another.
 const WAIT: Duration = Duration::from_secs(2);
+
+/// How long a client whose sections are held for `hold` waits for a key: [`WAIT`], or ten
+/// sections' time (it waits behind the other clients' sections; one that gave up would leave
+/// behind the grant a lost answer kept from it).
+fn wait(hold: Duration) -> Duration {
+    WAIT.max(hold * 10)
+}
 
 /// What one client does.
 #[derive(Debug)]
@@ -28,6 +41,9 @@ pub(crate) struct Plan<'a> {
     pub(crate) via: Via,
     /// What the keys are.
     pub(crate) mode: Mode,
+    /// How long a critical section goes on writing, at least (its lease permitting): zero for
+    /// a few writes.
+    pub(crate) hold: Duration,
 }
 
 /// The permit a client takes next in `mode` (a writer one time in three on a read-write lock);
@@ -73,7 +89,7 @@ pub(crate) async fn run(plan: Plan<'_>) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
         let start = monotonic_ns();
         let suffix = permit_suffix(role.map(|r| (r, start)));
-        let guard = match builder.ttl(plan.ttl).wait(WAIT).acquire().await {
+        let guard = match builder.ttl(plan.ttl).wait(wait(plan.hold)).acquire().await {
             Ok(g) => g,
             Err(e) => {
                 tracing::debug!(error = %e, "torture client: not acquired");
@@ -88,17 +104,18 @@ pub(crate) async fn run(plan: Plan<'_>) -> Result<(), String> {
                 .map_err(|e| format!("resource: {e}"))
         };
         if !guard.is_stop_due() && say("E")? == "ok" {
-            for _ in 0..WRITES {
+            let until = tokio::time::Instant::now() + plan.hold;
+            for n in 1.. {
                 // A careful holder checks its lease before each write; the fence catches a
                 // holder paused between the check and the write.
                 if guard.is_stop_due() {
                     say("L")?;
                     break;
                 }
-                if say("W")? != "ok" {
+                if say("W")? != "ok" || (n >= WRITES && tokio::time::Instant::now() >= until) {
                     break;
                 }
-                tokio::time::sleep(BETWEEN_WRITES).await;
+                tokio::time::sleep(between_writes(plan.hold)).await;
             }
         }
         say("X")?;
@@ -115,7 +132,9 @@ async fn run_commands(plan: &Plan<'_>) -> Result<(), String> {
     let ttl = humantime::format_duration(plan.ttl)
         .to_string()
         .replace(' ', "");
-    let wait = humantime::format_duration(WAIT).to_string();
+    let wait = humantime::format_duration(wait(plan.hold))
+        .to_string()
+        .replace(' ', "");
     loop {
         let key = format!("torture/{}", rng.usize(..plan.keys.max(1)));
         let role = pick_role(plan.mode, &mut rng);
@@ -137,7 +156,7 @@ async fn run_commands(plan: &Plan<'_>) -> Result<(), String> {
             .arg(super::ARG)
             .arg("section")
             .arg(plan.socket)
-            .args([key.as_str(), plan.id])
+            .args([key.as_str(), plan.id, &plan.hold.as_millis().to_string()])
             .args(&section_permit)
             // What it says (a command stopped at a deadline) is what the faults cause.
             .stdin(Stdio::null())
@@ -156,12 +175,14 @@ async fn run_commands(plan: &Plan<'_>) -> Result<(), String> {
 /// fence of `LEASEHOLD_FENCE`, writes, leaves. Its section lasts while its process lives, and its
 /// lease is valid until `LEASEHOLD_DEADLINE`, by which `leasehold run` (or its group guard, when
 /// `run` is paused) kills it: a section alive past it is a late holder (its killer was starved),
-/// one alive when another client enters before it an overlap. `permit`: the role of the
-/// permit it runs under and when its `leasehold run` began to ask for it.
+/// one alive when another client enters before it an overlap. It goes on writing for `hold`
+/// (at least a few writes), but not past `LEASEHOLD_DEADLINE`. `permit`: the role of the permit
+/// it runs under and when its `leasehold run` began to ask for it.
 pub(crate) fn section(
     socket: &Path,
     key: &str,
     id: &str,
+    hold: Duration,
     permit: Option<(Role, u64)>,
 ) -> Result<(), String> {
     let number = |name: &str| {
@@ -180,11 +201,15 @@ pub(crate) fn section(
             .map_err(|e| format!("resource: {e}"))
     };
     if say("E")? == "ok" {
-        for _ in 0..WRITES {
-            if say("W")? != "ok" {
+        let until = std::time::Instant::now() + hold;
+        for n in 1.. {
+            if say("W")? != "ok"
+                || (n >= WRITES && std::time::Instant::now() >= until)
+                || (n >= WRITES && monotonic_ns() >= deadline)
+            {
                 break;
             }
-            std::thread::sleep(BETWEEN_WRITES);
+            std::thread::sleep(between_writes(hold));
         }
     }
     say("X")?;

@@ -12,6 +12,11 @@
 //! * `partition` — one client, or all of them, cut off from the store by the harness's TCP
 //!   proxies: latency, a black hole or resets ([`network`]); on an etcd cluster started here,
 //!   one time in three a member cut from its peers instead;
+//! * `lost-answer` — through the same proxies, the store's answers to some clients swallowed
+//!   while their requests are applied, their connections then reset (they retry what they
+//!   sent), and the first of them to enter a critical section cut off for 1.5 TTLs: a grant the
+//!   store answers again as it stood, its expiry counted from the first request while the client
+//!   counts from the retry, shows as an overlap ([`lose_answers`]);
 //! * `clock` — clients whose wall clock is minutes ahead or behind (an hour on the object stores) ([`clock`]).
 //! * `restart` — a store restart or failover, per kind ([`servers`]; only for servers started
 //!   here).
@@ -114,8 +119,8 @@ impl Mode {
 }
 
 /// The `main` of `leasehold __torture resource SOCKET MODE [HISTORY]`, `leasehold __torture client
-/// URL SOCKET ID KEYS TTL_MS SEED VIA MODE`, `leasehold __torture section SOCKET KEY ID [ROLE
-/// START]` and `leasehold __torture open URL MODE`.
+/// URL SOCKET ID KEYS TTL_MS SEED VIA MODE HOLD_MS`, `leasehold __torture section SOCKET KEY ID
+/// HOLD_MS [ROLE START]` and `leasehold __torture open URL MODE`.
 pub(crate) fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(2).collect();
     let result = match args.as_slice() {
@@ -134,7 +139,9 @@ pub(crate) fn main() -> ExitCode {
                 None => Err(format!("bad mode {mode:?}")),
             }
         }
-        [what, socket, key, id, permit @ ..] if what == "section" && matches!(permit.len(), 0 | 2) => {
+        [what, socket, key, id, hold_ms, permit @ ..]
+            if what == "section" && matches!(permit.len(), 0 | 2) =>
+        {
             let permit = match permit {
                 [role, start] => match (resource::Role::parse(role), start.parse::<u64>()) {
                     (Some(role), Ok(start)) => Ok(Some((role, start))),
@@ -142,14 +149,25 @@ pub(crate) fn main() -> ExitCode {
                 },
                 _ => Ok(None),
             };
+            let hold = hold_ms
+                .parse()
+                .map(Duration::from_millis)
+                .map_err(|_| "bad section arguments".to_owned());
             permit.and_then(|permit| {
-                client::section(Path::new(socket), key, id, permit)
+                client::section(Path::new(socket), key, id, hold?, permit)
                     .map_err(|e| format!("section: {e}"))
             })
         }
-        [what, url, socket, id, keys, ttl_ms, seed, via, mode] if what == "client" => {
-            match (keys.parse(), ttl_ms.parse(), seed.parse(), Via::parse(via), Mode::parse(mode)) {
-                (Ok(keys), Ok(ttl_ms), Ok(seed), Some(via), Some(mode)) => {
+        [what, url, socket, id, keys, ttl_ms, seed, via, mode, hold_ms] if what == "client" => {
+            match (
+                keys.parse(),
+                ttl_ms.parse(),
+                seed.parse(),
+                Via::parse(via),
+                Mode::parse(mode),
+                hold_ms.parse(),
+            ) {
+                (Ok(keys), Ok(ttl_ms), Ok(seed), Some(via), Some(mode), Ok(hold_ms)) => {
                     match crate::setup::runtime() {
                         Some(rt) => rt.block_on(client::run(client::Plan {
                             url,
@@ -160,6 +178,7 @@ pub(crate) fn main() -> ExitCode {
                             seed,
                             via,
                             mode,
+                            hold: Duration::from_millis(hold_ms),
                         })),
                         None => Err("no runtime".into()),
                     }
@@ -168,7 +187,7 @@ pub(crate) fn main() -> ExitCode {
             }
         }
         _ => Err(
-            "usage: leasehold __torture resource SOCKET MODE [HISTORY] | client URL SOCKET ID KEYS TTL_MS SEED VIA MODE | section SOCKET KEY ID [ROLE START] | open URL MODE"
+            "usage: leasehold __torture resource SOCKET MODE [HISTORY] | client URL SOCKET ID KEYS TTL_MS SEED VIA MODE HOLD_MS | section SOCKET KEY ID HOLD_MS [ROLE START] | open URL MODE"
                 .into(),
         ),
     };
@@ -360,12 +379,34 @@ impl Run<'_> {
         let stores = &mut self.stores;
         let resource = &mut self.resource;
         let mut rng = fastrand::Rng::with_seed(seed);
-        // partition: each client reaches the store through proxies of its own.
+        // partition, lost-answer: each client reaches the store through proxies of its own.
+        // lost-answer: the clients' store calls time out after 2/5 of the TTL unless the URL
+        // says otherwise, so that a call whose answer is lost is sent again within the lease's
+        // life; and their critical sections last a TTL, so that a holder cut off is still inside
+        // when its lease could expire.
         let mut routes = vec![];
-        if fault == Fault::Partition {
+        let mut timeout = Duration::ZERO;
+        let mut hold = Duration::ZERO;
+        if matches!(fault, Fault::Partition | Fault::LostAnswer) {
+            let url = if fault == Fault::LostAnswer {
+                let (url, t) = network::with_timeout(store, args.ttl * 2 / 5)
+                    .map_err(|e| Failure::new(USAGE, format!("{fault}: {e}")))?;
+                if t >= args.ttl {
+                    eprintln!(
+                        "leasehold torture: {fault}: the store's timeout ({}) is not below the TTL ({}): a call whose answer is lost is sent again after the lease could expire, and the fault shows nothing",
+                        crate::output::duration(t),
+                        crate::output::duration(args.ttl)
+                    );
+                }
+                timeout = t;
+                hold = args.ttl;
+                url
+            } else {
+                store.to_owned()
+            };
             for _ in 0..args.clients {
                 routes.push(
-                    network::Route::new(store)
+                    network::Route::new(&url, fault.as_str())
                         .await
                         .map_err(|e| Failure::new(USAGE, e))?,
                 );
@@ -408,6 +449,7 @@ impl Run<'_> {
                             .to_string(),
                         args.via[i % args.via.len()].as_str(),
                         &mode,
+                        &hold.as_millis().to_string(),
                     ],
                     &env,
                 )?;
@@ -421,6 +463,8 @@ impl Run<'_> {
             clients.push(spawn(i, 0, skewed)?);
         }
         let mut generation = 1;
+        // lost-answer: the injections after which a client was cut off.
+        let mut cut_off = 0u64;
         // partition: the cuts of each member of a cluster started here from its peers.
         let mut member_cuts = vec![0u64; stores.peers().map_or(0, |p| p.members())];
         let start = Instant::now();
@@ -467,6 +511,13 @@ impl Run<'_> {
                     cut.apply(&routes, peers).await;
                     injected += 1;
                 }
+                (Fault::LostAnswer, _) => {
+                    let ids: Vec<&str> = clients.iter().map(|(id, _)| id.as_str()).collect();
+                    let lost =
+                        lose_answers(resource, &routes, &ids, &mut rng, timeout, args.ttl).await?;
+                    cut_off += u64::from(lost);
+                    injected += 1;
+                }
                 (Fault::Clock, Some(_)) => {
                     let (id, child) = &mut clients[i];
                     kill_client(resource, id, child).await?;
@@ -504,6 +555,11 @@ impl Run<'_> {
                 injected - of_members
             );
         }
+        if fault == Fault::LostAnswer {
+            eprintln!(
+                "leasehold torture: lost-answer: after {cut_off} of {injected} injections a client whose answers were lost entered a critical section, and was cut off"
+            );
+        }
         for (id, mut child) in clients {
             kill_client(resource, &id, &mut child).await?;
         }
@@ -533,6 +589,61 @@ impl Run<'_> {
             unpromised_overlaps,
             unpromised_fence_violations,
         })
+    }
+}
+
+/// One injection of `lost-answer` (see [`network::LostAnswers`]): the answers of some of the
+/// clients (`ids`, each on its route) lost while the holders leave their sections and the next
+/// grants are made, until the calls time out; then their connections reset, and the first of
+/// them to enter a critical section within a TTL cut off for 1.5 TTL (a holder whose lease the
+/// store counts from a call older than the one it heard would be inside, valid by its own clock,
+/// when another client is granted the lease). Whether a client was cut off.
+async fn lose_answers(
+    resource: &mut Resource,
+    routes: &[network::Route],
+    ids: &[&str],
+    rng: &mut fastrand::Rng,
+    timeout: Duration,
+    ttl: Duration,
+) -> Result<bool, Failure> {
+    let answer = ask(resource, "I")?;
+    let inside: Vec<&str> = answer.split(' ').skip(1).collect();
+    let waiting: Vec<usize> = (0..ids.len())
+        .filter(|i| !inside.contains(&ids[*i]))
+        .collect();
+    let lost = network::LostAnswers::pick(rng, ids.len(), &waiting, timeout, ttl);
+    lost.set(routes, network::Link::Mute);
+    // The holders leave at their next write; once they have (within the timeout), the next
+    // grants are made while the answers are lost.
+    let answer = ask(resource, "V")?;
+    let leaving: Vec<&str> = answer.split(' ').skip(1).collect();
+    let by = Instant::now() + timeout;
+    while Instant::now() < by {
+        let answer = ask(resource, "I")?;
+        if !answer.split(' ').skip(1).any(|c| leaving.contains(&c)) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    tokio::time::sleep(lost.after_leaving).await;
+    lost.set(routes, network::Link::Up);
+    let since = crate::process::group_guard::monotonic_ns();
+    let until = Instant::now() + ttl;
+    loop {
+        let answer = ask(resource, &format!("F {since}"))?;
+        let entered: Vec<&str> = answer.split(' ').skip(1).collect();
+        if let Some(&c) = lost
+            .muted
+            .iter()
+            .find(|c| ids.get(**c).is_some_and(|id| entered.contains(id)))
+        {
+            lost.cut_off(routes, c).await;
+            return Ok(true);
+        }
+        if Instant::now() >= until {
+            return Ok(false);
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
     }
 }
 
@@ -651,7 +762,7 @@ fn print_rows(args: &TortureArgs, seed: u64, rows: &[Row], note: Option<&str>) {
         return;
     }
     println!(
-        "{:<14} {:<9} {:>9} {:>7} {:>9} {:>15} {:>13} {:>16} {:>12} {:>10}",
+        "{:<14} {:<11} {:>9} {:>7} {:>9} {:>15} {:>13} {:>16} {:>12} {:>10}",
         "STORE",
         "FAULT",
         "SECTIONS",
@@ -675,7 +786,7 @@ fn print_rows(args: &TortureArgs, seed: u64, rows: &[Row], note: Option<&str>) {
             )
         };
         println!(
-            "{:<14} {:<9} {:>9} {:>7} {:>9} {:>15} {:>13} {:>16} {:>12} {:>10}",
+            "{:<14} {:<11} {:>9} {:>7} {:>9} {:>15} {:>13} {:>16} {:>12} {:>10}",
             args.kind,
             r.fault,
             c.sections,

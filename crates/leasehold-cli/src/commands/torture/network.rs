@@ -1,13 +1,14 @@
-//! The `partition` fault of `leasehold torture`: each client reaches the store through TCP
-//! proxies of the harness, one set per client, so that one client (or every client at once) can
-//! be cut off from the store while the others go on; and on an etcd cluster the run starts, each
-//! member's peers reach it through a proxy of the harness ([`Peers`]), so that a member can be
-//! partitioned from its peers.
+//! The `partition` and `lost-answer` faults of `leasehold torture`: each client reaches the store
+//! through TCP proxies of the harness, one set per client, so that one client (or every client at
+//! once) can be cut off from the store while the others go on, or have the store's answers lost
+//! ([`Link::Mute`], [`LostAnswers`]); and on an etcd cluster the run starts, each member's peers
+//! reach it through a proxy of the harness ([`Peers`]), so that a member can be partitioned from
+//! its peers.
 //!
 //! Every loopback address with a port in the store URL (`127.0.0.1:PORT`, `localhost:PORT`,
 //! `[::1]:PORT`, in the host part or in a query parameter such as `endpoint=`) is rewritten to a
 //! proxy's port on the same host. A proxy forwards bytes unchanged in the [`Link::Up`] state, and
-//! otherwise as its [`Link`] says: slowed, black-holed, or reset. A URL with no loopback address
+//! otherwise as its [`Link`] says: slowed, answers lost, black-holed, or reset. A URL with no loopback address
 //! (the file and memory stores, a remote server) cannot be partitioned, and nor can Redis Sentinel
 //! and Redis Cluster URLs, whose clients learn other nodes' addresses from the servers.
 //!
@@ -40,6 +41,11 @@ pub(crate) enum Link {
     Up,
     /// Each chunk, either way, is held this long before it is passed on (added latency).
     Slow(Duration),
+    /// The client's bytes reach the store, the store's answers are read and dropped: the store
+    /// does what it is asked and its client hears nothing. Every connection open while the link
+    /// is muted is reset (RST) once it is no longer: its byte stream lost answers, and its client
+    /// connects again and retries.
+    Mute,
     /// Nothing passes either way, and nothing is closed: what is read is held until the link is
     /// up again (a black hole: a partition that neither side sees as such).
     Hole,
@@ -53,8 +59,9 @@ impl Link {
         match self {
             Link::Up => 0,
             Link::Slow(_) => 1,
-            Link::Hole => 2,
-            Link::Reset => 3,
+            Link::Mute => 2,
+            Link::Hole => 3,
+            Link::Reset => 4,
         }
     }
 }
@@ -107,21 +114,20 @@ pub(crate) struct Route {
 }
 
 impl Route {
-    /// Starts the proxies for `url` (see the module documentation); a usage error when the URL
-    /// cannot be partitioned.
-    pub(crate) async fn new(url: &str) -> Result<Route, String> {
+    /// Starts the proxies for `url` (see the module documentation); a usage error, naming the
+    /// `fault` that needs them, when the URL cannot be proxied.
+    pub(crate) async fn new(url: &str, fault: &str) -> Result<Route, String> {
         let scheme = url.split("://").next().unwrap_or_default();
         if scheme.contains("+sentinel") || scheme.contains("+cluster") {
             return Err(format!(
-                "partition cannot proxy {scheme}:// stores: their clients learn the other nodes' addresses from the servers and would go around the proxy"
+                "{fault} cannot proxy {scheme}:// stores: their clients learn the other nodes' addresses from the servers and would go around the proxy"
             ));
         }
         let found = loopback_addresses(url);
         if found.is_empty() {
-            return Err(
-                "partition needs a store reached over TCP on this host (127.0.0.1:PORT, localhost:PORT or [::1]:PORT in the store URL); the file and memory stores have no network to cut"
-                    .into(),
-            );
+            return Err(format!(
+                "{fault} needs a store reached over TCP on this host (127.0.0.1:PORT, localhost:PORT or [::1]:PORT in the store URL); the file and memory stores have no network to cut"
+            ));
         }
         let (link, _) = watch::channel(vec![Link::Up]);
         let mut proxies: Vec<((String, u16), u16)> = vec![];
@@ -451,21 +457,25 @@ fn reset(stream: TcpStream) {
     drop(stream);
 }
 
-/// Passes bytes between `a` and `b` as `link` says, until either closes, the link resets, or the
-/// proxies are dropped.
+/// Passes bytes between the client `a` and the server `b` as `link` says, until either closes,
+/// the link resets, a connection that was muted is no longer, or the proxies are dropped.
 async fn forward(mut a: TcpStream, mut b: TcpStream, mut link: Watch) {
     let _ = a.set_nodelay(true);
     let _ = b.set_nodelay(true);
     let mut from_a = vec![0u8; 16 * 1024];
     let mut from_b = vec![0u8; 16 * 1024];
+    // Whether the link was muted while this connection was open: its answers may be lost, so it
+    // is reset once the link is no longer muted.
+    let mut muted = false;
     loop {
         let now = link.now();
+        muted |= now == Link::Mute;
+        if now == Link::Reset || (muted && now != Link::Mute) {
+            reset(a);
+            reset(b);
+            return;
+        }
         match now {
-            Link::Reset => {
-                reset(a);
-                reset(b);
-                return;
-            }
             Link::Hole => {
                 // Nothing is read: the kernel's buffers fill, the peers wait.
                 if !link.changed().await {
@@ -473,7 +483,7 @@ async fn forward(mut a: TcpStream, mut b: TcpStream, mut link: Watch) {
                 }
                 continue;
             }
-            Link::Up | Link::Slow(_) => {}
+            Link::Up | Link::Slow(_) | Link::Mute | Link::Reset => {}
         }
         let (n, a_to_b) = tokio::select! {
             changed = link.changed() => {
@@ -491,11 +501,18 @@ async fn forward(mut a: TcpStream, mut b: TcpStream, mut link: Watch) {
                 _ => return,
             },
         };
-        // The chunk goes as the link is now: held through a black hole, dropped with a reset.
+        // The chunk goes as the link is now: held through a black hole, dropped with a reset; an
+        // answer is dropped while muted.
         loop {
             let now = link.now();
+            muted |= now == Link::Mute;
+            if now == Link::Reset || (muted && now != Link::Mute) {
+                reset(a);
+                reset(b);
+                return;
+            }
             match now {
-                Link::Up => break,
+                Link::Up | Link::Mute | Link::Reset => break,
                 Link::Slow(d) => {
                     tokio::time::sleep(d).await;
                     break;
@@ -505,12 +522,11 @@ async fn forward(mut a: TcpStream, mut b: TcpStream, mut link: Watch) {
                         return;
                     }
                 }
-                Link::Reset => {
-                    reset(a);
-                    reset(b);
-                    return;
-                }
             }
+        }
+        if muted && !a_to_b {
+            // A lost answer.
+            continue;
         }
         let written = if a_to_b {
             b.write_all(&from_a[..n]).await
@@ -600,6 +616,96 @@ impl Cut {
     }
 }
 
+/// One injection of the `lost-answer` fault: whose answers the store's proxies swallow and for
+/// how long, and for how long the first of them to enter a critical section after the resets is
+/// then cut off.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct LostAnswers {
+    /// The clients whose answers are lost.
+    pub(crate) muted: Vec<usize>,
+    /// How long the answers stay lost once the holders have left their sections: the clients'
+    /// store timeout and 0.3 TTL more. A grant made to a waiter polling within a third of a TTL
+    /// of the leaving is then sent again, after the resets, 0.3 TTL to the timeout and 0.3 TTL
+    /// later than it was first: a holder of a lease counted from the first request would have
+    /// it expire on the store 0.4 to 0.7 TTL before its own `valid_until`, past the loss grace.
+    pub(crate) after_leaving: Duration,
+    /// How long the first of them to enter a critical section after the resets is black-holed.
+    pub(crate) cut: Duration,
+}
+
+impl LostAnswers {
+    /// A seeded choice among `clients` clients, of which `waiting` are inside no critical section
+    /// (those whose next grant can be the one whose answer is lost), for clients whose store
+    /// calls time out after `timeout`, with leases of `ttl`: every client one time in two, else
+    /// every waiting client (every client when none waits); their answers lost until `timeout`
+    /// and 0.3 TTL after the holders left, the first of them to enter then cut off for 1.5 TTL.
+    pub(crate) fn pick(
+        rng: &mut fastrand::Rng,
+        clients: usize,
+        waiting: &[usize],
+        timeout: Duration,
+        ttl: Duration,
+    ) -> LostAnswers {
+        let muted = if rng.bool() || waiting.is_empty() {
+            (0..clients).collect()
+        } else {
+            waiting.to_vec()
+        };
+        LostAnswers {
+            muted,
+            after_leaving: timeout + ttl.mul_f64(0.3),
+            cut: ttl * 3 / 2,
+        }
+    }
+
+    /// Switches the muted clients' routes to `link`: [`Link::Mute`], then [`Link::Up`] (which
+    /// resets the connections that were muted).
+    pub(crate) fn set(&self, routes: &[Route], link: Link) {
+        for r in self.muted.iter().filter_map(|c| routes.get(*c)) {
+            r.set(link);
+        }
+    }
+
+    /// Black-holes `routes[client]` for the time chosen, then lets it up again.
+    pub(crate) async fn cut_off(&self, routes: &[Route], client: usize) {
+        if let Some(r) = routes.get(client) {
+            r.set(Link::Hole);
+            tokio::time::sleep(self.cut).await;
+            r.set(Link::Up);
+        }
+    }
+}
+
+/// The value of the `timeout=` parameter of a store URL (the store's per-call timeout), if it
+/// has one; an error when it is not a duration.
+pub(crate) fn url_timeout(url: &str) -> Result<Option<Duration>, String> {
+    let Some((_, query)) = url.split_once('?') else {
+        return Ok(None);
+    };
+    query
+        .rsplit('&')
+        .filter_map(|pair| pair.split_once('='))
+        .find(|(name, _)| *name == "timeout")
+        .map(|(_, v)| {
+            crate::cli::parse_duration(v).map_err(|e| format!("the store URL's timeout={v}: {e}"))
+        })
+        .transpose()
+}
+
+/// `url` with `timeout=` set to `timeout` when it sets none, and the per-call timeout its
+/// clients then have.
+pub(crate) fn with_timeout(url: &str, timeout: Duration) -> Result<(String, Duration), String> {
+    if let Some(t) = url_timeout(url)? {
+        return Ok((url.to_owned(), t));
+    }
+    let ms = timeout.as_millis().max(1);
+    let sep = if url.contains('?') { '&' } else { '?' };
+    Ok((
+        format!("{url}{sep}timeout={ms}ms"),
+        Duration::from_millis(u64::try_from(ms).unwrap_or(u64::MAX)),
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -646,9 +752,12 @@ mod tests {
 
     #[tokio::test]
     async fn a_route_rewrites_each_address_to_one_proxy_and_refuses_what_it_cannot_cut() {
-        let r = Route::new("redlock://127.0.0.1:7001,localhost:7002,127.0.0.1:7001")
-            .await
-            .unwrap();
+        let r = Route::new(
+            "redlock://127.0.0.1:7001,localhost:7002,127.0.0.1:7001",
+            "partition",
+        )
+        .await
+        .unwrap();
         let ports: Vec<u16> = loopback_addresses(&r.url).iter().map(|a| a.port).collect();
         assert_eq!(ports.len(), 3);
         assert_eq!(ports[0], ports[2]);
@@ -659,7 +768,7 @@ mod tests {
             "redis+sentinel://127.0.0.1:26379/m",
             "redis+cluster://127.0.0.1:7000",
         ] {
-            assert!(Route::new(refused).await.is_err(), "{refused}");
+            assert!(Route::new(refused, "partition").await.is_err(), "{refused}");
         }
     }
 
@@ -686,7 +795,7 @@ mod tests {
                 });
             }
         });
-        let route = Route::new(&format!("redis://127.0.0.1:{port}"))
+        let route = Route::new(&format!("redis://127.0.0.1:{port}"), "partition")
             .await
             .unwrap();
         let proxied = loopback_addresses(&route.url)[0].port;
@@ -724,6 +833,110 @@ mod tests {
         let mut e = TcpStream::connect(("127.0.0.1", proxied)).await.unwrap();
         assert_eq!(&round_trip(&mut e).await.unwrap(), b"ping");
         echo.abort();
+    }
+
+    #[tokio::test]
+    async fn a_muted_proxy_passes_requests_loses_answers_then_resets() {
+        // An echo server that also tells the test what it received.
+        let server = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = server.local_addr().unwrap().port();
+        let (seen, mut received) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
+        let echo = tokio::spawn(async move {
+            loop {
+                let (mut s, _) = server.accept().await.unwrap();
+                let seen = seen.clone();
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 64];
+                    while let Ok(n) = s.read(&mut buf).await {
+                        let _ = seen.send(buf[..n].to_vec());
+                        if n == 0 || s.write_all(&buf[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        let route = Route::new(&format!("redis://127.0.0.1:{port}"), "lost-answer")
+            .await
+            .unwrap();
+        let proxied = loopback_addresses(&route.url)[0].port;
+        let mut c = TcpStream::connect(("127.0.0.1", proxied)).await.unwrap();
+        assert_eq!(&round_trip(&mut c).await.unwrap(), b"ping");
+        assert_eq!(received.recv().await.unwrap(), b"ping");
+        // Muted: the request reaches the server, its answer never comes; a connection made
+        // meanwhile is muted too.
+        route.set(Link::Mute);
+        c.write_all(b"lost").await.unwrap();
+        assert_eq!(received.recv().await.unwrap(), b"lost");
+        let mut buf = [0u8; 4];
+        let lost = tokio::time::timeout(Duration::from_millis(200), c.read_exact(&mut buf)).await;
+        assert!(lost.is_err(), "an answer went through: {buf:?}");
+        let mut d = TcpStream::connect(("127.0.0.1", proxied)).await.unwrap();
+        d.write_all(b"also").await.unwrap();
+        assert_eq!(received.recv().await.unwrap(), b"also");
+        // Unmuted: both connections are reset, the lost answers never delivered; a new one
+        // passes.
+        route.set(Link::Up);
+        for conn in [&mut c, &mut d] {
+            let err = conn.read(&mut buf).await;
+            assert!(
+                err.as_ref()
+                    .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset),
+                "{err:?}"
+            );
+        }
+        let mut e = TcpStream::connect(("127.0.0.1", proxied)).await.unwrap();
+        assert_eq!(&round_trip(&mut e).await.unwrap(), b"ping");
+        echo.abort();
+    }
+
+    #[test]
+    fn lost_answers_give_the_clients_a_timeout_below_the_ttl_unless_their_url_has_one() {
+        let ms = Duration::from_millis;
+        assert_eq!(
+            with_timeout("redis://127.0.0.1:1/0", ms(400)).unwrap(),
+            ("redis://127.0.0.1:1/0?timeout=400ms".to_owned(), ms(400))
+        );
+        assert_eq!(
+            with_timeout("gs://b/p?endpoint=http://127.0.0.1:2", ms(400)).unwrap(),
+            (
+                "gs://b/p?endpoint=http://127.0.0.1:2&timeout=400ms".to_owned(),
+                ms(400)
+            )
+        );
+        // The URL's own timeout is kept; `replicas_timeout` is another parameter.
+        let url = "redis://127.0.0.1:1/0?replicas_timeout=1s&timeout=3s";
+        assert_eq!(
+            with_timeout(url, ms(400)).unwrap(),
+            (url.to_owned(), Duration::from_secs(3))
+        );
+        assert_eq!(
+            url_timeout("redis://127.0.0.1:1/0?replicas_timeout=1s").unwrap(),
+            None
+        );
+        assert!(url_timeout("redis://127.0.0.1:1/0?timeout=soon").is_err());
+    }
+
+    #[test]
+    fn lost_answers_are_every_clients_or_the_waiting_ones() {
+        let ttl = Duration::from_secs(1);
+        let timeout = Duration::from_millis(400);
+        let mut rng = fastrand::Rng::with_seed(7);
+        let (mut all, mut waiting) = (0, 0);
+        for _ in 0..100 {
+            let lost = LostAnswers::pick(&mut rng, 5, &[1, 3], timeout, ttl);
+            assert_eq!(lost.after_leaving, Duration::from_millis(700));
+            assert_eq!(lost.cut, Duration::from_millis(1500));
+            match lost.muted.as_slice() {
+                [0, 1, 2, 3, 4] => all += 1,
+                [1, 3] => waiting += 1,
+                other => panic!("{other:?}"),
+            }
+        }
+        assert!(all > 20 && waiting > 20, "{all} {waiting}");
+        // Nobody waiting: every client.
+        let lost = LostAnswers::pick(&mut rng, 3, &[], timeout, ttl);
+        assert_eq!(lost.muted, [0, 1, 2]);
     }
 
     #[test]

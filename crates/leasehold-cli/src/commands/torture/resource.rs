@@ -11,7 +11,11 @@
 //!   was inside; it leaves next;
 //! * `S CLIENT` / `D CLIENT` — from the harness, before it stops / kills that client; `K CLIENT`
 //!   after the kill (its section ends with it);
-//! * `Q` — the counts since the last `Q`, as JSON.
+//! * `Q` — the counts since the last `Q`, as JSON (`P`: the same, not reset);
+//! * `V` — the clients inside a critical section now (answered `leaving C1 C2 …`) are to leave
+//!   it: the next write of each is answered `leave` (refused, not counted);
+//! * `I` — the clients inside a critical section now (`inside C1 C2 …`); `F SINCE` — those that
+//!   entered one at or after `SINCE` (CLOCK_MONOTONIC ns; `entered C1 C2 …`).
 //!
 //! `VALID` is the sender's lease's `valid_until` as an absolute CLOCK_MONOTONIC time in
 //! nanoseconds, the clock every process of the host reads alike. Two clients inside one key at
@@ -196,6 +200,10 @@ struct State {
     /// before the kill may arrive after the harness's word, and a killed client never comes back
     /// (its replacement has an id of its own).
     dying: std::collections::HashSet<String>,
+    /// When each client last entered a critical section (CLOCK_MONOTONIC ns).
+    entered: HashMap<String, u64>,
+    /// Clients told to leave their critical section: their next write is answered `leave`.
+    leaving: std::collections::HashSet<String>,
     counts: Counts,
     /// Where each request and its answer are written.
     history: Option<std::io::BufWriter<std::fs::File>>,
@@ -215,6 +223,8 @@ impl State {
             keys: HashMap::new(),
             late: HashMap::new(),
             dying: std::collections::HashSet::new(),
+            entered: HashMap::new(),
+            leaving: std::collections::HashSet::new(),
             counts: Counts::default(),
             history: None,
         }
@@ -237,10 +247,62 @@ impl State {
     /// Answers one request line received on connection `conn`.
     fn answer(&mut self, line: &str, conn: u64) -> String {
         let parts: Vec<&str> = line.split_whitespace().collect();
+        // A client told to leave: its next write is refused; a section it entered or left since
+        // is judged as any other.
+        if let [op @ ("E" | "W" | "X"), _, _, client, ..] = parts.as_slice() {
+            if self.leaving.remove(*client) && *op == "W" {
+                return "leave".into();
+            }
+        }
         match parts.as_slice() {
             ["Q"] => std::mem::take(&mut self.counts).json().to_string(),
             // The counts so far, kept (a progress line).
             ["P"] => self.counts.json().to_string(),
+            // The clients inside a critical section now, space-separated.
+            ["I"] => {
+                let mut inside: Vec<&str> = self
+                    .keys
+                    .values()
+                    .flat_map(|k| k.inside.iter().chain(&k.holders))
+                    .map(|i| i.client.as_str())
+                    .collect();
+                inside.sort_unstable();
+                inside.dedup();
+                format!("inside {}", inside.join(" ")).trim_end().to_owned()
+            }
+            // The clients that entered a critical section at or after `since` (CLOCK_MONOTONIC
+            // ns), space-separated.
+            ["F", since] => {
+                let Ok(since) = since.parse::<u64>() else {
+                    return "error: bad number".into();
+                };
+                let mut entered: Vec<&str> = self
+                    .entered
+                    .iter()
+                    .filter(|(_, at)| **at >= since)
+                    .map(|(c, _)| c.as_str())
+                    .collect();
+                entered.sort_unstable();
+                format!("entered {}", entered.join(" "))
+                    .trim_end()
+                    .to_owned()
+            }
+            // The clients inside now leave: each one's next write is answered `leave`.
+            ["V"] => {
+                let mut inside: Vec<String> = self
+                    .keys
+                    .values()
+                    .flat_map(|k| k.inside.iter().chain(&k.holders))
+                    .map(|i| i.client.clone())
+                    .collect();
+                inside.sort_unstable();
+                inside.dedup();
+                let answer = format!("leaving {}", inside.join(" "))
+                    .trim_end()
+                    .to_owned();
+                self.leaving.extend(inside);
+                answer
+            }
             ["K", client] => {
                 for k in self.keys.values_mut() {
                     if k.inside.as_ref().is_some_and(|i| i.client == *client) {
@@ -374,6 +436,7 @@ impl State {
             });
             self.counts.sections += 1;
             self.late.insert(client.to_owned(), false);
+            self.entered.insert(client.to_owned(), now);
         } else if let Some(i) = k.inside.as_mut().filter(|_| inside_me) {
             i.valid = valid;
         }
@@ -533,6 +596,7 @@ impl State {
         k.entries.push((now, highest));
         self.counts.sections += 1;
         self.late.insert(h.client.to_owned(), false);
+        self.entered.insert(h.client.to_owned(), now);
         "ok".into()
     }
 }
@@ -750,6 +814,57 @@ mod tests {
         assert_eq!(at(&mut s, "E k 10 f - r 1", 7), "ok");
         let c = counts(&mut s);
         assert_eq!((c.overlaps, c.paused_overlaps), (0, 1));
+    }
+
+    #[test]
+    fn a_holder_cut_off_while_its_lease_is_valid_by_its_own_clock_is_an_overlap() {
+        // lost-answer: a was granted the key again as it stood, so the store's expiry of its
+        // lease is older than a's own `valid_until`; a is then cut off from the store (neither
+        // stopped nor killed by the harness) and still inside, valid for a minute by its clock,
+        // when b is granted: an overlap, never excused as a paused one. c, whose lease had run
+        // out by its own clock, is a late holder beside d: a paused overlap.
+        let valid = crate::process::group_guard::monotonic_ns() + 60_000_000_000;
+        for (mode, permit) in [(Mode::Lock, ""), (Mode::Semaphore(1), " p 1")] {
+            let mut s = State::new(mode);
+            for (line, conn) in [
+                (format!("E k 5 a {valid}{permit}"), 1),
+                (format!("W k 5 a {valid}{permit}"), 1),
+                (format!("E k 6 b {valid}{permit}"), 2),
+                (format!("E j 5 c 1{permit}"), 3),
+                (format!("E j 6 d {valid}{permit}"), 4),
+            ] {
+                assert_eq!(s.answer(&line, conn), "ok", "{mode:?}: {line}");
+            }
+            let c = counts(&mut s);
+            assert_eq!(
+                (c.overlaps, c.paused_overlaps, c.unsignalled),
+                (1, 1, 1),
+                "{mode:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_harness_learns_who_is_inside_and_who_entered_and_can_make_holders_leave() {
+        let mut s = State::new(Mode::Semaphore(2));
+        let before = crate::process::group_guard::monotonic_ns();
+        assert_eq!(s.answer("I", 9), "inside");
+        assert_eq!(s.answer("E k 5 a - p 1", 1), "ok");
+        assert_eq!(s.answer("E k 6 b - p 1", 2), "ok");
+        assert_eq!(s.answer("I", 9), "inside a b");
+        assert_eq!(s.answer(&format!("F {before}"), 9), "entered a b");
+        assert_eq!(s.answer(&format!("F {}", u64::MAX), 9), "entered");
+        // Told to leave: each holder's next write is refused (once, and not counted).
+        assert_eq!(s.answer("V", 9), "leaving a b");
+        assert_eq!(s.answer("W k 5 a - p 1", 1), "leave");
+        assert_eq!(s.answer("W k 5 a - p 1", 1), "ok");
+        // b left before its next write: its next section is judged as any other.
+        assert_eq!(s.answer("X k 6 b - p 1", 2), "ok");
+        assert_eq!(s.answer("E k 7 b - p 1", 2), "ok");
+        assert_eq!(s.answer("W k 7 b - p 1", 2), "ok");
+        assert_eq!(s.answer("I", 9), "inside a b");
+        let c = counts(&mut s);
+        assert_eq!((c.sections, c.writes, c.overlaps), (3, 2, 0));
     }
 
     #[test]

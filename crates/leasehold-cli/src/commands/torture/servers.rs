@@ -68,7 +68,7 @@ pub(crate) struct Promise {
 }
 
 /// What each store promises under `fault` (from its page of the documentation): every store keeps
-/// both under `none`, `kill` and `stop`; under `restart`, a Redis server restarted empty and an
+/// both under `none`, `kill`, `stop`, `partition` and `lost-answer`; under `restart`, a Redis server restarted empty and an
 /// asynchronous Sentinel failover lose grants and fence counters, so neither is promised.
 pub(crate) fn promises(kind: &str, fault: Fault) -> Promise {
     let lost = fault == Fault::Restart && matches!(kind, "redis" | "redis-sentinel");
@@ -555,7 +555,13 @@ mod tests {
     #[test]
     fn only_a_store_that_loses_data_on_restart_is_excused() {
         for kind in KINDS {
-            for fault in [Fault::None, Fault::Kill, Fault::Stop] {
+            for fault in [
+                Fault::None,
+                Fault::Kill,
+                Fault::Stop,
+                Fault::Partition,
+                Fault::LostAnswer,
+            ] {
                 assert_eq!(
                     promises(kind, fault),
                     Promise {
