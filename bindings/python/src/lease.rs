@@ -115,16 +115,60 @@ impl Cancel {
 }
 
 /// A lease this process holds, renewed in the background until released. Dropping it without
-/// `release` releases it in the background.
+/// `release` releases it in the background (from any thread: the guard releases on the runtime
+/// it was granted under).
 #[pyclass(module = "leasehold._native", frozen)]
 pub(crate) struct Lease {
     guard: Arc<LeaseGuard>,
+    /// Dropped with the lease: the watchers of the Python layer (`lost`, `handoff_requested`)
+    /// then end with `None`, so that they never keep a lease nobody holds any more alive (and
+    /// renewed).
+    gone: watch::Sender<()>,
 }
 
 impl Lease {
     pub(crate) fn new(guard: LeaseGuard) -> Self {
         Lease {
             guard: Arc::new(guard),
+            gone: watch::channel(()).0,
+        }
+    }
+
+    /// The guard, refused in a child forked after the runtime started: there, the parent's
+    /// lease must not be taken for this process's (it is not renewed here, and whether it is
+    /// still current is the parent's to know).
+    fn guard(&self) -> PyResult<&LeaseGuard> {
+        run::check_fork()?;
+        Ok(&self.guard)
+    }
+
+    /// `wait` on the guard, ending with `None` once this lease is dropped.
+    fn watch<F, Fut>(
+        &self,
+        wait: F,
+    ) -> impl Future<Output = PyResult<Option<String>>> + Send + 'static
+    where
+        F: FnOnce(Arc<LeaseGuard>) -> Fut + Send + 'static,
+        Fut: Future<Output = String> + Send + 'static,
+    {
+        let g = self.guard.clone();
+        let mut gone = self.gone.subscribe();
+        async move {
+            tokio::select! {
+                detail = wait(g) => Ok(Some(detail)),
+                // Only ever an error: the sender went with the lease.
+                _ = gone.changed() => Ok(None),
+            }
+        }
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if run::forked() {
+            // A forked child's copy of the parent's lease: releasing it would free the parent's
+            // key while the parent works under it. It is left alone (leaked, with its runtime).
+            std::mem::forget(self.guard.clone());
         }
     }
 }
@@ -148,8 +192,8 @@ impl Lease {
 
     /// The fencing token: strictly greater than every earlier lease's on this key.
     #[getter]
-    fn fence(&self) -> u64 {
-        self.guard.fence()
+    fn fence(&self) -> PyResult<u64> {
+        Ok(self.guard()?.fence())
     }
 
     /// The holder identity the lease was taken with.
@@ -166,27 +210,27 @@ impl Lease {
 
     /// The lease is surely valid until then and not after, on `time.monotonic()`'s scale.
     #[getter]
-    fn valid_until(&self) -> f64 {
-        run::monotonic(self.guard.valid_until().into_std())
+    fn valid_until(&self) -> PyResult<f64> {
+        Ok(run::monotonic(self.guard()?.valid_until().into_std()))
     }
 
     /// When work under the lease should stop if renewals keep failing (`valid_until` less the
     /// loss grace), on `time.monotonic()`'s scale.
     #[getter]
-    fn stop_by(&self) -> f64 {
-        run::monotonic(self.guard.stop_by().into_std())
+    fn stop_by(&self) -> PyResult<f64> {
+        Ok(run::monotonic(self.guard()?.stop_by().into_std()))
     }
 
     /// Whether the lease is still held (not lost, not released).
     #[getter]
-    fn is_current(&self) -> bool {
-        self.guard.is_current()
+    fn is_current(&self) -> PyResult<bool> {
+        Ok(self.guard()?.is_current())
     }
 
     /// Whether a waiter has asked for the lease.
     #[getter]
-    fn is_handoff_requested(&self) -> bool {
-        self.guard.is_handoff_requested()
+    fn is_handoff_requested(&self) -> PyResult<bool> {
+        Ok(self.guard()?.is_handoff_requested())
     }
 
     /// The record as JSON text, as it was when the lease was taken.
@@ -195,25 +239,35 @@ impl Lease {
         crate::to_json(self.guard.record())
     }
 
-    /// Completes with why the lease was lost (awaitable).
+    /// Completes with why the lease was lost (awaitable); with `None` if this lease is dropped
+    /// first (only a watcher that does not hold it sees that).
     fn lost<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let g = self.guard.clone();
-        run::awaitable(py, async move { Ok(g.lost().await.to_string()) })
+        run::awaitable(
+            py,
+            self.watch(|g| async move { g.lost().await.to_string() }),
+        )
     }
 
     /// Waits up to `timeout` seconds (no limit with `None`) for the lease to be lost: why, or
     /// `None` when it was not lost by then.
     #[pyo3(signature = (timeout=None))]
-    fn lost_blocking(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Option<String>> {
+    fn lost_blocking(
+        &self,
+        py: Python<'_>,
+        timeout: Option<run::Secs>,
+    ) -> PyResult<Option<String>> {
         let limit = run::seconds("timeout", timeout)?;
         let g = self.guard.clone();
         run::block(py, limit, async move { Ok(g.lost().await.to_string()) })
     }
 
-    /// Completes with the waiter's identity when someone waits for the lease (awaitable).
+    /// Completes with the waiter's identity when someone waits for the lease (awaitable); with
+    /// `None` if this lease is dropped first.
     fn handoff_requested<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let g = self.guard.clone();
-        run::awaitable(py, async move { Ok(g.handoff_requested().await) })
+        run::awaitable(
+            py,
+            self.watch(|g| async move { g.handoff_requested().await }),
+        )
     }
 
     /// Waits up to `timeout` seconds for a waiter: its identity, or `None`.
@@ -221,7 +275,7 @@ impl Lease {
     fn handoff_requested_blocking(
         &self,
         py: Python<'_>,
-        timeout: Option<f64>,
+        timeout: Option<run::Secs>,
     ) -> PyResult<Option<String>> {
         let limit = run::seconds("timeout", timeout)?;
         let g = self.guard.clone();
@@ -253,12 +307,19 @@ impl Lease {
     }
 
     fn __repr__(&self) -> String {
-        format!(
-            "Lease(key={:?}, fence={}, holder={:?}, current={})",
-            self.key(),
-            self.fence(),
-            self.holder(),
-            self.is_current()
-        )
+        match self.guard() {
+            Ok(g) => format!(
+                "Lease(key={:?}, fence={}, holder={:?}, current={})",
+                self.key(),
+                g.fence(),
+                self.holder(),
+                g.is_current()
+            ),
+            Err(_) => format!(
+                "Lease(key={:?}, holder={:?}, the parent's: this process is a fork)",
+                self.key(),
+                self.holder()
+            ),
+        }
     }
 }

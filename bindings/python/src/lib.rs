@@ -2,6 +2,10 @@
 //! layer (`python/leasehold/`) builds the user API (context managers, handlers) over it; its
 //! stubs are `python/leasehold/_native.pyi`.
 
+// The asyncio bridge answers through an eventfd (`run.rs`): Linux only.
+#[cfg(not(target_os = "linux"))]
+compile_error!("the leasehold Python package runs on Linux only (its asyncio bridge uses eventfd)");
+
 mod errors;
 mod lease;
 mod queue;
@@ -24,7 +28,31 @@ fn connect(
     holder: Option<String>,
     local_layer: bool,
 ) -> PyResult<Locks> {
-    let locks = run::block_all(py, async move { leasehold::connect(&url).await.py() })?;
+    run::block_all(py, open(url, holder, local_layer))
+}
+
+/// `connect`, awaitable: the store is opened on the library's threads, so the event loop goes on
+/// meanwhile (a connection, credentials read from the environment or a metadata server).
+#[pyfunction]
+#[pyo3(signature = (url, *, holder=None, local_layer=true))]
+fn connect_async(
+    py: Python<'_>,
+    url: String,
+    holder: Option<String>,
+    local_layer: bool,
+) -> PyResult<Bound<'_, PyAny>> {
+    run::awaitable(py, async move {
+        // Not polled on the loop's thread at all: opening a store may do blocking work before
+        // its first await.
+        tokio::spawn(open(url, holder, local_layer))
+            .await
+            .map_err(|e| errors::internal(&format!("connect: {e}")))?
+    })
+}
+
+/// Opens the store at `url` as one client.
+async fn open(url: String, holder: Option<String>, local_layer: bool) -> PyResult<Locks> {
+    let locks = leasehold::connect(&url).await.py()?;
     let locks = match holder {
         Some(h) => locks.with_holder(HolderId::new(h)),
         None => locks,
@@ -37,8 +65,8 @@ fn connect(
 /// Waits up to `timeout` seconds for the library's background work (releases of dropped leases,
 /// withdrawals of abandoned waits) to finish; gives how many tasks were left.
 #[pyfunction]
-#[pyo3(signature = (timeout=2.0))]
-fn settle(py: Python<'_>, timeout: f64) -> PyResult<usize> {
+#[pyo3(signature = (timeout=run::Secs(2.0)), text_signature = "(timeout=2.0)")]
+fn settle(py: Python<'_>, timeout: run::Secs) -> PyResult<usize> {
     let limit = run::seconds("timeout", Some(timeout))?.unwrap_or_default();
     run::block_all(py, async move { Ok(leasehold::settle(limit).await) })
 }
@@ -62,10 +90,10 @@ struct Options {
 impl Options {
     #[allow(clippy::too_many_arguments)]
     fn new(
-        ttl: Option<f64>,
-        wait: Option<f64>,
-        renew_every: Option<f64>,
-        waiter_ttl: Option<f64>,
+        ttl: Option<run::Secs>,
+        wait: Option<run::Secs>,
+        renew_every: Option<run::Secs>,
+        waiter_ttl: Option<run::Secs>,
         register_waiter: bool,
         labels: Option<BTreeMap<String, String>>,
     ) -> PyResult<Self> {
@@ -174,10 +202,10 @@ impl Locks {
         py: Python<'py>,
         key: &str,
         cancel: &Bound<'_, Cancel>,
-        ttl: Option<f64>,
-        wait: Option<f64>,
-        renew_every: Option<f64>,
-        waiter_ttl: Option<f64>,
+        ttl: Option<run::Secs>,
+        wait: Option<run::Secs>,
+        renew_every: Option<run::Secs>,
+        waiter_ttl: Option<run::Secs>,
         register_waiter: bool,
         labels: Option<BTreeMap<String, String>>,
     ) -> PyResult<Bound<'py, PyAny>> {
@@ -199,10 +227,10 @@ impl Locks {
         &self,
         py: Python<'_>,
         key: &str,
-        ttl: Option<f64>,
-        wait: Option<f64>,
-        renew_every: Option<f64>,
-        waiter_ttl: Option<f64>,
+        ttl: Option<run::Secs>,
+        wait: Option<run::Secs>,
+        renew_every: Option<run::Secs>,
+        waiter_ttl: Option<run::Secs>,
         register_waiter: bool,
         labels: Option<BTreeMap<String, String>>,
     ) -> PyResult<Lease> {
@@ -218,8 +246,8 @@ impl Locks {
         py: Python<'py>,
         key: &str,
         cancel: &Bound<'_, Cancel>,
-        ttl: Option<f64>,
-        renew_every: Option<f64>,
+        ttl: Option<run::Secs>,
+        renew_every: Option<run::Secs>,
         labels: Option<BTreeMap<String, String>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let opts = Options::new(ttl, None, renew_every, None, false, labels)?;
@@ -239,8 +267,8 @@ impl Locks {
         &self,
         py: Python<'_>,
         key: &str,
-        ttl: Option<f64>,
-        renew_every: Option<f64>,
+        ttl: Option<run::Secs>,
+        renew_every: Option<run::Secs>,
         labels: Option<BTreeMap<String, String>>,
     ) -> PyResult<Option<Lease>> {
         let opts = Options::new(ttl, None, renew_every, None, false, labels)?;
@@ -290,6 +318,7 @@ impl Locks {
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(connect, m)?)?;
+    m.add_function(wrap_pyfunction!(connect_async, m)?)?;
     m.add_function(wrap_pyfunction!(settle, m)?)?;
     m.add_class::<Locks>()?;
     m.add_class::<Lease>()?;

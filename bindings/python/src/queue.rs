@@ -60,7 +60,7 @@ fn new_task(
     payload: String,
     priority: &str,
     group: Option<String>,
-    timeout: Option<f64>,
+    timeout: Option<run::Secs>,
     policy: &str,
     max_attempts: i64,
 ) -> PyResult<NewTask> {
@@ -133,7 +133,7 @@ impl Queue {
 
     fn cleanup_fut(
         &self,
-        older_than: f64,
+        older_than: run::Secs,
     ) -> PyResult<impl Future<Output = PyResult<u64>> + Send + 'static> {
         let older = run::seconds("older_than", Some(older_than))?.unwrap_or_default();
         let q = self.inner.clone();
@@ -153,7 +153,7 @@ impl Queue {
         payload: String,
         priority: &str,
         group: Option<String>,
-        timeout: Option<f64>,
+        timeout: Option<run::Secs>,
         policy: &str,
         max_attempts: i64,
     ) -> PyResult<Bound<'py, PyAny>> {
@@ -171,7 +171,7 @@ impl Queue {
         payload: String,
         priority: &str,
         group: Option<String>,
-        timeout: Option<f64>,
+        timeout: Option<run::Secs>,
         policy: &str,
         max_attempts: i64,
     ) -> PyResult<(u64, u64)> {
@@ -225,13 +225,13 @@ impl Queue {
     }
 
     /// Deletes the tasks that ended at least `older_than` seconds ago (awaitable): how many.
-    fn cleanup<'py>(&self, py: Python<'py>, older_than: f64) -> PyResult<Bound<'py, PyAny>> {
+    fn cleanup<'py>(&self, py: Python<'py>, older_than: run::Secs) -> PyResult<Bound<'py, PyAny>> {
         let fut = self.cleanup_fut(older_than)?;
         run::awaitable(py, fut)
     }
 
     /// The blocking form of `cleanup`.
-    fn cleanup_blocking(&self, py: Python<'_>, older_than: f64) -> PyResult<u64> {
+    fn cleanup_blocking(&self, py: Python<'_>, older_than: run::Secs) -> PyResult<u64> {
         let fut = self.cleanup_fut(older_than)?;
         run::block_all(py, fut)
     }
@@ -527,7 +527,7 @@ struct Worker {
 }
 
 /// Seconds from Python that must be given (not `None`).
-fn secs(name: &'static str, v: f64) -> PyResult<Duration> {
+fn secs(name: &'static str, v: run::Secs) -> PyResult<Duration> {
     Ok(run::seconds(name, Some(v))?.unwrap_or_default())
 }
 
@@ -537,7 +537,7 @@ impl Worker {
     /// given), calling the hooks `start`, `cancel`, `abandoned` and `report` (see the module
     /// docs of `leasehold.queue`).
     #[new]
-    #[pyo3(signature = (queue, locks, start, cancel, abandoned, report, *, slots=4, ttl=30.0, group_limit=None, lease_wait=None, aging=60.0, drain_timeout=30.0, stop_grace=10.0, cleanup_after=None, exit_when_idle=false, name=None))]
+    #[pyo3(signature = (queue, locks, start, cancel, abandoned, report, *, slots=4, ttl=run::Secs(30.0), group_limit=None, lease_wait=None, aging=run::Secs(60.0), drain_timeout=run::Secs(30.0), stop_grace=run::Secs(10.0), cleanup_after=None, exit_when_idle=false, name=None), text_signature = "(queue, locks, start, cancel, abandoned, report, *, slots=4, ttl=30.0, group_limit=None, lease_wait=None, aging=60.0, drain_timeout=30.0, stop_grace=10.0, cleanup_after=None, exit_when_idle=False, name=None)")]
     #[allow(clippy::too_many_arguments)]
     fn new(
         queue: &Queue,
@@ -547,13 +547,13 @@ impl Worker {
         abandoned: Py<PyAny>,
         report: Py<PyAny>,
         slots: i64,
-        ttl: f64,
+        ttl: run::Secs,
         group_limit: Option<i64>,
-        lease_wait: Option<f64>,
-        aging: f64,
-        drain_timeout: f64,
-        stop_grace: f64,
-        cleanup_after: Option<f64>,
+        lease_wait: Option<run::Secs>,
+        aging: run::Secs,
+        drain_timeout: run::Secs,
+        stop_grace: run::Secs,
+        cleanup_after: Option<run::Secs>,
         exit_when_idle: bool,
         name: Option<String>,
     ) -> PyResult<Self> {
@@ -593,6 +593,8 @@ impl Worker {
         // defaults: their loss grace is the default rule's.
         let mut options = LockOptions::default();
         options.ttl = ttl;
+        // Refused here, as a lock's options are, rather than at each claim.
+        options.validate().py()?;
         let runner = PyRunner {
             hooks,
             loss_grace: options.loss_grace_period(),

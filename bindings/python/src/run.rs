@@ -35,6 +35,13 @@ pub(crate) fn check_fork() -> PyResult<()> {
     }
 }
 
+/// Whether this process is a child forked after the runtime started (in another process).
+pub(crate) fn forked() -> bool {
+    STARTED_IN
+        .get()
+        .is_some_and(|&started| started != std::process::id())
+}
+
 static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
 
 fn runtime() -> PyResult<&'static tokio::runtime::Runtime> {
@@ -448,9 +455,27 @@ pub(crate) fn monotonic(instant: Instant) -> f64 {
     }
 }
 
-/// Seconds from Python (`float`), refused when negative or not finite.
-pub(crate) fn seconds(name: &'static str, value: Option<f64>) -> PyResult<Option<Duration>> {
-    match value {
+/// Seconds as Python passes them: an `int` or a `float`, never a `bool` (`ttl=True` is a
+/// mistake, not one second: it is refused with a `TypeError`, as any other non-number is).
+#[derive(Clone, Copy)]
+pub(crate) struct Secs(pub(crate) f64);
+
+impl<'a, 'py> FromPyObject<'a, 'py> for Secs {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        if obj.is_instance_of::<pyo3::types::PyBool>() {
+            return Err(pyo3::exceptions::PyTypeError::new_err(
+                "a bool is not a number of seconds",
+            ));
+        }
+        Ok(Secs(obj.extract::<f64>()?))
+    }
+}
+
+/// Seconds from Python, refused when negative or not finite.
+pub(crate) fn seconds(name: &'static str, value: Option<Secs>) -> PyResult<Option<Duration>> {
+    match value.map(|s| s.0) {
         None => Ok(None),
         Some(v) if v >= 0.0 => match Duration::try_from_secs_f64(v) {
             Ok(d) => Ok(Some(d)),

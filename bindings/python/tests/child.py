@@ -2,8 +2,11 @@
 
 - ``cycle URL KEY N LOG``: N times take the lease, append ``in FENCE PID`` and ``out FENCE PID``
   to LOG around a short piece of work, release.
-- ``wait URL KEY HOLDER``: print ``waiting``, wait for the lease as HOLDER, print ``got FENCE``,
-  release.
+- ``wait URL KEY HOLDER``: print ``waiting``, wait for the lease as HOLDER, print ``got FENCE T``
+  (``T``: ``time.monotonic()`` when granted), release.
+- ``interrupt URL KEY HOLDER``: print ``waiting``, wait for the lease as HOLDER in a blocking
+  call (its place in line lasting 60 s); on Ctrl-C (SIGINT) print ``interrupted``, then stay
+  alive until stdin closes.
 """
 
 import os
@@ -35,8 +38,17 @@ def main() -> None:
         locks = leasehold.connect(url, holder=sys.argv[4])
         print("waiting", flush=True)
         lease = locks.lock(key, ttl=10).acquire(wait=60).result()
-        print(f"got {lease.fence}", flush=True)
+        print(f"got {lease.fence} {time.monotonic()}", flush=True)
         lease.release_sync()
+    elif mode == "interrupt":
+        locks = leasehold.connect(url, holder=sys.argv[4])
+        print("waiting", flush=True)
+        try:
+            lease = locks.lock(key, ttl=10, waiter_ttl=60).acquire(wait=120).result()
+            print(f"got {lease.fence}", flush=True)
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+        sys.stdin.read()  # alive (no exit-time clean-up) until the test is done with it
     else:
         raise SystemExit(f"unknown mode {mode}")
 

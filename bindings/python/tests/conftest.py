@@ -91,6 +91,7 @@ class Children:
     def start(self, *args: str) -> "subprocess.Popen[str]":
         p = subprocess.Popen(
             [sys.executable, str(HERE / "child.py"), *args],
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

@@ -105,6 +105,50 @@ def test_handoff_to_one_waiter_through_on_release_requested(children: Children) 
     asyncio.run(main())
 
 
+def test_the_books_handoff_stops_the_work_before_the_waiter_gets_the_lock(children: Children) -> None:
+    """The book's example (python.md), as written: the handler stops the work, the block ends and
+    releases; the waiter is granted the lock only after the work stopped, and the handler fired
+    within ``renew_every`` (2 s) of the waiter's arrival, not ``ttl / 3`` (20 s)."""
+    key = unique("book")
+    url = need("LEASEHOLD_TEST_GCS")
+    stopped: List[float] = []
+
+    async def run_job(fence: int) -> None:
+        try:
+            await asyncio.sleep(3600)  # the work, under the lease
+        finally:
+            stopped.append(time.monotonic())  # the checkpoint: no work after this
+
+    async def main() -> "tuple[Any, float]":
+        locks = await leasehold.connect_async(url, holder="process-a")
+        work: "asyncio.Task[None] | None" = None
+
+        def stop_work(lease: leasehold.Lease, detail: Any) -> None:
+            if work is not None:
+                work.cancel()
+
+        async with locks.lock(key, ttl=60, renew_every=2, on_release_requested=stop_work,
+                              on_renewal_error=stop_work) as lease:
+            work = asyncio.ensure_future(run_job(lease.fence))
+            child = children.start("wait", url, key, "process-b")
+            assert children.line(child) == "waiting"
+            arrived = time.monotonic()
+            try:
+                await work
+            except asyncio.CancelledError:
+                if not work.cancelled():
+                    raise
+        return child, arrived
+
+    child, arrived = asyncio.run(main())
+    got = children.line(child).split()
+    granted = float(got[2])
+    assert stopped and stopped[0] < granted, f"the waiter got the lock at {granted}, the work ran until {stopped}"
+    # Within a renewal period of the waiter's arrival (its start-up and a round trip aside).
+    assert stopped[0] - arrived < 2 + 4, stopped[0] - arrived
+    children.finish(child)
+
+
 def test_lost_and_stolen_call_on_renewal_error() -> None:
     url = need("LEASEHOLD_TEST_GCS")
 

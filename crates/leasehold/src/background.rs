@@ -26,10 +26,27 @@ pub(crate) fn spawn(
     pending.push(task);
 }
 
-/// [`spawn`] on the current runtime; nothing outside one (there is no runtime to run it).
-pub(crate) fn spawn_here(call: impl Future<Output = ()> + Send + 'static) {
-    if let Ok(handle) = tokio::runtime::Handle::try_current() {
-        spawn(&handle, call);
+/// The runtime a value that cleans up on drop was made under, for that clean-up: a value
+/// dropped outside any runtime (on a plain thread, by a foreign language's garbage collector, or
+/// after a blocking call was interrupted) still has its clean-up run.
+pub(crate) fn here() -> Option<tokio::runtime::Handle> {
+    tokio::runtime::Handle::try_current().ok()
+}
+
+/// [`spawn`] on the current runtime, or outside one on `made_under` (the runtime the value
+/// cleaning up was made under, from [`here`]); nothing when there is neither. A runtime shut
+/// down meanwhile drops the call unrun (what was held then expires by itself).
+pub(crate) fn spawn_on(
+    made_under: Option<&tokio::runtime::Handle>,
+    call: impl Future<Output = ()> + Send + 'static,
+) {
+    match tokio::runtime::Handle::try_current() {
+        Ok(handle) => spawn(&handle, call),
+        Err(_) => {
+            if let Some(handle) = made_under {
+                spawn(handle, call);
+            }
+        }
     }
 }
 

@@ -84,6 +84,8 @@ pub(crate) struct Carry {
     /// Released in the store when dropped (cleared once taken or released).
     pub(crate) armed: bool,
     pub(crate) transit: Option<Transit>,
+    /// The runtime its lease was granted under, to release it on when dropped outside one.
+    pub(crate) runtime: Option<tokio::runtime::Handle>,
 }
 
 impl Carry {
@@ -175,17 +177,15 @@ impl Drop for Carry {
         if !self.armed {
             return;
         }
-        if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            let (store, key, token, transit) = (
-                self.store.clone(),
-                self.key.clone(),
-                std::mem::take(&mut self.token),
-                self.transit.take(),
-            );
-            crate::background::spawn(&handle, async move {
-                release_carried(&*store, &key, &token).await;
-                drop(transit);
-            });
-        }
+        let (store, key, token, transit) = (
+            self.store.clone(),
+            self.key.clone(),
+            std::mem::take(&mut self.token),
+            self.transit.take(),
+        );
+        crate::background::spawn_on(self.runtime.as_ref(), async move {
+            release_carried(&*store, &key, &token).await;
+            drop(transit);
+        });
     }
 }

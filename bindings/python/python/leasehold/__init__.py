@@ -13,19 +13,22 @@ In asyncio code::
     async with locks.lock("user:alice", ttl=30, wait=10) as lease:
         await write(lease.fence)
 
-Store calls run on the library's own threads with the GIL released. Every store URL the command
-takes works here (``file://``, ``redis://``, ``k8s://``, ``gs://``, ``s3://``, ``az://``,
-``postgres://``, ``etcd://``, ``redlock://``, ``memory://``).
+Store calls run on the library's own threads with the GIL released (in asyncio code, open the
+store with ``await connect_async(url)``). Linux only. Every store URL the command takes works
+here (``file://``, ``redis://``, ``k8s://``, ``gs://``, ``s3://``, ``az://``, ``postgres://``,
+``etcd://``, ``redlock://``, ``memory://``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import atexit
+import contextvars
 import inspect
 import json
 import threading
-from typing import Any, Awaitable, Callable, Dict, Generator, Generic, List, Optional, TypeVar, Union, cast
+import weakref
+from typing import Any, Awaitable, Callable, Dict, Generator, Generic, List, Optional, Tuple, TypeVar, Union, cast
 
 from . import _native
 from . import errors
@@ -36,6 +39,7 @@ __version__: str = _native.__version__
 
 __all__ = [
     "connect",
+    "connect_async",
     "settle",
     "Locks",
     "Lock",
@@ -65,11 +69,19 @@ def connect(url: str, *, holder: Optional[str] = None, local_layer: bool = True)
     part). ``local_layer`` (default on) serves tasks of this process that want the same key from
     an in-process queue first, so they do not race each other at the store.
 
-    Blocks while the store is opened (a connection, a read of credentials), with the GIL released.
-    Raises :class:`InvalidUrl` for a URL it cannot use and :class:`Unavailable` for a store that
-    does not answer.
+    Blocks while the store is opened (a connection, a read of credentials), with the GIL released;
+    in asyncio code, use :func:`connect_async`, which lets the event loop go on meanwhile.
+    Raises :class:`InvalidUrl` for a URL it cannot use, :class:`Unavailable` for a store that
+    does not answer (retryable), and a :class:`StoreError` that is not retryable when the store
+    refuses this client (no credentials).
     """
     return Locks(_native.connect(url, holder=holder, local_layer=local_layer))
+
+
+async def connect_async(url: str, *, holder: Optional[str] = None, local_layer: bool = True) -> "Locks":
+    """:func:`connect` for asyncio code: the store is opened on the library's threads while the
+    event loop goes on. Same arguments and errors."""
+    return Locks(await _native.connect_async(url, holder=holder, local_layer=local_layer))
 
 
 def settle(timeout: float = 2.0) -> int:
@@ -177,11 +189,19 @@ class Locks:
         return f"Locks(store={self.store!r}, holder={self.holder!r})"
 
 
+#: The ``Lock`` blocks the current task (or thread, outside asyncio) is inside, innermost last:
+#: each block's exit releases its own lease, whatever other tasks entered the same ``Lock``.
+_ENTERED: "contextvars.ContextVar[Tuple[Acquiring[Any], ...]]" = contextvars.ContextVar(
+    "leasehold_entered", default=()
+)
+
+
 class Lock:
     """A lock on one key with its options, made by :meth:`Locks.lock`. Cheap: make one per use.
 
     As a context manager (``async with`` or ``with``) it acquires with its options on entry and
-    releases on exit. One ``Lock`` object may be entered by one task at a time.
+    releases on exit. One ``Lock`` object may be shared by tasks and threads: each block takes a
+    lease of its own and its exit releases that lease, never another task's.
     """
 
     def __init__(
@@ -198,7 +218,6 @@ class Lock:
         self._handlers = (on_release_requested, on_renewal_error)
         self._has_handlers = on_release_requested is not None or on_renewal_error is not None
         self._try_options = {k: options[k] for k in ("ttl", "renew_every", "labels")}
-        self._entered: List[Acquiring[Any]] = []
 
     def acquire(self, wait: Optional[float] = _UNSET) -> "Acquiring[Lease]":
         """Takes the lease, waiting up to ``wait`` seconds (default: the lock's ``wait``).
@@ -222,23 +241,38 @@ class Lock:
         """
         return Acquiring(self, True, self._try_options)
 
+    def _enter(self, entered: "Acquiring[Any]") -> None:
+        _ENTERED.set(_ENTERED.get() + (entered,))
+
+    def _exit(self) -> "Acquiring[Any]":
+        """This task's (or thread's) innermost block of this lock, taken off its stack."""
+        stack = _ENTERED.get()
+        for i in range(len(stack) - 1, -1, -1):
+            if stack[i]._lock is self:
+                _ENTERED.set(stack[:i] + stack[i + 1 :])
+                return stack[i]
+        raise RuntimeError(
+            f"{self!r} exited in a task or thread that did not enter it: a lock's block must end "
+            "in the task (or thread) that began it"
+        )
+
     async def __aenter__(self) -> "Lease":
         entered = self.acquire()
         lease = await entered.__aenter__()
-        self._entered.append(entered)
+        self._enter(entered)
         return lease
 
     async def __aexit__(self, et: Any, ev: Any, tb: Any) -> None:
-        await self._entered.pop().__aexit__(et, ev, tb)
+        await self._exit().__aexit__(et, ev, tb)
 
     def __enter__(self) -> "Lease":
         entered = self.acquire()
         lease = entered.__enter__()
-        self._entered.append(entered)
+        self._enter(entered)
         return lease
 
     def __exit__(self, et: Any, ev: Any, tb: Any) -> None:
-        self._entered.pop().__exit__(et, ev, tb)
+        self._exit().__exit__(et, ev, tb)
 
     def __repr__(self) -> str:
         return f"Lock(key={self.key!r}, store={self._locks.store!r})"
@@ -274,10 +308,17 @@ class Acquiring(Generic[T]):
             # An answer that was there at once cannot be cancelled: only a pending one is.
             native = await pending
         except asyncio.CancelledError:
-            # Undo before the cancellation completes: the library withdraws a waiter
-            # registration and releases a grant in flight; a lease granted first is released.
-            cancel.cancel()
-            late = await cancel.late()
+            # Undo before the cancellation completes: a lease granted first is released, a
+            # waiter registration withdrawn and a grant in flight released.
+            late: Optional[_native.Lease] = None
+            if isinstance(pending, asyncio.Future) and pending.done() and not pending.cancelled():
+                # Answered, but cancelled before this task resumed to take the answer (a timer
+                # that fired in the same turn of the loop): the lease is in the answer.
+                if pending.exception() is None:
+                    late = pending.result()
+            else:
+                cancel.cancel()
+                late = await cancel.late()
             if late is not None:
                 await late.release()
             raise
@@ -322,7 +363,7 @@ class Lease:
     resource can refuse a writer whose lease is older than one it has seen.
     """
 
-    __slots__ = ("_native", "_loop", "_released", "_loss_seen", "_done", "_handles_loss", "_tasks")
+    __slots__ = ("_native", "_loop", "_released", "_loss_seen", "_done", "_handles_loss", "_tasks", "__weakref__")
 
     def __init__(
         self,
@@ -342,28 +383,29 @@ class Lease:
             return
         if loop is None:
             self._done = threading.Event()
+        # The watchers hold the lease weakly: a lease dropped without release() is released
+        # (in the background) and stops renewing, handlers or not.
         if on_release_requested is not None:
-            self._start(self._native.handoff_requested, self._native.handoff_requested_blocking,
-                        lambda waiter: on_release_requested(self, waiter))
+            self._start("handoff_requested", lambda lease, waiter: on_release_requested(lease, waiter))
         if on_renewal_error is not None:
-            self._start(self._native.lost, self._native.lost_blocking,
-                        lambda reason: on_renewal_error(self, self._lost_error(reason)))
+            self._start("lost", lambda lease, reason: on_renewal_error(lease, lease._lost_error(reason)))
 
     def _lost_error(self, reason: str) -> LeaseLost:
         return LeaseLost(f"lease on {self.key} lost: {reason}", key=self.key, reason=reason)
 
-    def _start(
-        self,
-        wait: Callable[[], Awaitable[str]],
-        wait_blocking: Callable[[Optional[float]], Optional[str]],
-        call: Callable[[str], Any],
-    ) -> None:
+    def _start(self, which: str, call: Callable[["Lease", str], Any]) -> None:
+        ref = weakref.ref(self)
         if self._loop is not None:
+            # The native awaitable ends with None once the lease is dropped.
+            pending: Awaitable[Optional[str]] = getattr(self._native, which)()
+
             async def watch() -> None:
-                detail = await wait()
-                if self._released:
+                detail = await pending
+                lease = ref()
+                if detail is None or lease is None or lease._released:
                     return
-                got = call(detail)
+                got = call(lease, detail)
+                del lease
                 if inspect.isawaitable(got):
                     await got
 
@@ -371,17 +413,25 @@ class Lease:
         else:
             done = self._done
             assert done is not None
+            blocking = which + "_blocking"
 
             def watch_thread() -> None:
                 while not done.is_set():
+                    native = getattr(ref(), "_native", None)
+                    if native is None:
+                        return  # dropped: nobody to call
                     try:
-                        detail = wait_blocking(_HANDLER_POLL)
+                        detail = getattr(native, blocking)(_HANDLER_POLL)
                     except LeaseholdError:
                         return
+                    # A lease dropped meanwhile goes here (its release runs in the background).
+                    del native
                     if detail is not None:
-                        if done.is_set():
+                        lease = ref()
+                        if lease is None or done.is_set():
                             return
-                        got = call(detail)
+                        got = call(lease, detail)
+                        del lease
                         if inspect.iscoroutine(got):
                             asyncio.run(got)
                         return
@@ -440,7 +490,7 @@ class Lease:
         operator, or the store unreachable until it could have expired). A ``with`` block that
         awaited this does not raise :class:`LeaseLost` on exit."""
         self._loss_seen = True
-        return await self._native.lost()
+        return cast(str, await self._native.lost())  # None only once the lease is dropped
 
     def lost_sync(self, timeout: Optional[float] = None) -> Optional[str]:
         """Blocks up to ``timeout`` seconds for the lease to be lost: why, or ``None``."""
@@ -448,9 +498,9 @@ class Lease:
         return self._native.lost_blocking(timeout)
 
     async def handoff_requested(self) -> str:
-        """Completes with the waiter's identity when someone waits for the lease: checkpoint,
-        then release, and the lease goes to that waiter."""
-        return await self._native.handoff_requested()
+        """Completes with the waiter's identity when someone waits for the lease: stop the work
+        under the lease (checkpoint), then release, and the lease goes to that waiter."""
+        return cast(str, await self._native.handoff_requested())  # None once dropped
 
     def handoff_requested_sync(self, timeout: Optional[float] = None) -> Optional[str]:
         """Blocks up to ``timeout`` seconds for a waiter: its identity, or ``None``."""
@@ -502,6 +552,6 @@ class Lease:
         self._check_exit(await self.release(), raising)
 
     def __repr__(self) -> str:
-        return f"Lease(key={self.key!r}, fence={self.fence}, holder={self.holder!r}, current={self.is_current})"
+        return repr(self._native)
 
 from . import queue  # noqa: E402  (leasehold.queue after a plain import leasehold)

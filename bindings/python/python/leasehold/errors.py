@@ -53,10 +53,15 @@ class FeatureNotEnabled(LeaseholdError):
     """The URL names a store this build of leasehold does not include."""
 
 
-class Timeout(LeaseholdError, TimeoutError):
+class Timeout(LeaseholdError):
     """``acquire`` waited its whole wait limit and the lease was still held.
 
     ``key`` is the key, ``holder`` who kept it as last seen, ``waited`` how long (seconds).
+
+    Not a ``TimeoutError``: Python's ``TimeoutError`` is an ``OSError``, and a lock held by
+    someone else is not an operating-system error (an ``except OSError`` around file work must not
+    swallow it). It is also told apart from an ``asyncio.timeout()`` of the caller's own, which
+    raises ``TimeoutError``. Catch ``leasehold.Timeout``.
     """
 
     key: str = ""

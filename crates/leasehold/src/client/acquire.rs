@@ -432,6 +432,7 @@ impl Waiting {
                 key: req.key.clone(),
                 token: req.token.clone(),
                 armed: false,
+                runtime: crate::background::here(),
             },
             changes: Changes::default(),
         }
@@ -525,12 +526,14 @@ fn holder_of(rec: &crate::record::LeaseRecord, now_ms: u64) -> String {
     }
 }
 
-/// Withdraws a waiter registration when a waiting `acquire` is dropped (cancelled).
+/// Withdraws a waiter registration when a waiting `acquire` is dropped (cancelled), on the
+/// runtime it was dropped in, else on the one it was made under (dropped on a plain thread).
 struct WithdrawOnDrop {
     store: Option<Arc<dyn LockStore>>,
     key: Key,
     token: String,
     armed: bool,
+    runtime: Option<tokio::runtime::Handle>,
 }
 
 impl Drop for WithdrawOnDrop {
@@ -540,9 +543,9 @@ impl Drop for WithdrawOnDrop {
         }
         if let Some(store) = self.store.take() {
             let (key, token) = (self.key.clone(), std::mem::take(&mut self.token));
-            crate::background::spawn_here(
-                async move { withdraw(&*store, &key, &token, true).await },
-            );
+            crate::background::spawn_on(self.runtime.as_ref(), async move {
+                withdraw(&*store, &key, &token, true).await
+            });
         }
     }
 }
@@ -565,7 +568,9 @@ type Answered = (Arc<dyn LockStore>, AcquireRequest, Result<AcquireOutcome>);
 /// One store acquisition in flight. Dropped before it answers (its caller's wait limit passed, or
 /// the caller's future was dropped), the call goes on in the background, where a lease it granted
 /// is released and a waiter registration (its own or an earlier attempt's, `registered`) is
-/// withdrawn, so nothing stays taken for a caller that left. [`crate::settle`] waits for it.
+/// withdrawn, so nothing stays taken for a caller that left; dropped outside any runtime (a
+/// blocking call interrupted on a plain thread), it finishes on the runtime it was started
+/// under. [`crate::settle`] waits for it.
 struct Attempt {
     call: Pin<Box<dyn Future<Output = Answered> + Send>>,
     answered: bool,
@@ -573,6 +578,8 @@ struct Attempt {
     /// The request's flag, set when the attempt is dropped unanswered: a store retrying within
     /// the call (a lost compare-and-set race) stops instead of taking the key for nobody.
     given_up: GiveUp,
+    /// The runtime it was started under, to finish on when dropped outside one.
+    runtime: Option<tokio::runtime::Handle>,
 }
 
 impl Attempt {
@@ -587,6 +594,7 @@ impl Attempt {
             }),
             answered: false,
             registered,
+            runtime: crate::background::here(),
         }
     }
 
@@ -608,7 +616,7 @@ impl Drop for Attempt {
         // A zero-sized stand-in: no allocation.
         let call = std::mem::replace(&mut self.call, Box::pin(std::future::pending()));
         let registered = self.registered;
-        crate::background::spawn_here(async move {
+        crate::background::spawn_on(self.runtime.as_ref(), async move {
             let (store, req, res) = call.await;
             let (key, token) = (&req.key, req.token.as_str());
             match res {
@@ -642,7 +650,7 @@ async fn withdraw_by(
     }
     let (store, key, token) = (store.clone(), key.clone(), token.to_owned());
     let (done, finished) = tokio::sync::oneshot::channel::<()>();
-    crate::background::spawn_here(async move {
+    crate::background::spawn_on(None, async move {
         withdraw(&*store, &key, &token, true).await;
         let _ = done.send(());
     });

@@ -27,6 +27,9 @@ struct NoNotifications {
     fail_acquires: AtomicUsize,
     /// When set, each release waits for a permit first (a store slow to answer releases).
     release_gate: Option<Arc<tokio::sync::Semaphore>>,
+    /// When set, each acquisition's answer waits for a permit after the store has applied it
+    /// (an answer in flight).
+    answer_gate: Option<Arc<tokio::sync::Semaphore>>,
 }
 
 #[async_trait]
@@ -50,7 +53,13 @@ impl LockStore for NoNotifications {
                 detail: "no answer".into(),
             });
         }
-        self.inner.acquire(req).await
+        let answer = self.inner.acquire(req).await;
+        if let Some(gate) = &self.answer_gate {
+            if let Ok(permit) = gate.acquire().await {
+                permit.forget(); // one answer per permit
+            }
+        }
+        answer
     }
     async fn renew(&self, key: &Key, token: &str, ttl: Duration) -> Result<RenewOutcome> {
         self.inner.renew(key, token, ttl).await
@@ -350,4 +359,118 @@ async fn a_waiter_whose_places_ahead_lapse_unheard_is_not_left_idle() {
         "the lease was idle {idle:?} before its only waiter looked"
     );
     g.release().await.unwrap();
+}
+
+/// The key's record in `store`, if it has one.
+async fn record_of(store: &dyn LockStore, key: &str) -> Option<LeaseRecord> {
+    match store.inspect(&Key::new(key).unwrap()).await.unwrap() {
+        Some(Inspection::Record(r)) => Some(r),
+        _ => None,
+    }
+}
+
+/// Waits (a few seconds at most) for what was left to the background, then says whether `key` is
+/// free in `store` with nobody waiting for it.
+async fn free_after_settling(store: &dyn LockStore, key: &str) -> bool {
+    crate::settle(Duration::from_secs(5)).await;
+    match record_of(store, key).await {
+        None => true,
+        Some(r) => {
+            !r.is_held(crate::decide::Now::wall().ms) && r.waiter.is_none() && r.queue.is_empty()
+        }
+    }
+}
+
+/// A guard dropped on a plain thread, outside any runtime (as a binding's garbage collector
+/// drops it), releases its lease at once on the runtime it was granted under: the key does not
+/// stay taken for its TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guard_dropped_outside_any_runtime_is_released() {
+    let store = Arc::new(MemoryStore::new());
+    let a = Locks::from_arc(store.clone()).with_holder(HolderId::new("a"));
+    let guard = a
+        .lock("k")
+        .unwrap()
+        .ttl(Duration::from_secs(600))
+        .acquire()
+        .await
+        .unwrap();
+    std::thread::spawn(move || drop(guard)).join().unwrap();
+    assert!(
+        free_after_settling(&*store, "k").await,
+        "the dropped guard's lease stayed held: {:?}",
+        record_of(&*store, "k").await
+    );
+}
+
+/// A waiting acquisition dropped on a plain thread (a blocking call interrupted by Ctrl-C)
+/// withdraws its place in line: the key is not kept for a waiter that left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_acquire_dropped_outside_any_runtime_withdraws_its_place() {
+    let store = Arc::new(MemoryStore::new());
+    let a = Locks::from_arc(store.clone()).with_holder(HolderId::new("a"));
+    let b = Locks::from_arc(store.clone()).with_holder(HolderId::new("b"));
+    let long = Duration::from_secs(600);
+    let held = a.lock("k").unwrap().ttl(long).acquire().await.unwrap();
+    let mut waiting = Box::pin(b.lock("k").unwrap().waiter_ttl(long).wait(long).acquire());
+    let registered = async {
+        while record_of(&*store, "k")
+            .await
+            .and_then(|r| r.waiter)
+            .as_deref()
+            != Some("b")
+        {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    };
+    tokio::select! {
+        got = &mut waiting => panic!("the waiter got {got:?}"),
+        () = registered => {}
+    }
+    std::thread::spawn(move || drop(waiting)).join().unwrap();
+    crate::settle(Duration::from_secs(5)).await;
+    let r = record_of(&*store, "k").await.unwrap();
+    assert!(
+        r.waiter.is_none() && r.queue.is_empty(),
+        "the dropped waiter kept its place: {r:?}"
+    );
+    held.release().await.unwrap();
+    assert!(free_after_settling(&*store, "k").await);
+}
+
+/// An acquisition dropped on a plain thread while the store's grant is on its way back leaves
+/// nothing taken: the call finishes on the runtime it was started under, which releases the
+/// lease granted to nobody.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_dropped_outside_any_runtime_with_its_grant_in_flight_leaves_nothing() {
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let store = Arc::new(NoNotifications {
+        notifies: true,
+        answer_gate: Some(gate.clone()),
+        ..Default::default()
+    });
+    let b = Locks::from_arc(store.clone()).with_holder(HolderId::new("b"));
+    let mut acquiring = Box::pin(
+        b.lock("k")
+            .unwrap()
+            .ttl(Duration::from_secs(600))
+            .wait(Duration::from_secs(600))
+            .acquire(),
+    );
+    let granted = async {
+        while !held_in_store(&*store, "k").await {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    };
+    tokio::select! {
+        got = &mut acquiring => panic!("the answer passed the gate: {got:?}"),
+        () = granted => {}
+    }
+    std::thread::spawn(move || drop(acquiring)).join().unwrap();
+    gate.add_permits(16);
+    assert!(
+        free_after_settling(&*store, "k").await,
+        "the grant in flight stayed held for nobody: {:?}",
+        record_of(&*store, "k").await
+    );
 }

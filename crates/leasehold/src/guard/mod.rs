@@ -162,6 +162,9 @@ pub(crate) struct Shared {
     renewals: Arc<Renewals>,
     live: Weak<LiveSet>,
     id: u64,
+    /// The runtime the lease was granted under: a guard dropped outside any runtime (on a plain
+    /// thread, by another language's garbage collector) releases on it.
+    runtime: Option<tokio::runtime::Handle>,
 }
 
 impl Shared {
@@ -272,9 +275,10 @@ impl Shared {
 /// ```
 ///
 /// # Drop
-/// Dropping an unreleased guard releases the lease in the background on the current tokio
-/// runtime; without a runtime (or if the runtime shuts down first) the lease expires after its TTL
-/// — on the file store at once when the process exits, through the kernel lock.
+/// Dropping an unreleased guard releases the lease in the background: on the current tokio
+/// runtime, or, dropped outside one (on a plain thread), on the runtime it was granted under.
+/// [`crate::settle`] waits for that release. If that runtime has shut down, the lease expires
+/// after its TTL — on the file store at once when the process exits, through the kernel lock.
 ///
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
@@ -336,6 +340,8 @@ struct Parts {
     metrics: Option<Metrics>,
     local: Option<LocalGuard>,
     live: Arc<LiveSet>,
+    /// The runtime the lease was granted under, when not the current one.
+    runtime: Option<tokio::runtime::Handle>,
 }
 
 impl LeaseGuard {
@@ -365,6 +371,7 @@ impl LeaseGuard {
             metrics: g.metrics,
             local: g.local,
             live: g.live,
+            runtime: None,
         })
     }
 
@@ -384,6 +391,7 @@ impl LeaseGuard {
         };
         // In the live set before it stops counting as in transit (see `release_all`).
         let _transit = c.transit.take();
+        let runtime = c.runtime.take();
         Self::build(Parts {
             store: c.store.clone(),
             key: c.key.clone(),
@@ -398,6 +406,7 @@ impl LeaseGuard {
             metrics,
             local,
             live,
+            runtime,
         })
     }
 
@@ -427,6 +436,7 @@ impl LeaseGuard {
             renewals: p.live.renewals.clone(),
             live: Arc::downgrade(&p.live),
             id,
+            runtime: crate::background::here().or(p.runtime),
         });
         p.live.guards.lock().insert(id, Arc::downgrade(&shared));
         if let Some(at) = p.renew_at {
@@ -661,16 +671,14 @@ impl Drop for LeaseGuard {
             Ok(_) => return,
             Err(local) => local,
         };
-        if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            let shared = self.shared.clone();
-            crate::background::spawn(&handle, async move {
-                if let Err(e) = shared.release_in_store(prior).await {
-                    tracing::warn!(key = %shared.key, error = %e,
-                        "background release failed; the lease expires by its TTL");
-                }
-                drop(local);
-            });
-        }
+        let shared = self.shared.clone();
+        crate::background::spawn_on(self.shared.runtime.as_ref(), async move {
+            if let Err(e) = shared.release_in_store(prior).await {
+                tracing::warn!(key = %shared.key, error = %e,
+                    "background release failed; the lease expires by its TTL");
+            }
+            drop(local);
+        });
     }
 }
 
@@ -722,6 +730,7 @@ impl Shared {
             block_end: self.block_end,
             armed: true,
             transit: Some(Transit::start(&live.transit)),
+            runtime: self.runtime.clone(),
         }))
     }
 }

@@ -116,7 +116,9 @@ impl GcsStore {
     ///
     /// # Errors
     /// [`Error::InvalidOption`] for a bad bucket, prefix, endpoint or timeout;
-    /// [`Error::Unavailable`] when no Google credentials can be found (and no emulator is named).
+    /// [`Error::Store`], not retryable, when no Google credentials can be found (and no
+    /// emulator is named); [`Error::Unavailable`] when the credential chain did not answer
+    /// within the timeout (the metadata server, say).
     ///
     /// ```no_run
     /// # async fn f() -> leasehold::Result<()> {
@@ -160,9 +162,16 @@ impl GcsStore {
             };
             match provider {
                 Ok(Ok(p)) => Auth::Google(p),
-                Ok(Err(e)) => return Err(unavailable(format!(
-                    "no Google credentials (GOOGLE_APPLICATION_CREDENTIALS, gcloud's application default credentials, the metadata server, gcloud): {e}"
-                ))),
+                // Every source of the chain answered, none with a credential: trying again
+                // finds none either, until the environment changes.
+                Ok(Err(e)) => return Err(Error::Store {
+                    store: describe.clone(),
+                    detail: format!(
+                        "no Google credentials (GOOGLE_APPLICATION_CREDENTIALS, gcloud's application default credentials, the metadata server, gcloud): {e}"
+                    ),
+                    retryable: false,
+                    source: None,
+                }),
                 Err(_) => return Err(unavailable(format!(
                     "no Google credentials within {:?} (the metadata server did not answer)",
                     options.timeout
