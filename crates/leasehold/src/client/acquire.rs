@@ -78,17 +78,34 @@ struct Acquisition {
 struct Waiting {
     /// The attempts since the backoff last started over.
     attempt: u32,
-    /// Whether it stands in the key's line of waiters (so must withdraw when it leaves).
-    registered: bool,
+    /// What it may have left in the store, to undo when it leaves without a lease.
+    traces: Traces,
     /// Its place in the key's line of waiters (0: next to be granted) and what it says of the
     /// pace of handoffs, so that a waiter far back polls rarely and the next one promptly.
     line: Line,
     /// Who held the key at the last answer, for the timeout's message.
     last_holder: Option<String>,
-    /// If the acquisition is dropped while registered as waiter, withdraws in the background.
+    /// If the acquisition is dropped between attempts, undoes its traces in the background.
     on_cancel: WithdrawOnDrop,
     /// The change notification it sleeps on.
     changes: Changes,
+}
+
+/// What an acquisition may have left in the store, undone when it leaves without a lease.
+#[derive(Debug, Clone, Copy, Default)]
+struct Traces {
+    /// It stands in the key's line of waiters: its place is withdrawn.
+    registered: bool,
+    /// An attempt of it went unanswered (a call that timed out, a connection that ended): the
+    /// store may have granted it a lease nobody was told of, which is released (by its owner
+    /// token: a release of nothing changes nothing).
+    unanswered: bool,
+}
+
+impl Traces {
+    fn any(self) -> bool {
+        self.registered || self.unanswered
+    }
 }
 
 /// What one attempt's answer leaves to do.
@@ -215,7 +232,7 @@ impl Acquisition {
             req = sent_req;
             let (hint, holder, failed) = match self.answer(res, &req, sent, &mut waiting).await? {
                 Answer::Granted(record) => {
-                    waiting.on_cancel.armed = false;
+                    waiting.on_cancel.traces = Traces::default();
                     tracing::debug!(key = %self.key, fence = record.fence, "lease acquired");
                     return Ok(self.granted(store, record, req, sent, local));
                 }
@@ -225,16 +242,16 @@ impl Acquisition {
                     failed,
                 } => (hint, holder, failed),
             };
-            waiting.on_cancel.armed = waiting.registered;
+            waiting.on_cancel.traces = waiting.traces;
             let now = Instant::now();
             if let Some(d) = self.deadline.filter(|&d| now >= d) {
-                waiting.on_cancel.armed = false;
+                waiting.on_cancel.traces = Traces::default();
                 withdraw_by(
                     d + WAIT_ALLOWANCE,
                     &store,
                     &self.key,
                     &req.token,
-                    waiting.registered,
+                    waiting.traces,
                 )
                 .await;
                 return Err(self.timeout(holder));
@@ -285,8 +302,8 @@ impl Acquisition {
         req: AcquireRequest,
         waiting: &mut Waiting,
     ) -> std::result::Result<(AcquireRequest, Result<AcquireOutcome>), AcquireError> {
-        waiting.on_cancel.armed = false;
-        let call = Attempt::start(&self.locks.store, req, waiting.registered);
+        waiting.on_cancel.traces = Traces::default();
+        let call = Attempt::start(&self.locks.store, req, waiting.traces);
         match self.attempt_limit {
             None => Ok(call.answer().await),
             Some(limit) => match tokio::time::timeout_at(limit, call.answer()).await {
@@ -315,7 +332,7 @@ impl Acquisition {
             }
             Ok(AcquireOutcome::Held(rec)) => {
                 let place = crate::decide::position(&rec, &req.token);
-                waiting.registered |= place.is_some();
+                waiting.traces.registered |= place.is_some();
                 waiting.line.permit_key = rec.permits.is_some();
                 if waiting
                     .line
@@ -336,6 +353,7 @@ impl Acquisition {
             }
             Err(e) if self.waiting && e.is_retryable() => {
                 tracing::debug!(key = %self.key, error = %e, "acquire failed; retrying");
+                waiting.traces.unanswered = true;
                 Ok(Answer::Wait {
                     hint: None,
                     holder: format!("unknown (store error: {e})"),
@@ -343,7 +361,8 @@ impl Acquisition {
                 })
             }
             Err(e) => {
-                waiting.on_cancel.armed = false;
+                waiting.on_cancel.traces = Traces::default();
+                waiting.traces.unanswered |= e.is_retryable();
                 let until = self
                     .attempt_limit
                     .unwrap_or_else(|| Instant::now() + WAIT_ALLOWANCE);
@@ -352,7 +371,7 @@ impl Acquisition {
                     &self.locks.store,
                     &self.key,
                     &req.token,
-                    waiting.registered,
+                    waiting.traces,
                 )
                 .await;
                 Err(AcquireError::Failed(e))
@@ -424,14 +443,14 @@ impl Waiting {
     fn new(store: &Arc<dyn LockStore>, req: &AcquireRequest) -> Self {
         Waiting {
             attempt: 0,
-            registered: false,
+            traces: Traces::default(),
             line: Line::default(),
             last_holder: None,
             on_cancel: WithdrawOnDrop {
                 store: Some(store.clone()),
                 key: req.key.clone(),
                 token: req.token.clone(),
-                armed: false,
+                traces: Traces::default(),
                 runtime: crate::background::here(),
             },
             changes: Changes::default(),
@@ -526,25 +545,27 @@ fn holder_of(rec: &crate::record::LeaseRecord, now_ms: u64) -> String {
     }
 }
 
-/// Withdraws a waiter registration when a waiting `acquire` is dropped (cancelled), on the
-/// runtime it was dropped in, else on the one it was made under (dropped on a plain thread).
+/// Undoes what a waiting `acquire` left in the store (its `traces`) when it is dropped
+/// (cancelled) between attempts, on the runtime it was dropped in, else on the one it was made
+/// under (dropped on a plain thread).
 struct WithdrawOnDrop {
     store: Option<Arc<dyn LockStore>>,
     key: Key,
     token: String,
-    armed: bool,
+    traces: Traces,
     runtime: Option<tokio::runtime::Handle>,
 }
 
 impl Drop for WithdrawOnDrop {
     fn drop(&mut self) {
-        if !self.armed {
+        if !self.traces.any() {
             return;
         }
         if let Some(store) = self.store.take() {
             let (key, token) = (self.key.clone(), std::mem::take(&mut self.token));
+            let traces = self.traces;
             crate::background::spawn_on(self.runtime.as_ref(), async move {
-                withdraw(&*store, &key, &token, true).await
+                withdraw(&*store, &key, &token, traces).await
             });
         }
     }
@@ -567,14 +588,14 @@ type Answered = (Arc<dyn LockStore>, AcquireRequest, Result<AcquireOutcome>);
 
 /// One store acquisition in flight. Dropped before it answers (its caller's wait limit passed, or
 /// the caller's future was dropped), the call goes on in the background, where a lease it granted
-/// is released and a waiter registration (its own or an earlier attempt's, `registered`) is
-/// withdrawn, so nothing stays taken for a caller that left; dropped outside any runtime (a
-/// blocking call interrupted on a plain thread), it finishes on the runtime it was started
-/// under. [`crate::settle`] waits for it.
+/// is released, a waiter registration (its own or an earlier attempt's, `traces`) withdrawn, and
+/// what an unanswered attempt may have been granted released, so nothing stays taken for a
+/// caller that left; dropped outside any runtime (a blocking call interrupted on a plain
+/// thread), it finishes on the runtime it was started under. [`crate::settle`] waits for it.
 struct Attempt {
     call: Pin<Box<dyn Future<Output = Answered> + Send>>,
     answered: bool,
-    registered: bool,
+    traces: Traces,
     /// The request's flag, set when the attempt is dropped unanswered: a store retrying within
     /// the call (a lost compare-and-set race) stops instead of taking the key for nobody.
     given_up: GiveUp,
@@ -583,7 +604,7 @@ struct Attempt {
 }
 
 impl Attempt {
-    fn start(store: &Arc<dyn LockStore>, req: AcquireRequest, registered: bool) -> Self {
+    fn start(store: &Arc<dyn LockStore>, req: AcquireRequest, traces: Traces) -> Self {
         let store = store.clone();
         let given_up = req.given_up.clone();
         Attempt {
@@ -593,7 +614,7 @@ impl Attempt {
                 (store, req, res)
             }),
             answered: false,
-            registered,
+            traces,
             runtime: crate::background::here(),
         }
     }
@@ -615,7 +636,7 @@ impl Drop for Attempt {
         self.given_up.give_up();
         // A zero-sized stand-in: no allocation.
         let call = std::mem::replace(&mut self.call, Box::pin(std::future::pending()));
-        let registered = self.registered;
+        let traces = self.traces;
         crate::background::spawn_on(self.runtime.as_ref(), async move {
             let (store, req, res) = call.await;
             let (key, token) = (&req.key, req.token.as_str());
@@ -628,37 +649,60 @@ impl Drop for Attempt {
                 }
                 Ok(AcquireOutcome::Held(rec)) => {
                     let mine = crate::decide::position(&rec, token).is_some();
-                    withdraw(&*store, key, token, registered || mine).await;
+                    let traces = Traces {
+                        registered: traces.registered || mine,
+                        ..traces
+                    };
+                    withdraw(&*store, key, token, traces).await;
                 }
-                Err(_) => withdraw(&*store, key, token, registered).await,
+                Err(e) => {
+                    let traces = Traces {
+                        unanswered: traces.unanswered || e.is_retryable(),
+                        ..traces
+                    };
+                    withdraw(&*store, key, token, traces).await
+                }
             }
         });
     }
 }
 
-/// Withdraws a waiter registration, waiting for it until `until` at most (a slow store does not
-/// stretch a wait limit): the withdrawal then goes on in the background.
+/// Undoes what an acquisition left in the store (see [`withdraw`]), waiting for it until `until`
+/// at most (a slow store does not stretch a wait limit): it then goes on in the background.
 async fn withdraw_by(
     until: Instant,
     store: &Arc<dyn LockStore>,
     key: &Key,
     token: &str,
-    registered: bool,
+    traces: Traces,
 ) {
-    if !registered {
+    if !traces.any() {
         return;
     }
     let (store, key, token) = (store.clone(), key.clone(), token.to_owned());
     let (done, finished) = tokio::sync::oneshot::channel::<()>();
     crate::background::spawn_on(None, async move {
-        withdraw(&*store, &key, &token, true).await;
+        withdraw(&*store, &key, &token, traces).await;
         let _ = done.send(());
     });
     let _ = tokio::time::timeout_at(until, finished).await;
 }
 
-async fn withdraw(store: &dyn LockStore, key: &Key, token: &str, registered: bool) {
-    if registered {
+/// Undoes what an acquisition that leaves without a lease left in the store: a grant made for
+/// an attempt whose answer never came is released, and its place in line withdrawn.
+async fn withdraw(store: &dyn LockStore, key: &Key, token: &str, traces: Traces) {
+    if traces.unanswered {
+        match store.release(key, token).await {
+            Ok(crate::store::ReleaseOutcome::Released) => {
+                tracing::debug!(key = %key, "released a grant whose answer was lost, for an acquisition that left");
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::debug!(key = %key, error = %e, "could not release what an unanswered attempt may have been granted; it expires with its TTL");
+            }
+        }
+    }
+    if traces.registered {
         if let Err(e) = store.withdraw_waiter(key, token).await {
             tracing::debug!(key = %key, error = %e, "could not withdraw waiter registration; it lapses");
         }

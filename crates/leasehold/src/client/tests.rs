@@ -30,6 +30,9 @@ struct NoNotifications {
     /// When set, each acquisition's answer waits for a permit after the store has applied it
     /// (an answer in flight).
     answer_gate: Option<Arc<tokio::sync::Semaphore>>,
+    /// Its next `lose_answers` acquisitions are applied, and answered with a retryable error (an
+    /// answer lost on the way).
+    lose_answers: AtomicUsize,
 }
 
 #[async_trait]
@@ -54,6 +57,17 @@ impl LockStore for NoNotifications {
             });
         }
         let answer = self.inner.acquire(req).await;
+        let lose = self
+            .lose_answers
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if lose {
+            return Err(Error::Unavailable {
+                source: None,
+                store: self.describe(),
+                detail: "the answer was lost".into(),
+            });
+        }
         if let Some(gate) = &self.answer_gate {
             if let Ok(permit) = gate.acquire().await {
                 permit.forget(); // one answer per permit
@@ -472,5 +486,33 @@ async fn an_acquire_dropped_outside_any_runtime_with_its_grant_in_flight_leaves_
         free_after_settling(&*store, "k").await,
         "the grant in flight stayed held for nobody: {:?}",
         record_of(&*store, "k").await
+    );
+}
+
+/// An acquisition whose every answer is lost (the store applied its grant) gives up at its wait
+/// limit, and releases what it may have been granted on its way out: the key is not left held
+/// for nobody until its TTL.
+#[tokio::test]
+async fn an_acquisition_that_gives_up_after_unanswered_attempts_releases_their_grant() {
+    let store = Arc::new(NoNotifications {
+        notifies: true,
+        lose_answers: AtomicUsize::new(usize::MAX),
+        ..Default::default()
+    });
+    let locks = Locks::from_arc(store.clone()).with_local_layer(false);
+    let out = locks
+        .lock("k")
+        .unwrap()
+        .ttl(Duration::from_secs(30))
+        .wait(Duration::from_millis(300))
+        .acquire()
+        .await;
+    assert!(matches!(out, Err(Error::Timeout { .. })), "{out:?}");
+    assert!(store.acquires.load(Ordering::SeqCst) >= 1);
+    crate::settle(Duration::from_secs(5)).await;
+    let left = record_of(&*store, "k").await;
+    assert!(
+        left.as_ref().is_none_or(|r| r.token.is_none()),
+        "the grant of an unanswered attempt stayed held for nobody: {left:?}"
     );
 }
