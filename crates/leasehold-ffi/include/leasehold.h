@@ -383,7 +383,7 @@ lh_status lh_lock_try_acquire(const lh_locks *locks,
                               lh_lease **out,
                               lh_error **err);
 
-// Takes one permit of the semaphore `key` of `permits` permits (1 to 1024): at most `permits`
+// Takes one permit of the semaphore `key` of `permits` permits (1 to 64): at most `permits`
 // holders at once, across processes and hosts, each with its own fence; waiters served in
 // arrival order. Held, renewed, released and watched like a lock's lease. As
 // `lh_lock_acquire`, and `LH_INVALID_OPTION` when `permits` is out of range or the key is

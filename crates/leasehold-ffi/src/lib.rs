@@ -57,3 +57,14 @@ pub use status::{
     lh_error, lh_error_code, lh_error_free, lh_error_holder, lh_error_key, lh_error_message,
     lh_error_retryable, lh_error_waited_ms, lh_status, lh_status_name, lh_string_free, lh_version,
 };
+
+/// The handles documented thread-safe are `Send + Sync` (checked when this crate compiles).
+const _: fn() = || {
+    fn thread_safe<T: Send + Sync>() {}
+    thread_safe::<lh_locks>();
+    thread_safe::<lh_lease>();
+    thread_safe::<lh_cancel>();
+    thread_safe::<lh_error>();
+    thread_safe::<lh_lock_options>();
+    thread_safe::<lh_connect_options>();
+};
