@@ -10,6 +10,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 static const char *prefix;
 
@@ -325,6 +327,23 @@ static void freed_without_release(lh_locks *a, lh_locks *b) {
   lh_lock_options_free(o);
 }
 
+/* A child forked after the runtime started is refused, not left hanging. */
+static void forked_child(lh_locks *a) {
+  pid_t pid = fork();
+  CHECK(pid >= 0, "fork");
+  if (pid == 0) {
+    lh_lease *lease = NULL;
+    lh_error *err = NULL;
+    lh_status st = lh_lock_try_acquire(a, key("fork"), NULL, NULL, &lease, &err);
+    int refused = st == LH_FORKED && lh_error_code(err) == LH_FORKED && lease == NULL;
+    lh_error_free(err);
+    _exit(refused ? 0 : 1);
+  }
+  int status = 0;
+  CHECK(waitpid(pid, &status, 0) == pid, "waitpid");
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the child was not refused: %d", status);
+}
+
 int main(int argc, char **argv) {
   if (argc != 3) {
     fprintf(stderr, "usage: smoke STORE-URL KEY-PREFIX\n");
@@ -343,6 +362,7 @@ int main(int argc, char **argv) {
   lost_after_force_release(a, b);
   permits(a, b);
   freed_without_release(a, b);
+  forked_child(a);
 
   uint64_t left = 1;
   EXPECT(lh_settle(5000, &left, ERR), LH_OK);
