@@ -229,8 +229,12 @@ fn strings_handed_out_are_the_callers_and_static_ones_are_not() {
             CStr::from_ptr(lh_lease_key(lease)).to_str().ok(),
             Some("json")
         );
-        lh_lease_free(lease);
+        // A lease outlives its client.
         lh_locks_free(locks);
+        assert!(lh_lease_is_current(lease));
+        let st = lh_lease_release(lease, std::ptr::null(), null_mut(), &mut err);
+        expect(st, err, lh_status::LH_OK);
+        lh_lease_free(lease);
     }
 }
 
