@@ -345,3 +345,20 @@ pub fn run_all(program: &str, args: &[&str], n: usize, overlap: &str) {
         );
     }
 }
+
+/// Debian's libfaketime (package `faketime`), for this machine's architecture: what a test
+/// preloads to run a process with a moved wall clock.
+///
+/// # Panics
+/// When it is not installed (`apt-get install faketime`; the test command installs it).
+pub fn libfaketime() -> PathBuf {
+    std::fs::read_dir("/usr/lib")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|d| d.path().join("faketime/libfaketime.so.1"))
+        .find(|p| p.exists())
+        .unwrap_or_else(|| {
+            panic!("libfaketime not found under /usr/lib/*/faketime: apt-get install faketime")
+        })
+}

@@ -50,7 +50,7 @@ impl Worker {
             Some(o) => {
                 leasehold_testkit::sweep_faketime_leftovers();
                 let mut c = Command::new(&worker);
-                c.env("LD_PRELOAD", libfaketime())
+                c.env("LD_PRELOAD", leasehold_testkit::libfaketime())
                     .env("FAKETIME", o)
                     .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
                     .env("FAKETIME_NO_CACHE", "1");
@@ -89,19 +89,6 @@ impl Worker {
     fn printed(&self) -> Option<String> {
         self.lines.try_recv().ok().map(|(_, l)| l)
     }
-}
-
-/// Debian's libfaketime (package `faketime`), for this machine's architecture.
-fn libfaketime() -> std::path::PathBuf {
-    std::fs::read_dir("/usr/lib")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|d| d.path().join("faketime/libfaketime.so.1"))
-        .find(|p| p.exists())
-        .unwrap_or_else(|| {
-            panic!("libfaketime not found under /usr/lib/*/faketime: apt-get install faketime")
-        })
 }
 
 /// Processes started with [`Worker::spawn`], killed when dropped.

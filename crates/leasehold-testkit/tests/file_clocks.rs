@@ -48,7 +48,7 @@ impl Worker {
             Clock::Wall(secs) | Clock::AllClocks(secs) => {
                 leasehold_testkit::sweep_faketime_leftovers();
                 let mut c = Command::new(&worker);
-                c.env("LD_PRELOAD", libfaketime())
+                c.env("LD_PRELOAD", leasehold_testkit::libfaketime())
                     .env("FAKETIME", format!("{secs:+}s"))
                     .env("FAKETIME_NO_CACHE", "1");
                 if let Clock::Wall(_) = clock {
@@ -145,19 +145,6 @@ fn is_root() -> bool {
 /// What a worker that cannot start in a time namespace needs.
 fn namespace_hint() -> &'static str {
     " (a worker in a time namespace needs util-linux `unshare` with --time, Linux 5.6+, and root or unprivileged user namespaces)"
-}
-
-/// Debian's libfaketime (package `faketime`), for this machine's architecture.
-fn libfaketime() -> std::path::PathBuf {
-    std::fs::read_dir("/usr/lib")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|d| d.path().join("faketime/libfaketime.so.1"))
-        .find(|p| p.exists())
-        .unwrap_or_else(|| {
-            panic!("libfaketime not found under /usr/lib/*/faketime: apt-get install faketime")
-        })
 }
 
 /// The fence a `hold` worker printed (`held FENCE`).

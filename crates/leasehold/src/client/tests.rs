@@ -35,6 +35,12 @@ struct NoNotifications {
     lose_answers: AtomicUsize,
 }
 
+/// Counts `n` down by one; whether it was above zero.
+fn take_one(n: &AtomicUsize) -> bool {
+    n.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+        .is_ok()
+}
+
 #[async_trait]
 impl LockStore for NoNotifications {
     fn describe(&self) -> String {
@@ -45,28 +51,12 @@ impl LockStore for NoNotifications {
     }
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome> {
         self.acquires.fetch_add(1, Ordering::SeqCst);
-        let fail = self
-            .fail_acquires
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok();
-        if fail {
-            return Err(Error::Unavailable {
-                source: None,
-                store: self.describe(),
-                detail: "no answer".into(),
-            });
+        if take_one(&self.fail_acquires) {
+            return Err(Error::unavailable(self.describe(), "no answer"));
         }
         let answer = self.inner.acquire(req).await;
-        let lose = self
-            .lose_answers
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok();
-        if lose {
-            return Err(Error::Unavailable {
-                source: None,
-                store: self.describe(),
-                detail: "the answer was lost".into(),
-            });
+        if take_one(&self.lose_answers) {
+            return Err(Error::unavailable(self.describe(), "the answer was lost"));
         }
         if let Some(gate) = &self.answer_gate {
             if let Ok(permit) = gate.acquire().await {
