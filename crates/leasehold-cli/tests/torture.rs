@@ -229,19 +229,25 @@ fn redis_keeps_exclusion_and_fences_under_kills_and_pauses() {
 
 /// Asserts a run kept its promises: exit 0, and every row with sections, faults injected, no
 /// overlap and no fence violation.
+/// A phase's row that ran sections under injected faults with no overlap and no fence
+/// violation; `context` goes into the failure message.
+fn row_kept(row: &serde_json::Value, context: &str) {
+    assert!(
+        n(row, "sections") > 0 && n(row, "faults_injected") > 0,
+        "{row} {context}"
+    );
+    assert_eq!(
+        (n(row, "overlaps"), n(row, "fence_violations")),
+        (0, 0),
+        "{row} {context}"
+    );
+}
+
 fn kept_under_faults(code: i32, rows: &[serde_json::Value]) {
     assert_eq!(code, 0, "{rows:?}");
     assert!(!rows.is_empty());
     for row in rows {
-        assert!(
-            n(row, "sections") > 0 && n(row, "faults_injected") > 0,
-            "{row}"
-        );
-        assert_eq!(
-            (n(row, "overlaps"), n(row, "fence_violations")),
-            (0, 0),
-            "{row}"
-        );
+        row_kept(row, "");
     }
 }
 
@@ -393,15 +399,7 @@ fn keeps_exclusion_when_answers_are_lost(kind: &str, seed: &str) {
         assert_eq!(code, 0, "{kind} {mode:?}: {rows:?}\n{said}");
         assert_eq!(rows.len(), 1, "{rows:?}");
         let row = &rows[0];
-        assert!(
-            n(row, "sections") > 0 && n(row, "faults_injected") > 0,
-            "{kind} {mode:?}: {row}"
-        );
-        assert_eq!(
-            (n(row, "overlaps"), n(row, "fence_violations")),
-            (0, 0),
-            "{kind} {mode:?}: {row}\n{said}"
-        );
+        row_kept(row, &format!("{kind} {mode:?}: {said}"));
         let cut: u64 = said
             .lines()
             .find_map(|l| l.strip_prefix("leasehold torture: lost-answer: after "))
