@@ -13,8 +13,6 @@ use leasehold_testkit::foreign::python;
 use leasehold_testkit::gcs_server::GcsServer;
 use leasehold_testkit::proxy::TcpProxy;
 use leasehold_testkit::servers::{ApiServer, PostgresServer, RedisServer};
-use std::io::{BufRead, BufReader, Write};
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
@@ -78,36 +76,6 @@ fn check_installed(python: &Path) {
     );
 }
 
-/// Serves `pause` / `resume` lines for `proxy` on a loopback port, answering `ok`.
-fn proxy_control(proxy: Arc<TcpProxy>) -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let port = listener.local_addr().expect("address").port();
-    std::thread::spawn(move || {
-        for conn in listener.incoming() {
-            let Ok(conn) = conn else { continue };
-            let proxy = proxy.clone();
-            std::thread::spawn(move || {
-                let Ok(mut out) = conn.try_clone() else {
-                    return;
-                };
-                for line in BufReader::new(conn).lines() {
-                    let Ok(line) = line else { return };
-                    match line.trim() {
-                        "pause" => proxy.pause(),
-                        "resume" => proxy.resume(),
-                        _ => {
-                            let _ = writeln!(out, "unknown");
-                            continue;
-                        }
-                    }
-                    let _ = writeln!(out, "ok");
-                }
-            });
-        }
-    });
-    port
-}
-
 /// The value of `attr="N"` in the first element of `xml` that has it.
 fn count(xml: &str, attr: &str) -> u64 {
     let pat = format!(" {attr}=\"");
@@ -125,7 +93,7 @@ fn python_package_passes_its_tests_against_real_servers() {
     check_installed(&python);
     let redis = RedisServer::start();
     let proxy = Arc::new(TcpProxy::start(redis.port));
-    let control = proxy_control(proxy.clone());
+    let control = proxy.serve_control();
     let api = ApiServer::start();
     let gcs = GcsServer::start();
     let pg = PostgresServer::start();

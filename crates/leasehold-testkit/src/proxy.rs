@@ -129,6 +129,51 @@ impl TcpProxy {
     pub fn point_to(&self, target: u16) {
         self.target.store(target, Ordering::SeqCst);
     }
+
+    /// Lets another process (a binding's tests) pause and resume this proxy: serves `pause` and
+    /// `resume` lines on a free loopback port, which it returns, answering each with `ok` once
+    /// done (`unknown` to anything else).
+    ///
+    /// # Panics
+    /// When no loopback port can be bound.
+    pub fn serve_control(self: &Arc<Self>) -> u16 {
+        let listener =
+            TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("proxy control: bind: {e}"));
+        let port = listener
+            .local_addr()
+            .unwrap_or_else(|e| panic!("proxy control: local address: {e}"))
+            .port();
+        let proxy = Arc::clone(self);
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(conn) = conn else { continue };
+                let proxy = Arc::clone(&proxy);
+                std::thread::spawn(move || {
+                    let Ok(mut out) = conn.try_clone() else {
+                        return;
+                    };
+                    for line in std::io::BufRead::lines(std::io::BufReader::new(conn)) {
+                        let Ok(line) = line else { return };
+                        let answer = match line.trim() {
+                            "pause" => {
+                                proxy.pause();
+                                "ok"
+                            }
+                            "resume" => {
+                                proxy.resume();
+                                "ok"
+                            }
+                            _ => "unknown",
+                        };
+                        if writeln!(out, "{answer}").is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        port
+    }
 }
 
 /// Copies `from` to `to` until `from` ends, then ends `to`'s writing side: one thread reads (so

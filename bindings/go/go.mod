@@ -1,0 +1,3 @@
+module leasehold.dev/leasehold
+
+go 1.19
