@@ -114,15 +114,13 @@ pub(crate) fn invalid_option(name: &'static str, reason: String) -> PyErr {
     from_error(Error::InvalidOption { name, reason })
 }
 
-/// A call in a child forked after the runtime started in `parent`.
-pub(crate) fn forked(parent: u32, me: u32) -> PyErr {
+/// A call in a child forked after the runtime started (`why` says in which process).
+pub(crate) fn forked(why: &leasehold::runtime::RuntimeError) -> PyErr {
     raise(
         "ForkedProcessError",
         format!(
-            "leasehold started its runtime in process {parent}; process {me} is a fork of it and \
-             cannot use it (its threads did not survive the fork). Use leasehold in the child \
-             only if the parent had not used it yet, or start children with \
-             multiprocessing's 'spawn' or 'forkserver' method."
+            "{why}. Use leasehold in the child only if the parent had not used it yet, or start \
+             children with multiprocessing's 'spawn' or 'forkserver' method."
         ),
         &[("retryable", Field::Flag(false))],
     )

@@ -81,14 +81,27 @@ impl Cancel {
 }
 
 impl Cancel {
-    /// The callable the awaitable hands its answer to when it was cancelled.
-    pub(crate) fn hand(slf: &Bound<'_, Self>) -> PyResult<Py<PyAny>> {
-        Ok(slf.getattr("stash")?.unbind())
+    /// `acquisition` as an awaitable that `cancel` stops: its answer, when it comes after the
+    /// awaitable was cancelled, goes to `cancel` (see [`Cancel::late`]).
+    pub(crate) fn awaitable<'py, F>(
+        py: Python<'py>,
+        cancel: &Bound<'_, Self>,
+        acquisition: F,
+    ) -> PyResult<Bound<'py, PyAny>>
+    where
+        F: Future<Output = PyResult<Option<LeaseGuard>>> + Send + 'static,
+    {
+        let hand = cancel.getattr("stash")?.unbind();
+        run::awaitable_as(
+            py,
+            cancel.get().guard(acquisition),
+            run::OnCancelled::Hand(hand),
+        )
     }
 
     /// `acquisition`, stopped by [`Cancel::cancel`]: `None` then, once the library's background
     /// work for it has settled.
-    pub(crate) fn guard<F>(
+    fn guard<F>(
         &self,
         acquisition: F,
     ) -> impl Future<Output = PyResult<Option<Lease>>> + Send + 'static
@@ -165,7 +178,7 @@ impl Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        if run::forked() {
+        if leasehold::runtime::is_forked() {
             // A forked child's copy of the parent's lease: releasing it would free the parent's
             // key while the parent works under it. It is left alone (leaked, with its runtime).
             std::mem::forget(self.guard.clone());
@@ -236,7 +249,7 @@ impl Lease {
     /// The record as JSON text, as it was when the lease was taken.
     #[getter]
     fn record(&self) -> PyResult<String> {
-        crate::to_json(self.guard.record())
+        crate::locks::to_json(self.guard.record())
     }
 
     /// Completes with why the lease was lost (awaitable); with `None` if this lease is dropped
@@ -251,11 +264,7 @@ impl Lease {
     /// Waits up to `timeout` seconds (no limit with `None`) for the lease to be lost: why, or
     /// `None` when it was not lost by then.
     #[pyo3(signature = (timeout=None))]
-    fn lost_blocking(
-        &self,
-        py: Python<'_>,
-        timeout: Option<run::Secs>,
-    ) -> PyResult<Option<String>> {
+    fn lost_sync(&self, py: Python<'_>, timeout: Option<run::Secs>) -> PyResult<Option<String>> {
         let limit = run::seconds("timeout", timeout)?;
         let g = self.guard.clone();
         run::block(py, limit, async move { Ok(g.lost().await.to_string()) })
@@ -272,7 +281,7 @@ impl Lease {
 
     /// Waits up to `timeout` seconds for a waiter: its identity, or `None`.
     #[pyo3(signature = (timeout=None))]
-    fn handoff_requested_blocking(
+    fn handoff_requested_sync(
         &self,
         py: Python<'_>,
         timeout: Option<run::Secs>,
@@ -301,7 +310,7 @@ impl Lease {
     }
 
     /// The blocking form of `release`.
-    fn release_blocking(&self, py: Python<'_>) -> PyResult<String> {
+    fn release_sync(&self, py: Python<'_>) -> PyResult<String> {
         let g = self.guard.clone();
         run::block_all(py, async move { g.release().await.py().map(released) })
     }
@@ -322,4 +331,11 @@ impl Lease {
             ),
         }
     }
+}
+
+/// Adds the lease's classes to the module.
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Lease>()?;
+    m.add_class::<Cancel>()?;
+    Ok(())
 }

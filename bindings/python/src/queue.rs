@@ -18,15 +18,28 @@
 use crate::errors::{self, IntoPy};
 use crate::run;
 use leasehold::queue::worker::{RunningTask, Shutdown, StopReason, TaskRunner};
-use leasehold::queue::{
-    open_queue as open, Cancelled, NewTask, Outcome, Policy, Priority, QueueBackend,
-};
+use leasehold::queue::{open_queue as open, Cancelled, Outcome, Policy, Priority, QueueBackend};
 use leasehold::{HolderId, LockOptions};
 use pyo3::prelude::*;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::oneshot;
+
+/// The queue the command uses without `--queue`: `LEASEHOLD_QUEUE`, else the library's default
+/// (`sqlite://<state dir>/leasehold/queue.db`).
+#[pyfunction]
+fn default_queue_url() -> String {
+    leasehold::defaults::queue_url_from_env()
+}
+
+/// The lease store a worker of the queue `queue_url` uses when none is named, as `leasehold
+/// queue work` picks it: `LEASEHOLD_STORE`; else, for a PostgreSQL queue, the same database;
+/// else the default file store.
+#[pyfunction]
+fn worker_store_url(queue_url: &str) -> PyResult<String> {
+    leasehold::defaults::worker_store_url_from_env(queue_url).py()
+}
 
 /// Opens the queue at `url` (`sqlite:///path/queue.db` or `postgres://…`). Blocks with the GIL
 /// released while the database is opened (and its schema created).
@@ -54,33 +67,48 @@ fn count(name: &'static str, n: i64) -> PyResult<u32> {
     })
 }
 
-/// A task from Python's `add` arguments (checked when enqueued, as the library does).
-fn new_task(
-    key: String,
-    payload: String,
-    priority: &str,
-    group: Option<String>,
-    timeout: Option<run::Secs>,
-    policy: &str,
-    max_attempts: i64,
-) -> PyResult<NewTask> {
-    let mut task = NewTask::new(key, payload);
-    task.priority = priority.parse::<Priority>().py()?;
-    task.group = group;
-    task.timeout = run::seconds("timeout", timeout)?;
-    task.policy = match policy.trim().to_ascii_lowercase().as_str() {
-        "at-most-once" => Policy::AtMostOnce,
-        "at-least-once" => Policy::AtLeastOnce {
-            max_attempts: count("max_attempts", max_attempts)?,
-        },
-        _ => {
-            return Err(errors::invalid_option(
-                "policy",
-                format!("{policy:?} is not a policy (use at-most-once or at-least-once)"),
-            ))
-        }
-    };
-    Ok(task)
+/// A task to add, filled once from `add`'s arguments (checked when enqueued, as the library
+/// does).
+#[pyclass(module = "leasehold._native", frozen)]
+struct NewTask {
+    inner: leasehold::queue::NewTask,
+}
+
+#[pymethods]
+impl NewTask {
+    #[new]
+    #[pyo3(signature = (key, payload, *, priority="normal", group=None, timeout=None, policy="at-most-once", max_attempts=3))]
+    fn new(
+        key: String,
+        payload: String,
+        priority: &str,
+        group: Option<String>,
+        timeout: Option<run::Secs>,
+        policy: &str,
+        max_attempts: i64,
+    ) -> PyResult<Self> {
+        let mut task = leasehold::queue::NewTask::new(key, payload);
+        task.priority = priority.parse::<Priority>().py()?;
+        task.group = group;
+        task.timeout = run::seconds("timeout", timeout)?;
+        task.policy = match policy.trim().to_ascii_lowercase().as_str() {
+            "at-most-once" => Policy::AtMostOnce,
+            "at-least-once" => Policy::AtLeastOnce {
+                max_attempts: count("max_attempts", max_attempts)?,
+            },
+            _ => {
+                return Err(errors::invalid_option(
+                    "policy",
+                    format!("{policy:?} is not a policy (use at-most-once or at-least-once)"),
+                ))
+            }
+        };
+        Ok(NewTask { inner: task })
+    }
+
+    fn __repr__(&self) -> String {
+        format!("NewTask(key={:?})", self.inner.key)
+    }
 }
 
 /// `cancel`'s answer: `("cancelled", None)`, `("requested", None)` or `("already-ended", state)`.
@@ -95,9 +123,10 @@ fn cancelled(c: Cancelled) -> (String, Option<String>) {
 impl Queue {
     fn add_fut(
         &self,
-        task: NewTask,
+        task: &NewTask,
     ) -> impl Future<Output = PyResult<(u64, u64)>> + Send + 'static {
         let q = self.inner.clone();
+        let task = task.inner.clone();
         async move {
             let done = q.enqueue(&task).await.py()?;
             Ok((done.id, done.position))
@@ -144,38 +173,12 @@ impl Queue {
 #[pymethods]
 impl Queue {
     /// Adds a task (awaitable): `(id, position)`, its place in its key's line (1 = next).
-    #[pyo3(signature = (key, payload, *, priority="normal", group=None, timeout=None, policy="at-most-once", max_attempts=3))]
-    #[allow(clippy::too_many_arguments)]
-    fn add<'py>(
-        &self,
-        py: Python<'py>,
-        key: String,
-        payload: String,
-        priority: &str,
-        group: Option<String>,
-        timeout: Option<run::Secs>,
-        policy: &str,
-        max_attempts: i64,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        let task = new_task(key, payload, priority, group, timeout, policy, max_attempts)?;
+    fn add<'py>(&self, py: Python<'py>, task: &NewTask) -> PyResult<Bound<'py, PyAny>> {
         run::awaitable(py, self.add_fut(task))
     }
 
     /// The blocking form of `add`.
-    #[pyo3(signature = (key, payload, *, priority="normal", group=None, timeout=None, policy="at-most-once", max_attempts=3))]
-    #[allow(clippy::too_many_arguments)]
-    fn add_blocking(
-        &self,
-        py: Python<'_>,
-        key: String,
-        payload: String,
-        priority: &str,
-        group: Option<String>,
-        timeout: Option<run::Secs>,
-        policy: &str,
-        max_attempts: i64,
-    ) -> PyResult<(u64, u64)> {
-        let task = new_task(key, payload, priority, group, timeout, policy, max_attempts)?;
+    fn add_sync(&self, py: Python<'_>, task: &NewTask) -> PyResult<(u64, u64)> {
         run::block_all(py, self.add_fut(task))
     }
 
@@ -186,7 +189,7 @@ impl Queue {
     }
 
     /// The blocking form of `status`.
-    fn status_blocking(&self, py: Python<'_>) -> PyResult<String> {
+    fn status_sync(&self, py: Python<'_>) -> PyResult<String> {
         run::block_all(py, self.status_fut())
     }
 
@@ -197,7 +200,7 @@ impl Queue {
     }
 
     /// The blocking form of `cancel`.
-    fn cancel_blocking(&self, py: Python<'_>, id: u64) -> PyResult<(String, Option<String>)> {
+    fn cancel_sync(&self, py: Python<'_>, id: u64) -> PyResult<(String, Option<String>)> {
         run::block_all(py, self.cancel_fut(id))
     }
 
@@ -207,7 +210,7 @@ impl Queue {
     }
 
     /// The blocking form of `get`.
-    fn get_blocking(&self, py: Python<'_>, id: u64) -> PyResult<String> {
+    fn get_sync(&self, py: Python<'_>, id: u64) -> PyResult<String> {
         run::block_all(py, self.get_fut(id))
     }
 
@@ -220,7 +223,7 @@ impl Queue {
 
     /// The blocking form of `list`.
     #[pyo3(signature = (all=false, limit=1000))]
-    fn list_blocking(&self, py: Python<'_>, all: bool, limit: u64) -> PyResult<String> {
+    fn list_sync(&self, py: Python<'_>, all: bool, limit: u64) -> PyResult<String> {
         run::block_all(py, self.list_fut(all, limit))
     }
 
@@ -231,7 +234,7 @@ impl Queue {
     }
 
     /// The blocking form of `cleanup`.
-    fn cleanup_blocking(&self, py: Python<'_>, older_than: run::Secs) -> PyResult<u64> {
+    fn cleanup_sync(&self, py: Python<'_>, older_than: run::Secs) -> PyResult<u64> {
         let fut = self.cleanup_fut(older_than)?;
         run::block_all(py, fut)
     }
@@ -526,38 +529,77 @@ struct Worker {
     ready: Mutex<Option<(leasehold::queue::worker::Worker, PyRunner)>>,
 }
 
-/// Seconds from Python that must be given (not `None`).
-fn secs(name: &'static str, v: run::Secs) -> PyResult<Duration> {
-    Ok(run::seconds(name, Some(v))?.unwrap_or_default())
+/// A worker's options: the library's `WorkerOptions`, filled once from keywords (seconds as
+/// `int` or `float`, counts as `int`; `None` keeps the library's default).
+#[pyclass(module = "leasehold._native", frozen)]
+struct WorkerOptions {
+    inner: leasehold::queue::worker::WorkerOptions,
+}
+
+#[pymethods]
+impl WorkerOptions {
+    #[new]
+    #[pyo3(signature = (*, slots=None, ttl=None, group_limit=None, lease_wait=None, aging=None, drain_timeout=None, stop_grace=None, cleanup_after=None, exit_when_idle=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        slots: Option<i64>,
+        ttl: Option<run::Secs>,
+        group_limit: Option<i64>,
+        lease_wait: Option<run::Secs>,
+        aging: Option<run::Secs>,
+        drain_timeout: Option<run::Secs>,
+        stop_grace: Option<run::Secs>,
+        cleanup_after: Option<run::Secs>,
+        exit_when_idle: bool,
+    ) -> PyResult<Self> {
+        let mut o = leasehold::queue::worker::WorkerOptions::default();
+        if let Some(n) = slots {
+            o.slots = count("slots", n)?;
+        }
+        if let Some(ttl) = run::seconds("ttl", ttl)? {
+            o.ttl = ttl;
+        }
+        o.group_limit = group_limit.map(|n| count("group_limit", n)).transpose()?;
+        o.lease_wait = run::seconds("lease_wait", lease_wait)?;
+        if let Some(aging) = run::seconds("aging", aging)? {
+            o.aging = aging;
+        }
+        if let Some(d) = run::seconds("drain_timeout", drain_timeout)? {
+            o.drain_timeout = d;
+        }
+        if let Some(g) = run::seconds("stop_grace", stop_grace)? {
+            o.stop_grace = g;
+        }
+        o.cleanup_after = run::seconds("cleanup_after", cleanup_after)?;
+        o.exit_when_idle = exit_when_idle;
+        // Refused here, as a lock's options are, rather than when the worker runs.
+        o.validate().py()?;
+        Ok(WorkerOptions { inner: o })
+    }
+
+    fn __repr__(&self) -> String {
+        format!("{:?}", self.inner)
+    }
 }
 
 #[pymethods]
 impl Worker {
-    /// A worker on `queue` taking the key leases from `locks` (under the holder `name` if
-    /// given), calling the hooks `start`, `cancel`, `abandoned` and `report` (see the module
-    /// docs of `leasehold.queue`).
+    /// A worker on `queue` with `options`, taking the key leases from `locks` (under the holder
+    /// `name` if given), calling the hooks `start`, `cancel`, `abandoned` and `report` (see the
+    /// module docs of `leasehold.queue`).
     #[new]
-    #[pyo3(signature = (queue, locks, start, cancel, abandoned, report, *, slots=4, ttl=run::Secs(30.0), group_limit=None, lease_wait=None, aging=run::Secs(60.0), drain_timeout=run::Secs(30.0), stop_grace=run::Secs(10.0), cleanup_after=None, exit_when_idle=false, name=None), text_signature = "(queue, locks, start, cancel, abandoned, report, *, slots=4, ttl=30.0, group_limit=None, lease_wait=None, aging=60.0, drain_timeout=30.0, stop_grace=10.0, cleanup_after=None, exit_when_idle=False, name=None)")]
+    #[pyo3(signature = (queue, locks, start, cancel, abandoned, report, options, *, name=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         queue: &Queue,
-        locks: &crate::Locks,
+        locks: &crate::locks::Locks,
         start: Py<PyAny>,
         cancel: Py<PyAny>,
         abandoned: Py<PyAny>,
         report: Py<PyAny>,
-        slots: i64,
-        ttl: run::Secs,
-        group_limit: Option<i64>,
-        lease_wait: Option<run::Secs>,
-        aging: run::Secs,
-        drain_timeout: run::Secs,
-        stop_grace: run::Secs,
-        cleanup_after: Option<run::Secs>,
-        exit_when_idle: bool,
+        options: &WorkerOptions,
         name: Option<String>,
     ) -> PyResult<Self> {
-        let ttl = secs("ttl", ttl)?;
         let locks = match name {
             Some(n) if n.trim().is_empty() => {
                 return Err(errors::invalid_option("name", "must not be empty".into()))
@@ -572,32 +614,18 @@ impl Worker {
             report,
         });
         let reporter = hooks.clone();
-        let mut w = leasehold::queue::worker::Worker::new(queue.inner.clone(), locks)
-            .slots(count("slots", slots)?)
-            .ttl(ttl)
-            .aging(secs("aging", aging)?)
-            .drain_timeout(secs("drain_timeout", drain_timeout)?)
-            .stop_grace(secs("stop_grace", stop_grace)?)
-            .exit_when_idle(exit_when_idle)
+        let w = leasehold::queue::worker::Worker::new(queue.inner.clone(), locks)
+            .options(options.inner.clone())
             .on_problem(move |line| reporter.report(line));
-        if let Some(limit) = group_limit {
-            w = w.group_limit(count("group_limit", limit)?);
-        }
-        if let Some(wait) = run::seconds("lease_wait", lease_wait)? {
-            w = w.lease_wait(wait);
-        }
-        if let Some(older) = run::seconds("cleanup_after", cleanup_after)? {
-            w = w.cleanup_after(older);
-        }
         // The key leases are taken with the worker's TTL and the other options at their
         // defaults: their loss grace is the default rule's.
-        let mut options = LockOptions::default();
-        options.ttl = ttl;
+        let mut lease = LockOptions::default();
+        lease.ttl = options.inner.ttl;
         // Refused here, as a lock's options are, rather than at each claim.
-        options.validate().py()?;
+        lease.validate().py()?;
         let runner = PyRunner {
             hooks,
-            loss_grace: options.loss_grace_period(),
+            loss_grace: lease.loss_grace_period(),
         };
         Ok(Worker {
             name: w.name().to_owned(),
@@ -652,5 +680,9 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Queue>()?;
     m.add_class::<QueueTask>()?;
     m.add_class::<Worker>()?;
+    m.add_class::<WorkerOptions>()?;
+    m.add_class::<NewTask>()?;
+    m.add_function(wrap_pyfunction!(default_queue_url, m)?)?;
+    m.add_function(wrap_pyfunction!(worker_store_url, m)?)?;
     Ok(())
 }

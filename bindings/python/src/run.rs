@@ -7,54 +7,35 @@
 //! and answers a pending call through an eventfd the loop watches, one hop each way.
 
 use crate::errors;
+use leasehold::runtime::RuntimeError;
 use pyo3::exceptions::PyStopIteration;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::{intern, IntoPyObjectExt};
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::OnceLock;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
-
-/// The process that started the runtime. A child forked after that has the runtime's memory but
-/// none of its threads: a call there would wait forever, so it is refused instead.
-static STARTED_IN: OnceLock<u32> = OnceLock::new();
 
 /// How often a blocking call wakes up to let Python handle a signal (Ctrl-C).
 const SIGNAL_CHECK: Duration = Duration::from_millis(100);
 
+/// The Python exception for a runtime that cannot be had.
+fn runtime_error(e: RuntimeError) -> PyErr {
+    match e {
+        RuntimeError::Forked { .. } => errors::forked(&e),
+        other => errors::internal(&other.to_string()),
+    }
+}
+
 /// Refuses a call in a child forked after the runtime started.
 pub(crate) fn check_fork() -> PyResult<()> {
-    let me = std::process::id();
-    let started = *STARTED_IN.get_or_init(|| me);
-    if started == me {
-        Ok(())
-    } else {
-        Err(errors::forked(started, me))
-    }
+    leasehold::runtime::check_fork().map_err(runtime_error)
 }
 
-/// Whether this process is a child forked after the runtime started (in another process).
-pub(crate) fn forked() -> bool {
-    STARTED_IN
-        .get()
-        .is_some_and(|&started| started != std::process::id())
-}
-
-static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-
+/// The process's runtime ([`leasehold::runtime::shared`], the one the C ABI uses too).
 fn runtime() -> PyResult<&'static tokio::runtime::Runtime> {
-    check_fork()?;
-    if let Some(rt) = RUNTIME.get() {
-        return Ok(rt);
-    }
-    let built = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .thread_name("leasehold")
-        .build()
-        .map_err(|e| errors::internal(&format!("cannot start the runtime: {e}")))?;
-    Ok(RUNTIME.get_or_init(|| built))
+    leasehold::runtime::shared().map_err(runtime_error)
 }
 
 /// `fut` as an asyncio awaitable.
@@ -440,19 +421,7 @@ where
 
 /// `instant` on Python's `time.monotonic()` scale (both read `CLOCK_MONOTONIC` on Linux).
 pub(crate) fn monotonic(instant: Instant) -> f64 {
-    let now = Instant::now();
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid timespec to write into; CLOCK_MONOTONIC always exists on Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    let now_s = ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9;
-    if instant >= now {
-        now_s + (instant - now).as_secs_f64()
-    } else {
-        now_s - (now - instant).as_secs_f64()
-    }
+    leasehold::runtime::monotonic_ns(instant) as f64 / 1e9
 }
 
 /// Seconds as Python passes them: an `int` or a `float`, never a `bool` (`ttl=True` is a

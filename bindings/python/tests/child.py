@@ -2,6 +2,8 @@
 
 - ``cycle URL KEY N LOG``: N times take the lease, append ``in FENCE PID`` and ``out FENCE PID``
   to LOG around a short piece of work, release.
+- ``permits URL KEY KIND N LOG``: as ``cycle``, with a permit instead of the lock: KIND is
+  ``semaphore:COUNT``, ``read`` or ``write``; the lines are ``in FENCE PID KIND``.
 - ``wait URL KEY HOLDER``: print ``waiting``, wait for the lease as HOLDER, print ``got FENCE T``
   (``T``: ``time.monotonic()`` when granted), release.
 - ``interrupt URL KEY HOLDER``: print ``waiting``, wait for the lease as HOLDER in a blocking
@@ -34,6 +36,19 @@ def main() -> None:
                 append(log, f"in {lease.fence} {os.getpid()}")
                 time.sleep(0.01)  # the work the lease protects
                 append(log, f"out {lease.fence} {os.getpid()}")
+    elif mode == "permits":
+        kind, n, log = sys.argv[4], int(sys.argv[5]), sys.argv[6]
+        locks = leasehold.connect(url)
+        if kind.startswith("semaphore:"):
+            lock = locks.semaphore(key, int(kind.split(":")[1]), ttl=10)
+        else:
+            rw = locks.read_write(key, ttl=10)
+            lock = rw.read() if kind == "read" else rw.write()
+        for _ in range(n):
+            with lock.acquire(wait=60) as lease:
+                append(log, f"in {lease.fence} {os.getpid()} {kind}")
+                time.sleep(0.01)  # the work the permit protects
+                append(log, f"out {lease.fence} {os.getpid()} {kind}")
     elif mode == "wait":
         locks = leasehold.connect(url, holder=sys.argv[4])
         print("waiting", flush=True)

@@ -3,6 +3,7 @@
 use crate::exit::{self, Failure};
 use crate::process::signals::SignalArg;
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use leasehold::queue::worker::WorkerOptions;
 use leasehold::{Key, PermitRequest};
 use std::ffi::{OsStr, OsString};
 use std::time::Duration;
@@ -16,7 +17,7 @@ pub(crate) struct Cli {
         long,
         global = true,
         value_name = "URL",
-        env = "LEASEHOLD_STORE",
+        env = leasehold::defaults::STORE_ENV,
         hide_env_values = true
     )]
     pub(crate) store: Option<String>,
@@ -564,7 +565,7 @@ pub(crate) struct QueueArgs {
         long,
         global = true,
         value_name = "URL",
-        env = "LEASEHOLD_QUEUE",
+        env = leasehold::defaults::QUEUE_ENV,
         hide_env_values = true
     )]
     pub(crate) queue: Option<String>,
@@ -730,6 +731,24 @@ pub(crate) struct QueueWorkArgs {
     pub(crate) metrics: Option<std::net::SocketAddr>,
 }
 
+impl QueueWorkArgs {
+    /// The library's worker options these flags give, with `stop_grace` (the process runner's
+    /// own bound on stopping a task, which `--grace` is part of).
+    pub(crate) fn worker_options(&self, stop_grace: Duration) -> WorkerOptions {
+        let mut o = WorkerOptions::default();
+        o.slots = self.slots;
+        o.group_limit = self.group_limit;
+        o.ttl = self.ttl;
+        o.lease_wait = self.lease_wait;
+        o.aging = self.aging;
+        o.drain_timeout = self.drain_timeout;
+        o.stop_grace = stop_grace;
+        o.cleanup_after = self.cleanup_after;
+        o.exit_when_idle = self.exit_when_idle;
+        o
+    }
+}
+
 /// A key from the command line (UTF-8, 1–1024 bytes, no control characters).
 pub(crate) fn key_arg(arg: &OsStr) -> Result<Key, Failure> {
     Ok(Key::from_os_str(arg)?)
@@ -792,6 +811,20 @@ mod tests {
     #[test]
     fn the_cli_is_well_formed() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn queue_work_defaults_are_the_librarys() {
+        let cli = Cli::try_parse_from(["leasehold", "queue", "work"]).unwrap();
+        let Command::Queue(QueueArgs {
+            command: QueueCommand::Work(args),
+            ..
+        }) = cli.command
+        else {
+            panic!("not queue work")
+        };
+        let library = WorkerOptions::default();
+        assert_eq!(args.worker_options(library.stop_grace), library);
     }
 
     #[test]

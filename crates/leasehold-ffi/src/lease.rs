@@ -177,7 +177,7 @@ pub unsafe extern "C" fn lh_lease_valid_until_ns(lease: *const lh_lease) -> u64 
     // SAFETY: the caller's promise.
     unsafe {
         get(lease, 0, |l| {
-            runtime::monotonic_ns(l.guard.valid_until().into_std())
+            leasehold_core::runtime::monotonic_ns(l.guard.valid_until().into_std())
         })
     }
 }
@@ -192,7 +192,7 @@ pub unsafe extern "C" fn lh_lease_stop_by_ns(lease: *const lh_lease) -> u64 {
     // SAFETY: the caller's promise.
     unsafe {
         get(lease, 0, |l| {
-            runtime::monotonic_ns(l.guard.stop_by().into_std())
+            leasehold_core::runtime::monotonic_ns(l.guard.stop_by().into_std())
         })
     }
 }

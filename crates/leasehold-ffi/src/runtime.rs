@@ -3,40 +3,23 @@
 
 use crate::boundary;
 use crate::status::{lh_error, lh_status, Failure};
+use leasehold_core::runtime::{self as shared, RuntimeError};
 use std::future::Future;
-use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-
-/// The process that started the runtime. A child forked after that has the runtime's memory but
-/// none of its threads: a call there would wait forever, so it is refused instead.
-static STARTED_IN: OnceLock<u32> = OnceLock::new();
-
-/// The runtime, made on first use: multi-threaded, its threads named `leasehold`.
+/// The process's runtime ([`leasehold_core::runtime::shared`], the one the Python package uses
+/// too), made on first use; refused in a child forked after it started.
 pub(crate) fn runtime() -> Result<&'static tokio::runtime::Runtime, Failure> {
-    let me = std::process::id();
-    let started = *STARTED_IN.get_or_init(|| me);
-    if started != me {
-        return Err(Failure::new(
+    shared::shared().map_err(|e| match e {
+        RuntimeError::Forked { .. } => Failure::new(
             lh_status::LH_FORKED,
             format!(
-                "leasehold started its runtime in process {started}; process {me} is a fork of \
-                 it and cannot use it (its threads did not survive the fork): use leasehold in a \
-                 child only if the parent had not used it yet, or exec a new program"
+                "{e}: use leasehold in a child only if the parent had not used it yet, or exec a \
+                 new program"
             ),
-        ));
-    }
-    if let Some(rt) = RUNTIME.get() {
-        return Ok(rt);
-    }
-    let built = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .thread_name("leasehold")
-        .build()
-        .map_err(|e| Failure::internal(format!("cannot start the runtime: {e}")))?;
-    // Another thread may have won the race: its runtime is kept, this one dropped.
-    Ok(RUNTIME.get_or_init(|| built))
+        ),
+        other => Failure::internal(other.to_string()),
+    })
 }
 
 /// Runs `fut` to its end on the calling thread (the runtime's threads drive its I/O and timers).
@@ -55,39 +38,11 @@ where
         .map_err(|_| Failure::internal("the call's thread panicked"))
 }
 
-/// `instant` on `CLOCK_MONOTONIC`, in nanoseconds (the clock `std::time::Instant` reads on
-/// Linux, and `clock_gettime(CLOCK_MONOTONIC)` in C).
-pub(crate) fn monotonic_ns(instant: Instant) -> u64 {
-    let now = Instant::now();
-    let now_ns = clock_monotonic_ns();
-    if instant >= now {
-        now_ns.saturating_add(nanos(instant - now))
-    } else {
-        now_ns.saturating_sub(nanos(now - instant))
-    }
-}
-
-fn nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
-}
-
-fn clock_monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: writes a timespec we own.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    let secs = u64::try_from(ts.tv_sec).unwrap_or(0);
-    let sub = u64::try_from(ts.tv_nsec).unwrap_or(0);
-    secs.saturating_mul(1_000_000_000).saturating_add(sub)
-}
-
 /// Now on `CLOCK_MONOTONIC`, in nanoseconds: the scale of `lh_lease_valid_until_ns` and
 /// `lh_lease_stop_by_ns`.
 #[no_mangle]
 pub extern "C" fn lh_monotonic_now_ns() -> u64 {
-    boundary::value(0, clock_monotonic_ns)
+    boundary::value(0, shared::monotonic_now_ns)
 }
 
 /// Waits up to `timeout_ms` for this library's background work to finish: the releases of leases

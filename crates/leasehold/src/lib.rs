@@ -35,6 +35,7 @@ mod carry;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 pub(crate) mod decide;
+pub mod defaults;
 mod error;
 pub mod fence;
 mod fsmode;
@@ -53,6 +54,8 @@ mod pg;
 #[cfg(feature = "queue")]
 pub mod queue;
 mod record;
+#[cfg(feature = "runtime")]
+pub mod runtime;
 mod store;
 pub mod stores;
 pub mod traced;

@@ -8,27 +8,41 @@ __all__ = [
     "connect_async",
     "settle",
     "Locks",
+    "LockOptions",
+    "Lock",
     "Lease",
     "Cancel",
     "open_queue",
+    "default_queue_url",
+    "worker_store_url",
     "Queue",
+    "NewTask",
     "QueueTask",
     "Worker",
+    "WorkerOptions",
     "__version__",
 ]
 
 __version__: str
+
+# ---- locks.rs ----
 
 def connect(url: str, *, holder: Optional[str] = None, local_layer: bool = True) -> Locks: ...
 def connect_async(url: str, *, holder: Optional[str] = None, local_layer: bool = True) -> Awaitable[Locks]: ...
 def settle(timeout: float = 2.0) -> int: ...
 
 @final
-class Cancel:
-    def __new__(cls) -> Cancel: ...
-    def cancel(self) -> None: ...
-    def late(self) -> Awaitable[Optional[Lease]]: ...
-    def stash(self, value: Optional[Lease]) -> None: ...
+class LockOptions:
+    def __new__(
+        cls,
+        *,
+        ttl: Optional[float] = None,
+        wait: Optional[float] = None,
+        renew_every: Optional[float] = None,
+        waiter_ttl: Optional[float] = None,
+        register_waiter: bool = True,
+        labels: Optional[Dict[str, str]] = None,
+    ) -> LockOptions: ...
 
 @final
 class Locks:
@@ -36,50 +50,32 @@ class Locks:
     def holder(self) -> str: ...
     @property
     def store(self) -> str: ...
-    def acquire(
-        self,
-        key: str,
-        cancel: Cancel,
-        *,
-        ttl: Optional[float] = None,
-        wait: Optional[float] = None,
-        renew_every: Optional[float] = None,
-        waiter_ttl: Optional[float] = None,
-        register_waiter: bool = True,
-        labels: Optional[Dict[str, str]] = None,
-    ) -> Awaitable[Optional[Lease]]: ...
-    def acquire_blocking(
-        self,
-        key: str,
-        *,
-        ttl: Optional[float] = None,
-        wait: Optional[float] = None,
-        renew_every: Optional[float] = None,
-        waiter_ttl: Optional[float] = None,
-        register_waiter: bool = True,
-        labels: Optional[Dict[str, str]] = None,
-    ) -> Lease: ...
-    def try_acquire(
-        self,
-        key: str,
-        cancel: Cancel,
-        *,
-        ttl: Optional[float] = None,
-        renew_every: Optional[float] = None,
-        labels: Optional[Dict[str, str]] = None,
-    ) -> Awaitable[Optional[Lease]]: ...
-    def try_acquire_blocking(
-        self,
-        key: str,
-        *,
-        ttl: Optional[float] = None,
-        renew_every: Optional[float] = None,
-        labels: Optional[Dict[str, str]] = None,
-    ) -> Optional[Lease]: ...
+    def lock(self, key: str, options: LockOptions) -> Lock: ...
+    def semaphore(self, key: str, permits: int, options: LockOptions) -> Lock: ...
+    def read_write(self, key: str, write: bool, options: LockOptions) -> Lock: ...
     def inspect(self, key: str) -> Awaitable[Optional[str]]: ...
-    def inspect_blocking(self, key: str) -> Optional[str]: ...
+    def inspect_sync(self, key: str) -> Optional[str]: ...
     def force_release(self, key: str) -> Awaitable[Optional[str]]: ...
-    def force_release_blocking(self, key: str) -> Optional[str]: ...
+    def force_release_sync(self, key: str) -> Optional[str]: ...
+
+@final
+class Lock:
+    @property
+    def key(self) -> str: ...
+    def with_wait(self, wait: Optional[float]) -> Lock: ...
+    def acquire(self, cancel: Cancel) -> Awaitable[Optional[Lease]]: ...
+    def acquire_sync(self) -> Lease: ...
+    def try_acquire(self, cancel: Cancel) -> Awaitable[Optional[Lease]]: ...
+    def try_acquire_sync(self) -> Optional[Lease]: ...
+
+# ---- lease.rs ----
+
+@final
+class Cancel:
+    def __new__(cls) -> Cancel: ...
+    def cancel(self) -> None: ...
+    def late(self) -> Awaitable[Optional[Lease]]: ...
+    def stash(self, value: Optional[Lease]) -> None: ...
 
 @final
 class Lease:
@@ -102,54 +98,49 @@ class Lease:
     @property
     def record(self) -> str: ...
     def lost(self) -> Awaitable[Optional[str]]: ...
-    def lost_blocking(self, timeout: Optional[float] = None) -> Optional[str]: ...
+    def lost_sync(self, timeout: Optional[float] = None) -> Optional[str]: ...
     def handoff_requested(self) -> Awaitable[Optional[str]]: ...
-    def handoff_requested_blocking(self, timeout: Optional[float] = None) -> Optional[str]: ...
+    def handoff_requested_sync(self, timeout: Optional[float] = None) -> Optional[str]: ...
     def must_stop(self) -> Awaitable[str]: ...
     def release(self) -> Awaitable[str]: ...
-    def release_blocking(self) -> str: ...
+    def release_sync(self) -> str: ...
 
-# ---- queue ----
-# The queue (leasehold/queue.py builds on these).
+# ---- queue.rs ----
 
 from typing import Any, Callable, List, Tuple
 
 def open_queue(url: str) -> Queue: ...
+def default_queue_url() -> str: ...
+def worker_store_url(queue_url: str) -> str: ...
+
+@final
+class NewTask:
+    def __new__(
+        cls,
+        key: str,
+        payload: str,
+        *,
+        priority: str = "normal",
+        group: Optional[str] = None,
+        timeout: Optional[float] = None,
+        policy: str = "at-most-once",
+        max_attempts: int = 3,
+    ) -> NewTask: ...
 
 @final
 class Queue:
-    def add(
-        self,
-        key: str,
-        payload: str,
-        *,
-        priority: str = "normal",
-        group: Optional[str] = None,
-        timeout: Optional[float] = None,
-        policy: str = "at-most-once",
-        max_attempts: int = 3,
-    ) -> Awaitable[Tuple[int, int]]: ...
-    def add_blocking(
-        self,
-        key: str,
-        payload: str,
-        *,
-        priority: str = "normal",
-        group: Optional[str] = None,
-        timeout: Optional[float] = None,
-        policy: str = "at-most-once",
-        max_attempts: int = 3,
-    ) -> Tuple[int, int]: ...
+    def add(self, task: NewTask) -> Awaitable[Tuple[int, int]]: ...
+    def add_sync(self, task: NewTask) -> Tuple[int, int]: ...
     def status(self) -> Awaitable[str]: ...
-    def status_blocking(self) -> str: ...
+    def status_sync(self) -> str: ...
     def cancel(self, id: int) -> Awaitable[Tuple[str, Optional[str]]]: ...
-    def cancel_blocking(self, id: int) -> Tuple[str, Optional[str]]: ...
+    def cancel_sync(self, id: int) -> Tuple[str, Optional[str]]: ...
     def get(self, id: int) -> Awaitable[str]: ...
-    def get_blocking(self, id: int) -> str: ...
+    def get_sync(self, id: int) -> str: ...
     def list(self, all: bool = False, limit: int = 1000) -> Awaitable[str]: ...
-    def list_blocking(self, all: bool = False, limit: int = 1000) -> str: ...
+    def list_sync(self, all: bool = False, limit: int = 1000) -> str: ...
     def cleanup(self, older_than: float) -> Awaitable[int]: ...
-    def cleanup_blocking(self, older_than: float) -> int: ...
+    def cleanup_sync(self, older_than: float) -> int: ...
 
 @final
 class QueueTask:
@@ -187,6 +178,22 @@ class QueueTask:
     def _finish(self, kind: str, detail: Optional[str] = None) -> bool: ...
 
 @final
+class WorkerOptions:
+    def __new__(
+        cls,
+        *,
+        slots: Optional[int] = None,
+        ttl: Optional[float] = None,
+        group_limit: Optional[int] = None,
+        lease_wait: Optional[float] = None,
+        aging: Optional[float] = None,
+        drain_timeout: Optional[float] = None,
+        stop_grace: Optional[float] = None,
+        cleanup_after: Optional[float] = None,
+        exit_when_idle: bool = False,
+    ) -> WorkerOptions: ...
+
+@final
 class Worker:
     def __new__(
         cls,
@@ -196,16 +203,8 @@ class Worker:
         cancel: Callable[[int, str], Any],
         abandoned: Callable[[int, str], Any],
         report: Callable[[str], Any],
+        options: WorkerOptions,
         *,
-        slots: int = 4,
-        ttl: float = 30.0,
-        group_limit: Optional[int] = None,
-        lease_wait: Optional[float] = None,
-        aging: float = 60.0,
-        drain_timeout: float = 30.0,
-        stop_grace: float = 10.0,
-        cleanup_after: Optional[float] = None,
-        exit_when_idle: bool = False,
         name: Optional[str] = None,
     ) -> Worker: ...
     @property

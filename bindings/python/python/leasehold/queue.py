@@ -27,21 +27,26 @@ import asyncio
 import inspect
 import json
 import logging
-import os
-import pathlib
-import tempfile
 import weakref
-from typing import Any, Awaitable, Callable, Dict, List, NamedTuple, Optional, Union, cast
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Dict, List, NamedTuple, Optional, TypedDict, Union, cast
 
-from . import Locks, _native
-from . import connect as _connect_locks
+from . import _native
+from ._locks import Locks
+from ._locks import connect as _connect_locks
 from .errors import NotFound
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = [
     "connect",
     "capacity",
+    "default_queue_url",
+    "default_store_url",
     "Queue",
     "Worker",
+    "WorkerKeywords",
+    "TaskKeywords",
     "Task",
     "CancelResult",
 ]
@@ -54,38 +59,41 @@ Handler = Callable[["Task"], Awaitable[Any]]
 _MAX_ID = 2**64 - 1
 
 
-def _state_dir() -> str:
-    # As the command finds it (Rust's `dirs::state_dir`, then `$HOME/.local/state`, then the
-    # temporary directory).
-    state = os.environ.get("XDG_STATE_HOME", "")
-    if state and os.path.isabs(state):
-        return state
-    home = os.environ.get("HOME") or os.path.expanduser("~")
-    if home and os.path.isabs(home):
-        return os.path.join(home, ".local", "state")
-    return tempfile.gettempdir()
-
-
 def default_queue_url() -> str:
     """The queue the command uses without ``--queue``: ``LEASEHOLD_QUEUE``, else
-    ``sqlite://<state dir>/leasehold/queue.db``."""
-    given = os.environ.get("LEASEHOLD_QUEUE", "").strip()
-    if given:
-        return given
-    return "sqlite://" + os.path.join(_state_dir(), "leasehold", "queue.db")
+    ``sqlite://<state dir>/leasehold/queue.db`` (the library's default, as the command finds it)."""
+    return _native.default_queue_url()
 
 
 def default_store_url(queue_url: str) -> str:
     """The lease store a worker of ``queue_url`` uses without ``locks``, as ``leasehold queue
     work`` picks it: ``LEASEHOLD_STORE``; else, for a PostgreSQL queue, the same database; else the
     command's default file store (``<state dir>/leasehold/locks``)."""
-    given = os.environ.get("LEASEHOLD_STORE", "").strip()
-    if given:
-        return given
-    scheme = queue_url.split("://", 1)[0].lower() if "://" in queue_url else ""
-    if scheme in ("postgres", "postgresql"):
-        return queue_url
-    return pathlib.Path(_state_dir(), "leasehold", "locks").as_uri() + "/"
+    return _native.worker_store_url(queue_url)
+
+
+class TaskKeywords(TypedDict, total=False):
+    """The keywords of :meth:`Queue.add` and :meth:`Queue.add_sync` (see :meth:`Queue.add`)."""
+
+    priority: str
+    group: Optional[str]
+    timeout: Optional[float]
+    policy: str
+    max_attempts: int
+
+
+class WorkerKeywords(TypedDict, total=False):
+    """The options of :class:`Worker` (see there; each left out keeps the library's default)."""
+
+    slots: Optional[int]
+    ttl: Optional[float]
+    group_limit: Optional[int]
+    lease_wait: Optional[float]
+    aging: Optional[float]
+    drain_timeout: Optional[float]
+    stop_grace: Optional[float]
+    cleanup_after: Optional[float]
+    exit_when_idle: bool
 
 
 def connect(url: Optional[str] = None, *, locks: Union[Locks, str, None] = None) -> "Queue":
@@ -165,17 +173,7 @@ class Queue:
             self._locks = _connect_locks(url)
         return self._locks
 
-    async def add(
-        self,
-        key: str,
-        payload: Any = "",
-        *,
-        priority: str = "normal",
-        group: Optional[str] = None,
-        timeout: Optional[float] = None,
-        policy: str = "at-most-once",
-        max_attempts: int = 3,
-    ) -> int:
+    async def add(self, key: str, payload: Any = "", **options: Unpack[TaskKeywords]) -> int:
         """Adds a task for ``key`` (the unit that runs one task at a time, e.g. a user); returns
         its id.
 
@@ -191,28 +189,12 @@ class Queue:
 
         Raises :class:`~leasehold.InvalidKey` or :class:`~leasehold.InvalidOption` for bad input.
         """
-        got = await self._native.add(
-            key, _payload(payload), priority=priority, group=group, timeout=timeout,
-            policy=policy, max_attempts=max_attempts,
-        )
+        got = await self._native.add(_native.NewTask(key, _payload(payload), **options))
         return got[0]
 
-    def add_sync(
-        self,
-        key: str,
-        payload: Any = "",
-        *,
-        priority: str = "normal",
-        group: Optional[str] = None,
-        timeout: Optional[float] = None,
-        policy: str = "at-most-once",
-        max_attempts: int = 3,
-    ) -> int:
+    def add_sync(self, key: str, payload: Any = "", **options: Unpack[TaskKeywords]) -> int:
         """The blocking form of :meth:`add`."""
-        return self._native.add_blocking(
-            key, _payload(payload), priority=priority, group=group, timeout=timeout,
-            policy=policy, max_attempts=max_attempts,
-        )[0]
+        return self._native.add_sync(_native.NewTask(key, _payload(payload), **options))[0]
 
     async def status(self) -> Dict[str, Any]:
         """The queue at a glance, exactly as ``leasehold queue status --json`` prints it:
@@ -225,7 +207,7 @@ class Queue:
 
     def status_sync(self) -> Dict[str, Any]:
         """The blocking form of :meth:`status`."""
-        return cast(Dict[str, Any], json.loads(self._native.status_blocking()))
+        return cast(Dict[str, Any], json.loads(self._native.status_sync()))
 
     async def cancel(self, task_id: int) -> CancelResult:
         """Cancels a task: a pending one at once; a running one through its worker, which
@@ -234,7 +216,7 @@ class Queue:
 
     def cancel_sync(self, task_id: int) -> CancelResult:
         """The blocking form of :meth:`cancel`."""
-        return CancelResult(*self._native.cancel_blocking(_task_id(task_id)))
+        return CancelResult(*self._native.cancel_sync(_task_id(task_id)))
 
     async def get(self, task_id: int) -> Dict[str, Any]:
         """One task as stored: ``id``, ``key``, ``group``, ``priority``, ``effective``,
@@ -244,7 +226,7 @@ class Queue:
 
     def get_sync(self, task_id: int) -> Dict[str, Any]:
         """The blocking form of :meth:`get`."""
-        return cast(Dict[str, Any], json.loads(self._native.get_blocking(_task_id(task_id))))
+        return cast(Dict[str, Any], json.loads(self._native.get_sync(_task_id(task_id))))
 
     async def tasks(self, *, all: bool = False, limit: int = 1000) -> List[Dict[str, Any]]:
         """Pending and running tasks in id order (ended ones too with ``all``), at most
@@ -253,7 +235,7 @@ class Queue:
 
     def tasks_sync(self, *, all: bool = False, limit: int = 1000) -> List[Dict[str, Any]]:
         """The blocking form of :meth:`tasks`."""
-        return cast(List[Dict[str, Any]], json.loads(self._native.list_blocking(all, limit)))
+        return cast(List[Dict[str, Any]], json.loads(self._native.list_sync(all, limit)))
 
     async def cleanup(self, older_than: float) -> int:
         """Deletes the tasks that ended at least ``older_than`` seconds ago; returns how many."""
@@ -261,12 +243,19 @@ class Queue:
 
     def cleanup_sync(self, older_than: float) -> int:
         """The blocking form of :meth:`cleanup`."""
-        return self._native.cleanup_blocking(older_than)
+        return self._native.cleanup_sync(older_than)
 
-    def worker(self, handler: Handler, **options: Any) -> "Worker":
+    def worker(
+        self,
+        handler: Handler,
+        *,
+        name: Optional[str] = None,
+        on_problem: Optional[Callable[[str], Any]] = None,
+        **options: Unpack[WorkerKeywords],
+    ) -> "Worker":
         """A :class:`Worker` of this queue running ``handler``; ``options`` as
         :class:`Worker` takes them."""
-        return Worker(self, handler, **options)
+        return Worker(self, handler, name=name, on_problem=on_problem, **options)
 
     def __repr__(self) -> str:
         return f"Queue({self._url.split('://', 1)[0]}://…)"
@@ -426,20 +415,13 @@ class Worker:
         queue: Queue,
         handler: Handler,
         *,
-        slots: int = 4,
-        ttl: float = 30.0,
-        group_limit: Optional[int] = None,
-        lease_wait: Optional[float] = None,
-        aging: float = 60.0,
-        drain_timeout: float = 30.0,
-        stop_grace: float = 10.0,
-        cleanup_after: Optional[float] = None,
-        exit_when_idle: bool = False,
         name: Optional[str] = None,
         on_problem: Optional[Callable[[str], Any]] = None,
+        **options: Unpack[WorkerKeywords],
     ) -> None:
         if not callable(handler):
             raise TypeError("handler must be callable: an async function of one Task")
+        native_options = _native.WorkerOptions(**options)
         self._queue = queue
         self._handler = handler
         self._on_problem = on_problem
@@ -457,15 +439,7 @@ class Worker:
             _hook(self, "_cancel"),
             _hook(self, "_abandon"),
             _hook(self, "_report"),
-            slots=slots,
-            ttl=ttl,
-            group_limit=group_limit,
-            lease_wait=lease_wait,
-            aging=aging,
-            drain_timeout=drain_timeout,
-            stop_grace=stop_grace,
-            cleanup_after=cleanup_after,
-            exit_when_idle=exit_when_idle,
+            native_options,
             name=name,
         )
 

@@ -12,31 +12,16 @@ use leasehold::queue::{
     open_queue, Cancelled, NewTask, Policy, QueueBackend, Status, Task, TaskEntry,
 };
 use serde_json::{json, Value};
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
-
-/// The default queue: `<state dir>/leasehold/queue.db` (next to the default lock store).
-pub(crate) fn default_path() -> PathBuf {
-    let mut p = crate::store::default_dir();
-    p.pop();
-    p.join("queue.db")
-}
-
-/// The queue URL in effect: `--queue`, else `LEASEHOLD_QUEUE`, else the default file.
-pub(crate) fn url(given: Option<&str>) -> String {
-    match given.map(str::trim).filter(|s| !s.is_empty()) {
-        Some(u) => u.to_owned(),
-        None => format!("sqlite://{}", default_path().display()),
-    }
-}
 
 /// Opens the queue.
 ///
 /// # Errors
 /// A usage error for a bad URL, an error when it cannot be opened.
 pub(crate) async fn open(given: Option<&str>) -> Result<Arc<dyn QueueBackend>, Failure> {
-    let url = url(given);
+    // `--queue`, else `LEASEHOLD_QUEUE` (clap reads both), else the library's default.
+    let url = leasehold::defaults::queue_url(given);
     tracing::debug!(queue = %leasehold::redact_url(&url), "opening queue");
     Ok(open_queue(&url).await?)
 }
@@ -51,21 +36,11 @@ pub(crate) async fn dispatch(store: Option<&str>, args: QueueArgs) -> Result<u8,
         QueueCommand::Cancel(a) => cancel(&*open(queue).await?, a.id).await,
         QueueCommand::Cleanup(a) => cleanup(&*open(queue).await?, a).await,
         QueueCommand::Work(a) => {
-            let same_db = lease_store(store, &url(queue));
-            crate::commands::queue_work::work(open(queue).await?, same_db.as_deref().or(store), a)
-                .await
+            let queue_url = leasehold::defaults::queue_url(queue);
+            let store = leasehold::defaults::worker_store_url(store, &queue_url)?;
+            crate::commands::queue_work::work(open(queue).await?, Some(&store), a).await
         }
     }
-}
-
-/// Where a worker takes its key leases when `--store` (and `LEASEHOLD_STORE`) is not given: a
-/// queue on PostgreSQL takes them from the same database (its lease table), so workers on many
-/// hosts need one server; any other queue, from the default store.
-fn lease_store(store: Option<&str>, queue: &str) -> Option<String> {
-    let given = store.map(str::trim).is_some_and(|s| !s.is_empty());
-    let scheme = queue.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
-    let postgres = matches!(scheme.as_deref(), Some("postgres" | "postgresql"));
-    (!given && postgres).then(|| queue.to_owned())
 }
 
 async fn add(q: &dyn QueueBackend, a: QueueAddArgs) -> Result<u8, Failure> {
@@ -284,31 +259,4 @@ async fn cleanup(q: &dyn QueueBackend, a: QueueCleanupArgs) -> Result<u8, Failur
         ))?;
     }
     Ok(OK)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_postgres_queue_takes_its_leases_from_its_database() {
-        let pg = "postgres://w@db/jobs?sslmode=require";
-        assert_eq!(lease_store(None, pg).as_deref(), Some(pg));
-        assert_eq!(
-            lease_store(Some(" "), "POSTGRESQL://db/j").as_deref(),
-            Some("POSTGRESQL://db/j")
-        );
-        assert_eq!(lease_store(Some("redis://r"), pg), None);
-        assert_eq!(lease_store(None, "sqlite:///q.db"), None);
-    }
-
-    #[test]
-    fn the_default_queue_sits_next_to_the_default_store() {
-        let u = url(None);
-        assert!(
-            u.starts_with("sqlite:///") && u.ends_with("/leasehold/queue.db"),
-            "{u}"
-        );
-        assert_eq!(url(Some("sqlite:///x.db")), "sqlite:///x.db");
-    }
 }

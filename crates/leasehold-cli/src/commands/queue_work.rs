@@ -39,9 +39,10 @@ pub(crate) async fn work(
 ) -> Result<u8, Failure> {
     let mut signals = Forwarded::install()
         .map_err(|e| Failure::error(format!("cannot install signal handlers: {e}")))?;
-    if args.ttl < Duration::from_millis(30) {
-        return Err(Failure::usage("--ttl must be at least 30ms"));
-    }
+    // Refused before anything starts (a usage error: an option that cannot work).
+    let options =
+        args.worker_options(args.grace + supervise::OVERRUN + tree::SWEEP_LIMIT + STOP_MARGIN);
+    options.validate()?;
     // What a task supervisor killed with SIGKILL leaves becomes ours, to end
     // ([`ProcessRunner::supervisors`]).
     if let Err(e) = tree::become_subreaper() {
@@ -72,22 +73,8 @@ pub(crate) async fn work(
         None => None,
     };
     let mut worker = Worker::new(queue, locks.clone())
-        .slots(args.slots)
-        .ttl(args.ttl)
-        .aging(args.aging)
-        .drain_timeout(args.drain_timeout)
-        .stop_grace(args.grace + supervise::OVERRUN + tree::SWEEP_LIMIT + STOP_MARGIN)
-        .exit_when_idle(args.exit_when_idle)
+        .options(options)
         .on_problem(exit::report);
-    if let Some(limit) = args.group_limit {
-        worker = worker.group_limit(limit);
-    }
-    if let Some(wait) = args.lease_wait {
-        worker = worker.lease_wait(wait);
-    }
-    if let Some(older) = args.cleanup_after {
-        worker = worker.cleanup_after(older);
-    }
     if let Some(m) = queue_metrics {
         worker = worker.metrics(m);
     }

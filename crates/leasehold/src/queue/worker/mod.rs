@@ -94,9 +94,11 @@
 //! # Ok::<(), leasehold::Error>(()) }).unwrap();
 //! ```
 
+mod options;
 mod runner;
 mod task;
 
+pub use options::WorkerOptions;
 pub use runner::{RunningTask, StopReason, TaskRunner};
 
 use super::metrics::QueueMetrics;
@@ -116,9 +118,6 @@ use tracing::Instrument;
 /// The prefix of the key a worker holds a lease on for as long as it runs, followed by its name
 /// (see [Identity](self#identity)): keep task keys out of it.
 pub const WORKER_KEY_PREFIX: &str = "leasehold.queue.worker/";
-
-/// The shortest TTL a worker accepts: its heartbeat runs every TTL/3.
-const MIN_TTL: Duration = Duration::from_millis(30);
 
 /// How long a worker with a free slot waits for the queue's change notification before it tries
 /// to claim again.
@@ -185,15 +184,7 @@ type Report = Arc<dyn Fn(&str) + Send + Sync>;
 pub struct Worker {
     queue: Arc<dyn QueueBackend>,
     locks: Locks,
-    slots: u32,
-    group_limit: Option<u32>,
-    ttl: Duration,
-    lease_wait: Option<Duration>,
-    aging: Duration,
-    drain_timeout: Duration,
-    stop_grace: Duration,
-    cleanup_after: Option<Duration>,
-    exit_when_idle: bool,
+    opts: WorkerOptions,
     metrics: Option<QueueMetrics>,
     report: Option<Report>,
     shutdown: Shutdown,
@@ -204,15 +195,7 @@ impl fmt::Debug for Worker {
         // Not the queue: a backend's own `Debug` is not bound to keep its URL's secrets.
         f.debug_struct("Worker")
             .field("name", &self.name())
-            .field("slots", &self.slots)
-            .field("group_limit", &self.group_limit)
-            .field("ttl", &self.ttl)
-            .field("lease_wait", &self.lease_wait_or_default())
-            .field("aging", &self.aging)
-            .field("drain_timeout", &self.drain_timeout)
-            .field("stop_grace", &self.stop_grace)
-            .field("cleanup_after", &self.cleanup_after)
-            .field("exit_when_idle", &self.exit_when_idle)
+            .field("options", &self.opts)
             .field("metrics", &self.metrics.is_some())
             .finish_non_exhaustive()
     }
@@ -220,90 +203,92 @@ impl fmt::Debug for Worker {
 
 impl Worker {
     /// A worker on `queue` taking the key leases from `locks` (whose holder id is the worker's
-    /// name), with 4 slots, no group limit, a 30 s TTL, a lease wait of twice the TTL, aging of
-    /// a minute, a 30 s drain timeout, a 10 s stop grace, no cleanup, no metrics, and problems
-    /// logged at WARN.
+    /// name), with the default [`WorkerOptions`], no metrics, and problems logged at WARN.
     pub fn new(queue: Arc<dyn QueueBackend>, locks: Locks) -> Self {
         Worker {
             queue,
             locks,
-            slots: 4,
-            group_limit: None,
-            ttl: Duration::from_secs(30),
-            lease_wait: None,
-            aging: Duration::from_secs(60),
-            drain_timeout: Duration::from_secs(30),
-            stop_grace: Duration::from_secs(10),
-            cleanup_after: None,
-            exit_when_idle: false,
+            opts: WorkerOptions::default(),
             metrics: None,
             report: None,
             shutdown: Shutdown::new(),
         }
     }
 
-    /// The global capacity (default 4, at least 1): no task is claimed while this many run in
-    /// the whole queue, and this worker runs at most this many at once.
+    /// Sets every option at once (see [`WorkerOptions`] for the defaults).
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// use leasehold::queue::worker::{Worker, WorkerOptions};
+    /// let queue = leasehold::queue::open_queue(&format!("sqlite://{}/q.db", dir.path().display())).await?;
+    /// let mut opts = WorkerOptions::default();
+    /// opts.slots = 2;
+    /// let worker = Worker::new(queue, leasehold::connect("memory://").await?).options(opts.clone());
+    /// assert_eq!(worker.current_options(), &opts);
+    /// # Ok::<(), leasehold::Error>(()) }).unwrap();
+    /// ```
+    pub fn options(mut self, opts: WorkerOptions) -> Self {
+        self.opts = opts;
+        self
+    }
+
+    /// The options in effect.
+    pub fn current_options(&self) -> &WorkerOptions {
+        &self.opts
+    }
+
+    /// Sets [`WorkerOptions::slots`].
     pub fn slots(mut self, slots: u32) -> Self {
-        self.slots = slots;
+        self.opts.slots = slots;
         self
     }
 
-    /// At most `limit` running tasks per group, in the whole queue (default: no limit; at
-    /// least 1).
+    /// Sets [`WorkerOptions::group_limit`].
     pub fn group_limit(mut self, limit: u32) -> Self {
-        self.group_limit = Some(limit);
+        self.opts.group_limit = Some(limit);
         self
     }
 
-    /// The TTL of the key leases and of this worker's claims (default 30 s, at least 30 ms);
-    /// both are renewed every TTL/3. A worker that dies has its tasks recovered once its claims
-    /// have lapsed, a TTL after its last heartbeat.
+    /// Sets [`WorkerOptions::ttl`].
     pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = ttl;
+        self.opts.ttl = ttl;
         self
     }
 
-    /// How long a claimed task may wait for its key's lease (held by a dead worker until its
-    /// TTL) before it goes back to the queue (default: twice the TTL).
+    /// Sets [`WorkerOptions::lease_wait`].
     pub fn lease_wait(mut self, wait: Duration) -> Self {
-        self.lease_wait = Some(wait);
+        self.opts.lease_wait = Some(wait);
         self
     }
 
-    /// A pending task gains one priority level per `aging` of waiting (default a minute).
+    /// Sets [`WorkerOptions::aging`].
     pub fn aging(mut self, aging: Duration) -> Self {
-        self.aging = aging;
+        self.opts.aging = aging;
         self
     }
 
-    /// After [`Shutdown::drain`], how long running tasks may still finish before they are told
-    /// to stop (default 30 s).
+    /// Sets [`WorkerOptions::drain_timeout`].
     pub fn drain_timeout(mut self, timeout: Duration) -> Self {
-        self.drain_timeout = timeout;
+        self.opts.drain_timeout = timeout;
         self
     }
 
-    /// How long a runner told to stop may take to return before the worker drops it (default
-    /// 10 s). A process runner sets it above its own bound on stopping the process. Not for a
-    /// stop for the key's lease: a runner is dropped at its [`RunningTask::deadline`] then.
+    /// Sets [`WorkerOptions::stop_grace`].
     pub fn stop_grace(mut self, grace: Duration) -> Self {
-        self.stop_grace = grace;
+        self.opts.stop_grace = grace;
         self
     }
 
-    /// Deletes the tasks that ended at least `older` ago ([`QueueBackend::cleanup`]): at start,
-    /// then every hour (every `older` if shorter, at least a second apart), on a task of its own
-    /// so that a long cleanup holds up no claim or heartbeat (default: no cleanup).
+    /// Sets [`WorkerOptions::cleanup_after`].
     pub fn cleanup_after(mut self, older: Duration) -> Self {
-        self.cleanup_after = Some(older);
+        self.opts.cleanup_after = Some(older);
         self
     }
 
-    /// Whether [`run`](Self::run) returns once this worker runs nothing and the whole queue has
-    /// nothing pending or running (default `false`).
+    /// Sets [`WorkerOptions::exit_when_idle`].
     pub fn exit_when_idle(mut self, on: bool) -> Self {
-        self.exit_when_idle = on;
+        self.opts.exit_when_idle = on;
         self
     }
 
@@ -332,23 +317,6 @@ impl Worker {
         self.locks.holder().as_str()
     }
 
-    fn lease_wait_or_default(&self) -> Duration {
-        self.lease_wait.unwrap_or(self.ttl * 2)
-    }
-
-    fn validate(&self) -> Result<()> {
-        if self.ttl < MIN_TTL {
-            return Err(Error::option("ttl", "must be at least 30ms"));
-        }
-        if self.slots == 0 {
-            return Err(Error::option("slots", "must be at least 1"));
-        }
-        if self.group_limit == Some(0) {
-            return Err(Error::option("group_limit", "must be at least 1"));
-        }
-        Ok(())
-    }
-
     /// Registers the worker and runs the protocol (see the [module docs](self)) with `runner`
     /// until it is shut down and no task runs any more — or, with
     /// [`exit_when_idle`](Self::exit_when_idle), until the queue is idle — then deregisters.
@@ -369,20 +337,21 @@ impl Worker {
     /// recovery applies each task's policy, as for a worker that died; the key leases are
     /// released in the background. Shut down with [`Shutdown`] instead.
     pub async fn run(self, runner: impl TaskRunner) -> Result<()> {
-        self.validate()?;
+        self.opts.validate()?;
         let worker: Arc<str> = Arc::from(self.name());
         let mut phase = self.shutdown.phase.subscribe();
         let name_lease = Some(self.take_name(&worker).await?);
         self.queue
-            .heartbeat(&worker, self.slots, self.ttl, &[])
+            .heartbeat(&worker, self.opts.slots, self.opts.ttl, &[])
             .await?;
-        tracing::info!(worker = %worker, slots = self.slots, "worker started");
+        tracing::info!(worker = %worker, slots = self.opts.slots, "worker started");
         let mut run = Rounds::new(&self, worker, Arc::new(runner), name_lease);
         let cleaner = self
+            .opts
             .cleanup_after
             .map(|older| AbortOnDrop(tokio::spawn(clean_up(run.ctx.clone(), older))));
-        let mut beat = tokio::time::interval(self.ttl / 3);
-        let mut recover = tokio::time::interval((self.ttl / 2).min(Duration::from_secs(1)));
+        let mut beat = tokio::time::interval(self.opts.ttl / 3);
+        let mut recover = tokio::time::interval((self.opts.ttl / 2).min(Duration::from_secs(1)));
         run.drain(*phase.borrow_and_update());
         loop {
             run.fill_slots().await;
@@ -428,7 +397,7 @@ impl Worker {
     ) -> bool {
         let key = format!("{WORKER_KEY_PREFIX}{}", ctx.worker);
         let attempt = match self.locks.lock(&key) {
-            Ok(b) => b.ttl(self.ttl).try_acquire().await,
+            Ok(b) => b.ttl(self.opts.ttl).try_acquire().await,
             Err(e) => Err(e),
         };
         match attempt {
@@ -455,7 +424,7 @@ impl Worker {
 
     /// How long a worker waits for its name lease: a previous lease of the name lapses within it.
     fn name_wait(&self) -> Duration {
-        self.ttl * 2 + Duration::from_secs(1)
+        self.opts.ttl * 2 + Duration::from_secs(1)
     }
 
     /// Takes the lease on this worker's name (see [Identity](self#identity)), waiting for a
@@ -463,7 +432,7 @@ impl Worker {
     async fn take_name(&self, worker: &str) -> Result<crate::LeaseGuard> {
         let key = format!("{WORKER_KEY_PREFIX}{worker}");
         let wait = self.name_wait();
-        match self.locks.lock(&key)?.ttl(self.ttl).wait(wait).acquire().await {
+        match self.locks.lock(&key)?.ttl(self.opts.ttl).wait(wait).acquire().await {
             Err(Error::Timeout { holder, .. }) => Err(Error::option(
                 "worker name",
                 format!(
@@ -501,9 +470,9 @@ impl<'a, R: TaskRunner> Rounds<'a, R> {
             queue: worker.queue.clone(),
             locks: worker.locks.clone(),
             worker: name.clone(),
-            ttl: worker.ttl,
-            lease_wait: worker.lease_wait_or_default(),
-            stop_grace: worker.stop_grace,
+            ttl: worker.opts.ttl,
+            lease_wait: worker.opts.lease_wait_period(),
+            stop_grace: worker.opts.stop_grace,
             stops: Mutex::new(HashMap::new()),
             metrics: worker.metrics.clone(),
             report: worker.report.clone(),
@@ -511,9 +480,9 @@ impl<'a, R: TaskRunner> Rounds<'a, R> {
         Rounds {
             req: ClaimRequest {
                 worker: name.to_string(),
-                max_running: worker.slots,
-                group_limit: worker.group_limit,
-                ttl: worker.ttl,
+                max_running: worker.opts.slots,
+                group_limit: worker.opts.group_limit,
+                ttl: worker.opts.ttl,
             },
             worker,
             ctx,
@@ -528,12 +497,12 @@ impl<'a, R: TaskRunner> Rounds<'a, R> {
     fn drain(&mut self, phase: Phase) {
         let running = self.runners.len();
         self.drain
-            .apply(phase, &self.ctx, self.worker.drain_timeout, running);
+            .apply(phase, &self.ctx, self.worker.opts.drain_timeout, running);
     }
 
     /// Whether a task could be claimed now.
     fn can_claim(&self) -> bool {
-        !self.drain.started() && self.runners.len() < self.worker.slots as usize
+        !self.drain.started() && self.runners.len() < self.worker.opts.slots as usize
     }
 
     /// Claims tasks into the free slots and starts their runs.
@@ -563,7 +532,7 @@ impl<'a, R: TaskRunner> Rounds<'a, R> {
         if self.drain.started() {
             return true;
         }
-        if !self.worker.exit_when_idle {
+        if !self.worker.opts.exit_when_idle {
             return false;
         }
         match self.worker.queue.status().await {
@@ -598,7 +567,7 @@ impl<'a, R: TaskRunner> Rounds<'a, R> {
         let running: Vec<u64> = ctx.stops.lock().keys().copied().collect();
         match w
             .queue
-            .heartbeat(&ctx.worker, w.slots, w.ttl, &running)
+            .heartbeat(&ctx.worker, w.opts.slots, w.opts.ttl, &running)
             .await
         {
             Ok(asks) => {
@@ -627,7 +596,7 @@ impl<'a, R: TaskRunner> Rounds<'a, R> {
 
     /// The queue's recovery of dead workers' tasks.
     async fn recover(&self) {
-        match self.worker.queue.recover(self.worker.aging).await {
+        match self.worker.queue.recover(self.worker.opts.aging).await {
             Ok(r) => {
                 if let Some(m) = &self.ctx.metrics {
                     m.recovered(&r);
