@@ -355,3 +355,71 @@ func TestNoGoroutineOrHandleLeaks(t *testing.T) {
 		mustRelease(t, held)
 	})
 }
+
+// A lease the program drops without Release is released once the garbage collector finds it
+// (on the finalizer's goroutine, outside any call), long before its TTL.
+func TestADroppedLeaseIsReleasedByTheCollector(t *testing.T) {
+	forEachStore(t, func(t *testing.T, url string) {
+		key := uniqueKey(t)
+		func() {
+			lease := mustAcquire(t, connect(t, url).Lock(key, leasehold.WithTTL(time.Minute)))
+			_ = lease.Context() // its watcher too must not keep it alive
+		}()
+		other := connect(t, url)
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			runtime.GC()
+			got, err := other.Lock(key).TryAcquire(within(t, 30*time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got != nil {
+				mustRelease(t, got)
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("a dropped lease stayed held")
+			}
+			time.Sleep(20 * time.Millisecond) // the collector and the background release
+		}
+	})
+}
+
+// One lease used by many goroutines at once: reads, event channels, releases. Run under -race.
+func TestOneLeaseSharedByManyGoroutines(t *testing.T) {
+	forEachStore(t, func(t *testing.T, url string) {
+		locks := connect(t, url)
+		key := uniqueKey(t)
+		lease := mustAcquire(t, locks.Lock(key))
+		start := make(chan struct{})
+		errs := make(chan error, 32)
+		for i := 0; i < 8; i++ {
+			go func(i int) {
+				<-start
+				_ = lease.IsCurrent()
+				_ = lease.ValidUntil()
+				_ = lease.Context()
+				_ = lease.Lost()
+				_, _ = lease.Record()
+				errs <- lease.Release(context.Background())
+				_ = lease.IsCurrent()
+				_ = lease.StopBy()
+				_ = lease.HandoffRequested()
+			}(i)
+		}
+		close(start)
+		for i := 0; i < 8; i++ {
+			if err := <-errs; err != nil {
+				t.Fatalf("a concurrent release: %v", err)
+			}
+		}
+		if lease.IsCurrent() || lease.Context().Err() == nil {
+			t.Fatal("the lease is still current after its releases")
+		}
+		again, err := locks.Lock(key).TryAcquire(within(t, 30*time.Second))
+		if again == nil || err != nil {
+			t.Fatalf("the key after concurrent releases: %v, %v", again, err)
+		}
+		mustRelease(t, again)
+	})
+}
