@@ -35,7 +35,8 @@ Exit status:
 Environment:
   LEASEHOLD_STORE  the store URL when --store is not given
   LEASEHOLD_QUEUE  the queue URL when --queue is not given
-  LEASEHOLD_LOG    log filter for messages on stderr (default: warn), e.g. debug, leasehold=trace";
+  LEASEHOLD_LOG    log filter for messages on stderr (default: leasehold's own warnings),
+                   e.g. debug (dependencies' messages too), leasehold=trace";
 
 /// Why the command line stops early: one line for stderr and an exit code.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -19,6 +19,30 @@ pub(crate) fn print(text: &str) -> Result<(), Failure> {
     }
 }
 
+/// Writes `text` to stderr; a closed stderr loses it (nothing else can be told then).
+pub(crate) fn eprint(text: &str) {
+    let mut stderr = io::stderr().lock();
+    let _ = stderr
+        .write_all(text.as_bytes())
+        .and_then(|()| stderr.flush());
+}
+
+/// `println!` that never panics: a closed stdout drops the line ([`print`]).
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        let _ = $crate::output::print(&format!("{}\n", format_args!($($arg)*)));
+    };
+}
+pub(crate) use outln;
+
+/// `eprintln!` that never panics: a closed stderr drops the line ([`eprint`]).
+macro_rules! errln {
+    ($($arg:tt)*) => {
+        $crate::output::eprint(&format!("{}\n", format_args!($($arg)*)))
+    };
+}
+pub(crate) use errln;
+
 /// Writes a JSON value, pretty, with a final newline.
 pub(crate) fn print_json(value: &serde_json::Value) -> Result<(), Failure> {
     let text = serde_json::to_string_pretty(value)

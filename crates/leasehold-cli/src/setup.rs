@@ -5,9 +5,13 @@ use crate::exit;
 use std::io::IsTerminal;
 use tracing_subscriber::EnvFilter;
 
-/// The log filter when `LEASEHOLD_LOG` is not set. The library's own "lease lost" warning is left
-/// out: `run` reports a loss itself, on one line.
-const DEFAULT_LOG: &str = "warn,leasehold::guard=error";
+/// The log filter when `LEASEHOLD_LOG` is not set: leasehold's own warnings only. A dependency's
+/// retries and internal errors (a credential provider trying again, a connection pool's
+/// reconnects) stay behind `LEASEHOLD_LOG=debug`: what they lead to reaches the user as
+/// leasehold's own one-line error. The library's "lease lost" warning is left out too: `run`
+/// reports a loss itself, on one line.
+const DEFAULT_LOG: &str =
+    "off,leasehold=warn,leasehold_cli=warn,leasehold_servers=warn,leasehold::guard=error";
 
 /// Sets up logging to stderr, filtered by `LEASEHOLD_LOG` (default: warnings).
 pub(crate) fn init_logging() {
@@ -22,6 +26,9 @@ pub(crate) fn init_logging() {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
+        // A closed stderr (`leasehold … 2>&1 >/dev/null | head -1`) loses the message: the
+        // subscriber's own report of the failed write would panic on the same closed pipe.
+        .log_internal_errors(false)
         .try_init();
 }
 

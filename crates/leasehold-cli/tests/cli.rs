@@ -1118,6 +1118,81 @@ fn a_closed_stdout_is_not_an_error() {
     }
 }
 
+/// A Cloud Storage store with no credential anywhere (no key file, no gcloud configuration, a
+/// metadata server this machine cannot reach): the credential provider retries and warns.
+fn without_google_credentials() -> Command {
+    let home = tempfile::tempdir().unwrap().keep();
+    let mut cmd = bare();
+    cmd.args(["--store", "gs://leasehold-nobucket/x", "ls"])
+        .env("HOME", &home)
+        .env_remove("GOOGLE_APPLICATION_CREDENTIALS")
+        .env_remove("CLOUDSDK_CONFIG")
+        .env_remove("STORAGE_EMULATOR_HOST")
+        .env_remove("LEASEHOLD_LOG");
+    cmd
+}
+
+#[test]
+fn a_dependency_s_retries_stay_behind_the_debug_level() {
+    let out = without_google_credentials().output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(
+        lines.len(),
+        1,
+        "one line from leasehold, nothing else: {stderr}"
+    );
+    assert!(
+        lines[0].starts_with("leasehold: ")
+            && lines[0].contains("no Google credentials found")
+            && lines[0].contains("GOOGLE_APPLICATION_CREDENTIALS")
+            && lines[0].contains("metadata server"),
+        "{stderr}"
+    );
+    let debug = without_google_credentials()
+        .env("LEASEHOLD_LOG", "debug")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&debug.stderr);
+    assert!(
+        stderr.lines().count() > 1,
+        "LEASEHOLD_LOG=debug shows the sources' answers: {stderr}"
+    );
+}
+
+#[test]
+fn a_closed_stderr_is_not_a_panic() {
+    let mut fds = [0; 2];
+    // SAFETY: pipe(2) fills the two-element array.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    // SAFETY: both descriptors were just created and are owned by nobody else.
+    let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    drop(read);
+    // Warnings at the debug level and the error line, all into the closed pipe.
+    let out = without_google_credentials()
+        .env("LEASEHOLD_LOG", "debug")
+        .stderr(Stdio::from(write))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let s = Store::new();
+    let (read, write) = {
+        let mut fds = [0; 2];
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        // SAFETY: as above.
+        unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) }
+    };
+    drop(read);
+    let out = s
+        .cmd(["inspect", "no-such-key"])
+        .stderr(Stdio::from(write))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+}
+
 #[test]
 fn help_documents_the_exit_codes() {
     for args in [vec!["--help"], vec!["run", "--help"]] {

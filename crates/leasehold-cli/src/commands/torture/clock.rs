@@ -94,7 +94,7 @@ pub(crate) fn print() -> Result<(), String> {
         .duration_since(UNIX_EPOCH)
         .map_err(|e| e.to_string())?
         .as_nanos();
-    println!(
+    crate::output::outln!(
         "{realtime} {} {}",
         crate::process::group_guard::monotonic_ns(),
         boottime_ns()

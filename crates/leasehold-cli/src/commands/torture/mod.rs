@@ -256,10 +256,12 @@ pub(crate) async fn torture(url: Option<&str>, args: TortureArgs) -> Result<u8, 
         }
         _ => {}
     }
-    eprintln!("leasehold torture: seed {seed} (--seed {seed} replays this fault schedule)");
+    crate::output::errln!(
+        "leasehold torture: seed {seed} (--seed {seed} replays this fault schedule)"
+    );
     let note = servers::note(&args.kind, url);
     if let Some(n) = note {
-        eprintln!("leasehold torture: {n}");
+        crate::output::errln!("leasehold torture: {n}");
     }
     let dir = std::env::temp_dir().join(format!("leasehold-torture-{}-{seed}", std::process::id()));
     std::fs::create_dir_all(&dir)
@@ -274,7 +276,9 @@ pub(crate) async fn torture(url: Option<&str>, args: TortureArgs) -> Result<u8, 
     // A run in which no client ever entered checked nothing (a store it cannot use, say).
     let idle = rows.iter().all(|r| r.counts.sections == 0);
     if idle {
-        eprintln!("leasehold torture: no client entered a critical section: nothing was checked");
+        crate::output::errln!(
+            "leasehold torture: no client entered a critical section: nothing was checked"
+        );
     }
     Ok(if broken || idle { ERROR } else { OK })
 }
@@ -392,7 +396,7 @@ impl Run<'_> {
                 let (url, t) = network::with_timeout(store, args.ttl * 2 / 5)
                     .map_err(|e| Failure::new(USAGE, format!("{fault}: {e}")))?;
                 if t >= args.ttl {
-                    eprintln!(
+                    crate::output::errln!(
                         "leasehold torture: {fault}: the store's timeout ({}) is not below the TTL ({}): a call whose answer is lost is sent again after the lease could expire, and the fault shows nothing",
                         crate::output::duration(t),
                         crate::output::duration(args.ttl)
@@ -540,7 +544,7 @@ impl Run<'_> {
             }
         }
         if progress {
-            eprint!("\r\x1b[K");
+            crate::output::eprint("\r\x1b[K");
         }
         if fault == Fault::Partition && !member_cuts.is_empty() {
             let of_members: u64 = member_cuts.iter().sum();
@@ -549,14 +553,14 @@ impl Run<'_> {
                 .enumerate()
                 .map(|(m, n)| format!("m{m} {n}"))
                 .collect();
-            eprintln!(
+            crate::output::errln!(
                 "leasehold torture: partition: {of_members} of {injected} cuts were a member cut from its peers ({}), {} cut clients off",
                 each.join(", "),
                 injected - of_members
             );
         }
         if fault == Fault::LostAnswer {
-            eprintln!(
+            crate::output::errln!(
                 "leasehold torture: lost-answer: after {cut_off} of {injected} injections a client whose answers were lost entered a critical section, and was cut off"
             );
         }
@@ -661,14 +665,14 @@ fn show_progress(
         .ok()
         .and_then(|v| Counts::from_json(&v))
     {
-        eprint!(
+        crate::output::eprint(&format!(
             "\r{fault}: {}s of {}s, {} sections, {injected} faults, {} overlaps, {} fence violations\x1b[K",
             elapsed.as_secs(),
             duration.as_secs(),
             c.sections,
             c.overlaps,
             c.fence_violations
-        );
+        ));
     }
     Ok(())
 }
@@ -758,10 +762,10 @@ fn print_rows(args: &TortureArgs, seed: u64, rows: &[Row], note: Option<&str>) {
                 v
             })
             .collect();
-        println!("{}", serde_json::json!({ "seed": seed, "rows": rows }));
+        crate::output::outln!("{}", serde_json::json!({ "seed": seed, "rows": rows }));
         return;
     }
-    println!(
+    crate::output::outln!(
         "{:<14} {:<11} {:>9} {:>7} {:>9} {:>15} {:>13} {:>16} {:>12} {:>10}",
         "STORE",
         "FAULT",
@@ -785,7 +789,7 @@ fn print_rows(args: &TortureArgs, seed: u64, rows: &[Row], note: Option<&str>) {
                 r.unpromised_overlaps, r.unpromised_fence_violations
             )
         };
-        println!(
+        crate::output::outln!(
             "{:<14} {:<11} {:>9} {:>7} {:>9} {:>15} {:>13} {:>16} {:>12} {:>10}",
             args.kind,
             r.fault,
@@ -803,14 +807,14 @@ fn print_rows(args: &TortureArgs, seed: u64, rows: &[Row], note: Option<&str>) {
         .iter()
         .any(|r| !(r.promise.exclusion && r.promise.fences))
     {
-        println!("UNPROMISED: overlaps/fence violations where the store promises no exclusion/fences under that fault (the fence caught their writes)");
+        crate::output::outln!("UNPROMISED: overlaps/fence violations where the store promises no exclusion/fences under that fault (the fence caught their writes)");
     }
     if let Some(n) = note {
-        println!("{n}");
+        crate::output::outln!("{n}");
     }
     let mode = Mode::of(args);
     if mode != Mode::Lock {
-        println!("keys: {}", mode.describe());
+        crate::output::outln!("keys: {}", mode.describe());
     }
-    println!("seed {seed}");
+    crate::output::outln!("seed {seed}");
 }

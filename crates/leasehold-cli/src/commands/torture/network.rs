@@ -1062,12 +1062,12 @@ mod tests {
             },
         )
         .await;
-        eprintln!(
+        crate::output::errln!(
             "leader {old_id:x} (m{old}, term {old_term}) cut; new leader {new_id:x} after {:?}",
             cut.elapsed()
         );
         let (_, alone, _) = status(ports[old]).await.unwrap();
-        eprintln!("the cut member follows {alone:x}");
+        crate::output::errln!("the cut member follows {alone:x}");
         assert_ne!(alone, new_id, "the cut member heard of the new leader");
         // A write through the majority succeeds; one through the cut member does not.
         // key "partition", values "majority" and "isolated", in base64.
@@ -1084,7 +1084,7 @@ mod tests {
         let put_isolated = r#"{"key":"cGFydGl0aW9u","value":"aXNvbGF0ZWQ="}"#;
         let t = tokio::time::Instant::now();
         let isolated = etcd(ports[old], "/v3/kv/put", put_isolated).await;
-        eprintln!(
+        crate::output::errln!(
             "the write through the cut member: {isolated:?} after {:?}",
             t.elapsed()
         );
@@ -1108,7 +1108,7 @@ mod tests {
             },
         )
         .await;
-        eprintln!("rejoined as a follower after {:?}", healed.elapsed());
+        crate::output::errln!("rejoined as a follower after {:?}", healed.elapsed());
         let read = until(
             "a read through the old leader",
             Duration::from_secs(20),

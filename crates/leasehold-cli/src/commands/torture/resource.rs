@@ -395,7 +395,7 @@ impl State {
             self.counts.stale_rejected += 1;
             if op == "E" && !late {
                 self.counts.fence_violations += 1;
-                eprintln!(
+                crate::output::errln!(
                     "leasehold torture: fence violation on {key}: {client} entered with fence {fence}, not above {highest} of {}",
                     k.owner
                 );
@@ -418,7 +418,7 @@ impl State {
                     } else {
                         format!("valid {} ms more", (other.valid - now) / 1_000_000)
                     };
-                    eprintln!(
+                    crate::output::errln!(
                         "leasehold torture: overlap on {key}: {client} entered with fence {fence} while {} (fence {highest}, {left}) was inside",
                         other.client
                     );
@@ -522,7 +522,7 @@ impl State {
                 } else {
                     String::new()
                 };
-                eprintln!(
+                crate::output::errln!(
                     "leasehold torture: fence violation on {key}: {} entered with fence {}{}, not above {floor}{reuse}",
                     h.client,
                     h.fence,
@@ -559,7 +559,7 @@ impl State {
                     format!("{} (fence {}{role})", i.client, i.fence)
                 })
                 .collect();
-            eprintln!(
+            crate::output::errln!(
                 "leasehold torture: overlap on {key}: {} entered with fence {}{} while {} {} inside",
                 h.client,
                 h.fence,

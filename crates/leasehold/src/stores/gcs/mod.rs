@@ -153,6 +153,11 @@ impl GcsStore {
         };
         options::check_endpoint(&endpoint)?;
         let describe = format!("gs://{}/{prefix}{via}", options.bucket);
+        /// What a user without credentials can do.
+        const CREDENTIALS_HELP: &str =
+            "set GOOGLE_APPLICATION_CREDENTIALS to a service account's key file, \
+            run `gcloud auth application-default login`, or run where the metadata server answers \
+            (LEASEHOLD_LOG=debug shows what each source said)";
         let auth = if !anonymous {
             let provider = tokio::time::timeout(options.timeout, gcp_auth::provider()).await;
             let unavailable = |detail: String| Error::Unavailable {
@@ -164,16 +169,17 @@ impl GcsStore {
                 Ok(Ok(p)) => Auth::Google(p),
                 // Every source of the chain answered, none with a credential: trying again
                 // finds none either, until the environment changes.
-                Ok(Err(e)) => return Err(Error::Store {
-                    store: describe.clone(),
-                    detail: format!(
-                        "no Google credentials (GOOGLE_APPLICATION_CREDENTIALS, gcloud's application default credentials, the metadata server, gcloud): {e}"
-                    ),
-                    retryable: false,
-                    source: None,
-                }),
+                Ok(Err(e)) => {
+                    tracing::debug!(store = %describe, error = %e, "no source of Google credentials answered with one");
+                    return Err(Error::Store {
+                        store: describe.clone(),
+                        detail: format!("no Google credentials found: {CREDENTIALS_HELP}"),
+                        retryable: false,
+                        source: None,
+                    });
+                }
                 Err(_) => return Err(unavailable(format!(
-                    "no Google credentials within {:?} (the metadata server did not answer)",
+                    "no Google credentials within {:?} (the metadata server did not answer): {CREDENTIALS_HELP}",
                     options.timeout
                 ))),
             }
