@@ -10,6 +10,7 @@ mod metrics;
 mod output;
 mod payload;
 mod process;
+mod progress;
 mod setup;
 mod store;
 

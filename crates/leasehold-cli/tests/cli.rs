@@ -2067,6 +2067,8 @@ fn bench_measures_the_store_and_leaves_nothing_held() {
     assert!(lines[2].starts_with("TASKS  KEYS"), "{out:?}");
     // 2 task counts × (distinct keys, one hot key).
     assert_eq!(lines.len(), 3 + 4, "{out:?}");
+    // Its progress bar is for a terminal: nothing on a piped stderr.
+    assert_eq!(out.stderr, "", "{out:?}");
     let out = s.output([
         "bench",
         "--tasks",

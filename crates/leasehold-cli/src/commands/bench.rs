@@ -59,11 +59,27 @@ pub(crate) async fn bench(store: Arc<dyn LockStore>, args: BenchArgs) -> Result<
         leasehold::now_ms()
     );
     let mut rows = vec![];
+    let runs = args.tasks.len() * if args.no_hot { 1 } else { 2 };
+    let bar = crate::progress::bar(
+        u64::try_from(runs).unwrap_or(u64::MAX),
+        "[{bar:20}] {pos}/{len} rows  {msg}",
+        !args.json,
+    );
     for &tasks in &args.tasks {
         for hot in [false, true] {
             if hot && args.no_hot {
                 continue;
             }
+            bar.set_message(format!(
+                "{tasks} task{} {} for {}",
+                if tasks == 1 { "" } else { "s" },
+                if hot {
+                    "on one key"
+                } else {
+                    "on keys of their own"
+                },
+                humantime::format_duration(args.duration)
+            ));
             let measured = tokio::select! {
                 m = measure(&locks, &run, tasks, hot, args.duration) => m?,
                 sig = signals.recv() => {
@@ -75,8 +91,10 @@ pub(crate) async fn bench(store: Arc<dyn LockStore>, args: BenchArgs) -> Result<
                 }
             };
             rows.push((tasks, hot, measured));
+            bar.inc(1);
         }
     }
+    bar.finish_and_clear();
     if args.json {
         let runs: Vec<serde_json::Value> = rows
             .iter()

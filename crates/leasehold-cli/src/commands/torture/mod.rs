@@ -473,19 +473,19 @@ impl Run<'_> {
         let mut member_cuts = vec![0u64; stores.peers().map_or(0, |p| p.members())];
         let start = Instant::now();
         let end = start + duration;
-        // On a terminal (and not with --json), a line that tells how the phase goes.
-        let progress = !args.json && std::io::IsTerminal::is_terminal(&std::io::stderr());
-        let mut shown = start;
+        // On a terminal (and not with --json), a bar that tells how the phase goes.
+        let bar = crate::progress::bar(
+            duration.as_secs(),
+            "{prefix:>12} [{bar:30}] {pos}/{len}s  {msg}",
+            !args.json,
+        );
+        bar.set_prefix(fault.as_str());
+        let mut shown: Option<Instant> = None;
         while Instant::now() < end {
-            if progress && shown.elapsed() >= Duration::from_secs(1) {
-                shown = Instant::now();
-                show_progress(
-                    resource,
-                    fault.as_str(),
-                    start.elapsed(),
-                    duration,
-                    injected,
-                )?;
+            if !bar.is_hidden() && shown.is_none_or(|s| s.elapsed() >= Duration::from_secs(1)) {
+                shown = Some(Instant::now());
+                bar.set_position(start.elapsed().as_secs());
+                bar.set_message(progress_message(resource, injected)?);
             }
             // Between half a TTL and one and a half.
             let next = Instant::now() + args.ttl.mul_f64(0.5 + rng.f64());
@@ -543,9 +543,7 @@ impl Run<'_> {
                 _ => {}
             }
         }
-        if progress {
-            crate::output::eprint("\r\x1b[K");
-        }
+        bar.finish_and_clear();
         if fault == Fault::Partition && !member_cuts.is_empty() {
             let of_members: u64 = member_cuts.iter().sum();
             let each: Vec<String> = member_cuts
@@ -651,30 +649,20 @@ async fn lose_answers(
     }
 }
 
-/// Rewrites the terminal's last line with the phase so far: its fault, time, sections, faults
-/// injected and violations (the resource's counts, read without resetting them).
-fn show_progress(
-    resource: &mut Resource,
-    fault: &str,
-    elapsed: Duration,
-    duration: Duration,
-    injected: u64,
-) -> Result<(), Failure> {
+/// How the phase goes so far: sections, faults injected and violations (the resource's counts,
+/// read without resetting them).
+fn progress_message(resource: &mut Resource, injected: u64) -> Result<String, Failure> {
     let answer = ask(resource, "P")?;
-    if let Some(c) = serde_json::from_str(&answer)
+    Ok(serde_json::from_str(&answer)
         .ok()
         .and_then(|v| Counts::from_json(&v))
-    {
-        crate::output::eprint(&format!(
-            "\r{fault}: {}s of {}s, {} sections, {injected} faults, {} overlaps, {} fence violations\x1b[K",
-            elapsed.as_secs(),
-            duration.as_secs(),
-            c.sections,
-            c.overlaps,
-            c.fence_violations
-        ));
-    }
-    Ok(())
+        .map(|c| {
+            format!(
+                "{} sections, {injected} faults, {} overlaps, {} fence violations",
+                c.sections, c.overlaps, c.fence_violations
+            )
+        })
+        .unwrap_or_default())
 }
 
 /// Sends the resource one request; its answer.
