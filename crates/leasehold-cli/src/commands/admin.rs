@@ -395,7 +395,13 @@ fn nothing_held(key: &str, who: Option<&str>) -> String {
 
 /// `leasehold cleanup`.
 pub(crate) async fn cleanup(store: &dyn LockStore, args: CleanupArgs) -> Result<u8, Failure> {
-    let report = store.cleanup(args.older_than).await?;
+    let spinner = crate::progress::spinner(&format!(
+        "removing records free for over {}",
+        humantime::format_duration(args.older_than)
+    ));
+    let report = store.cleanup(args.older_than).await;
+    spinner.finish_and_clear();
+    let report = report?;
     let plural = |n: usize| if n == 1 { "record" } else { "records" };
     print(&format!(
         "removed {} {}, kept {} {} (held, waited for, or touched within the last {})\n",

@@ -72,6 +72,7 @@ pub(crate) async fn work(
         }
         None => None,
     };
+    let (progress, bar) = show_progress(queue.clone());
     let mut worker = Worker::new(queue, locks.clone())
         .options(options)
         .on_problem(exit::report);
@@ -104,10 +105,44 @@ pub(crate) async fn work(
             }
         }
     }
+    progress.abort();
+    bar.finish_and_clear();
     if let Err(e) = locks.release_all().await {
         exit::report(&format!("cannot release every lease: {e}"));
     }
     Ok(OK)
+}
+
+/// On a terminal, a bar of the tasks ended since the worker started against those ended, running
+/// and pending (read from the queue every second); nothing when stderr is not a terminal. The
+/// returned task draws it until aborted.
+fn show_progress(
+    queue: Arc<dyn QueueBackend>,
+) -> (tokio::task::JoinHandle<()>, indicatif::ProgressBar) {
+    let bar = crate::progress::bar(0, "[{bar:30}] {pos}/{len} tasks  {msg}", true);
+    let drawn = bar.clone();
+    let task = tokio::spawn(async move {
+        let bar = drawn;
+        if bar.is_hidden() {
+            return;
+        }
+        let ended = |s: &leasehold::queue::Status| s.succeeded + s.failed + s.cancelled;
+        let mut base = None;
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tick.tick().await;
+            let Ok(s) = queue.status().await else {
+                continue;
+            };
+            let base = *base.get_or_insert_with(|| ended(&s));
+            let done = ended(&s).saturating_sub(base);
+            let pending = s.pending.high + s.pending.normal + s.pending.low;
+            bar.set_length(done + s.running + pending);
+            bar.set_position(done);
+            bar.set_message(format!("{} running, {pending} pending", s.running));
+        }
+    });
+    (task, bar)
 }
 
 /// Runs a task's command (its payload) as a child process under a task supervisor.
