@@ -513,6 +513,11 @@ pub(crate) struct BenchArgs {
     /// Print the figures as one JSON object.
     #[arg(long)]
     pub(crate) json: bool,
+
+    /// Also draw the runs into this SVG file: the distribution of the waits for the hot key per
+    /// number of tasks, and the rates against the number of tasks.
+    #[arg(long, value_name = "FILE.svg")]
+    pub(crate) plot: Option<std::path::PathBuf>,
 }
 
 /// Options of `watch`.

@@ -2069,6 +2069,46 @@ fn bench_measures_the_store_and_leaves_nothing_held() {
     assert_eq!(lines.len(), 3 + 4, "{out:?}");
     // Its progress bar is for a terminal: nothing on a piped stderr.
     assert_eq!(out.stderr, "", "{out:?}");
+    let dir = tempfile::tempdir().unwrap();
+    let svg = dir.path().join("bench.svg");
+    let out = s.output([
+        "bench",
+        "--tasks",
+        "1,2",
+        "--duration",
+        "200ms",
+        "--plot",
+        svg.to_str().unwrap(),
+    ]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let drawn = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        drawn.starts_with("<svg") && drawn.trim_end().ends_with("</svg>"),
+        "{drawn:.200}"
+    );
+    for want in [
+        "Waits for one key",
+        "1 task",
+        "2 tasks",
+        "handoffs/s, one key",
+    ] {
+        assert!(drawn.contains(want), "{want} is not in the plot");
+    }
+    let out = s.output([
+        "bench",
+        "--tasks",
+        "1",
+        "--duration",
+        "100ms",
+        "--plot",
+        "/nonexistent/dir/x.svg",
+    ]);
+    assert_eq!(out.code, Some(1), "{out:?}");
+    assert!(
+        out.stderr
+            .starts_with("leasehold: cannot draw /nonexistent/dir/x.svg"),
+        "{out:?}"
+    );
     let out = s.output([
         "bench",
         "--tasks",

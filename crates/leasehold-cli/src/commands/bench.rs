@@ -6,6 +6,7 @@
 //! Keys are `leasehold-bench/PID-MS/…`; every lease is released before the command returns (the
 //! records of stores that keep them, like the file store, stay: `cleanup` removes them).
 
+use super::bench_plot;
 use crate::cli::BenchArgs;
 use crate::exit::{Failure, OK};
 use crate::output::{self, print};
@@ -45,6 +46,11 @@ pub(crate) async fn bench(store: Arc<dyn LockStore>, args: BenchArgs) -> Result<
         return Err(Failure::usage(
             "--tasks takes counts of 1 or more, e.g. 1,8,64",
         ));
+    }
+    // A plot that cannot be written fails before the runs, not after them.
+    if let Some(path) = &args.plot {
+        std::fs::File::create(path)
+            .map_err(|e| Failure::error(format!("cannot draw {}: {e}", path.display())))?;
     }
     let mut signals = Forwarded::install()
         .map_err(|e| Failure::error(format!("cannot install signal handlers: {e}")))?;
@@ -95,6 +101,18 @@ pub(crate) async fn bench(store: Arc<dyn LockStore>, args: BenchArgs) -> Result<
         }
     }
     bar.finish_and_clear();
+    if let Some(path) = &args.plot {
+        let runs: Vec<bench_plot::Run<'_>> = rows
+            .iter()
+            .map(|(tasks, hot, m)| bench_plot::Run {
+                tasks: *tasks,
+                hot: *hot,
+                rate: m.rate(),
+                latencies: &m.latencies,
+            })
+            .collect();
+        bench_plot::draw(path, &described, &runs)?;
+    }
     if args.json {
         let runs: Vec<serde_json::Value> = rows
             .iter()

@@ -3,6 +3,7 @@
 
 pub(crate) mod admin;
 pub(crate) mod bench;
+mod bench_plot;
 pub(crate) mod elect;
 pub(crate) mod hold;
 pub(crate) mod queue;
