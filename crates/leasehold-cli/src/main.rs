@@ -5,11 +5,13 @@ mod app;
 mod cli;
 mod commands;
 mod exit;
+mod follow;
 mod lease;
 mod metrics;
 mod output;
 mod payload;
 mod process;
+mod records;
 mod setup;
 mod store;
 
