@@ -1,7 +1,7 @@
 //! Runs the parsed command line: the runtime, dispatch to the subcommands.
 
 use crate::cli::{key_arg, prefix_arg, Cli, Command};
-use crate::commands::{admin, bench, elect, hold, queue, run, torture};
+use crate::commands::{admin, bench, elect, hold, queue, run, serve, torture};
 use crate::exit::{self, Failure, ERROR};
 use crate::setup::runtime;
 use crate::store;
@@ -57,6 +57,7 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
         }
         Command::Cleanup(args) => admin::cleanup(&*store::open(url).await?, args).await,
         Command::Queue(args) => queue::dispatch(url, args).await,
+        Command::Serve(args) => serve::serve(url, args).await,
         Command::Torture(args) => torture::torture(url, args).await,
     }
 }

@@ -134,6 +134,21 @@ pub(crate) enum Command {
     #[command(after_help = exit::HELP)]
     Queue(QueueArgs),
 
+    /// Serve a web page of the leases and the queue, updated live, with the same data as JSON.
+    ///
+    /// The page at http://ADDR/ shows the keys under --prefix that are held, expired or waited
+    /// for (holder, fence, time left, waiters in line, permits held) and the queue (slots used, pending by priority, running tasks with
+    /// their lease), and follows their changes (server-sent events at /events: the store's
+    /// notifications where it has them, expiries, and a look at least every --every). It works
+    /// without JavaScript too (reload to refresh). /api/leases is `ls --json`, /api/queue is
+    /// `queue status --json`. Read-only unless --allow-force-release: then POST /api/release
+    /// with {"key": KEY} (and "holder": ID for one holder's permits) and the header
+    /// `Authorization: Bearer TOKEN` frees a lease as `release --force` does. The token is read
+    /// from --token-file, else made up and printed at start. Prints `serving http://ADDR/` once
+    /// listening; runs until SIGTERM, SIGINT or SIGHUP (exit 0).
+    #[command(after_help = exit::HELP)]
+    Serve(ServeArgs),
+
     /// Check exclusion and fencing under real faults: client processes take leases on a few keys
     /// and write to a fenced resource (a process of its own) under each, while clients are killed
     /// (SIGKILL) or paused past their TTL (SIGSTOP).
@@ -488,6 +503,41 @@ pub(crate) struct TortureArgs {
     /// overlap is a writer beside anyone, or a reader beside a writer.
     #[arg(long)]
     pub(crate) read_write: bool,
+}
+
+/// Options of `serve`.
+#[derive(Debug, Args)]
+pub(crate) struct ServeArgs {
+    /// Listen on this IP address and port (port 0: any free port, printed at start).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7474")]
+    pub(crate) listen: std::net::SocketAddr,
+
+    /// The queue to show: sqlite:///path/queue.db or postgres://user@host:port/db [default: sqlite://<state dir>/leasehold/queue.db]
+    #[arg(
+        long,
+        value_name = "URL",
+        env = leasehold::defaults::QUEUE_ENV,
+        hide_env_values = true
+    )]
+    pub(crate) queue: Option<String>,
+
+    /// Show only the keys that start with this.
+    #[arg(long, value_name = "PREFIX")]
+    pub(crate) prefix: Option<OsString>,
+
+    /// Look at the store and the queue at least this often (keys taken under the prefix are
+    /// seen within this on a store that notifies only releases, or nothing).
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
+    pub(crate) every: Duration,
+
+    /// Let the page and POST /api/release free a lease whoever holds it, with the token.
+    #[arg(long)]
+    pub(crate) allow_force_release: bool,
+
+    /// The force-release token: this file's content (its first line) [default: made up and
+    /// printed at start].
+    #[arg(long, value_name = "FILE", requires = "allow_force_release")]
+    pub(crate) token_file: Option<std::path::PathBuf>,
 }
 
 /// Options of `bench`.

@@ -5,12 +5,14 @@ mod app;
 mod cli;
 mod commands;
 mod exit;
+mod follow;
 mod lease;
 mod metrics;
 mod output;
 mod payload;
 mod process;
 mod progress;
+mod records;
 mod setup;
 mod store;
 

@@ -1,7 +1,9 @@
-//! Which store to use: `--store`, else `LEASEHOLD_STORE` (clap reads both), else the library's
-//! default, a directory under the user's state directory.
+//! Which store and queue to use: `--store`, else `LEASEHOLD_STORE` (clap reads both), else the
+//! library's default, a directory under the user's state directory; `--queue`, else
+//! `LEASEHOLD_QUEUE`, else the library's default queue beside it.
 
 use crate::exit::Failure;
+use leasehold::queue::QueueBackend;
 use leasehold::LockStore;
 use std::sync::Arc;
 
@@ -23,6 +25,17 @@ pub(crate) async fn open(given: Option<&str>) -> Result<Arc<dyn LockStore>, Fail
     let url = url(given)?;
     tracing::debug!(store = %leasehold::redact_url(&url), "opening store");
     Ok(leasehold::open_store(&url).await?)
+}
+
+/// Opens the queue: `given` (from `--queue` or `LEASEHOLD_QUEUE`), else the library's default
+/// ([`leasehold::defaults::queue_url`]).
+///
+/// # Errors
+/// A usage error for a bad URL, an error when it cannot be opened.
+pub(crate) async fn open_queue(given: Option<&str>) -> Result<Arc<dyn QueueBackend>, Failure> {
+    let url = leasehold::defaults::queue_url(given);
+    tracing::debug!(queue = %leasehold::redact_url(&url), "opening queue");
+    Ok(leasehold::queue::open_queue(&url).await?)
 }
 
 #[cfg(test)]

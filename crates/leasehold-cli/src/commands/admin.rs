@@ -2,11 +2,16 @@
 
 use crate::cli::{CleanupArgs, ReleaseArgs};
 use crate::exit::{Failure, OK};
+use crate::follow::Follow;
 use crate::output::{self, clean, print, print_json};
 use crate::process::signals::Forwarded;
+use crate::records::{
+    corrupt_json, inspection_json, next_expiry, record_json, sort_key, state, waiter, watched,
+    writes,
+};
 use leasehold::now_ms;
 use leasehold::{Inspection, Key, LeaseRecord, LockStore, Permit, Permits};
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::time::Duration;
 
 /// `leasehold ls`.
@@ -141,14 +146,11 @@ pub(crate) async fn watch(
     let mut signals = Forwarded::install()
         .map_err(|e| Failure::error(format!("cannot install signal handlers: {e}")))?;
     let every = every.max(Duration::from_millis(10));
-    let mut changes = store.subscribe(&key).await?;
-    // Whether a lost subscription is still to be made again.
-    let mut resubscribe = false;
+    let mut follow = Follow::start(store, key.clone()).await?;
     let mut last = None;
     let mut away = false;
-    // The lease (its fence) whose release the store was asked to notify, and whether the last
-    // look was made again at once because the lease changed while it was being asked.
-    let mut notified: Option<u64> = None;
+    // Whether the last look was made again at once because the lease changed while the store
+    // was asked to notify its release.
     let mut looked_again = false;
     loop {
         let now = now_ms();
@@ -169,39 +171,15 @@ pub(crate) async fn watch(
             Err(e) => return Err(e.into()),
         };
         away = false;
-        if resubscribe || changes.as_ref().is_some_and(|c| c.stale()) {
-            // The notification's connection ended or its server stopped answering (a failover):
-            // subscribe again; until that works, the store is looked at every `every`.
-            changes = store.subscribe(&key).await.unwrap_or_default();
-            resubscribe = changes.is_none();
-        }
-        // A store that notifies only the releases someone waits for (Redis, PostgreSQL) is
-        // asked to notify this lease's; if it changed meanwhile, it is looked at again at once
+        // If the lease changed while its release notification was asked for, look again at once
         // (once: a clock that disagrees with the store's on its expiry must not make a busy
         // loop).
-        match &seen {
-            Some(Inspection::Record(r)) if state(r, now) == "held" => {
-                if notified != Some(r.fence) {
-                    match store.notify_release(&key, Some(r.fence)).await {
-                        Ok(true) => notified = Some(r.fence),
-                        Ok(false) if !looked_again => {
-                            looked_again = true;
-                            continue;
-                        }
-                        Ok(false) => {}
-                        // Its release is then seen within `every`.
-                        Err(e) => {
-                            tracing::debug!(key = %key, error = %e, "cannot ask for the release to be notified")
-                        }
-                    }
-                }
-            }
-            // Nothing held: the next lease is asked for, whatever its fence (a store that lost
-            // its data may count fences again).
-            _ => notified = None,
+        if !follow.seen(store, seen.as_ref(), now).await && !looked_again {
+            looked_again = true;
+            continue;
         }
         looked_again = false;
-        let (line, object) = watched(&key, seen.as_ref(), now);
+        let (line, object) = watched(key.as_str(), seen.as_ref(), now);
         if last.as_ref() != Some(&line) {
             if json {
                 print(&format!("{object}\n"))?;
@@ -217,78 +195,11 @@ pub(crate) async fn watch(
                 wait = wait.min(next + Duration::from_millis(1));
             }
         }
-        let changed = async {
-            match changes.as_mut() {
-                Some(c) => c.changed().await,
-                None => std::future::pending().await,
-            }
-        };
         tokio::select! {
-            () = changed => {}
+            () = follow.changed() => {}
             () = tokio::time::sleep(wait) => {}
             _ = signals.recv() => return Ok(OK),
         }
-    }
-}
-
-/// What `watch` tells of a key: its line, and its JSON (the record as `inspect --json` shows it,
-/// or `{"key": …, "state": "none"}`). The line leaves out what renewals change.
-fn watched(key: &Key, seen: Option<&Inspection>, now: u64) -> (String, Value) {
-    let k = clean(key.as_str());
-    match seen {
-        None => (
-            format!("{k} none"),
-            json!({"key": key.as_str(), "state": "none"}),
-        ),
-        Some(Inspection::Corrupt { name, detail }) => (
-            format!("{k} corrupt {}", clean(detail)),
-            corrupt_json(name, detail),
-        ),
-        Some(Inspection::Record(r)) => {
-            let mut line = format!("{k} {} fence {}", state(r, now), r.fence);
-            if let Some(t) = &r.permits {
-                // What it is and who holds it, without what renewals change (the expiries).
-                line.push_str(&format!(" ({})", output::permits_summary(t, now)));
-                for p in &t.holders {
-                    line.push_str(&format!(
-                        " holder {} fence {}",
-                        output::permit_holder(t, p),
-                        p.fence
-                    ));
-                    if p.expires_ms <= now {
-                        line.push_str(" expired");
-                    }
-                }
-            } else if let (Some(h), "held" | "expired") = (&r.holder, state(r, now)) {
-                line.push_str(&format!(" holder {}", clean(h)));
-            }
-            if let Some(w) = waiter(r, now) {
-                line.push_str(&format!(" waiter {}", clean(&w)));
-            }
-            let mut object = record_json(r, now);
-            if let Some(o) = object.as_object_mut() {
-                // Renewals change these; the line above does not show them either.
-                o.remove("remaining_ms");
-                for p in permit_objects(o) {
-                    p.remove("remaining_ms");
-                }
-            }
-            (line, object)
-        }
-    }
-}
-
-/// How long until the lease on `r`, or its first permit still held, expires (`None`: nothing
-/// held at `now`).
-fn next_expiry(r: &LeaseRecord, now: u64) -> Option<Duration> {
-    match &r.permits {
-        Some(t) => t
-            .holders
-            .iter()
-            .filter(|p| p.expires_ms > now)
-            .map(|p| Duration::from_millis(p.expires_ms - now))
-            .min(),
-        None => r.is_held(now).then(|| r.remaining(now)),
     }
 }
 
@@ -412,132 +323,6 @@ pub(crate) async fn cleanup(store: &dyn LockStore, args: CleanupArgs) -> Result<
         humantime::format_duration(args.older_than)
     ))?;
     Ok(OK)
-}
-
-fn sort_key(i: &Inspection) -> &str {
-    match i {
-        Inspection::Record(r) => &r.key,
-        Inspection::Corrupt { name, .. } => name,
-    }
-}
-
-fn state(r: &LeaseRecord, now: u64) -> &'static str {
-    output::state(r, now)
-}
-
-/// The live waiter's identity, if any; `(write)` after it for a writer waiting on a read-write
-/// key.
-fn waiter(r: &LeaseRecord, now: u64) -> Option<String> {
-    let who = r
-        .has_live_waiter(now)
-        .then(|| r.waiter.clone().unwrap_or_else(|| "unknown".into()))?;
-    Some(match &r.waiter_token {
-        Some(t) if writes(r, t) => format!("{who} (write)"),
-        _ => who,
-    })
-}
-
-/// Whether the waiter whose token is `token` waits for the write permit of a read-write key.
-fn writes(r: &LeaseRecord, token: &str) -> bool {
-    r.permits
-        .as_ref()
-        .is_some_and(|t| t.writers_waiting.iter().any(|w| w == token))
-}
-
-/// A record as JSON: the stored record plus `state` (`held`, `expired`, `free`) and
-/// `remaining_ms`, without the owner tokens (they let whoever knows them renew or release the
-/// lease as its holder). On a semaphore or read-write key, each permit of `permits.holders` has
-/// its `state` and `remaining_ms` too, the key's `remaining_ms` is the longest of them (when the
-/// key is free unless renewed), and `permits.writers_waiting` names the writers in line by
-/// their ids.
-fn record_json(r: &LeaseRecord, now: u64) -> Value {
-    let mut v = serde_json::to_value(r).unwrap_or_else(|_| json!({ "key": r.key }));
-    let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
-    let remaining = match &r.permits {
-        Some(t) => t
-            .holders
-            .iter()
-            .map(|p| p.expires_ms.saturating_sub(now))
-            .max()
-            .unwrap_or(0),
-        None => ms(r.remaining(now)),
-    };
-    if let Some(o) = v.as_object_mut() {
-        o.remove("token");
-        o.remove("waiter_token");
-        if let Some(Value::Array(queue)) = o.get_mut("queue") {
-            for w in queue.iter_mut().filter_map(Value::as_object_mut) {
-                w.remove("token");
-            }
-        }
-        if let (Some(t), Some(Value::Object(table))) = (&r.permits, o.get_mut("permits")) {
-            // The waiting writers' tokens, as the ids of those waiters.
-            let writers: Vec<Value> = t
-                .writers_waiting
-                .iter()
-                .filter_map(|token| waiter_id(r, token))
-                .map(Value::from)
-                .collect();
-            if !writers.is_empty() {
-                table.insert("writers_waiting".into(), writers.into());
-            } else {
-                table.remove("writers_waiting");
-            }
-        }
-        for (p, stored) in permit_objects(o).zip(r.permits.iter().flat_map(|t| &t.holders)) {
-            p.remove("token");
-            let live = stored.expires_ms > now;
-            p.insert("state".into(), if live { "held" } else { "expired" }.into());
-            p.insert(
-                "remaining_ms".into(),
-                stored.expires_ms.saturating_sub(now).into(),
-            );
-        }
-        o.insert("state".into(), state(r, now).into());
-        o.insert("remaining_ms".into(), remaining.into());
-    }
-    v
-}
-
-/// The permits of a record's JSON object (`permits.holders`), as objects.
-fn permit_objects(
-    o: &mut serde_json::Map<String, Value>,
-) -> impl Iterator<Item = &mut serde_json::Map<String, Value>> {
-    o.get_mut("permits")
-        .and_then(|t| t.get_mut("holders"))
-        .and_then(Value::as_array_mut)
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_object_mut)
-}
-
-/// The id of the waiter in `r`'s line whose token is `token`.
-fn waiter_id(r: &LeaseRecord, token: &str) -> Option<String> {
-    if r.waiter_token.as_deref() == Some(token) {
-        return r.waiter.clone();
-    }
-    r.queue
-        .iter()
-        .find(|w| w.token == token)
-        .map(|w| w.holder.clone())
-}
-
-/// An inspection as JSON; a corrupt record is `{"state": "corrupt", "name": …, "detail": …}`.
-fn inspection_json(i: &Inspection, now: u64) -> Value {
-    match i {
-        Inspection::Record(r) => record_json(r, now),
-        Inspection::Corrupt { name, detail } => corrupt_json(name, detail),
-    }
-}
-
-/// A corrupt record as JSON: `{"key": null, "state": "corrupt", "name": …, "detail": …}`.
-fn corrupt_json(name: &str, detail: &str) -> Value {
-    json!({
-        "key": Value::Null,
-        "state": "corrupt",
-        "name": name,
-        "detail": detail,
-    })
 }
 
 /// The labels of a lease or permit for people: `a=b, c=d`, or `-`.
@@ -664,6 +449,7 @@ fn record_text(r: &LeaseRecord, now: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn held(now: u64) -> LeaseRecord {
         let mut r = LeaseRecord::free("user:alice", 7);
@@ -754,7 +540,7 @@ mod tests {
         assert_eq!(rows[1][1..4], ["a (read)", "11", "9.0s"]);
         assert_eq!(rows[2][1..4], ["b (read)", "12", "expired"]);
         let key = Key::new("catalog").unwrap();
-        let (line, _) = watched(&key, Some(&Inspection::Record(r.clone())), now);
+        let (line, _) = watched(key.as_str(), Some(&Inspection::Record(r.clone())), now);
         assert_eq!(
             line,
             "catalog held fence 12 (read-write: 1 reader) holder a (read) fence 11 holder b (read) fence 12 expired waiter w (write)"

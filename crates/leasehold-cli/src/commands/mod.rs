@@ -9,4 +9,5 @@ pub(crate) mod hold;
 pub(crate) mod queue;
 pub(crate) mod queue_work;
 pub(crate) mod run;
+pub(crate) mod serve;
 pub(crate) mod torture;

@@ -7,24 +7,11 @@ use crate::cli::{
 use crate::exit::{Failure, OK};
 use crate::output::{self, clean, print, print_json, table};
 use crate::payload::{decode_command, encode_command};
+use crate::store::open_queue as open;
 use leasehold::now_ms;
-use leasehold::queue::{
-    open_queue, Cancelled, NewTask, Policy, QueueBackend, Status, Task, TaskEntry,
-};
+use leasehold::queue::{Cancelled, NewTask, Policy, QueueBackend, Status, Task, TaskEntry};
 use serde_json::{json, Value};
-use std::sync::Arc;
 use std::time::Duration;
-
-/// Opens the queue.
-///
-/// # Errors
-/// A usage error for a bad URL, an error when it cannot be opened.
-pub(crate) async fn open(given: Option<&str>) -> Result<Arc<dyn QueueBackend>, Failure> {
-    // `--queue`, else `LEASEHOLD_QUEUE` (clap reads both), else the library's default.
-    let url = leasehold::defaults::queue_url(given);
-    tracing::debug!(queue = %leasehold::redact_url(&url), "opening queue");
-    Ok(open_queue(&url).await?)
-}
 
 /// Runs a `queue` subcommand.
 pub(crate) async fn dispatch(store: Option<&str>, args: QueueArgs) -> Result<u8, Failure> {
