@@ -160,7 +160,7 @@ fn rates<'a>(area: &Area<'a, '_>, runs: &[Run<'_>]) -> Drawn<'a> {
     }
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
+        .position(SeriesLabelPosition::UpperLeft)
         .border_style(BLACK)
         .background_style(WHITE.mix(0.85))
         .draw()?;
