@@ -538,6 +538,12 @@ pub(crate) struct ServeArgs {
     /// printed at start].
     #[arg(long, value_name = "FILE", requires = "allow_force_release")]
     pub(crate) token_file: Option<std::path::PathBuf>,
+
+    /// A host name the page may be reached by (repeatable), beside IP addresses and `localhost`:
+    /// a request naming another host is refused (403), so that a web page elsewhere cannot read
+    /// the leases through a DNS name pointed at this machine (DNS rebinding).
+    #[arg(long, value_name = "NAME")]
+    pub(crate) allow_host: Vec<String>,
 }
 
 /// Options of `bench`.

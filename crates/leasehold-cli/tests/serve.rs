@@ -270,6 +270,23 @@ fn force_release_is_refused_without_the_flag_and_the_page_is_read_only() {
 }
 
 #[test]
+fn a_page_reached_by_another_name_is_refused() {
+    let d = dirs();
+    let serve = Serve::start(&d.store, &d.queue, &["--allow-host", "locks.internal"]);
+    let by = |host: &str| {
+        let h = format!("{host}:{}", serve.port);
+        http::request(serve.port, "GET", "/api/leases", &[("Host", &h)], "")
+    };
+    // A DNS name pointed at this machine by another site (DNS rebinding) reads nothing.
+    let a = by("rebind.attacker.example");
+    assert_eq!(a.status, 403, "{}", a.body);
+    assert!(a.body.contains("--allow-host"), "{}", a.body);
+    for host in ["127.0.0.1", "localhost", "locks.internal"] {
+        assert_eq!(by(host).status, 200, "{host}");
+    }
+}
+
+#[test]
 fn a_token_file_is_the_token() {
     let d = dirs();
     let file = d._dir.path().join("token");

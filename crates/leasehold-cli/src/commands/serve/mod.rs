@@ -40,6 +40,8 @@ struct Shared {
     token: Option<Arc<str>>,
     /// The latest look that differed from the one before (the live updates).
     looks: watch::Receiver<Arc<Look>>,
+    /// Host names besides IP addresses and `localhost` that requests may name (`--allow-host`).
+    hosts: Arc<[String]>,
 }
 
 /// `leasehold serve`.
@@ -78,6 +80,7 @@ pub(crate) async fn serve(store_url: Option<&str>, args: ServeArgs) -> Result<u8
         cx,
         token: token.as_deref().map(Arc::from),
         looks,
+        hosts: args.allow_host.clone().into(),
     };
     if shared.token.is_some() && !addr.ip().is_loopback() {
         exit::report(&format!(
@@ -111,7 +114,54 @@ fn router(shared: Shared) -> Router {
         .route("/api/queue", get(api_queue))
         .route("/api/release", post(api_release))
         .layer(axum::middleware::map_response(security_headers))
+        .layer(axum::middleware::from_fn_with_state(
+            shared.clone(),
+            check_host,
+        ))
         .with_state(shared)
+}
+
+/// Refuses a request whose `Host` names this server by a DNS name not allowed: a page on another
+/// site that points its own name at this machine (DNS rebinding) would otherwise read it with
+/// the browser's help. An IP address, `localhost` and the `--allow-host` names are allowed; a
+/// request without `Host` (not a browser's) too.
+async fn check_host(
+    State(shared): State<Shared>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if let Some(host) = req.headers().get(header::HOST) {
+        let allowed = host.to_str().is_ok_and(|h| host_allowed(h, &shared.hosts));
+        if !allowed {
+            return (
+                StatusCode::FORBIDDEN,
+                "this page answers to IP addresses, localhost and the names given with \
+                 --allow-host\n",
+            )
+                .into_response();
+        }
+    }
+    next.run(req).await
+}
+
+/// Whether `host` (a `Host` header: a name or address, with or without a port) is an IP
+/// address, `localhost`, or one of `allowed`.
+fn host_allowed(host: &str, allowed: &[String]) -> bool {
+    let name = match host.strip_prefix('[') {
+        // [v6] or [v6]:port
+        Some(rest) => {
+            return rest
+                .split_once(']')
+                .is_some_and(|(v6, _)| v6.parse::<std::net::Ipv6Addr>().is_ok())
+        }
+        None => match host.rsplit_once(':') {
+            Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
+            _ => host,
+        },
+    };
+    name.parse::<std::net::Ipv4Addr>().is_ok()
+        || name.eq_ignore_ascii_case("localhost")
+        || allowed.iter().any(|a| a.eq_ignore_ascii_case(name))
 }
 
 /// Headers on every answer: no script but the page's own, no framing, no sniffing.
@@ -374,5 +424,35 @@ mod tests {
             );
         }
         assert_eq!(make_token().unwrap().len(), 64);
+    }
+
+    #[test]
+    fn hosts_a_rebinding_page_cannot_use() {
+        let allowed = ["locks.example.com".to_owned()];
+        for ok in [
+            "127.0.0.1:7474",
+            "127.0.0.1",
+            "10.0.0.5:80",
+            "[::1]:7474",
+            "[::1]",
+            "localhost:7474",
+            "LOCALHOST",
+            "locks.example.com:7474",
+            "Locks.Example.Com",
+        ] {
+            assert!(host_allowed(ok, &allowed), "{ok}");
+        }
+        for refused in [
+            "evil.example:7474",
+            "evil.example",
+            "127.0.0.1.evil.example",
+            "localhost.evil.example:7474",
+            "[::1",
+            "[evil]:80",
+            "",
+            "locks.example.com.evil:7474",
+        ] {
+            assert!(!host_allowed(refused, &allowed), "{refused}");
+        }
     }
 }
