@@ -596,9 +596,11 @@ fn a_run_shows_its_progress_on_a_terminal_only() {
         .unwrap();
     let shown = String::from_utf8_lossy(&tty.stdout);
     assert_eq!(tty.status.code(), Some(0), "{shown}");
+    // The phase's bar: its fault, seconds done of the phase's, and the counts so far.
     assert!(
-        shown.contains("none: ")
-            && shown.contains("s of 3s, ")
+        shown.contains("none [")
+            && shown.contains("/3s  ")
+            && shown.contains(" sections, ")
             && shown.contains(" fence violations"),
         "{shown}"
     );
