@@ -1097,16 +1097,22 @@ fn the_store_comes_from_the_environment_or_the_state_directory() {
         .exists());
 }
 
-#[test]
-fn a_closed_stdout_is_not_an_error() {
-    let s = Store::new();
-    assert_eq!(s.output(["run", "--key", "k", "--", "true"]).code, Some(0));
+/// The writing end of a pipe whose reading end is already closed: a write to it fails with EPIPE.
+fn closed_pipe() -> OwnedFd {
     let mut fds = [0; 2];
     // SAFETY: pipe(2) fills the two-element array.
     assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
     // SAFETY: both descriptors were just created and are owned by nobody else.
     let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
     drop(read);
+    write
+}
+
+#[test]
+fn a_closed_stdout_is_not_an_error() {
+    let s = Store::new();
+    assert_eq!(s.output(["run", "--key", "k", "--", "true"]).code, Some(0));
+    let write = closed_pipe();
     for args in [vec!["ls"], vec!["ls", "--json"], vec!["inspect", "k"]] {
         let out = s
             .cmd(&args)
@@ -1163,31 +1169,17 @@ fn a_dependency_s_retries_stay_behind_the_debug_level() {
 
 #[test]
 fn a_closed_stderr_is_not_a_panic() {
-    let mut fds = [0; 2];
-    // SAFETY: pipe(2) fills the two-element array.
-    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
-    // SAFETY: both descriptors were just created and are owned by nobody else.
-    let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-    drop(read);
     // Warnings at the debug level and the error line, all into the closed pipe.
     let out = without_google_credentials()
         .env("LEASEHOLD_LOG", "debug")
-        .stderr(Stdio::from(write))
+        .stderr(Stdio::from(closed_pipe()))
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     let s = Store::new();
-    let (read, write) = {
-        let mut fds = [0; 2];
-        // SAFETY: as above.
-        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
-        // SAFETY: as above.
-        unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) }
-    };
-    drop(read);
     let out = s
         .cmd(["inspect", "no-such-key"])
-        .stderr(Stdio::from(write))
+        .stderr(Stdio::from(closed_pipe()))
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1), "{out:?}");

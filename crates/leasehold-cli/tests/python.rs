@@ -11,6 +11,7 @@
 
 use leasehold_testkit::foreign::python;
 use leasehold_testkit::gcs_server::GcsServer;
+use leasehold_testkit::newest_modified;
 use leasehold_testkit::proxy::TcpProxy;
 use leasehold_testkit::servers::{ApiServer, PostgresServer, RedisServer};
 use std::path::{Path, PathBuf};
@@ -20,28 +21,6 @@ use std::time::SystemTime;
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// The newest modification time of the files under `dir` with extension `ext`.
-fn newest(dir: &Path, ext: &str) -> SystemTime {
-    let mut best = SystemTime::UNIX_EPOCH;
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return best;
-    };
-    for e in entries.flatten() {
-        let path = e.path();
-        let m = if path.is_dir() {
-            newest(&path, ext)
-        } else if path.extension().is_some_and(|x| x == ext) {
-            e.metadata()
-                .and_then(|m| m.modified())
-                .unwrap_or(SystemTime::UNIX_EPOCH)
-        } else {
-            continue;
-        };
-        best = best.max(m);
-    }
-    best
 }
 
 /// Fails, saying what to run, when the installed package's extension is older than the Rust
@@ -62,9 +41,15 @@ fn check_installed(python: &Path) {
             String::from_utf8_lossy(&out.stderr).trim()
         )
     });
-    let sources = newest(&repo().join("bindings/python/src"), "rs")
-        .max(newest(&repo().join("crates/leasehold/src"), "rs"))
-        .max(newest(&repo().join("crates/leasehold/src"), "lua"));
+    let sources = newest_modified(&repo().join("bindings/python/src"), Some("rs"))
+        .max(newest_modified(
+            &repo().join("crates/leasehold/src"),
+            Some("rs"),
+        ))
+        .max(newest_modified(
+            &repo().join("crates/leasehold/src"),
+            Some("lua"),
+        ));
     let sources = sources
         .duration_since(SystemTime::UNIX_EPOCH)
         .map(|d| d.as_secs_f64())

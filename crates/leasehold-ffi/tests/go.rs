@@ -12,12 +12,12 @@
 #![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)]
 
 use leasehold_testkit::gcs_server::GcsServer;
+use leasehold_testkit::newest_modified;
 use leasehold_testkit::proxy::TcpProxy;
 use leasehold_testkit::servers::{ApiServer, EtcdServer, PostgresServer, RedisServer};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
-use std::time::SystemTime;
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -42,28 +42,14 @@ fn static_library() -> PathBuf {
     lib
 }
 
-fn newest(dir: &Path) -> SystemTime {
-    let mut best = SystemTime::UNIX_EPOCH;
-    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let path = e.path();
-        let m = if path.is_dir() {
-            newest(&path)
-        } else {
-            e.metadata().and_then(|m| m.modified()).unwrap_or(best)
-        };
-        best = best.max(m);
-    }
-    best
-}
-
 /// The `leasehold` command of this build, failing when it is older than its sources.
 fn command() -> PathBuf {
     let bin = leasehold_testkit::workspace_bin("leasehold");
     let built = std::fs::metadata(&bin)
         .and_then(|m| m.modified())
         .unwrap_or_else(|e| panic!("{}: {e}: run cargo build -p leasehold-cli", bin.display()));
-    let sources = newest(&repo().join("crates/leasehold-cli/src"))
-        .max(newest(&repo().join("crates/leasehold/src")));
+    let sources = newest_modified(&repo().join("crates/leasehold-cli/src"), None)
+        .max(newest_modified(&repo().join("crates/leasehold/src"), None));
     assert!(
         built >= sources,
         "{} is older than its sources: run cargo build -p leasehold-cli",

@@ -325,6 +325,30 @@ pub fn workspace_bin(name: &str) -> PathBuf {
     p.join(name)
 }
 
+/// The newest modification time of the files under `dir` (recursively), of those with extension
+/// `ext` when given: what a test compares a built artifact's time with, to tell it is stale.
+/// The epoch when there is none.
+pub fn newest_modified(dir: &std::path::Path, ext: Option<&str>) -> std::time::SystemTime {
+    let mut best = std::time::SystemTime::UNIX_EPOCH;
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return best;
+    };
+    for e in entries.flatten() {
+        let path = e.path();
+        let m = if path.is_dir() {
+            newest_modified(&path, ext)
+        } else if ext.is_none_or(|ext| path.extension().is_some_and(|x| x == ext)) {
+            e.metadata()
+                .and_then(|m| m.modified())
+                .unwrap_or(std::time::SystemTime::UNIX_EPOCH)
+        } else {
+            continue;
+        };
+        best = best.max(m);
+    }
+    best
+}
+
 /// Runs `n` copies of `program args` at once and asserts that every one exits successfully; the
 /// worker exits 3 when it found another holder inside its critical section (`overlap` says who).
 #[allow(clippy::expect_used)]
