@@ -299,7 +299,9 @@ mod tests {
         assert_eq!(source.as_deref(), Some("reset by peer"));
         assert!(e.is_retryable());
         // Variants without a source are returned as they are.
-        let key = crate::Key::new("").err().map(|k| k.caused_by(NoAnswer));
+        let key = crate::key::Key::new("")
+            .err()
+            .map(|k| k.caused_by(NoAnswer));
         assert!(key.is_some_and(|k| k.source().is_none()));
     }
 }

@@ -294,7 +294,7 @@ pub fn url(data: &[u8]) {
     let url = String::from_utf8_lossy(data);
     let url = url.as_ref();
     // A URL shown in messages and logs carries no password.
-    let redacted = crate::redact_url(url);
+    let redacted = crate::url::redact(url);
     if let Ok(r) = url::Url::parse(&redacted) {
         let p = r.password().unwrap_or("***");
         assert_eq!(p, "***", "{url:?} redacted as {redacted:?}");
@@ -309,7 +309,7 @@ pub fn url(data: &[u8]) {
     };
     let long = |d: std::time::Duration| assert!(d <= LONGEST_URL_DURATION, "{url:?}: {d:?}");
     use crate::stores::StoreOptions;
-    let result: crate::Result<()> = match scheme.as_str() {
+    let result: crate::error::Result<()> = match scheme.as_str() {
         "file" => crate::stores::file::FileUrl::from_url(url).map(drop),
         "memory" => crate::stores::memory::MemoryUrl::from_url(url).map(drop),
         "record-memory" => {

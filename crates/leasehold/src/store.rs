@@ -147,12 +147,12 @@ impl PermitRequest {
     /// # Errors
     /// [`crate::Error::InvalidOption`] `permits` for a semaphore of 0 or more than
     /// [`crate::PERMIT_LIMIT`] permits.
-    pub fn validate(&self) -> crate::Result<()> {
+    pub fn validate(&self) -> crate::error::Result<()> {
         match *self {
             PermitRequest::Semaphore { permits }
                 if !(1..=crate::record::PERMIT_LIMIT).contains(&permits) =>
             {
-                Err(crate::Error::InvalidOption {
+                Err(crate::error::Error::InvalidOption {
                     name: "permits",
                     reason: format!(
                         "a semaphore has 1 to {} permits, not {permits}",
@@ -165,8 +165,8 @@ impl PermitRequest {
     }
 
     /// The error a store without [`Capabilities::permits`] answers a permit request with.
-    pub fn not_supported(&self, store: &str) -> crate::Error {
-        crate::Error::NotSupported {
+    pub fn not_supported(&self, store: &str) -> crate::error::Error {
+        crate::error::Error::NotSupported {
             store: store.to_owned(),
             what: format!(
                 "{} (this store holds locks only; see the store table of the permits page)",
@@ -276,7 +276,7 @@ impl AcquireRequest {
         if size <= limit {
             return Ok(());
         }
-        Err(crate::Error::InvalidOption {
+        Err(crate::error::Error::InvalidOption {
             name: "labels",
             reason: format!(
                 "the holder id and labels of {} take {size} bytes written as JSON; {store} keeps \
@@ -593,7 +593,7 @@ pub trait LockStore: Send + Sync + fmt::Debug + 'static {
     /// ```
     async fn force_release_holder(&self, key: &Key, holder: &str) -> Result<Option<LeaseRecord>> {
         let _ = (key, holder);
-        Err(crate::Error::NotSupported {
+        Err(crate::error::Error::NotSupported {
             store: self.describe(),
             what: "releasing one holder by its id".into(),
         })

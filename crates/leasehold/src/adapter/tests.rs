@@ -113,14 +113,14 @@ async fn an_acquisition_given_up_before_it_starts_sends_nothing() {
 #[tokio::test]
 async fn a_dropped_try_acquire_stops_its_store_call_retrying() {
     let (raced, writes) = AlwaysRaced::new(0, GiveUp::default(), Duration::from_millis(10));
-    let locks = crate::Locks::new(RecordLockStore::new(raced));
+    let locks = crate::client::Locks::new(RecordLockStore::new(raced));
     // Every race takes 10 ms: all of them would take 650 ms; the caller leaves after 30.
     let left = tokio::time::timeout(Duration::from_millis(30), async {
         locks.lock("k")?.try_acquire().await
     })
     .await;
     assert!(left.is_err(), "still retrying when dropped: {left:?}");
-    assert_eq!(crate::settle(Duration::from_secs(5)).await, 0);
+    assert_eq!(crate::background::settle(Duration::from_secs(5)).await, 0);
     let sent = writes.load(Ordering::SeqCst);
     assert!(
         (1..MAX_RACES / 2).contains(&sent),

@@ -1,6 +1,7 @@
 use super::acquire::RETRY_AFTER_ERROR;
 use super::Locks;
 use crate::error::{Error, Result};
+use crate::holder::HolderId;
 use crate::key::Key;
 use crate::options::Backoff;
 use crate::record::LeaseRecord;
@@ -9,7 +10,6 @@ use crate::store::{
     LockStore, ReleaseOutcome, RenewOutcome,
 };
 use crate::stores::memory::MemoryStore;
-use crate::HolderId;
 use async_trait::async_trait;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -211,8 +211,8 @@ async fn queued_pair(
     second_ttl: Duration,
     auto_renew: bool,
 ) -> (
-    crate::LeaseGuard,
-    tokio::task::JoinHandle<Result<crate::LeaseGuard>>,
+    crate::guard::LeaseGuard,
+    tokio::task::JoinHandle<Result<crate::guard::LeaseGuard>>,
 ) {
     let a = Locks::from_arc(store.clone()).with_holder(HolderId::new("a"));
     let b = Locks::from_arc(store).with_holder(HolderId::new("b"));
@@ -376,7 +376,7 @@ async fn record_of(store: &dyn LockStore, key: &str) -> Option<LeaseRecord> {
 /// Waits (a few seconds at most) for what was left to the background, then says whether `key` is
 /// free in `store` with nobody waiting for it.
 async fn free_after_settling(store: &dyn LockStore, key: &str) -> bool {
-    crate::settle(Duration::from_secs(5)).await;
+    crate::background::settle(Duration::from_secs(5)).await;
     match record_of(store, key).await {
         None => true,
         Some(r) => {
@@ -432,7 +432,7 @@ async fn a_waiting_acquire_dropped_outside_any_runtime_withdraws_its_place() {
         () = registered => {}
     }
     std::thread::spawn(move || drop(waiting)).join().unwrap();
-    crate::settle(Duration::from_secs(5)).await;
+    crate::background::settle(Duration::from_secs(5)).await;
     let r = record_of(&*store, "k").await.unwrap();
     assert!(
         r.waiter.is_none() && r.queue.is_empty(),
@@ -499,7 +499,7 @@ async fn an_acquisition_that_gives_up_after_unanswered_attempts_releases_their_g
         .await;
     assert!(matches!(out, Err(Error::Timeout { .. })), "{out:?}");
     assert!(store.acquires.load(Ordering::SeqCst) >= 1);
-    crate::settle(Duration::from_secs(5)).await;
+    crate::background::settle(Duration::from_secs(5)).await;
     let left = record_of(&*store, "k").await;
     assert!(
         left.as_ref().is_none_or(|r| r.token.is_none()),

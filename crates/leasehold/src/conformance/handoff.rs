@@ -207,7 +207,7 @@ pub async fn cancelled_acquires_leave_nothing_taken(store: Arc<dyn LockStore>) {
         // The given-up call may still be going on in the background (a store whose acquire
         // retries lost races, as the Kubernetes one does, can be granted the key after `other`
         // released it, and then releases it): the next round starts once that is done.
-        crate::settle(5000 * MS).await;
+        crate::background::settle(5000 * MS).await;
     }
 }
 

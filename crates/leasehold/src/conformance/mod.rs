@@ -56,9 +56,13 @@ pub use permits::*;
 pub use records::*;
 pub use waiters::*;
 
-use crate::{
-    AcquireOutcome, AcquireRequest, Error, HolderId, Inspection, Key, LockStore, Locks, LostReason,
-    ReleaseOutcome, Released, RenewOutcome,
+use crate::client::Locks;
+use crate::error::Error;
+use crate::guard::Released;
+use crate::holder::HolderId;
+use crate::key::Key;
+use crate::store::{
+    AcquireOutcome, AcquireRequest, Inspection, LockStore, LostReason, ReleaseOutcome, RenewOutcome,
 };
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -79,7 +83,12 @@ pub fn client(store: &Arc<dyn LockStore>, holder: &str) -> Locks {
 }
 
 /// `holder` takes `k` at once, or the test fails saying why the key should have been free.
-async fn take(store: &Arc<dyn LockStore>, holder: &str, k: &Key, why: &str) -> crate::LeaseGuard {
+async fn take(
+    store: &Arc<dyn LockStore>,
+    holder: &str,
+    k: &Key,
+    why: &str,
+) -> crate::guard::LeaseGuard {
     match client(store, holder)
         .lock_key(k.clone())
         .try_acquire()

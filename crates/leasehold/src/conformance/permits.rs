@@ -4,7 +4,8 @@
 //! permit request with [`Error::NotSupported`], and these contracts check that instead.
 
 use super::*;
-use crate::{LeaseGuard, PermitRequest};
+use crate::guard::LeaseGuard;
+use crate::store::PermitRequest;
 use parking_lot::Mutex;
 
 /// Whether the store holds permits; if not, checks that it refuses them plainly.
@@ -154,7 +155,7 @@ pub async fn read_write_excludes(store: Arc<dyn LockStore>) {
         return;
     }
     let k = key("rw");
-    race(&store, &k, 6, 8, crate::PERMIT_LIMIT, |w, round| {
+    race(&store, &k, 6, 8, crate::record::PERMIT_LIMIT, |w, round| {
         if (w + round) % 3 == 0 {
             PermitRequest::Write
         } else {
@@ -180,7 +181,7 @@ pub async fn one_kind_per_key(store: Arc<dyn LockStore>) {
         .await
         .unwrap()
         .expect("free");
-    let refused = |r: crate::Result<Option<LeaseGuard>>| {
+    let refused = |r: crate::error::Result<Option<LeaseGuard>>| {
         assert!(
             matches!(
                 r,

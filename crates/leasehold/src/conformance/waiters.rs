@@ -138,41 +138,55 @@ impl LockStore for Counting {
     fn describe(&self) -> String {
         self.inner.describe()
     }
-    fn capabilities(&self) -> crate::Capabilities {
+    fn capabilities(&self) -> crate::store::Capabilities {
         self.inner.capabilities()
     }
-    async fn acquire(&self, req: &AcquireRequest) -> crate::Result<AcquireOutcome> {
+    async fn acquire(&self, req: &AcquireRequest) -> crate::error::Result<AcquireOutcome> {
         let outcome = self.inner.acquire(req).await?;
         if matches!(outcome, AcquireOutcome::Granted(_)) {
             self.acquires.fetch_add(1, Ordering::SeqCst);
         }
         Ok(outcome)
     }
-    async fn renew(&self, key: &Key, token: &str, ttl: Duration) -> crate::Result<RenewOutcome> {
+    async fn renew(
+        &self,
+        key: &Key,
+        token: &str,
+        ttl: Duration,
+    ) -> crate::error::Result<RenewOutcome> {
         self.inner.renew(key, token, ttl).await
     }
-    async fn release(&self, key: &Key, token: &str) -> crate::Result<ReleaseOutcome> {
+    async fn release(&self, key: &Key, token: &str) -> crate::error::Result<ReleaseOutcome> {
         self.inner.release(key, token).await
     }
-    async fn withdraw_waiter(&self, key: &Key, token: &str) -> crate::Result<()> {
+    async fn withdraw_waiter(&self, key: &Key, token: &str) -> crate::error::Result<()> {
         self.inner.withdraw_waiter(key, token).await
     }
-    async fn inspect(&self, key: &Key) -> crate::Result<Option<Inspection>> {
+    async fn inspect(&self, key: &Key) -> crate::error::Result<Option<Inspection>> {
         self.inner.inspect(key).await
     }
-    async fn notify_release(&self, key: &Key, fence: Option<u64>) -> crate::Result<bool> {
+    async fn notify_release(&self, key: &Key, fence: Option<u64>) -> crate::error::Result<bool> {
         self.inner.notify_release(key, fence).await
     }
-    async fn list(&self, prefix: &str) -> crate::Result<Vec<Inspection>> {
+    async fn list(&self, prefix: &str) -> crate::error::Result<Vec<Inspection>> {
         self.inner.list(prefix).await
     }
-    async fn force_release(&self, key: &Key) -> crate::Result<Option<crate::LeaseRecord>> {
+    async fn force_release(
+        &self,
+        key: &Key,
+    ) -> crate::error::Result<Option<crate::record::LeaseRecord>> {
         self.inner.force_release(key).await
     }
-    async fn cleanup(&self, older_than: Duration) -> crate::Result<crate::CleanupReport> {
+    async fn cleanup(
+        &self,
+        older_than: Duration,
+    ) -> crate::error::Result<crate::store::CleanupReport> {
         self.inner.cleanup(older_than).await
     }
-    async fn subscribe(&self, key: &Key) -> crate::Result<Option<Box<dyn crate::ChangeWatch>>> {
+    async fn subscribe(
+        &self,
+        key: &Key,
+    ) -> crate::error::Result<Option<Box<dyn crate::store::ChangeWatch>>> {
         self.inner.subscribe(key).await
     }
 }

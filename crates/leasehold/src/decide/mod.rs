@@ -274,7 +274,7 @@ pub(crate) fn acquire_any(
     holder_dead: bool,
     expiry: Expiry,
     fence_floor: u64,
-) -> crate::Result<(AcquireOutcome, Option<LeaseRecord>)> {
+) -> crate::error::Result<(AcquireOutcome, Option<LeaseRecord>)> {
     if let Some(want) = req.permit {
         return permits::acquire(current, req, want, now, expiry, fence_floor);
     }

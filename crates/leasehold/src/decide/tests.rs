@@ -1,5 +1,5 @@
 use super::*;
-use crate::Key;
+use crate::key::Key;
 use std::time::Duration;
 
 /// A skew too long for milliseconds in 64 bits is taken as forever, not cut to its low bits

@@ -1,7 +1,9 @@
 //! The stop-by signal, on tokio's paused clock: a memory store whose renewals can be made to hang
 //! (the store unreachable from this process only).
 
+use crate::client::Locks;
 use crate::error::Result;
+use crate::guard::StopReason;
 use crate::key::Key;
 use crate::record::LeaseRecord;
 use crate::store::{
@@ -9,7 +11,6 @@ use crate::store::{
     ReleaseOutcome, RenewOutcome,
 };
 use crate::stores::memory::MemoryStore;
-use crate::{Locks, StopReason};
 use async_trait::async_trait;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -144,7 +145,7 @@ async fn a_loss_grace_that_leaves_no_renewal_is_refused_naming_the_largest_that_
         .unwrap_err();
     assert!(err.to_string().contains("at most 1.31s"), "{err}");
     for ms in [10u64, 11, 100, 2_000, 10_000, 30_000, 86_400_000] {
-        let mut o = crate::LockOptions {
+        let mut o = crate::options::LockOptions {
             ttl: Duration::from_millis(ms),
             ..Default::default()
         };

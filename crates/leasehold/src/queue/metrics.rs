@@ -202,7 +202,7 @@ mod tests {
             requeued: vec![1, 2],
             ..Recovered::default()
         });
-        let text = crate::Metrics::render(&registry);
+        let text = crate::metrics::Metrics::render(&registry);
         for line in [
             "t_queue_pending{priority=\"high\"} 1",
             "t_queue_pending{priority=\"normal\"} 5",
@@ -241,7 +241,7 @@ mod tests {
             detail: None,
         };
         m.started(&task, Duration::from_millis(500));
-        let text = crate::Metrics::render(&registry);
+        let text = crate::metrics::Metrics::render(&registry);
         assert!(text.contains("t_queue_task_wait_seconds_sum 2.5"), "{text}");
         assert!(text.contains("t_queue_tasks_started_total 1"), "{text}");
         assert!(QueueMetrics::register("t", &registry).is_err());

@@ -246,7 +246,7 @@ impl NewTask {
     }
 
     fn validate(&self) -> Result<()> {
-        crate::Key::new(&self.key)?;
+        crate::key::Key::new(&self.key)?;
         if let Some(g) = &self.group {
             if g.is_empty() || g.len() > 256 || g.chars().any(char::is_control) {
                 return Err(Error::option(
@@ -763,7 +763,7 @@ pub const CLEANUP_BATCH: u64 = 10_000;
 /// ```
 pub async fn open_queue(url: &str) -> Result<Arc<dyn QueueBackend>> {
     let bad = |reason: &str| Error::InvalidUrl {
-        url: crate::redact_url(url),
+        url: crate::url::redact(url),
         reason: reason.into(),
     };
     let (scheme, _) = url

@@ -63,7 +63,7 @@ impl RawTask {
             Priority::from_rank(self.rank).ok_or_else(|| format!("bad rank {}", self.rank))?;
         let policy = Policy::from_parts(&self.policy, self.max_attempts)
             .ok_or_else(|| format!("bad policy {:?}/{}", self.policy, self.max_attempts))?;
-        crate::Key::new(&self.key).map_err(|e| format!("bad key: {e}"))?;
+        crate::key::Key::new(&self.key).map_err(|e| format!("bad key: {e}"))?;
         let cancel = match self.cancel {
             CANCEL_NONE => None,
             CANCEL_REQUESTED => Some(CancelReason::Cancelled),

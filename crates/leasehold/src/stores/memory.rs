@@ -267,7 +267,7 @@ fn parse(bytes: &[u8], version: u64) -> Stored {
 }
 
 fn encode(record: &LeaseRecord) -> Result<Vec<u8>> {
-    serde_json::to_vec(record).map_err(|e| crate::Error::Store {
+    serde_json::to_vec(record).map_err(|e| crate::error::Error::Store {
         source: None,
         store: "record-memory://".into(),
         detail: e.to_string(),

@@ -83,7 +83,7 @@ pub struct RedlockOptions {
 
 impl std::fmt::Debug for RedlockOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let nodes: Vec<String> = self.nodes.iter().map(|n| crate::redact_url(n)).collect();
+        let nodes: Vec<String> = self.nodes.iter().map(|n| crate::url::redact(n)).collect();
         f.debug_struct("RedlockOptions")
             .field("nodes", &nodes)
             .field("node", &self.node)
@@ -123,7 +123,7 @@ impl RedlockOptions {
     /// # Errors
     /// [`Error::InvalidUrl`] for a bad server list, database, value or an unknown parameter.
     pub fn from_url(url: &str) -> Result<Self> {
-        let described = crate::redact_url(url);
+        let described = crate::url::redact(url);
         let list = crate::stores::redis::host_list(url, "redlock", &described)?;
         let db = list.path;
         if !db.is_empty() && db.parse::<u32>().is_err() {
@@ -201,7 +201,7 @@ impl RedlockStore {
         let mut nodes = vec![];
         for u in &urls {
             nodes.push((
-                crate::redact_url(u),
+                crate::url::redact(u),
                 RedisStore::connect_inner(u, node.clone(), true).await?,
             ));
         }

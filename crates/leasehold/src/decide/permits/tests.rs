@@ -1,6 +1,6 @@
 use super::*;
 use crate::decide::Observed;
-use crate::Key;
+use crate::key::Key;
 use std::time::Duration;
 
 const SEM: PermitRequest = PermitRequest::Semaphore { permits: 2 };

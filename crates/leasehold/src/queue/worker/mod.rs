@@ -103,8 +103,8 @@ pub use runner::{RunningTask, StopReason, TaskRunner};
 
 use super::metrics::QueueMetrics;
 use super::{CancelReason, ClaimRequest, QueueBackend};
+use crate::client::Locks;
 use crate::error::{Error, Result};
-use crate::Locks;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::fmt;
@@ -392,7 +392,7 @@ impl Worker {
     async fn retake_name(
         &self,
         ctx: &Ctx,
-        lease: &mut Option<crate::LeaseGuard>,
+        lease: &mut Option<crate::guard::LeaseGuard>,
         since: Instant,
     ) -> bool {
         let key = format!("{WORKER_KEY_PREFIX}{}", ctx.worker);
@@ -429,7 +429,7 @@ impl Worker {
 
     /// Takes the lease on this worker's name (see [Identity](self#identity)), waiting for a
     /// previous life's to run out.
-    async fn take_name(&self, worker: &str) -> Result<crate::LeaseGuard> {
+    async fn take_name(&self, worker: &str) -> Result<crate::guard::LeaseGuard> {
         let key = format!("{WORKER_KEY_PREFIX}{worker}");
         let wait = self.name_wait();
         match self.locks.lock(&key)?.ttl(self.opts.ttl).wait(wait).acquire().await {
@@ -454,7 +454,7 @@ struct Rounds<'a, R> {
     req: ClaimRequest,
     runners: JoinSet<()>,
     /// The name lease; `None` while it is lost and not yet taken back, since `name_lost`.
-    name_lease: Option<crate::LeaseGuard>,
+    name_lease: Option<crate::guard::LeaseGuard>,
     name_lost: Instant,
     drain: Drain,
 }
@@ -464,7 +464,7 @@ impl<'a, R: TaskRunner> Rounds<'a, R> {
         worker: &'a Worker,
         name: Arc<str>,
         runner: Arc<R>,
-        name_lease: Option<crate::LeaseGuard>,
+        name_lease: Option<crate::guard::LeaseGuard>,
     ) -> Self {
         let ctx = Arc::new(Ctx {
             queue: worker.queue.clone(),

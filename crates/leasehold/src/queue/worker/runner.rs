@@ -2,7 +2,7 @@
 //! and the [`StopReason`] it is told to stop for.
 
 use crate::queue::{Outcome, Task};
-use crate::LostReason;
+use crate::store::LostReason;
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;

@@ -3,8 +3,9 @@
 
 use super::{Ctx, RunningTask, StopReason, TaskRunner};
 use crate::error::Error;
+use crate::guard::LeaseGuard;
 use crate::queue::{Outcome, Task};
-use crate::{LeaseGuard, LostReason};
+use crate::store::LostReason;
 use futures_util::FutureExt;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -275,7 +276,7 @@ impl<'a> Supervised<'a> {
     }
 
     /// The key's lease must be given up: the runner is told, with by when it must be gone.
-    fn must_stop(&mut self, why: &crate::StopReason) {
+    fn must_stop(&mut self, why: &crate::guard::StopReason) {
         let (reason, by) = lease_stop_reason(why, self.guard.valid_until());
         self.lease_stop = Some(self.guard.valid_until());
         self.lease_deadline.send_replace(Some(by));
@@ -287,7 +288,10 @@ impl<'a> Supervised<'a> {
     /// runner must be gone now.
     fn lost(&mut self, reason: LostReason) {
         self.lost_seen = true;
-        let (_, by) = lease_stop_reason(&crate::StopReason::Lost(reason), self.guard.valid_until());
+        let (_, by) = lease_stop_reason(
+            &crate::guard::StopReason::Lost(reason),
+            self.guard.valid_until(),
+        );
         self.lease_deadline.send_if_modified(|cur| {
             let sooner = cur.is_some_and(|c| by < c);
             if sooner {
@@ -329,16 +333,21 @@ async fn sleep_until(at: Option<Instant>) {
 /// The worker's stop reason for a lease that must be given up (`why`, from
 /// [`LeaseGuard::must_stop`](crate::LeaseGuard::must_stop)), and by when the runner must be gone:
 /// the lease's `valid_until` while it may still be valid, now when the store said it is gone.
-fn lease_stop_reason(why: &crate::StopReason, valid_until: Instant) -> (LostReason, Instant) {
+fn lease_stop_reason(
+    why: &crate::guard::StopReason,
+    valid_until: Instant,
+) -> (LostReason, Instant) {
     match why {
-        crate::StopReason::RenewalsFailing { valid_until } => (
+        crate::guard::StopReason::RenewalsFailing { valid_until } => (
             LostReason::Unreachable {
                 detail: why.to_string(),
             },
             *valid_until,
         ),
-        crate::StopReason::Lost(reason) if reason.is_gone() => (reason.clone(), Instant::now()),
-        crate::StopReason::Lost(reason) => (reason.clone(), valid_until),
+        crate::guard::StopReason::Lost(reason) if reason.is_gone() => {
+            (reason.clone(), Instant::now())
+        }
+        crate::guard::StopReason::Lost(reason) => (reason.clone(), valid_until),
     }
 }
 

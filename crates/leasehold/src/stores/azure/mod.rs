@@ -290,7 +290,7 @@ mod tests {
         let s = AzureStore::connect(o).unwrap();
         assert_eq!(s.objects.backend.container_path, "/devstoreaccount1/locks");
         assert_eq!(
-            s.object_name(&crate::Key::new("job").unwrap()),
+            s.object_name(&crate::key::Key::new("job").unwrap()),
             "p/job.json"
         );
         assert!(!format!("{s:?}").contains(DEV_ACCOUNT.1));

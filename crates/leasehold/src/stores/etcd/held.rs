@@ -306,13 +306,17 @@ impl Held {
     }
 
     /// Deletes `name` if its create revision is still `create_rev`; whether it did.
-    pub(crate) async fn delete_if(&self, name: &str, create_rev: i64) -> crate::Result<bool> {
+    pub(crate) async fn delete_if(
+        &self,
+        name: &str,
+        create_rev: i64,
+    ) -> crate::error::Result<bool> {
         let compare = Compare::create_revision(name, CompareOp::Equal, create_rev);
         self.delete_when(name, compare).await
     }
 
     /// Deletes `name` if `compare` holds; whether it did.
-    async fn delete_when(&self, name: &str, compare: Compare) -> crate::Result<bool> {
+    async fn delete_when(&self, name: &str, compare: Compare) -> crate::error::Result<bool> {
         let txn = Txn::new()
             .when([compare])
             .and_then([TxnOp::delete(name, None)]);

@@ -166,7 +166,7 @@ impl crate::stores::StoreOptions for EtcdOptions {
         EtcdOptions::from_url(url)
     }
 
-    async fn connect(self) -> Result<std::sync::Arc<dyn crate::LockStore>> {
+    async fn connect(self) -> Result<std::sync::Arc<dyn crate::store::LockStore>> {
         Ok(std::sync::Arc::new(super::EtcdStore::connect(self).await?))
     }
 }

@@ -35,7 +35,10 @@ impl KeyWatch {
     ) -> Result<Self> {
         let options = |prefix: bool| prefix.then(|| etcd_client::WatchOptions::new().with_prefix());
         let Some((&(first, prefix), rest)) = names.split_first() else {
-            return Err(crate::Error::unavailable(described, "nothing to watch"));
+            return Err(crate::error::Error::unavailable(
+                described,
+                "nothing to watch",
+            ));
         };
         let mut stream = retried(described, timeout, || {
             let mut client = client.clone();
@@ -53,7 +56,7 @@ impl KeyWatch {
         while created < names.len() {
             match bounded(described, timeout, stream.message()).await? {
                 Some(r) if r.canceled() => {
-                    return Err(crate::Error::unavailable(
+                    return Err(crate::error::Error::unavailable(
                         described,
                         format!("watch refused: {}", r.cancel_reason()),
                     ))
@@ -63,7 +66,7 @@ impl KeyWatch {
                     pending |= !r.events().is_empty();
                 }
                 None => {
-                    return Err(crate::Error::unavailable(
+                    return Err(crate::error::Error::unavailable(
                         described,
                         "the watch stream ended",
                     ))

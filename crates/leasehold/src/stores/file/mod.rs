@@ -374,7 +374,7 @@ impl Inner {
             Some(h) => h,
             None => match self.open(&path, false)? {
                 Some(f) => (Arc::new(f), false),
-                None => return Ok(Some(RenewOutcome::Lost(crate::LostReason::Released))),
+                None => return Ok(Some(RenewOutcome::Lost(crate::store::LostReason::Released))),
             },
         };
         let mut upgraded = false;
@@ -400,7 +400,7 @@ impl Inner {
             None => Ok(None),
             Some(Step::Unlinked) => {
                 self.held.lock().remove(token);
-                Ok(Some(RenewOutcome::Lost(crate::LostReason::Released)))
+                Ok(Some(RenewOutcome::Lost(crate::store::LostReason::Released)))
             }
             Some(Step::Done(out)) => {
                 match &out {

@@ -419,13 +419,17 @@ macro_rules! object_record_store {
             fn label_limit(&self) -> usize {
                 $crate::stores::object::LABEL_LIMIT
             }
-            async fn get(&self, key: &$crate::Key) -> $crate::Result<Option<$crate::Stored>> {
+            async fn get(
+                &self,
+                key: &$crate::key::Key,
+            ) -> $crate::error::Result<Option<$crate::store::Stored>> {
                 Ok(self.objects.get(key).await?.map(|(s, _)| s))
             }
             async fn get_dated(
                 &self,
-                key: &$crate::Key,
-            ) -> $crate::Result<Option<($crate::Stored, Option<std::time::Duration>)>> {
+                key: &$crate::key::Key,
+            ) -> $crate::error::Result<Option<($crate::store::Stored, Option<std::time::Duration>)>>
+            {
                 self.objects.get(key).await
             }
             fn server_clock(&self) -> bool {
@@ -433,30 +437,39 @@ macro_rules! object_record_store {
             }
             async fn create(
                 &self,
-                key: &$crate::Key,
-                record: &$crate::LeaseRecord,
-            ) -> $crate::Result<Option<String>> {
+                key: &$crate::key::Key,
+                record: &$crate::record::LeaseRecord,
+            ) -> $crate::error::Result<Option<String>> {
                 self.objects.create(key, record).await
             }
             async fn replace(
                 &self,
-                key: &$crate::Key,
-                record: &$crate::LeaseRecord,
+                key: &$crate::key::Key,
+                record: &$crate::record::LeaseRecord,
                 version: &str,
-            ) -> $crate::Result<Option<String>> {
+            ) -> $crate::error::Result<Option<String>> {
                 self.objects.replace(key, record, version).await
             }
-            async fn delete(&self, key: &$crate::Key, version: &str) -> $crate::Result<bool> {
+            async fn delete(
+                &self,
+                key: &$crate::key::Key,
+                version: &str,
+            ) -> $crate::error::Result<bool> {
                 self.objects.delete(key, version).await
             }
-            async fn list(&self, prefix: &str) -> $crate::Result<Vec<(String, $crate::Stored)>> {
+            async fn list(
+                &self,
+                prefix: &str,
+            ) -> $crate::error::Result<Vec<(String, $crate::store::Stored)>> {
                 let all = self.objects.list(prefix).await?;
                 Ok(all.into_iter().map(|(n, s, _)| (n, s)).collect())
             }
             async fn list_dated(
                 &self,
                 prefix: &str,
-            ) -> $crate::Result<Vec<(String, $crate::Stored, Option<std::time::Duration>)>> {
+            ) -> $crate::error::Result<
+                Vec<(String, $crate::store::Stored, Option<std::time::Duration>)>,
+            > {
                 self.objects.list(prefix).await
             }
         }
@@ -464,7 +477,7 @@ macro_rules! object_record_store {
         impl $t {
             /// The object name of `key` (the prefix, the key's file-safe name, `.json`): what the
             /// cloud's own tools read.
-            pub fn object_name(&self, key: &$crate::Key) -> String {
+            pub fn object_name(&self, key: &$crate::key::Key) -> String {
                 self.objects.object_name(key)
             }
 
@@ -492,7 +505,7 @@ macro_rules! object_record_store {
                 name: &str,
                 body: Vec<u8>,
                 precondition: $crate::stores::object::Precondition<'_>,
-            ) -> $crate::Result<$crate::stores::object::RawAnswer> {
+            ) -> $crate::error::Result<$crate::stores::object::RawAnswer> {
                 self.objects.put_raw(name, body.into(), precondition).await
             }
 
@@ -506,7 +519,7 @@ macro_rules! object_record_store {
                 &self,
                 name: &str,
                 etag: &str,
-            ) -> $crate::Result<$crate::stores::object::RawAnswer> {
+            ) -> $crate::error::Result<$crate::stores::object::RawAnswer> {
                 self.objects.delete_raw(name, etag).await
             }
         }

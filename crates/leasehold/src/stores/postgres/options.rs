@@ -44,7 +44,7 @@ pub struct PostgresOptions {
 impl std::fmt::Debug for PostgresOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PostgresOptions")
-            .field("url", &crate::redact_url(&self.url))
+            .field("url", &crate::url::redact(&self.url))
             .field("schema", &self.schema)
             .field("table", &self.table)
             .finish()

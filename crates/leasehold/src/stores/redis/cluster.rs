@@ -647,7 +647,7 @@ pub(crate) async fn scan_all(
 mod tests {
     use super::{parse, slot, RedisOptions};
 
-    fn parse_url(url: &str, described: &str) -> crate::Result<super::ClusterUrl> {
+    fn parse_url(url: &str, described: &str) -> crate::error::Result<super::ClusterUrl> {
         parse(RedisOptions::from_url(url)?, described)
     }
 
@@ -699,7 +699,7 @@ mod tests {
 
     #[test]
     fn keys_that_cannot_be_hash_tags_are_refused() {
-        let key = |k: &str| crate::Key::new(k).expect("a key");
+        let key = |k: &str| crate::key::Key::new(k).expect("a key");
         assert!(super::check_key(&key("job")).is_ok());
         assert!(super::check_key(&key("a}")).is_ok());
         assert!(super::check_key(&key("}a")).is_err());

@@ -161,7 +161,7 @@ mod tests {
     fn a_unix_socket_client_takes_db_user_and_pass_from_the_query() {
         let url = "redis+unix:///run/redis.sock?db=2&user=u&pass=secret";
         let client =
-            open_client(url, &RedisOptions::default(), &crate::redact_url(url)).expect("a client");
+            open_client(url, &RedisOptions::default(), &crate::url::redact(url)).expect("a client");
         let info = client.get_connection_info();
         let redis = info.redis_settings();
         assert_eq!(redis.db(), 2);
@@ -203,7 +203,7 @@ mod tests {
     #[test]
     fn a_url_the_redis_crate_refuses_is_named_without_its_password() {
         let url = "redis://u:hunter2@h:1/notadb";
-        let e = open_client(url, &RedisOptions::default(), &crate::redact_url(url)).err();
+        let e = open_client(url, &RedisOptions::default(), &crate::url::redact(url)).err();
         let text = e.map(|e| e.to_string()).unwrap_or_default();
         assert!(
             text.starts_with("invalid store URL \"redis://u:***@h:1/notadb\""),

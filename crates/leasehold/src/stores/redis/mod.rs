@@ -194,7 +194,7 @@ impl RedisStore {
     /// Like [`connect`](Self::connect), but connects on first use (Redlock nodes may be down at
     /// start).
     pub(crate) async fn connect_inner(url: &str, opts: RedisOptions, lazy: bool) -> Result<Self> {
-        let described = crate::redact_url(url);
+        let described = crate::url::redact(url);
         let checked = checked(&opts, &described)?;
         let client = open_client(url, &opts, &described)?;
         Self::start(client, Origin::Fixed, described, checked, opts, lazy).await
@@ -277,7 +277,7 @@ impl RedisStore {
     /// connects to the primary the sentinels name for its master group, following their
     /// announcements of a new one from then on.
     async fn connect_sentinel(opts: RedisOptions) -> Result<Self> {
-        let described = crate::redact_url(&opts.url);
+        let described = crate::url::redact(&opts.url);
         let named = sentinel::parse(opts, &described)?;
         let checked = checked(&named.opts, &described)?;
         let sentinels = Sentinels::open(&named, &described)?;
@@ -301,7 +301,7 @@ impl RedisStore {
     /// Connects to the cluster of a `redis+cluster://` or `rediss+cluster://` URL.
     #[cfg(feature = "redis-cluster")]
     async fn connect_cluster(opts: RedisOptions) -> Result<Self> {
-        let described = crate::redact_url(&opts.url);
+        let described = crate::url::redact(&opts.url);
         let cluster::Opened {
             conn,
             seed,
@@ -323,7 +323,7 @@ impl RedisStore {
     /// Checks `opts` as connecting would, without connecting ([`crate::fuzzing`]).
     #[cfg(feature = "fuzzing")]
     pub(crate) fn check_options(opts: &RedisOptions) -> Result<()> {
-        let described = crate::redact_url(&opts.url);
+        let described = crate::url::redact(&opts.url);
         match crate::url::scheme_of(&opts.url).as_deref() {
             Some("redis+sentinel" | "rediss+sentinel") => {
                 sentinel::parse(opts.clone(), &described)?;

@@ -77,7 +77,7 @@ pub(crate) struct Wait {
 impl std::fmt::Debug for RedisOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisOptions")
-            .field("url", &crate::redact_url(&self.url))
+            .field("url", &crate::url::redact(&self.url))
             .field("prefix", &self.prefix)
             .field("fence_prefix", &self.fence_prefix)
             .field("timeout", &self.timeout)

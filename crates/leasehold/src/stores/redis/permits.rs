@@ -75,7 +75,7 @@ pub(super) fn refusal(req: &AcquireRequest, kind: &str, permits: u32) -> Option<
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Key;
+    use crate::key::Key;
     use std::time::Duration;
 
     /// The refusal names what the key is and what it was asked for as, like the other stores'.

@@ -312,7 +312,7 @@ mod tests {
     use super::*;
 
     fn parsed(url: &str) -> Result<SentinelUrl> {
-        parse(RedisOptions::from_url(url)?, &crate::redact_url(url))
+        parse(RedisOptions::from_url(url)?, &crate::url::redact(url))
     }
 
     #[test]

@@ -264,7 +264,7 @@ mod tests {
             "{shown}"
         );
         assert_eq!(
-            store.object_name(&crate::Key::new("job").unwrap()),
+            store.object_name(&crate::key::Key::new("job").unwrap()),
             "job.json"
         );
     }
