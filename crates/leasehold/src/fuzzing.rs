@@ -304,71 +304,14 @@ pub fn url(data: &[u8]) {
             }
         }
     }
-    let Some(scheme) = crate::url::scheme_of(url) else {
+    let Some(result) = crate::stores::check(url) else {
         return;
     };
-    let long = |d: std::time::Duration| assert!(d <= LONGEST_URL_DURATION, "{url:?}: {d:?}");
-    use crate::stores::StoreOptions;
-    let result: crate::error::Result<()> = match scheme.as_str() {
-        "file" => crate::stores::file::FileUrl::from_url(url).map(drop),
-        "memory" => crate::stores::memory::MemoryUrl::from_url(url).map(drop),
-        "record-memory" => {
-            crate::stores::memory::RecordMemoryUrl::from_url(url).map(|o| long(o.max_clock_skew))
+    let result = result.map(|durations| {
+        for d in durations {
+            assert!(d <= LONGEST_URL_DURATION, "{url:?}: {d:?}");
         }
-        #[cfg(feature = "redis")]
-        "redis" | "rediss" | "redis+unix" | "redis+sentinel" | "rediss+sentinel"
-        | "redis+cluster" | "rediss+cluster" => crate::stores::redis::RedisOptions::from_url(url)
-            .and_then(|o| {
-                crate::stores::redis::RedisStore::check_options(&o)?;
-                long(o.timeout);
-                o.replicas_timeout.map(long);
-                let fence = o.fence_prefix();
-                assert!(
-                    !o.prefix.is_empty()
-                        && !o.prefix.starts_with(&fence)
-                        && !fence.starts_with(&o.prefix),
-                    "{url:?}: prefixes {:?} / {fence:?}",
-                    o.prefix
-                );
-                Ok(())
-            }),
-        #[cfg(feature = "redlock")]
-        "redlock" => crate::stores::redlock::RedlockOptions::from_url(url).map(|o| {
-            long(o.node.timeout);
-        }),
-        #[cfg(feature = "kubernetes")]
-        "k8s" | "kubernetes" => {
-            crate::stores::kubernetes::KubernetesOptions::from_url(url).map(|o| {
-                long(o.timeout);
-                long(o.max_clock_skew);
-            })
-        }
-        #[cfg(feature = "gcs")]
-        "gs" | "gcs" => crate::stores::gcs::GcsOptions::from_url(url).map(|o| {
-            long(o.timeout);
-            long(o.max_clock_skew);
-        }),
-        #[cfg(feature = "s3")]
-        "s3" => crate::stores::s3::S3Options::from_url(url).and_then(|o| {
-            long(o.max_clock_skew);
-            crate::stores::s3::S3Store::connect(o).map(drop)
-        }),
-        #[cfg(feature = "azure")]
-        "az" | "azure" => crate::stores::azure::AzureOptions::from_url(url).and_then(|o| {
-            long(o.max_clock_skew);
-            crate::stores::azure::AzureStore::connect(o).map(drop)
-        }),
-        #[cfg(feature = "postgres")]
-        "postgres" | "postgresql" => crate::stores::postgres::PostgresOptions::from_url(url)
-            .and_then(|o| o.target())
-            .map(|t| long(t.timeout)),
-        #[cfg(feature = "etcd")]
-        "etcd" => crate::stores::etcd::EtcdOptions::from_url(url).map(|o| {
-            long(o.timeout);
-            assert!(!o.prefix.is_empty(), "{url:?}");
-        }),
-        _ => Ok(()),
-    };
+    });
     if let Err(e) = result {
         typed(&e, url);
     }

@@ -1,6 +1,7 @@
 //! Who holds a lease.
 
 use std::fmt;
+use std::sync::OnceLock;
 
 /// The identity written into every lease this process takes, shown to operators and to contenders.
 ///
@@ -109,4 +110,16 @@ pub(crate) fn new_token() -> String {
     (0..32)
         .map(|i| HEX[((bits >> (124 - 4 * i)) & 0xf) as usize] as char)
         .collect()
+}
+
+/// This process's id, read once (a syscall saved per grant).
+pub(crate) fn pid() -> u32 {
+    static PID: OnceLock<u32> = OnceLock::new();
+    *PID.get_or_init(std::process::id)
+}
+
+/// This host's name, read once.
+pub(crate) fn host() -> &'static str {
+    static HOST: OnceLock<String> = OnceLock::new();
+    HOST.get_or_init(hostname)
 }

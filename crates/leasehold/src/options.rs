@@ -280,3 +280,7 @@ impl LockOptions {
 pub(crate) fn drift(ttl: Duration) -> Duration {
     ttl / 100 + Duration::from_millis(2)
 }
+
+/// The default largest difference between two machines' wall clocks that the adapter assumes
+/// (see the [adapter](crate::adapter)): five minutes.
+pub const DEFAULT_MAX_CLOCK_SKEW: Duration = Duration::from_secs(300);

@@ -153,6 +153,26 @@ impl LeaseRecord {
         }
     }
 
+    /// Where the acquisition of `token` stands in this record's line of waiters: 0 for the
+    /// registered waiter ([`waiter_token`](Self::waiter_token)), 1 for the first of the
+    /// [`queue`](Self::queue), …; `None` when it is not in line. Whether the place has lapsed is
+    /// not judged here.
+    ///
+    /// ```
+    /// let mut r = leasehold::LeaseRecord::free("k", 0);
+    /// r.waiter_token = Some("t0".into());
+    /// assert_eq!((r.place_of("t0"), r.place_of("t1")), (Some(0), None));
+    /// ```
+    pub fn place_of(&self, token: &str) -> Option<usize> {
+        if self.waiter_token.as_deref() == Some(token) {
+            return Some(0);
+        }
+        self.queue
+            .iter()
+            .position(|w| w.token == token)
+            .map(|i| i + 1)
+    }
+
     /// Whether a live holder has the lease at `now_ms`: it has an owner token and `expires_ms`
     /// is after `now_ms`. It says nothing about whether the holder process is alive (the file
     /// store checks that separately). See the type's example.

@@ -6,6 +6,7 @@ use crate::record::LeaseRecord;
 use async_trait::async_trait;
 use std::collections::BTreeMap;
 use std::fmt;
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -843,4 +844,57 @@ impl<R: RecordStore + ?Sized> RecordStore for Arc<R> {
 /// The length of `v` written as JSON (never fails for strings and string maps).
 fn json_len<T: serde::Serialize + ?Sized>(v: &T) -> usize {
     serde_json::to_vec(v).map_or(usize::MAX, |v| v.len())
+}
+
+/// A store's options as its URL gives them, the one way the [registry](crate::stores) opens every
+/// store: the options from the URL, then the store they make. A store of records implements
+/// [`RecordStoreOptions`] instead, and gets this through the [adapter](crate::adapter).
+pub(crate) trait StoreOptions: Sized + Send + 'static {
+    /// Whether an [`Error::InvalidOption`](crate::error::Error::InvalidOption) of
+    /// [`StoreOptions::connect`] is the URL's fault, and reported as an
+    /// [`Error::InvalidUrl`](crate::error::Error::InvalidUrl) naming it (the object stores, whose
+    /// names, endpoints and credentials' settings come from the URL).
+    const OPTION_IS_URL_ERROR: bool = false;
+
+    /// The options `url` gives (its scheme is one of the store's), or an
+    /// [`Error::InvalidUrl`](crate::error::Error::InvalidUrl) saying what is wrong with it.
+    fn from_url(url: &str) -> Result<Self>;
+
+    /// The store the options make, as a lock store.
+    fn connect(self) -> impl Future<Output = Result<Arc<dyn LockStore>>> + Send;
+
+    /// For the fuzzer: what can be checked of the options without a server. The checks the store
+    /// makes before it connects (their error), then the durations the options hold; panics where
+    /// the options break an invariant of their own.
+    #[cfg(feature = "fuzzing")]
+    fn checked(&self) -> Result<Vec<Duration>> {
+        Ok(Vec::new())
+    }
+}
+
+/// The options of a store of records ([`RecordStore`]): as [`StoreOptions`], with the store they
+/// make wrapped once for all of them in the [adapter](crate::adapter) with the options'
+/// `max_clock_skew`.
+pub(crate) trait RecordStoreOptions: Sized + Send + 'static {
+    /// The store of records the options make.
+    type Store: RecordStore;
+
+    /// As [`StoreOptions::OPTION_IS_URL_ERROR`].
+    const OPTION_IS_URL_ERROR: bool = false;
+
+    /// As [`StoreOptions::from_url`].
+    fn from_url(url: &str) -> Result<Self>;
+
+    /// The largest wall-clock difference between machines the adapter assumes
+    /// (`?max_clock_skew=`).
+    fn max_clock_skew(&self) -> Duration;
+
+    /// The store of records the options make.
+    fn connect(self) -> impl Future<Output = Result<Self::Store>> + Send;
+
+    /// As [`StoreOptions::checked`] (the adapter adds `max_clock_skew`).
+    #[cfg(feature = "fuzzing")]
+    fn checked(&self) -> Result<Vec<Duration>> {
+        Ok(Vec::new())
+    }
 }

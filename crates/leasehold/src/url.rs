@@ -255,11 +255,11 @@ impl Params {
     }
 
     /// The adapter's `max_clock_skew`, common to the stores over records (default
-    /// [`crate::adapter::DEFAULT_MAX_CLOCK_SKEW`]).
+    /// [`crate::options::DEFAULT_MAX_CLOCK_SKEW`]).
     pub(crate) fn take_max_clock_skew(&mut self) -> Result<Duration> {
         Ok(self
             .take_duration("max_clock_skew")?
-            .unwrap_or(crate::adapter::DEFAULT_MAX_CLOCK_SKEW))
+            .unwrap_or(crate::options::DEFAULT_MAX_CLOCK_SKEW))
     }
 
     /// Offers each parameter not yet taken, as written (`name=value`), to `take`, which answers

@@ -87,7 +87,7 @@ use crate::key::Key;
 use crate::record::LeaseRecord;
 use crate::store::{
     AcquireOutcome, AcquireRequest, Capabilities, ChangeWatch, CleanupReport, GiveUp, Inspection,
-    LockStore, RecordStore, ReleaseOutcome, RenewOutcome, Stored,
+    LockStore, RecordStore, RecordStoreOptions, ReleaseOutcome, RenewOutcome, StoreOptions, Stored,
 };
 use async_trait::async_trait;
 use parking_lot::Mutex;
@@ -106,9 +106,7 @@ const MAX_RACES: usize = 64;
 /// stays bounded).
 pub const MAX_REMEMBERED: usize = 10_000;
 
-/// The default largest difference between two machines' wall clocks that the adapter assumes
-/// (see the module documentation): five minutes.
-pub const DEFAULT_MAX_CLOCK_SKEW: Duration = Duration::from_secs(300);
+pub use crate::options::DEFAULT_MAX_CLOCK_SKEW;
 
 /// The base of fences taken from revisions: above every microsecond clock value until the year
 /// 2255, so these fences continue above the clock-floored fences of earlier records.
@@ -221,6 +219,31 @@ fn entries_seen<'a>(
         })
         .collect();
     (seen, lapsed)
+}
+
+/// Every store of records opens through the adapter: its options' store, wrapped with their
+/// `max_clock_skew`.
+impl<O: RecordStoreOptions> StoreOptions for O {
+    const OPTION_IS_URL_ERROR: bool = <O as RecordStoreOptions>::OPTION_IS_URL_ERROR;
+
+    fn from_url(url: &str) -> Result<Self> {
+        <O as RecordStoreOptions>::from_url(url)
+    }
+
+    async fn connect(self) -> Result<std::sync::Arc<dyn LockStore>> {
+        let skew = self.max_clock_skew();
+        let store = RecordStoreOptions::connect(self).await?;
+        Ok(std::sync::Arc::new(
+            RecordLockStore::new(store).with_max_clock_skew(skew),
+        ))
+    }
+
+    #[cfg(feature = "fuzzing")]
+    fn checked(&self) -> Result<Vec<Duration>> {
+        let mut durations = RecordStoreOptions::checked(self)?;
+        durations.push(self.max_clock_skew());
+        Ok(durations)
+    }
 }
 
 /// A [`LockStore`] over any [`RecordStore`].

@@ -373,7 +373,7 @@ async fn a_vanished_queued_waiter_with_a_fast_clock_holds_the_line_only_for_its_
         let AcquireOutcome::Held(rec) = who.acquire(r).await.unwrap() else {
             panic!("not held")
         };
-        assert_eq!(decide::position(&rec, &r.token), Some(place));
+        assert_eq!(rec.place_of(&r.token), Some(place));
     }
     // The holder renews: everybody still stands in line.
     let RenewOutcome::Renewed(rec) = holder.renew(&key, &h.token, ttl).await.unwrap() else {
@@ -384,8 +384,8 @@ async fn a_vanished_queued_waiter_with_a_fast_clock_holds_the_line_only_for_its_
     let RenewOutcome::Renewed(rec) = holder.renew(&key, &h.token, ttl).await.unwrap() else {
         panic!("not renewed")
     };
-    assert_eq!(decide::position(&rec, &w2.token), None, "{rec:?}");
-    assert_eq!(decide::position(&rec, &w3.token), Some(1));
+    assert_eq!(rec.place_of(&w2.token), None, "{rec:?}");
+    assert_eq!(rec.place_of(&w3.token), Some(1));
     // Released: reserved for "first", then "last" is next, not "gone".
     holder.release(&key, &h.token).await.unwrap();
     assert!(matches!(
@@ -395,7 +395,7 @@ async fn a_vanished_queued_waiter_with_a_fast_clock_holds_the_line_only_for_its_
     let AcquireOutcome::Granted(g) = first.acquire(&w1).await.unwrap() else {
         panic!("the first in line was not served")
     };
-    assert_eq!(decide::position(&g, &w3.token), Some(0));
+    assert_eq!(g.place_of(&w3.token), Some(0));
 }
 
 /// A contender arriving long after a crash, without having watched: held on first sight

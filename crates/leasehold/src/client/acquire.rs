@@ -331,7 +331,7 @@ impl Acquisition {
                 Err(AcquireError::Held(holder_of(&rec, now_ms())))
             }
             Ok(AcquireOutcome::Held(rec)) => {
-                let place = crate::decide::position(&rec, &req.token);
+                let place = rec.place_of(&req.token);
                 waiting.traces.registered |= place.is_some();
                 waiting.line.permit_key = rec.permits.is_some();
                 if waiting
@@ -648,7 +648,7 @@ impl Drop for Attempt {
                     }
                 }
                 Ok(AcquireOutcome::Held(rec)) => {
-                    let mine = crate::decide::position(&rec, token).is_some();
+                    let mine = rec.place_of(token).is_some();
                     let traces = Traces {
                         registered: traces.registered || mine,
                         ..traces

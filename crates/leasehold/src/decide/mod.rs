@@ -20,16 +20,18 @@
 //!   counter, none for stores whose versions give a floor a deletion cannot lower (the adapter
 //!   derives those fences from versions, see [`crate::adapter`]).
 
-use crate::record::{LeaseRecord, QueuedWaiter, QUEUE_LIMIT};
+use crate::record::{LeaseRecord, QueuedWaiter};
 use crate::store::{AcquireOutcome, AcquireRequest, LostReason, ReleaseOutcome, RenewOutcome};
 
+mod line;
 pub(crate) mod permits;
+use crate::holder::{host, pid};
+pub(crate) use line::{leave_line, tidy_line, wait_in_line};
 pub(crate) use permits::force_freed;
 /// What the Redis store, which keeps these rules in its Lua scripts, and the etcd store, which
 /// keeps them in its transactions, build their answers with.
 #[cfg(any(feature = "redis", feature = "etcd"))]
 pub(crate) use permits::{asked, held_view, mismatch, view};
-use std::sync::OnceLock;
 use std::time::Duration;
 
 /// What a store found under a key before deciding.
@@ -168,63 +170,6 @@ impl Expiry {
     }
 }
 
-/// Drops from `r`'s line every waiter whose place has lapsed (judged with `expiry` on `r` as it
-/// was read: call it before anything else changes the queue), and moves the first live queued
-/// waiter up when the registered one is gone.
-pub(crate) fn tidy_line(r: &mut LeaseRecord, expiry: Expiry, now_ms: u64) {
-    let head_live = expiry.waiter_live(r, now_ms);
-    let queue: Vec<QueuedWaiter> = std::mem::take(&mut r.queue)
-        .into_iter()
-        .enumerate()
-        .filter(|(i, w)| expiry.queued_live(*i, w, now_ms))
-        .map(|(_, w)| w)
-        .collect();
-    r.queue = queue;
-    if !head_live {
-        clear_waiter(r);
-        promote(r);
-    }
-    // A token stands in line once.
-    if let Some(t) = r.waiter_token.clone() {
-        r.queue.retain(|w| w.token != t);
-    }
-}
-
-/// Where `token` stands in `r`'s line: 0 for the registered waiter, 1 for the first queued one, …
-pub(crate) fn position(r: &LeaseRecord, token: &str) -> Option<usize> {
-    if r.waiter_token.as_deref() == Some(token) {
-        return Some(0);
-    }
-    r.queue.iter().position(|w| w.token == token).map(|i| i + 1)
-}
-
-/// Makes the first queued waiter of `r` the registered one, if nobody is registered.
-fn promote(r: &mut LeaseRecord) {
-    if r.waiter_token.is_none() && !r.queue.is_empty() {
-        let w = r.queue.remove(0);
-        r.waiter = Some(w.holder);
-        r.waiter_token = Some(w.token);
-        r.waiter_expires_ms = Some(w.expires_ms);
-        r.waiter_ttl_ms = Some(w.ttl_ms);
-    }
-}
-
-/// Takes `token` out of `r`'s line; whether it stood in it.
-pub(crate) fn leave_line(r: &mut LeaseRecord, token: &str) -> bool {
-    match position(r, token) {
-        Some(0) => {
-            clear_waiter(r);
-            promote(r);
-            true
-        }
-        Some(p) => {
-            r.queue.remove(p - 1);
-            true
-        }
-        None => false,
-    }
-}
-
 /// How long a record written with a lifetime of `ttl_ms` must be seen unchanged before it has
 /// surely lapsed on its writer's side: the lifetime plus the drift margin.
 pub(crate) fn observation_needed(ttl_ms: u64) -> Duration {
@@ -236,18 +181,6 @@ pub(crate) fn observation_needed(ttl_ms: u64) -> Duration {
 /// the two clocks differ by `max_skew`.
 fn passed_beyond_skew(written_ms: u64, max_skew: Duration, now_ms: u64) -> bool {
     written_ms.saturating_add(crate::record::ms(max_skew)) <= now_ms
-}
-
-/// This process's id, read once (a syscall saved per grant).
-pub(crate) fn pid() -> u32 {
-    static PID: OnceLock<u32> = OnceLock::new();
-    *PID.get_or_init(std::process::id)
-}
-
-/// This host's name, read once.
-pub(crate) fn host() -> &'static str {
-    static HOST: OnceLock<String> = OnceLock::new();
-    HOST.get_or_init(crate::holder::hostname)
 }
 
 /// Decides an acquisition, judging times on this clock ([`Expiry::Clock`]) and flooring the fence
@@ -336,7 +269,7 @@ pub(crate) fn acquire_judged(
             leave_line(&mut line, &req.token);
             return (AcquireOutcome::Granted(line.clone()), Some(line));
         }
-        let place = position(&line, &req.token);
+        let place = line.place_of(&req.token);
         let reserved_for_other = !held && line.waiter_token.is_some() && place != Some(0);
         if held || reserved_for_other {
             let (seen, write) = wait_in_line(line, req, now.ms);
@@ -363,57 +296,6 @@ pub(crate) fn acquire_judged(
     // The first in line (or nobody) was granted: the next one moves up.
     leave_line(&mut g, &req.token);
     (AcquireOutcome::Granted(g.clone()), Some(g))
-}
-
-/// A contender that cannot be granted: with `req.waiter_ttl`, it joins `line` (the record with
-/// its lapsed waiters dropped) or renews its place in it. Returns the record it is answered with
-/// and the record to write, if anything changes.
-pub(crate) fn wait_in_line(
-    mut line: LeaseRecord,
-    req: &AcquireRequest,
-    now_ms: u64,
-) -> (LeaseRecord, Option<LeaseRecord>) {
-    let Some(wttl) = req.waiter_ttl else {
-        return (line, None);
-    };
-    let wttl_ms = crate::record::ms(wttl);
-    let renewed = now_ms + wttl_ms;
-    match position(&line, &req.token) {
-        Some(p) => {
-            let expires = match p {
-                0 => line.waiter_expires_ms.unwrap_or(0),
-                p => line.queue[p - 1].expires_ms,
-            };
-            // A fresh place of ours is left alone: rewriting it on every attempt would wake
-            // every watcher (ourselves included) for nothing. Ours was written on this clock, so
-            // its written expiry is judged directly.
-            if expires >= now_ms + wttl_ms * 2 / 3 && expires > now_ms {
-                return (line, None);
-            }
-            if p == 0 {
-                line.waiter = Some(req.holder.clone());
-                line.waiter_expires_ms = Some(renewed);
-                line.waiter_ttl_ms = Some(wttl_ms);
-            } else {
-                let w = &mut line.queue[p - 1];
-                w.expires_ms = renewed;
-                w.ttl_ms = wttl_ms;
-            }
-            (line.clone(), Some(line))
-        }
-        None if line.queue.len() < QUEUE_LIMIT => {
-            line.queue.push(QueuedWaiter::new(
-                req.holder.clone(),
-                req.token.clone(),
-                renewed,
-                wttl_ms,
-            ));
-            promote(&mut line);
-            (line.clone(), Some(line))
-        }
-        // The line is full: wait without a place.
-        None => (line, None),
-    }
 }
 
 /// The holder a key whose fence cannot grow any more reads as held by: no later grant could be
@@ -447,14 +329,6 @@ pub(crate) fn corrupt_placeholder(key: &str, fence: u64, now_ms: u64) -> LeaseRe
 /// its record damaged loses it at its next renewal; plus the drift margin.
 pub(crate) fn corrupt_observation(ttl: Duration, max_skew: Duration) -> Duration {
     observation_needed(crate::record::ms(ttl.max(max_skew)))
-}
-
-/// Removes the waiter registration from `r`.
-fn clear_waiter(r: &mut LeaseRecord) {
-    r.waiter = None;
-    r.waiter_token = None;
-    r.waiter_expires_ms = None;
-    r.waiter_ttl_ms = None;
 }
 
 /// Writes the grant of `req` with `fence` at `now_ms` into `g` (holder, token, fence, times, this

@@ -19,10 +19,11 @@
 //!   record a contender is handed shows the holders in words and the earliest expiry.
 
 use super::{
-    corrupt_placeholder, host, leave_line, passed_beyond_skew, pid, position, tidy_line, Current,
-    Expiry, Now, FENCE_EXHAUSTED,
+    corrupt_placeholder, leave_line, passed_beyond_skew, tidy_line, Current, Expiry, Now,
+    FENCE_EXHAUSTED,
 };
 use crate::error::{Error, Result};
+use crate::holder::{host, pid};
 use crate::record::{LeaseRecord, Permit, PermitKind, Permits, PERMIT_LIMIT};
 use crate::store::{
     AcquireOutcome, AcquireRequest, LostReason, PermitRequest, ReleaseOutcome, RenewOutcome,
@@ -51,7 +52,7 @@ pub(crate) fn tidy(r: &mut LeaseRecord, expiry: Expiry, now_ms: u64) {
         .map(|t| {
             t.writers_waiting
                 .iter()
-                .map(|w| position(r, w).is_some())
+                .map(|w| r.place_of(w).is_some())
                 .collect()
         })
         .unwrap_or_default();
@@ -151,7 +152,7 @@ pub(crate) fn acquire(
         }
         return Ok((AcquireOutcome::Granted(view(&r, &req.token)), Some(r)));
     }
-    let place = position(&r, &req.token);
+    let place = r.place_of(&req.token);
     let line = line_tokens(&r);
     let ahead = &line[..place.unwrap_or(line.len()).min(line.len())];
     let held = table.holders.len();
@@ -168,7 +169,7 @@ pub(crate) fn acquire(
         if want.write() {
             for w in write.iter_mut() {
                 let token = req.token.clone();
-                let queued = position(w, &token).is_some();
+                let queued = w.place_of(&token).is_some();
                 if let Some(t) = w.permits.as_mut().filter(|_| queued) {
                     if !t.writers_waiting.contains(&token) {
                         t.writers_waiting.push(token);

@@ -1,5 +1,6 @@
 use super::*;
 use crate::key::Key;
+use crate::record::QUEUE_LIMIT;
 use std::time::Duration;
 
 /// A skew too long for milliseconds in 64 bits is taken as forever, not cut to its low bits
@@ -283,7 +284,7 @@ fn waiter_gets_the_lease_next() {
     x.waiter_ttl = Some(Duration::from_millis(300));
     let behind = acquire(Current::Record(&reg), &x, at(30), false).1.unwrap();
     assert_eq!(behind.waiter_token.as_deref(), Some("w"));
-    assert_eq!(position(&behind, "x"), Some(1));
+    assert_eq!(behind.place_of("x"), Some(1));
     // Renewal sees the waiter; release keeps it.
     let (RenewOutcome::Renewed(ren), _) = renew(Some(&reg), "a", 1000, 40) else {
         panic!()
@@ -327,7 +328,7 @@ fn waiters_are_served_in_arrival_order() {
         r = attempt(&r, &waiting(t), 20, Expiry::Clock);
     }
     assert_eq!(
-        ["w1", "w2", "w3"].map(|t| position(&r, t)),
+        ["w1", "w2", "w3"].map(|t| r.place_of(t)),
         [Some(0), Some(1), Some(2)]
     );
     // Asking again keeps one's place (no second entry).
@@ -342,7 +343,7 @@ fn waiters_are_served_in_arrival_order() {
             assert!(matches!(out, AcquireOutcome::Held(_)), "{other} before {t}");
         }
         let g = granted(acquire(Current::Record(&r), &waiting(t), at(50), false));
-        assert_eq!(position(&g, t), None, "granted, out of line");
+        assert_eq!(g.place_of(t), None, "granted, out of line");
         assert_eq!(g.queue.len(), 1usize.saturating_sub(i), "{i}");
         r = release(Some(&g), t, 60).1.unwrap();
     }
@@ -358,16 +359,16 @@ fn lapsed_places_are_dropped_and_withdrawals_leave_the_line() {
     }
     // w2 withdraws from the middle; w1 from the front: w3 moves up.
     let r2 = withdraw_waiter(Some(&r), "w2").unwrap();
-    assert_eq!(position(&r2, "w3"), Some(1));
+    assert_eq!(r2.place_of("w3"), Some(1));
     let r1 = withdraw_waiter(Some(&r2), "w1").unwrap();
-    assert_eq!(position(&r1, "w3"), Some(0));
+    assert_eq!(r1.place_of("w3"), Some(0));
     assert_eq!(r1.waiter_ttl_ms, Some(300));
     assert!(withdraw_waiter(Some(&r1), "w1").is_none());
     // By the clock: at 326 w1's and w2's places (320, 325) have lapsed, w3's (330) has not.
     let (RenewOutcome::Renewed(ren), _) = renew(Some(&r), "a", 1000, 326) else {
         panic!()
     };
-    assert_eq!((position(&ren, "w3"), ren.queue.len()), (Some(0), 0));
+    assert_eq!((ren.place_of("w3"), ren.queue.len()), (Some(0), 0));
     // Observed: queued place 1 (w3) seen unchanged for its lifetime; the others not.
     let mut o = match seen(0, 0) {
         Expiry::Observed(o) => o,
@@ -380,7 +381,7 @@ fn lapsed_places_are_dropped_and_withdrawals_leave_the_line() {
         panic!()
     };
     assert_eq!(
-        ["w1", "w2", "w3"].map(|t| position(&ren, t)),
+        ["w1", "w2", "w3"].map(|t| ren.place_of(t)),
         [Some(0), Some(1), None]
     );
     // A lapsed first place: the next one is served, not the lapsed one.
@@ -394,7 +395,7 @@ fn lapsed_places_are_dropped_and_withdrawals_leave_the_line() {
         at(50),
         false,
     ));
-    assert_eq!(position(&g, "w3"), Some(0));
+    assert_eq!(g.place_of("w3"), Some(0));
     // Cleanup leaves a record somebody stands in line for.
     let mut f = LeaseRecord::free("k", 1);
     f.queue = vec![QueuedWaiter::new("q", "q", 500, 300)];

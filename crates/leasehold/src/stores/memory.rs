@@ -367,7 +367,7 @@ impl RecordStore for RecordMemoryStore {
 #[derive(Debug)]
 pub(crate) struct MemoryUrl;
 
-impl crate::stores::StoreOptions for MemoryUrl {
+impl crate::store::StoreOptions for MemoryUrl {
     fn from_url(url: &str) -> Result<Self> {
         crate::url::Params::of_url(url).finish()?;
         Ok(MemoryUrl)
@@ -386,7 +386,9 @@ pub(crate) struct RecordMemoryUrl {
     pub(crate) max_clock_skew: Duration,
 }
 
-impl crate::stores::StoreOptions for RecordMemoryUrl {
+impl crate::store::RecordStoreOptions for RecordMemoryUrl {
+    type Store = RecordMemoryStore;
+
     fn from_url(url: &str) -> Result<Self> {
         let mut params = crate::url::Params::of_url(url);
         let max_clock_skew = params.take_max_clock_skew()?;
@@ -394,9 +396,11 @@ impl crate::stores::StoreOptions for RecordMemoryUrl {
         Ok(RecordMemoryUrl { max_clock_skew })
     }
 
-    async fn connect(self) -> Result<std::sync::Arc<dyn LockStore>> {
-        let store = crate::adapter::RecordLockStore::new(RecordMemoryStore::new())
-            .with_max_clock_skew(self.max_clock_skew);
-        Ok(std::sync::Arc::new(store))
+    fn max_clock_skew(&self) -> Duration {
+        self.max_clock_skew
+    }
+
+    async fn connect(self) -> Result<RecordMemoryStore> {
+        Ok(RecordMemoryStore::new())
     }
 }

@@ -30,7 +30,7 @@
 //! <!-- schemes:end -->
 
 use crate::error::{Error, Result};
-use crate::store::LockStore;
+use crate::store::{LockStore, StoreOptions};
 use crate::url::{invalid, scheme_of};
 use std::future::Future;
 use std::pin::Pin;
@@ -63,22 +63,9 @@ pub(crate) type Opening<'a> = Pin<Box<dyn Future<Output = Result<Arc<dyn LockSto
 /// Opens a store from its whole URL (credentials included).
 pub(crate) type Opener = for<'a> fn(&'a str) -> Opening<'a>;
 
-/// A store's options as its URL gives them, the one way the registry opens every store: the
-/// options from the URL, then the store they make.
-pub(crate) trait StoreOptions: Sized + Send + 'static {
-    /// Whether an [`Error::InvalidOption`] of [`StoreOptions::connect`] is the URL's fault, and
-    /// reported as an [`Error::InvalidUrl`] naming it (the object stores, whose names,
-    /// endpoints and credentials' settings come from the URL).
-    const OPTION_IS_URL_ERROR: bool = false;
-
-    /// The options `url` gives (its scheme is one of the store's), or an [`Error::InvalidUrl`]
-    /// saying what is wrong with it.
-    fn from_url(url: &str) -> Result<Self>;
-
-    /// The store the options make, as a lock store (a store of records behind the
-    /// [adapter](crate::adapter), with the options' `max_clock_skew`).
-    fn connect(self) -> impl Future<Output = Result<Arc<dyn LockStore>>> + Send;
-}
+/// The fuzzer's check of a URL's options ([`StoreOptions::checked`]).
+#[cfg(feature = "fuzzing")]
+pub(crate) type Checker = fn(&str) -> Result<Vec<std::time::Duration>>;
 
 /// Opens the store of options type `O` from `url`: the one [`Opener`] of every registry line.
 fn open_with<O: StoreOptions>(url: &str) -> Opening<'_> {
@@ -91,11 +78,17 @@ fn open_with<O: StoreOptions>(url: &str) -> Opening<'_> {
     })
 }
 
+/// Checks the options of type `O` that `url` gives: the one [`Checker`] of every registry line.
+#[cfg(feature = "fuzzing")]
+fn check_with<O: StoreOptions>(url: &str) -> Result<Vec<std::time::Duration>> {
+    O::from_url(url)?.checked()
+}
+
 /// Whether a scheme's store is in this build.
 #[derive(Clone, Copy)]
 enum Availability {
-    /// Built: opened by this function.
-    Built(Opener),
+    /// Built: opened by this function (and checked by the fuzzer by the other).
+    Built(Opener, #[cfg(feature = "fuzzing")] Checker),
     /// Its Cargo feature is not enabled in this build.
     #[allow(dead_code)] // a build with every feature
     FeatureOff,
@@ -130,7 +123,7 @@ impl std::fmt::Debug for Scheme {
 impl Scheme {
     /// Whether this build can open it.
     fn is_built(&self) -> bool {
-        matches!(self.available, Availability::Built(_))
+        matches!(self.available, Availability::Built(..))
     }
 }
 
@@ -145,7 +138,11 @@ macro_rules! store {
             feature: Some($feature),
             available: {
                 #[cfg(feature = $feature)]
-                const AVAILABLE: Availability = Availability::Built(open_with::<$opts>);
+                const AVAILABLE: Availability = Availability::Built(
+                    open_with::<$opts>,
+                    #[cfg(feature = "fuzzing")]
+                    check_with::<$opts>,
+                );
                 #[cfg(not(feature = $feature))]
                 const AVAILABLE: Availability = Availability::FeatureOff;
                 AVAILABLE
@@ -163,7 +160,11 @@ macro_rules! always {
             forms: $forms,
             store: ($module, $what),
             feature: Some($module),
-            available: Availability::Built(open_with::<$opts>),
+            available: Availability::Built(
+                open_with::<$opts>,
+                #[cfg(feature = "fuzzing")]
+                check_with::<$opts>,
+            ),
         }
     };
 }
@@ -299,44 +300,17 @@ fn markdown_table(links: Links<'_>) -> String {
     out
 }
 
-/// How long, at least, an object had gone unwritten when the server answered, by the server's
-/// clock: its `Date` header less its `Last-Modified` one, less one second for each header's
-/// resolution (both are whole seconds: the answer came at or after `Date`, the write before
-/// `Last-Modified` + 1 s). `None` when either is missing or unreadable.
-///
-/// Both times are the server's (the same service, in practice the same fleet of clocks); no
-/// client's clock enters.
-#[cfg(feature = "object-http")]
-pub(crate) fn server_age(
-    date: Option<&str>,
-    modified: Option<&str>,
-) -> Option<std::time::Duration> {
-    let date = httpdate::parse_http_date(date?.trim()).ok()?;
-    let modified = httpdate::parse_http_date(modified?.trim()).ok()?;
-    let age = date.duration_since(modified).ok()?;
-    Some(age.saturating_sub(std::time::Duration::from_secs(1)))
-}
-
-#[cfg(all(test, feature = "object-http"))]
-mod server_age_tests {
-    use super::server_age;
-    use std::time::Duration;
-
-    #[test]
-    fn the_age_is_a_lower_bound_in_whole_seconds() {
-        let at = |t: &str| format!("Thu, 26 Nov 2026 17:{t} GMT");
-        assert_eq!(
-            server_age(Some(&at("10:49")), Some(&at("10:47"))),
-            Some(Duration::from_secs(1))
-        );
-        assert_eq!(
-            server_age(Some(&at("10:47")), Some(&at("10:47"))),
-            Some(Duration::ZERO)
-        );
-        // A Last-Modified after the Date (another front end's clock): no age to trust.
-        assert_eq!(server_age(Some(&at("10:47")), Some(&at("10:49"))), None);
-        assert_eq!(server_age(None, Some(&at("10:47"))), None);
-        assert_eq!(server_age(Some("yesterday"), Some(&at("10:47"))), None);
+/// The fuzzer's check of a URL's options ([`StoreOptions::checked`]), by the registry: `None` for
+/// a URL without a known scheme of this build.
+#[cfg(feature = "fuzzing")]
+pub(crate) fn check(url: &str) -> Option<Result<Vec<std::time::Duration>>> {
+    let scheme = scheme_of(url)?;
+    let entry = SCHEMES
+        .iter()
+        .find(|s| s.schemes.contains(&scheme.as_str()))?;
+    match entry.available {
+        Availability::Built(_, check) => Some(check(url)),
+        Availability::FeatureOff => None,
     }
 }
 
@@ -362,7 +336,7 @@ pub(crate) async fn open(url: &str) -> Result<Arc<dyn LockStore>> {
         ));
     };
     match entry.available {
-        Availability::Built(open) => open(url).await,
+        Availability::Built(open, ..) => open(url).await,
         Availability::FeatureOff => Err(Error::FeatureNotEnabled {
             scheme,
             feature: entry.feature.unwrap_or_default(),

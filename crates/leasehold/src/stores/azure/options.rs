@@ -3,9 +3,7 @@
 
 use super::{AzureCredentials, AzureStore};
 use crate::error::Result;
-use crate::store::LockStore;
 use crate::url::Params;
-use std::sync::Arc;
 use std::time::Duration;
 
 /// How to reach a container; every default is stated. `Debug` never shows a key.
@@ -33,7 +31,7 @@ pub struct AzureOptions {
     /// Per-request timeout. Default 10 s.
     pub timeout: Duration,
     /// The largest difference between machines' wall clocks assumed (`?max_clock_skew=`,
-    /// default [`crate::adapter::DEFAULT_MAX_CLOCK_SKEW`]): the adapter's, which
+    /// default [`crate::options::DEFAULT_MAX_CLOCK_SKEW`]): the adapter's, which
     /// [`AzureStore::connect`] does not read; give it to
     /// [`crate::adapter::RecordLockStore::with_max_clock_skew`] (`open_store` does).
     pub max_clock_skew: Duration,
@@ -49,7 +47,7 @@ impl AzureOptions {
             endpoint: None,
             credentials: None,
             timeout: Duration::from_secs(10),
-            max_clock_skew: crate::adapter::DEFAULT_MAX_CLOCK_SKEW,
+            max_clock_skew: crate::options::DEFAULT_MAX_CLOCK_SKEW,
         }
     }
 
@@ -82,18 +80,25 @@ impl AzureOptions {
     }
 }
 
-impl crate::stores::StoreOptions for AzureOptions {
+impl crate::store::RecordStoreOptions for AzureOptions {
+    type Store = AzureStore;
     const OPTION_IS_URL_ERROR: bool = true;
 
     fn from_url(url: &str) -> Result<Self> {
         AzureOptions::from_url(url)
     }
 
-    async fn connect(self) -> Result<Arc<dyn LockStore>> {
-        let skew = self.max_clock_skew;
-        let store = AzureStore::connect(self)?;
-        Ok(Arc::new(
-            crate::adapter::RecordLockStore::new(store).with_max_clock_skew(skew),
-        ))
+    fn max_clock_skew(&self) -> Duration {
+        self.max_clock_skew
+    }
+
+    async fn connect(self) -> Result<AzureStore> {
+        AzureStore::connect(self)
+    }
+
+    #[cfg(feature = "fuzzing")]
+    fn checked(&self) -> Result<Vec<Duration>> {
+        AzureStore::connect(self.clone())?;
+        Ok(Vec::new())
     }
 }

@@ -161,13 +161,19 @@ impl EtcdOptions {
     }
 }
 
-impl crate::stores::StoreOptions for EtcdOptions {
+impl crate::store::StoreOptions for EtcdOptions {
     fn from_url(url: &str) -> Result<Self> {
         EtcdOptions::from_url(url)
     }
 
     async fn connect(self) -> Result<std::sync::Arc<dyn crate::store::LockStore>> {
         Ok(std::sync::Arc::new(super::EtcdStore::connect(self).await?))
+    }
+
+    #[cfg(feature = "fuzzing")]
+    fn checked(&self) -> Result<Vec<Duration>> {
+        assert!(!self.prefix.is_empty(), "an empty prefix");
+        Ok(vec![self.timeout])
     }
 }
 

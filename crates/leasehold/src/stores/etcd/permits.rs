@@ -264,8 +264,8 @@ impl EtcdStore {
             renewed_ms: now,
             expires_ms: now.saturating_add(ttl_ms),
             ttl_ms,
-            pid: Some(crate::decide::pid()),
-            host: Some(crate::decide::host().to_owned()),
+            pid: Some(crate::holder::pid()),
+            host: Some(crate::holder::host().to_owned()),
             labels: req.labels.clone(),
         };
         let value = serde_json::to_vec(&Slot {

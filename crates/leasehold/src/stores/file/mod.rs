@@ -750,7 +750,7 @@ impl FileStore {
     /// # Ok::<(), leasehold::Error>(())
     /// ```
     pub fn from_url(url: &str) -> Result<Self> {
-        let FileUrl { dir, options } = crate::stores::StoreOptions::from_url(url)?;
+        let FileUrl { dir, options } = crate::store::StoreOptions::from_url(url)?;
         Self::open(dir, options)
     }
 

@@ -62,7 +62,7 @@ pub(crate) struct FileUrl {
     pub(crate) options: FileOptions,
 }
 
-impl crate::stores::StoreOptions for FileUrl {
+impl crate::store::StoreOptions for FileUrl {
     /// Parses a `file://` URL: the directory, and the query's `mode` (octal) and `fsync`
     /// (`true`/`false`).
     fn from_url(url: &str) -> Result<Self> {

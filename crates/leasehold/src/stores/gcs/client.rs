@@ -120,7 +120,7 @@ impl Client {
     }
 
     /// Reads object `name` (its bytes, up to [`MAX_RECORD_BYTES`]) and its generation, with its server
-    /// age ([`crate::stores::server_age`]: the answer's `Date` less the object's `Last-Modified`).
+    /// age ([`server_age`](crate::stores::object::transport::server_age): the answer's `Date` less the object's `Last-Modified`).
     pub(super) async fn get(&self, name: &str) -> Result<(Read, Option<Duration>)> {
         let what = format!("read gs://{}/{name}", self.bucket);
         let mut r = ToSign::new(Method::GET, self.object_path(name));

@@ -3,9 +3,7 @@
 
 use super::{GcsStore, DEFAULT_FOREIGN_TTL, MAX_NAME};
 use crate::error::{Error, Result};
-use crate::store::LockStore;
 use crate::url::Params;
-use std::sync::Arc;
 use std::time::Duration;
 
 /// How to reach the bucket and name objects. `Debug` shows no secret (there is none here:
@@ -31,7 +29,7 @@ pub struct GcsOptions {
     /// ([`crate::adapter::RecordLockStore::with_max_clock_skew`]) the same. The `expiresAt`
     /// written for the other client is the lease's expiry plus this margin, because that client
     /// judges it on its own wall clock with none. Default
-    /// [`crate::adapter::DEFAULT_MAX_CLOCK_SKEW`].
+    /// [`crate::options::DEFAULT_MAX_CLOCK_SKEW`].
     pub max_clock_skew: Duration,
 }
 
@@ -49,7 +47,7 @@ impl GcsOptions {
             endpoint: None,
             timeout: Duration::from_secs(10),
             foreign_ttl: DEFAULT_FOREIGN_TTL,
-            max_clock_skew: crate::adapter::DEFAULT_MAX_CLOCK_SKEW,
+            max_clock_skew: crate::options::DEFAULT_MAX_CLOCK_SKEW,
         }
     }
 
@@ -138,19 +136,25 @@ pub(super) fn check_endpoint(endpoint: &str) -> Result<()> {
     Ok(())
 }
 
-impl crate::stores::StoreOptions for GcsOptions {
+impl crate::store::RecordStoreOptions for GcsOptions {
+    type Store = GcsStore;
     const OPTION_IS_URL_ERROR: bool = true;
 
     fn from_url(url: &str) -> Result<Self> {
         GcsOptions::from_url(url)
     }
 
-    async fn connect(self) -> Result<Arc<dyn LockStore>> {
-        let skew = self.max_clock_skew;
-        let store = GcsStore::connect(self).await?;
-        Ok(Arc::new(
-            crate::adapter::RecordLockStore::new(store).with_max_clock_skew(skew),
-        ))
+    fn max_clock_skew(&self) -> Duration {
+        self.max_clock_skew
+    }
+
+    async fn connect(self) -> Result<GcsStore> {
+        GcsStore::connect(self).await
+    }
+
+    #[cfg(feature = "fuzzing")]
+    fn checked(&self) -> Result<Vec<Duration>> {
+        Ok(vec![self.timeout])
     }
 }
 

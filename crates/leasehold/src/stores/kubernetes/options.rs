@@ -3,9 +3,7 @@
 
 use super::{valid_label, KubernetesStore, DEFAULT_PREFIX};
 use crate::error::{Error, Result};
-use crate::store::LockStore;
 use crate::url::Params;
-use std::sync::Arc;
 use std::time::Duration;
 
 /// How to reach the cluster and name Leases.
@@ -31,7 +29,7 @@ pub struct KubernetesOptions {
     /// Per-request timeout. Default 10 s.
     pub timeout: Duration,
     /// The largest difference between pods' wall clocks assumed (`?max_clock_skew=`, default
-    /// [`crate::adapter::DEFAULT_MAX_CLOCK_SKEW`]): the adapter's, which
+    /// [`crate::options::DEFAULT_MAX_CLOCK_SKEW`]): the adapter's, which
     /// [`KubernetesStore::connect`] does not read; give it to
     /// [`crate::adapter::RecordLockStore::with_max_clock_skew`] (`open_store` does).
     pub max_clock_skew: Duration,
@@ -44,7 +42,7 @@ impl Default for KubernetesOptions {
             prefix: DEFAULT_PREFIX.into(),
             server: None,
             timeout: Duration::from_secs(10),
-            max_clock_skew: crate::adapter::DEFAULT_MAX_CLOCK_SKEW,
+            max_clock_skew: crate::options::DEFAULT_MAX_CLOCK_SKEW,
         }
     }
 }
@@ -142,18 +140,24 @@ pub(super) fn server_uri(server: &str) -> Result<http::Uri> {
     Ok(uri)
 }
 
-impl crate::stores::StoreOptions for KubernetesOptions {
+impl crate::store::RecordStoreOptions for KubernetesOptions {
+    type Store = KubernetesStore;
     const OPTION_IS_URL_ERROR: bool = true;
 
     fn from_url(url: &str) -> Result<Self> {
         KubernetesOptions::from_url(url)
     }
 
-    async fn connect(self) -> Result<Arc<dyn LockStore>> {
-        let skew = self.max_clock_skew;
-        let store = KubernetesStore::connect(self).await?;
-        Ok(Arc::new(
-            crate::adapter::RecordLockStore::new(store).with_max_clock_skew(skew),
-        ))
+    fn max_clock_skew(&self) -> Duration {
+        self.max_clock_skew
+    }
+
+    async fn connect(self) -> Result<KubernetesStore> {
+        KubernetesStore::connect(self).await
+    }
+
+    #[cfg(feature = "fuzzing")]
+    fn checked(&self) -> Result<Vec<Duration>> {
+        Ok(vec![self.timeout])
     }
 }

@@ -257,7 +257,7 @@ impl<B: Backend> Objects<B> {
     }
 
     /// Object `name`'s bytes and ETag, `None` if there is no such object; `Ok(Err(etag))` when it
-    /// is larger than [`MAX_RECORD_BYTES`]. With its server age ([`crate::stores::server_age`]).
+    /// is larger than [`MAX_RECORD_BYTES`]. With its server age ([`server_age`](crate::stores::object::transport::server_age)).
     async fn get_raw(
         &self,
         name: &str,

@@ -43,10 +43,10 @@ impl Answer {
         self.header(hyper::header::ETAG).map(str::to_owned)
     }
 
-    /// The answer's age of the object ([`crate::stores::server_age`]: its `Date` less the
+    /// The answer's age of the object ([`server_age`]: its `Date` less the
     /// object's `Last-Modified`).
     pub(crate) fn server_age(&self) -> Option<Duration> {
-        crate::stores::server_age(
+        server_age(
             self.header(hyper::header::DATE),
             self.header(hyper::header::LAST_MODIFIED),
         )
@@ -223,5 +223,45 @@ impl Http {
             Ok(answer) => answer,
             Err(_) => Err(Error::no_answer(store)),
         }
+    }
+}
+
+/// How long, at least, an object had gone unwritten when the server answered, by the server's
+/// clock: its `Date` header less its `Last-Modified` one, less one second for each header's
+/// resolution (both are whole seconds: the answer came at or after `Date`, the write before
+/// `Last-Modified` + 1 s). `None` when either is missing or unreadable.
+///
+/// Both times are the server's (the same service, in practice the same fleet of clocks); no
+/// client's clock enters.
+pub(crate) fn server_age(
+    date: Option<&str>,
+    modified: Option<&str>,
+) -> Option<std::time::Duration> {
+    let date = httpdate::parse_http_date(date?.trim()).ok()?;
+    let modified = httpdate::parse_http_date(modified?.trim()).ok()?;
+    let age = date.duration_since(modified).ok()?;
+    Some(age.saturating_sub(std::time::Duration::from_secs(1)))
+}
+
+#[cfg(test)]
+mod server_age_tests {
+    use super::server_age;
+    use std::time::Duration;
+
+    #[test]
+    fn the_age_is_a_lower_bound_in_whole_seconds() {
+        let at = |t: &str| format!("Thu, 26 Nov 2026 17:{t} GMT");
+        assert_eq!(
+            server_age(Some(&at("10:49")), Some(&at("10:47"))),
+            Some(Duration::from_secs(1))
+        );
+        assert_eq!(
+            server_age(Some(&at("10:47")), Some(&at("10:47"))),
+            Some(Duration::ZERO)
+        );
+        // A Last-Modified after the Date (another front end's clock): no age to trust.
+        assert_eq!(server_age(Some(&at("10:47")), Some(&at("10:49"))), None);
+        assert_eq!(server_age(None, Some(&at("10:47"))), None);
+        assert_eq!(server_age(Some("yesterday"), Some(&at("10:47"))), None);
     }
 }

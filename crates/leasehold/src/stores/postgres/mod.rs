@@ -187,16 +187,6 @@ impl PostgresStore {
     }
 }
 
-impl crate::stores::StoreOptions for PostgresOptions {
-    fn from_url(url: &str) -> Result<Self> {
-        PostgresOptions::from_url(url)
-    }
-
-    async fn connect(self) -> Result<Arc<dyn LockStore>> {
-        Ok(Arc::new(PostgresStore::connect(self).await?))
-    }
-}
-
 impl Inner {
     /// Creates the table and its sequence unless both are there (and the schema unless it is).
     async fn migrate(&self) -> Result<()> {
@@ -373,8 +363,8 @@ impl Inner {
     async fn acquire_lock(&self, req: &AcquireRequest, labels: &str) -> Result<AcquireOutcome> {
         let (ttl, wttl) = (millis(req.ttl), req.waiter_ttl.map_or(0, millis));
         let fences = i64::try_from(req.fences.max(1)).unwrap_or(1);
-        let pid = i32::try_from(crate::decide::pid()).unwrap_or(0);
-        let host = crate::decide::host();
+        let pid = i32::try_from(crate::holder::pid()).unwrap_or(0);
+        let host = crate::holder::host();
         let key = req.key.as_str();
         // A caller that watches already found the key held, and a block of fences: straight to
         // the whole statement.

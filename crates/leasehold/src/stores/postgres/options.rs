@@ -145,6 +145,23 @@ fn identifier(s: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
 }
 
+impl crate::store::StoreOptions for PostgresOptions {
+    fn from_url(url: &str) -> Result<Self> {
+        PostgresOptions::from_url(url)
+    }
+
+    async fn connect(self) -> Result<std::sync::Arc<dyn crate::store::LockStore>> {
+        Ok(std::sync::Arc::new(
+            super::PostgresStore::connect(self).await?,
+        ))
+    }
+
+    #[cfg(feature = "fuzzing")]
+    fn checked(&self) -> Result<Vec<std::time::Duration>> {
+        Ok(vec![self.target()?.timeout])
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -135,8 +135,8 @@ impl Inner {
     ) -> Result<AcquireOutcome> {
         want.validate()?;
         let (ttl, wttl) = (millis(req.ttl), req.waiter_ttl.map_or(0, millis));
-        let pid = i32::try_from(crate::decide::pid()).unwrap_or(0);
-        let host = crate::decide::host();
+        let pid = i32::try_from(crate::holder::pid()).unwrap_or(0);
+        let host = crate::holder::host();
         let key = req.key.as_str();
         let kind = kind_name(want.kind());
         let count: Option<i32> = match want {

@@ -487,10 +487,10 @@ impl RedisStore {
         let ttl_ms = crate::record::ms(req.ttl);
         let mut tail = format!(
             ",\"ttl_ms\":{ttl_ms},\"waiter\":null,\"waiter_token\":null,\"waiter_expires\":null,\"pid\":{},\"host\":",
-            crate::decide::pid()
+            crate::holder::pid()
         )
         .into_bytes();
-        json_push(&mut tail, crate::decide::host());
+        json_push(&mut tail, crate::holder::host());
         tail.extend_from_slice(b",\"labels\":");
         let mark = tail.len();
         if serde_json::to_writer(&mut tail, &req.labels).is_err() {
@@ -832,16 +832,6 @@ impl LockStore for RedisStore {
             hub.subscribe(self.record_key(key), &self.inner.link.described)
                 .await?,
         )))
-    }
-}
-
-impl crate::stores::StoreOptions for RedisOptions {
-    fn from_url(url: &str) -> Result<Self> {
-        RedisOptions::from_url(url)
-    }
-
-    async fn connect(self) -> Result<Arc<dyn LockStore>> {
-        Ok(Arc::new(RedisStore::connect(self).await?))
     }
 }
 

@@ -367,6 +367,33 @@ pub(crate) fn host_list<'a>(url: &'a str, scheme: &str, described: &str) -> Resu
     })
 }
 
+impl crate::store::StoreOptions for RedisOptions {
+    fn from_url(url: &str) -> Result<Self> {
+        RedisOptions::from_url(url)
+    }
+
+    async fn connect(self) -> Result<std::sync::Arc<dyn crate::store::LockStore>> {
+        Ok(std::sync::Arc::new(super::RedisStore::connect(self).await?))
+    }
+
+    #[cfg(feature = "fuzzing")]
+    fn checked(&self) -> Result<Vec<Duration>> {
+        super::RedisStore::check_options(self)?;
+        let fence = self.fence_prefix();
+        assert!(
+            !self.prefix.is_empty()
+                && !self.prefix.starts_with(&fence)
+                && !fence.starts_with(&self.prefix),
+            "prefixes {:?} / {fence:?}",
+            self.prefix
+        );
+        Ok([Some(self.timeout), self.replicas_timeout]
+            .into_iter()
+            .flatten()
+            .collect())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

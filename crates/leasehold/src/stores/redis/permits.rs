@@ -29,8 +29,8 @@ pub(super) fn call(
         renewed_ms: 0,
         expires_ms: 0,
         ttl_ms: crate::record::ms(req.ttl),
-        pid: Some(crate::decide::pid()),
-        host: Some(crate::decide::host().to_owned()),
+        pid: Some(crate::holder::pid()),
+        host: Some(crate::holder::host().to_owned()),
         labels: req.labels.clone(),
     };
     let json = serde_json::to_vec(&permit).unwrap_or_else(|_| {

@@ -3,9 +3,7 @@
 
 use super::{AwsCredentials, S3Store};
 use crate::error::Result;
-use crate::store::LockStore;
 use crate::url::Params;
-use std::sync::Arc;
 use std::time::Duration;
 
 /// How to reach a bucket; every default is stated. `Debug` never shows a secret.
@@ -35,7 +33,7 @@ pub struct S3Options {
     /// Per-request timeout. Default 10 s.
     pub timeout: Duration,
     /// The largest difference between machines' wall clocks assumed (`?max_clock_skew=`,
-    /// default [`crate::adapter::DEFAULT_MAX_CLOCK_SKEW`]): the adapter's, which
+    /// default [`crate::options::DEFAULT_MAX_CLOCK_SKEW`]): the adapter's, which
     /// [`S3Store::connect`] does not read; give it to
     /// [`crate::adapter::RecordLockStore::with_max_clock_skew`] (`open_store` does).
     pub max_clock_skew: Duration,
@@ -52,7 +50,7 @@ impl S3Options {
             credentials: None,
             profile: None,
             timeout: Duration::from_secs(10),
-            max_clock_skew: crate::adapter::DEFAULT_MAX_CLOCK_SKEW,
+            max_clock_skew: crate::options::DEFAULT_MAX_CLOCK_SKEW,
         }
     }
 
@@ -86,18 +84,25 @@ impl S3Options {
     }
 }
 
-impl crate::stores::StoreOptions for S3Options {
+impl crate::store::RecordStoreOptions for S3Options {
+    type Store = S3Store;
     const OPTION_IS_URL_ERROR: bool = true;
 
     fn from_url(url: &str) -> Result<Self> {
         S3Options::from_url(url)
     }
 
-    async fn connect(self) -> Result<Arc<dyn LockStore>> {
-        let skew = self.max_clock_skew;
-        let store = S3Store::connect(self)?;
-        Ok(Arc::new(
-            crate::adapter::RecordLockStore::new(store).with_max_clock_skew(skew),
-        ))
+    fn max_clock_skew(&self) -> Duration {
+        self.max_clock_skew
+    }
+
+    async fn connect(self) -> Result<S3Store> {
+        S3Store::connect(self)
+    }
+
+    #[cfg(feature = "fuzzing")]
+    fn checked(&self) -> Result<Vec<Duration>> {
+        S3Store::connect(self.clone())?;
+        Ok(Vec::new())
     }
 }
