@@ -175,7 +175,12 @@ impl<R: RecordStore> RecordLockStore<R> {
             let mut confirmed = match record.token {
                 None => record,
                 Some(_) if expiry.held(&record, now_ms) => return Ok(()),
-                Some(_) => decide::freed_judged(&record, now_ms, expiry),
+                Some(_) => Rules {
+                    now: self.now(),
+                    expiry,
+                    fence_floor: 0,
+                }
+                .freed(&record),
             };
             confirmed.store.remove(UNCONFIRMED.0);
             confirmed.fence = confirmed.fence.max(self.high_water().await?);

@@ -81,7 +81,7 @@
 //! decision that writes nothing (the lease looks held) is never taken on remembered state.
 
 use self::cleanup::is_high_water;
-use crate::decide::{self, Current, Expiry, Now, Observed};
+use crate::decide::{self, Current, Expiry, Now, Observed, Rules};
 use crate::error::{Error, Result};
 use crate::key::Key;
 use crate::record::LeaseRecord;
@@ -471,6 +471,16 @@ impl<R: RecordStore> RecordLockStore<R> {
         self.judge_aged(key, cur, None)
     }
 
+    /// The rules a renewal or a release of `key` is decided by, `cur` as read now (no grant:
+    /// no fence floor).
+    fn rules(&self, key: &Key, cur: Option<&Stored>) -> Rules {
+        Rules {
+            now: self.now(),
+            expiry: self.judge(key, cur),
+            fence_floor: 0,
+        }
+    }
+
     /// [`Self::judge`] of a record read with its server age.
     fn judge_aged(&self, key: &Key, cur: Option<&Stored>, age: Option<Duration>) -> Expiry {
         match cur {
@@ -662,8 +672,13 @@ impl<R: RecordStore> RecordLockStore<R> {
                     };
                     if !settle {
                         let floor = if revisions { 0 } else { now.us };
-                        return match decide::acquire_any(current, req, now, false, expiry, floor) {
-                            Ok((out, write)) => (Ok(Some(out)), write),
+                        let rules = Rules {
+                            now,
+                            expiry,
+                            fence_floor: floor,
+                        };
+                        return match rules.acquire(current, req, false) {
+                            Ok(d) => (Ok(Some(d.outcome)), d.write),
                             Err(e) => (Err(e), None),
                         };
                     }
@@ -768,11 +783,15 @@ impl<R: RecordStore> LockStore for RecordLockStore<R> {
                 let expiry = self.judge(&req.key, cur);
                 let current = self.current(cur, req.ttl, expiry);
                 let floor = if revisions { 0 } else { now.us };
-                let (out, mut write) =
-                    match decide::acquire_any(current, req, now, false, expiry, floor) {
-                        Ok(d) => d,
-                        Err(e) => return (Err(e), None),
-                    };
+                let rules = Rules {
+                    now,
+                    expiry,
+                    fence_floor: floor,
+                };
+                let (out, mut write) = match rules.acquire(current, req, false) {
+                    Ok(d) => (d.outcome, d.write),
+                    Err(e) => return (Err(e), None),
+                };
                 if let (None, true, Some(w)) = (cur, revisions, write.as_mut()) {
                     // A create: its fence comes from the revision the create gets.
                     w.store.insert(FENCE_FROM.0.into(), FENCE_FROM.1.into());
@@ -804,10 +823,8 @@ impl<R: RecordStore> LockStore for RecordLockStore<R> {
         let ttl_ms = crate::record::ms(ttl);
         let (out, _) = self
             .cas(key, false, None, |cur| {
-                let expiry = self.judge(key, cur);
-                let (out, write) =
-                    decide::renew_judged(record(cur), token, ttl_ms, self.now().ms, expiry);
-                (out, keep_unconfirmed(cur, write))
+                let d = self.rules(key, cur).renew(record(cur), token, ttl_ms);
+                (d.outcome, keep_unconfirmed(cur, d.write))
             })
             .await?;
         Ok(out)
@@ -816,10 +833,8 @@ impl<R: RecordStore> LockStore for RecordLockStore<R> {
     async fn release(&self, key: &Key, token: &str) -> Result<ReleaseOutcome> {
         let (out, _) = self
             .cas(key, false, None, |cur| {
-                let expiry = self.judge(key, cur);
-                let (out, write) =
-                    decide::release_judged(record(cur), token, self.now().ms, expiry);
-                (out, keep_unconfirmed(cur, write))
+                let d = self.rules(key, cur).release(record(cur), token);
+                (d.outcome, keep_unconfirmed(cur, d.write))
             })
             .await?;
         Ok(out)
@@ -871,7 +886,7 @@ impl<R: RecordStore> LockStore for RecordLockStore<R> {
     async fn cleanup(&self, older_than: Duration) -> Result<CleanupReport> {
         self.check_conditional_delete().await?;
         let mut report = CleanupReport::default();
-        let now = self.now().ms;
+        let now = self.now();
         let server_clock = self.inner.server_clock();
         // Judged first, deleted after the high-water mark is raised above their fences.
         let mut doomed = Vec::new();
@@ -886,13 +901,25 @@ impl<R: RecordStore> LockStore for RecordLockStore<R> {
                     // conditioned on that version). Without an age, nothing is judged removable.
                     age.and_then(|age| {
                         let seen = self.observe_aged(&key, &version, &record, Some(age));
-                        decide::removable_aged(&record, age, older_than, seen).then_some(version)
+                        let rules = Rules {
+                            now: self.now(),
+                            expiry: Expiry::Observed(seen),
+                            fence_floor: 0,
+                        };
+                        rules
+                            .removable(&record, Some(age), older_than)
+                            .then_some(version)
                     })
                 } else {
                     // A one-shot look: only a record free, or expired beyond any assumed skew,
                     // goes.
-                    let expiry = Expiry::Observed(self.first_sight());
-                    decide::removable_judged(&record, now, crate::record::ms(older_than), expiry)
+                    let rules = Rules {
+                        now,
+                        expiry: Expiry::Observed(self.first_sight()),
+                        fence_floor: 0,
+                    };
+                    rules
+                        .removable(&record, None, older_than)
                         .then_some(version)
                 };
                 if let Some(version) = removable {

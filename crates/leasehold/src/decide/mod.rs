@@ -183,59 +183,153 @@ fn passed_beyond_skew(written_ms: u64, max_skew: Duration, now_ms: u64) -> bool 
     written_ms.saturating_add(crate::record::ms(max_skew)) <= now_ms
 }
 
-/// Decides an acquisition, judging times on this clock ([`Expiry::Clock`]) and flooring the fence
-/// at now in microseconds. Returns the outcome and the record to write, if anything changes.
-/// `holder_dead` is true when the store knows the recorded holder's process is gone.
-#[cfg(test)]
-pub(crate) fn acquire(
-    current: Current<'_>,
-    req: &AcquireRequest,
-    now: Now,
-    holder_dead: bool,
-) -> (AcquireOutcome, Option<LeaseRecord>) {
-    acquire_judged(current, req, now, holder_dead, Expiry::Clock, now.us)
+/// How one step is judged: the time, the [`Expiry`] rule, and the floor of a grant's fence. Its
+/// methods decide the steps of the lock's life, each answering once with a [`Decision`]; every
+/// store built on these rules calls them (the memory and file stores with [`Rules::clock`], the
+/// record adapter with its observations), and the native stores' server-side rules mirror them.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Rules {
+    /// The time of the step.
+    pub now: Now,
+    /// How the times written in a record are judged.
+    pub expiry: Expiry,
+    /// No fence is granted below it (now in microseconds for a clock-floored counter).
+    pub fence_floor: u64,
 }
 
-/// Decides an acquisition of a lock or of a permit ([`AcquireRequest::permit`]) with the
-/// `expiry` rule and a grant's fence floored at `fence_floor`: what every store built on these
-/// rules calls. A request of a kind the key is not (a lock on a semaphore, another permit
-/// count) while the key has holders or waiters is refused.
-pub(crate) fn acquire_any(
-    current: Current<'_>,
-    req: &AcquireRequest,
-    now: Now,
-    holder_dead: bool,
-    expiry: Expiry,
-    fence_floor: u64,
-) -> crate::error::Result<(AcquireOutcome, Option<LeaseRecord>)> {
-    if let Some(want) = req.permit {
-        return permits::acquire(current, req, want, now, expiry, fence_floor);
+/// What a step decided: its answer, and the record to write (`None`: nothing changes).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Decision<O> {
+    /// The step's answer.
+    pub outcome: O,
+    /// The record to write.
+    pub write: Option<LeaseRecord>,
+}
+
+impl<O> Decision<O> {
+    fn of((outcome, write): (O, Option<LeaseRecord>)) -> Self {
+        Decision { outcome, write }
     }
-    if let Current::Record(r) = current {
-        if r.permits.is_some() {
-            let lock = permits::as_lock(r, req, expiry, now.ms)?;
-            return Ok(acquire_judged(
-                Current::Record(&lock),
-                req,
-                now,
-                holder_dead,
-                expiry,
-                fence_floor,
-            ));
+}
+
+impl Rules {
+    /// Times judged on this clock ([`Expiry::Clock`]: one process, or the processes of one host),
+    /// fences floored at `now` in microseconds.
+    pub(crate) fn clock(now: Now) -> Self {
+        Rules {
+            now,
+            expiry: Expiry::Clock,
+            fence_floor: now.us,
         }
     }
-    Ok(acquire_judged(
-        current,
-        req,
-        now,
-        holder_dead,
-        expiry,
-        fence_floor,
-    ))
+
+    /// Decides an acquisition of a lock or of a permit ([`AcquireRequest::permit`]).
+    /// `holder_dead` is true when the store knows the recorded holder's process is gone. A
+    /// request of a kind the key is not (a lock on a semaphore, another permit count) while the
+    /// key has holders or waiters is refused.
+    pub(crate) fn acquire(
+        &self,
+        current: Current<'_>,
+        req: &AcquireRequest,
+        holder_dead: bool,
+    ) -> crate::error::Result<Decision<AcquireOutcome>> {
+        let Rules {
+            now,
+            expiry,
+            fence_floor,
+        } = *self;
+        if let Some(want) = req.permit {
+            return permits::acquire(current, req, want, now, expiry, fence_floor)
+                .map(Decision::of);
+        }
+        let lock;
+        let current = match current {
+            Current::Record(r) if r.permits.is_some() => {
+                lock = permits::as_lock(r, req, expiry, now.ms)?;
+                Current::Record(&lock)
+            }
+            c => c,
+        };
+        Ok(Decision::of(acquire_lock(
+            current,
+            req,
+            now,
+            holder_dead,
+            expiry,
+            fence_floor,
+        )))
+    }
+
+    /// Decides a renewal of `token`'s lease (or permit) for `ttl_ms`: the record to write when it
+    /// is still ours, with the lapsed places in line dropped.
+    pub(crate) fn renew(
+        &self,
+        current: Option<&LeaseRecord>,
+        token: &str,
+        ttl_ms: u64,
+    ) -> Decision<RenewOutcome> {
+        let (now_ms, expiry) = (self.now.ms, self.expiry);
+        Decision::of(match current.filter(|r| r.permits.is_some()) {
+            Some(r) => permits::renew(r, token, ttl_ms, now_ms, expiry),
+            None => renew_lease(current, token, ttl_ms, now_ms, expiry),
+        })
+    }
+
+    /// Decides a release of `token`'s lease (or permit): the free record to write, fence and live
+    /// waiters kept. A lease that expired but was not taken over is still cleared, and answered
+    /// as not held.
+    pub(crate) fn release(
+        &self,
+        current: Option<&LeaseRecord>,
+        token: &str,
+    ) -> Decision<ReleaseOutcome> {
+        let (now_ms, expiry) = (self.now.ms, self.expiry);
+        Decision::of(match current.filter(|r| r.permits.is_some()) {
+            Some(r) => permits::release(r, token, now_ms, expiry),
+            None => release_lease(current, token, now_ms, expiry),
+        })
+    }
+
+    /// The record `r` with its holder removed: fence and key kept, and the places in line that
+    /// are still live.
+    pub(crate) fn freed(&self, r: &LeaseRecord) -> LeaseRecord {
+        freed(r, self.now.ms, self.expiry)
+    }
+
+    /// Whether `cleanup` may delete `r`: its lease over, no permit held, nobody live in line,
+    /// and unwritten for `older_than`. How long it has gone unwritten is the server's `age` of
+    /// it where the store reads the server's clock (then no wall clock is read: the skew
+    /// shortcut is not taken), else the newest time written in it against [`Rules::now`].
+    pub(crate) fn removable(
+        &self,
+        r: &LeaseRecord,
+        age: Option<Duration>,
+        older_than: Duration,
+    ) -> bool {
+        let expiry = self.expiry;
+        let now_ms = if age.is_some() { 0 } else { self.now.ms };
+        let unwritten_long_enough = match age {
+            Some(age) => age >= older_than,
+            None => {
+                let last = r.renewed_ms.max(r.acquired_ms).max(r.expires_ms);
+                let last = r
+                    .permits
+                    .iter()
+                    .flat_map(|t| &t.holders)
+                    .fold(last, |l, p| l.max(p.renewed_ms).max(p.expires_ms));
+                last.saturating_add(crate::record::ms(older_than)) <= now_ms
+            }
+        };
+        expiry.lease_over(r, now_ms)
+            && !permits::any_held(r, expiry, now_ms)
+            && !expiry.anyone_waiting(r, now_ms)
+            && unwritten_long_enough
+    }
 }
 
-/// Decides an acquisition with the `expiry` rule and a grant's fence floored at `fence_floor`.
-pub(crate) fn acquire_judged(
+/// Decides an acquisition of a lock with the `expiry` rule and a grant's fence floored at
+/// `fence_floor`.
+fn acquire_lock(
     current: Current<'_>,
     req: &AcquireRequest,
     now: Now,
@@ -370,20 +464,9 @@ pub(crate) fn lost_reason(
     }
 }
 
-/// Decides a renewal: the record to write when it is still ours. A lapsed waiter registration is
-/// dropped, judged on this clock.
-pub(crate) fn renew(
-    current: Option<&LeaseRecord>,
-    token: &str,
-    ttl_ms: u64,
-    now_ms: u64,
-) -> (RenewOutcome, Option<LeaseRecord>) {
-    renew_judged(current, token, ttl_ms, now_ms, Expiry::Clock)
-}
-
 /// Decides a renewal; whether a waiter registration has lapsed is judged with `expiry` (the
 /// holder's own lease is always judged on its own clock: it wrote it).
-pub(crate) fn renew_judged(
+fn renew_lease(
     current: Option<&LeaseRecord>,
     token: &str,
     ttl_ms: u64,
@@ -412,18 +495,8 @@ fn renewed(r: &mut LeaseRecord, ttl_ms: u64, now_ms: u64) {
     r.expires_ms = now_ms.saturating_add(ttl_ms);
 }
 
-/// Decides a release: the free record to write (fence and live waiter kept).
-/// A lease that expired but was not taken over is still cleared, and reported as not held.
-pub(crate) fn release(
-    current: Option<&LeaseRecord>,
-    token: &str,
-    now_ms: u64,
-) -> (ReleaseOutcome, Option<LeaseRecord>) {
-    release_judged(current, token, now_ms, Expiry::Clock)
-}
-
 /// Decides a release; whether the waiter registration is kept is judged with `expiry`.
-pub(crate) fn release_judged(
+fn release_lease(
     current: Option<&LeaseRecord>,
     token: &str,
     now_ms: u64,
@@ -439,22 +512,15 @@ pub(crate) fn release_judged(
             } else {
                 ReleaseOutcome::NotHeld
             };
-            (outcome, Some(freed_judged(r, now_ms, expiry)))
+            (outcome, Some(freed(r, now_ms, expiry)))
         }
         _ => (ReleaseOutcome::NotHeld, None),
     }
 }
 
-/// The record `r` with its holder removed (fence, live waiter and key kept).
-#[cfg(test)]
-#[allow(dead_code)] // used by the Kubernetes tests
-pub(crate) fn freed(r: &LeaseRecord, now_ms: u64) -> LeaseRecord {
-    freed_judged(r, now_ms, Expiry::Clock)
-}
-
 /// The record `r` with its holder removed; the waiter registration is kept while `expiry` judges
 /// it live.
-pub(crate) fn freed_judged(r: &LeaseRecord, now_ms: u64, expiry: Expiry) -> LeaseRecord {
+fn freed(r: &LeaseRecord, now_ms: u64, expiry: Expiry) -> LeaseRecord {
     let mut f = r.clone();
     f.holder = None;
     f.token = None;
@@ -476,48 +542,6 @@ pub(crate) fn withdraw_waiter(current: Option<&LeaseRecord>, token: &str) -> Opt
         t.writers_waiting.retain(|w| w != token);
     }
     Some(n)
-}
-
-/// Whether `cleanup` may delete this record: free or expired, no live waiter, untouched for
-/// `older_than_ms`, with times judged on this clock.
-pub(crate) fn removable(r: &LeaseRecord, now_ms: u64, older_than_ms: u64) -> bool {
-    removable_judged(r, now_ms, older_than_ms, Expiry::Clock)
-}
-
-/// Whether `cleanup` may delete this record, with expiry judged by `expiry`.
-pub(crate) fn removable_judged(
-    r: &LeaseRecord,
-    now_ms: u64,
-    older_than_ms: u64,
-    expiry: Expiry,
-) -> bool {
-    let last = r.renewed_ms.max(r.acquired_ms).max(r.expires_ms);
-    let last = r
-        .permits
-        .iter()
-        .flat_map(|t| &t.holders)
-        .fold(last, |l, p| l.max(p.renewed_ms).max(p.expires_ms));
-    expiry.lease_over(r, now_ms)
-        && !permits::any_held(r, expiry, now_ms)
-        && !expiry.anyone_waiting(r, now_ms)
-        && last.saturating_add(older_than_ms) <= now_ms
-}
-
-/// Whether `cleanup` may delete this record on a store that reads the server's clock: its lease
-/// over and no live waiter by what was `seen` of it (observation started at its server age), and
-/// unwritten for `older_than` by the server's clock (`age`). No wall clock is read.
-pub(crate) fn removable_aged(
-    r: &LeaseRecord,
-    age: Duration,
-    older_than: Duration,
-    seen: Observed,
-) -> bool {
-    let expiry = Expiry::Observed(seen);
-    // `now` only feeds the skew shortcut, which a store with a server clock does not take.
-    expiry.lease_over(r, 0)
-        && !permits::any_held(r, expiry, 0)
-        && !expiry.anyone_waiting(r, 0)
-        && age >= older_than
 }
 
 /// Finds the largest `"fence": N` in damaged bytes.

@@ -339,8 +339,7 @@ pub(crate) fn force_freed(
         return Some(n);
     }
     let token = r.token.as_deref()?;
-    matches(r.holder.as_deref().unwrap_or_default(), token)
-        .then(|| super::freed_judged(r, now_ms, expiry))
+    matches(r.holder.as_deref().unwrap_or_default(), token).then(|| super::freed(r, now_ms, expiry))
 }
 
 /// The record the holder of `token` is handed: its permit in the lock fields.

@@ -3,6 +3,81 @@ use crate::key::Key;
 use crate::record::QUEUE_LIMIT;
 use std::time::Duration;
 
+// The steps as the tests below take them, each decided by `Rules`.
+
+fn rules(now_ms: u64, expiry: Expiry, fence_floor: u64) -> Rules {
+    let now = Now {
+        ms: now_ms,
+        us: now_ms * 1000,
+    };
+    Rules {
+        now,
+        expiry,
+        fence_floor,
+    }
+}
+
+fn acquire(
+    current: Current<'_>,
+    req: &AcquireRequest,
+    now: Now,
+    holder_dead: bool,
+) -> (AcquireOutcome, Option<LeaseRecord>) {
+    acquire_judged(current, req, now, holder_dead, Expiry::Clock, now.us)
+}
+
+fn acquire_judged(
+    current: Current<'_>,
+    req: &AcquireRequest,
+    now: Now,
+    holder_dead: bool,
+    expiry: Expiry,
+    fence_floor: u64,
+) -> (AcquireOutcome, Option<LeaseRecord>) {
+    let rules = Rules {
+        now,
+        expiry,
+        fence_floor,
+    };
+    match rules.acquire(current, req, holder_dead) {
+        Ok(d) => (d.outcome, d.write),
+        Err(e) => panic!("a lock request refused: {e}"),
+    }
+}
+
+fn renew(
+    current: Option<&LeaseRecord>,
+    token: &str,
+    ttl_ms: u64,
+    now_ms: u64,
+) -> (RenewOutcome, Option<LeaseRecord>) {
+    renew_judged(current, token, ttl_ms, now_ms, Expiry::Clock)
+}
+
+fn renew_judged(
+    current: Option<&LeaseRecord>,
+    token: &str,
+    ttl_ms: u64,
+    now_ms: u64,
+    expiry: Expiry,
+) -> (RenewOutcome, Option<LeaseRecord>) {
+    let d = rules(now_ms, expiry, 0).renew(current, token, ttl_ms);
+    (d.outcome, d.write)
+}
+
+fn release(
+    current: Option<&LeaseRecord>,
+    token: &str,
+    now_ms: u64,
+) -> (ReleaseOutcome, Option<LeaseRecord>) {
+    let d = rules(now_ms, Expiry::Clock, 0).release(current, token);
+    (d.outcome, d.write)
+}
+
+fn removable(r: &LeaseRecord, now_ms: u64, older_than_ms: u64) -> bool {
+    rules(now_ms, Expiry::Clock, 0).removable(r, None, Duration::from_millis(older_than_ms))
+}
+
 /// A skew too long for milliseconds in 64 bits is taken as forever, not cut to its low bits
 /// (2^64 ms + 384 ms read as 384 ms took a record that expired a second ago).
 #[test]

@@ -12,7 +12,7 @@
 //!
 //! Both are for tests, single-process programs and as a reference; nothing survives the process.
 
-use crate::decide::{self, Current, Now};
+use crate::decide::{self, Current, Now, Rules};
 use crate::error::Result;
 use crate::key::Key;
 use crate::record::{now_ms, LeaseRecord};
@@ -115,9 +115,8 @@ impl LockStore for MemoryStore {
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome> {
         self.step(&req.key, |cur| {
             let current = cur.map_or(Current::Missing, Current::Record);
-            let now = Now::wall();
-            match decide::acquire_any(current, req, now, false, decide::Expiry::Clock, now.us) {
-                Ok((out, write)) => (Ok(out), write),
+            match Rules::clock(Now::wall()).acquire(current, req, false) {
+                Ok(d) => (Ok(d.outcome), d.write),
                 Err(e) => (Err(e), None),
             }
         })
@@ -125,12 +124,16 @@ impl LockStore for MemoryStore {
 
     async fn renew(&self, key: &Key, token: &str, ttl: Duration) -> Result<RenewOutcome> {
         Ok(self.step(key, |cur| {
-            decide::renew(cur, token, crate::record::ms(ttl), now_ms())
+            let d = Rules::clock(Now::wall()).renew(cur, token, crate::record::ms(ttl));
+            (d.outcome, d.write)
         }))
     }
 
     async fn release(&self, key: &Key, token: &str) -> Result<ReleaseOutcome> {
-        Ok(self.step(key, |cur| decide::release(cur, token, now_ms())))
+        Ok(self.step(key, |cur| {
+            let d = Rules::clock(Now::wall()).release(cur, token);
+            (d.outcome, d.write)
+        }))
     }
 
     async fn withdraw_waiter(&self, key: &Key, token: &str) -> Result<()> {
@@ -177,11 +180,11 @@ impl LockStore for MemoryStore {
     }
 
     async fn cleanup(&self, older_than: Duration) -> Result<CleanupReport> {
-        let now = now_ms();
+        let rules = Rules::clock(Now::wall());
         let mut report = CleanupReport::default();
         self.slots.lock().retain(|_, s| {
             let remove = match &s.record {
-                Some(r) => decide::removable(r, now, crate::record::ms(older_than)),
+                Some(r) => rules.removable(r, None, older_than),
                 None => s.tx.receiver_count() == 0,
             };
             if remove {

@@ -3,6 +3,32 @@ use crate::decide::Observed;
 use crate::key::Key;
 use std::time::Duration;
 
+/// An acquisition decided by `Rules`, answered as a pair.
+fn acquire_any(
+    current: Current<'_>,
+    req: &AcquireRequest,
+    now: Now,
+    holder_dead: bool,
+    expiry: Expiry,
+    fence_floor: u64,
+) -> crate::error::Result<(AcquireOutcome, Option<LeaseRecord>)> {
+    let rules = crate::decide::Rules {
+        now,
+        expiry,
+        fence_floor,
+    };
+    let d = rules.acquire(current, req, holder_dead)?;
+    Ok((d.outcome, d.write))
+}
+
+fn removable(r: &LeaseRecord, now_ms: u64, older_than_ms: u64) -> bool {
+    let now = Now {
+        ms: now_ms,
+        us: now_ms * 1000,
+    };
+    crate::decide::Rules::clock(now).removable(r, None, Duration::from_millis(older_than_ms))
+}
+
 const SEM: PermitRequest = PermitRequest::Semaphore { permits: 2 };
 
 fn req(token: &str, want: PermitRequest) -> AcquireRequest {
@@ -32,8 +58,8 @@ fn step_judged(
     expiry: Expiry,
 ) -> AcquireOutcome {
     let current = r.as_ref().map_or(Current::Missing, Current::Record);
-    let (out, write) = crate::decide::acquire_any(current, q, at(now), false, expiry, 0)
-        .unwrap_or_else(|e| panic!("{e}"));
+    let (out, write) =
+        acquire_any(current, q, at(now), false, expiry, 0).unwrap_or_else(|e| panic!("{e}"));
     if let Some(w) = write {
         *r = Some(w);
     }
@@ -148,7 +174,7 @@ fn a_key_keeps_its_kind_while_used_and_takes_another_when_unused() {
     step(&mut r, &req("a", SEM), 10);
     let stored = r.clone().unwrap();
     let other = req("b", PermitRequest::Semaphore { permits: 3 });
-    let err = crate::decide::acquire_any(
+    let err = acquire_any(
         Current::Record(&stored),
         &other,
         at(11),
@@ -163,7 +189,7 @@ fn a_key_keeps_its_kind_while_used_and_takes_another_when_unused() {
     );
     let mut lock = req("l", SEM);
     lock.permit = None;
-    let err = crate::decide::acquire_any(
+    let err = acquire_any(
         Current::Record(&stored),
         &lock,
         at(11),
@@ -177,7 +203,7 @@ fn a_key_keeps_its_kind_while_used_and_takes_another_when_unused() {
     let (_, w) = release(&stored, "a", 20, Expiry::Clock);
     r = w;
     let before = r.as_ref().unwrap().fence;
-    let (out, w) = crate::decide::acquire_any(
+    let (out, w) = acquire_any(
         Current::Record(r.as_ref().unwrap()),
         &lock,
         at(21),
@@ -189,7 +215,7 @@ fn a_key_keeps_its_kind_while_used_and_takes_another_when_unused() {
     let w = w.unwrap();
     assert!(w.permits.is_none() && fence(&out) > before);
     // A semaphore request on a held lock is refused.
-    let err = crate::decide::acquire_any(
+    let err = acquire_any(
         Current::Record(&w),
         &req("s", SEM),
         at(22),
@@ -301,15 +327,14 @@ fn an_operator_frees_one_holder_or_all() {
     assert_eq!(holders(&Some(one)), ["b"]);
     let all = force_freed(&stored, None, 20, Expiry::Clock).unwrap();
     assert!(holders(&Some(all)).is_empty());
-    assert!(!crate::decide::removable(&stored, 20, 0));
+    assert!(!removable(&stored, 20, 0));
 }
 
 #[test]
 fn counts_out_of_range_are_refused() {
     for permits in [0, PERMIT_LIMIT + 1] {
         let q = req("a", PermitRequest::Semaphore { permits });
-        let err = crate::decide::acquire_any(Current::Missing, &q, at(1), false, Expiry::Clock, 0)
-            .unwrap_err();
+        let err = acquire_any(Current::Missing, &q, at(1), false, Expiry::Clock, 0).unwrap_err();
         assert!(
             matches!(
                 err,

@@ -50,7 +50,7 @@
 //! 0600 (`?mode=0640` to share with a group); the directory is created (0700 plus group/other
 //! search bits matching the mode) if missing.
 
-use crate::decide::{self, Current, Now};
+use crate::decide::{self, Current, Now, Rules};
 use crate::error::{Error, Result};
 use crate::key::{Key, Naming};
 use crate::record::{now_ms, LeaseRecord};
@@ -296,17 +296,10 @@ impl Inner {
                         r.token.is_some()
                             && r.store.get(KERNEL_LOCK).map(String::as_str) == Some("held")
                     });
-                let now = Now::wall();
-                let decided = decide::acquire_any(
-                    found.current(kernel),
-                    req,
-                    now,
-                    dead,
-                    decide::Expiry::Clock,
-                    now.us.max(floor),
-                );
-                let (out, write) = match decided {
-                    Ok(d) => d,
+                let mut rules = Rules::clock(Now::wall());
+                rules.fence_floor = rules.fence_floor.max(floor);
+                let (out, write) = match rules.acquire(found.current(kernel), req, dead) {
+                    Ok(d) => (d.outcome, d.write),
                     Err(e) => {
                         if kernel {
                             let _ = ofd_lock(fd, HOLD, libc::F_UNLCK as libc::c_int, false);
@@ -379,9 +372,8 @@ impl Inner {
         };
         let mut upgraded = false;
         let step = self.mutate(&path, &file, wait, |found| {
-            let (out, write) =
-                decide::renew(found.record(), token, crate::record::ms(ttl), now_ms());
-            match (out, write) {
+            let d = Rules::clock(Now::wall()).renew(found.record(), token, crate::record::ms(ttl));
+            match (d.outcome, d.write) {
                 // A permit holds no kernel lock (see acquire).
                 (RenewOutcome::Renewed(mut r), Some(w)) if w.permits.is_none() => {
                     if !kernel
@@ -429,7 +421,8 @@ impl Inner {
             },
         };
         let step = self.mutate(&path, &file, wait, |found| {
-            let (out, write) = decide::release(found.record(), token, now_ms());
+            let d = Rules::clock(Now::wall()).release(found.record(), token);
+            let (out, write) = (d.outcome, d.write);
             if write.is_some() {
                 // Drop the holder lock while the mutation lock is still ours, so the next acquirer
                 // sees a free record and a free kernel lock together.
@@ -542,7 +535,7 @@ impl Inner {
 
     fn cleanup(&self, older_than: Duration) -> Result<CleanupReport> {
         let mut report = CleanupReport::default();
-        let now = now_ms();
+        let now = Now::wall();
         for (_, path) in self.entries()? {
             let Some(file) = self.open(&path, false)? else {
                 continue;
@@ -550,7 +543,7 @@ impl Inner {
             let step = self.mutate(&path, &file, true, |found| {
                 let remove = match found {
                     Found::Missing => true,
-                    Found::Record(r) => decide::removable(r, now, crate::record::ms(older_than)),
+                    Found::Record(r) => Rules::clock(now).removable(r, None, older_than),
                     Found::Corrupt { .. } => false,
                 };
                 if !remove {

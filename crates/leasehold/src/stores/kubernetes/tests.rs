@@ -83,7 +83,7 @@ fn records_round_trip_through_leases() {
     let back = from_lease(&lease).unwrap();
     assert_eq!(back, r);
     // Freed: no holder in the spec, fence kept.
-    let freed = crate::decide::freed(&r, r.renewed_ms + 10);
+    let freed = freed(&r, r.renewed_ms + 10);
     let back = from_lease(&store.to_lease(&name, &key(), &freed, None)).unwrap();
     assert_eq!(back.fence, 42);
     assert!(back.holder.is_none() && back.token.is_none());
@@ -157,7 +157,7 @@ fn another_client_taking_a_lease_leasehold_held_or_used_is_its_holder() {
     assert_eq!(back.expires_ms, t as u64 + 3000);
     assert_eq!((back.key.as_str(), back.fence), ("Task/7", 42));
     // Released by leasehold first (annotations without a token), then taken.
-    let freed = crate::decide::freed(&r, r.renewed_ms + 10);
+    let freed = freed(&r, r.renewed_ms + 10);
     let taken = foreign_write(&store.to_lease(&name, &key(), &freed, None), "py-a", t, 3);
     let back = from_lease(&taken).unwrap();
     assert_eq!(back.holder.as_deref(), Some("py-a"));
@@ -309,4 +309,13 @@ fn bad_urls_are_typed_errors() {
 /// The store a `k8s://` URL names, connected.
 async fn from_url(url: &url::Url) -> Result<KubernetesStore> {
     KubernetesStore::connect(KubernetesOptions::from_url(url.as_str())?).await
+}
+
+/// `r` freed at `now_ms` ([`crate::decide::Rules::freed`], times on this clock).
+fn freed(r: &LeaseRecord, now_ms: u64) -> LeaseRecord {
+    let now = crate::decide::Now {
+        ms: now_ms,
+        us: now_ms * 1000,
+    };
+    crate::decide::Rules::clock(now).freed(r)
 }
