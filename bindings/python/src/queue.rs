@@ -17,7 +17,7 @@
 
 use crate::errors::{self, IntoPy};
 use crate::run;
-use leasehold::queue::worker::{RunningTask, Shutdown, StopReason, TaskRunner};
+use leasehold::queue::worker::{RunningTask, Shutdown, TaskRunner, TaskStop};
 use leasehold::queue::{open_queue as open, Cancelled, Outcome, Policy, Priority, QueueBackend};
 use leasehold::{HolderId, LockOptions};
 use pyo3::prelude::*;
@@ -486,7 +486,7 @@ impl PyRunner {
             task: &task,
             armed: true,
         };
-        let mut told: Option<StopReason> = None;
+        let mut told: Option<TaskStop> = None;
         let ended = loop {
             tokio::select! {
                 biased;

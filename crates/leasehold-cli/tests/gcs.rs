@@ -1,5 +1,5 @@
 //! `leasehold run --store gs://…` against `fake-gcs-server`, as separate processes: a run, the
-//! seed's single-waiter handoff (the holder is signalled, checkpoints and exits, the waiter runs
+//! single-waiter lock service's handoff (the holder is signalled, checkpoints and exits, the waiter runs
 //! next; a second contender loses cleanly as contention), and a waiter that stops polling being
 //! replaced once its registration lapses.
 
@@ -142,7 +142,7 @@ fn run_works_on_gcs_objects_through_the_emulator_variable() {
 const TRAP_USR1: &str =
     "trap 'echo got-USR1; exit 0' USR1; echo ready; while :; do sleep 0.05; done";
 
-/// The seed's handoff with real processes: a holder checking for a waiter every 2 s (TTL 6 s,
+/// The single-waiter lock service's handoff with real processes: a holder checking for a waiter every 2 s (TTL 6 s,
 /// renewed every TTL/3), a waiter, and a second contender that finds the waiter place taken.
 #[test]
 fn the_single_waiter_handoff_between_processes() {
@@ -276,9 +276,9 @@ fn a_waiter_that_stops_polling_is_replaced() {
 /// `leasehold run` beside the single-waiter GCS lock of the service leasehold replaces (its
 /// design's Python client over the official `google-cloud-storage` package): `leasehold run`
 /// processes as `t/NAME`, that client's processes as `agent-N`, one event log of who worked when.
-mod seed_client {
+mod lock_service_client {
     use super::*;
-    use leasehold_testkit::foreign::{gcs_seed_lock, EventLog, Proc};
+    use leasehold_testkit::foreign::{gcs_single_waiter_lock, EventLog, Proc};
 
     /// One key (`agent`) on the shared emulator, and the event log of who worked under it.
     struct Scene {
@@ -300,9 +300,9 @@ mod seed_client {
             }
         }
 
-        /// That service's process as `owner` (flags of `gcs_seed_lock.py`).
-        fn seed(&self, owner: &str, ahead: Option<Duration>, args: &[&str]) -> Proc {
-            gcs_seed_lock(self.server, &self.name, owner, &self.log, ahead, args)
+        /// That service's process as `owner` (flags of `gcs_single_waiter_lock.py`).
+        fn service(&self, owner: &str, ahead: Option<Duration>, args: &[&str]) -> Proc {
+            gcs_single_waiter_lock(self.server, &self.name, owner, &self.log, ahead, args)
         }
 
         /// `leasehold --store URL&PARAMS run --key agent ARGS -- work.py` (logging as t/NAME).
@@ -339,9 +339,9 @@ mod seed_client {
     /// That service holds; `leasehold run` waits as its waiter; the holder's waiter check asks
     /// for release, it releases (deletes the object) and `leasehold run` gets the lease.
     #[test]
-    fn a_seed_holder_releases_to_a_waiting_leasehold_run() {
-        let t = Scene::new("seed-first");
-        let mut seed = t.seed(
+    fn a_lock_service_holder_releases_to_a_waiting_leasehold_run() {
+        let t = Scene::new("service-first");
+        let mut service = t.service(
             "agent-7",
             None,
             &[
@@ -352,11 +352,11 @@ mod seed_client {
                 "--release-on-request",
             ],
         );
-        seed.wait_line("acquired", S(20));
+        service.wait_line("acquired", S(20));
         let mut lh = t.run("", "b", &["--ttl", "3s", "--wait", "30s"], 0.3);
-        seed.wait_line("release-requested t/b", S(10));
-        seed.wait_line("released", S(5));
-        seed.succeeds(S(5));
+        service.wait_line("release-requested t/b", S(10));
+        service.wait_line("released", S(5));
+        service.succeeds(S(5));
         lh.succeeds(S(20));
         assert_eq!(t.workers(), ["agent-7", "t/b"], "{}", t.log.shown());
     }
@@ -366,11 +366,11 @@ mod seed_client {
     /// handoff fires (`--on-handoff USR1`), the command ends, leasehold releases, and the waiter
     /// gets the lock.
     #[test]
-    fn a_seed_waiter_gets_the_lease_by_handoff_from_leasehold_run() {
-        let t = Scene::new("seed-waits");
+    fn a_lock_service_waiter_gets_the_lease_by_handoff_from_leasehold_run() {
+        let t = Scene::new("service-waits");
         let mut lh = t.run("", "a", &["--ttl", "3s", "--on-handoff", "USR1"], 30.0);
         lh.wait_line("working", S(20));
-        let mut seed = t.seed(
+        let mut service = t.service(
             "agent-9",
             None,
             &[
@@ -384,12 +384,12 @@ mod seed_client {
                 "0.3",
             ],
         );
-        seed.wait_line("waiting", S(20));
+        service.wait_line("waiting", S(20));
         lh.wait_line("handoff", S(5));
         lh.succeeds(S(10));
-        seed.wait_line("acquired", S(10));
-        seed.wait_line("released", S(5));
-        seed.succeeds(S(5));
+        service.wait_line("acquired", S(10));
+        service.wait_line("released", S(5));
+        service.succeeds(S(5));
         assert_eq!(t.workers(), ["t/a", "agent-9"], "{}", t.log.shown());
     }
 
@@ -397,8 +397,8 @@ mod seed_client {
     /// process of it whose clock runs 60 s ahead, beside a leasehold holder assuming clocks
     /// within 90 s, finds the lease held (it registers as waiter) instead of taking it.
     #[test]
-    fn a_seed_client_whose_clock_runs_ahead_does_not_take_a_held_lease() {
-        let t = Scene::new("seed-skew");
+    fn a_lock_service_client_whose_clock_runs_ahead_does_not_take_a_held_lease() {
+        let t = Scene::new("service-skew");
         let mut lh = t.run("&max_clock_skew=90s", "a", &["--ttl", "3s"], 4.0);
         lh.wait_line("working", S(20));
         let o = t.object();
@@ -408,9 +408,9 @@ mod seed_client {
             "expiresAt {ahead:.3} s ahead: {o}"
         );
         let once = ["--lease", "3", "--once", "--work", "0.3"];
-        let mut seed = t.seed("agent-9", Some(S(60)), &once);
-        seed.wait_line("waiting", S(20));
-        seed.succeeds(S(5));
+        let mut service = t.service("agent-9", Some(S(60)), &once);
+        service.wait_line("waiting", S(20));
+        service.succeeds(S(5));
         lh.succeeds(S(15));
         assert_eq!(t.workers(), ["t/a"], "{}", t.log.shown());
     }
@@ -419,18 +419,18 @@ mod seed_client {
     /// it has seen it unchanged for `?foreign_ttl=` (2 s here; 60 s by default), not before the
     /// holder's own `expiresAt`, and without waiting for `max_clock_skew` (5 minutes) past it.
     #[test]
-    fn a_killed_seed_holders_lease_goes_to_leasehold_after_the_foreign_ttl() {
-        let t = Scene::new("seed-killed");
-        let mut seed = t.seed("agent-7", None, &["--lease", "2", "--check-every", "0.5"]);
-        seed.wait_line("acquired", S(20));
+    fn a_killed_lock_service_holders_lease_goes_to_leasehold_after_the_foreign_ttl() {
+        let t = Scene::new("service-killed");
+        let mut service = t.service("agent-7", None, &["--lease", "2", "--check-every", "0.5"]);
+        service.wait_line("acquired", S(20));
         let mut lh = t.run(
             "&foreign_ttl=2s",
             "b",
             &["--ttl", "3s", "--wait", "20s"],
             0.2,
         );
-        seed.wait_line("release-requested t/b", S(10));
-        seed.kill();
+        service.wait_line("release-requested t/b", S(10));
+        service.kill();
         let (killed_ns, killed_wall) = (leasehold_testkit::mono_ns(), now_secs());
         // Its work ended with it.
         let mut f = std::fs::OpenOptions::new()

@@ -444,11 +444,11 @@ pub fn gcs_python() -> PathBuf {
 /// official `google-cloud-storage` client against `server`, on object `name` of
 /// [`crate::gcs_server::BUCKET`] as `owner`: logs `start`, `end` and `lost` to `log`, prints
 /// `waiting`, `acquired`, `release-requested WAITER`, `released`, `lost …` (see
-/// `py/gcs_seed_lock.py`, whose flags `args` adds: `--lease`, `--check-every`, `--poll`,
+/// `py/gcs_single_waiter_lock.py`, whose flags `args` adds: `--lease`, `--check-every`, `--poll`,
 /// `--timeout`, `--work`, `--release-on-request`, `--once`). With `clock_ahead`, its wall clock
 /// reads that far ahead (`faketime`, the monotonic clock left alone), as on a machine whose clock
 /// is wrong.
-pub fn gcs_seed_lock(
+pub fn gcs_single_waiter_lock(
     server: &crate::gcs_server::GcsServer,
     name: &str,
     owner: &str,
@@ -467,7 +467,7 @@ pub fn gcs_seed_lock(
             c
         }
     };
-    cmd.arg(script("gcs_seed_lock.py"))
+    cmd.arg(script("gcs_single_waiter_lock.py"))
         .args(["--emulator", &server.url()])
         .args(["--bucket", crate::gcs_server::BUCKET, "--name", name])
         .args(["--owner", owner])

@@ -155,7 +155,7 @@ fn owners_at(events: &[Event], ns: u64) -> BTreeMap<String, usize> {
     owners
 }
 
-fn seed_workload(url: &str) {
+fn trading_agents_workload(url: &str) {
     let mut fleet = Fleet::start(url, 3);
     fleet.until(Duration::from_secs(10), "all agents running", |f| {
         f.owners().len() == AGENTS
@@ -241,19 +241,19 @@ fn seed_workload(url: &str) {
 }
 
 #[test]
-fn seed_workload_on_redis() {
+fn trading_agents_workload_on_redis() {
     let server = leasehold_testkit::servers::RedisServer::start();
-    seed_workload(&server.url());
+    trading_agents_workload(&server.url());
 }
 
 #[test]
-fn seed_workload_on_a_redis_cluster() {
+fn trading_agents_workload_on_a_redis_cluster() {
     let cluster = leasehold_testkit::servers::RedisCluster::start();
-    seed_workload(&format!("{}?prefix=agent:lock:", cluster.url()));
+    trading_agents_workload(&format!("{}?prefix=agent:lock:", cluster.url()));
 }
 
 #[test]
-fn seed_workload_on_files() {
+fn trading_agents_workload_on_files() {
     let dir = tempfile::tempdir().unwrap();
-    seed_workload(&format!("file://{}", dir.path().display()));
+    trading_agents_workload(&format!("file://{}", dir.path().display()));
 }

@@ -6,10 +6,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use leasehold::{
-    AcquireOutcome, AcquireRequest, Error, Inspection, Key, LeaseRecord, LockStore, PermitRequest,
-    ReleaseOutcome,
-};
+use leasehold::conformance::{expect_granted, expect_held, inspect_record, permit_request};
+use leasehold::{AcquireOutcome, Error, Inspection, Key, LockStore, PermitRequest, ReleaseOutcome};
 use leasehold_testkit::etcd_cluster::{shared_etcd, store_url};
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,37 +26,9 @@ fn key(name: &str) -> Key {
     Key::new(leasehold_testkit::prefix(name)).expect("key")
 }
 
-/// A request of `holder` for `want` on `k` (a lock when `None`).
-fn ask(k: &Key, holder: &str, want: Option<PermitRequest>) -> AcquireRequest {
-    let mut req = AcquireRequest::new(k.clone(), holder, TTL);
-    req.permit = want;
-    req
-}
-
 const SEM3: Option<PermitRequest> = Some(PermitRequest::Semaphore { permits: 3 });
 const READ: Option<PermitRequest> = Some(PermitRequest::Read);
 const WRITE: Option<PermitRequest> = Some(PermitRequest::Write);
-
-async fn granted(store: &Arc<dyn LockStore>, req: &AcquireRequest) -> LeaseRecord {
-    match store.acquire(req).await.expect("acquire") {
-        AcquireOutcome::Granted(r) => r,
-        AcquireOutcome::Held(r) => panic!("{} should be granted: {r:?}", req.holder),
-    }
-}
-
-async fn held(store: &Arc<dyn LockStore>, req: &AcquireRequest) -> LeaseRecord {
-    match store.acquire(req).await.expect("acquire") {
-        AcquireOutcome::Held(r) => r,
-        AcquireOutcome::Granted(r) => panic!("{} should wait: {r:?}", req.holder),
-    }
-}
-
-async fn record(store: &Arc<dyn LockStore>, k: &Key) -> LeaseRecord {
-    match store.inspect(k).await.expect("inspect") {
-        Some(Inspection::Record(r)) => r,
-        other => panic!("{k}: {other:?}"),
-    }
-}
 
 /// The etcd keys under `prefix`, with their values, read with a client of the test's own.
 async fn etcd_keys(prefix: &str) -> Vec<(String, String)> {
@@ -96,7 +66,7 @@ async fn a_semaphore_of_three_grants_three_of_twenty_racing_clients() {
     for (i, s) in stores.iter().enumerate() {
         let (s, k, barrier) = (s.clone(), k.clone(), barrier.clone());
         tasks.push(tokio::spawn(async move {
-            let req = ask(&k, &format!("c{i}"), SEM3);
+            let req = permit_request(&k, &format!("c{i}"), SEM3);
             barrier.wait().await;
             s.acquire(&req).await
         }));
@@ -115,7 +85,7 @@ async fn a_semaphore_of_three_grants_three_of_twenty_racing_clients() {
         }
     }
     assert!(fences.len() <= 3, "{} holders of 3 permits", fences.len());
-    let t = record(&stores[0], &k)
+    let t = inspect_record(&stores[0], &k)
         .await
         .permits
         .expect("a permit table");
@@ -130,7 +100,7 @@ async fn a_semaphore_of_three_grants_three_of_twenty_racing_clients() {
     assert_eq!(fences.len(), holders.len(), "one fence per permit");
     // Whoever did not get one gets one now that the race is over, up to three in all.
     for (i, s) in stores.iter().enumerate() {
-        let req = ask(&k, &format!("late-{i}"), SEM3);
+        let req = permit_request(&k, &format!("late-{i}"), SEM3);
         match s.acquire(&req).await.expect("acquire") {
             AcquireOutcome::Granted(_) => holders.push(req.holder),
             AcquireOutcome::Held(r) => {
@@ -152,25 +122,28 @@ async fn a_semaphore_of_three_grants_three_of_twenty_racing_clients() {
 async fn a_waiting_writer_of_one_client_holds_back_the_readers_of_another() {
     let (a, b, c) = (store().await, store().await, store().await);
     let k = key("writer-waits");
-    let r1 = granted(&a, &ask(&k, "r1", READ)).await;
-    let mut w = ask(&k, "w", WRITE);
+    let r1 = expect_granted(&a, &permit_request(&k, "r1", READ)).await;
+    let mut w = permit_request(&k, "w", WRITE);
     w.waiter_ttl = Some(TTL);
-    let seen = held(&b, &w).await;
+    let seen = expect_held(&b, &w).await;
     assert_eq!(seen.waiter.as_deref(), Some("w"));
     let waiter = etcd_keys(&format!("leasehold/waiter/{}", k.as_str())).await;
     assert!(
         waiter.len() == 1 && waiter[0].1.contains("\"permit\":\"write\""),
         "{waiter:?}"
     );
-    let t = record(&c, &k).await.permits.expect("a permit table");
+    let t = inspect_record(&c, &k)
+        .await
+        .permits
+        .expect("a permit table");
     assert_eq!(t.writers_waiting, [w.token.clone()]);
     // A new reader, of a third client: held back although only readers hold.
-    held(&c, &ask(&k, "r2", READ)).await;
+    expect_held(&c, &permit_request(&k, "r2", READ)).await;
     assert_eq!(
         a.release(&k, r1.token.as_deref().unwrap()).await.unwrap(),
         ReleaseOutcome::Released
     );
-    let wr = granted(&b, &w).await;
+    let wr = expect_granted(&b, &w).await;
     assert!(wr.fence > r1.fence);
     assert!(
         etcd_keys(&format!("leasehold/waiter/{}", k.as_str()))
@@ -178,16 +151,16 @@ async fn a_waiting_writer_of_one_client_holds_back_the_readers_of_another() {
             .is_empty(),
         "the grant removed the registration"
     );
-    held(&c, &ask(&k, "r2", READ)).await;
+    expect_held(&c, &permit_request(&k, "r2", READ)).await;
     b.release(&k, &w.token).await.unwrap();
     // A writer that waits and then withdraws: readers are no longer held back.
-    let r3 = granted(&a, &ask(&k, "r3", READ)).await;
-    let mut w2 = ask(&k, "w2", WRITE);
+    let r3 = expect_granted(&a, &permit_request(&k, "r3", READ)).await;
+    let mut w2 = permit_request(&k, "w2", WRITE);
     w2.waiter_ttl = Some(TTL);
-    held(&b, &w2).await;
-    held(&c, &ask(&k, "r4", READ)).await;
+    expect_held(&b, &w2).await;
+    expect_held(&c, &permit_request(&k, "r4", READ)).await;
     b.withdraw_waiter(&k, &w2.token).await.unwrap();
-    let r4 = granted(&c, &ask(&k, "r4", READ)).await;
+    let r4 = expect_granted(&c, &permit_request(&k, "r4", READ)).await;
     assert!(r4.fence > r3.fence);
     a.force_release(&k).await.unwrap();
 }
@@ -199,7 +172,7 @@ async fn a_waiting_writer_of_one_client_holds_back_the_readers_of_another() {
 async fn other_kinds_are_refused_and_kind_keys_are_cleaned_up() {
     let (a, b) = (store().await, store().await);
     let k = key("kinds");
-    let first = granted(&a, &ask(&k, "a", SEM3)).await;
+    let first = expect_granted(&a, &permit_request(&k, "a", SEM3)).await;
     let refused = |r: leasehold::Result<AcquireOutcome>, is: &str, asked: &str| match r {
         Err(Error::InvalidOption {
             name: "permits",
@@ -215,17 +188,25 @@ async fn other_kinds_are_refused_and_kind_keys_are_cleaned_up() {
     };
     let sem3 = "a semaphore of 3 permits";
     refused(
-        b.acquire(&ask(&k, "b", Some(PermitRequest::Semaphore { permits: 2 })))
-            .await,
+        b.acquire(&permit_request(
+            &k,
+            "b",
+            Some(PermitRequest::Semaphore { permits: 2 }),
+        ))
+        .await,
         sem3,
         "a semaphore of 2 permits",
     );
     refused(
-        b.acquire(&ask(&k, "b", READ)).await,
+        b.acquire(&permit_request(&k, "b", READ)).await,
         sem3,
         "a read-write lock",
     );
-    refused(b.acquire(&ask(&k, "b", None)).await, sem3, "a lock");
+    refused(
+        b.acquire(&permit_request(&k, "b", None)).await,
+        sem3,
+        "a lock",
+    );
     let kind = format!("leasehold/kind/{}", k.as_str());
     assert_eq!(etcd_keys(&kind).await[0].1, "semaphore:3");
     // The kind key stays while a permit is held.
@@ -235,12 +216,16 @@ async fn other_kinds_are_refused_and_kind_keys_are_cleaned_up() {
         .await
         .unwrap();
     // A lock on the free key, refusing permits while held.
-    let lock = granted(&b, &ask(&k, "b", None)).await;
+    let lock = expect_granted(&b, &permit_request(&k, "b", None)).await;
     assert!(lock.fence > first.fence);
-    refused(a.acquire(&ask(&k, "a", SEM3)).await, "a lock", sem3);
+    refused(
+        a.acquire(&permit_request(&k, "a", SEM3)).await,
+        "a lock",
+        sem3,
+    );
     b.release(&k, lock.token.as_deref().unwrap()).await.unwrap();
     // Then a read-write lock: its kind key replaced.
-    let w = granted(&a, &ask(&k, "a", WRITE)).await;
+    let w = expect_granted(&a, &permit_request(&k, "a", WRITE)).await;
     assert!(w.fence > lock.fence);
     assert_eq!(etcd_keys(&kind).await[0].1, "read-write");
     a.release(&k, w.token.as_deref().unwrap()).await.unwrap();
@@ -255,8 +240,8 @@ async fn other_kinds_are_refused_and_kind_keys_are_cleaned_up() {
 async fn a_permit_is_listed_and_its_keys_are_gone_on_release() {
     let a = store().await;
     let k = key("listed");
-    let p = granted(&a, &ask(&k, "a", SEM3)).await;
-    let q = granted(&a, &ask(&k, "b", SEM3)).await;
+    let p = expect_granted(&a, &permit_request(&k, "a", SEM3)).await;
+    let q = expect_granted(&a, &permit_request(&k, "b", SEM3)).await;
     let listed = a.list(k.as_str()).await.unwrap();
     let rec = listed
         .iter()
@@ -285,11 +270,11 @@ async fn a_freed_permit_goes_to_the_registered_waiter_not_to_a_newcomer() {
     let k = key("waiter-first");
     let mut held_now = vec![];
     for who in ["p1", "p2", "p3"] {
-        held_now.push(granted(&a, &ask(&k, who, SEM3)).await);
+        held_now.push(expect_granted(&a, &permit_request(&k, who, SEM3)).await);
     }
-    let mut d = ask(&k, "d", SEM3);
+    let mut d = permit_request(&k, "d", SEM3);
     d.waiter_ttl = Some(TTL);
-    let seen = held(&b, &d).await;
+    let seen = expect_held(&b, &d).await;
     assert_eq!(seen.waiter.as_deref(), Some("d"));
     assert!(
         seen.holder.as_deref().is_some_and(|h| h.contains("3 of 3")),
@@ -299,10 +284,10 @@ async fn a_freed_permit_goes_to_the_registered_waiter_not_to_a_newcomer() {
     a.release(&k, freed.token.as_deref().unwrap())
         .await
         .unwrap();
-    held(&a, &ask(&k, "newcomer", SEM3)).await;
-    let got = granted(&b, &d).await;
+    expect_held(&a, &permit_request(&k, "newcomer", SEM3)).await;
+    let got = expect_granted(&b, &d).await;
     assert!(got.fence > freed.fence);
-    let r = record(&a, &k).await;
+    let r = inspect_record(&a, &k).await;
     assert_eq!(r.waiter, None, "the grant removed the registration");
     assert_eq!(r.permits.expect("a permit table").holders.len(), 3);
     a.force_release(&k).await.unwrap();

@@ -99,7 +99,7 @@ fn the_proxy_enforces_the_delete_precondition() {
 /// then reads, in the seed's fields, as held by leasehold until its `expiresAt` (written with the
 /// skew margin).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn leasehold_and_the_seed_service_exclude_each_other() {
+async fn leasehold_and_the_single_waiter_lock_service_exclude_each_other() {
     let server = shared_gcs();
     let prefix = leasehold_testkit::prefix("seed");
     let url = format!(
@@ -234,7 +234,7 @@ fn current_generation(server: &GcsServer, name: &str) -> Option<String> {
 /// leasehold's holder loses the lease at its next renewal, naming the new owner. (A 3 s TTL: a
 /// renewal late on a loaded machine must not end the lease by its own clock first.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lease_the_seed_service_overwrites_is_lost() {
+async fn a_lease_the_single_waiter_lock_service_overwrites_is_lost() {
     let server = shared_gcs();
     let prefix = leasehold_testkit::prefix("stolen");
     let l = leasehold_testkit::connect_as(&server.store_url(&prefix), "web-1").await;

@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use leasehold::queue::worker::{RunningTask, StopReason, Worker};
+use leasehold::queue::worker::{RunningTask, TaskStop, Worker};
 use leasehold::queue::{open_queue, NewTask, Outcome, QueueBackend, TaskEntry, TaskState};
 use leasehold::{HolderId, Key, Locks, LostReason};
 use leasehold_testkit::servers::shared_postgres;
@@ -123,7 +123,7 @@ async fn tasks_of_a_key_never_overlap_and_all_complete(url: &str, dir: &Path) {
 }
 
 /// The key's lease is force-released under a running task: the runner is told
-/// ([`StopReason::LeaseLost`]) and returns, the task is recorded failed for it, and the worker
+/// ([`TaskStop::LeaseLost`]) and returns, the task is recorded failed for it, and the worker
 /// goes on with the next task.
 async fn a_lost_lease_stops_the_runner(url: &str, dir: &Path) {
     let q = open_queue(url).await.unwrap();
@@ -153,7 +153,7 @@ async fn a_lost_lease_stops_the_runner(url: &str, dir: &Path) {
         .await
         .expect("the runner is told within a renewal period")
         .unwrap();
-    assert_eq!(why, StopReason::LeaseLost(LostReason::Released));
+    assert_eq!(why, TaskStop::LeaseLost(LostReason::Released));
     let mut ended = task(&q, first).await;
     let deadline = Instant::now() + Duration::from_secs(10);
     while ended.state == TaskState::Running && Instant::now() < deadline {
@@ -312,7 +312,7 @@ async fn a_runner_cut_off_from_the_store_is_dropped_at_the_lease_s_deadline(url:
         .expect("told within the TTL")
         .unwrap();
     assert!(
-        matches!(why, StopReason::LeaseLost(LostReason::Unreachable { .. })),
+        matches!(why, TaskStop::LeaseLost(LostReason::Unreachable { .. })),
         "{why:?}"
     );
     let deadline = deadline.expect("a lease stop has a deadline");

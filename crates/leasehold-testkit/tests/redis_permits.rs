@@ -6,9 +6,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use leasehold::conformance::{expect_granted, expect_held, inspect_record, permit_request};
 use leasehold::{
-    AcquireOutcome, AcquireRequest, Error, Inspection, Key, LeaseRecord, LockStore, PermitRequest,
-    ReleaseOutcome, RenewOutcome,
+    AcquireOutcome, Error, Key, LockStore, PermitRequest, ReleaseOutcome, RenewOutcome,
 };
 use leasehold_testkit::servers::{shared_redis, RedisServer};
 use std::sync::Arc;
@@ -26,41 +26,13 @@ fn key(name: &str) -> Key {
     Key::new(leasehold_testkit::prefix(name)).expect("key")
 }
 
-/// A request of `holder` for `want` on `k` (a lock when `None`).
-fn ask(k: &Key, holder: &str, want: Option<PermitRequest>) -> AcquireRequest {
-    let mut req = AcquireRequest::new(k.clone(), holder, TTL);
-    req.permit = want;
-    req
-}
-
 const SEM2: Option<PermitRequest> = Some(PermitRequest::Semaphore { permits: 2 });
 const READ: Option<PermitRequest> = Some(PermitRequest::Read);
 const WRITE: Option<PermitRequest> = Some(PermitRequest::Write);
 
-async fn granted(store: &Arc<dyn LockStore>, req: &AcquireRequest) -> LeaseRecord {
-    match store.acquire(req).await.expect("acquire") {
-        AcquireOutcome::Granted(r) => r,
-        AcquireOutcome::Held(r) => panic!("{} should be granted: {r:?}", req.holder),
-    }
-}
-
-async fn held(store: &Arc<dyn LockStore>, req: &AcquireRequest) -> LeaseRecord {
-    match store.acquire(req).await.expect("acquire") {
-        AcquireOutcome::Held(r) => r,
-        AcquireOutcome::Granted(r) => panic!("{} should wait: {r:?}", req.holder),
-    }
-}
-
-async fn record(store: &Arc<dyn LockStore>, k: &Key) -> LeaseRecord {
-    match store.inspect(k).await.expect("inspect") {
-        Some(Inspection::Record(r)) => r,
-        other => panic!("{k}: {other:?}"),
-    }
-}
-
 /// The holders of `k`'s permit table, by holder id.
 async fn holders(store: &Arc<dyn LockStore>, k: &Key) -> Vec<String> {
-    let r = record(store, k).await;
+    let r = inspect_record(store, k).await;
     let t = r.permits.expect("a permit table");
     t.holders.iter().map(|p| p.holder.clone()).collect()
 }
@@ -92,28 +64,32 @@ fn refused(r: leasehold::Result<AcquireOutcome>, is: &str, asked: &str) {
 async fn another_kind_is_refused_while_the_key_is_used() {
     let store = store(shared_redis()).await;
     let k = key("kind");
-    let a = granted(&store, &ask(&k, "a", SEM2)).await;
+    let a = expect_granted(&store, &permit_request(&k, "a", SEM2)).await;
     refused(
         store
-            .acquire(&ask(&k, "b", Some(PermitRequest::Semaphore { permits: 3 })))
+            .acquire(&permit_request(
+                &k,
+                "b",
+                Some(PermitRequest::Semaphore { permits: 3 }),
+            ))
             .await,
         "a semaphore of 2 permits",
         "a semaphore of 3 permits",
     );
     refused(
-        store.acquire(&ask(&k, "b", WRITE)).await,
+        store.acquire(&permit_request(&k, "b", WRITE)).await,
         "a semaphore of 2 permits",
         "a read-write lock",
     );
     refused(
-        store.acquire(&ask(&k, "b", None)).await,
+        store.acquire(&permit_request(&k, "b", None)).await,
         "a semaphore of 2 permits",
         "a lock",
     );
     // Many lock requests at once: some go out batched, each refused on its own.
     let calls = (0..24).map(|i| {
         let store = store.clone();
-        let req = ask(&k, &format!("lock-{i}"), None);
+        let req = permit_request(&k, &format!("lock-{i}"), None);
         async move { store.acquire(&req).await }
     });
     for r in futures_util::future::join_all(calls).await {
@@ -124,15 +100,15 @@ async fn another_kind_is_refused_while_the_key_is_used() {
         ReleaseOutcome::Released
     );
     // Free: a lock now, and a lock refuses permits while held.
-    let lock = granted(&store, &ask(&k, "b", None)).await;
+    let lock = expect_granted(&store, &permit_request(&k, "b", None)).await;
     assert!(lock.fence > a.fence);
     refused(
-        store.acquire(&ask(&k, "c", READ)).await,
+        store.acquire(&permit_request(&k, "c", READ)).await,
         "a lock",
         "a read-write lock",
     );
     store.release(&k, &lock.token.unwrap()).await.unwrap();
-    let w = granted(&store, &ask(&k, "c", WRITE)).await;
+    let w = expect_granted(&store, &permit_request(&k, "c", WRITE)).await;
     assert!(w.fence > lock.fence);
     assert!(w.permits.is_some());
 }
@@ -143,24 +119,24 @@ async fn another_kind_is_refused_while_the_key_is_used() {
 async fn a_waiting_writer_holds_back_new_readers_until_it_leaves() {
     let store = store(shared_redis()).await;
     let k = key("writer");
-    let r1 = granted(&store, &ask(&k, "r1", READ)).await;
+    let r1 = expect_granted(&store, &permit_request(&k, "r1", READ)).await;
     assert_eq!(r1.holder.as_deref(), Some("r1"));
-    let w = ask(&k, "w", WRITE).waiter(Duration::from_secs(10));
-    let seen = held(&store, &w).await;
+    let w = permit_request(&k, "w", WRITE).waiter(Duration::from_secs(10));
+    let seen = expect_held(&store, &w).await;
     assert_eq!(seen.holder.as_deref(), Some("r1 (reading)"));
     assert_eq!(seen.waiter.as_deref(), Some("w"));
-    let t = record(&store, &k).await.permits.unwrap();
+    let t = inspect_record(&store, &k).await.permits.unwrap();
     assert_eq!(t.writers_waiting, std::slice::from_ref(&w.token));
     // A reader behind it, in line or not, waits.
-    held(&store, &ask(&k, "r2", READ)).await;
-    let r3 = ask(&k, "r3", READ).waiter(Duration::from_secs(10));
-    let seen = held(&store, &r3).await;
+    expect_held(&store, &permit_request(&k, "r2", READ)).await;
+    let r3 = permit_request(&k, "r3", READ).waiter(Duration::from_secs(10));
+    let seen = expect_held(&store, &r3).await;
     assert_eq!(seen.queue.len(), 1, "r3 stands behind w: {seen:?}");
     // The writer leaves the line: the readers may share again.
     store.withdraw_waiter(&k, &w.token).await.unwrap();
-    let t = record(&store, &k).await.permits.unwrap();
+    let t = inspect_record(&store, &k).await.permits.unwrap();
     assert!(t.writers_waiting.is_empty(), "{t:?}");
-    let r3 = granted(&store, &r3).await;
+    let r3 = expect_granted(&store, &r3).await;
     assert_eq!(holders(&store, &k).await, ["r1", "r3"]);
     assert!(r3.fence > r1.fence);
     assert!(r3.waiter.is_none(), "r3 left the line: {r3:?}");
@@ -189,10 +165,10 @@ async fn permits_lapse_by_the_servers_clock_each_on_its_own() {
         .command(&["SET", &record_key(&k), &raw, "PX", "60000"])
         .unwrap();
     assert_eq!(holders(&store, &k).await, ["gone", "live"], "as written");
-    let b = granted(&store, &ask(&k, "b", SEM2)).await;
+    let b = expect_granted(&store, &permit_request(&k, "b", SEM2)).await;
     assert_eq!(holders(&store, &k).await, ["live", "b"]);
     assert_eq!(b.holder.as_deref(), Some("b"), "b's own permit: {b:?}");
-    let seen = held(&store, &ask(&k, "c", SEM2)).await;
+    let seen = expect_held(&store, &permit_request(&k, "c", SEM2)).await;
     assert_eq!(seen.holder.as_deref(), Some("live, b (2 of 2 permits)"));
     assert_eq!(seen.expires_ms, now + 20_000, "the earliest expiry");
     // The lapsed one can no longer renew or release.
@@ -222,10 +198,10 @@ fn server_ms(server: &RedisServer) -> u64 {
 async fn one_permit_released_or_renewed_leaves_the_others() {
     let store = store(shared_redis()).await;
     let k = key("beside");
-    let a = ask(&k, "a", SEM2);
-    let b = ask(&k, "b", SEM2);
-    let a_rec = granted(&store, &a).await;
-    let b_rec = granted(&store, &b).await;
+    let a = permit_request(&k, "a", SEM2);
+    let b = permit_request(&k, "b", SEM2);
+    let a_rec = expect_granted(&store, &a).await;
+    let b_rec = expect_granted(&store, &b).await;
     let renewed = match store.renew(&k, &a.token, TTL * 2).await.unwrap() {
         RenewOutcome::Renewed(r) => r,
         lost => panic!("{lost:?}"),
@@ -233,7 +209,7 @@ async fn one_permit_released_or_renewed_leaves_the_others() {
     assert_eq!(renewed.holder.as_deref(), Some("a"));
     assert_eq!(renewed.fence, a_rec.fence, "a's own fence");
     assert_eq!(renewed.ttl_ms, 60_000);
-    let t = record(&store, &k).await.permits.unwrap();
+    let t = inspect_record(&store, &k).await.permits.unwrap();
     assert_eq!(t.holders[1].expires_ms, b_rec.expires_ms, "b's untouched");
     assert_eq!(t.holders[0].ttl_ms, 60_000);
     assert_eq!(
@@ -269,23 +245,23 @@ async fn records_are_written_as_serde_reads_them() {
         ])
         .unwrap();
     let one = Some(PermitRequest::Semaphore { permits: 1 });
-    let a = ask(&k, "a", one);
-    assert_eq!(granted(&store, &a).await.fence, big + 1);
-    let b = ask(&k, "b", one).waiter(Duration::from_secs(10));
-    held(&store, &b).await;
+    let a = permit_request(&k, "a", one);
+    assert_eq!(expect_granted(&store, &a).await.fence, big + 1);
+    let b = permit_request(&k, "b", one).waiter(Duration::from_secs(10));
+    expect_held(&store, &b).await;
     store.release(&k, &a.token).await.unwrap();
     let raw = server.command(&["GET", &record_key(&k)]).unwrap();
     assert!(raw.contains(r#""holders":[]"#), "{raw}");
-    let r = record(&store, &k).await;
+    let r = inspect_record(&store, &k).await;
     assert_eq!(r.fence, big + 1, "{raw}");
     assert_eq!(r.waiter.as_deref(), Some("b"));
     assert!(r.permits.unwrap().holders.is_empty());
-    let granted_b = granted(&store, &b).await;
+    let granted_b = expect_granted(&store, &b).await;
     assert_eq!(granted_b.fence, big + 2);
     let raw = server.command(&["GET", &record_key(&k)]).unwrap();
     assert!(raw.contains(&format!(r#""fence":{}"#, big + 2)), "{raw}");
     assert_eq!(
-        record(&store, &k).await.permits.unwrap().holders[0].fence,
+        inspect_record(&store, &k).await.permits.unwrap().holders[0].fence,
         big + 2
     );
 }
@@ -297,10 +273,10 @@ async fn one_holder_is_freed_by_id_or_token() {
     let server = shared_redis();
     let store = store(server).await;
     let k = key("force");
-    let a = ask(&k, "a", READ);
-    granted(&store, &a).await;
-    granted(&store, &ask(&k, "b", READ)).await;
-    granted(&store, &ask(&k, "b", READ)).await;
+    let a = permit_request(&k, "a", READ);
+    expect_granted(&store, &a).await;
+    expect_granted(&store, &permit_request(&k, "b", READ)).await;
+    expect_granted(&store, &permit_request(&k, "b", READ)).await;
     let was = store.force_release_holder(&k, "b").await.unwrap();
     assert_eq!(was.unwrap().permits.unwrap().holders.len(), 3);
     assert_eq!(holders(&store, &k).await, ["a"]);
@@ -312,8 +288,8 @@ async fn one_holder_is_freed_by_id_or_token() {
         .is_some());
     assert!(store.inspect(&k).await.unwrap().is_none());
     // A lock, by its holder's id.
-    let lock = ask(&k, "l", None);
-    granted(&store, &lock).await;
+    let lock = permit_request(&k, "l", None);
+    expect_granted(&store, &lock).await;
     assert!(store.force_release_holder(&k, "m").await.unwrap().is_none());
     assert!(store.force_release_holder(&k, "l").await.unwrap().is_some());
     assert_eq!(
@@ -321,8 +297,8 @@ async fn one_holder_is_freed_by_id_or_token() {
         RenewOutcome::Lost(leasehold::LostReason::Released)
     );
     // Every holder at once.
-    granted(&store, &ask(&k, "a", SEM2)).await;
-    granted(&store, &ask(&k, "b", SEM2)).await;
+    expect_granted(&store, &permit_request(&k, "a", SEM2)).await;
+    expect_granted(&store, &permit_request(&k, "b", SEM2)).await;
     assert!(store.force_release(&k).await.unwrap().is_some());
     assert!(store.inspect(&k).await.unwrap().is_none());
     // Another client's value.
@@ -331,7 +307,7 @@ async fn one_holder_is_freed_by_id_or_token() {
         .unwrap();
     assert!(store.force_release_holder(&k, "a").await.unwrap().is_none());
     assert!(matches!(
-        store.acquire(&ask(&k, "a", SEM2)).await.unwrap(),
+        store.acquire(&permit_request(&k, "a", SEM2)).await.unwrap(),
         AcquireOutcome::Held(_)
     ));
 }
@@ -344,13 +320,13 @@ async fn an_uncontended_permit_costs_one_script_call_a_step() {
     let store = store(&server).await;
     let k = key("calls");
     // The scripts loaded (the first call of each is answered NOSCRIPT and sent again).
-    let warm = ask(&k, "warm", SEM2);
-    granted(&store, &warm).await;
+    let warm = permit_request(&k, "warm", SEM2);
+    expect_granted(&store, &warm).await;
     store.renew(&k, &warm.token, TTL).await.unwrap();
     store.release(&k, &warm.token).await.unwrap();
-    let a = ask(&k, "a", SEM2);
+    let a = permit_request(&k, "a", SEM2);
     let before = server.script_calls();
-    granted(&store, &a).await;
+    expect_granted(&store, &a).await;
     assert_eq!(server.script_calls() - before, 1, "acquire");
     store.renew(&k, &a.token, TTL).await.unwrap();
     assert_eq!(server.script_calls() - before, 2, "renew");

@@ -17,7 +17,7 @@ use crate::process::signals::{self, Forwarded};
 use crate::process::supervise;
 use crate::process::tree;
 use leasehold::queue::metrics::QueueMetrics;
-use leasehold::queue::worker::{RunningTask, StopReason, TaskRunner, Worker};
+use leasehold::queue::worker::{RunningTask, TaskRunner, TaskStop, Worker};
 use leasehold::queue::{Outcome, QueueBackend, Task};
 use std::collections::HashSet;
 use std::future::Future;
@@ -192,7 +192,7 @@ impl ProcessRunner {
         // the grace has passed; it is killed (SIGKILL, and the task's group with it) if it
         // overruns, or the kill margin before the key's lease's deadline.
         let grace = self.grace + supervise::OVERRUN;
-        let mut stopped: Option<StopReason> = None;
+        let mut stopped: Option<TaskStop> = None;
         let mut lease_by = task.deadline();
         let mut kill_at: Option<Instant> = None;
         let mut killed = false;
@@ -243,7 +243,7 @@ impl ProcessRunner {
             exit::report(&format!(
                 "task {id}: the key's lease ran out while the worker could not act (paused?); the task was killed at its deadline"
             ));
-            stopped = Some(StopReason::LeaseLost(leasehold::LostReason::Expired));
+            stopped = Some(TaskStop::LeaseLost(leasehold::LostReason::Expired));
         }
         let outcome = match (stopped, status) {
             (Some(why), _) => why.outcome(),

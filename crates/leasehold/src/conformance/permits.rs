@@ -5,6 +5,7 @@
 
 use super::*;
 use crate::guard::LeaseGuard;
+use crate::record::LeaseRecord;
 use crate::store::PermitRequest;
 use parking_lot::Mutex;
 
@@ -27,6 +28,38 @@ async fn supported(store: &Arc<dyn LockStore>) -> bool {
         }
     }
     false
+}
+
+/// A request of `holder` for `want` on `k` (a lock when `None`), with a 30 s TTL: for a store's
+/// own permit tests beside this suite.
+pub fn permit_request(k: &Key, holder: &str, want: Option<PermitRequest>) -> AcquireRequest {
+    let mut req = AcquireRequest::new(k.clone(), holder, 30 * 1000 * MS);
+    req.permit = want;
+    req
+}
+
+/// The record `req` is granted with; panics when it is held by another instead.
+pub async fn expect_granted(store: &Arc<dyn LockStore>, req: &AcquireRequest) -> LeaseRecord {
+    match store.acquire(req).await.expect("acquire") {
+        AcquireOutcome::Granted(r) => r,
+        AcquireOutcome::Held(r) => panic!("{} should be granted: {r:?}", req.holder),
+    }
+}
+
+/// The record `req` is answered "held" with; panics when it is granted instead.
+pub async fn expect_held(store: &Arc<dyn LockStore>, req: &AcquireRequest) -> LeaseRecord {
+    match store.acquire(req).await.expect("acquire") {
+        AcquireOutcome::Held(r) => r,
+        AcquireOutcome::Granted(r) => panic!("{} should wait: {r:?}", req.holder),
+    }
+}
+
+/// `k`'s record as [`LockStore::inspect`] gives it; panics when there is none.
+pub async fn inspect_record(store: &Arc<dyn LockStore>, k: &Key) -> LeaseRecord {
+    match store.inspect(k).await.expect("inspect") {
+        Some(Inspection::Record(r)) => r,
+        other => panic!("{k}: {other:?}"),
+    }
 }
 
 /// Who is inside a guarded section, checked by each holder as it enters: the shared counter of

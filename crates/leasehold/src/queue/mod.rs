@@ -40,7 +40,6 @@
 //! recover, record the end — around any [`TaskRunner`](worker::TaskRunner): an async closure in
 //! a Rust service, or the process runner of `leasehold queue work`.
 
-mod commits;
 pub mod metrics;
 pub(crate) mod row;
 pub mod sqlite;

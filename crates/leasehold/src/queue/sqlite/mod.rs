@@ -74,7 +74,7 @@ pub struct SqliteQueue {
     notify: Arc<Notify>,
     /// Writes by any process, watched from the first [`QueueBackend::changed`] on (`None`
     /// inside when inotify could not be had).
-    commits: Arc<tokio::sync::OnceCell<Option<super::commits::Commits>>>,
+    wakeups: Arc<tokio::sync::OnceCell<Option<wakeups::Wakeups>>>,
 }
 
 fn sql_err(e: rusqlite::Error) -> Error {
@@ -232,7 +232,7 @@ impl SqliteQueue {
             conn: Arc::new(Mutex::new(conn)),
             path,
             notify: Arc::new(Notify::new()),
-            commits: Arc::default(),
+            wakeups: Arc::default(),
         })
     }
 
@@ -719,11 +719,11 @@ impl QueueBackend for SqliteQueue {
         // The watch is made by the first call (a process that never waits pays nothing), which
         // returns at once: a write before it may have gone unseen.
         let mut fresh = false;
-        let commits = self
-            .commits
+        let wakeups = self
+            .wakeups
             .get_or_init(|| async {
                 fresh = true;
-                super::commits::Commits::watch(&self.path)
+                wakeups::Wakeups::watch(&self.path)
                     .map_err(|e| {
                         tracing::debug!(error = %e, "no inotify watch on the queue's directory; polling");
                     })
@@ -733,11 +733,11 @@ impl QueueBackend for SqliteQueue {
         if fresh {
             return;
         }
-        match commits {
-            Some(commits) => {
+        match wakeups {
+            Some(wakeups) => {
                 let _ = tokio::time::timeout(max, async {
                     tokio::select! {
-                        () = commits.next() => {}
+                        () = wakeups.next() => {}
                         () = self.notify.notified() => {}
                     }
                 })
@@ -837,3 +837,4 @@ fn status(c: &Connection) -> rusqlite::Result<Status> {
 
 #[cfg(test)]
 mod tests;
+mod wakeups;

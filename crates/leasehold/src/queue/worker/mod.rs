@@ -27,13 +27,13 @@
 //!
 //! # Stopping a task
 //! A runner is told to stop through its [`RunningTask`]: [`RunningTask::stopped`] completes with
-//! a [`StopReason`] when an operator cancelled the task, it ran past its timeout, the worker shuts
+//! a [`TaskStop`] when an operator cancelled the task, it ran past its timeout, the worker shuts
 //! down, or **the key's lease must be given up**. The runner must then stop the task's work and
-//! return; [`StopReason::outcome`] is the outcome to record. The lease is the urgent case: the
+//! return; [`TaskStop::outcome`] is the outcome to record. The lease is the urgent case: the
 //! worker says so at the lease's stop-by deadline
 //! ([`LeaseGuard::must_stop`](crate::LeaseGuard::must_stop): renewals have failed until
 //! `valid_until` less the loss grace), or at once when the store says the lease is gone, with
-//! [`StopReason::LeaseLost`]. Another worker may be granted the key once the lease has expired,
+//! [`TaskStop::LeaseLost`]. Another worker may be granted the key once the lease has expired,
 //! so the task must be gone by [`RunningTask::deadline`] (the lease's `valid_until`; now when the
 //! store says it is gone) — stop at once, and pass [`RunningTask::fence`] to whatever the task
 //! writes so that a late write is refused. A runner still running at the lease's `valid_until`
@@ -99,7 +99,7 @@ mod runner;
 mod task;
 
 pub use options::WorkerOptions;
-pub use runner::{RunningTask, StopReason, TaskRunner};
+pub use runner::{RunningTask, TaskRunner, TaskStop};
 
 use super::metrics::QueueMetrics;
 use super::{CancelReason, ClaimRequest, QueueBackend};
@@ -146,7 +146,7 @@ impl Shutdown {
     }
 
     /// Drains: no task is claimed any more, the running ones may finish for up to the drain
-    /// timeout ([`Worker::drain_timeout`]) and are then told to stop ([`StopReason::Shutdown`]).
+    /// timeout ([`Worker::drain_timeout`]) and are then told to stop ([`TaskStop::Shutdown`]).
     /// `run` returns once none runs.
     pub fn drain(&self) {
         self.phase.send_if_modified(|p| {
@@ -158,7 +158,7 @@ impl Shutdown {
         });
     }
 
-    /// Drains, and tells the running tasks to stop now ([`StopReason::Shutdown`]).
+    /// Drains, and tells the running tasks to stop now ([`TaskStop::Shutdown`]).
     pub fn stop(&self) {
         self.phase.send_if_modified(|p| {
             let start = *p != Phase::Stopping;
@@ -573,8 +573,8 @@ impl<'a, R: TaskRunner> Rounds<'a, R> {
             Ok(asks) => {
                 for (id, why) in asks {
                     let why = match why {
-                        CancelReason::Timeout => StopReason::Timeout,
-                        _ => StopReason::Cancelled,
+                        CancelReason::Timeout => TaskStop::Timeout,
+                        _ => TaskStop::Cancelled,
                     };
                     ctx.stop(id, why);
                 }
@@ -663,7 +663,7 @@ impl Drain {
     fn stop_all(&mut self, ctx: &Ctx) {
         if !self.stopped {
             self.stopped = true;
-            ctx.stop_all(StopReason::Shutdown);
+            ctx.stop_all(TaskStop::Shutdown);
         }
     }
 }
@@ -678,14 +678,14 @@ struct Ctx {
     stop_grace: Duration,
     /// The tasks this worker runs (claimed, until their end is recorded or they were given
     /// back), each with the sender of its stop signal.
-    stops: Mutex<HashMap<u64, watch::Sender<Option<StopReason>>>>,
+    stops: Mutex<HashMap<u64, watch::Sender<Option<TaskStop>>>>,
     metrics: Option<QueueMetrics>,
     report: Option<Report>,
 }
 
 impl Ctx {
     /// Tells task `id` to stop, unless it was told already (the first reason stands).
-    fn stop(&self, id: u64, why: StopReason) {
+    fn stop(&self, id: u64, why: TaskStop) {
         if let Some(tx) = self.stops.lock().get(&id) {
             tx.send_if_modified(|cur| {
                 let first = cur.is_none();
@@ -697,7 +697,7 @@ impl Ctx {
         }
     }
 
-    fn stop_all(&self, why: StopReason) {
+    fn stop_all(&self, why: TaskStop) {
         let ids: Vec<u64> = self.stops.lock().keys().copied().collect();
         for id in ids {
             self.stop(id, why.clone());

@@ -1,5 +1,5 @@
 //! The runner's side of a worker: the [`TaskRunner`] trait, the [`RunningTask`] it is handed,
-//! and the [`StopReason`] it is told to stop for.
+//! and the [`TaskStop`] it is told to stop for.
 
 use crate::queue::{Outcome, Task};
 use crate::store::LostReason;
@@ -19,7 +19,7 @@ use tokio::time::Instant;
 ///   lease: the worker records the outcome and then releases the lease, and the key's next task
 ///   may start at once.
 /// - When [`RunningTask::stopped`] completes, stop the work and return. When the reason is
-///   [`StopReason::LeaseLost`], everything the task started must be gone by
+///   [`TaskStop::LeaseLost`], everything the task started must be gone by
 ///   [`RunningTask::deadline`] (the key's lease's `valid_until`, or at once when the store said
 ///   the lease is gone): another worker may be granted the key then. A runner still running at
 ///   the lease's `valid_until` is dropped; for any other reason, [`Worker::stop_grace`](super::Worker::stop_grace) after it
@@ -55,7 +55,7 @@ where
 /// Why a runner must stop its task now.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum StopReason {
+pub enum TaskStop {
     /// An operator cancelled the task ([`QueueBackend::cancel`](crate::queue::QueueBackend::cancel)).
     Cancelled,
     /// The task ran past its timeout (counted by its worker from its start, and by the queue's
@@ -71,37 +71,37 @@ pub enum StopReason {
     LeaseLost(LostReason),
 }
 
-impl StopReason {
+impl TaskStop {
     /// The outcome to record for a task stopped for this reason: cancelled (`"cancelled"`,
     /// `"timed out"`, `"stopped: the worker was shutting down"`), or failed for a lost lease.
     ///
     /// ```
-    /// use leasehold::queue::{worker::StopReason, Outcome};
-    /// assert_eq!(StopReason::Timeout.outcome(), Outcome::Cancelled("timed out".into()));
-    /// let lost = StopReason::LeaseLost(leasehold::LostReason::Expired).outcome();
+    /// use leasehold::queue::{worker::TaskStop, Outcome};
+    /// assert_eq!(TaskStop::Timeout.outcome(), Outcome::Cancelled("timed out".into()));
+    /// let lost = TaskStop::LeaseLost(leasehold::LostReason::Expired).outcome();
     /// assert!(matches!(lost, Outcome::Failed(why) if why.starts_with("the key's lease was lost")));
     /// ```
     pub fn outcome(&self) -> Outcome {
         match self {
-            StopReason::Cancelled => Outcome::Cancelled("cancelled".into()),
-            StopReason::Timeout => Outcome::Cancelled("timed out".into()),
-            StopReason::Shutdown => {
+            TaskStop::Cancelled => Outcome::Cancelled("cancelled".into()),
+            TaskStop::Timeout => Outcome::Cancelled("timed out".into()),
+            TaskStop::Shutdown => {
                 Outcome::Cancelled("stopped: the worker was shutting down".into())
             }
-            StopReason::LeaseLost(reason) => {
+            TaskStop::LeaseLost(reason) => {
                 Outcome::Failed(format!("the key's lease was lost: {reason}"))
             }
         }
     }
 }
 
-impl fmt::Display for StopReason {
+impl fmt::Display for TaskStop {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            StopReason::Cancelled => f.write_str("cancelled"),
-            StopReason::Timeout => f.write_str("timed out"),
-            StopReason::Shutdown => f.write_str("the worker shuts down"),
-            StopReason::LeaseLost(reason) => write!(f, "the key's lease was lost: {reason}"),
+            TaskStop::Cancelled => f.write_str("cancelled"),
+            TaskStop::Timeout => f.write_str("timed out"),
+            TaskStop::Shutdown => f.write_str("the worker shuts down"),
+            TaskStop::LeaseLost(reason) => write!(f, "the key's lease was lost: {reason}"),
         }
     }
 }
@@ -112,7 +112,7 @@ pub struct RunningTask {
     task: Task,
     fence: u64,
     worker: Arc<str>,
-    stop: watch::Receiver<Option<StopReason>>,
+    stop: watch::Receiver<Option<TaskStop>>,
     deadline: watch::Receiver<Option<Instant>>,
     valid_until: watch::Receiver<Instant>,
 }
@@ -122,7 +122,7 @@ impl RunningTask {
         task: Task,
         fence: u64,
         worker: Arc<str>,
-        stop: watch::Receiver<Option<StopReason>>,
+        stop: watch::Receiver<Option<TaskStop>>,
         deadline: watch::Receiver<Option<Instant>>,
         valid_until: watch::Receiver<Instant>,
     ) -> Self {
@@ -154,22 +154,22 @@ impl RunningTask {
     }
 
     /// Completes when the task must stop, with why; at once if it was told to already. Also
-    /// completes ([`StopReason::Shutdown`]) if the worker is gone.
+    /// completes ([`TaskStop::Shutdown`]) if the worker is gone.
     ///
     /// # Cancel safety
     /// Cancel safe: call it again (or from several places) to wait again.
-    pub async fn stopped(&self) -> StopReason {
+    pub async fn stopped(&self) -> TaskStop {
         let mut stop = self.stop.clone();
         let why = match stop.wait_for(Option::is_some).await {
             Ok(why) => why.clone(),
             Err(_) => None,
         };
-        why.unwrap_or(StopReason::Shutdown)
+        why.unwrap_or(TaskStop::Shutdown)
     }
 
     /// Why the task must stop, if it was told to: the non-waiting form of
     /// [`stopped`](Self::stopped).
-    pub fn stop_reason(&self) -> Option<StopReason> {
+    pub fn stop_reason(&self) -> Option<TaskStop> {
         self.stop.borrow().clone()
     }
 
@@ -178,7 +178,7 @@ impl RunningTask {
     /// passes without a renewal (then the lease's `valid_until`: the time up to which it is surely
     /// still this worker's, [`LeaseGuard::valid_until`](crate::LeaseGuard::valid_until)), and
     /// moved to the moment the store says the lease is gone. [`stopped`](Self::stopped) completes
-    /// with [`StopReason::LeaseLost`] then, unless the task was told to stop for another reason
+    /// with [`TaskStop::LeaseLost`] then, unless the task was told to stop for another reason
     /// first; either way the worker drops a runner still running at the lease's `valid_until`
     /// (this deadline, or later when the store said the lease is gone: time for a runner that
     /// killed its work at once to see it gone).

@@ -1,7 +1,7 @@
 //! One task's run, from its claim to its recorded end: the check, the key's lease, the start
 //! recorded with the fence, the runner run and stopped, the end recorded, the lease released.
 
-use super::{Ctx, RunningTask, StopReason, TaskRunner};
+use super::{Ctx, RunningTask, TaskRunner, TaskStop};
 use crate::error::Error;
 use crate::guard::LeaseGuard;
 use crate::queue::{Outcome, Task};
@@ -30,7 +30,7 @@ pub(super) async fn run<R: TaskRunner>(
     ctx: Arc<Ctx>,
     runner: Arc<R>,
     task: Task,
-    mut stop: watch::Receiver<Option<StopReason>>,
+    mut stop: watch::Receiver<Option<TaskStop>>,
 ) {
     let _running = Running {
         ctx: &ctx,
@@ -65,7 +65,7 @@ async fn run_claimed<R: TaskRunner>(
     ctx: &Ctx,
     runner: &R,
     task: Task,
-    stop: &mut watch::Receiver<Option<StopReason>>,
+    stop: &mut watch::Receiver<Option<TaskStop>>,
 ) {
     // Just claimed: its wait until it starts goes on from here, on this process's clock.
     let claimed = std::time::Instant::now();
@@ -94,7 +94,7 @@ async fn take_lease<R: TaskRunner>(
     ctx: &Ctx,
     runner: &R,
     task: &Task,
-    stop: &mut watch::Receiver<Option<StopReason>>,
+    stop: &mut watch::Receiver<Option<TaskStop>>,
 ) -> Option<LeaseGuard> {
     if let Err(why) = runner.check(task) {
         ctx.report(&format!("task {}: {why}", task.id));
@@ -213,7 +213,7 @@ impl<'a> Supervised<'a> {
     async fn run<R: TaskRunner>(
         mut self,
         runner: &R,
-        stop: &mut watch::Receiver<Option<StopReason>>,
+        stop: &mut watch::Receiver<Option<TaskStop>>,
     ) -> Outcome {
         let fence = self.guard.fence();
         let running = RunningTask::new(
@@ -251,7 +251,7 @@ impl<'a> Supervised<'a> {
                 }
                 () = sleep_until(self.deadline), if self.deadline.is_some() => {
                     self.deadline = None;
-                    self.ctx.stop(self.task.id, StopReason::Timeout);
+                    self.ctx.stop(self.task.id, TaskStop::Timeout);
                 }
                 _ = stop.changed(), if self.drop_at.is_none() => {
                     if stop.borrow_and_update().is_some() {
@@ -259,7 +259,7 @@ impl<'a> Supervised<'a> {
                     }
                 }
                 () = sleep_until(drop_by), if drop_by.is_some() => {
-                    let why = stop.borrow().clone().unwrap_or(StopReason::Shutdown);
+                    let why = stop.borrow().clone().unwrap_or(TaskStop::Shutdown);
                     return self.dropped(why);
                 }
             }
@@ -281,7 +281,7 @@ impl<'a> Supervised<'a> {
         self.lease_stop = Some(self.guard.valid_until());
         self.lease_deadline.send_replace(Some(by));
         tracing::info!(reason = %why, "the key's lease must be given up; stopping the task");
-        self.ctx.stop(self.task.id, StopReason::LeaseLost(reason));
+        self.ctx.stop(self.task.id, TaskStop::LeaseLost(reason));
     }
 
     /// The lease was lost after the runner was told to stop: if the store says it is gone, the
@@ -303,7 +303,7 @@ impl<'a> Supervised<'a> {
 
     /// The runner outlived the lease or its stop grace: it is dropped, and the task ends as
     /// `why` says.
-    fn dropped(&self, why: StopReason) -> Outcome {
+    fn dropped(&self, why: TaskStop) -> Outcome {
         let id = self.task.id;
         if self
             .lease_stop

@@ -59,12 +59,12 @@
 
 mod error;
 mod held;
-pub mod options;
+mod options;
 mod permits;
-pub mod session;
+mod session;
 mod watch;
 
-pub use options::EtcdOptions;
+pub use options::{EtcdOptions, LABEL_LIMIT, MAX_REQUEST_BYTES};
 
 use self::error::{bounded, retried};
 use self::held::Held;

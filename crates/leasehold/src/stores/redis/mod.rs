@@ -81,7 +81,7 @@
 //! | `error.rs` | Redis errors as [`Error`]s that say whether a retry can help | — |
 
 #[cfg(feature = "redis-cluster")]
-pub mod cluster;
+pub(crate) mod cluster;
 mod coalesce;
 mod conn;
 mod error;

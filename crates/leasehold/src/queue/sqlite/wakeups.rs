@@ -9,32 +9,32 @@ use std::path::Path;
 use std::time::Duration;
 use tokio::io::unix::AsyncFd;
 
-/// How often [`Commits::next`] looks again once the watch has failed (as without one).
+/// How often [`Wakeups::next`] looks again once the watch has failed (as without one).
 const POLL: Duration = Duration::from_millis(50);
 
-/// The least time between two returns of [`Commits::next`] woken by writes: on a busy queue an
+/// The least time between two returns of [`Wakeups::next`] woken by writes: on a busy queue an
 /// idle worker then looks at most this often, not at every commit of every process (the first
 /// write after a quiet spell still wakes it at once).
 const GAP: Duration = Duration::from_millis(5);
 
 /// An inotify watch on the directory of the database, for writes to the database file and its
 /// journals (`queue.db`, `queue.db-wal`, `queue.db-journal`). Its events are read only by a
-/// caller of [`Commits::next`]: while nobody waits, they wait in the kernel (where repeats
+/// caller of [`Wakeups::next`]: while nobody waits, they wait in the kernel (where repeats
 /// merge), so a busy queue costs its processes nothing here.
 #[derive(Debug)]
-pub(super) struct Commits {
-    /// The watch, and when [`Commits::next`] last returned for a write.
+pub(super) struct Wakeups {
+    /// The watch, and when [`Wakeups::next`] last returned for a write.
     fd: tokio::sync::Mutex<(AsyncFd<OwnedFd>, Option<tokio::time::Instant>)>,
     name: Vec<u8>,
 }
 
-impl Commits {
+impl Wakeups {
     /// Watches the directory of the database at `db`.
     ///
     /// # Errors
     /// When inotify cannot be set up (no instance or watch left, a file system without it): the
     /// caller then polls.
-    pub(super) fn watch(db: &Path) -> io::Result<Commits> {
+    pub(super) fn watch(db: &Path) -> io::Result<Wakeups> {
         let dir = match db.parent() {
             Some(d) if !d.as_os_str().is_empty() => d,
             _ => Path::new("."),
@@ -47,7 +47,7 @@ impl Commits {
         let fd = inotify::open()?;
         let mask = libc::IN_MODIFY | libc::IN_CLOSE_WRITE | libc::IN_CREATE | libc::IN_MOVED_TO;
         inotify::add_watch(&fd, dir, mask)?;
-        Ok(Commits {
+        Ok(Wakeups {
             fd: tokio::sync::Mutex::new((fd, None)),
             name,
         })
@@ -69,7 +69,7 @@ impl Commits {
         *last = Some(tokio::time::Instant::now());
     }
 
-    /// Returns once a write since the last call is seen (see [`Commits::next`]).
+    /// Returns once a write since the last call is seen (see [`Wakeups::next`]).
     async fn written(&self, fd: &AsyncFd<OwnedFd>) {
         // What came since the last call, all of it (the next call starts afresh).
         let mut ours = false;
@@ -136,7 +136,7 @@ mod tests {
     async fn writes_to_the_database_files_wake_and_others_do_not() {
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("queue.db");
-        let commits = Commits::watch(&db).unwrap();
+        let commits = Wakeups::watch(&db).unwrap();
         let wakes = |ms| tokio::time::timeout(Duration::from_millis(ms), commits.next());
         assert!(wakes(50).await.is_err(), "nothing written yet");
         std::fs::write(dir.path().join("other.txt"), b"x").unwrap();
