@@ -65,6 +65,12 @@ pub(crate) struct Now {
 }
 
 impl Now {
+    /// `ms` Unix milliseconds (tests).
+    #[cfg(test)]
+    pub(crate) fn at_ms(ms: u64) -> Self {
+        Now { ms, us: ms * 1000 }
+    }
+
     /// The wall clock now.
     pub(crate) fn wall() -> Self {
         let us = crate::record::now_us();
@@ -250,14 +256,7 @@ impl Rules {
             }
             c => c,
         };
-        Ok(Decision::of(acquire_lock(
-            current,
-            req,
-            now,
-            holder_dead,
-            expiry,
-            fence_floor,
-        )))
+        Ok(Decision::of(self.acquire_lock(current, req, holder_dead)))
     }
 
     /// Decides a renewal of `token`'s lease (or permit) for `ttl_ms`: the record to write when it
@@ -327,69 +326,73 @@ impl Rules {
     }
 }
 
-/// Decides an acquisition of a lock with the `expiry` rule and a grant's fence floored at
-/// `fence_floor`.
-fn acquire_lock(
-    current: Current<'_>,
-    req: &AcquireRequest,
-    now: Now,
-    holder_dead: bool,
-    expiry: Expiry,
-    fence_floor: u64,
-) -> (AcquireOutcome, Option<LeaseRecord>) {
-    let base_fence = match current {
-        Current::Missing => 0,
-        Current::Corrupt { salvaged_fence, .. } => salvaged_fence.unwrap_or(0),
-        Current::Record(r) => r.fence,
-    };
-    if let Current::Corrupt { over: false, .. } = current {
-        return (
-            AcquireOutcome::Held(corrupt_placeholder(req.key.as_str(), base_fence, now.ms)),
-            None,
-        );
+impl Rules {
+    /// Decides an acquisition of a lock.
+    fn acquire_lock(
+        &self,
+        current: Current<'_>,
+        req: &AcquireRequest,
+        holder_dead: bool,
+    ) -> (AcquireOutcome, Option<LeaseRecord>) {
+        let Rules {
+            now,
+            expiry,
+            fence_floor,
+        } = *self;
+        let base_fence = match current {
+            Current::Missing => 0,
+            Current::Corrupt { salvaged_fence, .. } => salvaged_fence.unwrap_or(0),
+            Current::Record(r) => r.fence,
+        };
+        if let Current::Corrupt { over: false, .. } = current {
+            return (
+                AcquireOutcome::Held(corrupt_placeholder(req.key.as_str(), base_fence, now.ms)),
+                None,
+            );
+        }
+        // The record with its lapsed waiters dropped: what a grant starts from.
+        let mut tidied = None;
+        if let Current::Record(r) = current {
+            let held = expiry.held(r, now.ms) && !holder_dead;
+            let mut line = r.clone();
+            tidy_line(&mut line, expiry, now.ms);
+            if held && r.token.as_deref() == Some(req.token.as_str()) {
+                // Ours already: an earlier attempt of this acquisition was granted and its answer
+                // lost. Granted again as a renewal, in the same write: the lease counts from now,
+                // as the holder's `valid_until` counts from this attempt's send, never from the
+                // first grant's (after which the store would free it first).
+                renewed(&mut line, crate::record::ms(req.ttl), now.ms);
+                leave_line(&mut line, &req.token);
+                return (AcquireOutcome::Granted(line.clone()), Some(line));
+            }
+            let place = line.place_of(&req.token);
+            let reserved_for_other = !held && line.waiter_token.is_some() && place != Some(0);
+            if held || reserved_for_other {
+                let (seen, write) = wait_in_line(line, req, now.ms);
+                return (AcquireOutcome::Held(seen), write);
+            }
+            tidied = Some(line);
+        }
+        let mut g = match tidied {
+            Some(mut g) => {
+                g.store.clear();
+                g
+            }
+            None => LeaseRecord::free(req.key.as_str(), 0),
+        };
+        // A fence that would pass u64::MAX is never granted: saturating would hand out the same fence
+        // twice. The key reads as held by nobody who can be named, so waiters give up with the reason.
+        let Some(next) = base_fence.checked_add(req.fences.max(1)) else {
+            let mut r = LeaseRecord::free(req.key.as_str(), base_fence);
+            r.holder = Some(FENCE_EXHAUSTED.to_owned());
+            return (AcquireOutcome::Held(r), None);
+        };
+        let fence = next.max(fence_floor);
+        grant(&mut g, req, fence, now.ms);
+        // The first in line (or nobody) was granted: the next one moves up.
+        leave_line(&mut g, &req.token);
+        (AcquireOutcome::Granted(g.clone()), Some(g))
     }
-    // The record with its lapsed waiters dropped: what a grant starts from.
-    let mut tidied = None;
-    if let Current::Record(r) = current {
-        let held = expiry.held(r, now.ms) && !holder_dead;
-        let mut line = r.clone();
-        tidy_line(&mut line, expiry, now.ms);
-        if held && r.token.as_deref() == Some(req.token.as_str()) {
-            // Ours already: an earlier attempt of this acquisition was granted and its answer
-            // lost. Granted again as a renewal, in the same write: the lease counts from now,
-            // as the holder's `valid_until` counts from this attempt's send, never from the
-            // first grant's (after which the store would free it first).
-            renewed(&mut line, crate::record::ms(req.ttl), now.ms);
-            leave_line(&mut line, &req.token);
-            return (AcquireOutcome::Granted(line.clone()), Some(line));
-        }
-        let place = line.place_of(&req.token);
-        let reserved_for_other = !held && line.waiter_token.is_some() && place != Some(0);
-        if held || reserved_for_other {
-            let (seen, write) = wait_in_line(line, req, now.ms);
-            return (AcquireOutcome::Held(seen), write);
-        }
-        tidied = Some(line);
-    }
-    let mut g = match tidied {
-        Some(mut g) => {
-            g.store.clear();
-            g
-        }
-        None => LeaseRecord::free(req.key.as_str(), 0),
-    };
-    // A fence that would pass u64::MAX is never granted: saturating would hand out the same fence
-    // twice. The key reads as held by nobody who can be named, so waiters give up with the reason.
-    let Some(next) = base_fence.checked_add(req.fences.max(1)) else {
-        let mut r = LeaseRecord::free(req.key.as_str(), base_fence);
-        r.holder = Some(FENCE_EXHAUSTED.to_owned());
-        return (AcquireOutcome::Held(r), None);
-    };
-    let fence = next.max(fence_floor);
-    grant(&mut g, req, fence, now.ms);
-    // The first in line (or nobody) was granted: the next one moves up.
-    leave_line(&mut g, &req.token);
-    (AcquireOutcome::Granted(g.clone()), Some(g))
 }
 
 /// The holder a key whose fence cannot grow any more reads as held by: no later grant could be

@@ -6,12 +6,8 @@ use std::time::Duration;
 // The steps as the tests below take them, each decided by `Rules`.
 
 fn rules(now_ms: u64, expiry: Expiry, fence_floor: u64) -> Rules {
-    let now = Now {
-        ms: now_ms,
-        us: now_ms * 1000,
-    };
     Rules {
-        now,
+        now: Now::at_ms(now_ms),
         expiry,
         fence_floor,
     }
@@ -34,15 +30,28 @@ fn acquire_judged(
     expiry: Expiry,
     fence_floor: u64,
 ) -> (AcquireOutcome, Option<LeaseRecord>) {
+    match acquire_any(current, req, now, holder_dead, expiry, fence_floor) {
+        Ok(d) => d,
+        Err(e) => panic!("a lock request refused: {e}"),
+    }
+}
+
+/// An acquisition decided by `Rules`, answered as a pair (the permit tests' too).
+pub(super) fn acquire_any(
+    current: Current<'_>,
+    req: &AcquireRequest,
+    now: Now,
+    holder_dead: bool,
+    expiry: Expiry,
+    fence_floor: u64,
+) -> crate::error::Result<(AcquireOutcome, Option<LeaseRecord>)> {
     let rules = Rules {
         now,
         expiry,
         fence_floor,
     };
-    match rules.acquire(current, req, holder_dead) {
-        Ok(d) => (d.outcome, d.write),
-        Err(e) => panic!("a lock request refused: {e}"),
-    }
+    let d = rules.acquire(current, req, holder_dead)?;
+    Ok((d.outcome, d.write))
 }
 
 fn renew(
@@ -74,7 +83,8 @@ fn release(
     (d.outcome, d.write)
 }
 
-fn removable(r: &LeaseRecord, now_ms: u64, older_than_ms: u64) -> bool {
+/// Whether cleanup may delete `r` at `now_ms` (the permit tests' too).
+pub(super) fn removable(r: &LeaseRecord, now_ms: u64, older_than_ms: u64) -> bool {
     rules(now_ms, Expiry::Clock, 0).removable(r, None, Duration::from_millis(older_than_ms))
 }
 
@@ -97,7 +107,7 @@ fn req(token: &str) -> AcquireRequest {
     r
 }
 fn at(ms: u64) -> Now {
-    Now { ms, us: ms * 1000 }
+    Now::at_ms(ms)
 }
 fn granted(o: (AcquireOutcome, Option<LeaseRecord>)) -> LeaseRecord {
     match o {

@@ -1,33 +1,8 @@
 use super::*;
+use crate::decide::tests::{acquire_any, removable};
 use crate::decide::Observed;
 use crate::key::Key;
 use std::time::Duration;
-
-/// An acquisition decided by `Rules`, answered as a pair.
-fn acquire_any(
-    current: Current<'_>,
-    req: &AcquireRequest,
-    now: Now,
-    holder_dead: bool,
-    expiry: Expiry,
-    fence_floor: u64,
-) -> crate::error::Result<(AcquireOutcome, Option<LeaseRecord>)> {
-    let rules = crate::decide::Rules {
-        now,
-        expiry,
-        fence_floor,
-    };
-    let d = rules.acquire(current, req, holder_dead)?;
-    Ok((d.outcome, d.write))
-}
-
-fn removable(r: &LeaseRecord, now_ms: u64, older_than_ms: u64) -> bool {
-    let now = Now {
-        ms: now_ms,
-        us: now_ms * 1000,
-    };
-    crate::decide::Rules::clock(now).removable(r, None, Duration::from_millis(older_than_ms))
-}
 
 const SEM: PermitRequest = PermitRequest::Semaphore { permits: 2 };
 

@@ -313,9 +313,5 @@ async fn from_url(url: &url::Url) -> Result<KubernetesStore> {
 
 /// `r` freed at `now_ms` ([`crate::decide::Rules::freed`], times on this clock).
 fn freed(r: &LeaseRecord, now_ms: u64) -> LeaseRecord {
-    let now = crate::decide::Now {
-        ms: now_ms,
-        us: now_ms * 1000,
-    };
-    crate::decide::Rules::clock(now).freed(r)
+    crate::decide::Rules::clock(crate::decide::Now::at_ms(now_ms)).freed(r)
 }
