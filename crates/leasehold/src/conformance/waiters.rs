@@ -169,8 +169,12 @@ impl LockStore for Counting {
     async fn force_release(&self, key: &Key) -> crate::Result<Option<crate::LeaseRecord>> {
         self.inner.force_release(key).await
     }
-    async fn cleanup(&self, older_than: Duration) -> crate::Result<crate::CleanupReport> {
-        self.inner.cleanup(older_than).await
+    async fn cleanup(
+        &self,
+        older_than: Duration,
+        progress: &crate::CleanupProgress,
+    ) -> crate::Result<crate::CleanupReport> {
+        self.inner.cleanup(older_than, progress).await
     }
     async fn subscribe(&self, key: &Key) -> crate::Result<Option<Box<dyn crate::ChangeWatch>>> {
         self.inner.subscribe(key).await
