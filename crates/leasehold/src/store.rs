@@ -499,8 +499,9 @@ pub struct CleanupReport {
 ///   say how far it got.
 /// - How fine the steps are depends on the store: stores that examine records one by one (the
 ///   file store and the compare-and-set stores) count each record as it is decided; a store
-///   that removes records in one server-side statement (PostgreSQL) or removes nothing
-///   (Redis, Redlock) raises both counters once, at the end.
+///   that removes records in one server-side statement (PostgreSQL) or in one pass (etcd, the
+///   memory store) raises both counters once, at the end; one whose records expire on the
+///   server by themselves (Redis, Redlock) removes nothing and leaves both at zero.
 ///
 /// A fresh value (zero, zero) per call: the counters of a reused value go on from where they were.
 ///
