@@ -536,16 +536,18 @@ async fn cleanup_deletes_nothing_where_a_stale_conditional_delete_is_carried_out
 
     // The store refuses stale deletes now: cleanup removes the free record only.
     store.inner().ignore.store(false, Ordering::SeqCst);
-    let report = store
-        .cleanup(Duration::ZERO, &crate::CleanupProgress::new())
-        .await
-        .unwrap();
+    let progress = crate::CleanupProgress::new();
+    let report = store.cleanup(Duration::ZERO, &progress).await.unwrap();
     assert_eq!((report.removed, report.kept), (1, 1), "{report:?}");
+    assert_eq!(progress.get(), (2, 2), "each record counted, no probe");
     assert_eq!(keys(&store).await, ["held"], "no scratch record left");
-    store
-        .cleanup(Duration::ZERO, &crate::CleanupProgress::new())
-        .await
-        .unwrap();
+    let progress = crate::CleanupProgress::new();
+    store.cleanup(Duration::ZERO, &progress).await.unwrap();
+    assert_eq!(
+        progress.get(),
+        (1, 1),
+        "the fence high-water mark is no record"
+    );
     assert_eq!(
         store.inner().creates.load(Ordering::SeqCst),
         2 + 3 + 1,
