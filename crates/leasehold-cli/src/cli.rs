@@ -141,7 +141,7 @@ pub(crate) enum Command {
     /// their lease), and follows their changes (server-sent events at /events: the store's
     /// notifications where it has them, expiries, and a look at least every --every). It works
     /// without JavaScript too (reload to refresh). /api/leases is `ls --json`, /api/queue is
-    /// `queue status --json`. Read-only unless --allow-force-release: then POST /api/release
+    /// `queue status --json` (404 while the default queue does not exist). Read-only unless --allow-force-release: then POST /api/release
     /// with {"key": KEY} (and "holder": ID for one holder's permits) and the header
     /// `Authorization: Bearer TOKEN` frees a lease as `release --force` does. The token is read
     /// from --token-file, else made up and printed at start. Prints `serving http://ADDR/` once
@@ -512,7 +512,7 @@ pub(crate) struct ServeArgs {
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7474")]
     pub(crate) listen: std::net::SocketAddr,
 
-    /// The queue to show: sqlite:///path/queue.db or postgres://user@host:port/db [default: sqlite://<state dir>/leasehold/queue.db]
+    /// The queue to show: sqlite:///path/queue.db or postgres://user@host:port/db [default: sqlite://<state dir>/leasehold/queue.db, shown once it exists: serve does not create it]
     #[arg(
         long,
         value_name = "URL",

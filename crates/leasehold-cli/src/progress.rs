@@ -8,28 +8,38 @@ use std::time::Duration;
 /// A bar of `len` steps drawn with `template` (indicatif's template language), hidden unless
 /// stderr is a terminal and `shown` (a command's `--json` output hides it too).
 pub(crate) fn bar(len: u64, template: &str, shown: bool) -> ProgressBar {
-    styled(Some(len), template, shown, "")
-}
-
-/// A spinner with `message` and the time so far, for work whose size is not known ahead, hidden
-/// unless stderr is a terminal.
-pub(crate) fn spinner(message: &str) -> ProgressBar {
-    styled(None, "{spinner} {msg} {elapsed}", true, message)
-}
-
-fn styled(len: Option<u64>, template: &str, shown: bool, message: &str) -> ProgressBar {
     let target = if shown && std::io::stderr().is_terminal() {
         ProgressDrawTarget::stderr()
     } else {
         ProgressDrawTarget::hidden()
     };
-    let bar = ProgressBar::with_draw_target(len, target);
+    let bar = ProgressBar::with_draw_target(Some(len), target);
     // A template that does not parse is this program's defect: the default style still shows
     // the progress.
     if let Ok(style) = ProgressStyle::with_template(template) {
         bar.set_style(style.progress_chars("=> "));
     }
-    bar.set_message(message.to_owned());
     bar.enable_steady_tick(Duration::from_millis(250));
     bar
+}
+
+/// Runs `work` to its end while `bar` shows `(position, length)` as `poll` reads them, ten times
+/// a second; only `work` runs when the bar is hidden.
+pub(crate) async fn follow<T>(
+    bar: &ProgressBar,
+    work: impl std::future::Future<Output = T>,
+    poll: impl Fn() -> (u64, u64),
+) -> T {
+    tokio::pin!(work);
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    loop {
+        tokio::select! {
+            out = &mut work => return out,
+            _ = tick.tick(), if !bar.is_hidden() => {
+                let (pos, len) = poll();
+                bar.set_length(len);
+                bar.set_position(pos);
+            }
+        }
+    }
 }

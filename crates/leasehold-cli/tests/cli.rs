@@ -910,6 +910,7 @@ fn cleanup_removes_old_free_and_expired_records_only() {
         out.stdout.starts_with("removed 1 record, kept 2 records"),
         "{out:?}"
     );
+    assert_eq!(out.stderr, "", "no progress when piped");
     assert_eq!(s.output(["inspect", "stale"]).code, Some(1));
 
     let out = s.output(["cleanup", "--older-than", "0s"]);
@@ -923,6 +924,34 @@ fn cleanup_removes_old_free_and_expired_records_only() {
 
     busy.close_stdin();
     assert_eq!(busy.finish(LIMIT).code, Some(0));
+}
+
+/// On a terminal `cleanup` shows keys done of keys found; its result line is the piped one.
+#[test]
+fn cleanup_shows_its_progress_on_a_terminal_only() {
+    let s = Store::new();
+    for i in 0..200 {
+        let body = STALE.replace("\"stale\"", &format!("\"stale-{i}\""));
+        write_record(&s.locks(), &format!("stale-{i}.lease"), &body);
+    }
+    // `script` (util-linux) gives the command a terminal.
+    let line = format!("{BIN} --store {} cleanup --older-than 0s", s.url);
+    let tty = Command::new("script")
+        .args(["-qec", &line, "/dev/null"])
+        .env_remove("LEASEHOLD_STORE")
+        .output()
+        .unwrap();
+    let shown = String::from_utf8_lossy(&tty.stdout);
+    assert_eq!(tty.status.code(), Some(0), "{shown}");
+    assert!(
+        shown.contains("removing records free for over 0s [") && shown.contains(" keys "),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("removed 200 records, kept 0 records"),
+        "{shown}"
+    );
+    assert!(s.ls_json(None).is_empty());
 }
 
 #[test]

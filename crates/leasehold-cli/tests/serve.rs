@@ -33,16 +33,24 @@ impl Serve {
     /// Starts `leasehold --store STORE serve --queue QUEUE --listen 127.0.0.1:0 EXTRA…` and reads
     /// its address (and token) from stdout.
     fn start(store: &str, queue: &str, extra: &[&str]) -> Serve {
-        let mut child = Command::new(BIN)
-            .args([
-                "--store",
-                store,
-                "serve",
-                "--queue",
-                queue,
-                "--listen",
-                "127.0.0.1:0",
-            ])
+        let mut cmd = Command::new(BIN);
+        cmd.args(["--store", store, "serve", "--queue", queue]);
+        Self::spawn(cmd, extra)
+    }
+
+    /// Starts `leasehold --store STORE serve --listen 127.0.0.1:0 EXTRA…` with no queue named and
+    /// `state` as the state directory (`XDG_STATE_HOME`), where the default queue is.
+    fn start_with_default_queue(store: &str, state: &std::path::Path, extra: &[&str]) -> Serve {
+        let mut cmd = Command::new(BIN);
+        cmd.args(["--store", store, "serve"])
+            .env_remove("LEASEHOLD_QUEUE")
+            .env("XDG_STATE_HOME", state);
+        Self::spawn(cmd, extra)
+    }
+
+    fn spawn(mut cmd: Command, extra: &[&str]) -> Serve {
+        let mut child = cmd
+            .args(["--listen", "127.0.0.1:0"])
             .args(extra)
             .env("LEASEHOLD_LOG", "warn")
             .stdout(Stdio::piped())
@@ -387,6 +395,86 @@ fn the_queue_shows_pending_and_running_tasks() {
     assert!(page.contains(r#"data-key="user/alice""#), "{page}");
 }
 
+/// Without `--queue`, the default queue is shown only once it exists: `serve` does not create
+/// it, the page and `/api/queue` say there is none, and a queue made later is picked up.
+#[test]
+fn the_default_queue_is_shown_once_it_exists_and_never_created() {
+    use leasehold::queue::{open_queue, NewTask};
+    let d = dirs();
+    let state = tempfile::tempdir().unwrap();
+    let file = state.path().join("leasehold").join("queue.db");
+    let serve = Serve::start_with_default_queue(&d.store, state.path(), &["--every", "200ms"]);
+    let a = get(serve.port, "/api/queue");
+    assert_eq!(a.status, 404, "{}", a.body);
+    let v = a.json();
+    assert_eq!(v["error"], "no queue", "{v}");
+    let message = v["message"].as_str().unwrap();
+    assert!(
+        message.contains(&file.display().to_string()) && message.contains("does not exist"),
+        "{message}"
+    );
+    let page = get(serve.port, "/").body;
+    assert!(
+        page.contains(r#"<p class="empty" id="no-queue">No queue: the default queue"#),
+        "{page}"
+    );
+    assert!(!file.exists(), "serve created the default queue");
+    assert!(
+        !file.parent().unwrap().exists(),
+        "serve created the queue's directory"
+    );
+
+    // `queue add` (here the library) creates it; serve shows it from then on.
+    let rt = runtime();
+    let q = rt
+        .block_on(open_queue(&format!("sqlite://{}", file.display())))
+        .unwrap();
+    rt.block_on(q.enqueue(&NewTask::new("user/bob", r#"{"argv":["true"]}"#)))
+        .unwrap();
+    let status = eventually("the queue in /api/queue", || {
+        let a = get(serve.port, "/api/queue");
+        (a.status == 200).then(|| a.json())
+    });
+    assert_eq!(status["pending"]["normal"], 1, "{status}");
+    let page = get(serve.port, "/").body;
+    assert!(
+        page.contains(r#"<dd id="pending">high 0, normal 1, low 0</dd>"#)
+            && !page.contains("no-queue"),
+        "{page}"
+    );
+}
+
+/// Free records are not rows of the page, which says how many it hides; `/api/leases` lists
+/// them.
+#[test]
+fn the_page_counts_the_free_records_it_hides() {
+    let d = dirs();
+    let rt = runtime();
+    let locks = rt.block_on(leasehold::connect(&d.store)).unwrap();
+    for key in ["done/1", "done/2"] {
+        rt.block_on(take(&rt, &locks, key, Duration::from_secs(30)).release())
+            .unwrap();
+    }
+    let serve = Serve::start(&d.store, &d.queue, &[]);
+    let page = get(serve.port, "/").body;
+    assert!(page.contains("No lease held."), "{page}");
+    assert!(
+        page.contains(r#"<p class="note" id="free">2 free records not shown"#),
+        "{page}"
+    );
+    let held = take(&rt, &locks, "busy", Duration::from_secs(30));
+    let page = get(serve.port, "/").body;
+    assert!(page.contains(r#"data-key="busy""#), "{page}");
+    assert!(!page.contains(r#"data-key="done/1""#), "{page}");
+    assert!(page.contains("2 free records not shown"), "{page}");
+    rt.block_on(held.release()).unwrap();
+    let page = get(serve.port, "/").body;
+    assert!(page.contains("3 free records not shown"), "{page}");
+    let all = serve.leases();
+    assert_eq!(all.len(), 3, "the JSON lists them: {all:?}");
+    assert!(all.iter().all(|r| r["state"] == "free"), "{all:?}");
+}
+
 #[test]
 fn a_bad_listen_address_is_a_usage_error() {
     for bad in ["nonsense", "127.0.0.1", "300.0.0.1:80", "127.0.0.1:99999"] {
@@ -482,15 +570,7 @@ fn a_browser_sees_the_leases_live() {
         find(v, "reports/nightly").is_some_and(|r| r["expires"] != first)
     });
     // The screenshot for the book, with the queue's section too.
-    let png = browser.screenshot();
-    assert!(png.len() > 2_000, "a PNG of {} bytes", png.len());
-    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n", "not a PNG");
-    let width = u32::from_be_bytes(png[16..20].try_into().unwrap());
-    let height = u32::from_be_bytes(png[20..24].try_into().unwrap());
-    assert!(width >= 800 && height >= 500, "{width}x{height}");
-    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("serve.png");
-    std::fs::write(&path, &png).unwrap();
-    eprintln!("screenshot: {}", path.display());
+    screenshot(&browser, "serve.png");
 
     rt.block_on(beta.release()).unwrap();
     browser.wait_for("reports/nightly goes", BOUND, ROWS, |v| {
@@ -501,4 +581,119 @@ fn a_browser_sees_the_leases_live() {
         true,
         "live, not reloaded"
     );
+}
+
+/// A screenshot of the browser's window, checked to be a PNG of the window's size, saved as
+/// `name` in the tests' temporary directory.
+fn screenshot(browser: &webdriver::Browser, name: &str) {
+    let png = browser.screenshot();
+    assert!(png.len() > 2_000, "a PNG of {} bytes", png.len());
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n", "not a PNG");
+    let width = u32::from_be_bytes(png[16..20].try_into().unwrap());
+    let height = u32::from_be_bytes(png[20..24].try_into().unwrap());
+    assert!(width >= 800 && height >= 500, "{width}x{height}");
+    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    std::fs::write(&path, &png).unwrap();
+    eprintln!("screenshot: {}", path.display());
+}
+
+/// Force release from the page in a real browser: the release button asks for confirmation;
+/// without the token, or with a wrong one, the click fails with the server's 401 shown on the
+/// page and the key stays held; with the token typed into the page's field the key is freed in
+/// the store, its row goes, and its holder loses the lease.
+#[test]
+fn a_browser_force_releases_with_the_token_only() {
+    let d = dirs();
+    let token = "page-token-0123456789abcdef";
+    let token_file = d._dir.path().join("token");
+    std::fs::write(&token_file, format!("{token}\n")).unwrap();
+    let rt = runtime();
+    let locks = rt.block_on(leasehold::connect(&d.store)).unwrap();
+    let stuck = take(&rt, &locks, "ops/stuck", Duration::from_secs(30));
+    let other = take(&rt, &locks, "ops/other", Duration::from_secs(30));
+    let serve = Serve::start(
+        &d.store,
+        &d.queue,
+        &[
+            "--allow-force-release",
+            "--token-file",
+            &token_file.display().to_string(),
+            "--every",
+            "500ms",
+        ],
+    );
+    let browser = webdriver::Browser::start();
+    browser.goto(&format!("http://127.0.0.1:{}/", serve.port));
+    browser.wait_for(
+        "the page is live",
+        BOUND,
+        "return document.getElementById('live').textContent",
+        |v| v == "live",
+    );
+    const BUTTON: &str = r#"button.release[data-key="ops/stuck"]"#;
+    const MESSAGE: &str = "return document.getElementById('message').textContent";
+    const KEYS: &str =
+        "return [...document.querySelectorAll('#leases tbody tr')].map(tr => tr.dataset.key)";
+    let has = |v: &Value, key: &str| v.as_array().is_some_and(|a| a.iter().any(|k| k == key));
+    browser.wait_for(
+        "the release button is enabled",
+        BOUND,
+        &format!("const b = document.querySelector('{BUTTON}'); return b !== null && !b.disabled"),
+        |v| v == true,
+    );
+
+    // No token, then a wrong one: the click asks, is refused (401, said on the page), and the
+    // key stays held.
+    for (typed, attempt) in [
+        ("", "no token"),
+        ("page-token-0123456789abcdeX", "a wrong token"),
+    ] {
+        browser.type_into("#token", typed, BOUND);
+        browser.eval("document.getElementById('message').textContent = ''; return null");
+        browser.click(BUTTON, BOUND);
+        let asked = browser.accept_dialog(BOUND);
+        assert!(asked.contains("ops/stuck"), "{attempt}: {asked}");
+        let said = browser.wait_for(&format!("{attempt}: the refusal"), BOUND, MESSAGE, |v| {
+            v.as_str().is_some_and(|s| !s.is_empty())
+        });
+        assert!(
+            said.as_str()
+                .unwrap()
+                .starts_with("401: a force release needs"),
+            "{attempt}: {said}"
+        );
+        assert!(stuck.is_current(), "{attempt}");
+        let all = serve.leases();
+        assert_eq!(
+            row(&all, "ops/stuck").unwrap()["state"],
+            "held",
+            "{attempt}"
+        );
+        assert!(has(&browser.eval(KEYS), "ops/stuck"), "{attempt}");
+    }
+    screenshot(&browser, "serve-release-refused.png");
+
+    // The right token, typed into the page's field: released.
+    browser.type_into("#token", token, BOUND);
+    browser.click(BUTTON, BOUND);
+    browser.accept_dialog(BOUND);
+    let said = browser.wait_for("the release", BOUND, MESSAGE, |v| {
+        v.as_str().is_some_and(|s| s.starts_with("released"))
+    });
+    assert_eq!(said, r#"released "ops/stuck""#);
+    browser.wait_for("the row goes", BOUND, KEYS, |v| {
+        !has(v, "ops/stuck") && has(v, "ops/other")
+    });
+    let key = leasehold::Key::new("ops/stuck").unwrap();
+    match rt.block_on(locks.store().inspect(&key)).unwrap() {
+        None => {}
+        Some(leasehold::Inspection::Record(r)) => {
+            assert!(r.token.is_none() && r.holder.is_none(), "still held: {r:?}")
+        }
+        Some(other) => panic!("{other:?}"),
+    }
+    rt.block_on(async { tokio::time::timeout(BOUND, stuck.lost()).await })
+        .expect("the holder is told it lost the lease");
+    assert!(other.is_current(), "only the key clicked is released");
+    screenshot(&browser, "serve-release.png");
 }

@@ -121,6 +121,50 @@ pub async fn overwritten_with_a_hash(url: &str, record_prefix: &str, redis: impl
     assert!(g.fence() > 0);
 }
 
+/// `cleanup` of `n` stale records through the store at `url`, which holds nothing else: `n`
+/// leases are taken and released, then cleaned up while a task reads the progress the store
+/// reports. Every reading has `done <= found` and none goes back; at the end both equal the
+/// records the report counts, and all `n` were removed.
+///
+/// # Panics
+/// When any of that does not hold.
+pub async fn cleanup_progress_ends_at_the_report(url: &str, n: usize) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+    let l = connect_as(url, "cleaned").await;
+    for g in take_many(&l, &prefix("stale"), n, Duration::from_secs(30)).await {
+        g.release().await.unwrap();
+    }
+    let progress = leasehold::CleanupProgress::new();
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let reader = {
+        let (progress, stop) = (progress.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut last = (0, 0);
+            while !stop.load(Ordering::Acquire) {
+                let now = progress.get();
+                assert!(now.0 <= now.1, "done above found: {now:?}");
+                assert!(
+                    now.0 >= last.0 && now.1 >= last.1,
+                    "went back from {last:?} to {now:?}"
+                );
+                last = now;
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+    };
+    let report = l
+        .store()
+        .cleanup(Duration::ZERO, &progress)
+        .await
+        .unwrap_or_else(|e| panic!("cleanup {url}: {e}"));
+    stop.store(true, Ordering::Release);
+    reader.await.unwrap();
+    let total = (report.removed + report.kept) as u64;
+    assert_eq!(progress.get(), (total, total), "{url}: {report:?}");
+    assert_eq!(report.removed, n, "{url}: {report:?}");
+}
+
 /// Locks over the store at `url` acting as `holder`, with the local layer off so the client talks
 /// to the store like a separate process would.
 ///

@@ -398,7 +398,7 @@ fn object_stores_fences_never_go_backwards_after_cleanup_when_the_next_clock_lag
             );
             last = fence;
             let report = runtime
-                .block_on(locks.cleanup(Duration::ZERO))
+                .block_on(locks.cleanup(Duration::ZERO, &leasehold::CleanupProgress::new()))
                 .unwrap_or_else(|e| panic!("{store}: cleanup: {e}"));
             assert!(report.removed >= 1, "{store}: {report:?}");
         }

@@ -414,8 +414,12 @@ impl leasehold::LockStore for Paced {
     ) -> leasehold::Result<Option<leasehold::LeaseRecord>> {
         self.inner.force_release(key).await
     }
-    async fn cleanup(&self, older_than: Duration) -> leasehold::Result<leasehold::CleanupReport> {
-        self.inner.cleanup(older_than).await
+    async fn cleanup(
+        &self,
+        older_than: Duration,
+        progress: &leasehold::CleanupProgress,
+    ) -> leasehold::Result<leasehold::CleanupReport> {
+        self.inner.cleanup(older_than, progress).await
     }
     async fn subscribe(
         &self,

@@ -210,7 +210,9 @@ async fn other_kinds_are_refused_and_kind_keys_are_cleaned_up() {
     let kind = format!("leasehold/kind/{}", k.as_str());
     assert_eq!(etcd_keys(&kind).await[0].1, "semaphore:3");
     // The kind key stays while a permit is held.
-    b.cleanup(Duration::ZERO).await.unwrap();
+    b.cleanup(Duration::ZERO, &leasehold::CleanupProgress::new())
+        .await
+        .unwrap();
     assert_eq!(etcd_keys(&kind).await.len(), 1);
     a.release(&k, first.token.as_deref().unwrap())
         .await
@@ -229,7 +231,10 @@ async fn other_kinds_are_refused_and_kind_keys_are_cleaned_up() {
     assert!(w.fence > lock.fence);
     assert_eq!(etcd_keys(&kind).await[0].1, "read-write");
     a.release(&k, w.token.as_deref().unwrap()).await.unwrap();
-    let report = b.cleanup(Duration::ZERO).await.unwrap();
+    let report = b
+        .cleanup(Duration::ZERO, &leasehold::CleanupProgress::new())
+        .await
+        .unwrap();
     assert!(report.removed >= 1, "{report:?}");
     assert!(etcd_keys(&kind).await.is_empty());
     assert!(a.inspect(&k).await.unwrap().is_none(), "nothing left");

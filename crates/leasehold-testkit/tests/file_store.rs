@@ -186,7 +186,10 @@ async fn fences_survive_restarts_and_cleanup() {
         child.wait().expect("wait");
     }
     let store = FileStore::open(dir.path(), FileOptions::default()).expect("open");
-    store.cleanup(Duration::ZERO).await.expect("cleanup");
+    store
+        .cleanup(Duration::ZERO, &leasehold::CleanupProgress::new())
+        .await
+        .expect("cleanup");
     let left: Vec<_> = std::fs::read_dir(dir.path())
         .expect("ls")
         .map(|e| e.expect("entry").file_name())
@@ -233,7 +236,14 @@ async fn a_record_cleaned_up_is_created_again_above_its_fence_whatever_the_clock
     record["fence"] = ahead.into();
     std::fs::write(&file, serde_json::to_vec_pretty(&record).unwrap()).unwrap();
     let store = FileStore::open(dir.path(), FileOptions::default()).expect("open");
-    assert_eq!(store.cleanup(Duration::ZERO).await.unwrap().removed, 1);
+    assert_eq!(
+        store
+            .cleanup(Duration::ZERO, &leasehold::CleanupProgress::new())
+            .await
+            .unwrap()
+            .removed,
+        1
+    );
     let g = locks
         .lock("ahead")
         .unwrap()
@@ -545,4 +555,11 @@ async fn a_corrupt_record_is_held_while_its_holder_process_lives() {
         .expect("recovered once the holder is gone");
     assert!(g.fence() > fence, "{} after {fence}", g.fence());
     g.release().await.expect("release");
+}
+
+/// `cleanup` of 200 stale records reports its progress record by record, ending at its report.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cleanup_progress_of_200_stale_records_ends_at_the_report() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    leasehold_testkit::cleanup_progress_ends_at_the_report(&url(dir.path()), 200).await;
 }

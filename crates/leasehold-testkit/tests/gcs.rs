@@ -413,7 +413,9 @@ async fn cleanup_refuses_a_server_that_ignores_the_delete_precondition() {
         .await
         .unwrap();
     let store = l.store();
-    let res = store.cleanup(Duration::ZERO).await;
+    let res = store
+        .cleanup(Duration::ZERO, &leasehold::CleanupProgress::new())
+        .await;
     eprintln!("cleanup: {res:?}");
     let err = res.expect_err("cleanup refuses");
     assert!(
@@ -441,7 +443,10 @@ async fn cleanup_refuses_a_server_that_ignores_the_delete_precondition() {
     let store = leasehold::open_store(&server.store_url(&prefix))
         .await
         .unwrap();
-    let report = store.cleanup(Duration::ZERO).await.unwrap();
+    let report = store
+        .cleanup(Duration::ZERO, &leasehold::CleanupProgress::new())
+        .await
+        .unwrap();
     assert_eq!((report.removed, report.kept), (1, 1), "{report:?}");
     let left: Vec<String> = (store.list("").await.unwrap().into_iter())
         .map(|i| match i {

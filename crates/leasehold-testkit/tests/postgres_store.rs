@@ -62,7 +62,10 @@ async fn fences_keep_rising_after_cleanup_deleted_the_row() {
         panic!("free")
     };
     s.release(&key, &req.token).await.unwrap();
-    let report = s.cleanup(Duration::ZERO).await.unwrap();
+    let report = s
+        .cleanup(Duration::ZERO, &leasehold::CleanupProgress::new())
+        .await
+        .unwrap();
     assert_eq!(report.removed, 1);
     assert!(s.inspect(&key).await.unwrap().is_none(), "the row is gone");
     let again = AcquireRequest::new(key.clone(), "b", Duration::from_secs(30));
@@ -78,7 +81,10 @@ async fn fences_keep_rising_after_cleanup_deleted_the_row() {
     // A second store on the same table (another process) continues from the same sequence.
     let other = store(&url).await;
     other.release(&key, &again.token).await.unwrap();
-    other.cleanup(Duration::ZERO).await.unwrap();
+    other
+        .cleanup(Duration::ZERO, &leasehold::CleanupProgress::new())
+        .await
+        .unwrap();
     let third = AcquireRequest::new(key.clone(), "c", Duration::from_secs(30));
     let AcquireOutcome::Granted(r) = other.acquire(&third).await.unwrap() else {
         panic!("free")
@@ -388,7 +394,10 @@ async fn a_stalled_acquire_cannot_recreate_a_cleaned_key_with_an_old_fence() {
     let f = granted_and_released_meanwhile(&fast, &key, &db).await;
     let cleaner = {
         let fast = fast.clone();
-        tokio::spawn(async move { fast.cleanup(Duration::ZERO).await })
+        tokio::spawn(async move {
+            fast.cleanup(Duration::ZERO, &leasehold::CleanupProgress::new())
+                .await
+        })
     };
     let AcquireOutcome::Granted(s) = stalled.await.unwrap().unwrap() else {
         panic!("the key was free")
@@ -812,7 +821,13 @@ async fn permit_keys_are_cleaned_up_only_when_free() {
             other => panic!("{other:?}"),
         }
     }
-    assert_eq!(s.cleanup(Duration::ZERO).await.unwrap().removed, 0);
+    assert_eq!(
+        s.cleanup(Duration::ZERO, &leasehold::CleanupProgress::new())
+            .await
+            .unwrap()
+            .removed,
+        0
+    );
     let was = s.force_release(&key).await.unwrap().expect("held");
     let holders: Vec<_> = was
         .permits
@@ -826,7 +841,13 @@ async fn permit_keys_are_cleaned_up_only_when_free() {
         panic!("the key's row stays until cleanup")
     };
     assert_eq!(now.permits.map(|t| t.holders.len()), Some(0));
-    assert_eq!(s.cleanup(Duration::ZERO).await.unwrap().removed, 1);
+    assert_eq!(
+        s.cleanup(Duration::ZERO, &leasehold::CleanupProgress::new())
+            .await
+            .unwrap()
+            .removed,
+        1
+    );
     assert!(s.inspect(&key).await.unwrap().is_none());
     assert_eq!(
         shared_postgres()
@@ -961,4 +982,11 @@ async fn one_lock_holder_is_force_released_by_id_or_token() {
             RenewOutcome::Lost(LostReason::Released)
         );
     }
+}
+
+/// `cleanup` of 200 stale rows (one statement) reports its progress once, at its report.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cleanup_progress_of_200_stale_rows_ends_at_the_report() {
+    let url = shared_postgres().fresh_db();
+    leasehold_testkit::cleanup_progress_ends_at_the_report(&url, 200).await;
 }

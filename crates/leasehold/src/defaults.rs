@@ -94,11 +94,20 @@ pub fn store_url_from_env() -> Result<String> {
 pub fn queue_url(given: Option<&str>) -> String {
     match named(given) {
         Some(url) => url.to_owned(),
-        None => {
-            let path = state_dir().join("leasehold").join("queue.db");
-            format!("sqlite://{}", path.display())
-        }
+        None => format!("sqlite://{}", queue_path().display()),
     }
+}
+
+/// The default queue's file: `<state dir>/leasehold/queue.db` (created by the first command that
+/// opens it).
+///
+/// ```
+/// let path = leasehold::defaults::queue_path();
+/// assert!(path.ends_with("leasehold/queue.db"), "{}", path.display());
+/// ```
+#[cfg(feature = "queue")]
+pub fn queue_path() -> PathBuf {
+    state_dir().join("leasehold").join("queue.db")
 }
 
 /// [`queue_url`] of [`QUEUE_ENV`]'s value.

@@ -466,12 +466,12 @@ pub enum Inspection {
 ///
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-/// use leasehold::{memory::MemoryStore, Locks};
+/// use leasehold::{memory::MemoryStore, CleanupProgress, Locks};
 /// use std::time::Duration;
 /// let locks = Locks::new(MemoryStore::new());
 /// locks.lock("done")?.acquire().await?.release().await?;
 /// let held = locks.lock("busy")?.acquire().await?;
-/// let report = locks.store().cleanup(Duration::ZERO).await?;
+/// let report = locks.store().cleanup(Duration::ZERO, &CleanupProgress::new()).await?;
 /// assert_eq!((report.removed, report.kept), (1, 1)); // the held record stays
 /// # drop(held);
 /// # Ok::<(), leasehold::Error>(()) }).unwrap();
@@ -483,6 +483,83 @@ pub struct CleanupReport {
     pub removed: usize,
     /// Records kept because they are held, waited for, or younger than the limit.
     pub kept: usize,
+}
+
+/// How far a [`LockStore::cleanup`] has got, for a progress bar: two counters the store raises
+/// as it works and anyone holding the value (or a clone: clones share the counters) reads at any
+/// time, from any thread. No lock is taken on either side.
+///
+/// The store's side of the contract:
+/// - `found` is the number of records the store has found to examine so far ([`Self::add_found`]);
+///   `done` the number of those it has decided on, removed or kept ([`Self::add_done`]). Both
+///   only grow, and a store raises `found` for a record before it raises `done` for it, so a
+///   reader of [`Self::get`] always sees `done <= found`.
+/// - When `cleanup` returns `Ok(report)`, `done == found`, and `found == report.removed +
+///   report.kept` unless another process deleted records between the store's listing and its
+///   look at them (those count as done, neither removed nor kept). After an error the counters
+///   say how far it got.
+/// - How fine the steps are depends on the store: stores that examine records one by one (the
+///   file store and the compare-and-set stores) count each record as it is decided; a store
+///   that removes records in one server-side statement (PostgreSQL) or in one pass (etcd, the
+///   memory store) raises both counters once, at the end; one whose records expire on the
+///   server by themselves (Redis, Redlock) removes nothing and leaves both at zero.
+///
+/// A fresh value (zero, zero) per call: the counters of a reused value go on from where they were.
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// use leasehold::{file::FileStore, CleanupProgress, Locks, LockStore};
+/// use std::time::Duration;
+/// let dir = tempfile::tempdir().unwrap();
+/// let locks = Locks::new(FileStore::open(dir.path(), Default::default())?);
+/// for name in ["a", "b", "c"] {
+///     locks.lock(name)?.acquire().await?.release().await?;
+/// }
+/// let progress = CleanupProgress::new();
+/// // A progress bar would poll `progress.get()` while this runs (a clone can go to another task).
+/// let report = locks.store().cleanup(Duration::ZERO, &progress).await?;
+/// assert_eq!(progress.get(), (3, 3)); // (done, found)
+/// assert_eq!(report.removed + report.kept, 3);
+/// # Ok::<(), leasehold::Error>(()) }).unwrap();
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct CleanupProgress(Arc<ProgressCounters>);
+
+#[derive(Debug, Default)]
+struct ProgressCounters {
+    found: std::sync::atomic::AtomicU64,
+    done: std::sync::atomic::AtomicU64,
+}
+
+impl CleanupProgress {
+    /// Counters at zero.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// For a store: `n` more records found to examine.
+    pub fn add_found(&self, n: u64) {
+        self.0.found.fetch_add(n, Ordering::Release);
+    }
+
+    /// For a store: `n` more of the records found decided on (removed or kept).
+    pub fn add_done(&self, n: u64) {
+        self.0.done.fetch_add(n, Ordering::Release);
+    }
+
+    /// For a store that learns its counts only at the end: `n` records found and decided on.
+    pub fn add_finished(&self, n: u64) {
+        self.add_found(n);
+        self.add_done(n);
+    }
+
+    /// `(done, found)` so far, with `done <= found`.
+    pub fn get(&self) -> (u64, u64) {
+        // `done` first: every record counted there was counted in `found` before, so the later
+        // read of `found` sees at least as many.
+        let done = self.0.done.load(Ordering::Acquire);
+        (done, self.0.found.load(Ordering::Acquire))
+    }
 }
 
 /// A subscription to changes of one key, taken *before* an acquisition attempt so that no change
@@ -601,8 +678,14 @@ pub trait LockStore: Send + Sync + fmt::Debug + 'static {
     }
 
     /// Removes records that are free (or expired) and were last touched longer than `older_than`
-    /// ago. Fences stay monotonic for every key (see each store's fence notes).
-    async fn cleanup(&self, older_than: Duration) -> Result<CleanupReport>;
+    /// ago. Fences stay monotonic for every key (see each store's fence notes). The store reports
+    /// how far it has got in `progress` (see [`CleanupProgress`] for what each store counts, and
+    /// an example); a caller with no use for it passes `&CleanupProgress::new()`.
+    async fn cleanup(
+        &self,
+        older_than: Duration,
+        progress: &CleanupProgress,
+    ) -> Result<CleanupReport>;
 
     /// Subscribes to changes of `key` for fast wake-up of waiters; `None` when the store has no
     /// notification (waiters then poll with backoff).

@@ -9,8 +9,8 @@ use crate::error::Result;
 use crate::key::Key;
 use crate::record::LeaseRecord;
 use crate::store::{
-    AcquireOutcome, AcquireRequest, Capabilities, ChangeWatch, CleanupReport, Inspection,
-    LockStore, ReleaseOutcome, RenewOutcome,
+    AcquireOutcome, AcquireRequest, Capabilities, ChangeWatch, CleanupProgress, CleanupReport,
+    Inspection, LockStore, ReleaseOutcome, RenewOutcome,
 };
 use async_trait::async_trait;
 use std::future::Future;
@@ -137,8 +137,13 @@ impl LockStore for Traced {
         .await
     }
 
-    async fn cleanup(&self, older_than: Duration) -> Result<CleanupReport> {
-        traced("cleanup", &self.name, "", self.inner.cleanup(older_than)).await
+    async fn cleanup(
+        &self,
+        older_than: Duration,
+        progress: &CleanupProgress,
+    ) -> Result<CleanupReport> {
+        let call = self.inner.cleanup(older_than, progress);
+        traced("cleanup", &self.name, "", call).await
     }
 
     async fn subscribe(&self, key: &Key) -> Result<Option<Box<dyn ChangeWatch>>> {

@@ -306,12 +306,22 @@ fn nothing_held(key: &str, who: Option<&str>) -> String {
 
 /// `leasehold cleanup`.
 pub(crate) async fn cleanup(store: &dyn LockStore, args: CleanupArgs) -> Result<u8, Failure> {
-    let spinner = crate::progress::spinner(&format!(
+    // On a terminal, keys done of keys found so far, as the store reports them.
+    let bar = crate::progress::bar(
+        0,
+        "{spinner} {msg} [{bar:30}] {pos}/{len} keys {elapsed}",
+        true,
+    );
+    bar.set_message(format!(
         "removing records free for over {}",
         humantime::format_duration(args.older_than)
     ));
-    let report = store.cleanup(args.older_than).await;
-    spinner.finish_and_clear();
+    let progress = leasehold::CleanupProgress::new();
+    let report = crate::progress::follow(&bar, store.cleanup(args.older_than, &progress), || {
+        progress.get()
+    })
+    .await;
+    bar.finish_and_clear();
     let report = report?;
     let plural = |n: usize| if n == 1 { "record" } else { "records" };
     print(&format!(

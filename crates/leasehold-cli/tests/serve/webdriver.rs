@@ -1,6 +1,6 @@
 //! Debian's chromium, headless, driven through chromedriver's W3C WebDriver HTTP API.
 
-use super::http::request;
+use super::http::{self, request};
 use serde_json::{json, Value};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -94,22 +94,98 @@ impl Browser {
         browser
     }
 
-    fn call(&self, method: &str, path: &str, body: &Value) -> Value {
+    /// A command of the session; the answer whatever its status.
+    fn send(&self, method: &str, path: &str, body: &Value) -> http::Answer {
         let path = format!("/session/{}{path}", self.session);
         let body = if method == "GET" {
             String::new()
         } else {
             body.to_string()
         };
-        let a = request(
+        request(
             self.port,
             method,
             &path,
             &[("Content-Type", "application/json")],
             &body,
-        );
+        )
+    }
+
+    fn call(&self, method: &str, path: &str, body: &Value) -> Value {
+        let a = self.send(method, path, body);
         assert_eq!(a.status, 200, "{method} {path}: {}", a.body);
         a.json()["value"].take()
+    }
+
+    /// Finds the element `css` selects and runs `then` on its WebDriver id; finds it again when
+    /// the page swapped it out meanwhile (a live update); panics when there is none after `bound`.
+    fn with_element(&self, css: &str, bound: Duration, then: impl Fn(&str) -> http::Answer) {
+        const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
+        let deadline = Instant::now() + bound;
+        loop {
+            let found = self.send(
+                "POST",
+                "/element",
+                &json!({ "using": "css selector", "value": css }),
+            );
+            let last = match found.json()["value"][ELEMENT].as_str() {
+                Some(id) if found.status == 200 => {
+                    let a = then(id);
+                    if a.status == 200 {
+                        return;
+                    }
+                    a.body
+                }
+                _ => found.body,
+            };
+            assert!(
+                Instant::now() < deadline,
+                "not within {bound:?}: {css}: {last}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Clicks the element `css` selects (found again if a live update replaced it).
+    pub(crate) fn click(&self, css: &str, bound: Duration) {
+        self.with_element(css, bound, |id| {
+            self.send("POST", &format!("/element/{id}/click"), &json!({}))
+        });
+    }
+
+    /// Empties the input `css` selects and types `text` into it.
+    pub(crate) fn type_into(&self, css: &str, text: &str, bound: Duration) {
+        self.with_element(css, bound, |id| {
+            let cleared = self.send("POST", &format!("/element/{id}/clear"), &json!({}));
+            if cleared.status != 200 {
+                return cleared;
+            }
+            self.send(
+                "POST",
+                &format!("/element/{id}/value"),
+                &json!({ "text": text }),
+            )
+        });
+    }
+
+    /// Accepts the dialog the page opened (`window.confirm`) once it is open, and returns its
+    /// text; panics when none opens within `bound`.
+    pub(crate) fn accept_dialog(&self, bound: Duration) -> String {
+        let deadline = Instant::now() + bound;
+        loop {
+            let a = self.send("GET", "/alert/text", &json!({}));
+            if a.status == 200 {
+                let text = a.json()["value"].as_str().unwrap_or_default().to_owned();
+                self.call("POST", "/alert/accept", &json!({}));
+                return text;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no dialog within {bound:?}: {}",
+                a.body
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// Loads `url`.

@@ -86,8 +86,9 @@ use crate::error::{Error, Result};
 use crate::key::Key;
 use crate::record::LeaseRecord;
 use crate::store::{
-    AcquireOutcome, AcquireRequest, Capabilities, ChangeWatch, CleanupReport, GiveUp, Inspection,
-    LockStore, RecordStore, RecordStoreOptions, ReleaseOutcome, RenewOutcome, StoreOptions, Stored,
+    AcquireOutcome, AcquireRequest, Capabilities, ChangeWatch, CleanupProgress, CleanupReport,
+    GiveUp, Inspection, LockStore, RecordStore, RecordStoreOptions, ReleaseOutcome, RenewOutcome,
+    StoreOptions, Stored,
 };
 use async_trait::async_trait;
 use parking_lot::Mutex;
@@ -883,14 +884,21 @@ impl<R: RecordStore> LockStore for RecordLockStore<R> {
         Ok(out.filter(|_| written.is_some()))
     }
 
-    async fn cleanup(&self, older_than: Duration) -> Result<CleanupReport> {
+    async fn cleanup(
+        &self,
+        older_than: Duration,
+        progress: &CleanupProgress,
+    ) -> Result<CleanupReport> {
         self.check_conditional_delete().await?;
         let mut report = CleanupReport::default();
         let now = self.now();
         let server_clock = self.inner.server_clock();
         // Judged first, deleted after the high-water mark is raised above their fences.
         let mut doomed = Vec::new();
-        for (_, stored, age) in self.inner.list_dated("").await? {
+        let listed = self.inner.list_dated("").await?;
+        let records = listed.iter().filter(|(_, s, _)| !is_high_water(s)).count();
+        progress.add_found(records as u64);
+        for (_, stored, age) in listed {
             if is_high_water(&stored) {
                 continue;
             }
@@ -928,6 +936,7 @@ impl<R: RecordStore> LockStore for RecordLockStore<R> {
                 }
             }
             report.kept += 1;
+            progress.add_done(1);
         }
         let top = doomed.iter().map(|(_, _, fence)| *fence).max();
         if let (Some(top), false) = (top, self.inner.revisions()) {
@@ -941,6 +950,7 @@ impl<R: RecordStore> LockStore for RecordLockStore<R> {
             } else {
                 report.kept += 1;
             }
+            progress.add_done(1);
         }
         Ok(report)
     }

@@ -505,7 +505,10 @@ async fn cleanup_deletes_nothing_where_a_stale_conditional_delete_is_carried_out
     assert_eq!(before, ["freed", "held"]);
 
     for _ in 0..2 {
-        let err = store.cleanup(Duration::ZERO).await.unwrap_err();
+        let err = store
+            .cleanup(Duration::ZERO, &crate::store::CleanupProgress::new())
+            .await
+            .unwrap_err();
         assert!(
             matches!(
                 &err,
@@ -533,10 +536,18 @@ async fn cleanup_deletes_nothing_where_a_stale_conditional_delete_is_carried_out
 
     // The store refuses stale deletes now: cleanup removes the free record only.
     store.inner().ignore.store(false, Ordering::SeqCst);
-    let report = store.cleanup(Duration::ZERO).await.unwrap();
+    let progress = crate::store::CleanupProgress::new();
+    let report = store.cleanup(Duration::ZERO, &progress).await.unwrap();
     assert_eq!((report.removed, report.kept), (1, 1), "{report:?}");
+    assert_eq!(progress.get(), (2, 2), "each record counted, no probe");
     assert_eq!(keys(&store).await, ["held"], "no scratch record left");
-    store.cleanup(Duration::ZERO).await.unwrap();
+    let progress = crate::store::CleanupProgress::new();
+    store.cleanup(Duration::ZERO, &progress).await.unwrap();
+    assert_eq!(
+        progress.get(),
+        (1, 1),
+        "the fence high-water mark is no record"
+    );
     assert_eq!(
         store.inner().creates.load(Ordering::SeqCst),
         2 + 3 + 1,
@@ -561,7 +572,10 @@ async fn cleanup_checks_the_memory_store_and_leaves_no_scratch_record() {
         .release(&key, &r.token.unwrap_or_default())
         .await
         .unwrap();
-    let report = store.cleanup(Duration::ZERO).await.unwrap();
+    let report = store
+        .cleanup(Duration::ZERO, &crate::store::CleanupProgress::new())
+        .await
+        .unwrap();
     assert_eq!((report.removed, report.kept), (1, 0), "{report:?}");
     assert!(keys(&store).await.is_empty());
 }
@@ -686,7 +700,10 @@ async fn without_revisions_fences_stay_above_what_cleanup_deleted_when_the_next_
                 "round {round}: machine {i} got fence {fence} after {last}, the record having been deleted by cleanup"
             );
             last = fence;
-            let report = who.cleanup(Duration::ZERO).await.unwrap();
+            let report = who
+                .cleanup(Duration::ZERO, &crate::store::CleanupProgress::new())
+                .await
+                .unwrap();
             assert_eq!(report.removed, 1, "round {round}: {report:?}");
             let listed = who.list("").await.unwrap();
             assert!(listed.is_empty(), "the mark is never listed: {listed:?}");
@@ -719,7 +736,14 @@ async fn a_create_held_up_across_a_cleanup_is_fenced_above_what_it_deleted() {
     });
     reached.await.unwrap();
     let deleted = take_and_release(&ahead, &key, "ahead").await;
-    assert_eq!(ahead.cleanup(Duration::ZERO).await.unwrap().removed, 1);
+    assert_eq!(
+        ahead
+            .cleanup(Duration::ZERO, &crate::store::CleanupProgress::new())
+            .await
+            .unwrap()
+            .removed,
+        1
+    );
     go.send(()).unwrap();
     let AcquireOutcome::Granted(g) = slow.await.unwrap() else {
         panic!("the held-up create was refused a free key")
@@ -743,7 +767,14 @@ async fn a_grant_never_confirmed_is_taken_over_above_the_mark_and_never_handed_o
     let (ahead, paused, taker) = (m[0].clone(), m[1].clone(), m[2].clone());
     let key = Key::new("unconfirmed").unwrap();
     let deleted = take_and_release(&ahead, &key, "ahead").await;
-    assert_eq!(ahead.cleanup(Duration::ZERO).await.unwrap().removed, 1);
+    assert_eq!(
+        ahead
+            .cleanup(Duration::ZERO, &crate::store::CleanupProgress::new())
+            .await
+            .unwrap()
+            .removed,
+        1
+    );
     let ttl = Duration::from_secs(1);
     let (g, reached, go) = gate();
     *paused.inner().mark_gate.lock() = Some(g);

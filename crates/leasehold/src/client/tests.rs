@@ -6,8 +6,8 @@ use crate::key::Key;
 use crate::options::Backoff;
 use crate::record::LeaseRecord;
 use crate::store::{
-    AcquireOutcome, AcquireRequest, Capabilities, ChangeWatch, CleanupReport, Inspection,
-    LockStore, ReleaseOutcome, RenewOutcome,
+    AcquireOutcome, AcquireRequest, Capabilities, ChangeWatch, CleanupProgress, CleanupReport,
+    Inspection, LockStore, ReleaseOutcome, RenewOutcome,
 };
 use crate::stores::memory::MemoryStore;
 use async_trait::async_trait;
@@ -88,8 +88,12 @@ impl LockStore for NoNotifications {
     async fn force_release(&self, key: &Key) -> Result<Option<LeaseRecord>> {
         self.inner.force_release(key).await
     }
-    async fn cleanup(&self, older_than: Duration) -> Result<CleanupReport> {
-        self.inner.cleanup(older_than).await
+    async fn cleanup(
+        &self,
+        older_than: Duration,
+        progress: &CleanupProgress,
+    ) -> Result<CleanupReport> {
+        self.inner.cleanup(older_than, progress).await
     }
     async fn subscribe(&self, key: &Key) -> Result<Option<Box<dyn ChangeWatch>>> {
         self.subscribes.fetch_add(1, Ordering::SeqCst);

@@ -36,7 +36,10 @@ pub async fn fencing_is_monotonic(store: Arc<dyn LockStore>) {
     check(g2.fence(), "force-release");
     drop(g);
     g2.release().await.expect("release");
-    let report = store.cleanup(Duration::ZERO).await.expect("cleanup");
+    let report = store
+        .cleanup(Duration::ZERO, &crate::store::CleanupProgress::new())
+        .await
+        .expect("cleanup");
     // Stores with server-side expiry delete free records by themselves.
     assert!(
         report.removed >= 1 || store.capabilities().native_ttl,

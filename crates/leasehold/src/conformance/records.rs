@@ -165,7 +165,10 @@ pub async fn inspect_list_cleanup(store: Arc<dyn LockStore>) {
     assert_eq!(r.fence, held.fence());
     assert!(r.expires_ms > crate::record::now_ms());
     assert_eq!(r.labels.get("task").map(String::as_str), Some("42"));
-    store.cleanup(Duration::ZERO).await.expect("cleanup");
+    store
+        .cleanup(Duration::ZERO, &crate::store::CleanupProgress::new())
+        .await
+        .expect("cleanup");
     assert!(
         store.inspect(held.key()).await.expect("inspect").is_some(),
         "cleanup removed a held lease"

@@ -180,8 +180,9 @@ impl LockStore for Counting {
     async fn cleanup(
         &self,
         older_than: Duration,
+        progress: &crate::store::CleanupProgress,
     ) -> crate::error::Result<crate::store::CleanupReport> {
-        self.inner.cleanup(older_than).await
+        self.inner.cleanup(older_than, progress).await
     }
     async fn subscribe(
         &self,

@@ -7,8 +7,8 @@ use crate::guard::StopReason;
 use crate::key::Key;
 use crate::record::LeaseRecord;
 use crate::store::{
-    AcquireOutcome, AcquireRequest, Capabilities, CleanupReport, Inspection, LockStore, LostReason,
-    ReleaseOutcome, RenewOutcome,
+    AcquireOutcome, AcquireRequest, Capabilities, CleanupProgress, CleanupReport, Inspection,
+    LockStore, LostReason, ReleaseOutcome, RenewOutcome,
 };
 use crate::stores::memory::MemoryStore;
 use async_trait::async_trait;
@@ -56,8 +56,12 @@ impl LockStore for Cut {
     async fn force_release(&self, key: &Key) -> Result<Option<LeaseRecord>> {
         self.inner.force_release(key).await
     }
-    async fn cleanup(&self, older_than: Duration) -> Result<CleanupReport> {
-        self.inner.cleanup(older_than).await
+    async fn cleanup(
+        &self,
+        older_than: Duration,
+        progress: &CleanupProgress,
+    ) -> Result<CleanupReport> {
+        self.inner.cleanup(older_than, progress).await
     }
 }
 

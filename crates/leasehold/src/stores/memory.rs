@@ -17,8 +17,8 @@ use crate::error::Result;
 use crate::key::Key;
 use crate::record::{now_ms, LeaseRecord};
 use crate::store::{
-    AcquireOutcome, AcquireRequest, Capabilities, ChangeWatch, CleanupReport, Inspection,
-    LockStore, RecordStore, ReleaseOutcome, RenewOutcome, Stored,
+    AcquireOutcome, AcquireRequest, Capabilities, ChangeWatch, CleanupProgress, CleanupReport,
+    Inspection, LockStore, RecordStore, ReleaseOutcome, RenewOutcome, Stored,
 };
 use async_trait::async_trait;
 use parking_lot::Mutex;
@@ -179,7 +179,11 @@ impl LockStore for MemoryStore {
         }))
     }
 
-    async fn cleanup(&self, older_than: Duration) -> Result<CleanupReport> {
+    async fn cleanup(
+        &self,
+        older_than: Duration,
+        progress: &CleanupProgress,
+    ) -> Result<CleanupReport> {
         let rules = Rules::clock(Now::wall());
         let mut report = CleanupReport::default();
         self.slots.lock().retain(|_, s| {
@@ -194,6 +198,7 @@ impl LockStore for MemoryStore {
             }
             !remove
         });
+        progress.add_finished((report.removed + report.kept) as u64);
         Ok(report)
     }
 

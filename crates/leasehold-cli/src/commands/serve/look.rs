@@ -6,9 +6,10 @@ use crate::records::{next_expiry, sort_key, state, watched};
 use leasehold::queue::{QueueBackend, Status};
 use leasehold::{now_ms, Inspection, Key, LockStore};
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::watch;
+use tokio::sync::{watch, OnceCell};
 
 /// The most held keys followed through the store's notifications at once; the others are seen
 /// at the next look.
@@ -19,8 +20,65 @@ const FOLLOWED: usize = 256;
 pub(crate) struct Look {
     /// The records under the prefix, sorted by key, or why the store did not answer.
     pub(crate) leases: Result<Vec<Inspection>, String>,
-    /// The queue's status, or why it did not answer.
-    pub(crate) queue: Result<Status, String>,
+    /// The queue's status, or why it did not answer; `None` when there is no queue (the
+    /// default one, not created yet).
+    pub(crate) queue: Option<Result<Status, String>>,
+}
+
+/// The queue `serve` shows.
+#[derive(Debug, Clone)]
+pub(crate) enum QueueSource {
+    /// The queue named with `--queue` or `LEASEHOLD_QUEUE`, opened at start.
+    Named(Arc<dyn QueueBackend>),
+    /// The default queue: shown once its file exists, opened then; `serve` never creates it.
+    Default {
+        /// Its file.
+        path: PathBuf,
+        /// Its URL.
+        url: String,
+        /// The queue, once opened.
+        opened: Arc<OnceCell<Arc<dyn QueueBackend>>>,
+    },
+}
+
+impl QueueSource {
+    /// The default queue, not opened (nor created) until its file exists.
+    pub(crate) fn default_queue() -> Self {
+        QueueSource::Default {
+            path: leasehold::defaults::queue_path(),
+            url: leasehold::defaults::queue_url(None),
+            opened: Arc::default(),
+        }
+    }
+
+    /// The queue, `None` while there is none; an error when it cannot be opened.
+    pub(crate) async fn get(&self) -> Option<leasehold::Result<Arc<dyn QueueBackend>>> {
+        match self {
+            QueueSource::Named(q) => Some(Ok(q.clone())),
+            QueueSource::Default { path, url, opened } => {
+                if let Some(q) = opened.get() {
+                    return Some(Ok(q.clone()));
+                }
+                if !path.is_file() {
+                    return None;
+                }
+                Some(
+                    opened
+                        .get_or_try_init(|| leasehold::queue::open_queue(url))
+                        .await
+                        .cloned(),
+                )
+            }
+        }
+    }
+
+    /// The queue's status; `None` while there is none.
+    pub(crate) async fn status(&self) -> Option<leasehold::Result<Status>> {
+        Some(match self.get().await? {
+            Ok(q) => q.status().await,
+            Err(e) => Err(e),
+        })
+    }
 }
 
 /// Where `serve` looks.
@@ -29,7 +87,7 @@ pub(crate) struct Sources {
     /// The lock store.
     pub(crate) store: Arc<dyn LockStore>,
     /// The queue.
-    pub(crate) queue: Arc<dyn QueueBackend>,
+    pub(crate) queue: QueueSource,
     /// The keys shown are those that start with this.
     pub(crate) prefix: String,
 }
@@ -46,7 +104,11 @@ impl Sources {
     pub(crate) async fn look(&self) -> Look {
         Look {
             leases: self.leases().await.map_err(|e| e.to_string()),
-            queue: self.queue.status().await.map_err(|e| e.to_string()),
+            queue: self
+                .queue
+                .status()
+                .await
+                .map(|r| r.map_err(|e| e.to_string())),
         }
     }
 }
@@ -63,8 +125,9 @@ fn signature(look: &Look, now: u64) -> String {
         Err(e) => format!("error {e}"),
     };
     let queue = match &look.queue {
-        Ok(s) => serde_json::to_string(s).unwrap_or_default(),
-        Err(e) => format!("error {e}"),
+        None => "none".to_owned(),
+        Some(Ok(s)) => serde_json::to_string(s).unwrap_or_default(),
+        Some(Err(e)) => format!("error {e}"),
     };
     format!("{leases}\n--\n{queue}")
 }

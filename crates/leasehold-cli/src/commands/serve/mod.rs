@@ -22,7 +22,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use leasehold::{now_ms, Key, LockStore};
-use look::{Look, Sources};
+use look::{Look, QueueSource, Sources};
 use page::Context;
 use serde_json::{json, Value};
 use std::convert::Infallible;
@@ -55,7 +55,17 @@ pub(crate) async fn serve(store_url: Option<&str>, args: ServeArgs) -> Result<u8
     let mut signals = Forwarded::install()
         .map_err(|e| Failure::error(format!("cannot install signal handlers: {e}")))?;
     let store = store::open(store_url).await?;
-    let queue = store::open_queue(args.queue.as_deref()).await?;
+    // A queue named is opened (and created) as every queue command does; the default one is
+    // shown only once it exists: a read-only page creates nothing.
+    let queue = match args
+        .queue
+        .as_deref()
+        .map(str::trim)
+        .filter(|q| !q.is_empty())
+    {
+        Some(url) => QueueSource::Named(store::open_queue(Some(url)).await?),
+        None => QueueSource::default_queue(),
+    };
     let cx = Context {
         store: leasehold::redact_url(&store.describe()),
         queue: leasehold::redact_url(&leasehold::defaults::queue_url(args.queue.as_deref())),
@@ -237,14 +247,16 @@ async fn api_leases(State(s): State<Shared>) -> Response {
     }
 }
 
-/// `GET /api/queue`: `queue status --json`.
+/// `GET /api/queue`: `queue status --json`; 404 with `{"error": "no queue", …}` while the
+/// default queue does not exist.
 async fn api_queue(State(s): State<Shared>) -> Response {
     match s.sources.queue.status().await {
-        Ok(status) => match serde_json::to_value(&status) {
+        None => error_response(StatusCode::NOT_FOUND, "no queue", &page::no_queue(&s.cx)),
+        Some(Ok(status)) => match serde_json::to_value(&status) {
             Ok(v) => json_response(StatusCode::OK, &v),
             Err(e) => error_response(StatusCode::INTERNAL_SERVER_ERROR, "json", &e.to_string()),
         },
-        Err(e) => error_response(StatusCode::BAD_GATEWAY, "queue", &e.to_string()),
+        Some(Err(e)) => error_response(StatusCode::BAD_GATEWAY, "queue", &e.to_string()),
     }
 }
 
@@ -261,7 +273,7 @@ async fn events(State(s): State<Shared>) -> Response {
             let now = now_ms();
             let data = json!({
                 "leases": page::leases(&cx, &look, now),
-                "queue": page::queue(&look, now),
+                "queue": page::queue(&cx, &look, now),
             });
             // JSON escapes every control character: the data is one line.
             let event = Event::default().event("update").data(data.to_string());

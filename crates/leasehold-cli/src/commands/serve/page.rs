@@ -61,7 +61,7 @@ pub(crate) fn page(cx: &Context, look: &Look, now: u64) -> String {
         .replace("{{prefix}}", &prefix)
         .replace("{{release}}", release)
         .replace("{{leases}}", &leases(cx, look, now))
-        .replace("{{queue}}", &queue(look, now))
+        .replace("{{queue}}", &queue(cx, look, now))
 }
 
 /// A countdown the script keeps running: the time left at `now`, in a `<span>` that carries it
@@ -89,8 +89,12 @@ pub(crate) fn leases(cx: &Context, look: &Look, now: u64) -> String {
     let free = all.len() - shown.len();
     let note = match free {
         0 => String::new(),
-        1 => "\n<p class=\"note\">1 free record not shown.</p>".into(),
-        n => format!("\n<p class=\"note\">{n} free records not shown.</p>"),
+        n => format!(
+            "\n<p class=\"note\" id=\"free\">{n} free {} not shown (kept by the store after a \
+             release; <code>leasehold ls</code> and <code>/api/leases</code> list {}).</p>",
+            if n == 1 { "record" } else { "records" },
+            if n == 1 { "it" } else { "them" },
+        ),
     };
     if shown.is_empty() {
         return format!(r#"<p class="empty">No lease held.</p>{note}"#);
@@ -221,14 +225,27 @@ fn permit_rows(cx: &Context, r: &LeaseRecord, t: &Permits, now: u64, out: &mut S
 }
 
 /// The queue section's content.
-pub(crate) fn queue(look: &Look, now: u64) -> String {
+pub(crate) fn queue(cx: &Context, look: &Look, now: u64) -> String {
     match &look.queue {
-        Ok(s) => status(s, now),
-        Err(e) => format!(
+        None => format!(
+            r#"<p class="empty" id="no-queue">{}</p>"#,
+            text(&no_queue(cx))
+        ),
+        Some(Ok(s)) => status(s, now),
+        Some(Err(e)) => format!(
             r#"<p class="error">The queue did not answer: {}</p>"#,
             text(e)
         ),
     }
+}
+
+/// What the page and `/api/queue` say while the default queue does not exist.
+pub(crate) fn no_queue(cx: &Context) -> String {
+    format!(
+        "No queue: the default queue {} does not exist yet (`leasehold queue add` creates it; \
+         name another with --queue)",
+        cx.queue
+    )
 }
 
 fn status(s: &Status, now: u64) -> String {
@@ -330,7 +347,7 @@ mod tests {
         r.expires_ms = now + 5_000;
         let look = Look {
             leases: Ok(vec![Inspection::Record(r)]),
-            queue: Ok(Status::default()),
+            queue: Some(Ok(Status::default())),
         };
         let cx = Context {
             store: "memory://".into(),

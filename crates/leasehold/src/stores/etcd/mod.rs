@@ -73,8 +73,8 @@ use crate::error::{Error, Result};
 use crate::key::Key;
 use crate::record::{now_ms, LeaseRecord};
 use crate::store::{
-    AcquireOutcome, AcquireRequest, Capabilities, ChangeWatch, CleanupReport, Inspection,
-    LockStore, LostReason, ReleaseOutcome, RenewOutcome,
+    AcquireOutcome, AcquireRequest, Capabilities, ChangeWatch, CleanupProgress, CleanupReport,
+    Inspection, LockStore, LostReason, ReleaseOutcome, RenewOutcome,
 };
 use async_trait::async_trait;
 use etcd_client::{
@@ -811,11 +811,16 @@ impl LockStore for EtcdStore {
         self.force_free(key, Some(holder)).await
     }
 
-    async fn cleanup(&self, _older_than: Duration) -> Result<CleanupReport> {
+    async fn cleanup(
+        &self,
+        _older_than: Duration,
+        progress: &CleanupProgress,
+    ) -> Result<CleanupReport> {
         // Released leases and permits are deleted at once and expired ones by their holder or
         // their session's end; fences need nothing kept (they come from revisions). What is left
         // are the kind keys of semaphores and read-write locks nobody holds.
         let (removed, kept) = self.cleanup_kinds().await?;
+        progress.add_finished((removed + kept) as u64);
         Ok(CleanupReport { removed, kept })
     }
 

@@ -55,8 +55,8 @@ use crate::error::{Error, Result};
 use crate::key::{Key, Naming};
 use crate::record::{now_ms, LeaseRecord};
 use crate::store::{
-    AcquireOutcome, AcquireRequest, Capabilities, ChangeWatch, CleanupReport, Inspection,
-    LockStore, ReleaseOutcome, RenewOutcome,
+    AcquireOutcome, AcquireRequest, Capabilities, ChangeWatch, CleanupProgress, CleanupReport,
+    Inspection, LockStore, ReleaseOutcome, RenewOutcome,
 };
 use async_trait::async_trait;
 use parking_lot::Mutex;
@@ -533,11 +533,15 @@ impl Inner {
         Ok(out)
     }
 
-    fn cleanup(&self, older_than: Duration) -> Result<CleanupReport> {
+    fn cleanup(&self, older_than: Duration, progress: &CleanupProgress) -> Result<CleanupReport> {
         let mut report = CleanupReport::default();
         let now = Now::wall();
-        for (_, path) in self.entries()? {
+        let entries = self.entries()?;
+        progress.add_found(entries.len() as u64);
+        for (_, path) in entries {
             let Some(file) = self.open(&path, false)? else {
+                // Deleted by another process since the listing: done, neither removed nor kept.
+                progress.add_done(1);
                 continue;
             };
             let step = self.mutate(&path, &file, true, |found| {
@@ -570,6 +574,7 @@ impl Inner {
             } else {
                 report.kept += 1;
             }
+            progress.add_done(1);
         }
         Ok(report)
     }
@@ -898,9 +903,13 @@ impl LockStore for FileStore {
         .await
     }
 
-    async fn cleanup(&self, older_than: Duration) -> Result<CleanupReport> {
-        let inner = self.inner.clone();
-        blocking(&self.inner, move || inner.cleanup(older_than)).await
+    async fn cleanup(
+        &self,
+        older_than: Duration,
+        progress: &CleanupProgress,
+    ) -> Result<CleanupReport> {
+        let (inner, progress) = (self.inner.clone(), progress.clone());
+        blocking(&self.inner, move || inner.cleanup(older_than, &progress)).await
     }
 
     async fn subscribe(&self, key: &Key) -> Result<Option<Box<dyn ChangeWatch>>> {

@@ -91,8 +91,8 @@ use crate::pg::conn::pg_err;
 use crate::pg::link::Link;
 use crate::record::LeaseRecord;
 use crate::store::{
-    AcquireOutcome, AcquireRequest, Capabilities, ChangeWatch, CleanupReport, Inspection,
-    LockStore, LostReason, ReleaseOutcome, RenewOutcome,
+    AcquireOutcome, AcquireRequest, Capabilities, ChangeWatch, CleanupProgress, CleanupReport,
+    Inspection, LockStore, LostReason, ReleaseOutcome, RenewOutcome,
 };
 use async_trait::async_trait;
 pub use options::PostgresOptions;
@@ -622,7 +622,12 @@ impl LockStore for PostgresStore {
         self.inner.force(key, Some(holder)).await
     }
 
-    async fn cleanup(&self, older_than: Duration) -> Result<CleanupReport> {
+    async fn cleanup(
+        &self,
+        older_than: Duration,
+        progress: &CleanupProgress,
+    ) -> Result<CleanupReport> {
+        // One statement judges and deletes: the counts are known only at its end.
         let inner = &self.inner;
         let text = inner.sql.cleanup(millis(older_than));
         let text = text.as_str();
@@ -644,6 +649,7 @@ impl LockStore for PostgresStore {
             })
         };
         let (removed, total) = (count(0)?, count(1)?);
+        progress.add_finished(total.max(removed) as u64);
         Ok(CleanupReport {
             removed,
             kept: total.saturating_sub(removed),

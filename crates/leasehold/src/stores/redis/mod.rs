@@ -111,8 +111,8 @@ use crate::error::{Error, Result};
 use crate::key::Key;
 use crate::record::LeaseRecord;
 use crate::store::{
-    AcquireOutcome, AcquireRequest, Capabilities, ChangeWatch, CleanupReport, Inspection,
-    LockStore, ReleaseOutcome, RenewOutcome,
+    AcquireOutcome, AcquireRequest, Capabilities, ChangeWatch, CleanupProgress, CleanupReport,
+    Inspection, LockStore, ReleaseOutcome, RenewOutcome,
 };
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use async_trait::async_trait;
@@ -819,7 +819,11 @@ impl LockStore for RedisStore {
         raw.map(|raw| self.parse(key.as_str(), &raw)).transpose()
     }
 
-    async fn cleanup(&self, _older_than: Duration) -> Result<CleanupReport> {
+    async fn cleanup(
+        &self,
+        _older_than: Duration,
+        _progress: &CleanupProgress,
+    ) -> Result<CleanupReport> {
         // Records expire on the server by themselves; fence counters are never removed, since
         // removing one would let the key's fence go backwards.
         Ok(CleanupReport::default())

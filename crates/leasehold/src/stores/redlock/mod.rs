@@ -45,8 +45,8 @@ use crate::error::{Error, Result};
 use crate::key::Key;
 use crate::record::LeaseRecord;
 use crate::store::{
-    AcquireOutcome, AcquireRequest, Capabilities, ChangeWatch, CleanupReport, Inspection,
-    LockStore, LostReason, ReleaseOutcome, RenewOutcome,
+    AcquireOutcome, AcquireRequest, Capabilities, ChangeWatch, CleanupProgress, CleanupReport,
+    Inspection, LockStore, LostReason, ReleaseOutcome, RenewOutcome,
 };
 use crate::stores::redis::RedisStore;
 mod options;
@@ -507,7 +507,11 @@ impl LockStore for RedlockStore {
             .next())
     }
 
-    async fn cleanup(&self, _older_than: Duration) -> Result<CleanupReport> {
+    async fn cleanup(
+        &self,
+        _older_than: Duration,
+        _progress: &CleanupProgress,
+    ) -> Result<CleanupReport> {
         Ok(CleanupReport::default())
     }
 
