@@ -81,9 +81,9 @@ pub use record::{
     QUEUE_LIMIT,
 };
 pub use store::{
-    AcquireOutcome, AcquireRequest, Capabilities, ChangeWatch, CleanupReport, GiveUp, Inspection,
-    LockStore, LostReason, PermitRequest, RecordStore, ReleaseOutcome, RenewOutcome, Stored,
-    DEFAULT_LABEL_LIMIT,
+    AcquireOutcome, AcquireRequest, Capabilities, ChangeWatch, CleanupReport, ExpiryClock, GiveUp,
+    Inspection, LockStore, LostReason, PermitRequest, RecordStore, ReleaseOutcome, RenewOutcome,
+    Stored, DEFAULT_LABEL_LIMIT,
 };
 
 use std::sync::Arc;

@@ -200,8 +200,8 @@ pub(crate) fn main() -> ExitCode {
     }
 }
 
-/// Opens the store at `url` as a client would; for a mode of permits, a store that holds none
-/// is refused here, once.
+/// Opens the store at `url` as a client would, and prints whose clock judges its expiry
+/// ([`clock::word`]); for a mode of permits, a store that holds none is refused here, once.
 async fn open(url: &str, mode: Mode) -> Result<(), String> {
     let store = leasehold::open_store(url)
         .await
@@ -213,6 +213,7 @@ async fn open(url: &str, mode: Mode) -> Result<(), String> {
             mode.describe()
         ));
     }
+    crate::output::outln!("{}", clock::word(store.capabilities().expiry_clock));
     Ok(())
 }
 
@@ -319,6 +320,13 @@ async fn harness(
         stores.stop();
         return Err(Failure::new(USAGE, format!("cannot open the store: {why}")));
     }
+    let said = String::from_utf8_lossy(&opened.stdout);
+    let expiry_clock = clock::from_word(said.trim()).ok_or_else(|| {
+        Failure::new(
+            ERROR,
+            format!("opening the store said {said:?} for its expiry clock"),
+        )
+    })?;
     let mut servers: Vec<Child> = vec![];
     let socket = dir.join("resource.sock");
     let mut resource_args = vec![
@@ -338,6 +346,7 @@ async fn harness(
     let mut run = Run {
         args,
         store,
+        expiry_clock,
         stores,
         socket,
         resource,
@@ -362,6 +371,8 @@ async fn harness(
 struct Run<'a> {
     args: &'a TortureArgs,
     store: String,
+    /// Whose clock judges the store's expiry (as the store said when opened).
+    expiry_clock: leasehold::ExpiryClock,
     stores: Stores,
     socket: std::path::PathBuf,
     resource: Resource,
@@ -419,7 +430,7 @@ impl Run<'_> {
         // clock: a seeded half of the clients starts with a skewed wall clock, and each injection
         // replaces a client with a skewed one, ahead and behind in turn.
         let mut skews = 0;
-        let given = clock::skews(store);
+        let given = clock::skews(self.expiry_clock);
         let mut skew = |rng: &mut fastrand::Rng, always: bool| {
             (fault == Fault::Clock && (always || rng.bool())).then(|| {
                 skews += 1;
