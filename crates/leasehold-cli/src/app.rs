@@ -1,6 +1,6 @@
 //! Runs the parsed command line: the runtime, dispatch to the subcommands.
 
-use crate::cli::{Cli, Command};
+use crate::cli::Cli;
 use crate::commands::{admin, bench, elect, hold, queue, run, serve, torture};
 use crate::exit::{self, Failure, ERROR};
 use crate::setup::runtime;
@@ -41,50 +41,35 @@ pub(crate) fn main(cli: Cli) -> u8 {
 
 async fn dispatch(valid: Valid) -> Result<u8, Failure> {
     let url = valid.store.as_deref();
-    let command = match valid.command {
+    match valid.command {
         Checked::Run {
             args,
             held,
             program,
-        } => return run::run(url, args, held, program).await,
-        Checked::Hold(args, held) => return hold::hold(url, args, held).await,
-        Checked::Elect(args, held) => return elect::elect(url, args, held).await,
-        Checked::Torture(plan) => return torture::torture(plan).await,
-        Checked::Ls { prefix, json } => {
-            return admin::ls(&*store::open(url).await?, &prefix, json).await
-        }
+        } => run::run(url, args, held, program).await,
+        Checked::Hold(args, held) => hold::hold(url, args, held).await,
+        Checked::Elect(args, held) => elect::elect(url, args, held).await,
+        Checked::Torture(plan) => torture::torture(plan).await,
+        Checked::Ls { prefix, json } => admin::ls(&*store::open(url).await?, &prefix, json).await,
         Checked::Inspect { key, json } => {
-            return admin::inspect(&*store::open(url).await?, key, json).await
+            admin::inspect(&*store::open(url).await?, key, json).await
         }
         Checked::Watch { key, json, every } => {
-            return admin::watch(&*store::open(url).await?, key, json, every).await
+            admin::watch(&*store::open(url).await?, key, json, every).await
         }
         Checked::Release { key, holder } => {
-            return admin::release(&*store::open(url).await?, key, holder.as_deref()).await
+            admin::release(&*store::open(url).await?, key, holder.as_deref()).await
         }
         Checked::Serve {
             args,
             prefix,
             token,
-        } => return serve::serve(url, args, prefix, token).await,
-        Checked::Bench(args) => return bench::bench(store::open(url).await?, args).await,
+        } => serve::serve(url, args, prefix, token).await,
+        Checked::Bench(args) => bench::bench(store::open(url).await?, args).await,
+        Checked::Cleanup(args) => admin::cleanup(&*store::open(url).await?, args).await,
         Checked::QueueAdd { queue, args, argv } => {
-            return queue::add(&*store::open_queue(queue.as_deref()).await?, args, argv).await
+            queue::add(&*store::open_queue(queue.as_deref()).await?, args, argv).await
         }
-        Checked::Other(command) => command,
-    };
-    match command {
-        Command::Run(_)
-        | Command::Elect(_)
-        | Command::Hold(_)
-        | Command::Ls(_)
-        | Command::Inspect(_)
-        | Command::Watch(_)
-        | Command::Release(_)
-        | Command::Bench(_)
-        | Command::Serve(_)
-        | Command::Torture(_) => unreachable!("checked into a plan"),
-        Command::Cleanup(args) => admin::cleanup(&*store::open(url).await?, args).await,
-        Command::Queue(args) => queue::dispatch(url, args).await,
+        Checked::Queue(args) => queue::dispatch(url, args).await,
     }
 }

@@ -3,8 +3,8 @@
 //! that a command never raises one itself.
 
 use crate::cli::{
-    key_arg, prefix_arg, BenchArgs, Cli, Command, ElectArgs, Fault, HoldArgs, QueueAddArgs,
-    QueueArgs, QueueCommand, RunArgs, ServeArgs, TortureArgs,
+    key_arg, prefix_arg, BenchArgs, CleanupArgs, Cli, Command, ElectArgs, Fault, HoldArgs,
+    QueueAddArgs, QueueArgs, QueueCommand, ReleaseArgs, RunArgs, ServeArgs, TortureArgs,
 };
 use crate::commands::torture::servers::{Source, StoreKind};
 use crate::commands::torture::{network, Mode};
@@ -69,8 +69,10 @@ pub(crate) enum Checked {
         args: QueueAddArgs,
         argv: Vec<String>,
     },
-    /// A command checked as it runs (its key, its grace periods, its files).
-    Other(Command),
+    /// `cleanup`.
+    Cleanup(CleanupArgs),
+    /// A `queue` command other than `add`.
+    Queue(QueueArgs),
 }
 
 impl Valid {
@@ -81,33 +83,11 @@ impl Valid {
     pub(crate) fn check(cli: Cli) -> Result<Valid, Failure> {
         let store = cli.store;
         let command = match cli.command {
-            Command::Run(mut args) => {
-                let held = Held::check(
-                    &args.lease.key,
-                    args.lease.ttl,
-                    args.lease.loss_grace,
-                    args.overlap_grace,
-                )?;
-                if args.command.is_empty() {
-                    return Err(Failure::usage(
-                        "no command to run: leasehold run --key KEY -- CMD [ARGS...]",
-                    ));
-                }
-                let program = args.command.remove(0);
-                Checked::Run {
-                    args,
-                    held,
-                    program,
-                }
-            }
+            Command::Run(args) => check_run(args)?,
             Command::Hold(args) => {
                 // The script is told `stop` at the stop-by deadline, as `run` would send SIGTERM.
-                let held = Held::check(
-                    &args.lease.key,
-                    args.lease.ttl,
-                    args.lease.loss_grace,
-                    Duration::ZERO,
-                )?;
+                let lease = &args.lease;
+                let held = Held::check(&lease.key, lease.ttl, lease.loss_grace, Duration::ZERO)?;
                 Checked::Hold(args, held)
             }
             Command::Elect(args) => {
@@ -128,34 +108,9 @@ impl Valid {
                 json: args.json,
                 every: args.every,
             },
-            Command::Release(args) => {
-                if !args.force {
-                    return Err(Failure::usage(
-                        "only the holder releases a lease (its `leasehold run` does when the command exits); \
-                         to free it whoever holds it, use `leasehold release --force KEY`",
-                    ));
-                }
-                Checked::Release {
-                    key: key_arg(&args.key)?,
-                    holder: args.holder,
-                }
-            }
-            Command::Serve(args) => Checked::Serve {
-                prefix: prefix_arg(args.prefix.as_deref())?,
-                token: match (args.allow_force_release, &args.token_file) {
-                    (true, Some(path)) => Some(read_token(path)?),
-                    _ => None,
-                },
-                args,
-            },
-            Command::Bench(args) => {
-                if args.tasks.is_empty() || args.tasks.contains(&0) {
-                    return Err(Failure::usage(
-                        "--tasks takes counts of 1 or more, e.g. 1,8,64",
-                    ));
-                }
-                Checked::Bench(args)
-            }
+            Command::Release(args) => check_release(args)?,
+            Command::Serve(args) => check_serve(args)?,
+            Command::Bench(args) => check_bench(args)?,
             Command::Queue(QueueArgs {
                 queue,
                 command: QueueCommand::Add(args),
@@ -164,10 +119,64 @@ impl Valid {
                 queue,
                 args,
             },
-            other => Checked::Other(other),
+            Command::Queue(args) => Checked::Queue(args),
+            Command::Cleanup(args) => Checked::Cleanup(args),
         };
         Ok(Valid { store, command })
     }
+}
+
+/// `run`: the lease, and a command to run under it.
+fn check_run(mut args: RunArgs) -> Result<Checked, Failure> {
+    let lease = &args.lease;
+    let held = Held::check(&lease.key, lease.ttl, lease.loss_grace, args.overlap_grace)?;
+    if args.command.is_empty() {
+        return Err(Failure::usage(
+            "no command to run: leasehold run --key KEY -- CMD [ARGS...]",
+        ));
+    }
+    let program = args.command.remove(0);
+    Ok(Checked::Run {
+        args,
+        held,
+        program,
+    })
+}
+
+/// `release` needs `--force`: only the holder releases a lease otherwise.
+fn check_release(args: ReleaseArgs) -> Result<Checked, Failure> {
+    if !args.force {
+        return Err(Failure::usage(
+            "only the holder releases a lease (its `leasehold run` does when the command exits); \
+             to free it whoever holds it, use `leasehold release --force KEY`",
+        ));
+    }
+    Ok(Checked::Release {
+        key: key_arg(&args.key)?,
+        holder: args.holder,
+    })
+}
+
+/// `serve`: its prefix, and the token of `--token-file` when force release is allowed.
+fn check_serve(args: ServeArgs) -> Result<Checked, Failure> {
+    Ok(Checked::Serve {
+        prefix: prefix_arg(args.prefix.as_deref())?,
+        token: match (args.allow_force_release, &args.token_file) {
+            (true, Some(path)) => Some(read_token(path)?),
+            _ => None,
+        },
+        args,
+    })
+}
+
+/// `bench`: at least one task per run.
+fn check_bench(args: BenchArgs) -> Result<Checked, Failure> {
+    if args.tasks.is_empty() || args.tasks.contains(&0) {
+        return Err(Failure::usage(
+            "--tasks takes counts of 1 or more, e.g. 1,8,64",
+        ));
+    }
+    Ok(Checked::Bench(args))
 }
 
 /// The lease `run`, `hold` and `elect` take: its key, and how its loss stops what runs under it.
