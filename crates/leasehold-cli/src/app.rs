@@ -1,19 +1,27 @@
 //! Runs the parsed command line: the runtime, dispatch to the subcommands.
 
-use crate::cli::{key_arg, prefix_arg, Cli, Command};
+use crate::cli::Cli;
 use crate::commands::{admin, bench, elect, hold, queue, run, serve, torture};
 use crate::exit::{self, Failure, ERROR};
 use crate::setup::runtime;
 use crate::store;
+use crate::valid::{Checked, Valid};
 use std::time::Duration;
 
 /// Runs the command and returns leasehold's exit code; failures are reported on stderr.
 pub(crate) fn main(cli: Cli) -> u8 {
+    let valid = match Valid::check(cli) {
+        Ok(v) => v,
+        Err(failure) => {
+            exit::report(&failure.message);
+            return failure.code;
+        }
+    };
     let Some(runtime) = runtime() else {
         return ERROR;
     };
     let result = runtime.block_on(async {
-        let result = dispatch(cli).await;
+        let result = dispatch(valid).await;
         // What cancelled waits and dropped guards left to the background (withdrawing a waiter
         // registration, a release) finishes before the runtime goes: a signalled candidate must
         // not keep the lease reserved for itself after it exits.
@@ -31,33 +39,37 @@ pub(crate) fn main(cli: Cli) -> u8 {
     }
 }
 
-async fn dispatch(cli: Cli) -> Result<u8, Failure> {
-    let url = cli.store.as_deref();
-    match cli.command {
-        Command::Run(args) => run::run(url, args).await,
-        Command::Elect(args) => elect::elect(url, args).await,
-        Command::Hold(args) => hold::hold(url, args).await,
-        Command::Ls(args) => {
-            let prefix = prefix_arg(args.prefix.as_deref())?;
-            admin::ls(&*store::open(url).await?, &prefix, args.json).await
+async fn dispatch(valid: Valid) -> Result<u8, Failure> {
+    let url = valid.store.as_deref();
+    match valid.command {
+        Checked::Run {
+            args,
+            held,
+            program,
+        } => run::run(url, args, held, program).await,
+        Checked::Hold(args, held) => hold::hold(url, args, held).await,
+        Checked::Elect(args, held) => elect::elect(url, args, held).await,
+        Checked::Torture(plan) => torture::torture(plan).await,
+        Checked::Ls { prefix, json } => admin::ls(&*store::open(url).await?, &prefix, json).await,
+        Checked::Inspect { key, json } => {
+            admin::inspect(&*store::open(url).await?, key, json).await
         }
-        Command::Inspect(args) => {
-            let key = key_arg(&args.key)?;
-            admin::inspect(&*store::open(url).await?, key, args.json).await
+        Checked::Watch { key, json, every } => {
+            admin::watch(&*store::open(url).await?, key, json, every).await
         }
-        Command::Bench(args) => bench::bench(store::open(url).await?, args).await,
-        Command::Watch(args) => {
-            let key = key_arg(&args.key)?;
-            admin::watch(&*store::open(url).await?, key, args.json, args.every).await
+        Checked::Release { key, holder } => {
+            admin::release(&*store::open(url).await?, key, holder.as_deref()).await
         }
-        Command::Release(args) => {
-            admin::check_force(&args)?;
-            let key = key_arg(&args.key)?;
-            admin::release(&*store::open(url).await?, key, args.holder.as_deref()).await
+        Checked::Serve {
+            args,
+            prefix,
+            token,
+        } => serve::serve(url, args, prefix, token).await,
+        Checked::Bench(args) => bench::bench(store::open(url).await?, args).await,
+        Checked::Cleanup(args) => admin::cleanup(&*store::open(url).await?, args).await,
+        Checked::QueueAdd { queue, args, argv } => {
+            queue::add(&*store::open_queue(queue.as_deref()).await?, args, argv).await
         }
-        Command::Cleanup(args) => admin::cleanup(&*store::open(url).await?, args).await,
-        Command::Queue(args) => queue::dispatch(url, args).await,
-        Command::Serve(args) => serve::serve(url, args).await,
-        Command::Torture(args) => torture::torture(url, args).await,
+        Checked::Queue(args) => queue::dispatch(url, args).await,
     }
 }

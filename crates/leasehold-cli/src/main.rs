@@ -15,6 +15,7 @@ mod progress;
 mod records;
 mod setup;
 mod store;
+mod valid;
 
 use clap::Parser;
 use std::process::ExitCode;

@@ -7,7 +7,7 @@
 
 use crate::error::{Error, Result};
 use crate::http::http_get;
-use crate::process::{free_port, in_three_starts, kill, server_dir, spawn, wait_up};
+use crate::process::{free_port, in_three_starts, kill, server_dir, spawn, wait_up, Pausable};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -118,6 +118,12 @@ impl AzuriteServer {
     /// The server's PID.
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
+    }
+}
+
+impl Pausable for AzuriteServer {
+    fn process(&self) -> Option<u32> {
+        self.pid()
     }
 }
 

@@ -166,6 +166,33 @@ impl RedisCluster {
             .collect()
     }
 
+    /// The ports of the nodes that are primaries now.
+    pub fn primaries(&self) -> Vec<u16> {
+        self.nodes
+            .iter()
+            .filter(|n| n.command(&["ROLE"]).is_some_and(|r| r.contains("master")))
+            .map(|n| n.port)
+            .collect()
+    }
+
+    /// Asks the node on `replica` to take over from its primary (`CLUSTER FAILOVER`, which
+    /// waits until the replica has everything the primary had). It returns at once: the node is
+    /// primary once [`RedisCluster::is_primary`] says so.
+    pub fn fail_over_to(&self, replica: u16) {
+        if let Some(n) = self.nodes.iter().find(|n| n.port == replica) {
+            let _ = n.command(&["CLUSTER", "FAILOVER"]);
+        }
+    }
+
+    /// Whether the node on `port` is a primary now.
+    pub fn is_primary(&self, port: u16) -> bool {
+        self.nodes
+            .iter()
+            .find(|n| n.port == port)
+            .and_then(|n| n.command(&["ROLE"]))
+            .is_some_and(|r| r.contains("master"))
+    }
+
     /// The node on `port`, to stop or restart.
     pub fn node_mut(&mut self, port: u16) -> Option<&mut RedisServer> {
         self.nodes.iter_mut().find(|n| n.port == port)

@@ -14,7 +14,9 @@
 
 use crate::error::{Error, Result};
 use crate::http::http_request;
-use crate::process::{free_port, in_three_starts, kill, server_dir, signal, spawn, wait_up};
+use crate::process::{
+    free_port, in_three_starts, kill, server_dir, signal, spawn, wait_up, Pausable,
+};
 use crate::proxy::SerialisingProxy;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -245,7 +247,18 @@ impl GcsServer {
     /// Sends `sig` to the emulator process (SIGSTOP: it hangs with its connections open, and the
     /// proxy waits for it).
     pub fn signal(&self, sig: i32) {
-        signal(self.child.as_ref().map(Child::id), sig);
+        signal(self.pid(), sig);
+    }
+
+    /// The emulator's PID (not the proxy's).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+}
+
+impl Pausable for GcsServer {
+    fn process(&self) -> Option<u32> {
+        self.pid()
     }
 }
 

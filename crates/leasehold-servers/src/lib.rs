@@ -57,7 +57,7 @@ pub use gcs::{gcs_bin, GcsServer, BUCKET};
 pub use http::{http_get, http_request};
 pub use moto::{moto_python, MotoServer, ACCESS_KEY};
 pub use postgres::{pg_roles, postgres_bin, PostgresServer};
-pub use process::{free_port, sweep_faketime_leftovers};
+pub use process::{free_port, sweep_faketime_leftovers, Pausable};
 pub use proxy::SerialisingProxy;
 pub use redis::{command_on, commands_on, redlock_url, redlock_url_of, RedisServer, LOCKER_ACL};
 pub use sentinel::{SentinelServer, SentinelSet, SENTINEL_MASTER};

@@ -11,7 +11,7 @@
 
 use crate::error::{Error, Result};
 use crate::http::{http_get, http_request};
-use crate::process::{free_port, in_three_starts, kill, server_dir, spawn, wait_up};
+use crate::process::{free_port, in_three_starts, kill, server_dir, spawn, wait_up, Pausable};
 use crate::proxy::SerialisingProxy;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -209,6 +209,12 @@ impl MotoServer {
     /// moto's PID (not the proxy's).
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
+    }
+}
+
+impl Pausable for MotoServer {
+    fn process(&self) -> Option<u32> {
+        self.pid()
     }
 }
 

@@ -221,6 +221,22 @@ pub(crate) fn signal(pid: Option<u32>, sig: i32) {
     }
 }
 
+/// A server process that can hang (SIGSTOP) with its connections open, and go on (SIGCONT).
+pub trait Pausable {
+    /// The PID of the process to pause (an emulator's, not its proxy's), while it runs.
+    fn process(&self) -> Option<u32>;
+
+    /// Hangs it (SIGSTOP): its connections stay open and silent until [`Pausable::resume`].
+    fn pause(&self) {
+        signal(self.process(), libc::SIGSTOP);
+    }
+
+    /// Continues it after [`Pausable::pause`] (SIGCONT).
+    fn resume(&self) {
+        signal(self.process(), libc::SIGCONT);
+    }
+}
+
 /// Removes the shared-memory objects libfaketime left behind for processes that are gone
 /// (`/dev/shm/faketime_shm_PID`, `/dev/shm/sem.faketime_sem_PID`). A process under libfaketime
 /// killed with SIGKILL never removes its own, and a later process given the same PID then fails

@@ -355,6 +355,16 @@ impl RedisServer {
         kill(&mut self.child);
     }
 
+    /// Starts the server again on its port, empty (it keeps nothing on disk), after
+    /// [`RedisServer::stop`]: a restart that loses every key.
+    ///
+    /// # Errors
+    /// As [`RedisServer::start_on`].
+    pub fn start_again(&mut self) -> Result<()> {
+        *self = Self::start_on(self.port)?;
+        Ok(())
+    }
+
     /// The server's data directory.
     pub fn dir(&self) -> PathBuf {
         self.dir.path().to_path_buf()

@@ -245,6 +245,15 @@ impl SentinelSet {
         })
     }
 
+    /// Asks sentinel `i` for a failover (`SENTINEL FAILOVER`: the replica promoted, the old
+    /// primary made its replica; replication is asynchronous). It returns at once: see
+    /// [`SentinelSet::primary_port`] for when it is done.
+    pub fn fail_over(&self, i: usize) {
+        if let Some(s) = self.sentinels.get(i) {
+            let _ = s.command(&["SENTINEL", "FAILOVER", SENTINEL_MASTER]);
+        }
+    }
+
     /// The data server listening on `port`.
     pub fn server(&self, port: u16) -> Option<&RedisServer> {
         self.servers.iter().find(|s| s.port == port)

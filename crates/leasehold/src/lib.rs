@@ -82,8 +82,8 @@ pub use record::{
 };
 pub use store::{
     AcquireOutcome, AcquireRequest, Capabilities, ChangeWatch, CleanupProgress, CleanupReport,
-    GiveUp, Inspection, LockStore, LostReason, PermitRequest, RecordStore, ReleaseOutcome,
-    RenewOutcome, Stored, DEFAULT_LABEL_LIMIT,
+    ExpiryClock, GiveUp, Inspection, LockStore, LostReason, PermitRequest, RecordStore,
+    ReleaseOutcome, RenewOutcome, Stored, DEFAULT_LABEL_LIMIT,
 };
 
 use std::sync::Arc;

@@ -42,6 +42,32 @@ pub struct Capabilities {
     /// The store holds semaphores and read-write locks ([`AcquireRequest::permit`]); without it,
     /// a permit request is refused with [`crate::Error::NotSupported`].
     pub permits: bool,
+    /// Whose clock judges when a lease expires: which clocks may be off without letting two
+    /// holders in at once.
+    pub expiry_clock: ExpiryClock,
+}
+
+/// Whose clock judges when a lease expires ([`Capabilities::expiry_clock`]).
+///
+/// ```
+/// use leasehold::{memory::MemoryStore, ExpiryClock, LockStore};
+/// assert_eq!(MemoryStore::new().capabilities().expiry_clock, ExpiryClock::Host);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ExpiryClock {
+    /// This host's clock: every holder is on the store's machine (a file's boot-time clock, a
+    /// process's memory).
+    Host,
+    /// The server's own clock, read inside the server (a native TTL, the statement's `now()`, a
+    /// lease the server keeps alive): the clients' wall clocks judge no expiry.
+    Server,
+    /// The server's clock as its answers date the records (`Date`, `Last-Modified`), and how
+    /// long a record is seen unchanged: no client's wall clock is read, however far off it is.
+    ServerDates,
+    /// The clients' wall clocks (a record's expiry as its writer wrote it), assumed at most the
+    /// adapter's `max_clock_skew` apart.
+    Clients,
 }
 
 /// One acquisition attempt, for calling a [`LockStore`] directly (the lock API builds it for

@@ -1,6 +1,6 @@
 //! `ls`, `inspect`, `release --force` and `cleanup`.
 
-use crate::cli::{CleanupArgs, ReleaseArgs};
+use crate::cli::CleanupArgs;
 use crate::exit::{Failure, OK};
 use crate::follow::Follow;
 use crate::output::{self, clean, print, print_json};
@@ -201,17 +201,6 @@ pub(crate) async fn watch(
             _ = signals.recv() => return Ok(OK),
         }
     }
-}
-
-/// `release` needs `--force`: only the holder releases a lease otherwise.
-pub(crate) fn check_force(args: &ReleaseArgs) -> Result<(), Failure> {
-    if args.force {
-        return Ok(());
-    }
-    Err(Failure::usage(
-        "only the holder releases a lease (its `leasehold run` does when the command exits); \
-         to free it whoever holds it, use `leasehold release --force KEY`",
-    ))
 }
 
 /// `leasehold release --force KEY [--holder ID]`: frees the lease or every permit of `key`, or

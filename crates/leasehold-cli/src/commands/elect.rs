@@ -7,19 +7,23 @@
 //! it as `leasehold run` does ([`crate::process::under_lease::supervise`]): the command's exit ends the election
 //! (the lease released, leasehold exiting with its status), a lost lease stops it.
 
-use crate::cli::{key_arg, ElectArgs};
+use crate::cli::ElectArgs;
 use crate::exit::{Failure, LOST};
 use crate::lease::{hold_until, obtain, Ended, Events};
 use crate::metrics::{self, Endpoint};
-use crate::process::loss::Loss;
 use crate::process::signals::{self, Forwarded};
 use crate::process::under_lease::{supervise, Supervised};
+use crate::valid::Held;
 use leasehold::Wait;
 use prometheus::IntGauge;
 
 /// `leasehold elect`.
-pub(crate) async fn elect(store_url: Option<&str>, args: ElectArgs) -> Result<u8, Failure> {
-    let key = key_arg(&args.key)?;
+pub(crate) async fn elect(
+    store_url: Option<&str>,
+    args: ElectArgs,
+    held: Held,
+) -> Result<u8, Failure> {
+    let (key, loss) = (held.key, held.loss);
     let mut signals = Forwarded::install()
         .map_err(|e| Failure::error(format!("cannot install signal handlers: {e}")))?;
     let endpoint = Endpoint::given(args.metrics);
@@ -32,7 +36,6 @@ pub(crate) async fn elect(store_url: Option<&str>, args: ElectArgs) -> Result<u8
             .map_err(metrics::setup_failed)?;
     }
     Endpoint::serve_given(endpoint).await?;
-    let (loss, lease_loss_grace) = Loss::for_lease(args.ttl, args.loss_grace, args.overlap_grace)?;
     let command = args
         .command
         .split_first()
@@ -51,7 +54,7 @@ pub(crate) async fn elect(store_url: Option<&str>, args: ElectArgs) -> Result<u8
         let mut builder = locks
             .lock_key(key.clone())
             .ttl(args.ttl)
-            .loss_grace(lease_loss_grace)
+            .loss_grace(held.lease_loss_grace)
             .wait_policy(Wait::Forever);
         for (name, value) in &args.labels {
             builder = builder.label(name, value);

@@ -5,27 +5,27 @@
 //! ([`hold_until`]). When renewals fail, the script is told `stop KEY MS` at the stop-by deadline
 //! (the `--loss-grace` and SIGKILL margin before the lease could expire), and `lost` at expiry.
 
-use crate::cli::{key_arg, HoldArgs};
+use crate::cli::HoldArgs;
 use crate::exit::{Failure, LOST};
 use crate::lease::{hold_until, lease_builder, obtain, Ended, Events};
 use crate::metrics::{self, Endpoint};
-use crate::process::loss::Loss;
 use crate::process::signals::Forwarded;
-use std::time::Duration;
+use crate::valid::Held;
 use tokio::io::AsyncReadExt;
 
 /// `leasehold hold`.
-pub(crate) async fn hold(store_url: Option<&str>, args: HoldArgs) -> Result<u8, Failure> {
-    let key = key_arg(&args.lease.key)?;
+pub(crate) async fn hold(
+    store_url: Option<&str>,
+    args: HoldArgs,
+    held: Held,
+) -> Result<u8, Failure> {
+    let key = held.key;
     let mut signals = Forwarded::install()
         .map_err(|e| Failure::error(format!("cannot install signal handlers: {e}")))?;
     let endpoint = Endpoint::given(args.lease.metrics);
     let locks = metrics::locks(store_url, endpoint.as_ref()).await?;
     Endpoint::serve_given(endpoint).await?;
-    // The script is told `stop` at the stop-by deadline, as `run` would send SIGTERM.
-    let (_, lease_loss_grace) =
-        Loss::for_lease(args.lease.ttl, args.lease.loss_grace, Duration::ZERO)?;
-    let builder = lease_builder(&locks, &key, &args.lease)?.loss_grace(lease_loss_grace);
+    let builder = lease_builder(&locks, &key, &args.lease)?.loss_grace(held.lease_loss_grace);
     let guard = obtain(builder, &key, args.lease.no_wait, &mut signals).await?;
     let events = Events {
         json: args.json,

@@ -17,7 +17,8 @@ use std::time::Duration;
 pub(crate) async fn dispatch(store: Option<&str>, args: QueueArgs) -> Result<u8, Failure> {
     let queue = args.queue.as_deref();
     match args.command {
-        QueueCommand::Add(a) => add(&*open(queue).await?, a).await,
+        // Checked into its words before dispatch (`crate::valid`).
+        QueueCommand::Add(_) => unreachable!("queue add is checked into its words"),
         QueueCommand::Ls(a) => ls(&*open(queue).await?, a).await,
         QueueCommand::Status(a) => status(&*open(queue).await?, a).await,
         QueueCommand::Cancel(a) => cancel(&*open(queue).await?, a.id).await,
@@ -30,19 +31,12 @@ pub(crate) async fn dispatch(store: Option<&str>, args: QueueArgs) -> Result<u8,
     }
 }
 
-async fn add(q: &dyn QueueBackend, a: QueueAddArgs) -> Result<u8, Failure> {
-    let argv: Vec<String> = a
-        .command
-        .iter()
-        .map(|s| {
-            s.to_str().map(str::to_owned).ok_or_else(|| {
-                Failure::usage(format!(
-                    "command argument {:?} is not valid UTF-8",
-                    s.to_string_lossy()
-                ))
-            })
-        })
-        .collect::<Result<_, _>>()?;
+/// `queue add`: the task of `a` running `argv` (its words, checked to be UTF-8).
+pub(crate) async fn add(
+    q: &dyn QueueBackend,
+    a: QueueAddArgs,
+    argv: Vec<String>,
+) -> Result<u8, Failure> {
     let mut task = NewTask::new(a.key, encode_command(&argv));
     task.group = a.group;
     task.priority = a.priority;

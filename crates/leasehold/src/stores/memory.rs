@@ -109,6 +109,7 @@ impl LockStore for MemoryStore {
             fence_source: "max(previous + 1, µs clock) per key",
             waiter_line: true,
             permits: true,
+            expiry_clock: crate::store::ExpiryClock::Host,
         }
     }
 
@@ -297,6 +298,7 @@ impl RecordStore for RecordMemoryStore {
             fence_source: "the store-wide write counter (versions are revisions)",
             waiter_line: true,
             permits: true,
+            expiry_clock: crate::store::ExpiryClock::Host,
         }
     }
 

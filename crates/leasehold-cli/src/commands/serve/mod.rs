@@ -8,7 +8,7 @@
 mod look;
 mod page;
 
-use crate::cli::{prefix_arg, ServeArgs};
+use crate::cli::ServeArgs;
 use crate::exit::{self, Failure, OK};
 use crate::output::print;
 use crate::process::signals::Forwarded;
@@ -44,12 +44,17 @@ struct Shared {
     hosts: Arc<[String]>,
 }
 
-/// `leasehold serve`.
-pub(crate) async fn serve(store_url: Option<&str>, args: ServeArgs) -> Result<u8, Failure> {
-    let prefix = prefix_arg(args.prefix.as_deref())?;
-    let (token, made_up) = match (args.allow_force_release, &args.token_file) {
+/// `leasehold serve`: the keys under `prefix`; with `--allow-force-release`, the token of
+/// `--token-file` (`given`, read before dispatch), else one made up.
+pub(crate) async fn serve(
+    store_url: Option<&str>,
+    args: ServeArgs,
+    prefix: String,
+    given: Option<String>,
+) -> Result<u8, Failure> {
+    let (token, made_up) = match (args.allow_force_release, given) {
         (false, _) => (None, false),
-        (true, Some(path)) => (Some(read_token(path)?), false),
+        (true, Some(token)) => (Some(token), false),
         (true, None) => (Some(make_token()?), true),
     };
     let mut signals = Forwarded::install()
@@ -367,20 +372,6 @@ fn release_request(body: &[u8]) -> Result<(Key, Option<String>), String> {
         Some(_) => return Err("\"holder\" must be a non-empty string".into()),
     };
     Ok((key, holder))
-}
-
-/// The token in `path`: its first line, trimmed.
-fn read_token(path: &std::path::Path) -> Result<String, Failure> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| Failure::usage(format!("cannot read --token-file {}: {e}", path.display())))?;
-    let token = text.lines().next().unwrap_or_default().trim();
-    if token.len() < 16 {
-        return Err(Failure::usage(format!(
-            "the token in {} is shorter than 16 characters",
-            path.display()
-        )));
-    }
-    Ok(token.to_owned())
 }
 
 /// A new token: 32 random bytes from the kernel, in hex.

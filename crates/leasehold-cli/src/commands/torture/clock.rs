@@ -8,6 +8,7 @@
 //! wrapper names a semaphore after its pid in /dev/shm, which a SIGKILLed wrapper leaves behind.
 
 use crate::exit::{Failure, ERROR};
+use leasehold::ExpiryClock;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -19,18 +20,39 @@ use tokio::process::Command;
 /// clock is ahead take a lease still held, as that bound's documentation says.
 pub(crate) const SKEWS: [&str; 2] = ["+2m", "-2m"];
 
-/// The skews on the object stores (S3, Azure Blob, Cloud Storage), whose expiry reads no client's
-/// wall clock (only the server's `Date` and `Last-Modified`, and observation): an hour ahead and
-/// an hour behind, far past any assumed bound.
+/// The skews on stores whose expiry reads no client's wall clock, only the server's dates
+/// (`Date` and `Last-Modified`) and observation (S3, Azure Blob, Cloud Storage: their
+/// [`ExpiryClock::ServerDates`]): an hour ahead and an hour behind, far past any assumed bound.
 pub(crate) const SERVER_CLOCK_SKEWS: [&str; 2] = ["+1h", "-1h"];
 
-/// The skews the clock fault gives the clients of the store at `url`.
-pub(crate) fn skews(url: &str) -> [&'static str; 2] {
-    let scheme = url.split_once("://").map_or("", |(s, _)| s);
-    match scheme {
-        "s3" | "az" | "azure" | "gs" | "gcs" => SERVER_CLOCK_SKEWS,
+/// The skews the clock fault gives the clients of a store whose expiry `clock` judges.
+pub(crate) fn skews(clock: ExpiryClock) -> [&'static str; 2] {
+    match clock {
+        ExpiryClock::ServerDates => SERVER_CLOCK_SKEWS,
         _ => SKEWS,
     }
+}
+
+/// How `leasehold __torture open` tells the harness whose clock judges the store's expiry.
+pub(crate) fn word(clock: ExpiryClock) -> &'static str {
+    match clock {
+        ExpiryClock::Host => "host",
+        ExpiryClock::Server => "server",
+        ExpiryClock::ServerDates => "server-dates",
+        _ => "clients",
+    }
+}
+
+/// Read back from [`word`].
+pub(crate) fn from_word(word: &str) -> Option<ExpiryClock> {
+    [
+        ExpiryClock::Host,
+        ExpiryClock::Server,
+        ExpiryClock::ServerDates,
+        ExpiryClock::Clients,
+    ]
+    .into_iter()
+    .find(|c| self::word(*c) == word)
 }
 
 /// The hidden `__torture` subcommand that prints this process's clocks.
@@ -172,12 +194,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_object_stores_get_an_hour() {
-        assert_eq!(skews("s3://b/p?endpoint=x"), SERVER_CLOCK_SKEWS);
-        assert_eq!(skews("gs://b/p"), SERVER_CLOCK_SKEWS);
-        assert_eq!(skews("az://c/p"), SERVER_CLOCK_SKEWS);
-        assert_eq!(skews("k8s://ns"), SKEWS);
-        assert_eq!(skews("file:///tmp/x"), SKEWS);
+    fn stores_judged_by_the_servers_dates_get_an_hour() {
+        assert_eq!(skews(ExpiryClock::ServerDates), SERVER_CLOCK_SKEWS);
+        for clock in [ExpiryClock::Host, ExpiryClock::Server, ExpiryClock::Clients] {
+            assert_eq!(skews(clock), SKEWS);
+            assert_eq!(from_word(word(clock)), Some(clock));
+        }
+        assert_eq!(from_word("sundial"), None);
     }
 
     #[test]

@@ -27,7 +27,7 @@
 //! was stopped: what no lock prevents), requests **caught by the fence** (below the key's highest
 //! fence), and **fence violations** (a new grant whose fence is not above the key's highest).
 //! Overlaps and fence violations break a promise: the exit status is then 1. Where the store does
-//! not promise exclusion or fences under a fault ([`servers::promises`]: a Redis server restarted
+//! not promise exclusion or fences under a fault ([`servers::StoreKind::promises`]: a Redis server restarted
 //! empty), they are counted apart as **unpromised** and leave the exit status alone; once a phase
 //! lost fences, later phases do not promise them either (the store's counters restarted below
 //! the resource's highest fence).
@@ -53,6 +53,8 @@ pub(crate) mod servers;
 
 use crate::cli::{Fault, TortureArgs, Via};
 use crate::exit::{Failure, ERROR, OK, USAGE};
+use crate::valid::TorturePlan;
+use leasehold::ExpiryClock;
 use resource::{Counts, Resource};
 use servers::{Promise, Stores};
 use std::path::Path;
@@ -200,8 +202,8 @@ pub(crate) fn main() -> ExitCode {
     }
 }
 
-/// Opens the store at `url` as a client would; for a mode of permits, a store that holds none
-/// is refused here, once.
+/// Opens the store at `url` as a client would, and prints whose clock judges its expiry
+/// ([`clock::word`]); for a mode of permits, a store that holds none is refused here, once.
 async fn open(url: &str, mode: Mode) -> Result<(), String> {
     let store = leasehold::open_store(url)
         .await
@@ -213,6 +215,7 @@ async fn open(url: &str, mode: Mode) -> Result<(), String> {
             mode.describe()
         ));
     }
+    crate::output::outln!("{}", clock::word(store.capabilities().expiry_clock));
     Ok(())
 }
 
@@ -229,50 +232,26 @@ struct Row {
     unpromised_fence_violations: u64,
 }
 
-/// Runs the harness (see the module documentation).
-pub(crate) async fn torture(url: Option<&str>, args: TortureArgs) -> Result<u8, Failure> {
-    let seed = args.seed.unwrap_or_else(|| fastrand::u64(..));
-    if args.clients == 0 || args.keys == 0 || args.ttl < Duration::from_millis(100) {
-        return Err(Failure::new(
-            USAGE,
-            "--clients and --keys must be at least 1, --ttl at least 100ms",
-        ));
-    }
-    match Mode::of(&args) {
-        Mode::Semaphore(n) if usize::try_from(n).map_or(true, |n| n >= args.clients) => {
-            return Err(Failure::new(
-                USAGE,
-                format!(
-                    "--permits {n} needs more --clients than permits (now {}): with no more clients than permits, none is ever refused and nothing is checked",
-                    args.clients
-                ),
-            ));
-        }
-        Mode::ReadWrite if args.clients < 2 => {
-            return Err(Failure::new(
-                USAGE,
-                "--read-write needs at least 2 --clients: one alone never meets another",
-            ));
-        }
-        _ => {}
-    }
+/// Runs the harness (see the module documentation) as `plan` says.
+pub(crate) async fn torture(plan: TorturePlan) -> Result<u8, Failure> {
+    let seed = plan.seed;
     crate::output::errln!(
         "leasehold torture: seed {seed} (--seed {seed} replays this fault schedule)"
     );
-    let note = servers::note(&args.kind, url);
+    let note = plan.source.note();
     if let Some(n) = note {
         crate::output::errln!("leasehold torture: {n}");
     }
     let dir = std::env::temp_dir().join(format!("leasehold-torture-{}-{seed}", std::process::id()));
     std::fs::create_dir_all(&dir)
         .map_err(|e| Failure::new(ERROR, format!("{}: {e}", dir.display())))?;
-    let outcome = harness(url, &args, seed, &dir).await;
+    let outcome = harness(&plan, &dir).await;
     let _ = std::fs::remove_dir_all(&dir);
     let rows = outcome?;
     let broken = rows
         .iter()
         .any(|r| r.counts.overlaps > 0 || r.counts.fence_violations > 0);
-    print_rows(&args, seed, &rows, note);
+    print_rows(&plan, &rows, note);
     // A run in which no client ever entered checked nothing (a store it cannot use, say).
     let idle = rows.iter().all(|r| r.counts.sections == 0);
     if idle {
@@ -283,31 +262,46 @@ pub(crate) async fn torture(url: Option<&str>, args: TortureArgs) -> Result<u8, 
     Ok(if broken || idle { ERROR } else { OK })
 }
 
-async fn harness(
-    url: Option<&str>,
-    args: &TortureArgs,
-    seed: u64,
-    dir: &Path,
-) -> Result<Vec<Row>, Failure> {
+/// Starts the store and the resource in `dir`, and runs the phases: their figures.
+async fn harness(plan: &TorturePlan, dir: &Path) -> Result<Vec<Row>, Failure> {
+    let args = &plan.args;
     let partition = args.faults.contains(&Fault::Partition);
-    let stores = Stores::start(&args.kind, url, dir, partition).await?;
-    if args.faults.contains(&Fault::Restart) && !stores.restartable() {
-        return Err(Failure::new(
-            USAGE,
-            format!(
-                "the restart fault needs a server started here (not --store URL, not {})",
-                args.kind
-            ),
-        ));
+    let stores = Stores::start(&plan.source, dir, partition).await?;
+    let expiry_clock = open_once(&stores, plan.mode).await?;
+    let socket = dir.join("resource.sock");
+    let mut resource_process = start_resource(&socket, plan)?;
+    let resource = connect_resource(&socket).await?;
+    let mut run = Run {
+        plan,
+        store: stores.url().to_owned(),
+        expiry_clock,
+        stores,
+        socket,
+        resource,
+    };
+    let share = args.duration / u32::try_from(args.faults.len().max(1)).unwrap_or(1);
+    let mut rows = vec![];
+    let mut fences_lost = false;
+    for (n, &fault) in args.faults.iter().enumerate() {
+        let phase_seed = plan.seed.wrapping_add(1_000_003 * n as u64);
+        let mut promise = plan.source.promises(fault);
+        promise.fences &= !fences_lost;
+        fences_lost |= !promise.fences;
+        rows.push(run.phase(fault, promise, share, phase_seed).await?);
     }
-    let store = stores.url().to_owned();
-    // Opened once, as a client would (its environment), before any client starts: a store that
-    // cannot be opened is said once.
-    let opened =
-        Command::new(std::env::current_exe().map_err(|e| {
-            Failure::new(ERROR, format!("cannot find the leasehold executable: {e}"))
-        })?)
-        .args([ARG, "open", &store, &Mode::of(args).arg()])
+    let _ = resource_process.start_kill();
+    let _ = resource_process.wait().await;
+    run.stores.stop();
+    Ok(rows)
+}
+
+/// Opens the store once, as a client would (its environment), before any client starts, so that
+/// a store that cannot be opened is said once: whose clock judges its expiry, as it says.
+async fn open_once(stores: &Stores, mode: Mode) -> Result<ExpiryClock, Failure> {
+    let exe = std::env::current_exe()
+        .map_err(|e| Failure::new(ERROR, format!("cannot find the leasehold executable: {e}")))?;
+    let opened = Command::new(exe)
+        .args([ARG, "open", stores.url(), &mode.arg()])
         .envs(stores.env().iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .output()
@@ -316,52 +310,39 @@ async fn harness(
     if !opened.status.success() {
         let why = String::from_utf8_lossy(&opened.stderr);
         let why = why.trim().trim_start_matches("leasehold: torture: ");
-        stores.stop();
+        // What the store URL names cannot be opened: known only by trying.
         return Err(Failure::new(USAGE, format!("cannot open the store: {why}")));
     }
-    let mut servers: Vec<Child> = vec![];
-    let socket = dir.join("resource.sock");
+    let said = String::from_utf8_lossy(&opened.stdout);
+    clock::from_word(said.trim()).ok_or_else(|| {
+        Failure::new(
+            ERROR,
+            format!("opening the store said {said:?} for its expiry clock"),
+        )
+    })
+}
+
+/// Starts the fenced resource on `socket` (writing its history where `--history` says).
+fn start_resource(socket: &Path, plan: &TorturePlan) -> Result<Child, Failure> {
     let mut resource_args = vec![
         "resource".to_owned(),
         socket.display().to_string(),
-        Mode::of(args).arg(),
+        plan.mode.arg(),
     ];
-    if let Some(h) = &args.history {
+    if let Some(h) = &plan.args.history {
         resource_args.push(h.display().to_string());
     }
     let resource_args: Vec<&str> = resource_args.iter().map(String::as_str).collect();
-    servers.push(spawn_self(&resource_args, &[])?);
-    let resource = connect_resource(&socket).await?;
-    let share = args.duration / u32::try_from(args.faults.len().max(1)).unwrap_or(1);
-    let mut rows = vec![];
-    let mut fences_lost = false;
-    let mut run = Run {
-        args,
-        store,
-        stores,
-        socket,
-        resource,
-    };
-    for (n, &fault) in args.faults.iter().enumerate() {
-        let phase_seed = seed.wrapping_add(1_000_003 * n as u64);
-        let mut promise = servers::promises(&args.kind, fault);
-        promise.fences &= !fences_lost;
-        fences_lost |= !promise.fences;
-        rows.push(run.phase(fault, promise, share, phase_seed).await?);
-    }
-    for mut s in servers {
-        let _ = s.start_kill();
-        let _ = s.wait().await;
-    }
-    run.stores.stop();
-    Ok(rows)
+    spawn_self(&resource_args, &[])
 }
 
-/// What every phase of one run shares: its options, the store (its URL and its servers), and
-/// the resource the clients write to.
+/// What every phase of one run shares: its plan, the store (its URL and its servers), and the
+/// resource the clients write to.
 struct Run<'a> {
-    args: &'a TortureArgs,
+    plan: &'a TorturePlan,
     store: String,
+    /// Whose clock judges the store's expiry (as the store said when opened).
+    expiry_clock: ExpiryClock,
     stores: Stores,
     socket: std::path::PathBuf,
     resource: Resource,
@@ -377,176 +358,308 @@ impl Run<'_> {
         duration: Duration,
         seed: u64,
     ) -> Result<Row, Failure> {
-        let args: &TortureArgs = self.args;
-        let store: &str = &self.store;
-        let socket: &Path = &self.socket;
-        let stores = &mut self.stores;
-        let resource = &mut self.resource;
         let mut rng = fastrand::Rng::with_seed(seed);
-        // partition, lost-answer: each client reaches the store through proxies of its own.
-        // lost-answer: the clients' store calls time out after 2/5 of the TTL unless the URL
-        // says otherwise, so that a call whose answer is lost is sent again within the lease's
-        // life; and their critical sections last a TTL, so that a holder cut off is still inside
-        // when its lease could expire.
-        let mut routes = vec![];
-        let mut timeout = Duration::ZERO;
-        let mut hold = Duration::ZERO;
-        if matches!(fault, Fault::Partition | Fault::LostAnswer) {
-            let url = if fault == Fault::LostAnswer {
-                let (url, t) = network::with_timeout(store, args.ttl * 2 / 5)
-                    .map_err(|e| Failure::new(USAGE, format!("{fault}: {e}")))?;
-                if t >= args.ttl {
-                    crate::output::errln!(
-                        "leasehold torture: {fault}: the store's timeout ({}) is not below the TTL ({}): a call whose answer is lost is sent again after the lease could expire, and the fault shows nothing",
-                        crate::output::duration(t),
-                        crate::output::duration(args.ttl)
-                    );
-                }
-                timeout = t;
-                hold = args.ttl;
-                url
-            } else {
-                store.to_owned()
-            };
-            for _ in 0..args.clients {
-                routes.push(
-                    network::Route::new(&url, fault.as_str())
-                        .await
-                        .map_err(|e| Failure::new(USAGE, e))?,
-                );
-            }
-        }
-        // clock: a seeded half of the clients starts with a skewed wall clock, and each injection
-        // replaces a client with a skewed one, ahead and behind in turn.
-        let mut skews = 0;
-        let given = clock::skews(store);
-        let mut skew = |rng: &mut fastrand::Rng, always: bool| {
-            (fault == Fault::Clock && (always || rng.bool())).then(|| {
-                skews += 1;
-                given[skews % 2]
-            })
-        };
-        if fault == Fault::Clock {
-            for s in given {
-                clock::check(s).await?;
-            }
-        }
-        let store_env = stores.env().to_vec();
-        let mode = Mode::of(args).arg();
-        let spawn =
-            |i: usize, generation: u32, skew: Option<&str>| -> Result<(String, Child), Failure> {
-                let id = format!("{fault}-c{i}g{generation}");
-                let mut env = store_env.clone();
-                for (k, v) in skew.map(clock::env).transpose()?.unwrap_or_default() {
-                    env.push((k.to_owned(), v));
-                }
-                let child = spawn_self(
-                    &[
-                        "client",
-                        routes.get(i).map_or(store, |r| r.url.as_str()),
-                        &socket.display().to_string(),
-                        &id,
-                        &args.keys.to_string(),
-                        &args.ttl.as_millis().to_string(),
-                        &seed
-                            .wrapping_add(i as u64 * 7919 + u64::from(generation))
-                            .to_string(),
-                        args.via[i % args.via.len()].as_str(),
-                        &mode,
-                        &hold.as_millis().to_string(),
-                    ],
-                    &env,
-                )?;
-                Ok((id, child))
-            };
-        let mut clients = vec![];
-        let mut injected = 0;
-        for i in 0..args.clients {
-            let skewed = skew(&mut rng, false);
-            injected += u64::from(skewed.is_some());
-            clients.push(spawn(i, 0, skewed)?);
-        }
-        let mut generation = 1;
-        // lost-answer: the injections after which a client was cut off.
-        let mut cut_off = 0u64;
-        // partition: the cuts of each member of a cluster started here from its peers.
-        let mut member_cuts = vec![0u64; stores.peers().map_or(0, |p| p.members())];
+        let network = Network::for_fault(fault, &self.store, &self.plan.args).await?;
+        let skews = Skews::for_fault(fault, self.expiry_clock).await?;
+        let mut phase = Phase::new(self, fault, (network, skews), seed);
+        phase.start_clients(&mut rng)?;
+        self.drive(&mut phase, &mut rng, duration).await?;
+        phase.say_what_was_cut();
+        phase.end(&mut self.resource).await?;
+        figures(&mut self.resource, fault, phase.injected, promise)
+    }
+
+    /// Injects the phase's fault at seeded random times (between half a TTL and one and a half
+    /// apart) for `duration`, with a progress bar on a terminal.
+    async fn drive(
+        &mut self,
+        phase: &mut Phase<'_>,
+        rng: &mut fastrand::Rng,
+        duration: Duration,
+    ) -> Result<(), Failure> {
+        let ttl = self.plan.args.ttl;
         let start = Instant::now();
         let end = start + duration;
         // On a terminal (and not with --json), a bar that tells how the phase goes.
         let bar = crate::progress::bar(
             duration.as_secs(),
             "{prefix:>12} [{bar:30}] {pos}/{len}s  {msg}",
-            !args.json,
+            !self.plan.args.json,
         );
-        bar.set_prefix(fault.as_str());
+        bar.set_prefix(phase.fault.as_str());
         let mut shown: Option<Instant> = None;
         while Instant::now() < end {
             if !bar.is_hidden() && shown.is_none_or(|s| s.elapsed() >= Duration::from_secs(1)) {
                 shown = Some(Instant::now());
                 bar.set_position(start.elapsed().as_secs());
-                bar.set_message(progress_message(resource, injected)?);
+                bar.set_message(progress_message(&mut self.resource, phase.injected)?);
             }
-            // Between half a TTL and one and a half.
-            let next = Instant::now() + args.ttl.mul_f64(0.5 + rng.f64());
+            let next = Instant::now() + ttl.mul_f64(0.5 + rng.f64());
             tokio::time::sleep_until(next.min(end)).await;
             if Instant::now() >= end {
                 break;
             }
-            let i = rng.usize(..clients.len());
-            let pid = clients[i].1.id();
-            match (fault, pid) {
-                (Fault::Kill, Some(_)) => {
-                    let (id, child) = &mut clients[i];
-                    kill_client(resource, id, child).await?;
-                    clients[i] = spawn(i, generation, None)?;
-                    generation += 1;
-                    injected += 1;
-                }
-                (Fault::Partition, _) => {
-                    let peers = stores.peers();
-                    let members = peers.map_or(0, |p| p.members());
-                    let cut = network::Cut::pick(&mut rng, routes.len(), members, args.ttl);
-                    if let network::Whom::Member(m) = cut.whom {
-                        if let Some(n) = member_cuts.get_mut(m) {
-                            *n += 1;
-                        }
-                    }
-                    cut.apply(&routes, peers).await;
-                    injected += 1;
-                }
-                (Fault::LostAnswer, _) => {
-                    let ids: Vec<&str> = clients.iter().map(|(id, _)| id.as_str()).collect();
-                    let lost =
-                        lose_answers(resource, &routes, &ids, &mut rng, timeout, args.ttl).await?;
-                    cut_off += u64::from(lost);
-                    injected += 1;
-                }
-                (Fault::Clock, Some(_)) => {
-                    let (id, child) = &mut clients[i];
-                    kill_client(resource, id, child).await?;
-                    clients[i] = spawn(i, generation, skew(&mut rng, true))?;
-                    generation += 1;
-                    injected += 1;
-                }
-                (Fault::Stop, Some(pid)) => {
-                    ask(resource, &format!("S {}", clients[i].0))?;
-                    signal_group(pid, libc::SIGSTOP);
-                    tokio::time::sleep(args.ttl * 3 / 2).await;
-                    signal_group(pid, libc::SIGCONT);
-                    injected += 1;
-                }
-                (Fault::Restart, _) => {
-                    stores.restart(&mut rng, args.ttl).await?;
-                    injected += 1;
-                }
-                _ => {}
-            }
+            self.inject(phase, rng).await?;
         }
         bar.finish_and_clear();
-        if fault == Fault::Partition && !member_cuts.is_empty() {
-            let of_members: u64 = member_cuts.iter().sum();
-            let each: Vec<String> = member_cuts
+        Ok(())
+    }
+
+    /// Injects the phase's fault once, on a client picked by `rng` where it takes one.
+    async fn inject(
+        &mut self,
+        phase: &mut Phase<'_>,
+        rng: &mut fastrand::Rng,
+    ) -> Result<(), Failure> {
+        let ttl = self.plan.args.ttl;
+        let resource = &mut self.resource;
+        let i = rng.usize(..phase.clients.len());
+        let pid = phase.clients[i].1.id();
+        match (phase.fault, pid) {
+            (Fault::Kill, Some(_)) => phase.replace(resource, i, None).await?,
+            (Fault::Partition, _) => {
+                let peers = self.stores.peers();
+                let members = peers.map_or(0, |p| p.members());
+                let cut = network::Cut::pick(rng, phase.network.routes.len(), members, ttl);
+                if let network::Whom::Member(m) = cut.whom {
+                    if let Some(n) = phase.member_cuts.get_mut(m) {
+                        *n += 1;
+                    }
+                }
+                cut.apply(&phase.network.routes, peers).await;
+            }
+            (Fault::LostAnswer, _) => {
+                let ids: Vec<&str> = phase.clients.iter().map(|(id, _)| id.as_str()).collect();
+                let routes = &phase.network.routes;
+                let timeout = phase.network.timeout;
+                let lost = lose_answers(resource, routes, &ids, rng, timeout, ttl).await?;
+                phase.cut_off += u64::from(lost);
+            }
+            (Fault::Clock, Some(_)) => {
+                let skew = phase.skews.next(rng, true);
+                phase.replace(resource, i, skew).await?;
+            }
+            (Fault::Stop, Some(pid)) => {
+                ask(resource, &format!("S {}", phase.clients[i].0))?;
+                signal_group(pid, libc::SIGSTOP);
+                tokio::time::sleep(ttl * 3 / 2).await;
+                signal_group(pid, libc::SIGCONT);
+            }
+            (Fault::Restart, _) => self.stores.restart(rng, ttl).await?,
+            _ => return Ok(()),
+        }
+        phase.injected += 1;
+        Ok(())
+    }
+}
+
+/// How a phase's clients reach the store. `partition`, `lost-answer`: each client through
+/// proxies of its own. `lost-answer`: the clients' store calls time out after 2/5 of the TTL
+/// unless the URL says otherwise, so that a call whose answer is lost is sent again within the
+/// lease's life; and their critical sections last a TTL, so that a holder cut off is still
+/// inside when its lease could expire.
+struct Network {
+    /// Each client's proxies (none: the clients reach the store directly).
+    routes: Vec<network::Route>,
+    /// The clients' per-call timeout (`lost-answer`).
+    timeout: Duration,
+    /// How long a critical section goes on writing, at least.
+    hold: Duration,
+}
+
+impl Network {
+    /// The clients' way to `store` under `fault`. Whether the store can be proxied was checked
+    /// before the run ([`crate::valid`]): what fails here is the machine's.
+    async fn for_fault(fault: Fault, store: &str, args: &TortureArgs) -> Result<Network, Failure> {
+        let mut network = Network {
+            routes: vec![],
+            timeout: Duration::ZERO,
+            hold: Duration::ZERO,
+        };
+        if !matches!(fault, Fault::Partition | Fault::LostAnswer) {
+            return Ok(network);
+        }
+        let url = if fault == Fault::LostAnswer {
+            let (url, t) = network::with_timeout(store, args.ttl * 2 / 5)
+                .map_err(|e| Failure::new(ERROR, format!("{fault}: {e}")))?;
+            if t >= args.ttl {
+                crate::output::errln!(
+                    "leasehold torture: {fault}: the store's timeout ({}) is not below the TTL ({}): a call whose answer is lost is sent again after the lease could expire, and the fault shows nothing",
+                    crate::output::duration(t),
+                    crate::output::duration(args.ttl)
+                );
+            }
+            network.timeout = t;
+            network.hold = args.ttl;
+            url
+        } else {
+            store.to_owned()
+        };
+        for _ in 0..args.clients {
+            let route = network::Route::new(&url, fault.as_str())
+                .await
+                .map_err(|e| Failure::new(ERROR, e))?;
+            network.routes.push(route);
+        }
+        Ok(network)
+    }
+}
+
+/// The wall-clock skews of a phase's clients. `clock`: a seeded half of the clients starts with
+/// a skewed wall clock, and each injection replaces a client with a skewed one, ahead and behind
+/// in turn; other faults skew no clock.
+struct Skews {
+    clock: bool,
+    given: [&'static str; 2],
+    taken: usize,
+}
+
+impl Skews {
+    /// The skews of `fault`, for a store whose expiry `expiry_clock` judges; checked to move the
+    /// wall clock only ([`clock::check`]).
+    async fn for_fault(fault: Fault, expiry_clock: ExpiryClock) -> Result<Skews, Failure> {
+        let skews = Skews {
+            clock: fault == Fault::Clock,
+            given: clock::skews(expiry_clock),
+            taken: 0,
+        };
+        if skews.clock {
+            for s in skews.given {
+                clock::check(s).await?;
+            }
+        }
+        Ok(skews)
+    }
+
+    /// The skew of the next client: one always (`always`) or one time in two under `clock`.
+    fn next(&mut self, rng: &mut fastrand::Rng, always: bool) -> Option<&'static str> {
+        (self.clock && (always || rng.bool())).then(|| {
+            self.taken += 1;
+            self.given[self.taken % 2]
+        })
+    }
+}
+
+/// One phase under way: its clients and what was injected.
+struct Phase<'a> {
+    fault: Fault,
+    args: &'a TortureArgs,
+    /// The keys' mode, as the clients take it.
+    mode: String,
+    store: String,
+    socket: String,
+    /// The environment the store's clients need.
+    env: Vec<(String, String)>,
+    network: Network,
+    skews: Skews,
+    /// The phase's seed, of which each client's is derived.
+    seed: u64,
+    /// Each client's id and process.
+    clients: Vec<(String, Child)>,
+    /// The next replacement client's generation.
+    generation: u32,
+    injected: u64,
+    /// lost-answer: the injections after which a client was cut off.
+    cut_off: u64,
+    /// partition: the cuts of each member of a cluster started here from its peers.
+    member_cuts: Vec<u64>,
+}
+
+impl<'a> Phase<'a> {
+    /// Phase `fault` of `run`, its clients seeded from `seed`, reaching the store as `network`
+    /// says with their clocks skewed as `skews` says.
+    fn new(
+        run: &Run<'a>,
+        fault: Fault,
+        (network, skews): (Network, Skews),
+        seed: u64,
+    ) -> Phase<'a> {
+        Phase {
+            fault,
+            args: &run.plan.args,
+            mode: run.plan.mode.arg(),
+            store: run.store.clone(),
+            socket: run.socket.display().to_string(),
+            env: run.stores.env().to_vec(),
+            network,
+            skews,
+            seed,
+            clients: vec![],
+            generation: 1,
+            injected: 0,
+            cut_off: 0,
+            member_cuts: vec![0; run.stores.peers().map_or(0, |p| p.members())],
+        }
+    }
+
+    /// Starts the clients (generation 0), their clocks skewed as [`Skews`] says.
+    fn start_clients(&mut self, rng: &mut fastrand::Rng) -> Result<(), Failure> {
+        for i in 0..self.args.clients {
+            let skewed = self.skews.next(rng, false);
+            self.injected += u64::from(skewed.is_some());
+            let client = self.spawn(i, 0, skewed)?;
+            self.clients.push(client);
+        }
+        Ok(())
+    }
+
+    /// Starts client `i` of `generation`, its wall clock moved by `skew`: its id and process.
+    fn spawn(
+        &self,
+        i: usize,
+        generation: u32,
+        skew: Option<&str>,
+    ) -> Result<(String, Child), Failure> {
+        let args = self.args;
+        let id = format!("{}-c{i}g{generation}", self.fault);
+        let mut env = self.env.clone();
+        for (k, v) in skew.map(clock::env).transpose()?.unwrap_or_default() {
+            env.push((k.to_owned(), v));
+        }
+        let seed = self
+            .seed
+            .wrapping_add(i as u64 * 7919 + u64::from(generation));
+        let child = spawn_self(
+            &[
+                "client",
+                self.network.routes.get(i).map_or(&self.store, |r| &r.url),
+                &self.socket,
+                &id,
+                &args.keys.to_string(),
+                &args.ttl.as_millis().to_string(),
+                &seed.to_string(),
+                args.via[i % args.via.len()].as_str(),
+                &self.mode,
+                &self.network.hold.as_millis().to_string(),
+            ],
+            &env,
+        )?;
+        Ok((id, child))
+    }
+
+    /// Kills client `i` and starts its replacement (the next generation), its wall clock moved
+    /// by `skew`.
+    async fn replace(
+        &mut self,
+        resource: &mut Resource,
+        i: usize,
+        skew: Option<&str>,
+    ) -> Result<(), Failure> {
+        let (id, child) = &mut self.clients[i];
+        kill_client(resource, id, child).await?;
+        self.clients[i] = self.spawn(i, self.generation, skew)?;
+        self.generation += 1;
+        Ok(())
+    }
+
+    /// Says what `partition` cut (members of a cluster, clients) and after how many `lost-answer`
+    /// injections a client was cut off.
+    fn say_what_was_cut(&self) {
+        let injected = self.injected;
+        if self.fault == Fault::Partition && !self.member_cuts.is_empty() {
+            let of_members: u64 = self.member_cuts.iter().sum();
+            let each: Vec<String> = self
+                .member_cuts
                 .iter()
                 .enumerate()
                 .map(|(m, n)| format!("m{m} {n}"))
@@ -557,41 +670,55 @@ impl Run<'_> {
                 injected - of_members
             );
         }
-        if fault == Fault::LostAnswer {
+        if self.fault == Fault::LostAnswer {
             crate::output::errln!(
-                "leasehold torture: lost-answer: after {cut_off} of {injected} injections a client whose answers were lost entered a critical section, and was cut off"
+                "leasehold torture: lost-answer: after {} of {injected} injections a client whose answers were lost entered a critical section, and was cut off",
+                self.cut_off
             );
         }
-        for (id, mut child) in clients {
+    }
+
+    /// Kills the clients, then stops the proxies.
+    async fn end(&mut self, resource: &mut Resource) -> Result<(), Failure> {
+        for (id, mut child) in std::mem::take(&mut self.clients) {
             kill_client(resource, &id, &mut child).await?;
         }
-        drop(routes);
-        let answer = ask(resource, "Q")?;
-        let mut counts: Counts = serde_json::from_str(&answer)
-            .ok()
-            .and_then(|v| Counts::from_json(&v))
-            .ok_or_else(|| {
-                Failure::new(ERROR, format!("the fenced resource answered {answer:?}"))
-            })?;
-        let unpromised_overlaps = if promise.exclusion {
-            0
-        } else {
-            std::mem::take(&mut counts.overlaps)
-        };
-        let unpromised_fence_violations = if promise.fences {
-            0
-        } else {
-            std::mem::take(&mut counts.fence_violations)
-        };
-        Ok(Row {
-            fault: fault.as_str().to_owned(),
-            injected,
-            counts,
-            promise,
-            unpromised_overlaps,
-            unpromised_fence_violations,
-        })
+        self.network.routes.clear();
+        Ok(())
     }
+}
+
+/// A phase's row: the resource's counts since the last phase, the overlaps and fence violations
+/// where the store did not `promise` them moved apart.
+fn figures(
+    resource: &mut Resource,
+    fault: Fault,
+    injected: u64,
+    promise: Promise,
+) -> Result<Row, Failure> {
+    let answer = ask(resource, "Q")?;
+    let mut counts: Counts = serde_json::from_str(&answer)
+        .ok()
+        .and_then(|v| Counts::from_json(&v))
+        .ok_or_else(|| Failure::new(ERROR, format!("the fenced resource answered {answer:?}")))?;
+    let unpromised_overlaps = if promise.exclusion {
+        0
+    } else {
+        std::mem::take(&mut counts.overlaps)
+    };
+    let unpromised_fence_violations = if promise.fences {
+        0
+    } else {
+        std::mem::take(&mut counts.fence_violations)
+    };
+    Ok(Row {
+        fault: fault.as_str().to_owned(),
+        injected,
+        counts,
+        promise,
+        unpromised_overlaps,
+        unpromised_fence_violations,
+    })
 }
 
 /// One injection of `lost-answer` (see [`network::LostAnswers`]): the answers of some of the
@@ -732,7 +859,8 @@ async fn connect_resource(socket: &Path) -> Result<Resource, Failure> {
     }
 }
 
-fn print_rows(args: &TortureArgs, seed: u64, rows: &[Row], note: Option<&str>) {
+fn print_rows(plan: &TorturePlan, rows: &[Row], note: Option<&str>) {
+    let (args, seed) = (&plan.args, plan.seed);
     if args.json {
         let rows: Vec<_> = rows
             .iter()
@@ -746,7 +874,7 @@ fn print_rows(args: &TortureArgs, seed: u64, rows: &[Row], note: Option<&str>) {
                 v["promised"] = serde_json::json!({
                     "exclusion": r.promise.exclusion, "fences": r.promise.fences,
                 });
-                v["mode"] = Mode::of(args).arg().into();
+                v["mode"] = plan.mode.arg().into();
                 v
             })
             .collect();
@@ -800,7 +928,7 @@ fn print_rows(args: &TortureArgs, seed: u64, rows: &[Row], note: Option<&str>) {
     if let Some(n) = note {
         crate::output::outln!("{n}");
     }
-    let mode = Mode::of(args);
+    let mode = plan.mode;
     if mode != Mode::Lock {
         crate::output::outln!("keys: {}", mode.describe());
     }

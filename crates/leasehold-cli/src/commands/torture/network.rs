@@ -113,22 +113,29 @@ pub(crate) struct Route {
     accepting: Vec<JoinHandle<()>>,
 }
 
+/// Whether the store at `url` can be reached through the proxies of `fault`: an error saying
+/// why not (see the module documentation).
+pub(crate) fn proxiable(url: &str, fault: &str) -> Result<(), String> {
+    let scheme = url.split("://").next().unwrap_or_default();
+    if scheme.contains("+sentinel") || scheme.contains("+cluster") {
+        return Err(format!(
+            "{fault} cannot proxy {scheme}:// stores: their clients learn the other nodes' addresses from the servers and would go around the proxy"
+        ));
+    }
+    if loopback_addresses(url).is_empty() {
+        return Err(format!(
+            "{fault} needs a store reached over TCP on this host (127.0.0.1:PORT, localhost:PORT or [::1]:PORT in the store URL); the file and memory stores have no network to cut"
+        ));
+    }
+    Ok(())
+}
+
 impl Route {
     /// Starts the proxies for `url` (see the module documentation); a usage error, naming the
     /// `fault` that needs them, when the URL cannot be proxied.
     pub(crate) async fn new(url: &str, fault: &str) -> Result<Route, String> {
-        let scheme = url.split("://").next().unwrap_or_default();
-        if scheme.contains("+sentinel") || scheme.contains("+cluster") {
-            return Err(format!(
-                "{fault} cannot proxy {scheme}:// stores: their clients learn the other nodes' addresses from the servers and would go around the proxy"
-            ));
-        }
+        proxiable(url, fault)?;
         let found = loopback_addresses(url);
-        if found.is_empty() {
-            return Err(format!(
-                "{fault} needs a store reached over TCP on this host (127.0.0.1:PORT, localhost:PORT or [::1]:PORT in the store URL); the file and memory stores have no network to cut"
-            ));
-        }
         let (link, _) = watch::channel(vec![Link::Up]);
         let mut proxies: Vec<((String, u16), u16)> = vec![];
         let mut accepting = vec![];

@@ -29,34 +29,280 @@
 
 use super::network::Peers;
 use crate::cli::Fault;
-#[cfg(feature = "torture")]
-use crate::exit::ERROR;
-use crate::exit::{Failure, USAGE};
+use crate::exit::{Failure, ERROR};
+use clap::ValueEnum;
 #[cfg(feature = "torture")]
 use leasehold_servers::{
-    redlock_url, ApiServer, EtcdCluster, GcsServer, MotoServer, PostgresServer, RedisCluster,
-    RedisServer, SentinelSet, SENTINEL_MASTER,
+    redlock_url, ApiServer, EtcdCluster, GcsServer, MotoServer, Pausable, PostgresServer,
+    RedisCluster, RedisServer, SentinelSet,
 };
 use std::path::Path;
 #[cfg(feature = "torture")]
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// The kinds `leasehold torture` starts the servers of (file and memory need none).
-pub(crate) const KINDS: &[&str] = &[
-    "file",
-    "memory",
-    "redis",
-    "redis-sentinel",
-    "redis-cluster",
-    "redlock",
-    "etcd",
-    "postgres",
-    "k8s",
-    "gcs",
-    "s3",
-    "azure",
-];
+/// A kind of store `leasehold torture` runs on, its servers started here (file and memory need
+/// none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum StoreKind {
+    File,
+    Memory,
+    Redis,
+    RedisSentinel,
+    RedisCluster,
+    Redlock,
+    Etcd,
+    Postgres,
+    K8s,
+    Gcs,
+    S3,
+    Azure,
+}
+
+/// What `restart` does to a kind's servers (see the module documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Restart {
+    /// Nothing: no server is started for the kind (file, memory).
+    NoServer,
+    /// A server killed and started again empty on its port (Redis; one Redlock node).
+    StartedEmpty,
+    /// A failover (Sentinel; one shard of a Redis Cluster).
+    Failover,
+    /// A server killed or shut down, then started again over its data (etcd's leader,
+    /// PostgreSQL, the API server).
+    StartedOverItsData,
+    /// The emulator hung (SIGSTOP) for 1.5 TTL, then continued.
+    Hung,
+}
+
+/// A future of a launcher: the store of the servers it started.
+#[cfg(feature = "torture")]
+type Launching = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Stores, Failure>>>>;
+
+/// Starts a kind's servers; an etcd cluster's members behind [`Peers`] when asked (the run
+/// partitions).
+#[cfg(feature = "torture")]
+type Launcher = fn(bool) -> Launching;
+
+/// A kind's row of the table: the form of its URL, how its servers start, what `restart` does
+/// to them and what it promises then.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct KindRow {
+    /// The form of the store URL its servers give (ports aside): what `partition` proxies.
+    pub(crate) url_form: &'static str,
+    /// What `restart` does.
+    pub(crate) restart: Restart,
+    /// What the store promises under `restart`.
+    restarted: Promise,
+    /// What the server started here is, where the kind does not say it.
+    pub(crate) note: Option<&'static str>,
+    /// Starts its servers; `None` for a kind this build has no launcher of.
+    #[cfg(feature = "torture")]
+    launch: Option<Launcher>,
+}
+
+/// Both promises kept.
+const KEPT: Promise = Promise {
+    exclusion: true,
+    fences: true,
+};
+
+/// Neither promise: grants and fence counters lost.
+const LOST: Promise = Promise {
+    exclusion: false,
+    fences: false,
+};
+
+/// `row` with its launcher `f`, in a build with the launchers (`row` alone in one without).
+macro_rules! launched_by {
+    ($row:expr, $f:ident) => {{
+        #[cfg(feature = "torture")]
+        let row = KindRow {
+            launch: Some($f as Launcher),
+            ..$row
+        };
+        #[cfg(not(feature = "torture"))]
+        let row = $row;
+        row
+    }};
+}
+
+impl StoreKind {
+    /// Its name on the command line.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            StoreKind::File => "file",
+            StoreKind::Memory => "memory",
+            StoreKind::Redis => "redis",
+            StoreKind::RedisSentinel => "redis-sentinel",
+            StoreKind::RedisCluster => "redis-cluster",
+            StoreKind::Redlock => "redlock",
+            StoreKind::Etcd => "etcd",
+            StoreKind::Postgres => "postgres",
+            StoreKind::K8s => "k8s",
+            StoreKind::Gcs => "gcs",
+            StoreKind::S3 => "s3",
+            StoreKind::Azure => "azure",
+        }
+    }
+
+    /// The kind named `name`, if it is one.
+    pub(crate) fn parse(name: &str) -> Option<StoreKind> {
+        <StoreKind as ValueEnum>::from_str(name, false).ok()
+    }
+
+    /// Every kind's name, comma-separated.
+    pub(crate) fn names() -> String {
+        let names: Vec<&str> = StoreKind::value_variants()
+            .iter()
+            .map(|k| k.name())
+            .collect();
+        names.join(", ")
+    }
+
+    /// Its row of the table (the module documentation says what each restart does).
+    pub(crate) fn row(self) -> KindRow {
+        let row = |url_form, restart, restarted| KindRow {
+            url_form,
+            restart,
+            restarted,
+            note: None,
+            #[cfg(feature = "torture")]
+            launch: None,
+        };
+        match self {
+            StoreKind::File => row("file:///", Restart::NoServer, KEPT),
+            StoreKind::Memory => row("memory://", Restart::NoServer, KEPT),
+            StoreKind::Redis => launched_by!(
+                row("redis://127.0.0.1:1", Restart::StartedEmpty, LOST),
+                launch_redis
+            ),
+            StoreKind::RedisSentinel => launched_by!(
+                row("redis+sentinel://127.0.0.1:1/m", Restart::Failover, LOST),
+                launch_sentinel
+            ),
+            StoreKind::RedisCluster => launched_by!(
+                row("redis+cluster://127.0.0.1:1", Restart::Failover, KEPT),
+                launch_cluster
+            ),
+            StoreKind::Redlock => launched_by!(
+                row("redlock://127.0.0.1:1", Restart::StartedEmpty, KEPT),
+                launch_redlock
+            ),
+            StoreKind::Etcd => launched_by!(
+                row("etcd://127.0.0.1:1", Restart::StartedOverItsData, KEPT),
+                launch_etcd
+            ),
+            StoreKind::Postgres => launched_by!(
+                row(
+                    "postgres://127.0.0.1:1/db",
+                    Restart::StartedOverItsData,
+                    KEPT,
+                ),
+                launch_postgres
+            ),
+            StoreKind::K8s => launched_by!(
+                row(
+                    "k8s://torture?server=http://127.0.0.1:1",
+                    Restart::StartedOverItsData,
+                    KEPT,
+                ),
+                launch_k8s
+            ),
+            StoreKind::Gcs => launched_by!(
+                row(
+                    "gs://torture/torture/?endpoint=http://127.0.0.1:1",
+                    Restart::Hung,
+                    KEPT,
+                ),
+                launch_gcs
+            ),
+            StoreKind::S3 => KindRow {
+                note: Some(S3_NOTE),
+                ..launched_by!(
+                    row(
+                        "s3://torture/torture/?endpoint=http://127.0.0.1:1",
+                        Restart::Hung,
+                        KEPT,
+                    ),
+                    launch_s3
+                )
+            },
+            StoreKind::Azure => azure_row(row(
+                "az://torture/torture/?endpoint=http://127.0.0.1:1",
+                Restart::Hung,
+                KEPT,
+            )),
+        }
+    }
+
+    /// Whether this build can start its servers (file and memory need none).
+    pub(crate) fn launchable(self) -> bool {
+        #[cfg(feature = "torture")]
+        return self.row().restart == Restart::NoServer || self.row().launch.is_some();
+        #[cfg(not(feature = "torture"))]
+        return self.row().restart == Restart::NoServer;
+    }
+
+    /// What it promises under `fault` (from its page of the documentation): every store keeps
+    /// both under `none`, `kill`, `stop`, `partition`, `lost-answer` and `clock`; under `restart`,
+    /// its row says (a Redis server restarted empty and an asynchronous Sentinel failover lose
+    /// grants and fence counters, so neither is promised).
+    pub(crate) fn promises(self, fault: Fault) -> Promise {
+        if fault == Fault::Restart {
+            self.row().restarted
+        } else {
+            KEPT
+        }
+    }
+}
+
+/// Azure's row: its launcher only in a build with the Azure store.
+fn azure_row(row: KindRow) -> KindRow {
+    #[cfg(all(feature = "torture", feature = "azure"))]
+    return KindRow {
+        launch: Some(launch_azure),
+        ..row
+    };
+    #[cfg(not(all(feature = "torture", feature = "azure")))]
+    return row;
+}
+
+/// What `s3` runs, which the kind does not say.
+const S3_NOTE: &str = "s3: moto behind the harness's serialising proxy (one request in flight to moto at a time: moto alone can accept two concurrent writes on one ETag)";
+
+/// Where a run's store comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Source {
+    /// Servers started here for a kind (none for file and memory).
+    Started(StoreKind),
+    /// `--store URL`: a server the user runs.
+    Given(String),
+}
+
+impl Source {
+    /// What the store promises under `fault`: a kind's row says; a store given by URL is never
+    /// restarted here, and keeps both under every other fault.
+    pub(crate) fn promises(&self, fault: Fault) -> Promise {
+        match self {
+            Source::Started(k) => k.promises(fault),
+            Source::Given(_) => KEPT,
+        }
+    }
+
+    /// What the server started here is, where the kind does not say it.
+    pub(crate) fn note(&self) -> Option<&'static str> {
+        match self {
+            Source::Started(k) => k.row().note,
+            Source::Given(_) => None,
+        }
+    }
+
+    /// Whether `restart` can be injected: servers are started here.
+    pub(crate) fn restartable(&self) -> bool {
+        matches!(self, Source::Started(k) if k.row().restart != Restart::NoServer)
+    }
+}
 
 /// What a store promises under a fault.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,17 +311,6 @@ pub(crate) struct Promise {
     pub(crate) exclusion: bool,
     /// Every grant's fence above the key's highest.
     pub(crate) fences: bool,
-}
-
-/// What each store promises under `fault` (from its page of the documentation): every store keeps
-/// both under `none`, `kill`, `stop`, `partition` and `lost-answer`; under `restart`, a Redis server restarted empty and an
-/// asynchronous Sentinel failover lose grants and fence counters, so neither is promised.
-pub(crate) fn promises(kind: &str, fault: Fault) -> Promise {
-    let lost = fault == Fault::Restart && matches!(kind, "redis" | "redis-sentinel");
-    Promise {
-        exclusion: !lost,
-        fences: !lost,
-    }
 }
 
 /// The servers of one run.
@@ -119,49 +354,50 @@ pub(crate) struct Stores {
 }
 
 impl Stores {
-    /// The store for `kind`: `url` when given (a server the user runs), else servers started
-    /// here, in `dir` for the file store; an etcd cluster's members behind [`Peers`] when
-    /// `partition` (the run will partition them).
+    /// The store at `url`, its clients needing no environment of their own.
+    fn plain(url: String, running: Running) -> Stores {
+        Stores {
+            url,
+            env: vec![],
+            running,
+        }
+    }
+
+    /// The store of `source`: a given URL, the file store in `dir`, the memory store, or the
+    /// servers of a kind started by its launcher; an etcd cluster's members behind [`Peers`]
+    /// when `partition` (the run will partition them).
     ///
     /// # Errors
-    /// A usage error for an unknown kind, or for a kind whose servers this build cannot start
-    /// (without the `torture` feature); an error naming the server and what to install (or to
-    /// pass `--store URL`) when one cannot start.
+    /// An error naming the server and what to install (or to pass `--store URL`) when one
+    /// cannot start, or when this build has no launcher of the kind (refused before a run).
     pub(crate) async fn start(
-        kind: &str,
-        url: Option<&str>,
+        source: &Source,
         dir: &Path,
         partition: bool,
     ) -> Result<Stores, Failure> {
-        let plain = |url: String| Stores {
-            url,
-            env: vec![],
-            running: Running::Nothing,
-        };
-        match (url, kind) {
-            (Some(u), _) => Ok(plain(u.to_owned())),
-            (None, "file") => Ok(plain(format!("file://{}", dir.join("locks").display()))),
-            (None, "memory") => Ok(plain("memory://".to_owned())),
-            (None, k) if !KINDS.contains(&k) => Err(Failure::new(
-                USAGE,
-                format!(
-                    "torture {k} needs --store URL of a server you run (started here: {})",
-                    KINDS.join(", ")
-                ),
-            )),
-            #[cfg(feature = "torture")]
-            (None, k) => launch(k, partition).await,
-            #[cfg(not(feature = "torture"))]
-            (None, k) => {
-                let _ = partition;
-                Err(Failure::new(
-                    USAGE,
-                    format!(
-                        "torture {k} starts its servers itself, and this leasehold was built without its server launchers (the `torture` feature): pass --store URL of a server you run, or install leasehold with its default features"
-                    ),
-                ))
+        let kind = match source {
+            Source::Given(u) => return Ok(Stores::plain(u.clone(), Running::Nothing)),
+            Source::Started(StoreKind::File) => {
+                let url = format!("file://{}", dir.join("locks").display());
+                return Ok(Stores::plain(url, Running::Nothing));
             }
+            Source::Started(StoreKind::Memory) => {
+                return Ok(Stores::plain("memory://".to_owned(), Running::Nothing))
+            }
+            Source::Started(k) => *k,
+        };
+        #[cfg(feature = "torture")]
+        if let Some(launch) = kind.row().launch {
+            return launch(partition).await;
         }
+        let _ = partition;
+        Err(Failure::new(
+            ERROR,
+            format!(
+                "this leasehold cannot start the servers of torture {}",
+                kind.name()
+            ),
+        ))
     }
 
     /// The store URL the clients open.
@@ -181,11 +417,6 @@ impl Stores {
             Running::Etcd { peers, .. } => peers.as_ref(),
             _ => None,
         }
-    }
-
-    /// Whether `restart` can be injected: the servers were started here.
-    pub(crate) fn restartable(&self) -> bool {
-        !matches!(self.running, Running::Nothing)
     }
 
     /// Injects one `restart` (see the module documentation), with the down time drawn from `rng`
@@ -214,135 +445,145 @@ impl Stores {
     }
 }
 
-/// Starts the servers of `kind` (one of [`KINDS`] but file and memory); an etcd cluster's members
-/// behind [`Peers`] when `partition`.
+/// A launcher's result, as a launcher's future.
 #[cfg(feature = "torture")]
-async fn launch(kind: &str, partition: bool) -> Result<Stores, Failure> {
-    let plain = |url: String, running| Stores {
-        url,
-        env: vec![],
-        running,
-    };
-    let env = |pairs: Vec<(&str, String)>| {
-        pairs
-            .into_iter()
-            .map(|(k, v)| (k.to_owned(), v))
-            .collect::<Vec<_>>()
-    };
-    Ok(match kind {
-        "redis" => {
-            let s = started("redis-server", RedisServer::start())?;
-            plain(s.url(), Running::Redis(s))
-        }
-        "redis-sentinel" => {
-            let s = started("a Redis Sentinel deployment", SentinelSet::start())?;
-            plain(s.url(), Running::Sentinel(s))
-        }
-        "redis-cluster" => {
-            let s = started("a Redis Cluster", RedisCluster::start())?;
-            plain(s.url(), Running::Cluster(s))
-        }
-        "redlock" => {
-            let nodes = started(
-                "redis-server (Redlock nodes)",
-                (0..3)
-                    .map(|_| RedisServer::start())
-                    .collect::<Result<Vec<_>, _>>(),
-            )?;
-            plain(redlock_url(&nodes), Running::Redlock(nodes))
-        }
-        "etcd" => {
-            let peers = if partition {
-                Some(Peers::new(3).await.map_err(|e| Failure::new(ERROR, e))?)
-            } else {
-                None
-            };
-            let behind = peers
-                .as_ref()
-                .map(|p| (p.ports.clone(), p.pids.clone(), p.aimer()));
-            // Off this thread: the members come up only if the peer proxies forward.
-            let s = tokio::task::spawn_blocking(move || {
-                started(
-                    "an etcd cluster",
-                    match behind {
-                        Some((ports, pids, aim)) => {
-                            EtcdCluster::start_with_peer_proxies(&ports, &pids, aim)
-                        }
-                        None => EtcdCluster::start(3),
-                    },
-                )
-            })
-            .await
-            .map_err(|e| Failure::new(ERROR, format!("starting etcd: {e}")))??;
-            plain(
-                s.url(),
-                Running::Etcd {
-                    cluster: Arc::new(Mutex::new(s)),
-                    peers,
+fn ready(stores: Result<Stores, Failure>) -> Launching {
+    Box::pin(std::future::ready(stores))
+}
+
+#[cfg(feature = "torture")]
+fn launch_redis(_: bool) -> Launching {
+    ready(
+        started("redis-server", RedisServer::start())
+            .map(|s| Stores::plain(s.url(), Running::Redis(s))),
+    )
+}
+
+#[cfg(feature = "torture")]
+fn launch_sentinel(_: bool) -> Launching {
+    ready(
+        started("a Redis Sentinel deployment", SentinelSet::start())
+            .map(|s| Stores::plain(s.url(), Running::Sentinel(s))),
+    )
+}
+
+#[cfg(feature = "torture")]
+fn launch_cluster(_: bool) -> Launching {
+    ready(
+        started("a Redis Cluster", RedisCluster::start())
+            .map(|s| Stores::plain(s.url(), Running::Cluster(s))),
+    )
+}
+
+#[cfg(feature = "torture")]
+fn launch_redlock(_: bool) -> Launching {
+    let nodes = (0..3)
+        .map(|_| RedisServer::start())
+        .collect::<Result<Vec<_>, _>>();
+    ready(
+        started("redis-server (Redlock nodes)", nodes)
+            .map(|nodes| Stores::plain(redlock_url(&nodes), Running::Redlock(nodes))),
+    )
+}
+
+/// Three etcd members, behind [`Peers`] when `partition`.
+#[cfg(feature = "torture")]
+fn launch_etcd(partition: bool) -> Launching {
+    Box::pin(async move {
+        let peers = if partition {
+            Some(Peers::new(3).await.map_err(|e| Failure::new(ERROR, e))?)
+        } else {
+            None
+        };
+        let behind = peers
+            .as_ref()
+            .map(|p| (p.ports.clone(), p.pids.clone(), p.aimer()));
+        // Off this thread: the members come up only if the peer proxies forward.
+        let s = tokio::task::spawn_blocking(move || {
+            started(
+                "an etcd cluster",
+                match behind {
+                    Some((ports, pids, aim)) => {
+                        EtcdCluster::start_with_peer_proxies(&ports, &pids, aim)
+                    }
+                    None => EtcdCluster::start(3),
                 },
             )
-        }
-        "postgres" => {
-            let (s, url) = started(
-                "PostgreSQL",
-                PostgresServer::start().and_then(|s| {
-                    let url = s.fresh_db()?;
-                    Ok((s, url))
-                }),
-            )?;
-            plain(url, Running::Postgres(s))
-        }
-        "k8s" => {
-            let s = started("leasehold-apiserver over etcd", ApiServer::start())?;
-            plain(s.store_url("torture"), Running::K8s(s))
-        }
-        "gcs" => {
-            let s = started("fake-gcs-server", GcsServer::start())?;
-            plain(s.store_url("torture/"), Running::Gcs(s))
-        }
-        "s3" => {
-            let (s, url) = started(
-                "moto (S3)",
-                MotoServer::start_serialised().and_then(|s| {
-                    let url = s.url("torture", "torture/")?;
-                    Ok((s, url))
-                }),
-            )?;
-            Stores {
-                url,
-                env: env(s.env()),
-                running: Running::S3(s),
-            }
-        }
-        #[cfg(feature = "azure")]
-        "azure" => {
-            let s = started("Azurite", leasehold_servers::AzuriteServer::start())?;
-            let store = leasehold::stores::azure::AzureStore::connect({
-                let mut o = leasehold::stores::azure::AzureOptions::new("torture");
-                o.prefix = "torture/".into();
-                o.endpoint = Some(s.endpoint());
-                o.credentials = Some(leasehold::stores::azure::AzureCredentials::new(
-                    leasehold::stores::azure::DEV_ACCOUNT.0,
-                    leasehold::stores::azure::DEV_ACCOUNT.1,
-                ));
-                o
-            })?;
-            store
-                .create_container()
-                .await
-                .map_err(|e| Failure::new(ERROR, format!("Azurite: {e}")))?;
-            Stores {
-                url: format!("az://torture/torture/?endpoint={}", s.endpoint()),
-                env: env(s.env()),
-                running: Running::Azure(s),
-            }
-        }
-        other => {
-            return Err(Failure::new(
-                USAGE,
-                format!("this leasehold was built without the store of torture {other}"),
-            ))
-        }
+        })
+        .await
+        .map_err(|e| Failure::new(ERROR, format!("starting etcd: {e}")))??;
+        let url = s.url();
+        let cluster = Arc::new(Mutex::new(s));
+        Ok(Stores::plain(url, Running::Etcd { cluster, peers }))
+    })
+}
+
+#[cfg(feature = "torture")]
+fn launch_postgres(_: bool) -> Launching {
+    let server = PostgresServer::start().and_then(|s| {
+        let url = s.fresh_db()?;
+        Ok((s, url))
+    });
+    ready(started("PostgreSQL", server).map(|(s, url)| Stores::plain(url, Running::Postgres(s))))
+}
+
+#[cfg(feature = "torture")]
+fn launch_k8s(_: bool) -> Launching {
+    ready(
+        started("leasehold-apiserver over etcd", ApiServer::start())
+            .map(|s| Stores::plain(s.store_url("torture"), Running::K8s(s))),
+    )
+}
+
+#[cfg(feature = "torture")]
+fn launch_gcs(_: bool) -> Launching {
+    ready(
+        started("fake-gcs-server", GcsServer::start())
+            .map(|s| Stores::plain(s.store_url("torture/"), Running::Gcs(s))),
+    )
+}
+
+/// The environment pairs of a launcher, owned.
+#[cfg(feature = "torture")]
+fn owned_env(pairs: Vec<(&str, String)>) -> Vec<(String, String)> {
+    pairs.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
+}
+
+#[cfg(feature = "torture")]
+fn launch_s3(_: bool) -> Launching {
+    let server = MotoServer::start_serialised().and_then(|s| {
+        let url = s.url("torture", "torture/")?;
+        Ok((s, url))
+    });
+    ready(started("moto (S3)", server).map(|(s, url)| Stores {
+        url,
+        env: owned_env(s.env()),
+        running: Running::S3(s),
+    }))
+}
+
+/// Azurite, its container made, its endpoint in the URL (`?endpoint=`).
+#[cfg(all(feature = "torture", feature = "azure"))]
+fn launch_azure(_: bool) -> Launching {
+    use leasehold::stores::azure::{AzureCredentials, AzureOptions, AzureStore, DEV_ACCOUNT};
+    Box::pin(async {
+        let s = started("Azurite", leasehold_servers::AzuriteServer::start())?;
+        let store = AzureStore::connect({
+            let mut o = AzureOptions::new("torture");
+            o.prefix = "torture/".into();
+            o.endpoint = Some(s.endpoint());
+            o.credentials = Some(AzureCredentials::new(DEV_ACCOUNT.0, DEV_ACCOUNT.1));
+            o
+        })?;
+        store
+            .create_container()
+            .await
+            .map_err(|e| Failure::new(ERROR, format!("Azurite: {e}")))?;
+        Ok(Stores {
+            url: format!("az://torture/torture/?endpoint={}", s.endpoint()),
+            env: owned_env(s.env()),
+            running: Running::Azure(s),
+        })
     })
 }
 
@@ -361,86 +602,21 @@ impl Stores {
         let down = ttl.mul_f64(rng.f64());
         match &mut self.running {
             Running::Nothing => {}
-            Running::Redis(s) => {
-                let port = s.port;
-                s.stop();
-                tokio::time::sleep(down).await;
-                *s = started("redis-server", RedisServer::start_on(port))?;
-            }
+            Running::Redis(s) => start_empty(s, "redis-server", down).await?,
             Running::Redlock(nodes) => {
-                let port = nodes[0].port;
-                nodes[0].stop();
-                tokio::time::sleep(down).await;
-                nodes[0] = started("redis-server (Redlock node)", RedisServer::start_on(port))?;
+                start_empty(&mut nodes[0], "redis-server (Redlock node)", down).await?;
             }
             Running::Sentinel(set) => {
                 let before = set.primary_port();
-                let _ = set.sentinels[rng.usize(..set.sentinels.len())].command(&[
-                    "SENTINEL",
-                    "FAILOVER",
-                    SENTINEL_MASTER,
-                ]);
+                set.fail_over(rng.usize(..set.sentinels.len()));
                 settle("the Sentinel failover", || {
                     let now = set.primary_port();
                     now.is_some() && now != before
                 })
                 .await?;
             }
-            Running::Cluster(cluster) => {
-                let primaries: Vec<u16> = cluster
-                    .nodes
-                    .iter()
-                    .filter(|n| n.command(&["ROLE"]).is_some_and(|r| r.contains("master")))
-                    .map(|n| n.port)
-                    .collect();
-                if primaries.is_empty() {
-                    return Err(Failure::new(ERROR, "the Redis Cluster has no primary"));
-                }
-                let primary = primaries[rng.usize(..primaries.len())];
-                let replica = cluster.replicas_of(primary).first().map(|r| r.port);
-                let Some(replica) = replica else {
-                    return Err(Failure::new(
-                        ERROR,
-                        format!("the Redis Cluster primary on port {primary} has no replica"),
-                    ));
-                };
-                let node = |port: u16| cluster.nodes.iter().find(|n| n.port == port);
-                // A manual failover the primary does not join in time is aborted by Redis
-                // (seen about once in a hundred under load): asked again, up to three times.
-                let mut attempts = 0;
-                loop {
-                    attempts += 1;
-                    let _ = node(replica).and_then(|n| n.command(&["CLUSTER", "FAILOVER"]));
-                    let done = settle("the Redis Cluster failover", || {
-                        node(replica)
-                            .and_then(|n| n.command(&["ROLE"]))
-                            .is_some_and(|r| r.contains("master"))
-                            && cluster.settled()
-                    })
-                    .await;
-                    match done {
-                        Ok(()) => break,
-                        Err(e) if attempts >= 3 => return Err(e),
-                        Err(_) => {}
-                    }
-                }
-            }
-            Running::Etcd { cluster, .. } => {
-                let (leader, live) =
-                    on_etcd(cluster, |c| (c.leader(), c.live().collect::<Vec<_>>())).await?;
-                let i = match leader {
-                    Some(i) => i,
-                    None if live.is_empty() => {
-                        return Err(Failure::new(ERROR, "etcd has no member running"))
-                    }
-                    None => live[rng.usize(..live.len())],
-                };
-                on_etcd(cluster, move |c| c.kill(i)).await?;
-                tokio::time::sleep(down).await;
-                on_etcd(cluster, move |c| c.restart(i))
-                    .await?
-                    .map_err(|e| Failure::new(ERROR, format!("etcd did not restart: {e}")))?;
-            }
+            Running::Cluster(cluster) => fail_over_a_shard(cluster, rng).await?,
+            Running::Etcd { cluster, .. } => restart_the_leader(cluster, rng, down).await?,
             Running::Postgres(s) => {
                 s.stop_fast();
                 tokio::time::sleep(down).await;
@@ -454,13 +630,73 @@ impl Stores {
                     Failure::new(ERROR, format!("leasehold-apiserver did not restart: {e}"))
                 })?;
             }
-            Running::Gcs(s) => hang(|sig| s.signal(sig), ttl).await,
-            Running::S3(s) => hang(|sig| signal(s.pid(), sig), ttl).await,
+            Running::Gcs(s) => hang(|| s.pause(), || s.resume(), ttl).await,
+            Running::S3(s) => hang(|| s.pause(), || s.resume(), ttl).await,
             #[cfg(feature = "azure")]
-            Running::Azure(s) => hang(|sig| signal(s.pid(), sig), ttl).await,
+            Running::Azure(s) => hang(|| s.pause(), || s.resume(), ttl).await,
         }
         Ok(())
     }
+}
+
+/// Kills a Redis server, and starts it again empty on its port after `down`.
+#[cfg(feature = "torture")]
+async fn start_empty(s: &mut RedisServer, what: &str, down: Duration) -> Result<(), Failure> {
+    s.stop();
+    tokio::time::sleep(down).await;
+    started(what, s.start_again())
+}
+
+/// A manual failover of a shard of `cluster` picked by `rng`, asked up to three times: one the
+/// primary does not join in time is aborted by Redis (seen about once in a hundred under load).
+#[cfg(feature = "torture")]
+async fn fail_over_a_shard(cluster: &RedisCluster, rng: &mut fastrand::Rng) -> Result<(), Failure> {
+    let primaries = cluster.primaries();
+    if primaries.is_empty() {
+        return Err(Failure::new(ERROR, "the Redis Cluster has no primary"));
+    }
+    let primary = primaries[rng.usize(..primaries.len())];
+    let Some(replica) = cluster.replicas_of(primary).first().map(|r| r.port) else {
+        return Err(Failure::new(
+            ERROR,
+            format!("the Redis Cluster primary on port {primary} has no replica"),
+        ));
+    };
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        cluster.fail_over_to(replica);
+        let done = settle("the Redis Cluster failover", || {
+            cluster.is_primary(replica) && cluster.settled()
+        })
+        .await;
+        match done {
+            Ok(()) => return Ok(()),
+            Err(e) if attempts >= 3 => return Err(e),
+            Err(_) => {}
+        }
+    }
+}
+
+/// Kills etcd's Raft leader (a live member picked by `rng` when there is none), and starts it
+/// again over its data after `down`.
+#[cfg(feature = "torture")]
+async fn restart_the_leader(
+    cluster: &Arc<Mutex<EtcdCluster>>,
+    rng: &mut fastrand::Rng,
+    down: Duration,
+) -> Result<(), Failure> {
+    let (leader, live) = on_etcd(cluster, |c| (c.leader(), c.live().collect::<Vec<_>>())).await?;
+    let i = match leader {
+        Some(i) => i,
+        None if live.is_empty() => return Err(Failure::new(ERROR, "etcd has no member running")),
+        None => live[rng.usize(..live.len())],
+    };
+    on_etcd(cluster, move |c| c.kill(i)).await?;
+    tokio::time::sleep(down).await;
+    on_etcd(cluster, move |c| c.restart(i))
+        .await?
+        .map_err(|e| Failure::new(ERROR, format!("etcd did not restart: {e}")))
 }
 
 /// Runs `f` on the etcd cluster from a blocking thread, leaving this one to serve the peer
@@ -476,29 +712,12 @@ async fn on_etcd<T: Send + 'static>(
         .map_err(|e| Failure::new(ERROR, format!("etcd: {e}")))
 }
 
-/// What the server `kind` started here is, where the kind does not say it (`url`: `--store`,
-/// none started here), for the run's output.
-pub(crate) fn note(kind: &str, url: Option<&str>) -> Option<&'static str> {
-    (url.is_none() && kind == "s3").then_some(
-        "s3: moto behind the harness's serialising proxy (one request in flight to moto at a time: moto alone can accept two concurrent writes on one ETag)",
-    )
-}
-
-/// Stops a server (SIGSTOP) for 1.5 `ttl`, then continues it (SIGCONT).
+/// Hangs a server (`pause`) for 1.5 `ttl`, then continues it (`resume`).
 #[cfg(feature = "torture")]
-async fn hang(signal: impl Fn(i32), ttl: Duration) {
-    signal(libc::SIGSTOP);
+async fn hang(pause: impl Fn(), resume: impl Fn(), ttl: Duration) {
+    pause();
     tokio::time::sleep(ttl * 3 / 2).await;
-    signal(libc::SIGCONT);
-}
-
-/// Sends `sig` to the process `pid` (a server started here, not yet reaped).
-#[cfg(feature = "torture")]
-fn signal(pid: Option<u32>, sig: i32) {
-    if let Some(pid) = pid.and_then(|p| libc::pid_t::try_from(p).ok()) {
-        // SAFETY: kill(2) on a child of this process, which its launcher has not reaped.
-        unsafe { libc::kill(pid, sig) };
-    }
+    resume();
 }
 
 /// Waits until `done` holds, for up to 10 s.
@@ -554,25 +773,29 @@ mod tests {
 
     #[test]
     fn only_a_store_that_loses_data_on_restart_is_excused() {
-        for kind in KINDS {
+        for kind in StoreKind::value_variants() {
             for fault in [
                 Fault::None,
                 Fault::Kill,
                 Fault::Stop,
                 Fault::Partition,
                 Fault::LostAnswer,
+                Fault::Clock,
             ] {
-                assert_eq!(
-                    promises(kind, fault),
-                    Promise {
-                        exclusion: true,
-                        fences: true
-                    }
-                );
+                assert_eq!(kind.promises(fault), KEPT);
             }
+            assert_eq!(StoreKind::parse(kind.name()), Some(*kind));
         }
-        assert!(!promises("redis", Fault::Restart).exclusion);
-        assert!(!promises("redis-sentinel", Fault::Restart).fences);
-        assert!(promises("etcd", Fault::Restart).fences);
+        assert!(!StoreKind::Redis.promises(Fault::Restart).exclusion);
+        assert!(!StoreKind::RedisSentinel.promises(Fault::Restart).fences);
+        assert!(StoreKind::Etcd.promises(Fault::Restart).fences);
+        assert_eq!(
+            Source::Given("redis://x".into()).promises(Fault::Restart),
+            KEPT
+        );
+        assert_eq!(
+            StoreKind::names(),
+            "file, memory, redis, redis-sentinel, redis-cluster, redlock, etcd, postgres, k8s, gcs, s3, azure"
+        );
     }
 }

@@ -444,6 +444,7 @@ impl LockStore for EtcdStore {
             fence_source: "the record key's create revision (etcd's cluster-wide revision) × 65536",
             waiter_line: false,
             permits: true,
+            expiry_clock: crate::store::ExpiryClock::Server,
         }
     }
 

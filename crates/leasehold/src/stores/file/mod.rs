@@ -822,6 +822,7 @@ impl LockStore for FileStore {
             fence_source: "max(previous + 1, µs clock), kept in the record file",
             waiter_line: true,
             permits: true,
+            expiry_clock: crate::store::ExpiryClock::Host,
         }
     }
 

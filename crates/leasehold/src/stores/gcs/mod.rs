@@ -373,6 +373,7 @@ impl RecordStore for GcsStore {
                 "a counter in the object, floored at the acquirer's wall clock in microseconds and, after cleanup, at the fence high-water mark",
             waiter_line: true,
             permits: true,
+            expiry_clock: crate::store::ExpiryClock::ServerDates,
         }
     }
 

@@ -583,6 +583,7 @@ impl RecordStore for KubernetesStore {
             fence_source: "the API server's resourceVersion (an etcd revision), kept in the leasehold.io/fence annotation",
             waiter_line: true,
             permits: true,
+            expiry_clock: crate::store::ExpiryClock::Clients,
         }
     }
 

@@ -538,6 +538,7 @@ impl LockStore for PostgresStore {
             fence_source: "a PostgreSQL sequence per table, never lowered by cleanup",
             waiter_line: false,
             permits: true,
+            expiry_clock: crate::store::ExpiryClock::Server,
         }
     }
 

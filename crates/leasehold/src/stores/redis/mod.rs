@@ -663,6 +663,7 @@ impl LockStore for RedisStore {
             fence_source: "INCR of a per-key counter key in the acquire script",
             waiter_line: true,
             permits: true,
+            expiry_clock: crate::store::ExpiryClock::Server,
         }
     }
 

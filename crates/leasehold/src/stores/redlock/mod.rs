@@ -265,6 +265,7 @@ impl LockStore for RedlockStore {
             fence_source: "maximum of the per-node INCR fences over the granting majority",
             waiter_line: false,
             permits: false,
+            expiry_clock: crate::store::ExpiryClock::Server,
         }
     }
 
