@@ -14,8 +14,8 @@
 //! a leader change can make a fence go backwards.
 //!
 //! # Sessions
-//! Each store keeps one etcd lease per lease-time class (the TTL rounded up, see
-//! [`session`]) — one for all the keys a process holds with the same TTL — kept alive by one
+//! Each store keeps one etcd lease per lease-time class (the TTL rounded up to whole seconds)
+//! — one for all the keys a process holds with the same TTL — kept alive by one
 //! keep-alive stream: renewing 10,000 leases costs that stream, not 10,000 keep-alives. A
 //! renewal reads the key (to see a force release, a takeover or a waiter) and says "renewed"
 //! only while the session is surely alive for the whole TTL asked for, counted on this process's
