@@ -643,3 +643,202 @@ impl EtcdStore {
         Ok((removed, kept))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names() -> Names {
+        Names {
+            lock: "p/lock/k".into(),
+            waiter: "p/waiter/k".into(),
+            kind: "p/kind/k".into(),
+            prefix: "p/permit/k\0".into(),
+        }
+    }
+
+    fn req(holder: &str, want: PermitRequest) -> AcquireRequest {
+        let key = Key::new("k").expect("a key");
+        let mut r = AcquireRequest::new(key, holder, Duration::from_secs(10));
+        r.token = format!("{holder}-token");
+        r.permit = Some(want);
+        r
+    }
+
+    /// The permit key of `holder` in `slot`, created at `rev`.
+    fn slot(holder: &str, slot: &str, rev: i64, write: bool) -> Kv {
+        let permit = Permit {
+            holder: holder.into(),
+            token: format!("{holder}-token"),
+            fence: 0,
+            write,
+            acquired_ms: 1,
+            renewed_ms: 1,
+            expires_ms: 10_001,
+            ttl_ms: 10_000,
+            pid: None,
+            host: None,
+            labels: Default::default(),
+        };
+        let value = serde_json::to_vec(&Slot { permit, once: 1 }).expect("json");
+        Kv::new(format!("p/permit/k\0{slot}"), value, rev, rev, 7)
+    }
+
+    fn kind(value: &str) -> Option<Kv> {
+        Some(Kv::new("p/kind/k", value, 3, 5, 0))
+    }
+
+    fn waiter(holder: &str, permit: &str) -> Option<Kv> {
+        let w = Waiter {
+            waiter: holder.into(),
+            waiter_token: format!("{holder}-token"),
+            waiter_ttl_ms: 5_000,
+            write: 1,
+            permit: Some(permit.into()),
+        };
+        Some(Kv::new(
+            "p/waiter/k",
+            serde_json::to_vec(&w).expect("json"),
+            11,
+            11,
+            8,
+        ))
+    }
+
+    const TWO: PermitRequest = PermitRequest::Semaphore { permits: 2 };
+
+    #[test]
+    fn a_semaphore_grants_a_free_slot_and_compares_its_kind_as_read() {
+        let st = State {
+            kind: kind("semaphore:2"),
+            slots: vec![slot("b", "0", 4, false)],
+            ..State::default()
+        };
+        let Ok(Step::Try(p)) = plan(&req("a", TWO), TWO, &names(), &st) else {
+            panic!("no grant");
+        };
+        assert_eq!(p.slot, "1");
+        assert_eq!(p.also_free, None);
+        assert!(!p.replace);
+        assert_eq!(p.kind_mod, Some(5));
+        assert_eq!((p.waiter_rev, p.waiter_mine), (0, false));
+    }
+
+    #[test]
+    fn a_full_semaphore_waits_and_a_waiter_keeps_a_slot_free() {
+        let full = State {
+            kind: kind("semaphore:2"),
+            slots: vec![slot("b", "0", 4, false), slot("c", "1", 5, false)],
+            ..State::default()
+        };
+        assert!(matches!(
+            plan(&req("a", TWO), TWO, &names(), &full),
+            Ok(Step::Wait(..))
+        ));
+        let waited = State {
+            kind: kind("semaphore:2"),
+            waiter: waiter("w", "semaphore:2"),
+            ..State::default()
+        };
+        let Ok(Step::Try(p)) = plan(&req("a", TWO), TWO, &names(), &waited) else {
+            panic!("no grant");
+        };
+        let also = p.also_free.expect("a slot left for the waiter");
+        assert_ne!(also, p.slot);
+        assert_eq!((p.waiter_rev, p.waiter_mine), (11, false));
+        let one_left = State {
+            kind: kind("semaphore:2"),
+            waiter: waiter("w", "semaphore:2"),
+            slots: vec![slot("b", "0", 4, false)],
+            ..State::default()
+        };
+        assert!(matches!(
+            plan(&req("a", TWO), TWO, &names(), &one_left),
+            Ok(Step::Wait(..))
+        ));
+    }
+
+    #[test]
+    fn readers_share_a_writer_is_alone_and_a_waiting_writer_stops_readers() {
+        let (read, write) = (PermitRequest::Read, PermitRequest::Write);
+        let reading = State {
+            kind: kind("read-write"),
+            slots: vec![slot("b", "3", 4, false)],
+            ..State::default()
+        };
+        assert!(matches!(
+            plan(&req("a", read), read, &names(), &reading),
+            Ok(Step::Try(_))
+        ));
+        assert!(matches!(
+            plan(&req("a", write), write, &names(), &reading),
+            Ok(Step::Wait(..))
+        ));
+        let writing = State {
+            kind: kind("read-write"),
+            slots: vec![slot("b", WRITER, 4, true)],
+            ..State::default()
+        };
+        assert!(matches!(
+            plan(&req("a", read), read, &names(), &writing),
+            Ok(Step::Wait(..))
+        ));
+        let writer_waits = State {
+            kind: kind("read-write"),
+            waiter: waiter("w", "write"),
+            ..State::default()
+        };
+        assert!(matches!(
+            plan(&req("a", read), read, &names(), &writer_waits),
+            Ok(Step::Wait(..))
+        ));
+        let Ok(Step::Try(p)) = plan(&req("w", write), write, &names(), &writer_waits) else {
+            panic!("the registered writer is not granted");
+        };
+        assert_eq!(p.slot, WRITER);
+        assert!(p.waiter_mine);
+    }
+
+    #[test]
+    fn another_kind_is_refused_and_our_own_permit_is_found() {
+        let rw = State {
+            kind: kind("read-write"),
+            slots: vec![slot("b", "3", 4, false)],
+            ..State::default()
+        };
+        assert!(matches!(
+            plan(&req("a", TWO), TWO, &names(), &rw),
+            Err(Error::InvalidOption { .. })
+        ));
+        let locked = State {
+            lock: Some(Kv::new("p/lock/k", "{}", 2, 2, 7)),
+            ..State::default()
+        };
+        assert!(matches!(
+            plan(&req("a", TWO), TWO, &names(), &locked),
+            Err(Error::InvalidOption { .. })
+        ));
+        let read = PermitRequest::Read;
+        let Ok(Step::Ours { kv, .. }) = plan(&req("b", read), read, &names(), &rw) else {
+            panic!("our permit not found");
+        };
+        assert_eq!(kv.create_revision(), 4);
+        let fresh = State::default();
+        let Ok(Step::Try(p)) = plan(&req("a", TWO), TWO, &names(), &fresh) else {
+            panic!("no grant");
+        };
+        assert!(p.replace, "a key of no kind takes the kind asked");
+    }
+
+    #[test]
+    fn the_first_guess_needs_no_read() {
+        let p = guess(PermitRequest::Write, None);
+        assert_eq!(
+            (p.slot.as_str(), p.waiter_rev, p.waiter_mine),
+            (WRITER, 0, false)
+        );
+        let p = guess(PermitRequest::Semaphore { permits: 3 }, Some(9));
+        assert!(["0", "1", "2"].contains(&p.slot.as_str()));
+        assert_eq!((p.waiter_rev, p.waiter_mine, p.kind_mod), (9, true, None));
+    }
+}
