@@ -10,6 +10,18 @@
 //! crate-private `decide` module; [`RecordMemoryStore`] from its store-wide version counter, which
 //! no deletion lowers (revisions, see [`crate::adapter`]).
 //!
+//! [`MemoryStore`] keeps no rules of its own: each step asks `crate::decide` under the key's lock
+//! ([`RecordMemoryStore`] through the adapter, which does the same):
+//!
+//! | step | rule |
+//! | --- | --- |
+//! | acquire (locks and permits) | acquire → `decide::Rules::acquire` |
+//! | renew | renew → `decide::Rules::renew` |
+//! | release | release → `decide::Rules::release` |
+//! | a waiter's withdrawal | the line's `leave_line` |
+//! | force release | freed → `decide::Rules::freed` |
+//! | cleanup | removable → `decide::Rules::removable` |
+//!
 //! Both are for tests, single-process programs and as a reference; nothing survives the process.
 
 use crate::decide::{self, Current, Now, Rules};

@@ -46,11 +46,28 @@
 //! leasehold/permit/` lists the permits; `cleanup` deletes the kind keys no permit uses. An uncontended grant on a key of its kind is one transaction (two on a key's
 //! first use or a change of kind), a renewal one read, a release one transaction.
 //!
+//! # Rules
+//! Each transaction keeps one step of the rules every store shares (`crate::decide`), with one
+//! registered waiter for the line and no place in it, named here by its step. The acquisitions
+//! are read → plan (a pure function of what was read) → one transaction → answer.
+//!
+//! | server-side rule | mirrors |
+//! | --- | --- |
+//! | `lock.rs`: `plan`, then `grant_txn` (the record created, compared absent; the waiter registered when held) | acquire → `decide::Rules::acquire` |
+//! | `permits.rs`: `plan`, then `grant_txn` (a slot key created, compared absent) | acquire of a permit → `decide::Rules::acquire` (`decide/permits.rs`) |
+//! | a renewal: one read, the session vouching (`keep_session`) | renew → `decide::Rules::renew` |
+//! | a release: the key deleted, compared at its create revision | release → `decide::Rules::release` |
+//! | a waiter's withdrawal: its key deleted, compared | the line's `leave_line` |
+//! | a force release: the keys deleted, each compared as read | freed → `decide::Rules::freed` |
+//! | the session lease's expiry; `cleanup` of unused kind keys | removable → `decide::Rules::removable` |
+//!
 //! # Module map
 //! | file | holds | uses |
 //! | --- | --- | --- |
-//! | `mod.rs` | [`EtcdStore`], the [`LockStore`] impl | all below |
-//! | `permits.rs` | semaphores and read-write locks: the permit keys, the grant's transaction | held, session, `decide` (views, mismatch) |
+//! | `mod.rs` | [`EtcdStore`], the [`LockStore`] impl: renewal, release, inspection | all below |
+//! | `lock.rs` | the lock path: its plan and its grant's transaction | read, permits, held, session, `decide` (mismatch) |
+//! | `permits.rs` | semaphores and read-write locks: the permit keys, their plan and the grant's transaction | read, held, session, `decide` (views, mismatch) |
+//! | `read.rs` | one read of a key's etcd keys, as owned values the plans take | — |
 //! | `watch.rs` | the change notification of a key | error |
 //! | `held.rs` | the keys held, each deleted at its own deadline; writes without answer | session, error |
 //! | `session.rs` | session leases and their keep-alive | error |
@@ -59,8 +76,10 @@
 
 mod error;
 mod held;
+mod lock;
 mod options;
 mod permits;
+mod read;
 mod session;
 mod watch;
 
@@ -68,6 +87,7 @@ pub use options::{EtcdOptions, LABEL_LIMIT, MAX_REQUEST_BYTES};
 
 use self::error::{bounded, retried};
 use self::held::Held;
+use self::read::Kv;
 use self::session::{Sessions, Vouch};
 use crate::error::{Error, Result};
 use crate::key::Key;
@@ -77,9 +97,7 @@ use crate::store::{
     Inspection, LockStore, LostReason, ReleaseOutcome, RenewOutcome,
 };
 use async_trait::async_trait;
-use etcd_client::{
-    Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
-};
+use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnResponse};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -122,6 +140,26 @@ impl std::fmt::Debug for EtcdStore {
             .field("prefix", &self.inner.locks)
             .finish_non_exhaustive()
     }
+}
+
+/// A held key to keep on a session that vouches for its renewal ([`EtcdStore::keep_session`]).
+struct Keep<'a> {
+    /// The key, for the log.
+    key: &'a Key,
+    /// The etcd key held.
+    name: &'a str,
+    /// The owner token that holds it.
+    token: &'a str,
+    /// Its entry in [`Held`].
+    entry: &'a held::Entry,
+    /// Its value, written again when it moves to a longer session.
+    value: &'a [u8],
+    /// The renewal's TTL.
+    ttl: Duration,
+    /// Renewed for longer than its session may vouch for.
+    longer: bool,
+    /// What it is, for the log: a lease or a permit.
+    what: &'static str,
 }
 
 /// A waiter registration as stored.
@@ -235,33 +273,9 @@ impl EtcdStore {
         format!("{}{}", self.inner.waiters, key.as_str())
     }
 
-    /// The record and waiter registration of `key` in one read.
-    async fn read(&self, key: &Key) -> Result<(Option<KeyValue>, Option<KeyValue>)> {
-        let (l, w) = (self.lock_name(key), self.waiter_name(key));
-        let r = self
-            .txn(Txn::new().and_then([TxnOp::get(l, None), TxnOp::get(w, None)]))
-            .await?;
-        Ok(two_gets(r))
-    }
-
-    /// The lease record in `kv` (of `key`), its fence from the create revision and its expiry at
-    /// least its TTL from now (a key that exists is held until its holder deletes it or its
-    /// session ends).
-    fn record(&self, key: &str, kv: &KeyValue) -> Result<LeaseRecord> {
-        let mut r: LeaseRecord =
-            serde_json::from_slice(kv.value()).map_err(|e| Error::Corrupt {
-                key: key.to_owned(),
-                detail: format!("not a leasehold record: {e}"),
-            })?;
-        let block = r
-            .store
-            .remove(FENCES)
-            .and_then(|n| n.parse::<u64>().ok())
-            .unwrap_or(1);
-        r.fence = fence_of(kv.create_revision(), block);
-        r.store.clear();
-        r.expires_ms = r.expires_ms.max(now_ms() + r.ttl_ms);
-        Ok(r)
+    /// The lease record in `kv` (of `key`): [`lock_record`].
+    fn record(&self, key: &str, kv: &Kv) -> Result<LeaseRecord> {
+        lock_record(key, kv)
     }
 
     /// `r` with the waiter registration in `w`, if any (live for its lifetime from now: it
@@ -357,7 +371,7 @@ impl EtcdStore {
     fn own_unanswered(
         &self,
         req: &AcquireRequest,
-        lock: &KeyValue,
+        lock: &Kv,
         session: &Arc<session::Session>,
     ) -> Option<LeaseRecord> {
         let rec = self.record(req.key.as_str(), lock).ok()?;
@@ -417,16 +431,27 @@ fn revision(r: &TxnResponse) -> i64 {
     r.header().map_or(0, |h| h.revision())
 }
 
-/// The first key-value of each of the two gets of a transaction's branch.
-fn two_gets(r: TxnResponse) -> (Option<KeyValue>, Option<KeyValue>) {
-    let mut got = r.op_responses().into_iter().filter_map(|op| match op {
-        TxnOpResponse::Get(mut g) => Some(g.take_kvs().into_iter().next()),
-        _ => None,
-    });
-    (got.next().flatten(), got.next().flatten())
+/// The lease record in `kv` (of `key`), its fence from the create revision and its expiry at
+/// least its TTL from now (a key that exists is held until its holder deletes it or its
+/// session ends).
+fn lock_record(key: &str, kv: &Kv) -> Result<LeaseRecord> {
+    let mut r: LeaseRecord = serde_json::from_slice(kv.value()).map_err(|e| Error::Corrupt {
+        key: key.to_owned(),
+        detail: format!("not a leasehold record: {e}"),
+    })?;
+    let block = r
+        .store
+        .remove(FENCES)
+        .and_then(|n| n.parse::<u64>().ok())
+        .unwrap_or(1);
+    r.fence = fence_of(kv.create_revision(), block);
+    r.store.clear();
+    r.expires_ms = r.expires_ms.max(now_ms() + r.ttl_ms);
+    Ok(r)
 }
 
-fn parse_waiter(kv: Option<&KeyValue>) -> Option<Waiter> {
+/// The waiter registration in `kv`, if it is one.
+fn parse_waiter(kv: Option<&Kv>) -> Option<Waiter> {
     kv.and_then(|kv| serde_json::from_slice(kv.value()).ok())
 }
 
@@ -452,173 +477,7 @@ impl LockStore for EtcdStore {
         if let Some(p) = req.permit {
             return self.acquire_permit(req, p).await;
         }
-        if req.fences >= FENCE_STRIDE {
-            return Err(Error::InvalidOption {
-                name: "fences",
-                reason: format!("at most {} per grant on etcd", FENCE_STRIDE - 1),
-            });
-        }
-        let names = self.names(&req.key);
-        let (l, w) = (names.lock.clone(), names.waiter.clone());
-        let (mut rec, value) = self.grant_record(req)?;
-        let session = self.inner.sessions.for_ttl(req.ttl).await?;
-        let put = TxnOp::put(
-            l.clone(),
-            value.clone(),
-            Some(PutOptions::new().with_lease(session.id)),
-        );
-        let mut mine = self.inner.held.get(&w, &req.token).map(|e| e.create_rev);
-        for _ in 0..4 {
-            if req.given_up.is_given_up() {
-                return Err(Error::GivenUp {
-                    key: req.key.as_str().to_owned(),
-                });
-            }
-            let mut when = vec![
-                Compare::create_revision(l.clone(), CompareOp::Equal, 0),
-                // No permit held: the key is not a semaphore or read-write lock now.
-                Compare::create_revision(names.prefix.clone(), CompareOp::Equal, 0).with_prefix(),
-            ];
-            let mut then = vec![put.clone()];
-            match mine {
-                Some(rev) => {
-                    when.push(Compare::create_revision(w.clone(), CompareOp::Equal, rev));
-                    then.push(TxnOp::delete(w.clone(), None));
-                }
-                None => when.push(Compare::create_revision(w.clone(), CompareOp::Equal, 0)),
-            }
-            let sent = Instant::now();
-            let answer = self
-                .txn(
-                    Txn::new()
-                        .when(when)
-                        .and_then(then)
-                        .or_else(permits::state_ops(&names)),
-                )
-                .await;
-            let r = match answer {
-                Ok(r) => r,
-                Err(e) => {
-                    // It may have been granted: a retry of this acquisition may adopt it
-                    // (below) until its TTL passes; then it is deleted, and never adopted.
-                    let at = sent + req.ttl;
-                    self.inner
-                        .held
-                        .unanswered(&l, &req.token, value, at, session);
-                    return Err(e);
-                }
-            };
-            if r.succeeded() {
-                let rev = revision(&r);
-                self.inner.held.remove(&w, &req.token);
-                self.inner
-                    .held
-                    .insert(&l, &req.token, rev, session, sent + req.ttl);
-                rec.fence = fence_of(rev, req.fences.max(1));
-                rec.store.clear();
-                return Ok(AcquireOutcome::Granted(rec));
-            }
-            let st = permits::parse_state(r);
-            let waiter = parse_waiter(st.waiter.as_ref());
-            if st.lock.is_none() && !st.slots.is_empty() {
-                let rec = permits::record_of(req.key.as_str(), &st, None);
-                let is = rec.permits.map(|t| t.kind.to_string()).unwrap_or_default();
-                return Err(crate::decide::mismatch(req.key.as_str(), &is, "a lock"));
-            }
-            if let Some(wr) = waiter.as_ref().filter(|wr| wr.permit.is_some()) {
-                return Err(crate::decide::mismatch(
-                    req.key.as_str(),
-                    &permits::waiter_is(wr),
-                    "a lock",
-                ));
-            }
-            let (lock, waiter_kv) = (st.lock, st.waiter);
-            let Some(lock) = lock else {
-                // Free: reserved for a waiter (us, or another), or the race moved on.
-                match (&waiter, &waiter_kv) {
-                    (Some(wr), Some(kv)) if wr.waiter_token == req.token => {
-                        mine = Some(kv.create_revision());
-                        continue;
-                    }
-                    (Some(_), _) => {
-                        let mut free = LeaseRecord::free(req.key.as_str(), 0);
-                        Self::with_waiter(&mut free, waiter.as_ref());
-                        return Ok(AcquireOutcome::Held(free));
-                    }
-                    (None, Some(_)) => {
-                        // An unreadable registration: held by it until its session ends.
-                        let mut free = LeaseRecord::free(req.key.as_str(), 0);
-                        free.holder = Some("unknown (an unreadable waiter registration)".into());
-                        free.expires_ms = now_ms() + crate::record::ms(req.ttl);
-                        free.token = Some(String::new());
-                        return Ok(AcquireOutcome::Held(free));
-                    }
-                    (None, None) => {
-                        mine = None;
-                        continue;
-                    }
-                }
-            };
-            if let Some(own) = self.own_unanswered(req, &lock, &session) {
-                return Ok(AcquireOutcome::Granted(own));
-            }
-            let mut held = match self.record(req.key.as_str(), &lock) {
-                Ok(r) => r,
-                Err(_) => {
-                    let mut r = LeaseRecord::free(req.key.as_str(), 0);
-                    r.holder = Some("unknown (a value that is not a leasehold record)".into());
-                    r.token = Some(String::new());
-                    r.expires_ms = now_ms() + crate::record::ms(req.ttl);
-                    r
-                }
-            };
-            if let Some(wttl) = req.waiter_ttl {
-                match &waiter {
-                    None if self
-                        .register(
-                            req,
-                            wttl,
-                            vec![Compare::create_revision(
-                                l.clone(),
-                                CompareOp::Equal,
-                                lock.create_revision(),
-                            )],
-                            None,
-                        )
-                        .await? =>
-                    {
-                        Self::with_waiter(
-                            &mut held,
-                            Some(&Waiter {
-                                waiter: req.holder.clone(),
-                                waiter_token: req.token.clone(),
-                                waiter_ttl_ms: crate::record::ms(wttl),
-                                write: 0,
-                                permit: None,
-                            }),
-                        );
-                        return Ok(AcquireOutcome::Held(held));
-                    }
-                    Some(wr) if wr.waiter_token == req.token => {
-                        self.inner
-                            .held
-                            .extend(&w, &req.token, Instant::now() + wttl, None);
-                    }
-                    _ => {}
-                }
-            }
-            Self::with_waiter(&mut held, waiter.as_ref());
-            return Ok(AcquireOutcome::Held(held));
-        }
-        Err(Error::Store {
-            store: self.inner.described.clone(),
-            detail: format!(
-                "the key {} changed under four attempts in a row",
-                req.key.as_str()
-            ),
-            retryable: true,
-            source: None,
-        })
+        self.acquire_lock(req).await
     }
 
     async fn renew(&self, key: &Key, token: &str, ttl: Duration) -> Result<RenewOutcome> {
@@ -666,7 +525,16 @@ impl LockStore for EtcdStore {
         let longer =
             session::lease_secs(ttl) > session::lease_secs(Duration::from_millis(rec.ttl_ms));
         let session = match self
-            .keep_session(key, &l, token, &entry, lock.value(), ttl, longer, "lease")
+            .keep_session(Keep {
+                key,
+                name: &l,
+                token,
+                entry: &entry,
+                value: lock.value(),
+                ttl,
+                longer,
+                what: "lease",
+            })
             .await?
         {
             Ok(session) => session,
@@ -788,11 +656,12 @@ impl LockStore for EtcdStore {
         let permits = self.list_permits(prefix).await?;
         Ok(got
             .take_kvs()
-            .iter()
+            .into_iter()
             .map(|kv| {
+                let kv = Kv::from(kv);
                 let name = String::from_utf8_lossy(kv.key()).into_owned();
                 let key = name.get(locks..).unwrap_or_default();
-                match self.record(key, kv) {
+                match self.record(key, &kv) {
                     Ok(r) => Inspection::Record(r),
                     Err(e) => Inspection::Corrupt {
                         name: name.clone(),
@@ -881,23 +750,24 @@ impl EtcdStore {
         })
     }
 
-    /// Keeps the key `name` that `token` holds (`entry`, whose value is `value`) on a session
-    /// that vouches for `ttl`: with `longer` (renewed for longer than its session may vouch for),
-    /// first moved to a session of that TTL, then vouched for until `ttl` from now. The session
-    /// to extend it on, or the renewal's answer when it is lost (`what`, a lease or a permit,
-    /// names it in the log); an error while the session's keep-alives are late.
-    #[allow(clippy::too_many_arguments)]
+    /// Keeps a held key on a session that vouches for its renewal ([`Keep`]): with
+    /// `keep.longer`, first moved to a session of the renewal's TTL, then vouched for until that
+    /// TTL from now. The session to extend it on, or the renewal's answer when it is lost; an
+    /// error while the session's keep-alives are late.
     async fn keep_session(
         &self,
-        key: &Key,
-        name: &str,
-        token: &str,
-        entry: &held::Entry,
-        value: &[u8],
-        ttl: Duration,
-        longer: bool,
-        what: &'static str,
+        keep: Keep<'_>,
     ) -> Result<std::result::Result<Arc<session::Session>, RenewOutcome>> {
+        let Keep {
+            key,
+            name,
+            token,
+            entry,
+            value,
+            ttl,
+            longer,
+            what,
+        } = keep;
         let mut session = entry.session.clone();
         if longer && session.ttl < Duration::from_secs(session::lease_secs(ttl) as u64) {
             // Renewed for longer than its session vouches for: move it to a longer one.
@@ -938,7 +808,7 @@ impl EtcdStore {
     async fn renew_permit(
         &self,
         key: &Key,
-        n: &permits::Names,
+        n: &read::Names,
         token: &str,
         ttl: Duration,
         name: String,
@@ -955,7 +825,16 @@ impl EtcdStore {
             return Ok(RenewOutcome::Lost(LostReason::Released));
         };
         let session = match self
-            .keep_session(key, &name, token, &entry, kv.value(), ttl, true, "permit")
+            .keep_session(Keep {
+                key,
+                name: &name,
+                token,
+                entry: &entry,
+                value: kv.value(),
+                ttl,
+                longer: true,
+                what: "permit",
+            })
             .await?
         {
             Ok(session) => session,

@@ -21,15 +21,14 @@
 //!
 //! [`Held`]: super::held::Held
 
+use super::read::{gets, parse_state, state_ops, Kv, Names, State};
 use super::{fence_of, parse_waiter, revision, session, EtcdStore, Waiter};
 use crate::decide::{held_view, mismatch, view};
 use crate::error::{Error, Result};
 use crate::key::Key;
 use crate::record::{now_ms, LeaseRecord, Permit, PermitKind, Permits, PERMIT_LIMIT};
 use crate::store::{AcquireOutcome, AcquireRequest, LockStore, PermitRequest};
-use etcd_client::{
-    Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
-};
+use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -44,31 +43,6 @@ struct Slot {
     permit: Permit,
     #[serde(default)]
     once: u64,
-}
-
-/// Everything of one key, read in one transaction.
-#[derive(Debug, Default)]
-pub(super) struct State {
-    pub(super) lock: Option<KeyValue>,
-    pub(super) waiter: Option<KeyValue>,
-    pub(super) kind: Option<KeyValue>,
-    /// The permit keys, in key order.
-    pub(super) slots: Vec<KeyValue>,
-}
-
-/// The etcd names of one key.
-pub(super) struct Names {
-    pub(super) lock: String,
-    pub(super) waiter: String,
-    pub(super) kind: String,
-    /// The prefix of its permit keys.
-    pub(super) prefix: String,
-}
-
-impl Names {
-    fn slot(&self, slot: &str) -> String {
-        format!("{}{slot}", self.prefix)
-    }
 }
 
 /// What the kind key says, as stored.
@@ -112,51 +86,15 @@ pub(super) fn waiter_is(w: &Waiter) -> String {
     }
 }
 
-/// The gets of [`State`], in its order.
-pub(super) fn state_ops(n: &Names) -> Vec<TxnOp> {
-    vec![
-        TxnOp::get(n.lock.clone(), None),
-        TxnOp::get(n.waiter.clone(), None),
-        TxnOp::get(n.kind.clone(), None),
-        TxnOp::get(n.prefix.clone(), Some(GetOptions::new().with_prefix())),
-    ]
-}
-
-/// The [`State`] in the gets of a transaction's answer ([`state_ops`], after any other op).
-pub(super) fn parse_state(r: TxnResponse) -> State {
-    let mut gets: Vec<Vec<KeyValue>> = r
-        .op_responses()
-        .into_iter()
-        .filter_map(|op| match op {
-            TxnOpResponse::Get(mut g) => Some(g.take_kvs()),
-            _ => None,
-        })
-        .collect();
-    if gets.len() < 4 {
-        return State::default();
-    }
-    let slots = gets.pop().unwrap_or_default();
-    let mut first = |v: Vec<KeyValue>| v.into_iter().next();
-    let kind = gets.pop().and_then(&mut first);
-    let waiter = gets.pop().and_then(&mut first);
-    let lock = gets.pop().and_then(&mut first);
-    State {
-        lock,
-        waiter,
-        kind,
-        slots,
-    }
-}
-
 /// The slot name of a permit key of `n`.
-fn slot_of<'a>(n: &Names, kv: &'a KeyValue) -> &'a str {
+fn slot_of<'a>(n: &Names, kv: &'a Kv) -> &'a str {
     let name = kv.key_str().unwrap_or_default();
     name.get(n.prefix.len()..).unwrap_or_default()
 }
 
 /// The permit in `kv`, with its fence and its expiry at least its TTL from now (it exists, so
 /// its holder keeps it).
-fn permit_of(kv: &KeyValue) -> Option<Permit> {
+fn permit_of(kv: &Kv) -> Option<Permit> {
     let s: Slot = serde_json::from_slice(kv.value()).ok()?;
     let mut p = s.permit;
     p.fence = fence_of(kv.create_revision(), 1);
@@ -167,7 +105,7 @@ fn permit_of(kv: &KeyValue) -> Option<Permit> {
 /// The record of a permit key as `st` shows it, as the record stores keep it: every holder in
 /// its table (in grant order), the waiter; no holder in the lock fields.
 pub(super) fn record_of(key: &str, st: &State, kind: Option<PermitKind>) -> LeaseRecord {
-    let mut slots: Vec<&KeyValue> = st.slots.iter().collect();
+    let mut slots: Vec<&Kv> = st.slots.iter().collect();
     slots.sort_by_key(|kv| kv.create_revision());
     let holders: Vec<Permit> = slots
         .iter()
@@ -207,7 +145,8 @@ pub(super) fn record_of(key: &str, st: &State, kind: Option<PermitKind>) -> Leas
 }
 
 /// What one grant attempt compares and writes.
-struct Plan {
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct Plan {
     slot: String,
     /// A slot left free for the registered waiter.
     also_free: Option<String>,
@@ -221,30 +160,200 @@ struct Plan {
 }
 
 /// What a read of the key says to do.
-enum Step {
+#[derive(Debug)]
+pub(super) enum Step {
     Try(Plan),
-    Done(AcquireOutcome),
+    /// The permit at `kv` is ours already (an answer lost on the way): granted if it is still
+    /// on our session and the session vouches for it, else held; `rec` the key's record.
+    Ours {
+        kv: Kv,
+        rec: LeaseRecord,
+    },
     /// Not grantable now: register as waiter (when asked) and answer this record.
     Wait(LeaseRecord, Option<Waiter>),
 }
 
-impl EtcdStore {
-    pub(super) fn names(&self, key: &Key) -> Names {
-        Names {
-            lock: self.lock_name(key),
-            waiter: self.waiter_name(key),
-            kind: format!("{}{}", self.inner.kinds, key.as_str()),
-            prefix: format!("{}{}\0", self.inner.permits, key.as_str()),
+/// The first attempt's plan, without a read: the likely case, the key of this kind, nobody
+/// waiting (but us, registered at `mine`), and a slot picked at random free (of a read-write
+/// lock's 64 reader slots, most are).
+pub(super) fn guess(want: PermitRequest, mine: Option<i64>) -> Plan {
+    let slot = match want {
+        PermitRequest::Write => WRITER.to_owned(),
+        PermitRequest::Read => fastrand::u32(..PERMIT_LIMIT).to_string(),
+        PermitRequest::Semaphore { permits } => fastrand::u32(..permits.max(1)).to_string(),
+    };
+    Plan {
+        slot,
+        also_free: None,
+        replace: false,
+        kind_mod: None,
+        waiter_rev: mine.unwrap_or(0),
+        waiter_mine: mine.is_some(),
+    }
+}
+
+/// The rules of `decide`'s permit `acquire` step on the key as read (`st`, the names `n`).
+///
+/// # Errors
+/// [`Error::InvalidOption`] (`permits`) when the key is of another kind, or a lock.
+pub(super) fn plan(
+    req: &AcquireRequest,
+    want: PermitRequest,
+    n: &Names,
+    st: &State,
+) -> Result<Step> {
+    let key = req.key.as_str();
+    let asked = crate::decide::asked(req);
+    if st.lock.is_some() {
+        return Err(mismatch(key, "a lock", &asked));
+    }
+    let kind = want.kind();
+    let waiter = parse_waiter(st.waiter.as_ref());
+    if st.waiter.is_some() && waiter.is_none() {
+        // An unreadable registration: waited for until its session ends.
+        let mut r = record_of(key, st, Some(kind));
+        r.waiter = Some("unknown (an unreadable waiter registration)".into());
+        r.waiter_token = Some(String::new());
+        return Ok(Step::Wait(r, None));
+    }
+    let stored = st.kind.as_ref().and_then(|k| parse_kind(k.value()));
+    if !st.slots.is_empty() && stored != Some(kind) {
+        let is = stored.map_or_else(|| "of an unknown kind".into(), |k| k.to_string());
+        return Err(mismatch(key, &is, &asked));
+    }
+    if let Some(w) = &waiter {
+        let is = waiter_is(w);
+        if is != kind.to_string() {
+            return Err(mismatch(key, &is, &asked));
         }
     }
-
-    /// Everything of `key` in one read.
-    pub(super) async fn read_state(&self, n: &Names) -> Result<State> {
-        let r = self.txn(Txn::new().and_then(state_ops(n))).await?;
-        Ok(parse_state(r))
+    if let Some(kv) = st
+        .slots
+        .iter()
+        .find(|kv| permit_of(kv).is_some_and(|p| p.token == req.token))
+    {
+        let rec = record_of(key, st, Some(kind));
+        return Ok(Step::Ours {
+            kv: kv.clone(),
+            rec,
+        });
     }
+    let mine = waiter.as_ref().is_some_and(|w| w.waiter_token == req.token);
+    let ahead = usize::from(waiter.is_some() && !mine);
+    let writer_ahead = ahead == 1
+        && waiter
+            .as_ref()
+            .is_some_and(|w| w.permit.as_deref() == Some("write"));
+    let taken: Vec<&str> = st.slots.iter().map(|kv| slot_of(n, kv)).collect();
+    let held = taken.len();
+    let free = |count: u32| {
+        let mut f: Vec<String> = (0..count)
+            .map(|i| i.to_string())
+            .filter(|s| !taken.contains(&s.as_str()))
+            .collect();
+        fastrand::shuffle(&mut f);
+        f
+    };
+    let (grantable, free) = match want {
+        PermitRequest::Write => (held == 0 && ahead == 0, vec![WRITER.to_owned()]),
+        PermitRequest::Read => (
+            !taken.contains(&WRITER) && !writer_ahead && held + ahead < PERMIT_LIMIT as usize,
+            free(PERMIT_LIMIT),
+        ),
+        PermitRequest::Semaphore { permits } => (held + ahead < permits as usize, free(permits)),
+    };
+    if !grantable || free.len() <= ahead {
+        return Ok(Step::Wait(record_of(key, st, Some(kind)), waiter));
+    }
+    let mut free = free.into_iter();
+    let (Some(slot), also_free) = (free.next(), free.next().filter(|_| ahead == 1)) else {
+        return Ok(Step::Wait(record_of(key, st, Some(kind)), waiter));
+    };
+    Ok(Step::Try(Plan {
+        slot,
+        also_free,
+        replace: stored != Some(kind),
+        kind_mod: Some(st.kind.as_ref().map_or(0, |k| k.mod_revision())),
+        waiter_rev: st.waiter.as_ref().map_or(0, |w| w.create_revision()),
+        waiter_mine: mine,
+    }))
+}
 
-    /// Acquires a permit (`req.permit` is `want`).
+/// The grant's transaction of `plan` for `want` on the key named `n`, its permit written by
+/// `put`: the permit's slot key and the key's state compared as planned; the state read back
+/// either way.
+pub(super) fn grant_txn(n: &Names, want: PermitRequest, plan: &Plan, put: TxnOp) -> Txn {
+    let mut when = vec![
+        Compare::create_revision(n.lock.clone(), CompareOp::Equal, 0),
+        Compare::create_revision(n.waiter.clone(), CompareOp::Equal, plan.waiter_rev),
+        Compare::create_revision(n.slot(&plan.slot), CompareOp::Equal, 0),
+    ];
+    match plan.kind_mod {
+        None => when.push(Compare::value(
+            n.kind.clone(),
+            CompareOp::Equal,
+            kind_value(want.kind()),
+        )),
+        Some(m) => when.push(Compare::mod_revision(n.kind.clone(), CompareOp::Equal, m)),
+    }
+    let empty = || Compare::create_revision(n.prefix.clone(), CompareOp::Equal, 0).with_prefix();
+    match want {
+        PermitRequest::Write => when.push(empty()),
+        PermitRequest::Read => when.push(Compare::create_revision(
+            n.slot(WRITER),
+            CompareOp::Equal,
+            0,
+        )),
+        PermitRequest::Semaphore { .. } => {}
+    }
+    if plan.replace {
+        when.push(empty());
+    }
+    if let Some(other) = &plan.also_free {
+        when.push(Compare::create_revision(n.slot(other), CompareOp::Equal, 0));
+    }
+    let mut then = vec![put];
+    if plan.waiter_mine {
+        then.push(TxnOp::delete(n.waiter.clone(), None));
+    }
+    if plan.replace {
+        then.push(TxnOp::put(n.kind.clone(), kind_value(want.kind()), None));
+    }
+    then.extend(state_ops(n));
+    Txn::new().when(when).and_then(then).or_else(state_ops(n))
+}
+
+/// The stored value of the permit `req` asks for (`want`).
+fn permit_value(req: &AcquireRequest, want: PermitRequest) -> Result<Vec<u8>> {
+    let now = now_ms();
+    let ttl_ms = crate::record::ms(req.ttl);
+    let permit = Permit {
+        holder: req.holder.clone(),
+        token: req.token.clone(),
+        fence: 0,
+        write: want.write(),
+        acquired_ms: now,
+        renewed_ms: now,
+        expires_ms: now.saturating_add(ttl_ms),
+        ttl_ms,
+        pid: Some(crate::holder::pid()),
+        host: Some(crate::holder::host().to_owned()),
+        labels: req.labels.clone(),
+    };
+    serde_json::to_vec(&Slot {
+        permit,
+        once: super::held::next_write(),
+    })
+    .map_err(|e| Error::InvalidOption {
+        name: "labels",
+        reason: format!("cannot be written as JSON: {e}"),
+    })
+}
+
+impl EtcdStore {
+    /// Acquires a permit (`req.permit` is `want`): read (none at first, see [`guess`]) → plan
+    /// ([`plan`]) → the grant's transaction ([`grant_txn`], whose answer is the next read) →
+    /// answer.
     pub(super) async fn acquire_permit(
         &self,
         req: &AcquireRequest,
@@ -253,29 +362,7 @@ impl EtcdStore {
         want.validate()?;
         req.check_size(super::options::LABEL_LIMIT, &self.describe())?;
         let n = self.names(&req.key);
-        let now = now_ms();
-        let ttl_ms = crate::record::ms(req.ttl);
-        let permit = Permit {
-            holder: req.holder.clone(),
-            token: req.token.clone(),
-            fence: 0,
-            write: want.write(),
-            acquired_ms: now,
-            renewed_ms: now,
-            expires_ms: now.saturating_add(ttl_ms),
-            ttl_ms,
-            pid: Some(crate::holder::pid()),
-            host: Some(crate::holder::host().to_owned()),
-            labels: req.labels.clone(),
-        };
-        let value = serde_json::to_vec(&Slot {
-            permit,
-            once: super::held::next_write(),
-        })
-        .map_err(|e| Error::InvalidOption {
-            name: "labels",
-            reason: format!("cannot be written as JSON: {e}"),
-        })?;
+        let value = permit_value(req, want)?;
         let session = self.inner.sessions.for_ttl(req.ttl).await?;
         let mut seen: Option<State> = None;
         for _ in 0..16 {
@@ -290,126 +377,27 @@ impl EtcdStore {
             }
             let plan = match &seen {
                 None => {
-                    // First, the likely case: the key is of this kind, nobody waits, and a slot
-                    // picked at random is free (of a read-write lock's 64 reader slots, most
-                    // are).
                     let mine = self.inner.held.get(&n.waiter, &req.token);
-                    let slot = match want {
-                        PermitRequest::Write => WRITER.to_owned(),
-                        PermitRequest::Read => fastrand::u32(..PERMIT_LIMIT).to_string(),
-                        PermitRequest::Semaphore { permits } => {
-                            fastrand::u32(..permits.max(1)).to_string()
-                        }
-                    };
-                    Plan {
-                        slot,
-                        also_free: None,
-                        replace: false,
-                        kind_mod: None,
-                        waiter_rev: mine.as_ref().map_or(0, |e| e.create_rev),
-                        waiter_mine: mine.is_some(),
-                    }
+                    guess(want, mine.map(|e| e.create_rev))
                 }
-                Some(st) => match self.decide(req, want, &n, st, &session)? {
+                Some(st) => match plan(req, want, &n, st)? {
                     Step::Try(p) => p,
-                    Step::Done(o) => return Ok(o),
-                    Step::Wait(mut rec, waiter) => {
-                        let kind_mod = st.kind.as_ref().map_or(0, |k| k.mod_revision());
-                        if let Some(wttl) = req.waiter_ttl {
-                            match waiter {
-                                None => {
-                                    let when = vec![
-                                        Compare::create_revision(
-                                            n.lock.clone(),
-                                            CompareOp::Equal,
-                                            0,
-                                        ),
-                                        Compare::mod_revision(
-                                            n.kind.clone(),
-                                            CompareOp::Equal,
-                                            kind_mod,
-                                        ),
-                                    ];
-                                    let kind = Some(waiter_kind(want));
-                                    if self.register(req, wttl, when, kind).await? {
-                                        let w = Waiter {
-                                            waiter: req.holder.clone(),
-                                            waiter_token: req.token.clone(),
-                                            waiter_ttl_ms: crate::record::ms(wttl),
-                                            write: 0,
-                                            permit: Some(waiter_kind(want)),
-                                        };
-                                        Self::with_waiter(&mut rec, Some(&w));
-                                        if let Some(t) = rec.permits.as_mut() {
-                                            if want.write() {
-                                                t.writers_waiting.push(req.token.clone());
-                                            }
-                                        }
-                                    }
-                                }
-                                Some(w) if w.waiter_token == req.token => {
-                                    self.inner.held.extend(
-                                        &n.waiter,
-                                        &req.token,
-                                        Instant::now() + wttl,
-                                        None,
-                                    );
-                                }
-                                Some(_) => {}
-                            }
-                        }
-                        return Ok(AcquireOutcome::Held(held_view(&rec)));
+                    Step::Ours { kv, rec } => {
+                        return Ok(self.own_permit(req, &n, &kv, &rec, &session))
+                    }
+                    Step::Wait(rec, waiter) => {
+                        return self.wait_for_permit(req, want, &n, st, rec, waiter).await
                     }
                 },
             };
             let slot = n.slot(&plan.slot);
-            let mut when = vec![
-                Compare::create_revision(n.lock.clone(), CompareOp::Equal, 0),
-                Compare::create_revision(n.waiter.clone(), CompareOp::Equal, plan.waiter_rev),
-                Compare::create_revision(slot.clone(), CompareOp::Equal, 0),
-            ];
-            match plan.kind_mod {
-                None => when.push(Compare::value(
-                    n.kind.clone(),
-                    CompareOp::Equal,
-                    kind_value(want.kind()),
-                )),
-                Some(m) => when.push(Compare::mod_revision(n.kind.clone(), CompareOp::Equal, m)),
-            }
-            let empty =
-                || Compare::create_revision(n.prefix.clone(), CompareOp::Equal, 0).with_prefix();
-            match want {
-                PermitRequest::Write => when.push(empty()),
-                PermitRequest::Read => when.push(Compare::create_revision(
-                    n.slot(WRITER),
-                    CompareOp::Equal,
-                    0,
-                )),
-                PermitRequest::Semaphore { .. } => {}
-            }
-            if plan.replace {
-                when.push(empty());
-            }
-            if let Some(other) = &plan.also_free {
-                when.push(Compare::create_revision(n.slot(other), CompareOp::Equal, 0));
-            }
-            let mut then = vec![TxnOp::put(
+            let put = TxnOp::put(
                 slot.clone(),
                 value.clone(),
                 Some(PutOptions::new().with_lease(session.id)),
-            )];
-            if plan.waiter_mine {
-                then.push(TxnOp::delete(n.waiter.clone(), None));
-            }
-            if plan.replace {
-                then.push(TxnOp::put(n.kind.clone(), kind_value(want.kind()), None));
-            }
-            then.extend(state_ops(&n));
+            );
             let sent = Instant::now();
-            let answer = self
-                .txn(Txn::new().when(when).and_then(then).or_else(state_ops(&n)))
-                .await;
-            let r = match answer {
+            let r = match self.txn(grant_txn(&n, want, &plan, put)).await {
                 Ok(r) => r,
                 Err(e) => {
                     let at = sent + req.ttl;
@@ -444,106 +432,84 @@ impl EtcdStore {
         })
     }
 
-    /// The rules of `decide/permits.rs` on the key as read.
-    fn decide(
+    /// The answer to `req` whose permit `kv` is there already (the key's record `rec`): granted
+    /// when it is on `session` and the session vouches for it (adopted into [`super::held`]),
+    /// else held.
+    fn own_permit(
+        &self,
+        req: &AcquireRequest,
+        n: &Names,
+        kv: &Kv,
+        rec: &LeaseRecord,
+        session: &std::sync::Arc<session::Session>,
+    ) -> AcquireOutcome {
+        let alive = || {
+            matches!(
+                session.vouch(Instant::now() + req.ttl),
+                session::Vouch::Alive
+            )
+        };
+        if kv.lease() == session.id
+            && alive()
+            && self.inner.held.adopt(
+                &n.slot(slot_of(n, kv)),
+                &req.token,
+                kv.value(),
+                kv.create_revision(),
+                session.clone(),
+                Instant::now() + req.ttl,
+            )
+        {
+            return AcquireOutcome::Granted(view(rec, &req.token));
+        }
+        AcquireOutcome::Held(held_view(rec))
+    }
+
+    /// The answer to `req` (`want`) on a key not grantable now (`st` as read, its record `rec`,
+    /// its waiter `waiter`), after registering as its waiter when asked and nobody is, or keeping
+    /// our registration.
+    async fn wait_for_permit(
         &self,
         req: &AcquireRequest,
         want: PermitRequest,
         n: &Names,
         st: &State,
-        session: &std::sync::Arc<session::Session>,
-    ) -> Result<Step> {
-        let key = req.key.as_str();
-        let asked = crate::decide::asked(req);
-        if st.lock.is_some() {
-            return Err(mismatch(key, "a lock", &asked));
-        }
-        let kind = want.kind();
-        let waiter = parse_waiter(st.waiter.as_ref());
-        if st.waiter.is_some() && waiter.is_none() {
-            // An unreadable registration: waited for until its session ends.
-            let mut r = record_of(key, st, Some(kind));
-            r.waiter = Some("unknown (an unreadable waiter registration)".into());
-            r.waiter_token = Some(String::new());
-            return Ok(Step::Wait(r, None));
-        }
-        let stored = st.kind.as_ref().and_then(|k| parse_kind(k.value()));
-        if !st.slots.is_empty() && stored != Some(kind) {
-            let is = stored.map_or_else(|| "of an unknown kind".into(), |k| k.to_string());
-            return Err(mismatch(key, &is, &asked));
-        }
-        if let Some(w) = &waiter {
-            let is = waiter_is(w);
-            if is != kind.to_string() {
-                return Err(mismatch(key, &is, &asked));
-            }
-        }
-        // Ours already (an answer lost on the way).
-        if let Some(kv) = st
-            .slots
-            .iter()
-            .find(|kv| permit_of(kv).is_some_and(|p| p.token == req.token))
-        {
-            let rec = record_of(key, st, Some(kind));
-            if kv.lease() == session.id
-                && matches!(
-                    session.vouch(Instant::now() + req.ttl),
-                    session::Vouch::Alive
-                )
-                && self.inner.held.adopt(
-                    &n.slot(slot_of(n, kv)),
-                    &req.token,
-                    kv.value(),
-                    kv.create_revision(),
-                    session.clone(),
-                    Instant::now() + req.ttl,
-                )
-            {
-                return Ok(Step::Done(AcquireOutcome::Granted(view(&rec, &req.token))));
-            }
-            return Ok(Step::Done(AcquireOutcome::Held(held_view(&rec))));
-        }
-        let mine = waiter.as_ref().is_some_and(|w| w.waiter_token == req.token);
-        let ahead = usize::from(waiter.is_some() && !mine);
-        let writer_ahead = ahead == 1
-            && waiter
-                .as_ref()
-                .is_some_and(|w| w.permit.as_deref() == Some("write"));
-        let taken: Vec<&str> = st.slots.iter().map(|kv| slot_of(n, kv)).collect();
-        let held = taken.len();
-        let free = |count: u32| {
-            let mut f: Vec<String> = (0..count)
-                .map(|i| i.to_string())
-                .filter(|s| !taken.contains(&s.as_str()))
-                .collect();
-            fastrand::shuffle(&mut f);
-            f
+        mut rec: LeaseRecord,
+        waiter: Option<Waiter>,
+    ) -> Result<AcquireOutcome> {
+        let Some(wttl) = req.waiter_ttl else {
+            return Ok(AcquireOutcome::Held(held_view(&rec)));
         };
-        let (grantable, free) = match want {
-            PermitRequest::Write => (held == 0 && ahead == 0, vec![WRITER.to_owned()]),
-            PermitRequest::Read => (
-                !taken.contains(&WRITER) && !writer_ahead && held + ahead < PERMIT_LIMIT as usize,
-                free(PERMIT_LIMIT),
-            ),
-            PermitRequest::Semaphore { permits } => {
-                (held + ahead < permits as usize, free(permits))
+        match waiter {
+            None => {
+                let kind_mod = st.kind.as_ref().map_or(0, |k| k.mod_revision());
+                let when = vec![
+                    Compare::create_revision(n.lock.clone(), CompareOp::Equal, 0),
+                    Compare::mod_revision(n.kind.clone(), CompareOp::Equal, kind_mod),
+                ];
+                let kind = Some(waiter_kind(want));
+                if self.register(req, wttl, when, kind).await? {
+                    let w = Waiter {
+                        waiter: req.holder.clone(),
+                        waiter_token: req.token.clone(),
+                        waiter_ttl_ms: crate::record::ms(wttl),
+                        write: 0,
+                        permit: Some(waiter_kind(want)),
+                    };
+                    Self::with_waiter(&mut rec, Some(&w));
+                    if let Some(t) = rec.permits.as_mut().filter(|_| want.write()) {
+                        t.writers_waiting.push(req.token.clone());
+                    }
+                }
             }
-        };
-        if !grantable || free.len() <= ahead {
-            return Ok(Step::Wait(record_of(key, st, Some(kind)), waiter));
+            Some(w) if w.waiter_token == req.token => {
+                self.inner
+                    .held
+                    .extend(&n.waiter, &req.token, Instant::now() + wttl, None);
+            }
+            Some(_) => {}
         }
-        let mut free = free.into_iter();
-        let (Some(slot), also_free) = (free.next(), free.next().filter(|_| ahead == 1)) else {
-            return Ok(Step::Wait(record_of(key, st, Some(kind)), waiter));
-        };
-        Ok(Step::Try(Plan {
-            slot,
-            also_free,
-            replace: stored != Some(kind),
-            kind_mod: Some(st.kind.as_ref().map_or(0, |k| k.mod_revision())),
-            waiter_rev: st.waiter.as_ref().map_or(0, |w| w.create_revision()),
-            waiter_mine: mine,
-        }))
+        Ok(AcquireOutcome::Held(held_view(&rec)))
     }
 
     /// Deletes the permit keys of `key` that `who` holds (its holder id or owner token; every
@@ -608,10 +574,7 @@ impl EtcdStore {
         let r = self
             .txn(Txn::new().and_then([TxnOp::get(p, all()), TxnOp::get(k, all())]))
             .await?;
-        let mut gets = r.op_responses().into_iter().filter_map(|op| match op {
-            TxnOpResponse::Get(mut g) => Some(g.take_kvs()),
-            _ => None,
-        });
+        let mut gets = gets(r).into_iter();
         let (slots, kinds) = (
             gets.next().unwrap_or_default(),
             gets.next().unwrap_or_default(),
@@ -619,7 +582,7 @@ impl EtcdStore {
         let kinds: std::collections::HashMap<String, PermitKind> = kinds
             .iter()
             .filter_map(|kv| {
-                let name = kv.key_str().ok()?;
+                let name = kv.key_str()?;
                 let key = name.get(self.inner.kinds.len()..)?;
                 Some((key.to_owned(), parse_kind(kv.value())?))
             })
@@ -628,7 +591,6 @@ impl EtcdStore {
         for kv in slots {
             let Some(key) = kv
                 .key_str()
-                .ok()
                 .and_then(|n| n.get(self.inner.permits.len()..))
                 .and_then(|rest| rest.split('\0').next())
                 .map(str::to_owned)
@@ -679,5 +641,204 @@ impl EtcdStore {
             }
         }
         Ok((removed, kept))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names() -> Names {
+        Names {
+            lock: "p/lock/k".into(),
+            waiter: "p/waiter/k".into(),
+            kind: "p/kind/k".into(),
+            prefix: "p/permit/k\0".into(),
+        }
+    }
+
+    fn req(holder: &str, want: PermitRequest) -> AcquireRequest {
+        let key = Key::new("k").expect("a key");
+        let mut r = AcquireRequest::new(key, holder, Duration::from_secs(10));
+        r.token = format!("{holder}-token");
+        r.permit = Some(want);
+        r
+    }
+
+    /// The permit key of `holder` in `slot`, created at `rev`.
+    fn slot(holder: &str, slot: &str, rev: i64, write: bool) -> Kv {
+        let permit = Permit {
+            holder: holder.into(),
+            token: format!("{holder}-token"),
+            fence: 0,
+            write,
+            acquired_ms: 1,
+            renewed_ms: 1,
+            expires_ms: 10_001,
+            ttl_ms: 10_000,
+            pid: None,
+            host: None,
+            labels: Default::default(),
+        };
+        let value = serde_json::to_vec(&Slot { permit, once: 1 }).expect("json");
+        Kv::new(format!("p/permit/k\0{slot}"), value, rev, rev, 7)
+    }
+
+    fn kind(value: &str) -> Option<Kv> {
+        Some(Kv::new("p/kind/k", value, 3, 5, 0))
+    }
+
+    fn waiter(holder: &str, permit: &str) -> Option<Kv> {
+        let w = Waiter {
+            waiter: holder.into(),
+            waiter_token: format!("{holder}-token"),
+            waiter_ttl_ms: 5_000,
+            write: 1,
+            permit: Some(permit.into()),
+        };
+        Some(Kv::new(
+            "p/waiter/k",
+            serde_json::to_vec(&w).expect("json"),
+            11,
+            11,
+            8,
+        ))
+    }
+
+    const TWO: PermitRequest = PermitRequest::Semaphore { permits: 2 };
+
+    #[test]
+    fn a_semaphore_grants_a_free_slot_and_compares_its_kind_as_read() {
+        let st = State {
+            kind: kind("semaphore:2"),
+            slots: vec![slot("b", "0", 4, false)],
+            ..State::default()
+        };
+        let Ok(Step::Try(p)) = plan(&req("a", TWO), TWO, &names(), &st) else {
+            panic!("no grant");
+        };
+        assert_eq!(p.slot, "1");
+        assert_eq!(p.also_free, None);
+        assert!(!p.replace);
+        assert_eq!(p.kind_mod, Some(5));
+        assert_eq!((p.waiter_rev, p.waiter_mine), (0, false));
+    }
+
+    #[test]
+    fn a_full_semaphore_waits_and_a_waiter_keeps_a_slot_free() {
+        let full = State {
+            kind: kind("semaphore:2"),
+            slots: vec![slot("b", "0", 4, false), slot("c", "1", 5, false)],
+            ..State::default()
+        };
+        assert!(matches!(
+            plan(&req("a", TWO), TWO, &names(), &full),
+            Ok(Step::Wait(..))
+        ));
+        let waited = State {
+            kind: kind("semaphore:2"),
+            waiter: waiter("w", "semaphore:2"),
+            ..State::default()
+        };
+        let Ok(Step::Try(p)) = plan(&req("a", TWO), TWO, &names(), &waited) else {
+            panic!("no grant");
+        };
+        let also = p.also_free.expect("a slot left for the waiter");
+        assert_ne!(also, p.slot);
+        assert_eq!((p.waiter_rev, p.waiter_mine), (11, false));
+        let one_left = State {
+            kind: kind("semaphore:2"),
+            waiter: waiter("w", "semaphore:2"),
+            slots: vec![slot("b", "0", 4, false)],
+            ..State::default()
+        };
+        assert!(matches!(
+            plan(&req("a", TWO), TWO, &names(), &one_left),
+            Ok(Step::Wait(..))
+        ));
+    }
+
+    #[test]
+    fn readers_share_a_writer_is_alone_and_a_waiting_writer_stops_readers() {
+        let (read, write) = (PermitRequest::Read, PermitRequest::Write);
+        let reading = State {
+            kind: kind("read-write"),
+            slots: vec![slot("b", "3", 4, false)],
+            ..State::default()
+        };
+        assert!(matches!(
+            plan(&req("a", read), read, &names(), &reading),
+            Ok(Step::Try(_))
+        ));
+        assert!(matches!(
+            plan(&req("a", write), write, &names(), &reading),
+            Ok(Step::Wait(..))
+        ));
+        let writing = State {
+            kind: kind("read-write"),
+            slots: vec![slot("b", WRITER, 4, true)],
+            ..State::default()
+        };
+        assert!(matches!(
+            plan(&req("a", read), read, &names(), &writing),
+            Ok(Step::Wait(..))
+        ));
+        let writer_waits = State {
+            kind: kind("read-write"),
+            waiter: waiter("w", "write"),
+            ..State::default()
+        };
+        assert!(matches!(
+            plan(&req("a", read), read, &names(), &writer_waits),
+            Ok(Step::Wait(..))
+        ));
+        let Ok(Step::Try(p)) = plan(&req("w", write), write, &names(), &writer_waits) else {
+            panic!("the registered writer is not granted");
+        };
+        assert_eq!(p.slot, WRITER);
+        assert!(p.waiter_mine);
+    }
+
+    #[test]
+    fn another_kind_is_refused_and_our_own_permit_is_found() {
+        let rw = State {
+            kind: kind("read-write"),
+            slots: vec![slot("b", "3", 4, false)],
+            ..State::default()
+        };
+        assert!(matches!(
+            plan(&req("a", TWO), TWO, &names(), &rw),
+            Err(Error::InvalidOption { .. })
+        ));
+        let locked = State {
+            lock: Some(Kv::new("p/lock/k", "{}", 2, 2, 7)),
+            ..State::default()
+        };
+        assert!(matches!(
+            plan(&req("a", TWO), TWO, &names(), &locked),
+            Err(Error::InvalidOption { .. })
+        ));
+        let read = PermitRequest::Read;
+        let Ok(Step::Ours { kv, .. }) = plan(&req("b", read), read, &names(), &rw) else {
+            panic!("our permit not found");
+        };
+        assert_eq!(kv.create_revision(), 4);
+        let fresh = State::default();
+        let Ok(Step::Try(p)) = plan(&req("a", TWO), TWO, &names(), &fresh) else {
+            panic!("no grant");
+        };
+        assert!(p.replace, "a key of no kind takes the kind asked");
+    }
+
+    #[test]
+    fn the_first_guess_needs_no_read() {
+        let p = guess(PermitRequest::Write, None);
+        assert_eq!(
+            (p.slot.as_str(), p.waiter_rev, p.waiter_mine),
+            (WRITER, 0, false)
+        );
+        let p = guess(PermitRequest::Semaphore { permits: 3 }, Some(9));
+        assert!(["0", "1", "2"].contains(&p.slot.as_str()));
+        assert_eq!((p.waiter_rev, p.waiter_mine, p.kind_mod), (9, true, None));
     }
 }

@@ -25,6 +25,19 @@
 //! reported by `inspect` as corrupt and recovered by `acquire`, taking the largest fence found in the
 //! damaged bytes or the µs clock, whichever is larger.
 //!
+//! # Rules
+//! The store keeps no rules of its own: each step reads the record under the file's lock, asks
+//! `crate::decide`, and writes what it answers.
+//!
+//! | step | rule |
+//! | --- | --- |
+//! | acquire (locks and permits) | acquire → `decide::Rules::acquire` |
+//! | renew | renew → `decide::Rules::renew` |
+//! | release | release → `decide::Rules::release` |
+//! | a waiter's withdrawal | the line's `leave_line` |
+//! | force release | freed → `decide::Rules::freed` |
+//! | cleanup | removable → `decide::Rules::removable` |
+//!
 //! # Clocks
 //! Each record keeps its deadlines (the lease's `expires`, `waiter_expires`, each queued place's
 //! and each permit's `expires`) as wall-clock times for people, each as the process that set it

@@ -70,6 +70,21 @@
 //!   [`MAX_HOLDER_BYTES`] bytes without NUL, else [`Error::InvalidOption`] at acquire; at most
 //!   [`MAX_FENCES`] fences per grant.
 //!
+//! # Rules
+//! Each statement (`sql/*.sql`, filled in by `sql.rs`) keeps one step of the rules every store
+//! shares (`crate::decide`), with one registered waiter for the line, named here by its step:
+//!
+//! | server-side rule (`sql/`) | mirrors |
+//! | --- | --- |
+//! | `acquire_free.sql`, then `acquire.sql` | acquire → `decide::Rules::acquire` |
+//! | `permit_acquire.sql` (and `to_lock.sql` before a lock's) | acquire of a permit → `decide::Rules::acquire` (`decide/permits.rs`) |
+//! | `renew.sql` (`lost.sql` says why one was not) | renew → `decide::Rules::renew` |
+//! | `release.sql` | release → `decide::Rules::release` |
+//! | `withdraw.sql` | a waiter's withdrawal → the line's `leave_line` |
+//! | `force.sql` | freed → `decide::Rules::freed` |
+//! | `cleanup.sql` | removable → `decide::Rules::removable` |
+//! | `mark_watched.sql`, `inspect.sql`, `list.sql`, `create*.sql`, `upgrade.sql`, `exists.sql` | no rule: a wake-up mark, reads, the tables |
+//!
 //! ```no_run
 //! # async fn f() -> leasehold::Result<()> {
 //! let locks = leasehold::connect("postgres://locker@db.internal:5432/app?table=leases").await?;
@@ -195,7 +210,7 @@ impl Inner {
             let row = l
                 .conn
                 .query_one(
-                    sql.exists,
+                    &sql.exists,
                     &[&sql.table, &sql.sequence, &sql.schema, &sql.permits],
                 )
                 .await?;

@@ -60,6 +60,21 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # Rules
+//! Each script keeps one step of the rules every store shares (`crate::decide`: the same
+//! record, the same judgements, on the server's clock), named here by its step:
+//!
+//! | server-side rule (`lua/`) | mirrors |
+//! | --- | --- |
+//! | `acquire_free.lua`, then `acquire.lua` | acquire → `decide::Rules::acquire` (the line: `tidy_line`, `wait_in_line`) |
+//! | `acquire_permit.lua` | acquire of a permit → `decide::Rules::acquire` (`decide/permits.rs`) |
+//! | `renew.lua` (after `renew_keys.lua` or `renew_node_args.lua`) | renew → `decide::Rules::renew` |
+//! | `release_ours.lua`, then `release.lua` | release → `decide::Rules::release` |
+//! | `withdraw.lua` | a waiter's withdrawal → the line's `leave_line` |
+//! | `force.lua`, `force_holder.lua` | freed → `decide::Rules::freed` |
+//! | the record key's `PX` TTL | removable → `decide::Rules::removable` (the server deletes an expired record: `cleanup` has nothing to do) |
+//! | `mark_watched.lua`, `raise_fence.lua` | no rule: a wake-up mark; Redlock's fence floor |
+//!
 //! # Module map
 //! One concern a file; each file uses only those below it in this table, so the modules form no
 //! cycle: the store on top, Sentinel and Cluster below the link that asks them where to connect

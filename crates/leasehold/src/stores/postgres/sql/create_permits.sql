@@ -1,0 +1,15 @@
+CREATE TABLE IF NOT EXISTS {permits} (
+  key TEXT COLLATE "C" NOT NULL,
+  token TEXT NOT NULL,
+  holder TEXT NOT NULL,
+  fence BIGINT NOT NULL,
+  write BOOLEAN NOT NULL DEFAULT false,
+  acquired TIMESTAMPTZ NOT NULL,
+  renewed TIMESTAMPTZ NOT NULL,
+  expires TIMESTAMPTZ NOT NULL,
+  ttl_ms BIGINT NOT NULL,
+  pid INTEGER,
+  host TEXT,
+  labels TEXT NOT NULL DEFAULT '{}',
+  PRIMARY KEY (key, token)
+);

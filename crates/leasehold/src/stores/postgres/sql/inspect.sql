@@ -1,0 +1,1 @@
+SELECT {record} FROM {table} AS t WHERE t.key = $1

@@ -1,0 +1,1 @@
+SELECT r.key, r.token, t.holder, t.token, EXISTS (SELECT 1 FROM {permits} AS p WHERE p.key = r.key AND p.token = r.token) FROM unnest($1::text[], $2::text[]) AS r(key, token) LEFT JOIN {table} AS t ON t.key = r.key
