@@ -12,6 +12,7 @@
 """
 
 import os
+import signal
 import sys
 import time
 
@@ -56,6 +57,9 @@ def main() -> None:
         print(f"got {lease.fence} {time.monotonic()}", flush=True)
         lease.release_sync()
     elif mode == "interrupt":
+        # Ctrl-C as an interactive process gets it: a process started in the background by a
+        # shell without job control inherits SIGINT ignored, and Python then keeps it ignored.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         locks = leasehold.connect(url, holder=sys.argv[4])
         print("waiting", flush=True)
         try:
