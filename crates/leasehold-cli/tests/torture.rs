@@ -451,14 +451,15 @@ fn etcd_keeps_its_promises_when_its_leader_is_killed_or_a_member_partitioned() {
     // sessions of clients killed in an earlier phase never expire and their keys stay held.
     // With partition among the faults the members talk through the run's peer proxies, across
     // the leader's restarts too; the seed's first partition cut black-holes member m2 from its
-    // peers. Each phase runs 5 s: a leader change (restart, partition) renews every etcd lease,
+    // peers. Each phase runs 7 s: a leader change (restart, partition) renews every etcd lease,
     // so the keys of clients killed around it stay held for seconds into the next phase (a kill
-    // phase of 3 s once ran no section at all).
+    // phase of 3 s once ran no section at all, and a partition phase of 5 s once none, beside
+    // the other torture tests).
     let (code, rows, said) = torture_saying(
         &[
             "etcd",
             "--duration",
-            "15s",
+            "21s",
             "--faults",
             "restart,partition,kill",
             "--seed",
