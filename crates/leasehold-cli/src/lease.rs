@@ -3,11 +3,30 @@
 
 use crate::cli::LeaseArgs;
 use crate::exit::{self, Failure, LOST, OK};
+use crate::metrics::{self, Endpoint};
 use crate::output::{clean, print};
 use crate::process::child::signal_status;
 use crate::process::signals::{self, Forwarded};
+use crate::valid::Held;
 use leasehold::{Error, Key, LeaseGuard, LockBuilder, Locks, PermitRequest, StopReason, Wait};
 use serde_json::json;
+
+/// How `run` and `hold` start: from here on SIGTERM, SIGINT and SIGHUP are ours to handle (while
+/// waiting they end the wait), the metrics endpoint is served, and the lease `held` is obtained.
+pub(crate) async fn take(
+    store_url: Option<&str>,
+    lease: &LeaseArgs,
+    held: &Held,
+) -> Result<(Forwarded, Locks, LeaseGuard), Failure> {
+    let mut signals = Forwarded::install()
+        .map_err(|e| Failure::error(format!("cannot install signal handlers: {e}")))?;
+    let endpoint = Endpoint::given(lease.metrics);
+    let locks = metrics::locks(store_url, endpoint.as_ref()).await?;
+    Endpoint::serve_given(endpoint).await?;
+    let builder = lease_builder(&locks, &held.key, lease)?.loss_grace(held.lease_loss_grace);
+    let guard = obtain(builder, &held.key, lease.no_wait, &mut signals).await?;
+    Ok((signals, locks, guard))
+}
 
 /// The acquisition `lease` asks for: the key's lock or one of its permits (`--permits`,
 /// `--read`, `--write`), its TTL, wait and labels.

@@ -7,9 +7,7 @@
 
 use crate::cli::HoldArgs;
 use crate::exit::{Failure, LOST};
-use crate::lease::{hold_until, lease_builder, obtain, Ended, Events};
-use crate::metrics::{self, Endpoint};
-use crate::process::signals::Forwarded;
+use crate::lease::{hold_until, take, Ended, Events};
 use crate::valid::Held;
 use tokio::io::AsyncReadExt;
 
@@ -19,14 +17,9 @@ pub(crate) async fn hold(
     args: HoldArgs,
     held: Held,
 ) -> Result<u8, Failure> {
+    // The renewals run while `_locks` lives: to the end of the hold.
+    let (mut signals, _locks, guard) = take(store_url, &args.lease, &held).await?;
     let key = held.key;
-    let mut signals = Forwarded::install()
-        .map_err(|e| Failure::error(format!("cannot install signal handlers: {e}")))?;
-    let endpoint = Endpoint::given(args.lease.metrics);
-    let locks = metrics::locks(store_url, endpoint.as_ref()).await?;
-    Endpoint::serve_given(endpoint).await?;
-    let builder = lease_builder(&locks, &key, &args.lease)?.loss_grace(held.lease_loss_grace);
-    let guard = obtain(builder, &key, args.lease.no_wait, &mut signals).await?;
     let events = Events {
         json: args.json,
         to_stdout: true,
