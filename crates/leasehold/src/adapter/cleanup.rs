@@ -171,12 +171,12 @@ impl<R: RecordStore> RecordLockStore<R> {
             if !unconfirmed(&record) {
                 return Ok(());
             }
-            let now_ms = self.now().ms;
+            let now = self.now();
             let mut confirmed = match record.token {
                 None => record,
-                Some(_) if expiry.held(&record, now_ms) => return Ok(()),
+                Some(_) if expiry.held(&record, now.ms) => return Ok(()),
                 Some(_) => Rules {
-                    now: self.now(),
+                    now,
                     expiry,
                     fence_floor: 0,
                 }

@@ -895,13 +895,11 @@ impl<R: RecordStore> LockStore for RecordLockStore<R> {
         let server_clock = self.inner.server_clock();
         // Judged first, deleted after the high-water mark is raised above their fences.
         let mut doomed = Vec::new();
-        let listed = self.inner.list_dated("").await?;
-        let records = listed.iter().filter(|(_, s, _)| !is_high_water(s)).count();
-        progress.add_found(records as u64);
+        let listed: Vec<_> = (self.inner.list_dated("").await?.into_iter())
+            .filter(|(_, s, _)| !is_high_water(s))
+            .collect();
+        progress.add_found(listed.len() as u64);
         for (_, stored, age) in listed {
-            if is_high_water(&stored) {
-                continue;
-            }
             if let Stored::Record { record, version } = self.resolve(stored) {
                 let key = Key::internal(&record.key)?;
                 let removable = if server_clock {
@@ -910,7 +908,7 @@ impl<R: RecordStore> LockStore for RecordLockStore<R> {
                     age.and_then(|age| {
                         let seen = self.observe_aged(&key, &version, &record, Some(age));
                         let rules = Rules {
-                            now: self.now(),
+                            now,
                             expiry: Expiry::Observed(seen),
                             fence_floor: 0,
                         };

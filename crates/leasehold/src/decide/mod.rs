@@ -267,11 +267,13 @@ impl Rules {
         token: &str,
         ttl_ms: u64,
     ) -> Decision<RenewOutcome> {
-        let (now_ms, expiry) = (self.now.ms, self.expiry);
-        Decision::of(match current.filter(|r| r.permits.is_some()) {
-            Some(r) => permits::renew(r, token, ttl_ms, now_ms, expiry),
-            None => renew_lease(current, token, ttl_ms, now_ms, expiry),
-        })
+        Decision::of(renew_lease(
+            current,
+            token,
+            ttl_ms,
+            self.now.ms,
+            self.expiry,
+        ))
     }
 
     /// Decides a release of `token`'s lease (or permit): the free record to write, fence and live
@@ -282,11 +284,7 @@ impl Rules {
         current: Option<&LeaseRecord>,
         token: &str,
     ) -> Decision<ReleaseOutcome> {
-        let (now_ms, expiry) = (self.now.ms, self.expiry);
-        Decision::of(match current.filter(|r| r.permits.is_some()) {
-            Some(r) => permits::release(r, token, now_ms, expiry),
-            None => release_lease(current, token, now_ms, expiry),
-        })
+        Decision::of(release_lease(current, token, self.now.ms, self.expiry))
     }
 
     /// The record `r` with its holder removed: fence and key kept, and the places in line that
