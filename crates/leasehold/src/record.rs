@@ -120,6 +120,15 @@ pub struct LeaseRecord {
     /// permit in the fields above, with this table beside it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub permits: Option<Permits>,
+    /// The lease was handed to its holder by the previous holder's release, which granted it to
+    /// the first in line in the same write ([`Capabilities::release_grants`]), and the holder
+    /// has not claimed it yet. Until its next acquire attempt claims it (and renews it to its
+    /// own TTL), it lasts only for what was left of its place in line: `expires_ms` and
+    /// `ttl_ms` are the place's, and `pid`, `host` and `labels` are unknown.
+    ///
+    /// [`Capabilities::release_grants`]: crate::Capabilities::release_grants
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unclaimed: bool,
 }
 
 impl LeaseRecord {
@@ -150,6 +159,7 @@ impl LeaseRecord {
             labels: BTreeMap::new(),
             store: BTreeMap::new(),
             permits: None,
+            unclaimed: false,
         }
     }
 

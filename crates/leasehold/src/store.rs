@@ -39,6 +39,14 @@ pub struct Capabilities {
     /// waiter stops renewing lapses. Without it, one waiter is registered and the others race
     /// for the lease when it comes free.
     pub waiter_line: bool,
+    /// A release is the grant: the holder's release makes the first live waiter in line the
+    /// holder in the same write, with the next fence, [`unclaimed`](LeaseRecord::unclaimed)
+    /// until that waiter's next acquire attempt claims it (renewing it to its own TTL; until
+    /// then it lasts only what was left of the waiter's place in line). A waiter that leaves
+    /// instead ([`LockStore::withdraw_waiter`]) releases it to the next in line. Without it, a
+    /// released lease is only reserved for the first in line, which takes it with its next
+    /// attempt.
+    pub release_grants: bool,
     /// The store holds semaphores and read-write locks ([`AcquireRequest::permit`]); without it,
     /// a permit request is refused with [`crate::Error::NotSupported`].
     pub permits: bool,
@@ -614,6 +622,16 @@ pub trait ChangeWatch: Send + fmt::Debug {
     fn stale(&self) -> bool {
         false
     }
+
+    /// Makes this the watch of the waiting acquisition `token`: from now on, `changed` may skip
+    /// the changes that cannot concern it (a release that granted the lease to another waiter,
+    /// [`Capabilities::release_grants`]), and completes for the grant to `token`. True when the
+    /// store does so: the waiter then looks at every change it is woken for. Default: false (it
+    /// wakes at every change).
+    fn for_waiter(&mut self, token: &str) -> bool {
+        let _ = token;
+        false
+    }
 }
 
 /// The lock-level store contract. See the crate docs and ARCHITECTURE.md for what every
@@ -663,7 +681,9 @@ pub trait LockStore: Send + Sync + fmt::Debug + 'static {
     /// Frees the lease held under `token`, keeping its fence. Idempotent.
     async fn release(&self, key: &Key, token: &str) -> Result<ReleaseOutcome>;
 
-    /// Removes the waiter registration made under `token`, if it is still there.
+    /// Removes the waiter registration made under `token`, if it is still there; on a store
+    /// whose release is the grant ([`Capabilities::release_grants`]), also releases a lease a
+    /// release granted to `token` that it has not claimed ([`LeaseRecord::unclaimed`]).
     async fn withdraw_waiter(&self, key: &Key, token: &str) -> Result<()>;
 
     /// The record of `key`, if there is one.

@@ -472,13 +472,17 @@ impl<R: RecordStore> RecordLockStore<R> {
         self.judge_aged(key, cur, None)
     }
 
-    /// The rules a renewal or a release of `key` is decided by, `cur` as read now (no grant:
-    /// no fence floor).
+    /// The rules a renewal, a release or a withdrawal of `key` is decided by, `cur` as read now.
+    /// A release grants the lease to the first in line: its fence is floored as an
+    /// acquisition's is (at the wall clock, on a store whose fences do not come from
+    /// revisions), and a grant on a record never floored at the high-water mark stays marked so
+    /// (see [`keep_unconfirmed`]) until its claim floors it.
     fn rules(&self, key: &Key, cur: Option<&Stored>) -> Rules {
+        let now = self.now();
         Rules {
-            now: self.now(),
+            now,
             expiry: self.judge(key, cur),
-            fence_floor: 0,
+            fence_floor: if self.inner.revisions() { 0 } else { now.us },
         }
     }
 
@@ -843,7 +847,11 @@ impl<R: RecordStore> LockStore for RecordLockStore<R> {
 
     async fn withdraw_waiter(&self, key: &Key, token: &str) -> Result<()> {
         self.cas(key, false, None, |cur| {
-            ((), decide::withdraw_waiter(record(cur), token))
+            let rules = self.rules(key, cur);
+            (
+                (),
+                keep_unconfirmed(cur, decide::withdraw_waiter(record(cur), token, &rules)),
+            )
         })
         .await?;
         Ok(())

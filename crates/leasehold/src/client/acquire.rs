@@ -259,7 +259,7 @@ impl Acquisition {
             waiting.last_holder = Some(holder);
             if waiting
                 .changes
-                .subscribe(&store, &self.key, self.deadline)
+                .subscribe(&store, &self.key, &req.token, self.deadline)
                 .await
             {
                 req.watching = true;
@@ -280,7 +280,9 @@ impl Acquisition {
             // the line up by one), so a handoff wakes the first in line and the next, not
             // every waiter; for no longer than those ahead need (see `Line::skip`), and never
             // for less than the backoff.
-            let skip = match waiting.line.skip() {
+            // A watch that wakes this waiter only for changes that may concern it (a grant to
+            // another waiter does not) sleeps through none.
+            let skip = match waiting.line.skip().filter(|_| !waiting.changes.targeted) {
                 Some((n, at_most)) => {
                     let at_most = at_most.max(self.opts.backoff.delay(waiting.attempt));
                     until = until.min(now + at_most);
@@ -464,6 +466,9 @@ impl Waiting {
 struct Changes {
     watch: Option<Box<dyn crate::store::ChangeWatch>>,
     subscribed: bool,
+    /// The watch skips the changes that cannot concern this waiter
+    /// ([`crate::store::ChangeWatch::for_waiter`]).
+    targeted: bool,
     /// Subscribing failed: when to try again (polling meanwhile).
     resubscribe_at: Option<Instant>,
 }
@@ -475,6 +480,7 @@ impl Changes {
         &mut self,
         store: &Arc<dyn LockStore>,
         key: &Key,
+        token: &str,
         deadline: Option<Instant>,
     ) -> bool {
         if self.watch.as_ref().is_some_and(|w| w.stale()) {
@@ -493,8 +499,12 @@ impl Changes {
             Some(d) => tokio::time::timeout_at(d, subscribing).await.ok(),
             None => Some(subscribing.await),
         };
+        self.targeted = false;
         self.watch = match answer {
-            Some(Ok(w)) => w,
+            Some(Ok(mut w)) => {
+                self.targeted = w.as_mut().is_some_and(|w| w.for_waiter(token));
+                w
+            }
             Some(Err(e)) => {
                 tracing::debug!(key = %key, error = %e, "no change notification; polling, and subscribing again in a while");
                 self.resubscribe_at = Some(Instant::now() + RESUBSCRIBE_EVERY);

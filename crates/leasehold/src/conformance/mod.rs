@@ -158,7 +158,9 @@ macro_rules! conformance_tests {
             release_is_notified_when_asked, labels_are_read_back_whole,
             waiters_served_in_arrival_order, dead_waiter_is_skipped, semaphore_bounds_holders,
             read_write_excludes, one_kind_per_key, lapsed_permits_come_back,
-            waiting_writer_blocks_new_readers, one_holder_is_force_released);
+            waiting_writer_blocks_new_readers, one_holder_is_force_released,
+            release_grants_the_first_in_line, an_unclaimed_grant_lasts_only_its_place,
+            a_waiter_that_leaves_passes_its_grant_on);
     };
     (@each $make:expr; $($name:ident),*) => {
         $(

@@ -284,7 +284,7 @@ impl Rules {
         current: Option<&LeaseRecord>,
         token: &str,
     ) -> Decision<ReleaseOutcome> {
-        Decision::of(release_lease(current, token, self.now.ms, self.expiry))
+        Decision::of(release_lease(current, token, self))
     }
 
     /// The record `r` with its holder removed: fence and key kept, and the places in line that
@@ -359,6 +359,11 @@ impl Rules {
                 // lost. Granted again as a renewal, in the same write: the lease counts from now,
                 // as the holder's `valid_until` counts from this attempt's send, never from the
                 // first grant's (after which the store would free it first).
+                if line.unclaimed && !claim(&mut line, req, fence_floor, now.ms) {
+                    let mut r = LeaseRecord::free(req.key.as_str(), line.fence);
+                    r.holder = Some(FENCE_EXHAUSTED.to_owned());
+                    return (AcquireOutcome::Held(r), None);
+                }
                 renewed(&mut line, crate::record::ms(req.ttl), now.ms);
                 leave_line(&mut line, &req.token);
                 return (AcquireOutcome::Granted(line.clone()), Some(line));
@@ -439,6 +444,27 @@ pub(crate) fn grant(g: &mut LeaseRecord, req: &AcquireRequest, fence: u64, now_m
     g.pid = Some(pid());
     g.host = Some(host().to_owned());
     g.labels = req.labels.clone();
+    g.unclaimed = false;
+}
+
+/// Claims in `g` the lease a release granted to `req`'s acquisition as the first in line
+/// ([`LeaseRecord::unclaimed`]): this process's holder, labels and process, and, for a block of
+/// more than one fence, a new block above every fence issued (the grant issued one). False when
+/// the fence cannot grow that far.
+fn claim(g: &mut LeaseRecord, req: &AcquireRequest, fence_floor: u64, now_ms: u64) -> bool {
+    if req.fences > 1 {
+        let Some(next) = g.fence.checked_add(req.fences) else {
+            return false;
+        };
+        g.fence = next.max(fence_floor);
+    }
+    g.holder = Some(req.holder.clone());
+    g.acquired_ms = now_ms;
+    g.pid = Some(pid());
+    g.host = Some(host().to_owned());
+    g.labels = req.labels.clone();
+    g.unclaimed = false;
+    true
 }
 
 /// Why a record is not (or no longer) the lease of `token`.
@@ -496,13 +522,15 @@ fn renewed(r: &mut LeaseRecord, ttl_ms: u64, now_ms: u64) {
     r.expires_ms = now_ms.saturating_add(ttl_ms);
 }
 
-/// Decides a release; whether the waiter registration is kept is judged with `expiry`.
+/// Decides a release; whether the places in line are kept is judged with `rules.expiry`. The
+/// release is the grant: the first live waiter in line is made the holder in the same write
+/// (see [`grant_to_first_in_line`]).
 fn release_lease(
     current: Option<&LeaseRecord>,
     token: &str,
-    now_ms: u64,
-    expiry: Expiry,
+    rules: &Rules,
 ) -> (ReleaseOutcome, Option<LeaseRecord>) {
+    let (now_ms, expiry) = (rules.now.ms, rules.expiry);
     if let Some(r) = current.filter(|r| r.permits.is_some()) {
         return permits::release(r, token, now_ms, expiry);
     }
@@ -513,10 +541,46 @@ fn release_lease(
             } else {
                 ReleaseOutcome::NotHeld
             };
-            (outcome, Some(freed(r, now_ms, expiry)))
+            let mut f = freed(r, now_ms, expiry);
+            grant_to_first_in_line(&mut f, rules);
+            (outcome, Some(f))
         }
         _ => (ReleaseOutcome::NotHeld, None),
     }
+}
+
+/// Makes the registered waiter of the freed record `f` (its line tidied: the registered waiter
+/// is live) its holder, [`unclaimed`](LeaseRecord::unclaimed), with the next fence: the lease
+/// lasts for what is left of the waiter's place, with the place's lifetime as its TTL (so a
+/// reader that judges by observation lets it lapse as the place would have), until the waiter's
+/// next acquire attempt claims it. The next in line moves up. Nothing changes when nobody is
+/// in line, or when the fence cannot grow.
+fn grant_to_first_in_line(f: &mut LeaseRecord, rules: &Rules) {
+    let (Some(waiter), Some(token), Some(expires)) = (
+        f.waiter.clone(),
+        f.waiter_token.clone(),
+        f.waiter_expires_ms,
+    ) else {
+        return;
+    };
+    let Some(next) = f.fence.checked_add(1) else {
+        return;
+    };
+    let ttl_ms = f
+        .waiter_ttl_ms
+        .unwrap_or_else(|| f.ttl_ms.max(LEGACY_WAITER_TTL_MS));
+    f.holder = Some(waiter);
+    f.token = Some(token.clone());
+    f.fence = next.max(rules.fence_floor);
+    f.acquired_ms = rules.now.ms;
+    f.renewed_ms = rules.now.ms;
+    f.expires_ms = expires;
+    f.ttl_ms = ttl_ms;
+    f.pid = None;
+    f.host = None;
+    f.labels.clear();
+    f.unclaimed = true;
+    leave_line(f, &token);
 }
 
 /// The record `r` with its holder removed; the waiter registration is kept while `expiry` judges
@@ -528,14 +592,24 @@ fn freed(r: &LeaseRecord, now_ms: u64, expiry: Expiry) -> LeaseRecord {
     f.expires_ms = 0;
     f.renewed_ms = now_ms;
     f.store.clear();
+    f.unclaimed = false;
     tidy_line(&mut f, expiry, now_ms);
     f
 }
 
 /// Decides a waiter withdrawal: the record to write if `token` stood in line (registered or
-/// queued).
-pub(crate) fn withdraw_waiter(current: Option<&LeaseRecord>, token: &str) -> Option<LeaseRecord> {
-    let mut n = current?.clone();
+/// queued), or holds a lease a release granted it that it has not claimed
+/// ([`LeaseRecord::unclaimed`]): that lease is released, and so granted to the next in line.
+pub(crate) fn withdraw_waiter(
+    current: Option<&LeaseRecord>,
+    token: &str,
+    rules: &Rules,
+) -> Option<LeaseRecord> {
+    let r = current?;
+    if r.unclaimed && r.token.as_deref() == Some(token) {
+        return release_lease(current, token, rules).1;
+    }
+    let mut n = r.clone();
     if !leave_line(&mut n, token) {
         return None;
     }

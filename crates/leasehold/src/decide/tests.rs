@@ -13,6 +13,11 @@ fn rules(now_ms: u64, expiry: Expiry, fence_floor: u64) -> Rules {
     }
 }
 
+/// A withdrawal judged on this clock at time 0.
+pub(crate) fn withdraw_waiter(current: Option<&LeaseRecord>, token: &str) -> Option<LeaseRecord> {
+    super::withdraw_waiter(current, token, &rules(0, Expiry::Clock, 0))
+}
+
 fn acquire(
     current: Current<'_>,
     req: &AcquireRequest,
@@ -289,11 +294,11 @@ fn observed_waiters_lapse_after_their_recorded_lifetime() {
     // The waiter's clock was 2 minutes ahead of ours.
     reg.waiter_expires_ms = Some(120_320);
     assert_eq!(reg.waiter_ttl_ms, Some(300));
-    let (_, free) = release(Some(&reg), "a", 30);
-    let free = free.unwrap();
+    // Freed (a release would grant the waiter the lease).
+    let free = super::freed(&reg, 30, Expiry::Clock);
     assert!(
         free.waiter_token.is_some(),
-        "a live waiter survives the release"
+        "a live waiter survives the holder's end"
     );
     let (o, _) = acquire_judged(
         Current::Record(&free),
@@ -470,7 +475,7 @@ fn lapsed_places_are_dropped_and_withdrawals_leave_the_line() {
         [Some(0), Some(1), None]
     );
     // A lapsed first place: the next one is served, not the lapsed one.
-    let mut stale = release(Some(&r), "a", 40).1.unwrap();
+    let mut stale = super::freed(&r, 40, Expiry::Clock);
     stale.waiter_expires_ms = Some(41);
     let (out, _) = acquire(Current::Record(&stale), &req("w1"), at(50), false);
     assert!(matches!(out, AcquireOutcome::Held(_)));
@@ -531,4 +536,44 @@ fn a_retried_grant_is_renewed_from_the_retry() {
     // Once expired, a retry is a new grant with a new fence.
     let late = granted(acquire(Current::Record(&again), &req("a"), at(1800), false));
     assert!(late.fence > again.fence);
+}
+
+/// The release is the grant: the first live waiter in line is made the holder, unclaimed, with
+/// the place's remaining time and lifetime; a lapsed first place is skipped; the claim takes a
+/// block of fences above the grant's; a withdrawal of the unclaimed grant passes it on.
+#[test]
+fn a_release_grants_the_first_live_waiter_and_its_claim_takes_it_up() {
+    let a = granted(acquire(Current::Missing, &req("a"), at(10), false));
+    let mut w1 = waiting("w1");
+    w1.waiter_ttl = Some(Duration::from_millis(300));
+    let mut w2 = waiting("w2");
+    w2.waiter_ttl = Some(Duration::from_millis(400));
+    let r = attempt(&a, &w1, 20, Expiry::Clock);
+    let r = attempt(&r, &w2, 25, Expiry::Clock);
+    // At 30 both places are live: w1 is granted until its place's end (320).
+    let (out, g) = release(Some(&r), "a", 30);
+    assert_eq!(out, ReleaseOutcome::Released);
+    let g = g.unwrap();
+    assert_eq!(
+        (g.token.as_deref(), g.unclaimed, g.expires_ms, g.ttl_ms),
+        (Some("w1"), true, 320, 300)
+    );
+    assert!(g.fence > a.fence && g.pid.is_none() && g.labels.is_empty());
+    assert_eq!(g.place_of("w2"), Some(0), "w2 moved up");
+    // At 321 w1's place has lapsed: w2 is granted instead.
+    let (_, g2) = release(Some(&r), "a", 321);
+    assert_eq!(g2.unwrap().token.as_deref(), Some("w2"));
+    // The claim: a block of 3 above the grant's fence, w1's TTL, no longer unclaimed.
+    let mut claim = w1.clone();
+    claim.fences = 3;
+    let c = granted(acquire(Current::Record(&g), &claim, at(40), false));
+    assert!(c.fence >= g.fence + 3, "{} < {} + 3", c.fence, g.fence);
+    assert!(!c.unclaimed && c.expires_ms == 40 + c.ttl_ms && c.pid.is_some());
+    // Withdrawn unclaimed: passed on to w2.
+    let passed = withdraw_waiter(Some(&g), "w1").unwrap();
+    assert_eq!(passed.token.as_deref(), Some("w2"));
+    assert!(passed.unclaimed && passed.fence > g.fence);
+    // Nobody in line: free.
+    let (_, f) = release(Some(&a), "a", 30);
+    assert!(f.unwrap().token.is_none());
 }

@@ -120,6 +120,7 @@ impl LockStore for MemoryStore {
             liveness: false,
             fence_source: "max(previous + 1, µs clock) per key",
             waiter_line: true,
+            release_grants: true,
             permits: true,
             expiry_clock: crate::store::ExpiryClock::Host,
         }
@@ -150,7 +151,10 @@ impl LockStore for MemoryStore {
     }
 
     async fn withdraw_waiter(&self, key: &Key, token: &str) -> Result<()> {
-        self.step(key, |cur| ((), decide::withdraw_waiter(cur, token)));
+        self.step(key, |cur| {
+            let rules = Rules::clock(Now::wall());
+            ((), decide::withdraw_waiter(cur, token, &rules))
+        });
         Ok(())
     }
 
@@ -309,6 +313,7 @@ impl RecordStore for RecordMemoryStore {
             liveness: false,
             fence_source: "the store-wide write counter (versions are revisions)",
             waiter_line: true,
+            release_grants: true,
             permits: true,
             expiry_clock: crate::store::ExpiryClock::Host,
         }

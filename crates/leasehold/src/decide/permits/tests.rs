@@ -254,7 +254,7 @@ fn a_withdrawn_writer_no_longer_blocks_readers() {
         step(&mut r, &req("r2", Read), 12),
         AcquireOutcome::Held(_)
     ));
-    r = crate::decide::withdraw_waiter(r.as_ref(), "w");
+    r = crate::decide::tests::withdraw_waiter(r.as_ref(), "w");
     assert!(r
         .as_ref()
         .unwrap()

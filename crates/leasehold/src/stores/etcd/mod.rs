@@ -468,6 +468,7 @@ impl LockStore for EtcdStore {
             liveness: false,
             fence_source: "the record key's create revision (etcd's cluster-wide revision) × 65536",
             waiter_line: false,
+            release_grants: false,
             permits: true,
             expiry_clock: crate::store::ExpiryClock::Server,
         }

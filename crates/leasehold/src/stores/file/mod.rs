@@ -834,6 +834,7 @@ impl LockStore for FileStore {
             liveness: true,
             fence_source: "max(previous + 1, µs clock), kept in the record file",
             waiter_line: true,
+            release_grants: true,
             permits: true,
             expiry_clock: crate::store::ExpiryClock::Host,
         }
@@ -861,7 +862,8 @@ impl LockStore for FileStore {
         let (key, token) = (key.clone(), token.to_owned());
         self.run(move |inner, wait| {
             inner.simple(&key, wait, (), |found| {
-                ((), decide::withdraw_waiter(found.record(), &token))
+                let rules = Rules::clock(Now::wall());
+                ((), decide::withdraw_waiter(found.record(), &token, &rules))
             })
         })
         .await

@@ -372,6 +372,7 @@ impl RecordStore for GcsStore {
             fence_source:
                 "a counter in the object, floored at the acquirer's wall clock in microseconds and, after cleanup, at the fence high-water mark",
             waiter_line: true,
+            release_grants: true,
             permits: true,
             expiry_clock: crate::store::ExpiryClock::ServerDates,
         }

@@ -10,7 +10,9 @@
 //! - **annotations** under `leasehold.io/`: `key`, `fence`, `token` (owner token), `holder` and
 //!   `renewed` (the `holderIdentity` and `renewTime` written with that token), `expires`
 //!   (renewTime + the TTL to the millisecond), `ttl-ms`, `waiter`, `waiter-token`,
-//!   `waiter-expires`, `pid`, `host`, `labels`; labels and annotations of others are kept;
+//!   `waiter-expires`, `pid`, `host`, `labels`, and `unclaimed: "true"` on a lease a release
+//!   granted to the first in line that has not claimed it yet; labels and annotations of others
+//!   are kept;
 //! - **the spec is the truth** every client reads, client-go's and the Python client's leader
 //!   election included: a Lease whose `holderIdentity` is set is held by that holder until
 //!   `renewTime + leaseDurationSeconds`, read afresh each time. leasehold's annotations add to
@@ -376,6 +378,9 @@ impl KubernetesStore {
                 put("holder", h.clone());
                 put("renewed", fmt_ms(micro_ms(&spec.renew_time)));
                 put("expires", fmt_ms(r.expires_ms));
+                if r.unclaimed {
+                    put("unclaimed", "true".into());
+                }
             }
             if let Some(p) = r.pid {
                 put("pid", p.to_string());
@@ -522,6 +527,7 @@ fn own_record(
         r.token = Some(token);
         r.holder = Some(holder);
         r.expires_ms = expires.ok_or("annotation leasehold.io/expires missing on a held lease")?;
+        r.unclaimed = get("unclaimed").is_some_and(|v| v == "true");
     }
     r.ttl_ms = num("ttl-ms")?.unwrap_or(0);
     r.acquired_ms = micro_ms(&spec.acquire_time);
@@ -582,6 +588,7 @@ impl RecordStore for KubernetesStore {
             liveness: false,
             fence_source: "the API server's resourceVersion (an etcd revision), kept in the leasehold.io/fence annotation",
             waiter_line: true,
+            release_grants: true,
             permits: true,
             expiry_clock: crate::store::ExpiryClock::Clients,
         }

@@ -343,6 +343,7 @@ impl<B: Backend> Objects<B> {
             liveness: false,
             fence_source: "the writer's wall clock in microseconds, above the previous fence and, after cleanup, the fence high-water mark (ETags are hashes, not counters)",
             waiter_line: true,
+            release_grants: true,
             permits: true,
             expiry_clock: crate::store::ExpiryClock::ServerDates,
         }

@@ -552,6 +552,7 @@ impl LockStore for PostgresStore {
             liveness: false,
             fence_source: "a PostgreSQL sequence per table, never lowered by cleanup",
             waiter_line: false,
+            release_grants: false,
             permits: true,
             expiry_clock: crate::store::ExpiryClock::Server,
         }

@@ -456,9 +456,17 @@ impl RedisStore {
 
     /// A call of `script` (one of ours that takes one key) on `key` with `args`.
     fn one_key(script: &Lua, key: String, args: &[&str]) -> ScriptCall {
-        let bytes = key.len() + args.iter().map(|a| a.len()).sum::<usize>();
-        let mut call = script.prepare(1, args.len(), bytes);
-        call.arg(key);
+        Self::keys_call(script, &[key], args)
+    }
+
+    /// A call of `script` with `keys`, then `args`.
+    fn keys_call(script: &Lua, keys: &[String], args: &[&str]) -> ScriptCall {
+        let bytes = keys.iter().map(String::len).sum::<usize>()
+            + args.iter().map(|a| a.len()).sum::<usize>();
+        let mut call = script.prepare(keys.len(), args.len(), bytes);
+        for k in keys {
+            call.arg(k);
+        }
         for a in args {
             call.arg(*a);
         }
@@ -607,10 +615,15 @@ impl RedisStore {
         }
     }
 
-    /// The release script call for `token` on `key` (the same for every Redlock node).
-    pub(crate) fn release_call(&self, key: &Key, token: &str) -> ScriptCall {
+    /// The release script call for `token` on `key`; with `grant`, the release grants the lease
+    /// to the first in line ([`crate::Capabilities::release_grants`]; not on Redlock's nodes,
+    /// whose waiters are registered on each node apart, so that nodes could grant different
+    /// waiters and none win a majority).
+    pub(crate) fn release_call(&self, key: &Key, token: &str, grant: bool) -> ScriptCall {
         let script = &self.inner.scripts.release;
-        Self::one_key(script, self.record_key(key), &[token, &json_str(token)])
+        let keys = [self.record_key(key), self.fence_key(key)];
+        let grant = if grant { "1" } else { "0" };
+        Self::keys_call(script, &keys, &[token, &json_str(token), grant])
     }
 
     /// The release script's answer as an outcome.
@@ -677,6 +690,7 @@ impl LockStore for RedisStore {
             liveness: false,
             fence_source: "INCR of a per-key counter key in the acquire script",
             waiter_line: true,
+            release_grants: true,
             permits: true,
             expiry_clock: crate::store::ExpiryClock::Server,
         }
@@ -730,7 +744,7 @@ impl LockStore for RedisStore {
 
     async fn release(&self, key: &Key, token: &str) -> Result<ReleaseOutcome> {
         self.check(key)?;
-        let answer = self.call(&self.release_call(key, token)).await?;
+        let answer = self.call(&self.release_call(key, token, true)).await?;
         Ok(Self::release_answer(answer))
     }
 
@@ -738,7 +752,11 @@ impl LockStore for RedisStore {
         self.check(key)?;
         let script = &self.inner.scripts.withdraw;
         let _: i64 = self
-            .call(&Self::one_key(script, self.record_key(key), &[token]))
+            .call(&Self::keys_call(
+                script,
+                &[self.record_key(key), self.fence_key(key)],
+                &[token],
+            ))
             .await?;
         Ok(())
     }

@@ -33,8 +33,60 @@ pub(crate) struct Hub {
     timeout: Duration,
 }
 
-/// Each channel's watch sender and how many subscriptions share it.
-type SubMap = Mutex<HashMap<String, (watch::Sender<()>, usize)>>;
+/// What the subscriptions of one record's channel share.
+struct Channel {
+    /// Woken by every message.
+    all: watch::Sender<()>,
+    /// Woken by every message but a grant (`granted:<token>`, see [`RedisWatch`]).
+    general: watch::Sender<()>,
+    /// The waiting acquisitions of this process on the record, by token: a grant to one of
+    /// them wakes it alone.
+    waiters: HashMap<String, Arc<tokio::sync::Notify>>,
+    /// How many subscriptions share the channel.
+    count: usize,
+}
+
+impl Channel {
+    fn new() -> Self {
+        Channel {
+            all: watch::Sender::new(()),
+            general: watch::Sender::new(()),
+            waiters: HashMap::new(),
+            count: 0,
+        }
+    }
+
+    /// Wakes the subscriptions a message concerns: a grant wakes the waiter it names (if it is
+    /// one of ours) and the subscriptions that follow every change; anything else wakes all.
+    fn heard(&self, payload: &[u8]) {
+        self.all.send_replace(());
+        match payload.strip_prefix(b"granted:") {
+            Some(token) => {
+                if let Some(n) = std::str::from_utf8(token)
+                    .ok()
+                    .and_then(|t| self.waiters.get(t))
+                {
+                    n.notify_one();
+                }
+            }
+            None => {
+                self.general.send_replace(());
+            }
+        }
+    }
+
+    /// Wakes every subscription (the hub ended).
+    fn wake_all(&self) {
+        self.all.send_replace(());
+        self.general.send_replace(());
+        for n in self.waiters.values() {
+            n.notify_one();
+        }
+    }
+}
+
+/// Each record channel's subscriptions.
+type SubMap = Mutex<HashMap<String, Channel>>;
 type Subs = Arc<SubMap>;
 
 impl Hub {
@@ -67,8 +119,8 @@ impl Hub {
                     break;
                 };
                 let map = subs.lock();
-                if let Some((tx, _)) = map.get(msg.get_channel_name()) {
-                    tx.send_replace(());
+                if let Some(c) = map.get(msg.get_channel_name()) {
+                    c.heard(msg.get_payload_bytes());
                 }
             }
             hub_ended(&ended, &fan);
@@ -104,15 +156,14 @@ impl Hub {
     ) -> Result<RedisWatch> {
         let (rx, first) = {
             let mut map = self.subs.lock();
-            let entry = map
-                .entry(channel.clone())
-                .or_insert_with(|| (watch::Sender::new(()), 0));
-            entry.1 += 1;
-            (entry.0.subscribe(), entry.1 == 1)
+            let entry = map.entry(channel.clone()).or_insert_with(Channel::new);
+            entry.count += 1;
+            (entry.all.subscribe(), entry.count == 1)
         };
         let (mut sink, subs) = (self.sink.clone(), self.subs.clone());
         let w = RedisWatch {
             rx,
+            waiter: None,
             subs,
             channel: channel.clone(),
             sink: sink.clone(),
@@ -139,8 +190,8 @@ impl Hub {
 fn hub_ended(alive: &watch::Sender<bool>, subs: &Weak<SubMap>) {
     alive.send_replace(false);
     if let Some(subs) = subs.upgrade() {
-        for (tx, _) in subs.lock().values() {
-            tx.send_replace(());
+        for c in subs.lock().values() {
+            c.wake_all();
         }
     }
 }
@@ -187,9 +238,12 @@ async fn check(
     }
 }
 
-/// A pub/sub subscription to one record's channel.
+/// A pub/sub subscription to one record's channel. It wakes at every message, or, once made a
+/// waiter's ([`ChangeWatch::for_waiter`]), at every message but a grant to another waiter.
 pub(super) struct RedisWatch {
     rx: watch::Receiver<()>,
+    /// The waiting acquisition's token and its wake-up, once made a waiter's.
+    waiter: Option<(String, Arc<tokio::sync::Notify>)>,
     subs: Subs,
     channel: String,
     sink: PubSubSink,
@@ -208,13 +262,36 @@ impl std::fmt::Debug for RedisWatch {
 #[async_trait]
 impl ChangeWatch for RedisWatch {
     async fn changed(&mut self) {
-        if self.rx.changed().await.is_err() {
-            std::future::pending::<()>().await;
+        let any = async {
+            if self.rx.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        };
+        match &self.waiter {
+            Some((_, granted)) => tokio::select! {
+                _ = any => {}
+                _ = granted.notified() => {}
+            },
+            None => any.await,
         }
     }
 
     fn stale(&self) -> bool {
         !*self.alive.borrow()
+    }
+
+    fn for_waiter(&mut self, token: &str) -> bool {
+        let mut map = self.subs.lock();
+        let Some(c) = map.get_mut(&self.channel) else {
+            return false;
+        };
+        let n = Arc::new(tokio::sync::Notify::new());
+        c.waiters.insert(token.to_owned(), n.clone());
+        let mut rx = c.general.subscribe();
+        rx.mark_unchanged();
+        self.rx = rx;
+        self.waiter = Some((token.to_owned(), n));
+        true
     }
 }
 
@@ -224,8 +301,11 @@ impl Drop for RedisWatch {
             let mut map = self.subs.lock();
             match map.get_mut(&self.channel) {
                 Some(e) => {
-                    e.1 -= 1;
-                    if e.1 == 0 {
+                    if let Some((t, _)) = &self.waiter {
+                        e.waiters.remove(t);
+                    }
+                    e.count -= 1;
+                    if e.count == 0 {
                         map.remove(&self.channel);
                         true
                     } else {

@@ -107,17 +107,22 @@ const RENEW: &str = concat!("\n", include_str!("lua/renew.lua"));
 /// waiter has a key TTL equal to the lease's, so its key existing means the lease is live. It
 /// publishes only when a subscribed contender marked the record `"watched":true`.
 ///
-/// KEYS: record. ARGV: token, token as a JSON string. Returns 1 released, 0 not ours (2: ours but
+/// KEYS: record, fence counter. ARGV: token, token as a JSON string, '1' when the release grants
+/// the lease to the first in line (see [`RELEASE`]). Returns 1 released, 0 not ours (2: ours but
 /// already expired).
 const RELEASE_OURS: &str = concat!("\n", include_str!("lua/release_ours.lua"));
 
 /// The rest of the release script (after [`RELEASE_OURS`] and the [`PRELUDE`]). A lock's release
-/// always publishes here; a permit's (it alone leaves its key's permit table) publishes when
+/// is the grant (when asked): the live registered waiter becomes the holder, unclaimed, with the
+/// next fence, for what is left of its place, and the release publishes `granted:<its token>`,
+/// which wakes that waiter alone; with nobody in line it publishes `released`, which wakes every
+/// subscriber. A lock's release always publishes here; a permit's (it alone leaves its key's permit table) publishes when
 /// somebody waits in line or a subscribed contender marked the record `"watched":true`.
 const RELEASE: &str = concat!("\n", include_str!("lua/release.lua"));
 
-/// KEYS: record. ARGV: token. Takes the token out of the line (and out of a read-write key's
-/// waiting writers); publishes when it was the first in line (the next may now take a free
+/// KEYS: record, fence counter. ARGV: token. A lease a release granted the token and it has not
+/// claimed is released (granted to the next in line, as [`RELEASE`] does). Otherwise takes the
+/// token out of the line (and out of a read-write key's waiting writers); publishes when it was the first in line (the next may now take a free
 /// lease), and on a semaphore or read-write key wherever it stood (those behind it may now have
 /// room).
 const WITHDRAW: &str = concat!("\n", include_str!("lua/withdraw.lua"));
@@ -496,7 +501,7 @@ impl Scripts {
             release: Lua::coalesced(
                 "",
                 format!("{RELEASE_OURS}{PRELUDE}{RELEASE}"),
-                (1, 2),
+                (2, 3),
                 RELEASE_LANE,
                 None,
             ),

@@ -264,6 +264,7 @@ impl LockStore for RedlockStore {
             liveness: false,
             fence_source: "maximum of the per-node INCR fences over the granting majority",
             waiter_line: false,
+            release_grants: false,
             permits: false,
             expiry_clock: crate::store::ExpiryClock::Server,
         }
@@ -344,7 +345,7 @@ impl LockStore for RedlockStore {
         }
         if !granted.is_empty() {
             // Undo the minority (or too slow) grants everywhere; the script frees only our token.
-            let call = self.first().release_call(&req.key, &req.token);
+            let call = self.first().release_call(&req.key, &req.token, false);
             let _ = self.all(|n| n.call::<i64>(&call)).await;
         }
         let answered = granted.len() + held.len();
@@ -422,7 +423,7 @@ impl LockStore for RedlockStore {
         // Every node answers (or times out) before the release does: a release answered by a
         // majority alone would leave the record on a slower node for a moment, which `inspect`
         // and `list` (the union of the nodes' records) would still show.
-        let call = self.first().release_call(key, token);
+        let call = self.first().release_call(key, token, false);
         let answers = self.answers(|n| n.call::<i64>(&call)).await?;
         let released = answers
             .into_iter()

@@ -29,6 +29,15 @@ if type(r) == 'table' then
     -- `valid_until` counts from this attempt's send, never from the lost grant's.
     local ttl = tonumber(ARGV[3])
     if at == 0 then clear_waiter(r); tidy(r) elseif at ~= nil then table.remove(r.queue, at) end
+    if r.unclaimed == true then
+      -- Granted by the previous holder's release: claimed with our holder, process and labels,
+      -- and, for a block of fences, a new block above the grant's one fence.
+      local n = tonumber(ARGV[4])
+      if n > 1 then r.fence = redis.call('INCRBY', KEYS[2], n) end
+      local mine = cjson.decode(ARGV[1] .. '0,"acquired":0,"renewed":0,"expires":0' .. ARGV[2])
+      r.holder = mine.holder; r.pid = mine.pid; r.host = mine.host; r.labels = mine.labels
+      r.acquired = now; r.unclaimed = nil
+    end
     r.renewed = now; r.expires = now + ttl; r.ttl_ms = ttl
     return {1, put(r, KEYS[1])}
   end

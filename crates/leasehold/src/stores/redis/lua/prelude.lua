@@ -132,7 +132,28 @@ local function put(r, k)
   return raw
 end
 local function freed(r)
-  r.holder = cjson.null; r.token = cjson.null; r.expires = 0; r.renewed = now
+  r.holder = cjson.null; r.token = cjson.null; r.expires = 0; r.renewed = now; r.unclaimed = nil
   tidy(r)
   return r
+end
+-- The release is the grant: makes the live registered waiter of the freed record `r` its holder,
+-- unclaimed, with the next fence from the counter `fk`, for what is left of its place (the
+-- place's lifetime as the TTL), until its next acquire attempt claims it; the next in line moves
+-- up. Returns the granted token, or nil when nobody is in line.
+local function grant_first(r, fk)
+  if not live_waiter(r) then return nil end
+  local t = str(r.waiter_token)
+  local ttl = num(r.waiter_ttl_ms)
+  if ttl <= 0 then ttl = math.max(num(r.ttl_ms), 5000) end
+  r.fence = redis.call('INCRBY', fk, 1)
+  r.holder = r.waiter; r.token = t; r.acquired = now; r.renewed = now
+  r.expires = num(r.waiter_expires); r.ttl_ms = ttl
+  r.pid = cjson.null; r.host = cjson.null; r.labels = {}; r.unclaimed = true
+  clear_waiter(r); tidy(r)
+  return t
+end
+-- Publishes a release of `k`: the granted token, if the release granted the lease, so that only
+-- its waiter wakes; else 'released', which wakes every waiter.
+local function publish_release(k, granted)
+  if granted then redis.call('PUBLISH', k, 'granted:' .. granted) else redis.call('PUBLISH', k, 'released') end
 end

@@ -19,7 +19,10 @@ if type(r) == 'table' and permits(r) ~= nil then
 end
 if type(r) ~= 'table' or str(r.token) ~= ARGV[1] then return 0 end
 local was_held = held(r)
-put(freed(r), KEYS[1])
-redis.call('PUBLISH', KEYS[1], 'released')
+freed(r)
+local granted = nil
+if ARGV[3] == '1' then granted = grant_first(r, KEYS[2]) end
+put(r, KEYS[1])
+publish_release(KEYS[1], granted)
 if was_held then return 1 end
 return 2

@@ -1,5 +1,13 @@
 local r = decode(redis.pcall('GET', KEYS[1]))
 if type(r) ~= 'table' then return 0 end
+if r.unclaimed == true and str(r.token) == ARGV[1] then
+  -- Granted by a release and not claimed: released, to the next in line.
+  freed(r)
+  local granted = grant_first(r, KEYS[2])
+  put(r, KEYS[1])
+  publish_release(KEYS[1], granted)
+  return 1
+end
 local at = place(r, ARGV[1])
 if at == nil then return 0 end
 if at == 0 then clear_waiter(r) else table.remove(r.queue, at) end
