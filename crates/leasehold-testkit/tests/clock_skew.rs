@@ -138,6 +138,106 @@ fn held_fence(line: &str) -> u64 {
         .unwrap_or_else(|| panic!("expected `held FENCE`, got {line:?}"))
 }
 
+/// The `leasehold.io/` annotations of `key`'s Lease, read with the API.
+fn lease_annotations(s: &ApiServer, key: &str) -> Option<Value> {
+    let path = format!("/apis/coordination.k8s.io/v1/namespaces/{NS}/leases");
+    let (code, body) = http_request(s.port, "GET", &path, &[], "").unwrap();
+    assert_eq!(code, 200, "{body}");
+    let list: Value = serde_json::from_str(&body).unwrap();
+    list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["metadata"]["annotations"]["leasehold.io/key"] == key)
+        .map(|l| l["metadata"]["annotations"].clone())
+}
+
+/// Awaits `key`'s Lease annotations satisfying `ok` (looked at every 20 ms, for at most 20 s).
+fn until_lease(s: &ApiServer, key: &str, what: &str, ok: impl Fn(&Value) -> bool) -> Value {
+    let give_up = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(a) = lease_annotations(s, key).filter(|a| ok(a)) {
+            return a;
+        }
+        assert!(
+            Instant::now() < give_up,
+            "{key}: not {what} after 20 s: {:?}",
+            lease_annotations(s, key)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Sends `sig` to the process group of `child`.
+fn signal(child: &Child, sig: i32) {
+    if let Ok(pid) = i32::try_from(child.id()) {
+        // SAFETY: a signal to the process group this test started (its leader is `child`).
+        unsafe { libc::kill(-pid, sig) };
+    }
+}
+
+/// The release is the grant: the holder's release hands the lease to the first in line, a waiter
+/// whose clock is two minutes ahead and which is paused (SIGSTOP) before it can claim it. The
+/// grant lasts only what was left of its place (judged by observation, not by its clock): the
+/// next waiter, two minutes behind, gets the lease within the place's lifetime plus one
+/// observation, fenced above the grant; the paused waiter, continued, does not take it back.
+#[test]
+fn a_paused_waiter_ahead_in_time_keeps_its_grant_only_for_its_place() {
+    let s = shared_apiserver();
+    let url = s.store_url(NS);
+    let key = "skew/granted-paused";
+    let ttl = TTL_MS.to_string();
+    let mut holder = Worker::start(None, &["hold", &url, key, &ttl]);
+    held_fence(&holder.line(Duration::from_secs(20)).expect("holder"));
+    let (tx, printed) = mpsc::channel();
+    let (paused, _) = Worker::spawn(Some(AHEAD), &["hold", &url, key, &ttl], tx.clone());
+    let paused = Children(vec![paused]);
+    until_lease(&s, key, "waited for", |a| {
+        a["leasehold.io/waiter-token"].is_string()
+    });
+    let (next, _) = Worker::spawn(Some(BEHIND), &["hold", &url, key, &ttl], tx);
+    let _next = Children(vec![next]);
+    until_lease(&s, key, "queued for", |a| {
+        a["leasehold.io/queue"]
+            .as_str()
+            .is_some_and(|q| q.contains("token"))
+    });
+    signal(&paused.0[0], libc::SIGSTOP);
+    signal(&holder.child, libc::SIGTERM);
+    assert_eq!(
+        holder.child.wait().unwrap().code(),
+        Some(0),
+        "the holder's exit"
+    );
+    let released = Instant::now();
+    let granted = until_lease(&s, key, "granted", |a| {
+        a["leasehold.io/unclaimed"] == "true"
+    });
+    let grant_fence: u64 = granted["leasehold.io/fence"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    // The place's lifetime (the TTL here), one observation (TTL + 1 % + 2 ms), the waiter's
+    // next look (at most 500 ms apart) and a moment to print.
+    let limit = Duration::from_millis(TTL_MS + TTL_MS + TTL_MS / 100 + 2 + 500 + 700);
+    let (taker, line) = printed
+        .recv_timeout(limit)
+        .unwrap_or_else(|_| panic!("nobody took the unclaimed grant's lease within {limit:?}"));
+    assert!(taker.contains(BEHIND), "{taker} printed {line:?}");
+    let fence = held_fence(&line);
+    assert!(
+        fence > grant_fence,
+        "fence {fence} after the grant's {grant_fence}"
+    );
+    eprintln!("taken {:?} after the release", released.elapsed());
+    // Continued, the paused waiter finds the lease held and waits.
+    signal(&paused.0[0], libc::SIGCONT);
+    if let Ok((who, line)) = printed.recv_timeout(Duration::from_millis(2 * TTL_MS)) {
+        panic!("{who} printed {line:?} while the lagging waiter holds the lease");
+    }
+}
+
 /// Deletes the Lease of `key` with the API, as `kubectl delete lease` does.
 fn delete_lease(s: &ApiServer, key: &str) {
     let path = format!("/apis/coordination.k8s.io/v1/namespaces/{NS}/leases");

@@ -218,6 +218,12 @@ impl LeaseRecord {
 /// a contender that finds the line full waits without a place in it, polling.
 pub const QUEUE_LIMIT: usize = 63;
 
+/// The prefix of the token a store gives a waiter registration that another client wrote in its
+/// own fields (the single-waiter GCS lock service's `waitingOwnerId`). Such a waiter knows
+/// nothing of grants: a release only reserves the lease for it, as that client expects, and it
+/// takes the lease itself.
+pub(crate) const FOREIGN_WAITER: &str = "gcs-waiter:";
+
 /// A waiter in line for a lease ([`LeaseRecord::queue`]): who, the token of its acquisition, and
 /// when its place lapses unless the waiter renews it (on the waiter's clock, judged like the
 /// registered waiter's `waiter_expires`).

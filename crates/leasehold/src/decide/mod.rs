@@ -554,7 +554,8 @@ fn release_lease(
 /// lasts for what is left of the waiter's place, with the place's lifetime as its TTL (so a
 /// reader that judges by observation lets it lapse as the place would have), until the waiter's
 /// next acquire attempt claims it. The next in line moves up. Nothing changes when nobody is
-/// in line, or when the fence cannot grow.
+/// in line, when the waiter is another client's ([`crate::record::FOREIGN_WAITER`]: it takes a
+/// free lease itself), or when the fence cannot grow.
 fn grant_to_first_in_line(f: &mut LeaseRecord, rules: &Rules) {
     let (Some(waiter), Some(token), Some(expires)) = (
         f.waiter.clone(),
@@ -563,6 +564,9 @@ fn grant_to_first_in_line(f: &mut LeaseRecord, rules: &Rules) {
     ) else {
         return;
     };
+    if token.starts_with(crate::record::FOREIGN_WAITER) {
+        return;
+    }
     let Some(next) = f.fence.checked_add(1) else {
         return;
     };

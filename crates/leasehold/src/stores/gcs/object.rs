@@ -30,7 +30,7 @@ pub(super) const FOREIGN_TOKEN: &str = "gcs-owner:";
 
 /// The waiter token leasehold reads for a waiter another client registered: this prefix and its
 /// `waitingOwnerId`. Never written.
-pub(super) const FOREIGN_WAITER: &str = "gcs-waiter:";
+pub(super) use crate::record::FOREIGN_WAITER;
 
 const OWNER: &str = "ownerId";
 const EXPIRES: &str = "expiresAt";
