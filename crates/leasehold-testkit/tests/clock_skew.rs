@@ -192,12 +192,12 @@ fn a_paused_waiter_ahead_in_time_keeps_its_grant_only_for_its_place() {
     let (tx, printed) = mpsc::channel();
     let (paused, _) = Worker::spawn(Some(AHEAD), &["hold", &url, key, &ttl], tx.clone());
     let paused = Children(vec![paused]);
-    until_lease(&s, key, "waited for", |a| {
+    until_lease(s, key, "waited for", |a| {
         a["leasehold.io/waiter-token"].is_string()
     });
     let (next, _) = Worker::spawn(Some(BEHIND), &["hold", &url, key, &ttl], tx);
     let _next = Children(vec![next]);
-    until_lease(&s, key, "queued for", |a| {
+    until_lease(s, key, "queued for", |a| {
         a["leasehold.io/queue"]
             .as_str()
             .is_some_and(|q| q.contains("token"))
@@ -210,7 +210,7 @@ fn a_paused_waiter_ahead_in_time_keeps_its_grant_only_for_its_place() {
         "the holder's exit"
     );
     let released = Instant::now();
-    let granted = until_lease(&s, key, "granted", |a| {
+    let granted = until_lease(s, key, "granted", |a| {
         a["leasehold.io/unclaimed"] == "true"
     });
     let grant_fence: u64 = granted["leasehold.io/fence"]
