@@ -210,9 +210,7 @@ fn a_paused_waiter_ahead_in_time_keeps_its_grant_only_for_its_place() {
         "the holder's exit"
     );
     let released = Instant::now();
-    let granted = until_lease(s, key, "granted", |a| {
-        a["leasehold.io/unclaimed"] == "true"
-    });
+    let granted = until_lease(s, key, "granted", |a| a["leasehold.io/unclaimed"] == "true");
     let grant_fence: u64 = granted["leasehold.io/fence"]
         .as_str()
         .unwrap()

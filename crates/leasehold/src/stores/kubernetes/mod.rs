@@ -718,6 +718,8 @@ impl RecordStore for KubernetesStore {
         let mut rv = list.metadata.resource_version.unwrap_or_default();
         let (tx, rx) = tokio::sync::watch::channel(0u64);
         let api = self.api.clone();
+        let waiter: std::sync::Arc<parking_lot::Mutex<Option<String>>> = Default::default();
+        let serves = waiter.clone();
         let task = tokio::spawn(async move {
             let wp = WatchParams::default().fields(&fields).timeout(290);
             let mut backoff = Duration::from_millis(50);
@@ -741,10 +743,12 @@ impl RecordStore for KubernetesStore {
                         Ok(
                             WatchEvent::Added(l) | WatchEvent::Modified(l) | WatchEvent::Deleted(l),
                         ) => {
-                            if let Some(v) = l.metadata.resource_version {
+                            if let Some(v) = l.metadata.resource_version.clone() {
                                 rv = v;
                             }
-                            tx.send_modify(|n| *n += 1);
+                            if concerns(&l, serves.lock().as_deref()) {
+                                tx.send_modify(|n| *n += 1);
+                            }
                         }
                         Ok(WatchEvent::Bookmark(b)) => rv = b.metadata.resource_version,
                         Ok(WatchEvent::Error(_)) | Err(_) => {
@@ -757,7 +761,24 @@ impl RecordStore for KubernetesStore {
                 }
             }
         });
-        Ok(Some(Box::new(LeaseWatch { rx, task })))
+        Ok(Some(Box::new(LeaseWatch { rx, task, waiter })))
+    }
+}
+
+/// Whether a change that left `lease` as it is concerns the waiting acquisition `waiter` (any
+/// change concerns a watch that serves no waiter): the key came free, or is granted to it, or
+/// cannot be read. A lease another holds, claimed or granted, does not: the waiter stays in line
+/// (its place is renewed by its timer), and the release that ends that lease wakes it.
+fn concerns(lease: &Lease, waiter: Option<&str>) -> bool {
+    let Some(me) = waiter else {
+        return true;
+    };
+    match from_lease(lease) {
+        Ok(r) => match r.token.as_deref() {
+            None => true,
+            Some(t) => t == me,
+        },
+        Err(_) => true,
     }
 }
 
@@ -765,6 +786,8 @@ impl RecordStore for KubernetesStore {
 struct LeaseWatch {
     rx: tokio::sync::watch::Receiver<u64>,
     task: tokio::task::JoinHandle<()>,
+    /// The waiting acquisition it serves ([`ChangeWatch::for_waiter`]), read by the task.
+    waiter: std::sync::Arc<parking_lot::Mutex<Option<String>>>,
 }
 
 impl fmt::Debug for LeaseWatch {
@@ -786,6 +809,11 @@ impl ChangeWatch for LeaseWatch {
             // The watching task is gone: fall back to polling.
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
+    }
+
+    fn for_waiter(&mut self, token: &str) -> bool {
+        *self.waiter.lock() = Some(token.to_owned());
+        true
     }
 }
 
