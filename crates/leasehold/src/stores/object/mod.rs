@@ -28,10 +28,14 @@ pub(crate) mod sign;
 pub(crate) mod transport;
 
 #[cfg(any(feature = "s3", feature = "azure"))]
+mod floor;
+#[cfg(any(feature = "s3", feature = "azure"))]
 mod objects;
 
 #[cfg(all(feature = "fuzzing", any(feature = "s3", feature = "azure")))]
 pub(crate) use objects::decode;
+#[cfg(any(feature = "s3", feature = "azure"))]
+pub(crate) use floor::ObjectFloor;
 #[cfg(any(feature = "s3", feature = "azure"))]
 pub(crate) use objects::{object_record_store, xml_values, Backend, Call, Objects, Page};
 #[cfg(any(feature = "s3", feature = "azure"))]
