@@ -105,9 +105,8 @@ pub(crate) async fn bench(store: Arc<dyn LockStore>, args: BenchArgs) -> Result<
         leasehold::now_ms()
     );
     let mut rows = vec![];
-    let runs = args.tasks.len()
-        * if args.no_hot { 1 } else { 2 }
-        * if floor.is_some() { 2 } else { 1 };
+    let runs =
+        args.tasks.len() * if args.no_hot { 1 } else { 2 } * if floor.is_some() { 2 } else { 1 };
     let bar = crate::progress::bar(
         u64::try_from(runs).unwrap_or(u64::MAX),
         "[{bar:20}] {pos}/{len} rows  {msg}",

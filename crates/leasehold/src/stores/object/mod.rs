@@ -32,10 +32,10 @@ mod floor;
 #[cfg(any(feature = "s3", feature = "azure"))]
 mod objects;
 
-#[cfg(all(feature = "fuzzing", any(feature = "s3", feature = "azure")))]
-pub(crate) use objects::decode;
 #[cfg(any(feature = "s3", feature = "azure"))]
 pub(crate) use floor::ObjectFloor;
+#[cfg(all(feature = "fuzzing", any(feature = "s3", feature = "azure")))]
+pub(crate) use objects::decode;
 #[cfg(any(feature = "s3", feature = "azure"))]
 pub(crate) use objects::{object_record_store, xml_values, Backend, Call, Objects, Page};
 #[cfg(any(feature = "s3", feature = "azure"))]

@@ -35,14 +35,18 @@ impl RedlockFloor {
 
     /// Releases the values each node was given (`None`: not granted there).
     async fn release_values(&self, key: &Key, values: &[Option<String>]) -> Result<()> {
-        let calls = self.nodes.iter().zip(values).map(|(node, value)| async move {
-            match value {
-                Some(v) => tokio::time::timeout(self.timeout, node.release_value(key, v))
-                    .await
-                    .unwrap_or_else(|_| Err(crate::error::Error::no_answer(&self.described))),
-                None => Ok(()),
-            }
-        });
+        let calls = self
+            .nodes
+            .iter()
+            .zip(values)
+            .map(|(node, value)| async move {
+                match value {
+                    Some(v) => tokio::time::timeout(self.timeout, node.release_value(key, v))
+                        .await
+                        .unwrap_or_else(|_| Err(crate::error::Error::no_answer(&self.described))),
+                    None => Ok(()),
+                }
+            });
         // A node that did not answer keeps its value until its PX: the majority released it.
         let answers = join_all(calls).await;
         let released = answers.iter().filter(|r| r.is_ok()).count();
