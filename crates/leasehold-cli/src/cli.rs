@@ -574,6 +574,17 @@ pub(crate) struct BenchArgs {
     /// number of tasks, and the rates against the number of tasks.
     #[arg(long, value_name = "FILE.svg")]
     pub(crate) plot: Option<std::path::PathBuf>,
+
+    /// Also measure the store's floor beside every row: the cheapest correct raw operations on
+    /// this store (Redis: INCR + SET NX PX in one script, compare-and-delete; PostgreSQL: a
+    /// fenced upsert of the store's row; etcd: a create-if-absent txn, delete; Kubernetes: a
+    /// Lease create, delete; object stores: a conditional create, delete, and on the hot key a
+    /// read first; file: open(O_CREAT|O_EXCL), unlink) with the same tasks for as long, through
+    /// the store's own connection. Adds the floor's per-second figure and RATIO = leasehold's /
+    /// the floor's, and, where the store counts its requests (object stores), requests per cycle
+    /// or handoff. A store without a floor says so and measures nothing.
+    #[arg(long)]
+    pub(crate) floor: bool,
 }
 
 /// Options of `watch`.

@@ -4,8 +4,8 @@
 //! `cargo bench -p leasehold-testkit --bench etcd` (about a minute), `-- --quick` for a smoke run.
 //!
 //! 1. Acquire+release cycles/s with 1, 8 and 64 concurrent tasks over distinct keys: (a) the raw
-//!    floor — a transaction creating the key if its create revision is 0, attached to a lease,
-//!    then a delete, through the same client crate; (b) etcd's own `Lock`/`Unlock` RPCs (also
+//!    floor — the library's ([`leasehold::floor`]: a transaction creating the key if its create
+//!    revision is 0, attached to a lease, then a delete, through the store's own client); (b) etcd's own `Lock`/`Unlock` RPCs (also
 //!    attached to one lease); (c) leasehold `etcd://`. Each row gives its ratio to both floors.
 //! 2. A hot key: 8 tasks in each of two clients (two processes' worth of sessions) contending on
 //!    one key, acquire and release at once, again: handoffs/s and the handoff time — from a
@@ -14,7 +14,7 @@
 
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use etcd_client::{Client, Compare, CompareOp, LockOptions, PutOptions, Txn, TxnOp};
+use etcd_client::{Client, LockOptions};
 use leasehold_testkit::etcd_cluster::store_url;
 use leasehold_testkit::servers::EtcdServer;
 use std::sync::{Arc, Mutex};
@@ -48,26 +48,26 @@ async fn throughput(server: &EtcdServer, who: Who, tasks: usize, dur: Duration) 
     let locks = leasehold::connect(&format!("{}?prefix=bench/", store_url(server)))
         .await
         .unwrap();
+    let floor = leasehold::open_store(&format!("{}?prefix=bench/", store_url(server)))
+        .await
+        .unwrap()
+        .floor()
+        .expect("the etcd store has a floor");
     let run = fastrand::u32(..);
     let end = Instant::now() + dur;
     let mut handles = vec![];
     for t in 0..tasks {
-        let (mut c, locks) = (client.clone(), locks.clone());
+        let (mut c, locks, floor) = (client.clone(), locks.clone(), floor.clone());
         handles.push(tokio::spawn(async move {
             let mut n = 0u64;
             while Instant::now() < end {
                 let key = format!("bench-{run}/{t}/{n}");
                 match who {
                     Who::RawTxn => {
-                        let txn = Txn::new()
-                            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-                            .and_then([TxnOp::put(
-                                key.clone(),
-                                "token",
-                                Some(PutOptions::new().with_lease(lease)),
-                            )]);
-                        assert!(c.txn(txn).await.unwrap().succeeded());
-                        c.delete(key, None).await.unwrap();
+                        floor
+                            .cycle(&leasehold::Key::new(key).unwrap())
+                            .await
+                            .unwrap();
                     }
                     Who::LockRpc => {
                         let got = c

@@ -3,8 +3,9 @@
 //!
 //! `cargo bench -p leasehold-testkit --bench gcs` (about 15 s), `-- --quick` for a smoke run.
 //!
-//! 1. Floor: one raw conditional create (`ifGenerationMatch=0`) + one conditional delete of a new
-//!    object per cycle, through the store's own client.
+//! 1. Floor: the library's ([`leasehold::floor`]): one raw conditional create
+//!    (`ifGenerationMatch=0`) + one conditional delete of a new object per cycle, through the
+//!    store's own client.
 //! 2. Uncontended acquire + release on new keys, one at a time (the target: ≤ 2 requests
 //!    per cycle, ≥ 0.9× the floor's cycles/s).
 //! 3. Uncontended acquire + release of one key again and again (the adapter's remembered version).
@@ -65,17 +66,14 @@ fn report(what: &str, n: usize, took: Duration, mut lat: Vec<Duration>, requests
 
 async fn floor(server: &GcsServer, n: usize) -> Figures {
     let s = store(server, "bench-floor").await;
+    let floor = s.floor().expect("the GCS store has a floor");
     let before = s.requests();
     let mut lat = Vec::with_capacity(n);
     let t0 = Instant::now();
     for i in 0..n {
         let key = Key::new(format!("raw-{i}")).unwrap();
         let t = Instant::now();
-        let g = s
-            .create(&key, &LeaseRecord::free(key.as_str(), 1))
-            .await
-            .unwrap();
-        assert!(s.delete(&key, &g.expect("created")).await.unwrap());
+        floor.cycle(&key).await.unwrap();
         lat.push(t.elapsed());
     }
     report(

@@ -5,8 +5,9 @@
 //! `cargo bench -p leasehold-testkit --bench object_stores` (about 1 minute), `-- --quick` for a
 //! smoke run.
 //!
-//! 1. Floor: one raw conditional create (`If-None-Match: *`) and one conditional delete
-//!    (`If-Match`) of an object, through the store's own client, one at a time: cycles/s.
+//! 1. Floor: the library's ([`leasehold::floor`]): one raw conditional create
+//!    (`If-None-Match: *`) and one conditional delete (`If-Match`) of an object, through the
+//!    store's own client, one at a time: cycles/s.
 //! 2. Uncontended acquire + release of one key, one at a time: cycles/s (and its ratio to the
 //!    floor; the target is ≥ 0.9), p50/p99 latency, and requests per cycle (every record-store
 //!    call is one HTTP request; counted by a wrapper; the target is ≤ 2).
@@ -90,8 +91,20 @@ async fn timed<F: Future<Output = ()>>(
     (n as f64 / start.elapsed().as_secs_f64(), lat)
 }
 
-/// The store's raw conditional create + delete (the floor), as a boxed future per cycle.
+/// One cycle of a raw operation per call (the floor, the overwrites), as a boxed future.
 type Floor = Arc<dyn Fn(usize) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
+
+/// The store's own floor ([`leasehold::floor`]): a raw conditional create + delete per cycle.
+fn library_floor(store: &impl RecordStore) -> Floor {
+    let floor = store.floor().expect("the object stores have a floor");
+    Arc::new(move |i| {
+        let floor = floor.clone();
+        Box::pin(async move {
+            let key = Key::new(format!("floor-{i}")).unwrap();
+            floor.cycle(&key).await.unwrap();
+        })
+    })
+}
 
 async fn bench<R: RecordStore>(
     what: &str,
@@ -245,19 +258,7 @@ fn main() {
         .build()
         .unwrap();
     let moto = leasehold_testkit::s3_server::MotoServer::start();
-    let raw = Arc::new(moto.store("bench", "floor"));
-    let floor: Floor = Arc::new(move |i| {
-        let raw = raw.clone();
-        Box::pin(async move {
-            let name = format!("floor-{i}.json");
-            let put = raw
-                .raw_put(&name, b"{}".to_vec(), Precondition::Absent)
-                .await
-                .unwrap();
-            let etag = put.etag.expect("created");
-            assert_eq!(raw.raw_delete(&name, &etag).await.unwrap().status, 204);
-        })
-    });
+    let floor = library_floor(&moto.store("bench", "floor"));
     let raw = Arc::new(moto.store("bench", "overwrite"));
     let last = Arc::new(std::sync::Mutex::new(None));
     let overwrite: Floor = Arc::new(move |_| {
@@ -275,19 +276,7 @@ fn main() {
     drop(moto);
 
     let azurite = leasehold_testkit::azure_server::AzuriteServer::start();
-    let raw = Arc::new(rt.block_on(azurite.store("bench", "floor")));
-    let floor: Floor = Arc::new(move |i| {
-        let raw = raw.clone();
-        Box::pin(async move {
-            let name = format!("floor-{i}.json");
-            let put = raw
-                .raw_put(&name, b"{}".to_vec(), Precondition::Absent)
-                .await
-                .unwrap();
-            let etag = put.etag.expect("created");
-            assert_eq!(raw.raw_delete(&name, &etag).await.unwrap().status, 202);
-        })
-    });
+    let floor = library_floor(&rt.block_on(azurite.store("bench", "floor")));
     let raw = Arc::new(rt.block_on(azurite.store("bench", "overwrite")));
     let last = Arc::new(std::sync::Mutex::new(None));
     let overwrite: Floor = Arc::new(move |_| {

@@ -7,10 +7,11 @@
 //! 1. Acquire+release cycles per second over distinct keys with 1 / 8 / 64 tasks sharing one
 //!    connection (pipelined), each row the median of 3 interleaved rounds. Floors, through the
 //!    same driver on one connection (as the store has), prepared: the **fenced floor**, the
-//!    cheapest pair of statements that also fences and judges expiry on the server's clock (an
-//!    `INSERT … ON CONFLICT (key) DO UPDATE … WHERE` free or expired, taking `nextval`,
-//!    `RETURNING` the fence; then an `UPDATE` that frees the row and keeps it), which the ratios
-//!    are against; and as context the plain upsert + delete (`INSERT … ON CONFLICT DO NOTHING`
+//!    library's ([`leasehold::floor`]: on the store's own connection and table, the cheapest pair
+//!    of statements that also fences, writes the row's operator-visible columns and judges
+//!    expiry on the server's clock — an `INSERT … ON CONFLICT (key) DO UPDATE … WHERE` free or
+//!    expired, taking `nextval`, `RETURNING` the fence; then an `UPDATE` that frees the row and
+//!    keeps it), which the ratios are against; and as context the plain upsert + delete (`INSERT … ON CONFLICT DO NOTHING`
 //!    of a row, `DELETE … WHERE key AND token`) and the raw `pg_try_advisory_lock` +
 //!    `pg_advisory_unlock`. Measured: the store's own calls (`LockStore::acquire` + `release`),
 //!    and the lock API (`Locks`, a guard with renewal, local layer off).
@@ -83,26 +84,6 @@ async fn main() {
     )
     .await
     .unwrap();
-    raw.batch_execute(
-        "CREATE TABLE floor (key TEXT COLLATE \"C\" PRIMARY KEY, token TEXT, \
-         fence BIGINT NOT NULL, expires TIMESTAMPTZ NOT NULL); CREATE SEQUENCE floor_fence",
-    )
-    .await
-    .unwrap();
-    let fenced = raw
-        .prepare(
-            "INSERT INTO floor (key, token, fence, expires) \
-             VALUES ($1, $2, nextval('floor_fence'), now() + interval '10 s') \
-             ON CONFLICT (key) DO UPDATE SET token = excluded.token, fence = excluded.fence, \
-             expires = excluded.expires WHERE floor.token IS NULL OR floor.expires <= now() \
-             RETURNING fence",
-        )
-        .await
-        .unwrap();
-    let free = raw
-        .prepare("UPDATE floor SET token = NULL WHERE key = $1 AND token = $2")
-        .await
-        .unwrap();
     let upsert = raw
         .prepare(
             "INSERT INTO raw (key, token, expires) VALUES ($1, $2, now() + interval '10 s') \
@@ -120,6 +101,7 @@ async fn main() {
         .unwrap();
     let unlock = raw.prepare("SELECT pg_advisory_unlock($1)").await.unwrap();
     let store: Arc<dyn LockStore> = leasehold::open_store(&url).await.unwrap();
+    let floor = store.floor().expect("the PostgreSQL store has a floor");
     let locks = Locks::from_arc(store.clone()).with_local_layer(false);
     let ttl = Duration::from_secs(10);
     println!("PostgreSQL lock store: acquire+release cycles/s, {rounds} round(s) of {dur:?}");
@@ -130,16 +112,13 @@ async fn main() {
     for tasks in [1usize, 8, 64] {
         let mut rows: [Vec<f64>; 5] = Default::default();
         for round in 0..rounds {
-            let (c, a, f) = (raw.clone(), fenced.clone(), free.clone());
+            let f = floor.clone();
             rows[4].push(
                 rate(tasks, dur, move |t, i| {
-                    let (c, a, f) = (c.clone(), a.clone(), f.clone());
+                    let f = f.clone();
                     async move {
-                        let key = format!("floor/{round}/{t}/{i}");
-                        let token = format!("{t}-{i}");
-                        let fence: i64 = c.query_one(&a, &[&key, &token]).await.unwrap().get(0);
-                        assert!(fence > 0);
-                        assert_eq!(c.execute(&f, &[&key, &token]).await.unwrap(), 1);
+                        let key = Key::new(format!("floor/{round}/{t}/{i}")).unwrap();
+                        f.cycle(&key).await.unwrap();
                     }
                 })
                 .await,

@@ -11,7 +11,9 @@
 //!
 //! 1. Acquire+release cycles/s and p50/p99 latency with 1, 8 and 64 concurrent tasks over distinct
 //!    keys: (a) the floor — `SET NX PX` + a compare-and-delete script through the same client;
-//!    (a') the fenced floor — the same with the cheapest fenced acquire script ([`FENCED`]);
+//!    (a') the fenced floor — the library's ([`leasehold::floor`]: one script doing `INCR` +
+//!    `SET NX PX`, a compare-and-delete script, through the store's own connection; on 3 nodes
+//!    the same on each, a majority granting);
 //!    (a'') with `-- only=multi-floor`, a fence with plain commands (`MULTI` `INCR` + `SET NX PX`
 //!    `EXEC`, one round trip; [`FloorAcquire::Multi`]);
 //!    (b) leasehold `redis://`; (c) `rslock` 0.10; and on 3 nodes: the raw 3-node quorum floor,
@@ -36,21 +38,11 @@ const TTL: Duration = Duration::from_secs(10);
 const CAD: &str =
     "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";
 
-/// The least a fenced acquire can cost on the server (the issue's requirements 3 and 4: one
-/// script call that increments a per-key counter and stores the fence in the record): `INCR` +
-/// `SET NX PX` of `token:fence`, no free check, no server time, no JSON. Not a usable lock (a
-/// failed attempt burns a fence, the record says nothing of its holder); it shows how much of
-/// the gap to the floor any fenced script pays.
-const FENCED: &str = "local f = redis.call('INCR', KEYS[2]) \
-    if redis.call('SET', KEYS[1], ARGV[1] .. ':' .. f, 'NX', 'PX', ARGV[2]) then return f end return 0";
-
 /// How a floor acquires.
 #[derive(Clone)]
 enum FloorAcquire {
     /// `SET NX PX` (the floor).
     Set,
-    /// The [`FENCED`] script (the fenced floor).
-    Script(Arc<redis::Script>),
     /// `MULTI` `INCR` + `SET NX PX` `EXEC` in one round trip: a fence with plain commands (not in
     /// the record, a failed attempt burns one). Only with `-- only=multi-floor`.
     Multi,
@@ -109,6 +101,8 @@ impl redis::aio::ConnectionLike for FloorConn {
 enum Impl {
     /// A floor: acquire as [`FloorAcquire`] says, release with the compare-and-delete script.
     Floor(Vec<FloorConn>, Arc<redis::Script>, FloorAcquire),
+    /// The store's own floor ([`leasehold::floor`]): the fenced floor.
+    Library(Arc<dyn leasehold::floor::Floor>),
     Leasehold(Locks),
     /// The store calls alone, without the guard (its renewal task) and the local layer.
     Raw(Arc<dyn leasehold::LockStore>),
@@ -119,7 +113,7 @@ impl Impl {
     async fn cycle(&self, key: &str) {
         match self {
             Impl::Floor(conns, cad, acquire) => {
-                // Hash-tagged, so that a fenced floor's two keys share a slot on a cluster.
+                // Hash-tagged, so that the multi floor's two keys share a slot on a cluster.
                 let key = &format!("{{{key}}}");
                 let token = format!("{:x}", fastrand::u128(..));
                 let sets = conns.iter().map(|c| {
@@ -131,17 +125,6 @@ impl Impl {
                                 let r: Option<String> =
                                     set_nx(&key, &token).query_async(&mut c).await.unwrap();
                                 r.map(|_| token)
-                            }
-                            FloorAcquire::Script(fenced) => {
-                                let f: i64 = fenced
-                                    .key(&key)
-                                    .key(format!("{key}:fence"))
-                                    .arg(&token)
-                                    .arg(TTL.as_millis() as u64)
-                                    .invoke_async(&mut c)
-                                    .await
-                                    .unwrap();
-                                (f > 0).then(|| format!("{token}:{f}"))
                             }
                             FloorAcquire::SetWait => {
                                 let (set, _acked): (Option<String>, i64) = redis::pipe()
@@ -185,6 +168,12 @@ impl Impl {
                     }
                 });
                 join(dels).await;
+            }
+            Impl::Library(floor) => {
+                floor
+                    .cycle(&leasehold::Key::new(key).unwrap())
+                    .await
+                    .unwrap();
             }
             Impl::Leasehold(locks) => {
                 let g = locks
@@ -230,7 +219,7 @@ impl Impl {
                 let l = m.acquire_no_guard(key.as_bytes(), TTL).await.unwrap();
                 m.unlock(&l).await;
             }
-            Impl::Floor(..) | Impl::Raw(_) => unreachable!(),
+            Impl::Floor(..) | Impl::Library(_) | Impl::Raw(_) => unreachable!(),
         }
     }
 }
@@ -391,22 +380,19 @@ async fn hot_waits(imp: &Impl, tasks: usize, dur: Duration, key: &str) -> Vec<u6
 }
 
 async fn make(kind: &str, urls: &[String]) -> Impl {
-    match kind {
-        "leasehold" => {
-            let url = if urls.len() == 1 {
-                urls[0].clone()
-            } else {
-                redlock_url_from(urls)
-            };
-            Impl::Leasehold(leasehold::connect(&url).await.unwrap())
+    let url = || {
+        if urls.len() == 1 {
+            urls[0].clone()
+        } else {
+            redlock_url_from(urls)
         }
-        "leasehold-store" => {
-            let url = if urls.len() == 1 {
-                urls[0].clone()
-            } else {
-                redlock_url_from(urls)
-            };
-            Impl::Raw(leasehold::open_store(&url).await.unwrap())
+    };
+    match kind {
+        "leasehold" => Impl::Leasehold(leasehold::connect(&url()).await.unwrap()),
+        "leasehold-store" => Impl::Raw(leasehold::open_store(&url()).await.unwrap()),
+        "fenced-floor" => {
+            let store = leasehold::open_store(&url()).await.unwrap();
+            Impl::Library(store.floor().expect("the Redis stores have a floor"))
         }
         "rslock" => Impl::Rslock(Arc::new(rslock::LockManager::new(urls.to_vec()))),
         _ => {
@@ -430,7 +416,6 @@ async fn make(kind: &str, urls: &[String]) -> Impl {
                 ));
             }
             let acquire = match kind {
-                "fenced-floor" => FloorAcquire::Script(Arc::new(redis::Script::new(FENCED))),
                 "multi-floor" => FloorAcquire::Multi,
                 "wait-floor" => FloorAcquire::SetWait,
                 _ => FloorAcquire::Set,

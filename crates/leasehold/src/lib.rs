@@ -38,6 +38,7 @@ pub(crate) mod decide;
 pub mod defaults;
 mod error;
 pub mod fence;
+pub mod floor;
 mod fsmode;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]

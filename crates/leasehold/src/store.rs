@@ -1,6 +1,7 @@
 //! The store contract: LockStore, RecordStore and their request and outcome types.
 
 use crate::error::Result;
+use crate::floor::Floor;
 use crate::key::Key;
 use crate::record::LeaseRecord;
 use async_trait::async_trait;
@@ -764,6 +765,13 @@ pub trait LockStore: Send + Sync + fmt::Debug + 'static {
     async fn notify_release(&self, _key: &Key, _fence: Option<u64>) -> Result<bool> {
         Ok(true)
     }
+
+    /// The cheapest correct raw operations this store is judged against ([`Floor`]), through
+    /// its own connection or transport: for measuring (`leasehold bench --floor`), not locking.
+    /// `None` (the default) when the store has none.
+    fn floor(&self) -> Option<Arc<dyn Floor>> {
+        None
+    }
 }
 
 /// A record read from a [`RecordStore`], with the version that conditions the next write.
@@ -900,6 +908,12 @@ pub trait RecordStore: Send + Sync + fmt::Debug + 'static {
     fn corrupt_holds_nothing(&self) -> bool {
         false
     }
+
+    /// As [`LockStore::floor`]: the store's raw conditional operations, for measuring. The
+    /// adapter's lock store answers this one. Default: `None`.
+    fn floor(&self) -> Option<Arc<dyn Floor>> {
+        None
+    }
 }
 
 /// The default [`RecordStore::label_limit`]: 64 KiB of holder id and labels, written as JSON. A
@@ -967,6 +981,9 @@ impl<R: RecordStore + ?Sized> RecordStore for Arc<R> {
     }
     fn corrupt_holds_nothing(&self) -> bool {
         (**self).corrupt_holds_nothing()
+    }
+    fn floor(&self) -> Option<Arc<dyn Floor>> {
+        (**self).floor()
     }
 }
 

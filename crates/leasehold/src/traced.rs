@@ -59,6 +59,10 @@ impl LockStore for Traced {
         self.inner.capabilities()
     }
 
+    fn floor(&self) -> Option<std::sync::Arc<dyn crate::floor::Floor>> {
+        self.inner.floor()
+    }
+
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome> {
         traced(
             "acquire",

@@ -765,6 +765,10 @@ impl<R: RecordStore> LockStore for RecordLockStore<R> {
         self.inner.capabilities()
     }
 
+    fn floor(&self) -> Option<std::sync::Arc<dyn crate::floor::Floor>> {
+        self.inner.floor()
+    }
+
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome> {
         req.check_size(self.inner.label_limit(), &self.inner.describe())?;
         if req.permit.is_some() {

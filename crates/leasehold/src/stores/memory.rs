@@ -67,6 +67,38 @@ impl Slot {
 #[derive(Debug, Default)]
 pub struct MemoryStore {
     slots: Mutex<HashMap<String, Slot>>,
+    /// The floor's keys ([`LockStore::floor`]).
+    floor: std::sync::Arc<MemoryFloor>,
+}
+
+/// The memory store's floor: a map under a mutex, a key inserted if absent and removed by its
+/// token (what the store does under its lock, without its rules and records).
+#[derive(Debug, Default)]
+struct MemoryFloor(Mutex<HashMap<String, String>>);
+
+#[async_trait]
+impl crate::floor::Floor for MemoryFloor {
+    fn describe(&self) -> String {
+        "insert if absent into a map under a mutex, remove".into()
+    }
+
+    async fn take(&self, key: &Key) -> Result<Option<crate::floor::Taken>> {
+        let mut map = self.0.lock();
+        if map.contains_key(key.as_str()) {
+            return Ok(None);
+        }
+        let token = crate::holder::new_token();
+        map.insert(key.as_str().to_owned(), token.clone());
+        Ok(Some(crate::floor::Taken::new(token)))
+    }
+
+    async fn release(&self, key: &Key, taken: crate::floor::Taken) -> Result<()> {
+        let mut map = self.0.lock();
+        if map.get(key.as_str()).map(String::as_str) == Some(taken.as_str()) {
+            map.remove(key.as_str());
+        }
+        Ok(())
+    }
 }
 
 impl MemoryStore {
@@ -124,6 +156,10 @@ impl LockStore for MemoryStore {
             permits: true,
             expiry_clock: crate::store::ExpiryClock::Host,
         }
+    }
+
+    fn floor(&self) -> Option<std::sync::Arc<dyn crate::floor::Floor>> {
+        Some(self.floor.clone())
     }
 
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireOutcome> {

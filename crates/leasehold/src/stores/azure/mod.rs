@@ -130,7 +130,7 @@ impl Backend for Azure {
 /// ```
 #[derive(Debug)]
 pub struct AzureStore {
-    objects: Objects<Azure>,
+    objects: std::sync::Arc<Objects<Azure>>,
 }
 
 object_record_store!(AzureStore);
@@ -264,7 +264,7 @@ impl AzureStore {
             container_path,
         };
         Ok(AzureStore {
-            objects: Objects::new(backend, &options.prefix, options.timeout)?,
+            objects: std::sync::Arc::new(Objects::new(backend, &options.prefix, options.timeout)?),
         })
     }
 }

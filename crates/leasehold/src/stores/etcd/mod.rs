@@ -75,6 +75,7 @@
 //! | `error.rs` | etcd errors as [`Error`]s | — |
 
 mod error;
+mod floor;
 mod held;
 mod lock;
 mod options;
@@ -459,6 +460,10 @@ fn parse_waiter(kv: Option<&Kv>) -> Option<Waiter> {
 impl LockStore for EtcdStore {
     fn describe(&self) -> String {
         self.inner.described.clone()
+    }
+
+    fn floor(&self) -> Option<Arc<dyn crate::floor::Floor>> {
+        Some(Arc::new(floor::EtcdFloor(self.clone())))
     }
 
     fn capabilities(&self) -> Capabilities {

@@ -83,6 +83,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 mod boot;
+mod floor;
 mod notify;
 mod ofd;
 mod options;
@@ -825,6 +826,10 @@ impl FileStore {
 impl LockStore for FileStore {
     fn describe(&self) -> String {
         self.inner.describe()
+    }
+
+    fn floor(&self) -> Option<Arc<dyn crate::floor::Floor>> {
+        Some(Arc::new(floor::FileFloor(self.inner.clone())))
     }
 
     fn capabilities(&self) -> Capabilities {

@@ -46,6 +46,7 @@
 //! ```
 
 mod client;
+mod floor;
 pub(crate) mod object;
 mod options;
 #[cfg(test)]
@@ -88,7 +89,7 @@ type Seen = (String, Map<String, Value>);
 /// A [`RecordStore`] over objects in a Google Cloud Storage bucket; wrap it in
 /// [`crate::adapter::RecordLockStore`] (as `open_store("gs://…")` does) for a lock store.
 pub struct GcsStore {
-    client: Client,
+    client: std::sync::Arc<Client>,
     bucket: String,
     /// The name prefix with its `/` (empty for none).
     prefix: String,
@@ -194,7 +195,7 @@ impl GcsStore {
             describe.clone(),
         )?;
         Ok(GcsStore {
-            client,
+            client: std::sync::Arc::new(client),
             bucket: options.bucket,
             prefix,
             describe,
@@ -358,6 +359,10 @@ fn looks_hashed(s: &str) -> bool {
 impl RecordStore for GcsStore {
     fn label_limit(&self) -> usize {
         LABEL_LIMIT
+    }
+
+    fn floor(&self) -> Option<std::sync::Arc<dyn crate::floor::Floor>> {
+        Some(std::sync::Arc::new(floor::GcsFloor::new(self)))
     }
 
     fn describe(&self) -> String {

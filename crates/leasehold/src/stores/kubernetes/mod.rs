@@ -56,6 +56,7 @@
 //! (default `leasehold-`), `?timeout=` the per-request timeout (default `10s`),
 //! `?max_clock_skew=` the largest difference between pods' wall clocks assumed (default `5m`).
 
+mod floor;
 mod options;
 
 use crate::error::{Error, Result};
@@ -579,6 +580,10 @@ pub(crate) fn stored(lease: &Lease) -> Stored {
 impl RecordStore for KubernetesStore {
     fn describe(&self) -> String {
         self.describe.clone()
+    }
+
+    fn floor(&self) -> Option<std::sync::Arc<dyn crate::floor::Floor>> {
+        Some(std::sync::Arc::new(floor::KubernetesFloor::new(self)))
     }
 
     fn capabilities(&self) -> Capabilities {

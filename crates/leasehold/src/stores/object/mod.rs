@@ -28,8 +28,12 @@ pub(crate) mod sign;
 pub(crate) mod transport;
 
 #[cfg(any(feature = "s3", feature = "azure"))]
+mod floor;
+#[cfg(any(feature = "s3", feature = "azure"))]
 mod objects;
 
+#[cfg(any(feature = "s3", feature = "azure"))]
+pub(crate) use floor::ObjectFloor;
 #[cfg(all(feature = "fuzzing", any(feature = "s3", feature = "azure")))]
 pub(crate) use objects::decode;
 #[cfg(any(feature = "s3", feature = "azure"))]

@@ -258,7 +258,7 @@ impl<B: Backend> Objects<B> {
 
     /// Object `name`'s bytes and ETag, `None` if there is no such object; `Ok(Err(etag))` when it
     /// is larger than [`MAX_RECORD_BYTES`]. With its server age ([`server_age`](crate::stores::object::transport::server_age)).
-    async fn get_raw(
+    pub(crate) async fn get_raw(
         &self,
         name: &str,
     ) -> Result<(
@@ -420,6 +420,11 @@ macro_rules! object_record_store {
             }
             fn label_limit(&self) -> usize {
                 $crate::stores::object::LABEL_LIMIT
+            }
+            fn floor(&self) -> Option<std::sync::Arc<dyn $crate::floor::Floor>> {
+                Some(std::sync::Arc::new($crate::stores::object::ObjectFloor(
+                    self.objects.clone(),
+                )))
             }
             async fn get(
                 &self,

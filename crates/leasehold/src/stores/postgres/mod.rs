@@ -94,6 +94,7 @@
 //! # Ok(()) }
 //! ```
 
+mod floor;
 mod options;
 mod permits;
 mod renew;
@@ -543,6 +544,10 @@ fn record_at(r: &Row, at: usize) -> std::result::Result<LeaseRecord, tokio_postg
 impl LockStore for PostgresStore {
     fn describe(&self) -> String {
         self.inner.link.shown().to_owned()
+    }
+
+    fn floor(&self) -> Option<Arc<dyn crate::floor::Floor>> {
+        Some(Arc::new(floor::PostgresFloor::new(self.inner.clone())))
     }
 
     fn capabilities(&self) -> Capabilities {

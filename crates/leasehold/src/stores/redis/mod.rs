@@ -82,6 +82,7 @@
 //!
 //! | file | holds | uses |
 //! | --- | --- | --- |
+//! | `floor.rs` | the fenced floor, for measuring ([`crate::floor`]) | the store's link and key names |
 //! | `mod.rs` | [`RedisStore`]: connecting, naming keys, the [`LockStore`] impl | all below |
 //! | `renew.rs` | the renewal batcher: due renewals share one script call | link, cluster, scripts, error |
 //! | `coalesce.rs` | acquisitions and releases sharing calls while the server is busy | link, cluster, scripts, conn, error |
@@ -100,6 +101,7 @@ pub(crate) mod cluster;
 mod coalesce;
 mod conn;
 mod error;
+pub(crate) mod floor;
 mod foreign;
 mod link;
 mod options;
@@ -681,6 +683,10 @@ impl RedisStore {
 impl LockStore for RedisStore {
     fn describe(&self) -> String {
         self.inner.link.described.clone()
+    }
+
+    fn floor(&self) -> Option<Arc<dyn crate::floor::Floor>> {
+        Some(self.fenced_floor())
     }
 
     fn capabilities(&self) -> Capabilities {

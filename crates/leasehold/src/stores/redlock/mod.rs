@@ -49,6 +49,7 @@ use crate::store::{
     Inspection, LockStore, LostReason, ReleaseOutcome, RenewOutcome,
 };
 use crate::stores::redis::RedisStore;
+mod floor;
 mod options;
 pub use options::RedlockOptions;
 
@@ -255,6 +256,10 @@ impl RedlockStore {
 impl LockStore for RedlockStore {
     fn describe(&self) -> String {
         self.described.clone()
+    }
+
+    fn floor(&self) -> Option<Arc<dyn crate::floor::Floor>> {
+        Some(Arc::new(floor::RedlockFloor::new(self)))
     }
 
     fn capabilities(&self) -> Capabilities {

@@ -139,7 +139,7 @@ impl Backend for S3 {
 /// ```
 #[derive(Debug)]
 pub struct S3Store {
-    objects: Objects<S3>,
+    objects: std::sync::Arc<Objects<S3>>,
 }
 
 object_record_store!(S3Store);
@@ -225,7 +225,7 @@ impl S3Store {
             path_style,
         };
         Ok(S3Store {
-            objects: Objects::new(backend, &options.prefix, options.timeout)?,
+            objects: std::sync::Arc::new(Objects::new(backend, &options.prefix, options.timeout)?),
         })
     }
 
