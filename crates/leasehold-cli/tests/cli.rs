@@ -1902,7 +1902,8 @@ fn watch_tells_each_change_of_a_key() {
 /// answering, not after `--every` (30 s here), and a release on the new primary is seen.
 #[test]
 fn watch_follows_a_hung_failover_to_the_new_primary() {
-    use leasehold_testkit::{proxy::TcpProxy, servers::RedisServer};
+    use leasehold_testkit::proxy::TcpProxy;
+    use leasehold_testkit::servers::{Pausable, RedisServer};
     let rt = tokio::runtime::Runtime::new().unwrap();
     let (old, new) = (RedisServer::start(), RedisServer::start());
     assert!(new
@@ -1920,7 +1921,7 @@ fn watch_follows_a_hung_failover_to_the_new_primary() {
     rt.block_on(old.replicated_to(&new));
 
     // The failover: the old primary hangs, the replica is promoted, the name moves.
-    old.signal(libc::SIGSTOP);
+    old.pause();
     assert!(new
         .command(&["REPLICAOF", "NO", "ONE"])
         .is_some_and(|r| r.starts_with("+OK")));
@@ -1931,7 +1932,7 @@ fn watch_follows_a_hung_failover_to_the_new_primary() {
     // The record is gone (nobody waited for it), where the file store keeps it free.
     watch.wait_line("k none");
     let took = released.elapsed();
-    old.signal(libc::SIGCONT);
+    old.resume();
     assert!(
         took < Duration::from_secs(10),
         "watch saw the release after {took:?}"

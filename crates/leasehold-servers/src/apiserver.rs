@@ -8,7 +8,7 @@
 use crate::error::{Error, Result};
 use crate::etcd::EtcdServer;
 use crate::http::{http_get, http_ok, http_request};
-use crate::process::{free_port, in_three_starts, kill, server_dir, signal, spawn, wait_up};
+use crate::process::{free_port, in_three_starts, kill, server_dir, spawn, wait_up, Pausable};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -148,11 +148,6 @@ impl ApiServer {
         format!("http://127.0.0.1:{}", self.port)
     }
 
-    /// Sends `sig` to the API server process (SIGSTOP: it hangs, its connections open and silent).
-    pub fn signal(&self, sig: i32) {
-        signal(self.pid(), sig);
-    }
-
     /// The etcd behind it.
     pub fn etcd(&self) -> &EtcdServer {
         &self.etcd
@@ -205,6 +200,13 @@ impl ApiServer {
     /// Kills the API server (SIGKILL) and waits for it; etcd stops on drop.
     pub fn stop(&mut self) {
         kill(&mut self.child);
+    }
+}
+
+/// Paused, the API server hangs with its connections open and silent (its etcd runs on).
+impl Pausable for ApiServer {
+    fn process(&self) -> Option<u32> {
+        self.pid()
     }
 }
 

@@ -3,7 +3,9 @@
 use crate::certs::test_certs;
 use crate::error::{Error, Result};
 use crate::http::http_ok;
-use crate::process::{free_port, in_three_starts, kill, server_dir, spawn, wait_up, with_log_tail};
+use crate::process::{
+    free_port, in_three_starts, kill, server_dir, spawn, wait_up, with_log_tail, Pausable,
+};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -85,6 +87,12 @@ impl EtcdServer {
     /// Kills etcd (SIGKILL) and waits for it.
     pub fn stop(&mut self) {
         kill(&mut self.child);
+    }
+}
+
+impl Pausable for EtcdServer {
+    fn process(&self) -> Option<u32> {
+        self.pid()
     }
 }
 

@@ -14,9 +14,7 @@
 
 use crate::error::{Error, Result};
 use crate::http::http_request;
-use crate::process::{
-    free_port, in_three_starts, kill, server_dir, signal, spawn, wait_up, Pausable,
-};
+use crate::process::{free_port, in_three_starts, kill, server_dir, spawn, wait_up, Pausable};
 use crate::proxy::SerialisingProxy;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -242,12 +240,6 @@ impl GcsServer {
             Some((200, body)) => Some(body),
             _ => None,
         }
-    }
-
-    /// Sends `sig` to the emulator process (SIGSTOP: it hangs with its connections open, and the
-    /// proxy waits for it).
-    pub fn signal(&self, sig: i32) {
-        signal(self.pid(), sig);
     }
 
     /// The emulator's PID (not the proxy's).

@@ -3,7 +3,9 @@
 //! Cluster, etcd (one member, over TLS, or a cluster whose peer traffic can go through the
 //! caller's proxies), PostgreSQL (plain or TLS), `leasehold-apiserver` (Kubernetes Leases over
 //! etcd), moto (S3), fake-gcs-server (Cloud Storage) and Azurite (Azure Blob). leasehold's test
-//! suite and `leasehold torture` start their servers with them.
+//! suite and `leasehold torture` start their servers with them, and reach them through its
+//! fault-injecting [`TcpProxy`] where the network is to fail; a server that can hang with its
+//! connections open is [`Pausable`].
 //!
 //! Each server runs on free 127.0.0.1 ports with its files in a temp dir under /tmp, is started
 //! with `PR_SET_PDEATHSIG` (it dies with this process, even when this process is killed), and is
@@ -45,6 +47,7 @@ mod process;
 mod proxy;
 mod redis;
 mod sentinel;
+mod tcp_proxy;
 
 pub use apiserver::{apiserver_bin, ApiServer};
 pub use azurite::{azurite_bin, AzuriteServer, DEV_ACCOUNT};
@@ -61,3 +64,4 @@ pub use process::{free_port, sweep_faketime_leftovers, Pausable};
 pub use proxy::SerialisingProxy;
 pub use redis::{command_on, commands_on, redlock_url, redlock_url_of, RedisServer, LOCKER_ACL};
 pub use sentinel::{SentinelServer, SentinelSet, SENTINEL_MASTER};
+pub use tcp_proxy::{Link, Links, PartiesOf, TcpProxy, TcpProxyOptions};

@@ -2,7 +2,9 @@
 
 use crate::certs::{make_certs, sign_cert, CLIENT_EXT};
 use crate::error::{Error, Result};
-use crate::process::{free_port, in_three_starts, kill, server_dir, spawn, wait_up, with_log};
+use crate::process::{
+    free_port, in_three_starts, kill, server_dir, signal, spawn, wait_up, with_log, Pausable,
+};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -356,7 +358,7 @@ impl PostgresServer {
 
     /// Sends `sig` to every process of the server: the postmaster and its children (one backend
     /// per connection, the background workers), so that SIGSTOP hangs the whole server.
-    pub fn signal_all(&self, sig: i32) {
+    fn signal_all(&self, sig: i32) {
         let Some(postmaster) = self.pid() else {
             return;
         };
@@ -380,11 +382,24 @@ impl PostgresServer {
             }
         }
         for pid in pids {
-            // SAFETY: kill(2) on the server's processes.
-            unsafe {
-                libc::kill(pid as i32, sig);
-            }
+            signal(Some(pid), sig);
         }
+    }
+}
+
+/// Paused, every process of the server hangs: the postmaster, each connection's backend and the
+/// background workers.
+impl Pausable for PostgresServer {
+    fn process(&self) -> Option<u32> {
+        self.pid()
+    }
+
+    fn pause(&self) {
+        self.signal_all(libc::SIGSTOP);
+    }
+
+    fn resume(&self) {
+        self.signal_all(libc::SIGCONT);
     }
 }
 

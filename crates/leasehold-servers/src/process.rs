@@ -213,15 +213,18 @@ pub(crate) fn kill(child: &mut Option<Child>) {
     }
 }
 
-/// Sends `sig` to the process `pid` (a server started here, not yet reaped).
+/// Sends `sig` to the process `pid` (a server started here, not yet reaped, or one of its own
+/// children).
 pub(crate) fn signal(pid: Option<u32>, sig: i32) {
     if let Some(pid) = pid.and_then(|p| libc::pid_t::try_from(p).ok()) {
-        // SAFETY: kill(2) on a child of this process, which its launcher has not reaped.
+        // SAFETY: kill(2) on a server's process, which its launcher has not reaped.
         unsafe { libc::kill(pid, sig) };
     }
 }
 
-/// A server process that can hang (SIGSTOP) with its connections open, and go on (SIGCONT).
+/// A server process that can hang (SIGSTOP) with its connections open, and go on (SIGCONT): a
+/// server that stops answering while its clients' connections stay up, as a hung process or a
+/// partition that neither side sees.
 pub trait Pausable {
     /// The PID of the process to pause (an emulator's, not its proxy's), while it runs.
     fn process(&self) -> Option<u32>;

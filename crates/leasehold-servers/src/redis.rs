@@ -4,8 +4,8 @@
 use crate::certs::make_certs;
 use crate::error::{Error, Result};
 use crate::process::{
-    connect_loopback, free_port, in_three_starts, kill, server_dir, signal, spawn, wait_up,
-    with_log,
+    connect_loopback, free_port, in_three_starts, kill, server_dir, spawn, wait_up, with_log,
+    Pausable,
 };
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -345,11 +345,6 @@ impl RedisServer {
         self.child.as_ref().map(Child::id)
     }
 
-    /// Sends `sig` to the server process.
-    pub fn signal(&self, sig: i32) {
-        signal(self.pid(), sig);
-    }
-
     /// Kills the server (SIGKILL) and waits for it.
     pub fn stop(&mut self) {
         kill(&mut self.child);
@@ -368,6 +363,12 @@ impl RedisServer {
     /// The server's data directory.
     pub fn dir(&self) -> PathBuf {
         self.dir.path().to_path_buf()
+    }
+}
+
+impl Pausable for RedisServer {
+    fn process(&self) -> Option<u32> {
+        self.pid()
     }
 }
 

@@ -4,7 +4,7 @@
 use crate::certs::make_certs;
 use crate::error::{Error, Result};
 use crate::process::{
-    free_port, in_three_starts, kill, poll_until, server_dir, signal, spawn, wait_up,
+    free_port, in_three_starts, kill, poll_until, server_dir, spawn, wait_up, Pausable,
 };
 use crate::redis::{command_as, command_over_tls, RedisServer, Tls};
 use std::path::PathBuf;
@@ -40,12 +40,6 @@ pub struct SentinelServer {
 }
 
 impl SentinelServer {
-    /// Sends `sig` to the sentinel process (SIGSTOP: it stops answering, its connections stay
-    /// open, as behind a partition).
-    pub fn signal(&self, sig: i32) {
-        signal(self.child.as_ref().map(Child::id), sig);
-    }
-
     /// Sends one command (after `AUTH` if the sentinel has a password); the raw first reply (over
     /// TLS: `redis-cli`'s output).
     pub fn command(&self, args: &[&str]) -> Option<String> {
@@ -53,6 +47,13 @@ impl SentinelServer {
             Some(ca) => command_over_tls(self.port, ca, self.password.as_deref(), args),
             None => command_as(self.port, self.password.as_deref(), args),
         }
+    }
+}
+
+/// Paused, a sentinel stops answering and its connections stay open, as behind a partition.
+impl Pausable for SentinelServer {
+    fn process(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
     }
 }
 

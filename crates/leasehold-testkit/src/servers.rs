@@ -17,7 +17,7 @@ use std::process::Command;
 use std::sync::{Mutex, OnceLock};
 
 pub use leasehold_servers::{
-    command_on, commands_on, http_get, http_request, pg_roles, redlock_url_of, Error,
+    command_on, commands_on, http_get, http_request, pg_roles, redlock_url_of, Error, Pausable,
     SentinelServer, CLIENT_EXT, LOCKER_ACL, SENTINEL_MASTER,
 };
 

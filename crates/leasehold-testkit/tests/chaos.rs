@@ -9,7 +9,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use leasehold_testkit::servers::{redlock_url, ApiServer, RedisCluster, RedisServer};
+use leasehold_testkit::servers::{redlock_url, ApiServer, Pausable, RedisCluster, RedisServer};
 use std::collections::HashMap;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -208,10 +208,10 @@ fn on_files_through_holder_pauses_and_kills() {
 fn on_redis_through_holder_pauses_kills_and_a_paused_server() {
     let server = RedisServer::start();
     Harness::start(&format!("{}?timeout=300ms", server.url())).run(|h| {
-        server.signal(libc::SIGSTOP);
+        server.pause();
         h.note("server SIGSTOP");
         std::thread::sleep(TTL * 3 / 2);
-        server.signal(libc::SIGCONT);
+        server.resume();
         h.note("server SIGCONT");
     });
 }
@@ -232,10 +232,10 @@ fn on_redlock_through_holder_pauses_kills_and_node_faults() {
             nodes[n] = RedisServer::start_on(port);
             h.note(&format!("node {n} restarted empty"));
         } else {
-            nodes[n].signal(libc::SIGSTOP);
+            nodes[n].pause();
             h.note(&format!("node {n} SIGSTOP"));
             std::thread::sleep(TTL * 3 / 2);
-            nodes[n].signal(libc::SIGCONT);
+            nodes[n].resume();
             h.note(&format!("node {n} SIGCONT"));
         }
     });
@@ -274,10 +274,10 @@ fn on_a_redis_cluster_through_holder_pauses_kills_and_failovers() {
 fn on_kubernetes_through_holder_pauses_kills_and_a_paused_api_server() {
     let api = ApiServer::start();
     Harness::start(&format!("{}&timeout=300ms", api.store_url("default"))).run(|h| {
-        api.signal(libc::SIGSTOP);
+        api.pause();
         h.note("API server SIGSTOP");
         std::thread::sleep(TTL * 3 / 2);
-        api.signal(libc::SIGCONT);
+        api.resume();
         h.note("API server SIGCONT");
     });
 }

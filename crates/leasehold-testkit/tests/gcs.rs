@@ -7,6 +7,7 @@
 
 use leasehold::{Key, LostReason};
 use leasehold_testkit::gcs_server::{shared_gcs, GcsServer};
+use leasehold_testkit::servers::Pausable;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -317,9 +318,9 @@ async fn a_hung_server_loses_the_lease_within_its_ttl() {
     let l = leasehold_testkit::connect_as(&url, "web-1").await;
     let guard = leasehold_testkit::take(&l, "job", Duration::from_millis(1500)).await;
     let t = Instant::now();
-    server.signal(libc::SIGSTOP);
+    server.pause();
     let reason = tokio::time::timeout(Duration::from_secs(3), guard.lost()).await;
-    server.signal(libc::SIGCONT);
+    server.resume();
     let reason = reason.expect("lost fires");
     assert!(
         matches!(reason, LostReason::Unreachable { .. }),

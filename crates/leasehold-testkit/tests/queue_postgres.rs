@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use leasehold::queue::{open_queue, NewTask, QueueBackend};
-use leasehold_testkit::servers::{shared_postgres, PostgresServer};
+use leasehold_testkit::servers::{shared_postgres, Pausable, PostgresServer};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -58,14 +58,14 @@ async fn a_server_that_stops_answering_fails_calls_within_the_timeout() {
     let url = format!("{}?timeout=1s", server.fresh_db());
     let q = open(&url).await;
     q.enqueue(&NewTask::new("k", "a")).await.unwrap();
-    server.signal_all(libc::SIGSTOP);
+    server.pause();
     let started = Instant::now();
     let err = q
         .enqueue(&NewTask::new("k", "b"))
         .await
         .expect_err("no answer");
     let took = started.elapsed();
-    server.signal_all(libc::SIGCONT);
+    server.resume();
     assert!(err.is_retryable(), "{err}");
     assert!(took < Duration::from_secs(3), "{took:?}: {err}");
     q.enqueue(&NewTask::new("k", "c")).await.unwrap();

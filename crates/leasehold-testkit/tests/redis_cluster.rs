@@ -7,7 +7,7 @@
 use leasehold::{Error, LeaseGuard, Locks, LostReason, Released};
 use leasehold_servers::RedisServer;
 use leasehold_testkit::answered_at_once;
-use leasehold_testkit::servers::{shared_redis_cluster, RedisCluster};
+use leasehold_testkit::servers::{shared_redis_cluster, Pausable, RedisCluster};
 use std::time::{Duration, Instant};
 
 /// Held by each test that starts a cluster of its own (six servers): they run one at a time, so
@@ -669,7 +669,7 @@ async fn a_hung_primary_is_replaced_and_the_store_follows() {
     })
     .await;
     let replica = synced_replica(&cluster, port).await;
-    cluster.nodes[0].signal(libc::SIGSTOP);
+    cluster.nodes[0].pause();
     await_until(Duration::from_secs(20), "the replica promoted", || {
         replica
             .command(&["ROLE"])
@@ -712,7 +712,7 @@ async fn a_hung_primary_is_replaced_and_the_store_follows() {
     let wg = leasehold_testkit::woken_after(waiter, Instant::now(), "the contender").await;
     wg.release().await.unwrap();
     drop(hg);
-    cluster.nodes[0].signal(libc::SIGCONT);
+    cluster.nodes[0].resume();
 }
 
 /// Script calls run by all the cluster's nodes.
@@ -1016,7 +1016,7 @@ async fn replicas_acknowledge_grants_on_each_primary() {
     let kept = take(&a, &elsewhere[0], Duration::from_millis(1500)).await;
     // Every renewal acknowledged was sent before this: the lease runs out within its TTL of it.
     let stopped = Instant::now();
-    replica.signal(libc::SIGSTOP);
+    replica.pause();
     let lost_at = tokio::spawn(async move {
         held.lost().await;
         Instant::now()
@@ -1054,7 +1054,7 @@ async fn replicas_acknowledge_grants_on_each_primary() {
         let why = tokio::time::timeout(Duration::ZERO, kept.lost()).await;
         panic!("a lease on another primary was lost: {why:?}");
     }
-    replica.signal(libc::SIGCONT);
+    replica.resume();
     for g in guards {
         g.release().await.unwrap();
     }
@@ -1100,7 +1100,7 @@ async fn a_primary_waiting_for_its_replica_holds_up_no_renewal_elsewhere() {
         })
         .collect();
     for r in &replicas {
-        r.signal(libc::SIGSTOP);
+        r.pause();
     }
     let busy = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
     let mut loops = vec![];
@@ -1123,7 +1123,7 @@ async fn a_primary_waiting_for_its_replica_holds_up_no_renewal_elsewhere() {
     tokio::time::sleep(Duration::from_millis(6500)).await;
     busy.store(false, std::sync::atomic::Ordering::Relaxed);
     for r in &replicas {
-        r.signal(libc::SIGCONT);
+        r.resume();
     }
     for t in loops {
         t.await.unwrap();
@@ -1158,7 +1158,7 @@ async fn a_primary_without_the_scripts_gets_them_while_another_hangs() {
             .command(&["SCRIPT", "FLUSH"])
             .is_some_and(|r| r.starts_with("+OK")));
     }
-    cluster.nodes[0].signal(libc::SIGSTOP);
+    cluster.nodes[0].pause();
     let started = Instant::now();
     let granted = a.lock(&key).unwrap().try_acquire().await;
     let released = match granted {
@@ -1167,7 +1167,7 @@ async fn a_primary_without_the_scripts_gets_them_while_another_hangs() {
         Err(e) => Err(e),
     };
     let took = started.elapsed();
-    cluster.nodes[0].signal(libc::SIGCONT);
+    cluster.nodes[0].resume();
     assert_eq!(released.unwrap(), "released");
     assert!(took < Duration::from_secs(1), "took {took:?}");
 }
@@ -1192,7 +1192,7 @@ async fn a_replica_that_does_not_answer_holds_up_no_release_on_its_primary() {
     );
     let replica = synced_replica(&cluster, stalled).await;
     let held = take(&a, &key, Duration::from_secs(30)).await;
-    replica.signal(libc::SIGSTOP);
+    replica.pause();
     let waiting = {
         let (a, other) = (a.clone(), other.clone());
         tokio::spawn(async move { a.lock(other).unwrap().try_acquire().await.map(|_| ()) })
@@ -1208,7 +1208,7 @@ async fn a_replica_that_does_not_answer_holds_up_no_release_on_its_primary() {
         let left = cluster.nodes[0].command(&["GET", &record_name(k)]);
         assert!(left.is_some_and(|r| r.starts_with("$-1")), "{k} is held");
     }
-    replica.signal(libc::SIGCONT);
+    replica.resume();
 }
 
 /// The cluster's URL as user `locker` (password `s3cret`), made on every node (ACLs are per

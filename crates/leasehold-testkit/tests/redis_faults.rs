@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use leasehold::{LeaseGuard, Locks, LostReason, Released};
-use leasehold_testkit::servers::{shared_redis, GarbageServer, RedisServer, LOCKER_ACL};
+use leasehold_testkit::servers::{shared_redis, GarbageServer, Pausable, RedisServer, LOCKER_ACL};
 use leasehold_testkit::{answered_at_once, refused_then_accepted, taken_and_released};
 use std::time::{Duration, Instant};
 
@@ -100,8 +100,8 @@ async fn a_server_that_stops_answering_fires_lost_before_the_ttl() {
     let server = RedisServer::start();
     let url = format!("{}?timeout=200ms", server.url());
     let l = locks(&url, "a").await;
-    let g = lost_before_the_ttl(&l, || server.signal(libc::SIGSTOP)).await;
-    server.signal(libc::SIGCONT);
+    let g = lost_before_the_ttl(&l, || server.pause()).await;
+    server.resume();
     assert!(!g.is_current());
 }
 
@@ -716,14 +716,14 @@ async fn a_queued_call_fails_within_the_stores_timeout() {
     );
     // Connected, so that the first calls wait for the server's answer, not for a connection.
     store.inspect(&reqs[0].key).await.unwrap();
-    server.signal(libc::SIGSTOP);
+    server.pause();
     // The first four go out on their own and hang; the fifth queues behind them.
     let answers = futures_util::future::join_all(reqs.iter().map(|r| async {
         let started = Instant::now();
         (store.acquire(r).await, started.elapsed())
     }))
     .await;
-    server.signal(libc::SIGCONT);
+    server.resume();
     for (i, (answer, took)) in answers.into_iter().enumerate() {
         let e = answer.expect_err("the server is stopped");
         assert!(e.is_retryable(), "call {i}: {e}");
@@ -1067,7 +1067,7 @@ async fn a_wait_limit_holds_when_the_server_stops_answering() {
         .await;
     assert!(waited.is_err());
     drop(other);
-    server.signal(libc::SIGSTOP);
+    server.pause();
     let limit = Duration::from_millis(500);
     let wait_for = |key: &'static str| {
         let contender = contender.clone();
@@ -1083,7 +1083,7 @@ async fn a_wait_limit_holds_when_the_server_stops_answering() {
     };
     // A held key (the attempt would register as its waiter) and a free one (it would be granted).
     let ((held, took_held), (free, took_free)) = tokio::join!(wait_for("job"), wait_for("free"));
-    server.signal(libc::SIGCONT);
+    server.resume();
     for (key, got, took) in [("job", held, took_held), ("free", free, took_free)] {
         let got = got.expect("the wait limit did not hold: acquire still waiting after 5 s");
         assert!(
@@ -1257,7 +1257,7 @@ async fn failover_behind_a_moved_name(hangs: bool) {
 
     // The failover: the replica is promoted, the old primary follows it (or hangs), the name moves.
     if hangs {
-        old.signal(libc::SIGSTOP);
+        old.pause();
     }
     assert!(new
         .command(&["REPLICAOF", "NO", "ONE"])
@@ -1291,7 +1291,7 @@ async fn failover_behind_a_moved_name(hangs: bool) {
     tokio::time::sleep(ttl + Duration::from_millis(500)).await;
     renewed_on(held, &new).await;
     if hangs {
-        old.signal(libc::SIGCONT);
+        old.resume();
     }
 }
 
@@ -1325,7 +1325,7 @@ async fn a_waiter_subscribed_before_a_hung_failover_hears_the_new_primary() {
     old.replicated_to(&new).await;
 
     // The failover: the old primary hangs, the replica is promoted, the name moves.
-    old.signal(libc::SIGSTOP);
+    old.pause();
     assert!(new
         .command(&["REPLICAOF", "NO", "ONE"])
         .is_some_and(|r| r.starts_with("+OK")));
@@ -1336,7 +1336,7 @@ async fn a_waiter_subscribed_before_a_hung_failover_hears_the_new_primary() {
     assert!(record(&new, key).contains("\"holder\":\"w\""));
     g.release().await.unwrap();
     drop(held);
-    old.signal(libc::SIGCONT);
+    old.resume();
 }
 
 /// Checks that `held` (the lease of key `held`) is still current and its record lives on `server`
@@ -1549,7 +1549,7 @@ async fn a_silent_sentinel_does_not_hide_a_failover() {
     g.release().await.unwrap();
     let old_server = set.server(old).expect("the old primary");
     set.replicated_from(old).await;
-    set.sentinels[0].signal(libc::SIGSTOP);
+    set.sentinels[0].pause();
     let master = leasehold_testkit::servers::SENTINEL_MASTER;
     assert!(set.sentinels[1]
         .command(&["SENTINEL", "FAILOVER", master])
@@ -1579,7 +1579,7 @@ async fn a_silent_sentinel_does_not_hide_a_failover() {
             .is_some_and(|r| r.contains("master")),
         "the old primary was already demoted: this did not test the announcement"
     );
-    set.sentinels[0].signal(libc::SIGCONT);
+    set.sentinels[0].resume();
 }
 
 /// `redis+sentinel://`: the primary is killed; the sentinels promote the replica, and a contender
@@ -1635,7 +1635,7 @@ async fn primary_replaced(mut set: leasehold_testkit::servers::SentinelSet, hang
     g.release().await.unwrap();
     let index = set.servers.iter().position(|s| s.port == old).expect("old");
     if hangs {
-        set.servers[index].signal(libc::SIGSTOP);
+        set.servers[index].pause();
     } else {
         set.servers[index].stop();
     }
@@ -1656,7 +1656,7 @@ async fn primary_replaced(mut set: leasehold_testkit::servers::SentinelSet, hang
     );
     g.release().await.unwrap();
     if hangs {
-        set.servers[index].signal(libc::SIGCONT);
+        set.servers[index].resume();
     }
 }
 
@@ -1810,7 +1810,7 @@ async fn a_grant_the_replica_does_not_acknowledge_is_not_handed_out() {
         .is_some_and(|r| r.contains("\"holder\":\"a\"")));
     g.release().await.unwrap();
 
-    replica.signal(libc::SIGSTOP);
+    replica.pause();
     let started = Instant::now();
     let e = l.lock("job").unwrap().try_acquire().await.unwrap_err();
     let took = started.elapsed();
@@ -1832,7 +1832,7 @@ async fn a_grant_the_replica_does_not_acknowledge_is_not_handed_out() {
     let pg = take_free(&plain, "job").await;
     pg.release().await.unwrap();
 
-    replica.signal(libc::SIGCONT);
+    replica.resume();
     replica.synced_as_replica().await;
     assert!(primary
         .command(&["SCRIPT", "FLUSH"])
@@ -1852,9 +1852,9 @@ async fn renewals_the_replica_does_not_acknowledge_lose_the_lease() {
     let (primary, replica) = primary_and_replica().await;
     let url = format!("{}?replicas=1&replicas_timeout=100ms", primary.url());
     let l = locks(&url, "a").await;
-    let g = lost_before_the_ttl(&l, || replica.signal(libc::SIGSTOP)).await;
+    let g = lost_before_the_ttl(&l, || replica.pause()).await;
     assert!(!g.is_current());
-    replica.signal(libc::SIGCONT);
+    replica.resume();
 }
 
 /// `?replicas=1`: the calls that wait for replicas have a connection of their own (`WAIT` holds
@@ -1871,7 +1871,7 @@ async fn a_replica_that_does_not_answer_holds_up_no_release() {
     );
     let l = locks(&url, "a").await;
     let held = take_free(&l, "held").await;
-    replica.signal(libc::SIGSTOP);
+    replica.pause();
     let waiting = {
         let l = l.clone();
         tokio::spawn(async move { l.lock("other").unwrap().try_acquire().await.map(|_| ()) })
@@ -1895,7 +1895,7 @@ async fn a_replica_that_does_not_answer_holds_up_no_release() {
             primary.command(&["GET", record])
         );
     }
-    replica.signal(libc::SIGCONT);
+    replica.resume();
 }
 
 /// The error opening a store at `url` gives.
@@ -2004,7 +2004,7 @@ async fn grants_made_at_once_are_each_on_the_replica_when_answered() {
         g.release().await.unwrap();
     }
 
-    replica.signal(libc::SIGSTOP);
+    replica.pause();
     let before = primary.script_calls();
     let tasks: Vec<_> = (0..64)
         .map(|i| {
@@ -2030,7 +2030,7 @@ async fn grants_made_at_once_are_each_on_the_replica_when_answered() {
             "{record} is held"
         );
     }
-    replica.signal(libc::SIGCONT);
+    replica.resume();
 }
 
 /// A server that refuses writes for want of replicas (`min-replicas-to-write`, answered
@@ -2107,7 +2107,7 @@ async fn an_acknowledged_grant_survives_a_killed_primary() {
     take_free(&l, "warm").await.release().await.unwrap();
     let index = set.servers.iter().position(|s| s.port == old).expect("old");
     let replica = &set.servers[1 - index];
-    replica.signal(libc::SIGSTOP);
+    replica.pause();
     let pid = replica.pid().expect("the replica runs");
     let resume = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(500));

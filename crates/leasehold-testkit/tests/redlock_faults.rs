@@ -4,7 +4,7 @@
 
 use leasehold::{Error, LeaseGuard, Locks};
 use leasehold_testkit::servers::{
-    redlock_url, redlock_url_of, GarbageServer, RedisServer, LOCKER_ACL,
+    redlock_url, redlock_url_of, GarbageServer, Pausable, RedisServer, LOCKER_ACL,
 };
 use std::time::Duration;
 
@@ -330,7 +330,7 @@ async fn fence_rises(a: &Locks, before: u64) {
 async fn a_hung_node_is_left_out_until_it_answers_again() {
     let s = three();
     let a = locks(&s, "a").await;
-    s[2].signal(libc::SIGSTOP);
+    s[2].pause();
     // 20 acquire+release cycles: waiting for the hung node in each would take 40 × 200 ms = 8 s.
     let started = std::time::Instant::now();
     for i in 0..20 {
@@ -355,7 +355,7 @@ async fn a_hung_node_is_left_out_until_it_answers_again() {
     assert!(take(&b, "held", None).await.is_none());
 
     // Answering again, the node is probed back in and gets new leases again.
-    s[2].signal(libc::SIGCONT);
+    s[2].resume();
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     let mut n = 0;
     loop {

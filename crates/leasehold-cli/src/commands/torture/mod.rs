@@ -496,9 +496,8 @@ impl Network {
             store.to_owned()
         };
         for _ in 0..args.clients {
-            let route = network::Route::new(&url, fault.as_str())
-                .await
-                .map_err(|e| Failure::new(ERROR, e))?;
+            let route =
+                network::Route::new(&url, fault.as_str()).map_err(|e| Failure::new(ERROR, e))?;
             network.routes.push(route);
         }
         Ok(network)

@@ -1,16 +1,17 @@
 //! The `partition` and `lost-answer` faults of `leasehold torture`: each client reaches the store
-//! through TCP proxies of the harness, one set per client, so that one client (or every client at
-//! once) can be cut off from the store while the others go on, or have the store's answers lost
-//! ([`Link::Mute`], [`LostAnswers`]); and on an etcd cluster the run starts, each member's peers
-//! reach it through a proxy of the harness ([`Peers`]), so that a member can be partitioned from
-//! its peers.
+//! through fault-injecting TCP proxies ([`TcpProxy`]), one set per client, so that one client (or
+//! every client at once) can be cut off from the store while the others go on, or have the
+//! store's answers lost ([`Link::Mute`], [`LostAnswers`]); and on an etcd cluster the run starts,
+//! each member's peers reach it through a proxy of the harness ([`Peers`]), so that a member can
+//! be partitioned from its peers.
 //!
 //! Every loopback address with a port in the store URL (`127.0.0.1:PORT`, `localhost:PORT`,
 //! `[::1]:PORT`, in the host part or in a query parameter such as `endpoint=`) is rewritten to a
 //! proxy's port on the same host. A proxy forwards bytes unchanged in the [`Link::Up`] state, and
-//! otherwise as its [`Link`] says: slowed, answers lost, black-holed, or reset. A URL with no loopback address
-//! (the file and memory stores, a remote server) cannot be partitioned, and nor can Redis Sentinel
-//! and Redis Cluster URLs, whose clients learn other nodes' addresses from the servers.
+//! otherwise as its [`Link`] says: slowed, answers lost, black-holed, or reset. A URL with no
+//! loopback address (the file and memory stores, a remote server) cannot be partitioned, and nor
+//! can Redis Sentinel and Redis Cluster URLs, whose clients learn other nodes' addresses from the
+//! servers.
 //!
 //! etcd's members talk over connections dialed by both sides: a member reads its peer's messages
 //! from a stream it dialed to that peer, and sends its own over streams the peer dialed to it (and
@@ -22,86 +23,15 @@
 //! descriptors. Cutting a member sets its link: the connections into its proxy and those it
 //! dialed into its peers' proxies.
 
+pub(crate) use leasehold_servers::Link;
 #[cfg(feature = "torture")]
 use leasehold_servers::MemberPids;
+use leasehold_servers::{Links, TcpProxy, TcpProxyOptions};
 #[cfg(feature = "torture")]
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU16, Ordering};
+#[cfg(feature = "torture")]
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
-use tokio::task::JoinHandle;
-
-/// What a client's proxies do with the bytes between it and the store.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Link {
-    /// Bytes pass as they come.
-    Up,
-    /// Each chunk, either way, is held this long before it is passed on (added latency).
-    Slow(Duration),
-    /// The client's bytes reach the store, the store's answers are read and dropped: the store
-    /// does what it is asked and its client hears nothing. Every connection open while the link
-    /// is muted is reset (RST) once it is no longer: its byte stream lost answers, and its client
-    /// connects again and retries.
-    Mute,
-    /// Nothing passes either way, and nothing is closed: what is read is held until the link is
-    /// up again (a black hole: a partition that neither side sees as such).
-    Hole,
-    /// Every connection is closed with a reset (RST), and new ones are reset as they come.
-    Reset,
-}
-
-impl Link {
-    /// How much it cuts: a connection under two links goes as the more cutting.
-    fn severity(self) -> u8 {
-        match self {
-            Link::Up => 0,
-            Link::Slow(_) => 1,
-            Link::Mute => 2,
-            Link::Hole => 3,
-            Link::Reset => 4,
-        }
-    }
-}
-
-/// The links of a set of proxies, one per party (a route's single client, or each member of a
-/// cluster), as a connection sees them: it answers to the links of its `parties`.
-struct Watch {
-    links: watch::Receiver<Vec<Link>>,
-    parties: Vec<usize>,
-}
-
-impl Watch {
-    /// The connection's link now: the most cutting of its parties'.
-    fn now(&mut self) -> Link {
-        let links = self.links.borrow_and_update();
-        self.parties
-            .iter()
-            .filter_map(|p| links.get(*p).copied())
-            .max_by_key(|l| l.severity())
-            .unwrap_or(Link::Up)
-    }
-
-    /// Waits until a link changes: false when the proxies are gone.
-    async fn changed(&mut self) -> bool {
-        self.links.changed().await.is_ok()
-    }
-}
-
-/// Where one proxy forwards, and whose links its connections answer to.
-#[derive(Clone)]
-struct Aim {
-    /// The host to connect to, and the port (set later for a peer proxy: see [`Peers::aimer`]).
-    host: String,
-    port: Arc<AtomicU16>,
-    /// The party whose link every connection of this proxy answers to.
-    party: usize,
-    /// For a peer proxy: the members, so that a connection also answers to its dialer's link.
-    #[cfg(feature = "torture")]
-    dialers: Option<MemberPids>,
-}
 
 /// One client's way to the store: a proxy for each loopback address of its URL, all switched
 /// together. Dropping it stops the proxies and ends their connections.
@@ -109,8 +39,8 @@ struct Aim {
 pub(crate) struct Route {
     /// The store URL with each loopback address replaced by its proxy's.
     pub(crate) url: String,
-    link: watch::Sender<Vec<Link>>,
-    accepting: Vec<JoinHandle<()>>,
+    links: Links,
+    _proxies: Vec<TcpProxy>,
 }
 
 /// Whether the store at `url` can be reached through the proxies of `fault`: an error saying
@@ -133,30 +63,22 @@ pub(crate) fn proxiable(url: &str, fault: &str) -> Result<(), String> {
 impl Route {
     /// Starts the proxies for `url` (see the module documentation); a usage error, naming the
     /// `fault` that needs them, when the URL cannot be proxied.
-    pub(crate) async fn new(url: &str, fault: &str) -> Result<Route, String> {
+    pub(crate) fn new(url: &str, fault: &str) -> Result<Route, String> {
         proxiable(url, fault)?;
-        let found = loopback_addresses(url);
-        let (link, _) = watch::channel(vec![Link::Up]);
-        let mut proxies: Vec<((String, u16), u16)> = vec![];
-        let mut accepting = vec![];
+        let links = Links::new(1);
+        let mut proxies: Vec<((String, u16), TcpProxy)> = vec![];
         let mut rewritten = String::with_capacity(url.len());
         let mut copied = 0;
-        for a in found {
+        for a in loopback_addresses(url) {
             let target = (a.host.clone(), a.port);
             let port = match proxies.iter().find(|(t, _)| *t == target) {
-                Some((_, p)) => *p,
+                Some((_, p)) => p.port,
                 None => {
-                    let listener = bind(&a.host).await?;
-                    let aim = Aim {
-                        host: a.host.clone(),
-                        port: Arc::new(AtomicU16::new(a.port)),
-                        party: 0,
-                        #[cfg(feature = "torture")]
-                        dialers: None,
-                    };
-                    let (port, task) = proxy(listener, aim, link.subscribe())?;
-                    proxies.push((target, port));
-                    accepting.push(task);
+                    let options = TcpProxyOptions::new(&a.host, a.port).links(&links, 0);
+                    let proxy =
+                        TcpProxy::start_with(options).map_err(|e| format!("{fault}: {e}"))?;
+                    let port = proxy.port;
+                    proxies.push((target, proxy));
                     port
                 }
             };
@@ -167,28 +89,14 @@ impl Route {
         rewritten.push_str(&url[copied..]);
         Ok(Route {
             url: rewritten,
-            link,
-            accepting,
+            links,
+            _proxies: proxies.into_iter().map(|(_, p)| p).collect(),
         })
     }
 
     /// Switches every proxy of this route to `link` (connections already open included).
     pub(crate) fn set(&self, link: Link) {
-        self.link.send_replace(vec![link]);
-    }
-}
-
-impl Drop for Route {
-    fn drop(&mut self) {
-        stop(&self.accepting);
-    }
-}
-
-/// Stops a set of proxies' accepting tasks; their connections' tasks end when the links' sender
-/// goes with the set.
-fn stop(accepting: &[JoinHandle<()>]) {
-    for task in accepting {
-        task.abort();
+        self.links.set(0, link);
     }
 }
 
@@ -213,7 +121,7 @@ impl Peers {
 
 /// The peer traffic of a cluster started here: a proxy in front of each member's peer port, which
 /// the member advertises to its peers instead of its own (see the module documentation). Dropping
-/// it stops the proxies and ends their connections.
+/// it (and its [aimer](Peers::aimer)) stops the proxies and ends their connections.
 #[cfg(feature = "torture")]
 #[derive(Debug)]
 pub(crate) struct Peers {
@@ -221,9 +129,8 @@ pub(crate) struct Peers {
     pub(crate) ports: Vec<u16>,
     /// The members' PIDs, kept up to date by the cluster.
     pub(crate) pids: MemberPids,
-    targets: Vec<Arc<AtomicU16>>,
-    links: watch::Sender<Vec<Link>>,
-    accepting: Vec<JoinHandle<()>>,
+    proxies: Vec<Arc<TcpProxy>>,
+    links: Links,
 }
 
 #[cfg(feature = "torture")]
@@ -234,39 +141,36 @@ impl Peers {
     }
 
     /// Starts a proxy for each of `members` members on a free loopback port, forwarding nowhere
-    /// until [aimed](Peers::aimer).
-    pub(crate) async fn new(members: usize) -> Result<Peers, String> {
-        let (links, _) = watch::channel(vec![Link::Up; members]);
+    /// until [aimed](Peers::aimer); each connection also answers to the link of the member that
+    /// dialed it.
+    pub(crate) fn new(members: usize) -> Result<Peers, String> {
+        let links = Links::new(members);
         let pids = MemberPids::new(members);
-        let mut peers = Peers {
-            ports: vec![],
-            pids: pids.clone(),
-            targets: vec![],
-            links,
-            accepting: vec![],
-        };
+        let mut proxies = vec![];
         for m in 0..members {
-            let target = Arc::new(AtomicU16::new(0));
-            let aim = Aim {
-                host: "127.0.0.1".into(),
-                port: target.clone(),
-                party: m,
-                dialers: Some(pids.clone()),
-            };
-            let (port, task) = proxy(bind("127.0.0.1").await?, aim, peers.links.subscribe())?;
-            peers.ports.push(port);
-            peers.targets.push(target);
-            peers.accepting.push(task);
+            let dialers = pids.clone();
+            let options = TcpProxyOptions::new("127.0.0.1", 0)
+                .links(&links, m)
+                .parties_of(move |from, to| {
+                    dialer(from, to.port(), &dialers).into_iter().collect()
+                });
+            let proxy = TcpProxy::start_with(options).map_err(|e| format!("partition: {e}"))?;
+            proxies.push(Arc::new(proxy));
         }
-        Ok(peers)
+        Ok(Peers {
+            ports: proxies.iter().map(|p| p.port).collect(),
+            pids,
+            proxies,
+            links,
+        })
     }
 
     /// What points the proxies at the members' own peer ports (by member), from any thread.
     pub(crate) fn aimer(&self) -> impl FnMut(&[u16]) + Send + 'static {
-        let targets = self.targets.clone();
+        let proxies = self.proxies.clone();
         move |ports: &[u16]| {
-            for (t, p) in targets.iter().zip(ports) {
-                t.store(*p, Ordering::Release);
+            for (proxy, port) in proxies.iter().zip(ports) {
+                proxy.point_to(*port);
             }
         }
     }
@@ -274,18 +178,7 @@ impl Peers {
     /// Switches member `m`'s link: the connections into its proxy and those it dialed into its
     /// peers' (connections already open included).
     pub(crate) fn set(&self, m: usize, link: Link) {
-        self.links.send_modify(|links| {
-            if let Some(l) = links.get_mut(m) {
-                *l = link;
-            }
-        });
-    }
-}
-
-#[cfg(feature = "torture")]
-impl Drop for Peers {
-    fn drop(&mut self) {
-        stop(&self.accepting);
+        self.links.set(m, link);
     }
 }
 
@@ -352,71 +245,6 @@ fn loopback_addresses(url: &str) -> Vec<Address> {
     found
 }
 
-/// A listener on a free port of the loopback `host` (`::1`, else `127.0.0.1`).
-async fn bind(host: &str) -> Result<TcpListener, String> {
-    let listen = if host == "::1" {
-        "[::1]:0"
-    } else {
-        "127.0.0.1:0"
-    };
-    TcpListener::bind(listen)
-        .await
-        .map_err(|e| format!("partition: cannot listen on {listen}: {e}"))
-}
-
-/// Starts a proxy on `listener` forwarding as `aim` says under `links`: its port, and the task
-/// accepting its connections.
-fn proxy(
-    listener: TcpListener,
-    aim: Aim,
-    links: watch::Receiver<Vec<Link>>,
-) -> Result<(u16, JoinHandle<()>), String> {
-    let mine = listener
-        .local_addr()
-        .map_err(|e| format!("partition: {e}"))?
-        .port();
-    let task = tokio::spawn(async move {
-        loop {
-            let (client, from) = match listener.accept().await {
-                Ok(c) => c,
-                Err(_) => {
-                    // Out of descriptors, most likely: try again shortly.
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                    continue;
-                }
-            };
-            let (aim, links) = (aim.clone(), links.clone());
-            tokio::spawn(async move {
-                #[cfg_attr(not(feature = "torture"), allow(unused_mut))]
-                let mut parties = vec![aim.party];
-                #[cfg(feature = "torture")]
-                if let Some(pids) = aim.dialers {
-                    let found =
-                        tokio::task::spawn_blocking(move || dialer(from, mine, &pids)).await;
-                    parties.extend(found.ok().flatten());
-                }
-                #[cfg(not(feature = "torture"))]
-                let _ = (from, mine);
-                let mut link = Watch { links, parties };
-                if link.now() == Link::Reset {
-                    reset(client);
-                    return;
-                }
-                // A peer proxy not aimed yet has port 0: nowhere to forward.
-                let server = match aim.port.load(Ordering::Acquire) {
-                    0 => None,
-                    port => TcpStream::connect((aim.host.as_str(), port)).await.ok(),
-                };
-                match server {
-                    Some(server) => forward(client, server, link).await,
-                    None => reset(client),
-                }
-            });
-        }
-    });
-    Ok((mine, task))
-}
-
 #[cfg(feature = "torture")]
 /// The member (an index into `pids`) whose process dialed the connection from `from` to the
 /// loopback port `to` that this process accepted, if it still has it open.
@@ -456,94 +284,6 @@ fn socket_inode(table: &str, local: u16, remote: u16) -> Option<u64> {
         }
         inode.parse::<u64>().ok().filter(|i| *i != 0)
     })
-}
-
-/// Closes `stream` with a reset (RST) rather than a FIN.
-fn reset(stream: TcpStream) {
-    let _ = stream.set_zero_linger();
-    drop(stream);
-}
-
-/// Passes bytes between the client `a` and the server `b` as `link` says, until either closes,
-/// the link resets, a connection that was muted is no longer, or the proxies are dropped.
-async fn forward(mut a: TcpStream, mut b: TcpStream, mut link: Watch) {
-    let _ = a.set_nodelay(true);
-    let _ = b.set_nodelay(true);
-    let mut from_a = vec![0u8; 16 * 1024];
-    let mut from_b = vec![0u8; 16 * 1024];
-    // Whether the link was muted while this connection was open: its answers may be lost, so it
-    // is reset once the link is no longer muted.
-    let mut muted = false;
-    loop {
-        let now = link.now();
-        muted |= now == Link::Mute;
-        if now == Link::Reset || (muted && now != Link::Mute) {
-            reset(a);
-            reset(b);
-            return;
-        }
-        match now {
-            Link::Hole => {
-                // Nothing is read: the kernel's buffers fill, the peers wait.
-                if !link.changed().await {
-                    return;
-                }
-                continue;
-            }
-            Link::Up | Link::Slow(_) | Link::Mute | Link::Reset => {}
-        }
-        let (n, a_to_b) = tokio::select! {
-            changed = link.changed() => {
-                if !changed {
-                    return;
-                }
-                continue;
-            }
-            read = a.read(&mut from_a) => match read {
-                Ok(n) if n > 0 => (n, true),
-                _ => return,
-            },
-            read = b.read(&mut from_b) => match read {
-                Ok(n) if n > 0 => (n, false),
-                _ => return,
-            },
-        };
-        // The chunk goes as the link is now: held through a black hole, dropped with a reset; an
-        // answer is dropped while muted.
-        loop {
-            let now = link.now();
-            muted |= now == Link::Mute;
-            if now == Link::Reset || (muted && now != Link::Mute) {
-                reset(a);
-                reset(b);
-                return;
-            }
-            match now {
-                Link::Up | Link::Mute | Link::Reset => break,
-                Link::Slow(d) => {
-                    tokio::time::sleep(d).await;
-                    break;
-                }
-                Link::Hole => {
-                    if !link.changed().await {
-                        return;
-                    }
-                }
-            }
-        }
-        if muted && !a_to_b {
-            // A lost answer.
-            continue;
-        }
-        let written = if a_to_b {
-            b.write_all(&from_a[..n]).await
-        } else {
-            a.write_all(&from_b[..n]).await
-        };
-        if written.is_err() {
-            return;
-        }
-    }
 }
 
 /// Whom one injection of the fault cuts off.
@@ -757,13 +497,12 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn a_route_rewrites_each_address_to_one_proxy_and_refuses_what_it_cannot_cut() {
+    #[test]
+    fn a_route_rewrites_each_address_to_one_proxy_and_refuses_what_it_cannot_cut() {
         let r = Route::new(
             "redlock://127.0.0.1:7001,localhost:7002,127.0.0.1:7001",
             "partition",
         )
-        .await
         .unwrap();
         let ports: Vec<u16> = loopback_addresses(&r.url).iter().map(|a| a.port).collect();
         assert_eq!(ports.len(), 3);
@@ -775,126 +514,8 @@ mod tests {
             "redis+sentinel://127.0.0.1:26379/m",
             "redis+cluster://127.0.0.1:7000",
         ] {
-            assert!(Route::new(refused, "partition").await.is_err(), "{refused}");
+            assert!(Route::new(refused, "partition").is_err(), "{refused}");
         }
-    }
-
-    async fn round_trip(c: &mut TcpStream) -> std::io::Result<[u8; 4]> {
-        let mut buf = [0u8; 4];
-        c.write_all(b"ping").await?;
-        c.read_exact(&mut buf).await.map(|_| buf)
-    }
-
-    #[tokio::test]
-    async fn a_proxy_forwards_slows_holds_and_resets() {
-        let server = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = server.local_addr().unwrap().port();
-        let echo = tokio::spawn(async move {
-            loop {
-                let (mut s, _) = server.accept().await.unwrap();
-                tokio::spawn(async move {
-                    let mut buf = [0u8; 64];
-                    while let Ok(n) = s.read(&mut buf).await {
-                        if n == 0 || s.write_all(&buf[..n]).await.is_err() {
-                            return;
-                        }
-                    }
-                });
-            }
-        });
-        let route = Route::new(&format!("redis://127.0.0.1:{port}"), "partition")
-            .await
-            .unwrap();
-        let proxied = loopback_addresses(&route.url)[0].port;
-        let mut c = TcpStream::connect(("127.0.0.1", proxied)).await.unwrap();
-        let mut buf = [0u8; 4];
-        assert_eq!(&round_trip(&mut c).await.unwrap(), b"ping");
-        // Slow: each chunk waits, one way and back.
-        route.set(Link::Slow(Duration::from_millis(100)));
-        let t = std::time::Instant::now();
-        round_trip(&mut c).await.unwrap();
-        assert!(
-            t.elapsed() >= Duration::from_millis(200),
-            "{:?}",
-            t.elapsed()
-        );
-        // A black hole holds the bytes, and passes them when it lifts.
-        route.set(Link::Hole);
-        c.write_all(b"hole").await.unwrap();
-        let held = tokio::time::timeout(Duration::from_millis(200), c.read_exact(&mut buf)).await;
-        assert!(held.is_err(), "the black hole let bytes through");
-        route.set(Link::Up);
-        c.read_exact(&mut buf).await.unwrap();
-        assert_eq!(&buf, b"hole");
-        // A reset ends the connection with RST, and refuses new ones.
-        route.set(Link::Reset);
-        let err = c.read(&mut buf).await;
-        assert!(
-            err.as_ref()
-                .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset),
-            "{err:?}"
-        );
-        let mut d = TcpStream::connect(("127.0.0.1", proxied)).await.unwrap();
-        assert!(round_trip(&mut d).await.is_err());
-        route.set(Link::Up);
-        let mut e = TcpStream::connect(("127.0.0.1", proxied)).await.unwrap();
-        assert_eq!(&round_trip(&mut e).await.unwrap(), b"ping");
-        echo.abort();
-    }
-
-    #[tokio::test]
-    async fn a_muted_proxy_passes_requests_loses_answers_then_resets() {
-        // An echo server that also tells the test what it received.
-        let server = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = server.local_addr().unwrap().port();
-        let (seen, mut received) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
-        let echo = tokio::spawn(async move {
-            loop {
-                let (mut s, _) = server.accept().await.unwrap();
-                let seen = seen.clone();
-                tokio::spawn(async move {
-                    let mut buf = [0u8; 64];
-                    while let Ok(n) = s.read(&mut buf).await {
-                        let _ = seen.send(buf[..n].to_vec());
-                        if n == 0 || s.write_all(&buf[..n]).await.is_err() {
-                            return;
-                        }
-                    }
-                });
-            }
-        });
-        let route = Route::new(&format!("redis://127.0.0.1:{port}"), "lost-answer")
-            .await
-            .unwrap();
-        let proxied = loopback_addresses(&route.url)[0].port;
-        let mut c = TcpStream::connect(("127.0.0.1", proxied)).await.unwrap();
-        assert_eq!(&round_trip(&mut c).await.unwrap(), b"ping");
-        assert_eq!(received.recv().await.unwrap(), b"ping");
-        // Muted: the request reaches the server, its answer never comes; a connection made
-        // meanwhile is muted too.
-        route.set(Link::Mute);
-        c.write_all(b"lost").await.unwrap();
-        assert_eq!(received.recv().await.unwrap(), b"lost");
-        let mut buf = [0u8; 4];
-        let lost = tokio::time::timeout(Duration::from_millis(200), c.read_exact(&mut buf)).await;
-        assert!(lost.is_err(), "an answer went through: {buf:?}");
-        let mut d = TcpStream::connect(("127.0.0.1", proxied)).await.unwrap();
-        d.write_all(b"also").await.unwrap();
-        assert_eq!(received.recv().await.unwrap(), b"also");
-        // Unmuted: both connections are reset, the lost answers never delivered; a new one
-        // passes.
-        route.set(Link::Up);
-        for conn in [&mut c, &mut d] {
-            let err = conn.read(&mut buf).await;
-            assert!(
-                err.as_ref()
-                    .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset),
-                "{err:?}"
-            );
-        }
-        let mut e = TcpStream::connect(("127.0.0.1", proxied)).await.unwrap();
-        assert_eq!(&round_trip(&mut e).await.unwrap(), b"ping");
-        echo.abort();
     }
 
     #[test]
@@ -1026,7 +647,7 @@ mod tests {
     #[tokio::test]
     async fn a_member_cut_from_its_peers_is_isolated_until_the_cut_lifts() {
         use leasehold_testkit::etcd_cluster::EtcdCluster;
-        let peers = Peers::new(3).await.unwrap();
+        let peers = Peers::new(3).unwrap();
         let (proxies, pids, aim) = (peers.ports.clone(), peers.pids.clone(), peers.aimer());
         let cluster = tokio::task::spawn_blocking(move || {
             EtcdCluster::start_with_peer_proxies(&proxies, &pids, aim)

@@ -326,8 +326,8 @@ enum Running {
     Cluster(RedisCluster),
     #[cfg(feature = "torture")]
     Redlock(Vec<RedisServer>),
-    /// Its members driven from a blocking thread (each waits for its peers, whose traffic may go
-    /// through `peers`, proxies served by this process's runtime).
+    /// Its members driven from a blocking thread (each start and restart waits for the member's
+    /// peers, whose traffic may go through `peers`).
     #[cfg(feature = "torture")]
     Etcd {
         cluster: Arc<Mutex<EtcdCluster>>,
@@ -491,14 +491,14 @@ fn launch_redlock(_: bool) -> Launching {
 fn launch_etcd(partition: bool) -> Launching {
     Box::pin(async move {
         let peers = if partition {
-            Some(Peers::new(3).await.map_err(|e| Failure::new(ERROR, e))?)
+            Some(Peers::new(3).map_err(|e| Failure::new(ERROR, e))?)
         } else {
             None
         };
         let behind = peers
             .as_ref()
             .map(|p| (p.ports.clone(), p.pids.clone(), p.aimer()));
-        // Off this thread: the members come up only if the peer proxies forward.
+        // Off this thread: starting the members blocks until they are healthy.
         let s = tokio::task::spawn_blocking(move || {
             started(
                 "an etcd cluster",
@@ -699,8 +699,8 @@ async fn restart_the_leader(
         .map_err(|e| Failure::new(ERROR, format!("etcd did not restart: {e}")))
 }
 
-/// Runs `f` on the etcd cluster from a blocking thread, leaving this one to serve the peer
-/// proxies meanwhile.
+/// Runs `f` on the etcd cluster from a blocking thread, leaving this one to the run's other tasks
+/// meanwhile.
 #[cfg(feature = "torture")]
 async fn on_etcd<T: Send + 'static>(
     cluster: &Arc<Mutex<EtcdCluster>>,
