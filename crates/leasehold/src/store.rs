@@ -633,6 +633,15 @@ pub trait ChangeWatch: Send + fmt::Debug {
         let _ = token;
         false
     }
+
+    /// For a watch made for a waiter ([`for_waiter`](Self::for_waiter)) after an attempt sent at
+    /// `since`: whether it can tell every change since then (it heard them). If it can, one that
+    /// concerns the waiter makes the next `changed` complete at once, and the waiter need not
+    /// look at the store again before it sleeps. Default: false (it looks again at once).
+    fn heard_since(&mut self, since: std::time::Instant) -> bool {
+        let _ = since;
+        false
+    }
 }
 
 /// The lock-level store contract. See the crate docs and ARCHITECTURE.md for what every

@@ -265,8 +265,12 @@ impl Acquisition {
                 req.watching = true;
                 // Attempt again at once: a release between the last attempt and the
                 // subscription was not heard. Without a subscription there is nothing to
-                // miss, and the next attempt waits for the pause.
-                continue;
+                // miss, and the next attempt waits for the pause. A waiter in line whose
+                // watch heard every change since the attempt was sent has missed nothing.
+                let in_line = waiting.line.place.is_some();
+                if !(in_line && waiting.changes.heard_since(sent)) {
+                    continue;
+                }
             }
             req.watching = waiting.changes.watch.is_some();
             let pause = self.pause(&waiting, &req, hint, failed, now);
@@ -513,6 +517,16 @@ impl Changes {
             None => None,
         };
         self.watch.is_some()
+    }
+
+    /// Whether the targeted watch heard every change since `sent` (see
+    /// [`crate::store::ChangeWatch::heard_since`]).
+    fn heard_since(&mut self, sent: Instant) -> bool {
+        self.targeted
+            && self
+                .watch
+                .as_mut()
+                .is_some_and(|w| w.heard_since(sent.into_std()))
     }
 
     /// Sleeps until `until` or the change after `skip` others; true when the timer ended the

@@ -44,7 +44,16 @@ struct Channel {
     waiters: HashMap<String, Arc<tokio::sync::Notify>>,
     /// How many subscriptions share the channel.
     count: usize,
+    /// When the server confirmed the channel's subscription: every message published after
+    /// that was heard.
+    confirmed: Option<std::time::Instant>,
+    /// The last [`HEARD_LOG`] messages, when they arrived, and the token each granted the lease
+    /// to (`None`: not a grant), so that a watch made after an attempt can tell what it missed.
+    log: std::collections::VecDeque<(std::time::Instant, Option<String>)>,
 }
+
+/// How many of a channel's latest messages it remembers ([`Channel::log`]).
+const HEARD_LOG: usize = 128;
 
 impl Channel {
     fn new() -> Self {
@@ -53,19 +62,21 @@ impl Channel {
             general: watch::Sender::new(()),
             waiters: HashMap::new(),
             count: 0,
+            confirmed: None,
+            log: std::collections::VecDeque::new(),
         }
     }
 
     /// Wakes the subscriptions a message concerns: a grant wakes the waiter it names (if it is
     /// one of ours) and the subscriptions that follow every change; anything else wakes all.
-    fn heard(&self, payload: &[u8]) {
+    fn heard(&mut self, payload: &[u8]) {
         self.all.send_replace(());
-        match payload.strip_prefix(b"granted:") {
+        let granted = payload
+            .strip_prefix(b"granted:")
+            .map(|t| String::from_utf8_lossy(t).into_owned());
+        match &granted {
             Some(token) => {
-                if let Some(n) = std::str::from_utf8(token)
-                    .ok()
-                    .and_then(|t| self.waiters.get(t))
-                {
+                if let Some(n) = self.waiters.get(token) {
                     n.notify_one();
                 }
             }
@@ -73,6 +84,27 @@ impl Channel {
                 self.general.send_replace(());
             }
         }
+        if self.log.len() == HEARD_LOG {
+            self.log.pop_front();
+        }
+        self.log.push_back((std::time::Instant::now(), granted));
+    }
+
+    /// Whether a message that arrived at or after `since` concerns the waiter `token` (it is no
+    /// grant, or a grant to it); `None` when the channel cannot tell (not confirmed before
+    /// `since`, or its log no longer reaches back that far).
+    fn missed(&self, since: std::time::Instant, token: &str) -> Option<bool> {
+        if self.confirmed.is_none_or(|c| c >= since) {
+            return None;
+        }
+        if self.log.len() == HEARD_LOG && self.log.front().is_some_and(|(t, _)| *t >= since) {
+            return None;
+        }
+        Some(
+            self.log
+                .iter()
+                .any(|(t, granted)| *t >= since && granted.as_deref().is_none_or(|g| g == token)),
+        )
     }
 
     /// Wakes every subscription (the hub ended).
@@ -118,8 +150,8 @@ impl Hub {
                 let Some(subs) = fan.upgrade() else {
                     break;
                 };
-                let map = subs.lock();
-                if let Some(c) = map.get(msg.get_channel_name()) {
+                let mut map = subs.lock();
+                if let Some(c) = map.get_mut(msg.get_channel_name()) {
                     c.heard(msg.get_payload_bytes());
                 }
             }
@@ -164,6 +196,7 @@ impl Hub {
         let w = RedisWatch {
             rx,
             waiter: None,
+            pending: false,
             subs,
             channel: channel.clone(),
             sink: sink.clone(),
@@ -180,6 +213,9 @@ impl Hub {
                 sink.subscribe(&channel),
             )
             .await?;
+            if let Some(c) = self.subs.lock().get_mut(&channel) {
+                c.confirmed = Some(std::time::Instant::now());
+            }
         }
         Ok(w)
     }
@@ -244,6 +280,8 @@ pub(super) struct RedisWatch {
     rx: watch::Receiver<()>,
     /// The waiting acquisition's token and its wake-up, once made a waiter's.
     waiter: Option<(String, Arc<tokio::sync::Notify>)>,
+    /// A change it missed concerns it: the next `changed` completes at once.
+    pending: bool,
     subs: Subs,
     channel: String,
     sink: PubSubSink,
@@ -262,6 +300,9 @@ impl std::fmt::Debug for RedisWatch {
 #[async_trait]
 impl ChangeWatch for RedisWatch {
     async fn changed(&mut self) {
+        if std::mem::take(&mut self.pending) {
+            return;
+        }
         let any = async {
             if self.rx.changed().await.is_err() {
                 std::future::pending::<()>().await;
@@ -292,6 +333,23 @@ impl ChangeWatch for RedisWatch {
         self.rx = rx;
         self.waiter = Some((token.to_owned(), n));
         true
+    }
+
+    fn heard_since(&mut self, since: std::time::Instant) -> bool {
+        let Some((token, _)) = &self.waiter else {
+            return false;
+        };
+        let missed = match self.subs.lock().get(&self.channel) {
+            Some(c) => c.missed(since, token),
+            None => None,
+        };
+        match missed {
+            Some(m) => {
+                self.pending |= m;
+                true
+            }
+            None => false,
+        }
     }
 }
 
