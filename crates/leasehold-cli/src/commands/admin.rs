@@ -415,7 +415,17 @@ fn record_text(r: &LeaseRecord, now: u64) -> String {
     let mut fields: Vec<(&str, String)> = vec![
         ("key", clean(&r.key)),
         ("state", st.into()),
-        ("holder", opt(&r.holder)),
+        (
+            "holder",
+            if r.unclaimed && st == "held" {
+                format!(
+                    "{} (granted by the release before, not claimed yet)",
+                    opt(&r.holder)
+                )
+            } else {
+                opt(&r.holder)
+            },
+        ),
         ("fence", r.fence.to_string()),
         ("acquired", output::time(r.acquired_ms)),
         ("renewed", output::time(r.renewed_ms)),
