@@ -333,20 +333,7 @@ async fn measure(
             Ok::<_, leasehold::Error>(latencies)
         }));
     }
-    let mut latencies = vec![];
-    for h in handles {
-        let got = h
-            .await
-            .map_err(|e| Failure::error(format!("a bench task failed: {e}")))?;
-        latencies.extend(got?);
-    }
-    let elapsed = started.elapsed();
-    latencies.sort_unstable();
-    Ok(Measured {
-        done: latencies.len(),
-        elapsed,
-        latencies,
-    })
+    collect(handles, started, "bench").await
 }
 
 /// Runs the floor as [`measure`] runs leasehold, on keys of its own: `tasks` tasks each cycling
@@ -394,11 +381,20 @@ async fn measure_floor(
             Ok::<_, leasehold::Error>(latencies)
         }));
     }
+    collect(handles, started, "floor").await
+}
+
+/// The latencies of `handles`' tasks (`what` tasks, for messages), started at `started`.
+async fn collect(
+    handles: Vec<tokio::task::JoinHandle<Result<Vec<Duration>, leasehold::Error>>>,
+    started: Instant,
+    what: &str,
+) -> Result<Measured, Failure> {
     let mut latencies = vec![];
     for h in handles {
         let got = h
             .await
-            .map_err(|e| Failure::error(format!("a floor task failed: {e}")))?;
+            .map_err(|e| Failure::error(format!("a {what} task failed: {e}")))?;
         latencies.extend(got?);
     }
     let elapsed = started.elapsed();

@@ -33,6 +33,23 @@ async fn until_in_line(store: &Arc<dyn LockStore>, k: &Key, holder: &str) -> usi
     }
 }
 
+/// A task in which `holder` waits for `k` (TTL 2 s, up to 10 s) through the lock API.
+fn spawn_waiter(
+    store: &Arc<dyn LockStore>,
+    k: &Key,
+    holder: &str,
+) -> tokio::task::JoinHandle<crate::error::Result<crate::guard::LeaseGuard>> {
+    let (locks, k) = (client(store, holder), k.clone());
+    tokio::spawn(async move {
+        locks
+            .lock_key(k)
+            .ttl(2000 * MS)
+            .wait(10_000 * MS)
+            .acquire()
+            .await
+    })
+}
+
 /// Waiters are granted the lease in the order they joined the line; a latecomer that tries
 /// while they wait does not get it.
 pub async fn waiters_served_in_arrival_order(store: Arc<dyn LockStore>) {
@@ -104,16 +121,7 @@ pub async fn dead_waiter_is_skipped(store: Arc<dyn LockStore>) {
         .expect("the dead waiter's attempt");
     assert!(matches!(out, AcquireOutcome::Held(_)), "{out:?}");
     assert_eq!(until_in_line(&store, &k, "dead").await, 0);
-    let alive = client(&store, "alive");
-    let k2 = k.clone();
-    let waiter = tokio::spawn(async move {
-        alive
-            .lock_key(k2)
-            .ttl(2000 * MS)
-            .wait(10_000 * MS)
-            .acquire()
-            .await
-    });
+    let waiter = spawn_waiter(&store, &k, "alive");
     assert_eq!(until_in_line(&store, &k, "alive").await, 1);
     holder.release().await.expect("release");
     let released = Instant::now();
@@ -234,16 +242,7 @@ pub async fn an_unclaimed_grant_lasts_only_its_place(store: Arc<dyn LockStore>) 
     let k = key("unclaimed-grant");
     let (a, _) = raw_acquire(&store, &k, "a", 5000 * MS).await;
     stand_in_line(&store, &k, "paused", 600 * MS).await;
-    let alive = client(&store, "alive");
-    let k2 = k.clone();
-    let waiter = tokio::spawn(async move {
-        alive
-            .lock_key(k2)
-            .ttl(2000 * MS)
-            .wait(10_000 * MS)
-            .acquire()
-            .await
-    });
+    let waiter = spawn_waiter(&store, &k, "alive");
     until_in_line(&store, &k, "alive").await;
     store.release(&k, &a).await.expect("release");
     let released = Instant::now();

@@ -360,9 +360,7 @@ impl Rules {
                 // as the holder's `valid_until` counts from this attempt's send, never from the
                 // first grant's (after which the store would free it first).
                 if line.unclaimed && !claim(&mut line, req, fence_floor, now.ms) {
-                    let mut r = LeaseRecord::free(req.key.as_str(), line.fence);
-                    r.holder = Some(FENCE_EXHAUSTED.to_owned());
-                    return (AcquireOutcome::Held(r), None);
+                    return (exhausted(req.key.as_str(), line.fence), None);
                 }
                 renewed(&mut line, crate::record::ms(req.ttl), now.ms);
                 leave_line(&mut line, &req.token);
@@ -386,9 +384,7 @@ impl Rules {
         // A fence that would pass u64::MAX is never granted: saturating would hand out the same fence
         // twice. The key reads as held by nobody who can be named, so waiters give up with the reason.
         let Some(next) = base_fence.checked_add(req.fences.max(1)) else {
-            let mut r = LeaseRecord::free(req.key.as_str(), base_fence);
-            r.holder = Some(FENCE_EXHAUSTED.to_owned());
-            return (AcquireOutcome::Held(r), None);
+            return (exhausted(req.key.as_str(), base_fence), None);
         };
         let fence = next.max(fence_floor);
         grant(&mut g, req, fence, now.ms);
@@ -402,6 +398,14 @@ impl Rules {
 /// fenced above the last one, so none is made.
 pub(crate) const FENCE_EXHAUSTED: &str =
     "nobody: the key's fence reached its largest value (u64::MAX), so it is never granted again";
+
+/// What an acquirer of `key`, whose fence `fence` cannot grow, is answered: held by
+/// [`FENCE_EXHAUSTED`].
+fn exhausted(key: &str, fence: u64) -> AcquireOutcome {
+    let mut r = LeaseRecord::free(key, fence);
+    r.holder = Some(FENCE_EXHAUSTED.to_owned());
+    AcquireOutcome::Held(r)
+}
 
 /// The holder a record that cannot be read is held by, until the store can tell it is over.
 pub(crate) const CORRUPT_HOLDER: &str = "unknown (corrupt record)";
@@ -452,18 +456,15 @@ pub(crate) fn grant(g: &mut LeaseRecord, req: &AcquireRequest, fence: u64, now_m
 /// more than one fence, a new block above every fence issued (the grant issued one). False when
 /// the fence cannot grow that far.
 fn claim(g: &mut LeaseRecord, req: &AcquireRequest, fence_floor: u64, now_ms: u64) -> bool {
-    if req.fences > 1 {
+    let fence = if req.fences > 1 {
         let Some(next) = g.fence.checked_add(req.fences) else {
             return false;
         };
-        g.fence = next.max(fence_floor);
-    }
-    g.holder = Some(req.holder.clone());
-    g.acquired_ms = now_ms;
-    g.pid = Some(pid());
-    g.host = Some(host().to_owned());
-    g.labels = req.labels.clone();
-    g.unclaimed = false;
+        next.max(fence_floor)
+    } else {
+        g.fence
+    };
+    grant(g, req, fence, now_ms);
     true
 }
 
